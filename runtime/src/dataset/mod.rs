@@ -1,0 +1,134 @@
+//! Graph datasets: topology, features, labels and the train/val/test split, and
+//! their on-disk store (`store`).
+
+mod split;
+mod store;
+
+pub use split::{Amount, SplitSpec};
+pub use store::{open_dataset, parse_dataset_bytes, write_dataset, Verify, FORMAT_VERSION, MAGIC};
+
+use cpu_ops::{CsrGraph, FeatureMatrix, HostArray};
+
+use crate::error::{Error, Result};
+
+/// A node-classification dataset. Every per-vertex array has `num_vertices` entries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dataset {
+    /// A short name (the importer's source or the generator's model).
+    pub name: String,
+    /// Topology; row `v` holds the in-neighbors of `v`.
+    pub graph: CsrGraph,
+    /// One feature row per vertex.
+    pub features: FeatureMatrix,
+    /// One class label per vertex, each below `num_classes`.
+    pub labels: HostArray<u32>,
+    /// Number of classes.
+    pub num_classes: u32,
+    /// 1 where the vertex is a training vertex, else 0.
+    pub train_mask: HostArray<u8>,
+    /// 1 where the vertex is a validation vertex, else 0.
+    pub val_mask: HostArray<u8>,
+    /// 1 where the vertex is a test vertex, else 0.
+    pub test_mask: HostArray<u8>,
+}
+
+impl Dataset {
+    /// Number of vertices.
+    pub fn num_vertices(&self) -> usize {
+        self.graph.num_vertices()
+    }
+
+    /// Checks that the parts agree: sizes, label range, masks are 0/1 and disjoint.
+    /// (The graph's own invariants are checked when it is built.)
+    pub fn validate(&self) -> Result<()> {
+        let n = self.num_vertices();
+        let bad = |what: String| Err(Error::InvalidDataset { what });
+        if self.features.num_rows() != n {
+            return bad(format!(
+                "features have {} rows, the graph has {n} vertices",
+                self.features.num_rows()
+            ));
+        }
+        if self.labels.len() != n {
+            return bad(format!("{} labels for {n} vertices", self.labels.len()));
+        }
+        if self.num_classes == 0 {
+            return bad("num_classes is 0".into());
+        }
+        if let Some((v, &l)) = self
+            .labels
+            .iter()
+            .enumerate()
+            .find(|(_, &l)| l >= self.num_classes)
+        {
+            return bad(format!(
+                "label {l} of vertex {v} is out of range (num_classes = {})",
+                self.num_classes
+            ));
+        }
+        for (name, mask) in [
+            ("train_mask", &self.train_mask),
+            ("val_mask", &self.val_mask),
+            ("test_mask", &self.test_mask),
+        ] {
+            if mask.len() != n {
+                return bad(format!(
+                    "{name} has {} entries for {n} vertices",
+                    mask.len()
+                ));
+            }
+            if let Some((v, &m)) = mask.iter().enumerate().find(|(_, &m)| m > 1) {
+                return bad(format!("{name}[{v}] is {m}, expected 0 or 1"));
+            }
+        }
+        if let Some(v) = (0..n).find(|&v| {
+            self.train_mask[v] as u32 + self.val_mask[v] as u32 + self.test_mask[v] as u32 > 1
+        }) {
+            return bad(format!("vertex {v} is in more than one of train/val/test"));
+        }
+        Ok(())
+    }
+
+    /// Ids of the vertices whose mask entry is 1.
+    pub fn ids_where(mask: &[u8]) -> Vec<u32> {
+        mask.iter()
+            .enumerate()
+            .filter(|(_, &m)| m != 0)
+            .map(|(v, _)| v as u32)
+            .collect()
+    }
+
+    /// Training vertex ids.
+    pub fn train_ids(&self) -> Vec<u32> {
+        Self::ids_where(&self.train_mask)
+    }
+
+    /// Validation vertex ids.
+    pub fn val_ids(&self) -> Vec<u32> {
+        Self::ids_where(&self.val_mask)
+    }
+
+    /// Test vertex ids.
+    pub fn test_ids(&self) -> Vec<u32> {
+        Self::ids_where(&self.test_mask)
+    }
+
+    /// A one-paragraph description (sizes, classes, split) for `tandem info`.
+    pub fn summary(&self) -> String {
+        let feat_bytes = self.features.as_slice().len() * 4;
+        format!(
+            "dataset `{}`: {} vertices, {} stored edges ({} undirected if symmetric), \
+             {} features/vertex ({:.1} MiB), {} classes, split train/val/test = {}/{}/{}",
+            self.name,
+            self.num_vertices(),
+            self.graph.num_edges(),
+            self.graph.num_edges() / 2,
+            self.features.dim(),
+            feat_bytes as f64 / (1 << 20) as f64,
+            self.num_classes,
+            self.train_mask.iter().filter(|&&m| m != 0).count(),
+            self.val_mask.iter().filter(|&&m| m != 0).count(),
+            self.test_mask.iter().filter(|&&m| m != 0).count(),
+        )
+    }
+}

@@ -1,0 +1,105 @@
+//! The error type of the `runtime` crate.
+
+use std::path::{Path, PathBuf};
+
+use cpu_ops::CpuOpsError;
+
+/// Everything the runtime reports to its caller. Messages name the file, line or
+/// key involved and what was expected, so the CLI can print them as they are.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An operating-system I/O error on a file.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A binary file is malformed: wrong magic, sizes that disagree, bad checksum.
+    #[error("{}: {what}", path.display())]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong and what was expected.
+        what: String,
+    },
+    /// A text file has a bad line.
+    #[error("{}:{line}: {what}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong and what was expected.
+        what: String,
+    },
+    /// A dataset's parts are inconsistent with each other.
+    #[error("invalid dataset: {what}")]
+    InvalidDataset {
+        /// What is wrong.
+        what: String,
+    },
+    /// A user-supplied argument or option is out of range.
+    #[error("invalid value for `{name}`: {reason}")]
+    InvalidArgument {
+        /// The option or field name.
+        name: String,
+        /// What was expected.
+        reason: String,
+    },
+    /// An error from the host kernels, with the context it happened in.
+    #[error("{context}: {source}")]
+    CpuOps {
+        /// What the runtime was doing (often a file path).
+        context: String,
+        /// The underlying error.
+        source: CpuOpsError,
+    },
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// An I/O error on `path`.
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// A malformed-file error on `path`.
+    pub fn format(path: &Path, what: impl Into<String>) -> Self {
+        Self::Format {
+            path: path.to_path_buf(),
+            what: what.into(),
+        }
+    }
+
+    /// A bad line in a text file.
+    pub fn parse(path: &Path, line: u64, what: impl Into<String>) -> Self {
+        Self::Parse {
+            path: path.to_path_buf(),
+            line,
+            what: what.into(),
+        }
+    }
+
+    /// An out-of-range argument.
+    pub fn invalid_argument(name: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            name: name.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Wraps a kernel error with context.
+    pub fn cpu_ops(context: impl Into<String>, source: CpuOpsError) -> Self {
+        Self::CpuOps {
+            context: context.into(),
+            source,
+        }
+    }
+}

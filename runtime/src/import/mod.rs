@@ -1,0 +1,1 @@
+//! Importers from real-world formats into [`crate::dataset::Dataset`].

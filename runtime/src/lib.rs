@@ -1,0 +1,12 @@
+//! Tandem's runtime: the dataset store and importers, generators, and (as they
+//! land) the executor, trainer and CLI.
+//!
+//! Dependency direction: `cpu_ops` ← `gpu_ops` ← `scheduler` ← `runtime`.
+
+pub mod atomic;
+pub mod dataset;
+mod error;
+pub mod generate;
+pub mod import;
+
+pub use error::{Error, Result};
