@@ -1,1 +1,5 @@
-fn main() {}
+//! The `tandem` binary; see `runtime::cli`.
+
+fn main() -> std::process::ExitCode {
+    runtime::cli::main()
+}

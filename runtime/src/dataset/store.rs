@@ -27,6 +27,9 @@
 //! ([`Verify::Default`]); [`Verify::Full`] also hashes the features, which reads the
 //! whole file. Writing goes through a temporary file and a rename.
 
+#[cfg(target_endian = "big")]
+compile_error!("the .tds store maps little-endian data directly; big-endian hosts are not supported");
+
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
@@ -327,7 +330,7 @@ fn parse_mapped_len(
                 s.offset
             )));
         }
-        let end = s.offset.checked_add(s.len).unwrap_or(u64::MAX);
+        let end = s.offset.saturating_add(s.len);
         if end > bytes.len() as u64 {
             return Err(bad(format!(
                 "file is truncated: section {name} ends at byte {end}, the file has {} bytes",

@@ -1,0 +1,18 @@
+//! Feeds arbitrary bytes to the dataset reader: it must return an error or a valid
+//! dataset, never panic or read out of bounds.
+#![no_main]
+
+use std::path::Path;
+
+use libfuzzer_sys::fuzz_target;
+use runtime::dataset::{parse_dataset_bytes, Verify};
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(ds) = parse_dataset_bytes(Path::new("fuzz.tds"), data, Verify::Full) {
+        // A dataset that parsed must be internally consistent.
+        ds.validate().expect("parsed dataset validates");
+        for v in 0..ds.num_vertices() as u32 {
+            let _ = ds.graph.neighbors(v);
+        }
+    }
+});

@@ -1,0 +1,157 @@
+//! `tandem bench sample | gather`: throughput against a reference measured in the
+//! same run. Numbers and their interpretation live in `docs/performance.md`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::{Args, Subcommand};
+use cpu_ops::{CsrGraph, FeatureMatrix};
+use rayon::prelude::*;
+
+use super::parse_fanouts;
+use crate::bench::{bench_gather, bench_sample};
+use crate::dataset::{open_dataset, SplitSpec, Verify};
+use crate::error::{Error, Result};
+use crate::generate::{generate_rmat, RmatOptions};
+
+#[derive(Debug, Subcommand)]
+pub(super) enum BenchCmd {
+    /// Layered neighbor sampling: sampled edges per second.
+    Sample(SampleArgs),
+    /// Feature-row gather: GB/s next to a plain memcpy row gather.
+    Gather(GatherArgs),
+}
+
+#[derive(Debug, Args)]
+pub(super) struct PoolArgs {
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seed of the generated data and of the batches.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct SampleArgs {
+    /// Benchmark on this dataset instead of a generated R-MAT graph.
+    #[arg(long)]
+    dataset: Option<PathBuf>,
+    /// Vertices of the generated graph.
+    #[arg(long, default_value_t = 1_000_000)]
+    vertices: usize,
+    /// Undirected edges of the generated graph (stored twice).
+    #[arg(long, default_value_t = 12_500_000)]
+    edges: usize,
+    /// Fanout per layer, input layer first (DGL order).
+    #[arg(long, default_value = "25,10,5", value_parser = parse_fanouts)]
+    fanouts: Vec<u32>,
+    /// Seeds per batch.
+    #[arg(long, default_value_t = 1024)]
+    batch_size: usize,
+    /// Timed batches.
+    #[arg(long, default_value_t = 200)]
+    batches: usize,
+    #[command(flatten)]
+    pool: PoolArgs,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct GatherArgs {
+    /// Benchmark on this dataset's features instead of a generated matrix.
+    #[arg(long)]
+    dataset: Option<PathBuf>,
+    /// Rows of the generated matrix.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: usize,
+    /// Columns (f32) of the generated matrix; 128 gives 512-byte rows.
+    #[arg(long, default_value_t = 128)]
+    dim: usize,
+    /// Rows gathered per batch.
+    #[arg(long, default_value_t = 100_000)]
+    batch_rows: usize,
+    /// Timed batches per method.
+    #[arg(long, default_value_t = 20)]
+    batches: usize,
+    #[command(flatten)]
+    pool: PoolArgs,
+}
+
+fn set_threads(threads: Option<usize>) -> Result<()> {
+    if let Some(t) = threads {
+        if t == 0 {
+            return Err(Error::invalid_argument("--threads", "expected at least 1"));
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build_global()
+            .map_err(|e| Error::invalid_argument("--threads", e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn sample_graph(a: &SampleArgs) -> Result<CsrGraph> {
+    let t = Instant::now();
+    let g = match &a.dataset {
+        Some(p) => open_dataset(p, Verify::Default)?.graph,
+        None => {
+            let opts = RmatOptions {
+                num_vertices: a.vertices,
+                num_edges: a.edges,
+                num_classes: 1,
+                feature_dim: 1,
+                split: SplitSpec::default(),
+                seed: a.pool.seed,
+                ..RmatOptions::default()
+            };
+            generate_rmat(&opts)?.graph
+        }
+    };
+    println!(
+        "graph: {} vertices, {} stored edges (ready in {:.1} s)",
+        g.num_vertices(),
+        g.num_edges(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(g)
+}
+
+fn gather_features(a: &GatherArgs) -> Result<FeatureMatrix> {
+    match &a.dataset {
+        Some(p) => Ok(open_dataset(p, Verify::Default)?.features),
+        None => {
+            let mut data = vec![0f32; a.rows * a.dim];
+            data.par_iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = (i % 1021) as f32);
+            FeatureMatrix::new(data.into(), a.rows, a.dim)
+                .map_err(|e| Error::cpu_ops("generated feature matrix", e))
+        }
+    }
+}
+
+pub(super) fn run(cmd: BenchCmd) -> Result<()> {
+    match cmd {
+        BenchCmd::Sample(a) => {
+            set_threads(a.pool.threads)?;
+            let g = sample_graph(&a)?;
+            let report = bench_sample(&g, &a.fanouts, a.batch_size, a.batches, a.pool.seed)
+                .map_err(|e| Error::cpu_ops("bench sample", e))?;
+            println!("threads: {}\n{report}", rayon::current_num_threads());
+        }
+        BenchCmd::Gather(a) => {
+            set_threads(a.pool.threads)?;
+            let f = gather_features(&a)?;
+            println!(
+                "features: {} rows × {} f32 ({:.0} MiB)",
+                f.num_rows(),
+                f.dim(),
+                (f.num_rows() * f.dim() * 4) as f64 / (1 << 20) as f64
+            );
+            let report = bench_gather(&f, a.batch_rows, a.batches, a.pool.seed)
+                .map_err(|e| Error::cpu_ops("bench gather", e))?;
+            println!("threads: {}\n{report}", rayon::current_num_threads());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The `tandem` command line: import, export, generate, inspect and benchmark.
+//!
+//! Every subcommand maps onto a library function; this module only parses
+//! arguments, prints results and turns errors into one-line messages.
+
+mod bench;
+mod data;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::Result;
+
+/// Tandem: CPU+GPU graph neural network training.
+#[derive(Debug, Parser)]
+#[command(name = "tandem", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Import a graph from a real-world format into a Tandem dataset file.
+    #[command(subcommand)]
+    Import(data::ImportCmd),
+    /// Write a stored dataset out for other tools (DGL, PyG).
+    Export(data::ExportArgs),
+    /// Generate a synthetic dataset (R-MAT power-law or stochastic block model).
+    #[command(subcommand)]
+    Generate(data::GenerateCmd),
+    /// Print a dataset's sizes and check its integrity.
+    Info(data::InfoArgs),
+    /// Measure sampling and gather throughput.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+}
+
+/// Parses the process arguments, runs the command and reports errors on stderr.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Import(c) => data::import(c),
+        Command::Export(a) => data::export(a),
+        Command::Generate(c) => data::generate(c),
+        Command::Info(a) => data::info(a),
+        Command::Bench(c) => bench::run(c),
+    }
+}
+
+/// The output path argument shared by commands that write a dataset.
+#[derive(Debug, clap::Args)]
+struct OutputArg {
+    /// Where to write the dataset (`.tds`); written atomically.
+    #[arg(short, long)]
+    output: PathBuf,
+}
+
+/// Parses `"25,10,5"` into fanouts; `-1` or `all` means every neighbor.
+fn parse_fanouts(s: &str) -> std::result::Result<Vec<u32>, String> {
+    s.split(',')
+        .map(|t| {
+            let t = t.trim();
+            if t == "-1" || t == "all" {
+                return Ok(cpu_ops::ALL_NEIGHBORS);
+            }
+            match t.parse::<u32>() {
+                Ok(0) | Err(_) => Err(format!(
+                    "`{t}` in `{s}`: expected comma-separated positive fanouts (or -1/all)"
+                )),
+                Ok(k) => Ok(k),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn fanouts_parse() {
+        assert_eq!(parse_fanouts("25,10,5").unwrap(), vec![25, 10, 5]);
+        assert_eq!(parse_fanouts("-1, 3").unwrap(), vec![cpu_ops::ALL_NEIGHBORS, 3]);
+        assert!(parse_fanouts("0,1").is_err());
+        assert!(parse_fanouts("a").is_err());
+    }
+}
