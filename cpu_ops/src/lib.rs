@@ -13,10 +13,12 @@ mod array;
 mod error;
 mod features;
 mod graph;
+mod real;
 mod rng;
 
 pub use array::HostArray;
 pub use error::{CpuOpsError, Result};
 pub use features::FeatureMatrix;
 pub use graph::{BuildOptions, CsrGraph};
+pub use real::Real;
 pub use rng::{derive_seed, splitmix64, Rng};
