@@ -6,7 +6,9 @@
 pub mod atomic;
 pub mod dataset;
 mod error;
+pub mod export;
 pub mod generate;
 pub mod import;
+pub mod npy;
 
 pub use error::{Error, Result};

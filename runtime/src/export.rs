@@ -1,0 +1,202 @@
+//! Export a [`Dataset`] as a directory of `.npy` files for Python tools (DGL, PyG),
+//! read back by [`crate::import::import_npy_dir`].
+//!
+//! | file | dtype, shape | content |
+//! |---|---|---|
+//! | `edge_index.npy` | `int64 (2, E)` | row 0 = source, row 1 = destination; one column per stored CSR entry, in CSR order (grouped by destination) |
+//! | `features.npy` | `float32 (n, d)` | one row per vertex |
+//! | `labels.npy` | `int64 (n,)` | class ids below `num_classes` |
+//! | `train_mask.npy`, `val_mask.npy`, `test_mask.npy` | `bool (n,)` | the split |
+//! | `meta.json` | | `format`, `name`, `num_vertices`, `num_edges`, `num_classes`, `feature_dim` |
+//!
+//! `E` counts stored entries: an undirected edge appears twice, once per direction,
+//! which is what both DGL and PyG expect for an undirected graph. A column
+//! `(s, d)` is the CSR entry "`s` in row `d`": a message `s → d`.
+//!
+//! The directory is written atomically: into a temporary sibling that replaces
+//! `dir` only when every file is complete.
+//!
+//! Loading it in Python:
+//!
+//! ```python
+//! import json, numpy as np, torch
+//!
+//! d = "cora_npy"
+//! meta = json.load(open(f"{d}/meta.json"))
+//! ei = torch.from_numpy(np.load(f"{d}/edge_index.npy"))    # (2, E) int64
+//! x = torch.from_numpy(np.load(f"{d}/features.npy"))       # (n, d) float32
+//! y = torch.from_numpy(np.load(f"{d}/labels.npy"))         # (n,) int64
+//! masks = {k: torch.from_numpy(np.load(f"{d}/{k}_mask.npy")) for k in ("train", "val", "test")}
+//!
+//! # DGL: messages flow src -> dst, as in Tandem.
+//! import dgl
+//! g = dgl.graph((ei[0], ei[1]), num_nodes=meta["num_vertices"])
+//! g.ndata["feat"], g.ndata["label"] = x, y
+//! for k, m in masks.items():
+//!     g.ndata[f"{k}_mask"] = m
+//!
+//! # PyG: edge_index is (2, E) with row 0 = source, row 1 = target.
+//! from torch_geometric.data import Data
+//! data = Data(x=x, edge_index=ei, y=y, num_nodes=meta["num_vertices"],
+//!             train_mask=masks["train"], val_mask=masks["val"], test_mask=masks["test"])
+//! ```
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::atomic::{write_dir_atomically, write_file_atomically};
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::npy;
+
+/// The value of `format` in `meta.json`.
+pub const NPY_DIR_FORMAT: &str = "tandem-npy-1";
+
+/// Writes `ds` to the directory `dir` (created or replaced atomically) as the `.npy`
+/// files and `meta.json` listed in the module doc.
+pub fn export_npy(ds: &Dataset, dir: &Path) -> Result<()> {
+    ds.validate()?;
+    let g = &ds.graph;
+    let n = ds.num_vertices();
+    let e = g.num_edges();
+    write_dir_atomically(dir, |tmp| {
+        let offsets = g.offsets().as_slice();
+        let src = g.indices().iter().map(|&s| s as i64);
+        let dst = offsets
+            .windows(2)
+            .enumerate()
+            .flat_map(|(v, w)| std::iter::repeat_n(v as i64, (w[1] - w[0]) as usize));
+        npy::write_i64(&tmp.join("edge_index.npy"), &[2, e], src.chain(dst))?;
+        npy::write_f32_matrix(
+            &tmp.join("features.npy"),
+            ds.features.as_slice(),
+            n,
+            ds.features.dim(),
+        )?;
+        npy::write_i64(
+            &tmp.join("labels.npy"),
+            &[n],
+            ds.labels.iter().map(|&l| l as i64),
+        )?;
+        npy::write_bool(&tmp.join("train_mask.npy"), &ds.train_mask)?;
+        npy::write_bool(&tmp.join("val_mask.npy"), &ds.val_mask)?;
+        npy::write_bool(&tmp.join("test_mask.npy"), &ds.test_mask)?;
+        let meta = format!(
+            "{{\n  \"format\": {},\n  \"name\": {},\n  \"num_vertices\": {n},\n  \
+             \"num_edges\": {e},\n  \"num_classes\": {},\n  \"feature_dim\": {}\n}}\n",
+            json_string(NPY_DIR_FORMAT),
+            json_string(&ds.name),
+            ds.num_classes,
+            ds.features.dim()
+        );
+        let meta_path = tmp.join("meta.json");
+        write_file_atomically(&meta_path, |w| {
+            w.write_all(meta.as_bytes())
+                .map_err(|err| Error::io(&meta_path, err))
+        })
+    })
+}
+
+/// `s` as a JSON string literal (quotes, backslashes and control characters escaped).
+pub(crate) fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::npy::{
+        read_f32_matrix, read_header, read_index_matrix, read_labels, read_mask, Dtype,
+    };
+    use cpu_ops::{CsrGraph, FeatureMatrix};
+
+    /// A small dataset whose CSR rows are unsorted and hold a duplicate and a
+    /// self-loop, so an exact round trip cannot come from re-sorting.
+    pub(crate) fn odd_dataset() -> Dataset {
+        let graph =
+            CsrGraph::new(vec![0, 3, 3, 5, 6].into(), vec![2, 1, 2, 3, 0, 3].into()).unwrap();
+        Dataset {
+            name: "odd \"name\"\\\n\u{1}é \u{1F600}".into(),
+            graph,
+            features: FeatureMatrix::new(
+                (0..12).map(|i| i as f32 / 3.0).collect::<Vec<_>>().into(),
+                4,
+                3,
+            )
+            .unwrap(),
+            labels: vec![0, 4, 2, 0].into(),
+            num_classes: 6,
+            train_mask: vec![1, 0, 0, 0].into(),
+            val_mask: vec![0, 1, 0, 0].into(),
+            test_mask: vec![0, 0, 0, 1].into(),
+        }
+    }
+
+    #[test]
+    fn writes_the_documented_files() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("out");
+        let ds = odd_dataset();
+        export_npy(&ds, &out).unwrap();
+        let (ei, rows, cols) = read_index_matrix(&out.join("edge_index.npy")).unwrap();
+        assert_eq!((rows, cols), (2, 6));
+        assert_eq!(ei, vec![2, 1, 2, 3, 0, 3, 0, 0, 0, 2, 2, 3]);
+        assert_eq!(
+            read_header(&out.join("edge_index.npy")).unwrap().dtype,
+            Dtype::I64
+        );
+        assert_eq!(
+            read_header(&out.join("labels.npy")).unwrap().dtype,
+            Dtype::I64
+        );
+        assert_eq!(
+            read_header(&out.join("val_mask.npy")).unwrap().dtype,
+            Dtype::Bool
+        );
+        assert_eq!(
+            read_f32_matrix(&out.join("features.npy")).unwrap(),
+            ds.features
+        );
+        assert_eq!(
+            read_labels(&out.join("labels.npy")).unwrap(),
+            vec![0, 4, 2, 0]
+        );
+        assert_eq!(
+            read_mask(&out.join("test_mask.npy")).unwrap(),
+            vec![0, 0, 0, 1]
+        );
+        let meta = std::fs::read_to_string(out.join("meta.json")).unwrap();
+        assert!(
+            meta.contains(r#""name": "odd \"name\"\\\n\u0001é 😀""#),
+            "{meta}"
+        );
+        assert!(meta.contains("\"num_edges\": 6") && meta.contains("\"feature_dim\": 3"));
+        // Exporting again replaces the directory; nothing else is left beside it.
+        export_npy(&ds, &out).unwrap();
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 7);
+    }
+
+    #[test]
+    fn invalid_dataset_is_refused_before_writing() {
+        let d = tempfile::tempdir().unwrap();
+        let mut ds = odd_dataset();
+        ds.labels = vec![0, 9, 0, 0].into();
+        assert!(export_npy(&ds, &d.path().join("out")).is_err());
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+    }
+}
