@@ -101,3 +101,98 @@ fn reseal_header(b: &mut [u8]) {
 fn xxh3(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
 }
+
+/// Mutates `seed_input` `iters` times and feeds each result to `parse` through a
+/// file (the text parsers read paths).
+fn mutate_through_file(seed_input: &[u8], iters: usize, seed: u64, mut parse: impl FnMut(&Path)) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("input");
+    let mut rng = Rng::new(seed);
+    for _ in 0..iters {
+        let mut b = seed_input.to_vec();
+        for _ in 0..1 + rng.below(4) {
+            mutate(&mut rng, &mut b);
+        }
+        std::fs::write(&p, &b).expect("write");
+        parse(&p);
+    }
+}
+
+const METIS: &[u8] = b"% the METIS manual's example, with edge weights
+7 11 001
+5 1 3 2 2 1
+1 1 3 2 4 1
+5 3 4 2 2 2 1 2
+2 1 3 2 6 2 7 5
+1 1 3 3 6 2
+5 2 4 2 7 6
+6 6 4 5
+";
+
+#[test]
+fn metis_parser_never_panics_on_mutations() {
+    let mut ok = 0;
+    mutate_through_file(METIS, 3000, 7, |p| {
+        if let Ok(g) = runtime::import::read_metis(p) {
+            g.validate().expect("valid CSR");
+            ok += 1;
+        }
+    });
+    assert!(ok < 3000);
+}
+
+#[test]
+fn edge_list_parser_never_panics_on_mutations() {
+    let input = b"# SNAP style\n0 1\n1 2\t7\n2 0\n% another comment\n5 3\n4294967296 1\n";
+    for (i, (directed, relabel)) in [(false, false), (true, false), (false, true), (true, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let opts = runtime::import::GraphImportOptions {
+            directed,
+            relabel,
+            ..Default::default()
+        };
+        mutate_through_file(input, 800, i as u64, |p| {
+            if let Ok(g) = runtime::import::read_edge_list(p, &opts) {
+                g.graph.validate().expect("valid CSR");
+            }
+        });
+    }
+}
+
+#[test]
+fn npy_readers_never_panic_on_mutations() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seeds = [
+        ("f.npy", {
+            let p = dir.path().join("f.npy");
+            runtime::npy::write_f32_matrix(&p, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2).expect("w");
+            std::fs::read(&p).expect("r")
+        }),
+        ("i.npy", {
+            let p = dir.path().join("i.npy");
+            runtime::npy::write_i64(&p, &[2, 3], [0i64, 1, 2, 1, 2, 0]).expect("w");
+            std::fs::read(&p).expect("r")
+        }),
+        ("b.npy", {
+            let p = dir.path().join("b.npy");
+            runtime::npy::write_bool(&p, &[1, 0, 1, 1]).expect("w");
+            std::fs::read(&p).expect("r")
+        }),
+    ];
+    for (i, (_, bytes)) in seeds.iter().enumerate() {
+        mutate_through_file(bytes, 1000, 100 + i as u64, |p| {
+            if let Ok(m) = runtime::npy::read_f32_matrix(p) {
+                assert_eq!(m.as_slice().len(), m.num_rows() * m.dim());
+            }
+            let _ = runtime::npy::read_labels(p);
+            if let Ok(mask) = runtime::npy::read_mask(p) {
+                assert!(mask.iter().all(|&b| b <= 1));
+            }
+            if let Ok((v, r, c)) = runtime::npy::read_index_matrix(p) {
+                assert_eq!(v.len(), r * c);
+            }
+        });
+    }
+}

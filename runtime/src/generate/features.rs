@@ -27,7 +27,14 @@ pub fn class_features(
             let mut rng = Rng::for_stream(seed, v as u64);
             let c = labels[v] as usize;
             let mu = &centers[c * dim..(c + 1) * dim];
-            for (x, m) in row.iter_mut().zip(mu) {
+            let mut pairs = row.chunks_exact_mut(2);
+            let mut mus = mu.chunks_exact(2);
+            for (x, m) in (&mut pairs).zip(&mut mus) {
+                let (z1, z2) = rng.normal_pair();
+                x[0] = signal * m[0] + z1 as f32;
+                x[1] = signal * m[1] + z2 as f32;
+            }
+            if let ([x], [m]) = (pairs.into_remainder(), mus.remainder()) {
                 *x = signal * m + rng.normal() as f32;
             }
         });
