@@ -12,11 +12,15 @@
 mod array;
 mod error;
 mod features;
+pub mod gather;
 mod graph;
 mod rng;
+pub mod sampler;
 
 pub use array::HostArray;
 pub use error::{CpuOpsError, Result};
 pub use features::FeatureMatrix;
+pub use gather::{gather_rows, gather_rows_into_vec};
 pub use graph::{BuildOptions, CsrGraph};
 pub use rng::{derive_seed, splitmix64, Rng};
+pub use sampler::{Block, NeighborSampler, SampledBatch, SamplerScratch, ALL_NEIGHBORS};
