@@ -54,11 +54,13 @@ pub const ALL_NEIGHBORS: u32 = u32::MAX;
 /// Destinations per parallel task.
 const CHUNK: usize = 256;
 /// How many edges ahead the relabel pass prefetches its per-vertex entry.
-const RELABEL_PREFETCH: usize = 16;
+const RELABEL_PREFETCH: usize = 128;
 /// How many destinations ahead the sampling loop prefetches its row.
-const ROW_PREFETCH: usize = 8;
+const ROW_PREFETCH: usize = 16;
 /// Lines of a row prefetched (the rest is left to the hardware prefetcher).
-const ROW_PREFETCH_LINES: usize = 4;
+const ROW_PREFETCH_LINES: usize = 2;
+/// Busy-wait rounds of the relabeller before it yields its core.
+const SPINS_BEFORE_YIELD: u32 = 256;
 /// Rows up to this degree are sampled with an on-stack bitmap of positions.
 const BITMAP_MAX_DEGREE: usize = 4096;
 
@@ -122,7 +124,7 @@ impl NeighborSampler {
 
     /// Like [`NeighborSampler::sample`], but reuses the buffers of `out` (a batch from
     /// an earlier call, or `SampledBatch::default()`), so a steady stream of batches
-    /// allocates nothing. On error `out` holds an unspecified, valid-to-reuse batch.
+    /// allocates nothing. On error `out` is left as it was.
     pub fn sample_into(
         &self,
         graph: &CsrGraph,
@@ -353,6 +355,11 @@ fn relabel(mark: &mut [u32], base: u32, indices: &mut [u32], src_ids: &mut Vec<u
     let start = src_ids.len();
     src_ids.resize(start + indices.len(), 0);
     let mut n = start;
+    for &v in indices.iter().take(RELABEL_PREFETCH) {
+        if let Some(m) = mark.get(v as usize) {
+            prefetch(m);
+        }
+    }
     for e in 0..indices.len() {
         if let Some(&ahead) = indices.get(e + RELABEL_PREFETCH) {
             if let Some(m) = mark.get(ahead as usize) {
@@ -466,9 +473,18 @@ fn sample_layer(
             s.spawn(|_| while sample_one() {});
         }
         for c in 0..num_chunks {
+            let mut idle = 0u32;
             while !done[c].load(Ordering::Acquire) {
-                if !sample_one() {
+                if sample_one() {
+                    continue;
+                }
+                // Another worker is finishing chunk `c` (a few microseconds), unless
+                // the OS descheduled it: then give it the core.
+                idle += 1;
+                if idle < SPINS_BEFORE_YIELD {
                     std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
                 }
             }
             let mut guard = lock(&slices[c]);
@@ -909,6 +925,12 @@ mod tests {
                 .sample(&g, &seeds, 0, &mut SamplerScratch::new(0))
                 .unwrap()
         );
+        // A failed `sample_into` leaves the output batch alone.
+        let mut out = after.clone();
+        assert!(sampler
+            .sample_into(&g, &[7, 7], 1, &mut scratch, &mut out)
+            .is_err());
+        assert_eq!(out, after);
         // No seeds: empty blocks.
         let empty = sampler.sample(&g, &[], 0, &mut scratch).unwrap();
         assert!(empty
