@@ -23,8 +23,11 @@ use crate::error::{Error, Result};
 
 /// Timed repetitions of each copy (after one untimed warm-up).
 const REPETITIONS: usize = 5;
-/// The streaming copy moves at least this many bytes, to get past the caches.
+/// The streaming copy moves as many bytes as one gather batch, but at least this
+/// many (to get past the caches)...
 const MIN_STREAM_BYTES: usize = 64 << 20;
+/// ...and at most this many (to bound the memory the benchmark takes).
+const MAX_STREAM_BYTES: usize = 256 << 20;
 
 /// Time and throughput of one of the copies.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -170,7 +173,10 @@ pub fn bench_gather(
         .collect();
     let mut out = vec![0f32; values];
     let batch_bytes = (values * std::mem::size_of::<f32>()) as u64;
-    let stream_len = values.max(MIN_STREAM_BYTES / std::mem::size_of::<f32>());
+    let stream_len = values.clamp(
+        MIN_STREAM_BYTES / std::mem::size_of::<f32>(),
+        MAX_STREAM_BYTES / std::mem::size_of::<f32>(),
+    );
     let stream_src: Vec<f32> = (0..stream_len).map(|i| i as f32).collect();
     let mut stream_dst = vec![0f32; stream_len];
     let src = features.as_slice();
