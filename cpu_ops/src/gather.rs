@@ -17,8 +17,8 @@ use crate::features::FeatureMatrix;
 const TASK_BYTES: usize = 64 * 1024;
 /// How many rows ahead of the copy the loop prefetches.
 const PREFETCH_ROWS: usize = 8;
-/// Rows longer than this are not prefetched whole (the hardware prefetcher follows
-/// long sequential runs by itself).
+/// Bytes prefetched at the start of each row; the hardware prefetcher follows longer
+/// rows by itself.
 const PREFETCH_MAX_BYTES: usize = 1024;
 
 /// Copies row `ids[i]` of `features` to `out[i * dim..(i + 1) * dim]` for every `i`,
@@ -93,28 +93,24 @@ fn check_ids(ids: &[u32], num_rows: usize) -> Result<()> {
 
 /// The sequential kernel: checked ids, `out.len() == ids.len() * dim`, `dim > 0`.
 fn copy_rows(src: &[f32], dim: usize, ids: &[u32], out: &mut [f32]) {
-    let prefetch = dim * std::mem::size_of::<f32>() <= PREFETCH_MAX_BYTES;
-    if prefetch {
-        for &id in ids.iter().take(PREFETCH_ROWS) {
-            prefetch_row(src, id as usize * dim, dim);
-        }
+    let head = dim.min(PREFETCH_MAX_BYTES / std::mem::size_of::<f32>());
+    for &id in ids.iter().take(PREFETCH_ROWS) {
+        prefetch_row(src, id as usize * dim, head);
     }
     for (i, (o, &id)) in out.chunks_exact_mut(dim).zip(ids).enumerate() {
-        if prefetch {
-            if let Some(&ahead) = ids.get(i + PREFETCH_ROWS) {
-                prefetch_row(src, ahead as usize * dim, dim);
-            }
+        if let Some(&ahead) = ids.get(i + PREFETCH_ROWS) {
+            prefetch_row(src, ahead as usize * dim, head);
         }
         let start = id as usize * dim;
         o.copy_from_slice(&src[start..start + dim]);
     }
 }
 
-/// Asks the CPU to start loading `src[start..start + dim]` into cache.
+/// Asks the CPU to start loading `src[start..start + len]` into cache.
 #[inline(always)]
-fn prefetch_row(src: &[f32], start: usize, dim: usize) {
+fn prefetch_row(src: &[f32], start: usize, len: usize) {
     const LINE_FLOATS: usize = 64 / std::mem::size_of::<f32>();
-    for line in src[start..start + dim].iter().step_by(LINE_FLOATS) {
+    for line in src[start..start + len].iter().step_by(LINE_FLOATS) {
         prefetch(line);
     }
 }
