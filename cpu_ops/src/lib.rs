@@ -12,13 +12,17 @@
 mod array;
 mod error;
 mod features;
+pub mod gather;
 mod graph;
 mod real;
 mod rng;
+pub mod sampler;
 
 pub use array::HostArray;
 pub use error::{CpuOpsError, Result};
 pub use features::FeatureMatrix;
+pub use gather::{gather_rows, gather_rows_into_vec};
 pub use graph::{BuildOptions, CsrGraph};
 pub use real::Real;
 pub use rng::{derive_seed, splitmix64, Rng};
+pub use sampler::{Block, NeighborSampler, SampledBatch, SamplerScratch, ALL_NEIGHBORS};
