@@ -26,7 +26,9 @@ fn sbm() -> Dataset {
 fn check_batch_and_gather(ds: &Dataset, seeds: &[u32], fanouts: &[u32]) {
     let sampler = NeighborSampler::new(fanouts.to_vec()).expect("sampler");
     let mut scratch = SamplerScratch::new(ds.num_vertices());
-    let batch = sampler.sample(&ds.graph, seeds, 11, &mut scratch).expect("sample");
+    let batch = sampler
+        .sample(&ds.graph, seeds, 11, &mut scratch)
+        .expect("sample");
     assert_eq!(batch.blocks().len(), fanouts.len());
     let top = batch.blocks().last().expect("a block");
     assert_eq!(top.dst_ids(), seeds);
@@ -38,7 +40,10 @@ fn check_batch_and_gather(ds: &Dataset, seeds: &[u32], fanouts: &[u32]) {
             let picked = b.neighbors(d);
             assert_eq!(picked.len(), row.len().min(fanout));
             for &s in picked {
-                assert!(row.contains(&b.src_ids()[s as usize]), "sampled edge not in graph");
+                assert!(
+                    row.contains(&b.src_ids()[s as usize]),
+                    "sampled edge not in graph"
+                );
             }
         }
     }
@@ -71,8 +76,16 @@ fn generated_dataset_through_store_export_import_and_sampler() {
     assert_eq!(back.features, ds.features);
     assert_eq!(back.labels, ds.labels);
     assert_eq!(
-        (back.train_mask.clone(), back.val_mask.clone(), back.test_mask.clone()),
-        (ds.train_mask.clone(), ds.val_mask.clone(), ds.test_mask.clone())
+        (
+            back.train_mask.clone(),
+            back.val_mask.clone(),
+            back.test_mask.clone()
+        ),
+        (
+            ds.train_mask.clone(),
+            ds.val_mask.clone(),
+            ds.test_mask.clone()
+        )
     );
 
     let seeds: Vec<u32> = mapped.train_ids().into_iter().take(256).collect();
@@ -100,7 +113,8 @@ fn rmat_batches_are_identical_on_one_and_two_threads() {
         pool.install(|| {
             let s = NeighborSampler::new(vec![25, 10, 5]).expect("sampler");
             let mut scratch = SamplerScratch::new(ds.num_vertices());
-            s.sample(&ds.graph, &seeds, 99, &mut scratch).expect("sample")
+            s.sample(&ds.graph, &seeds, 99, &mut scratch)
+                .expect("sample")
         })
     };
     let (a, b) = (run(1), run(2));

@@ -129,7 +129,7 @@ impl CsrGraph {
         let keep = |s: u32, d: u32| !(opts.drop_self_loops && s == d);
 
         // 1. Degrees, then prefix sums.
-        let mut offsets = vec![0u64; num_vertices + 1];
+        let mut offsets = zeroed_vec::<u64>(num_vertices + 1, "CSR offsets")?;
         for &(s, d) in edges {
             if keep(s, d) {
                 offsets[d as usize + 1] += 1;
@@ -143,8 +143,9 @@ impl CsrGraph {
         }
         // 2. Scatter.
         let total = offsets[num_vertices] as usize;
-        let mut indices = vec![0u32; total];
-        let mut cursor: Vec<u64> = offsets[..num_vertices].to_vec();
+        let mut indices = zeroed_vec::<u32>(total, "CSR neighbor ids")?;
+        let mut cursor = zeroed_vec::<u64>(num_vertices, "CSR build cursor")?;
+        cursor.copy_from_slice(&offsets[..num_vertices]);
         for &(s, d) in edges {
             if keep(s, d) {
                 let c = &mut cursor[d as usize];
@@ -175,7 +176,7 @@ impl CsrGraph {
         // 4. Compact rows that lost duplicates.
         if opts.dedup {
             let mut write = 0usize;
-            let mut new_offsets = vec![0u64; num_vertices + 1];
+            let mut new_offsets = zeroed_vec::<u64>(num_vertices + 1, "CSR offsets")?;
             for v in 0..num_vertices {
                 let start = offsets[v] as usize;
                 let len = new_len[v] as usize;
@@ -231,6 +232,19 @@ impl CsrGraph {
         (0..self.num_vertices() as u32)
             .flat_map(move |d| self.neighbors(d).iter().map(move |&s| (s, d)))
     }
+}
+
+/// A zeroed vector, or an error naming `what` when the allocation is refused
+/// (instead of aborting the process on a size that came from user input).
+fn zeroed_vec<T: Clone + Default>(len: usize, what: &'static str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| CpuOpsError::InvalidArgument {
+            name: what,
+            reason: format!("cannot allocate {len} × {} bytes", std::mem::size_of::<T>()),
+        })?;
+    v.resize(len, T::default());
+    Ok(v)
 }
 
 /// Splits `indices` into one mutable slice per row.

@@ -5,6 +5,7 @@
 
 pub mod atomic;
 pub mod bench;
+pub mod cli;
 pub mod dataset;
 mod error;
 pub mod export;

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use cpu_ops::{CsrGraph, FeatureMatrix};
 use rayon::prelude::*;
 
-use super::parse_fanouts;
+use super::{parse_fanouts, Fanouts};
 use crate::bench::{bench_gather, bench_sample};
 use crate::dataset::{open_dataset, SplitSpec, Verify};
 use crate::error::{Error, Result};
@@ -45,7 +45,7 @@ pub(super) struct SampleArgs {
     edges: usize,
     /// Fanout per layer, input layer first (DGL order).
     #[arg(long, default_value = "25,10,5", value_parser = parse_fanouts)]
-    fanouts: Vec<u32>,
+    fanouts: Fanouts,
     /// Seeds per batch.
     #[arg(long, default_value_t = 1024)]
     batch_size: usize,
@@ -135,8 +135,7 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Sample(a) => {
             set_threads(a.pool.threads)?;
             let g = sample_graph(&a)?;
-            let report = bench_sample(&g, &a.fanouts, a.batch_size, a.batches, a.pool.seed)
-                .map_err(|e| Error::cpu_ops("bench sample", e))?;
+            let report = bench_sample(&g, &a.fanouts.0, a.batch_size, a.batches, a.pool.seed)?;
             println!("threads: {}\n{report}", rayon::current_num_threads());
         }
         BenchCmd::Gather(a) => {
@@ -148,8 +147,7 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
                 f.dim(),
                 (f.num_rows() * f.dim() * 4) as f64 / (1 << 20) as f64
             );
-            let report = bench_gather(&f, a.batch_rows, a.batches, a.pool.seed)
-                .map_err(|e| Error::cpu_ops("bench gather", e))?;
+            let report = bench_gather(&f, a.batch_rows, a.batches, a.pool.seed)?;
             println!("threads: {}\n{report}", rayon::current_num_threads());
         }
     }

@@ -301,11 +301,17 @@ pub(super) fn generate(cmd: GenerateCmd) -> Result<()> {
 }
 
 pub(super) fn info(a: InfoArgs) -> Result<()> {
-    let verify = if a.verify { Verify::Full } else { Verify::Default };
+    let verify = if a.verify {
+        Verify::Full
+    } else {
+        Verify::Default
+    };
     let t = Instant::now();
     let ds = open_dataset(&a.dataset, verify)?;
     println!("{}", ds.summary());
-    let degs: Vec<usize> = (0..ds.num_vertices() as u32).map(|v| ds.graph.degree(v)).collect();
+    let degs: Vec<usize> = (0..ds.num_vertices() as u32)
+        .map(|v| ds.graph.degree(v))
+        .collect();
     let max = degs.iter().copied().max().unwrap_or(0);
     let isolated = degs.iter().filter(|&&d| d == 0).count();
     println!(
@@ -315,7 +321,11 @@ pub(super) fn info(a: InfoArgs) -> Result<()> {
     println!(
         "checked {} ({}) in {:.2} s",
         a.dataset.display(),
-        if a.verify { "all checksums" } else { "all checksums but features" },
+        if a.verify {
+            "all checksums"
+        } else {
+            "all checksums but features"
+        },
         t.elapsed().as_secs_f64()
     );
     Ok(())

@@ -69,8 +69,12 @@ struct OutputArg {
     output: PathBuf,
 }
 
+/// Per-layer fanouts from the command line, input layer first (DGL order).
+#[derive(Clone, Debug, PartialEq)]
+struct Fanouts(Vec<u32>);
+
 /// Parses `"25,10,5"` into fanouts; `-1` or `all` means every neighbor.
-fn parse_fanouts(s: &str) -> std::result::Result<Vec<u32>, String> {
+fn parse_fanouts(s: &str) -> std::result::Result<Fanouts, String> {
     s.split(',')
         .map(|t| {
             let t = t.trim();
@@ -84,7 +88,8 @@ fn parse_fanouts(s: &str) -> std::result::Result<Vec<u32>, String> {
                 Ok(k) => Ok(k),
             }
         })
-        .collect()
+        .collect::<std::result::Result<Vec<u32>, String>>()
+        .map(Fanouts)
 }
 
 #[cfg(test)]
@@ -99,8 +104,11 @@ mod tests {
 
     #[test]
     fn fanouts_parse() {
-        assert_eq!(parse_fanouts("25,10,5").unwrap(), vec![25, 10, 5]);
-        assert_eq!(parse_fanouts("-1, 3").unwrap(), vec![cpu_ops::ALL_NEIGHBORS, 3]);
+        assert_eq!(parse_fanouts("25,10,5").unwrap().0, vec![25, 10, 5]);
+        assert_eq!(
+            parse_fanouts("-1, 3").unwrap().0,
+            vec![cpu_ops::ALL_NEIGHBORS, 3]
+        );
         assert!(parse_fanouts("0,1").is_err());
         assert!(parse_fanouts("a").is_err());
     }

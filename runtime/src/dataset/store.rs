@@ -28,7 +28,9 @@
 //! whole file. Writing goes through a temporary file and a rename.
 
 #[cfg(target_endian = "big")]
-compile_error!("the .tds store maps little-endian data directly; big-endian hosts are not supported");
+compile_error!(
+    "the .tds store maps little-endian data directly; big-endian hosts are not supported"
+);
 
 use std::fs::File;
 use std::io::Write;

@@ -276,9 +276,28 @@ pub fn read_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<EdgeList
         };
         (n, Some(ids))
     } else {
-        let n = opts
-            .num_vertices
-            .unwrap_or_else(|| max_id.map_or(0, |m| m as usize + 1));
+        let n = match opts.num_vertices {
+            Some(nv) => nv,
+            None => {
+                let n = max_id.map_or(0, |m| m as usize + 1);
+                // Ids used as given make `largest id + 1` vertices. When that is far
+                // more than the edges could touch, the ids are sparse labels, not
+                // indices: refuse rather than allocate gigabytes of isolated vertices.
+                if n > SPARSE_ID_FLOOR && n / 64 > edges.len() {
+                    return Err(Error::format(
+                        path,
+                        format!(
+                            "largest vertex id {} would make {n} vertices for only {} edges; \
+                             the ids look sparse: pass --relabel to compact them, or \
+                             --num-vertices to confirm the size",
+                            n - 1,
+                            edges.len()
+                        ),
+                    ));
+                }
+                n
+            }
+        };
         (n, None)
     };
     if n == 0 {
@@ -294,6 +313,9 @@ pub fn read_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<EdgeList
         original_ids,
     })
 }
+
+/// Below this many vertices, ids are used as given however sparse they are.
+const SPARSE_ID_FLOOR: usize = 1 << 24;
 
 /// Compacted edges and the sorted original ids.
 type Relabeled = (Vec<(u32, u32)>, Vec<u64>);
@@ -376,6 +398,24 @@ pub fn import_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<Datase
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sparse_large_ids_without_relabel_are_refused_with_a_hint() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("sparse.txt");
+        std::fs::write(&p, "0 4000000000\n1 2\n").unwrap();
+        let err = read_edge_list(&p, &GraphImportOptions::default()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("sparse.txt") && msg.contains("--relabel"),
+            "{msg}"
+        );
+        let ok = GraphImportOptions {
+            relabel: true,
+            ..GraphImportOptions::default()
+        };
+        assert_eq!(read_edge_list(&p, &ok).unwrap().graph.num_vertices(), 4);
+    }
+
     use super::*;
 
     fn file(dir: &Path, name: &str, text: &str) -> PathBuf {
