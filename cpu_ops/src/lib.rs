@@ -4,12 +4,19 @@
 //! - [`CsrGraph`]: CSR topology (`u64` offsets, `u32` ids) and its builder;
 //! - [`FeatureMatrix`]: row-major `f32` vertex features;
 //! - [`Rng`]: the version-stable generator every seeded component uses;
+//! - [`Simd`] / [`SimdOps`]: vector primitives with run-time AVX-512 / AVX2 / scalar dispatch;
 //! - [`sampler`]: layered neighbor sampling into blocks (DGL's MFGs);
-//! - [`gather`]: feature-row gather for a block's input vertices.
+//! - [`gather`]: feature-row gather for a block's input vertices;
+//! - [`BlockView`] (a validated view of a block's CSR, with its cached transpose) and
+//!   [`aggregate_forward`] / [`aggregate_backward`]: sum, mean and GCN-normalized
+//!   aggregation over a block, with `f32` SIMD fast paths;
+//! - [`gat_forward`] / [`gat_backward`]: multi-head GAT edge attention over a block.
 //!
 //! No devices and no thread policy beyond rayon's global pool live here.
 
+mod aggregate;
 mod array;
+mod attention;
 mod error;
 mod features;
 pub mod gather;
@@ -17,8 +24,17 @@ mod graph;
 mod real;
 mod rng;
 pub mod sampler;
+mod simd;
 
+pub use aggregate::{
+    aggregate_backward, aggregate_backward_f32, aggregate_forward, aggregate_forward_f32,
+    AggregateKind, BlockView,
+};
 pub use array::HostArray;
+pub use attention::{
+    gat_backward, gat_backward_f32, gat_forward, gat_forward_f32, GatForward, GatGrads, GatInputs,
+    GAT_NEGATIVE_SLOPE,
+};
 pub use error::{CpuOpsError, Result};
 pub use features::FeatureMatrix;
 pub use gather::{gather_rows, gather_rows_into_vec};
@@ -26,3 +42,4 @@ pub use graph::{BuildOptions, CsrGraph};
 pub use real::Real;
 pub use rng::{derive_seed, splitmix64, Rng};
 pub use sampler::{Block, NeighborSampler, SampledBatch, SamplerScratch, ALL_NEIGHBORS};
+pub use simd::{GatherRows, Scalar, Simd, SimdLevel, SimdOps};

@@ -8,6 +8,7 @@
 //! They time real work on the caller's data, on rayon's current pool, and return a
 //! report whose `Display` is a short table. Nothing is printed while they run.
 
+pub mod aggregate;
 mod gather;
 mod sample;
 

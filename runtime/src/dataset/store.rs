@@ -326,7 +326,7 @@ fn parse_mapped_len(
                 s.len
             )));
         }
-        if s.offset % ALIGN != 0 || s.offset < header_len as u64 {
+        if !s.offset.is_multiple_of(ALIGN) || s.offset < header_len as u64 {
             return Err(bad(format!(
                 "section {name} starts at byte {}, expected a {ALIGN}-aligned offset after the header",
                 s.offset
