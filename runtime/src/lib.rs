@@ -4,6 +4,7 @@
 //! Dependency direction: `cpu_ops` ← `gpu_ops` ← `scheduler` ← `runtime`.
 
 pub mod atomic;
+pub mod bench;
 pub mod dataset;
 mod error;
 pub mod generate;
