@@ -15,12 +15,13 @@
 //!
 //! ## Engine
 //! `f32` and `f64` run on the `matrixmultiply` crate's packed, cache-blocked kernels
-//! (runtime-detected AVX2/FMA; AVX-512 for `f64`), called single-threaded on tiles of
-//! `C` that rayon's pool runs in parallel (see [`gemm`] for the tiling). Every element
-//! of `C` is computed by the same sequence of operations whatever the tiling, so the
-//! result does not depend on the number of threads. `docs/dense.md` records why this
-//! engine was chosen (a measured comparison with `matrixmultiply`'s own threading, the
-//! `gemm` crate and OpenBLAS).
+//! (runtime-detected: AVX-512 16 × 16 micro-kernels when built with rustc ≥ 1.89,
+//! else AVX2/FMA), called single-threaded on tiles of `C` that rayon's pool runs in
+//! parallel (see [`gemm`] for the tiling), so the GEMM shares the trainer's pool
+//! instead of starting threads of its own. Every element of `C` is computed by the
+//! same sequence of operations whatever the tiling, so the result does not depend
+//! on the number of threads. `docs/dense.md` records the measured comparison with
+//! `matrixmultiply`'s own threading, the `gemm` crate and OpenBLAS.
 //!
 //! [`gemm_reference`] is the plain triple loop every path is tested against.
 
@@ -229,19 +230,25 @@ fn strides<T>(x: &MatRef<'_, T>, t: Transpose) -> (isize, isize) {
 
 /// Products smaller than this many multiply-adds run on the calling thread.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
-/// Smallest tile height (rows of C) worth a task of its own.
+/// Multiply-adds per row tile a tall product aims for at least.
+const TILE_MACS: usize = 1 << 23;
+/// Row-tile granularity for tall products (matrixmultiply's `MC` for f32).
 const MIN_TILE_ROWS: usize = 64;
-/// Smallest tile width (columns of C) when C is too short to split by rows alone.
-const MIN_TILE_COLS: usize = 32;
+/// Tile sizes are multiples of the micro-kernel's 16 × 16 register tile.
+const KERNEL_WIDTH: usize = 16;
 
 /// `C (+)= op(A) · op(B)`, the general form behind [`matmul`], [`matmul_tn`] and
 /// [`matmul_nt`].
 ///
-/// Tiling: `C` is cut into about `4 × threads` tiles (more tiles than threads so a
-/// thread slowed by a neighbour's load does not hold up the product): by rows while
-/// tiles stay at least 64 rows high, then also by columns (tiles at least 32 wide).
-/// Each tile is one single-threaded packed GEMM over the whole inner dimension, so
-/// no partial sums are combined and the result is the same on any thread count.
+/// Tiling (2 threads and more; products under 2¹⁸ multiply-adds run on the calling
+/// thread): a tall `C` (`m ≥ 4 · threads · 64`: forward and input gradient) is cut
+/// into up to `4 · threads` row tiles (at least 2²³ multiply-adds each, at least one
+/// per thread), more tiles than threads so a thread slowed by a neighbour's load does
+/// not hold up the product; a short `C` (weight gradient,
+/// long reduction) into one tile per thread along its longer side, because each tile
+/// packs its share of both operands over the whole inner dimension. Each tile is one
+/// single-threaded packed GEMM over the whole inner dimension, so no partial sums are
+/// combined and the result is the same on any thread count.
 pub fn gemm<T: Real>(
     a: MatRef<'_, T>,
     ta: Transpose,
@@ -421,18 +428,18 @@ where
     let macs = p.m.saturating_mul(p.k).saturating_mul(p.n);
     let (tile_rows, tile_cols) = if threads == 1 || macs < PARALLEL_MIN_MACS {
         (p.m, p.n)
+    } else if p.m >= 4 * threads * MIN_TILE_ROWS {
+        // Tall C (forward, input gradient): up to 4 row tiles per thread (fewer for
+        // small products, since each tile re-packs B), in whole 64-row blocks.
+        let tiles = (macs / TILE_MACS).clamp(threads, 4 * threads);
+        let rows = p.m.div_ceil(tiles).next_multiple_of(MIN_TILE_ROWS);
+        (rows, p.n)
+    } else if p.m >= p.n {
+        // Short C with a long reduction (weight gradient): one tile per thread,
+        // since every tile packs its share of both operands over the whole k.
+        (p.m.div_ceil(threads).next_multiple_of(KERNEL_WIDTH), p.n)
     } else {
-        let want = 4 * threads;
-        let row_tiles = (p.m / MIN_TILE_ROWS).clamp(1, want);
-        let tile_rows = p.m.div_ceil(row_tiles);
-        let col_tiles = if row_tiles >= want {
-            1
-        } else {
-            (want / row_tiles).clamp(1, (p.n / MIN_TILE_COLS).max(1))
-        };
-        // Column tiles a multiple of 16 keep the kernels' full-width panels.
-        let tile_cols = p.n.div_ceil(col_tiles).next_multiple_of(16).min(p.n);
-        (tile_rows, tile_cols)
+        (p.m, p.n.div_ceil(threads).next_multiple_of(KERNEL_WIDTH))
     };
     let a_ptr = SendPtr(a.as_ptr());
     let b_ptr = SendPtr(b.as_ptr());
@@ -533,14 +540,19 @@ mod tests {
         }
     }
 
-    const SHAPES: [(usize, usize, usize); 7] = [
+    /// The odd shapes, then ones that take each tiling path on 2+ threads: wide and
+    /// short (column tiles), short with m ≥ n (row tiles, one per thread), tall (4
+    /// row tiles per thread), and a long reduction.
+    const SHAPES: [(usize, usize, usize); 9] = [
         (1, 1, 1),
         (3, 5, 7),
         (33, 17, 65),
         (129, 257, 31),
         (2, 300, 1),
         (200, 64, 300),
+        (300, 100, 200),
         (1000, 40, 70),
+        (17, 3000, 33),
     ];
 
     #[test]

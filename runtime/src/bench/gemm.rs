@@ -5,8 +5,7 @@
 //! layer runs ([`cpu_ops::matmul`] forward, [`cpu_ops::matmul_tn`] weight gradient,
 //! [`cpu_ops::matmul_nt`] input gradient; `2·m·k·n` flops each) on rayon's pool, and
 //! a register-resident FMA loop (12 independent accumulators, one loop per rayon
-//! thread) at the widest width the CPU has (AVX-512, else AVX2+FMA, else scalar) and,
-//! on AVX-512 machines, also at AVX2 width, since the default GEMM kernels are AVX2.
+//! thread) at the widest width the CPU has (AVX-512, else AVX2+FMA, else scalar).
 //!
 //! Protocol (for shared, noisy machines):
 //! 1. measure the FMA peak;
@@ -113,9 +112,6 @@ pub struct FmaPeak {
     pub isa: &'static str,
     /// GFLOP/s of the widest loop on all rayon threads.
     pub gflops: f64,
-    /// GFLOP/s of the AVX2 loop when the widest is AVX-512 (the default GEMM
-    /// kernels use AVX2).
-    pub avx2_gflops: Option<f64>,
 }
 
 /// What [`bench_gemm`] measured.
@@ -138,34 +134,23 @@ impl fmt::Display for GemmReport {
             "fp32 FMA peak ({}, {} threads): {:.1} GFLOP/s",
             self.peak.isa, self.threads, self.peak.gflops
         )?;
-        if let Some(avx2) = self.peak.avx2_gflops {
-            writeln!(f, "fp32 FMA peak (avx2 width): {avx2:.1} GFLOP/s")?;
-        }
         writeln!(f, "GEMM, best and median of {} reps:", self.reps)?;
-        write!(
+        writeln!(
             f,
-            "{:>24} {:>6} {:>9} {:>9} {:>7}",
+            "{:>20} {:>6} {:>9} {:>9} {:>7}",
             "shape m×k×n", "op", "best", "median", "%peak"
         )?;
-        if self.peak.avx2_gflops.is_some() {
-            write!(f, " {:>7}", "%avx2")?;
-        }
-        writeln!(f)?;
         for r in &self.results {
             let s = r.shape;
-            write!(
+            writeln!(
                 f,
-                "{:>24} {:>6} {:>9.1} {:>9.1} {:>6.1}%",
+                "{:>20} {:>6} {:>9.1} {:>9.1} {:>6.1}%",
                 format!("{}×{}×{}", s.m, s.k, s.n),
                 r.op.label(),
                 r.best_gflops,
                 r.median_gflops,
                 100.0 * r.best_gflops / self.peak.gflops
             )?;
-            if let Some(avx2) = self.peak.avx2_gflops {
-                write!(f, " {:>6.1}%", 100.0 * r.best_gflops / avx2)?;
-            }
-            writeln!(f)?;
         }
         Ok(())
     }
@@ -235,14 +220,9 @@ pub fn bench_gemm(shapes: &[GemmShape], reps: usize) -> Result<GemmReport> {
         std::hint::black_box((&y, &dw, &dx));
     }
     let after = fma_peak();
-    let best = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    };
     let peak = FmaPeak {
         isa: before.isa,
         gflops: before.gflops.max(after.gflops),
-        avx2_gflops: best(before.avx2_gflops, after.avx2_gflops),
     };
     Ok(GemmReport {
         threads: rayon::current_num_threads(),
@@ -255,16 +235,13 @@ pub fn bench_gemm(shapes: &[GemmShape], reps: usize) -> Result<GemmReport> {
 /// Loop trips per thread of the FMA loops (each trip: 12 vector FMAs).
 const FMA_ITERS: u64 = 20_000_000;
 
-/// Measures the fp32 FMA peak on rayon's pool (best of three runs per width).
+/// Measures the fp32 FMA peak on rayon's pool (best of three runs).
 pub fn fma_peak() -> FmaPeak {
     let widest = Width::detect();
     let gflops = (0..3).map(|_| run_fma(widest)).fold(0.0, f64::max);
-    let avx2_gflops =
-        (widest == Width::Avx512).then(|| (0..3).map(|_| run_fma(Width::Avx2)).fold(0.0, f64::max));
     FmaPeak {
         isa: widest.name(),
         gflops,
-        avx2_gflops,
     }
 }
 
@@ -334,8 +311,8 @@ fn fma_loop(width: Width, iters: u64) -> f32 {
         // SAFETY: Width::Avx512 is only chosen when `avx512f` was detected at run time.
         Width::Avx512 => unsafe { x86::fma_avx512(iters, a, b) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Width::Avx2 is only run when `avx2` and `fma` (or `avx512f`, which
-        // implies both on every CPU that has it) were detected at run time.
+        // SAFETY: Width::Avx2 is only chosen when `avx2` and `fma` were detected at
+        // run time.
         Width::Avx2 => unsafe { x86::fma_avx2(iters, a, b) },
         _ => {
             let mut acc = [0.0f32; ACCUMULATORS];
