@@ -7,11 +7,13 @@
 //! a register-resident FMA loop (12 independent accumulators, one loop per rayon
 //! thread) at the widest width the CPU has (AVX-512, else AVX2+FMA, else scalar).
 //!
-//! Protocol (for shared, noisy machines):
-//! 1. measure the FMA peak;
+//! Protocol (for shared, noisy machines, where other processes take cores away for
+//! part of the run):
+//! 1. before each shape, and once at the end, sample the FMA peak (3 short loops);
 //! 2. per shape and product: one untimed call, then `reps` timed calls; report the
 //!    best and the median;
-//! 3. measure the FMA peak again; the report uses the higher of the two.
+//! 3. the peak is the highest sample (the machine's own limit); the lowest is
+//!    reported too: a wide gap means the cores were shared and medians are noisy.
 //!
 //! Fractions of peak are best-time GFLOP/s over peak GFLOP/s.
 
@@ -110,8 +112,10 @@ pub struct GemmResult {
 pub struct FmaPeak {
     /// The instruction set of the widest loop: `"avx512"`, `"avx2"` or `"scalar"`.
     pub isa: &'static str,
-    /// GFLOP/s of the widest loop on all rayon threads.
+    /// GFLOP/s of the widest loop on all rayon threads (the highest sample).
     pub gflops: f64,
+    /// The lowest sample (equal to `gflops` on a quiet machine).
+    pub min_gflops: f64,
 }
 
 /// What [`bench_gemm`] measured.
@@ -121,7 +125,7 @@ pub struct GemmReport {
     pub threads: usize,
     /// Timed repetitions per product.
     pub reps: usize,
-    /// The FMA peak (the higher of the measurements before and after).
+    /// The FMA peak over the run's samples.
     pub peak: FmaPeak,
     /// One entry per shape and product.
     pub results: Vec<GemmResult>,
@@ -131,8 +135,8 @@ impl fmt::Display for GemmReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "fp32 FMA peak ({}, {} threads): {:.1} GFLOP/s",
-            self.peak.isa, self.threads, self.peak.gflops
+            "fp32 FMA peak ({}, {} threads): {:.1} GFLOP/s (samples down to {:.1})",
+            self.peak.isa, self.threads, self.peak.gflops, self.peak.min_gflops
         )?;
         writeln!(f, "GEMM, best and median of {} reps:", self.reps)?;
         writeln!(
@@ -162,9 +166,10 @@ pub fn bench_gemm(shapes: &[GemmShape], reps: usize) -> Result<GemmReport> {
     if reps == 0 {
         return Err(Error::invalid_argument("reps", "must be at least 1"));
     }
-    let before = fma_peak();
+    let mut peaks = Vec::with_capacity(shapes.len() + 1);
     let mut results = Vec::with_capacity(shapes.len() * 3);
     for (idx, &shape) in shapes.iter().enumerate() {
+        peaks.push(fma_peak());
         let GemmShape { m, k, n } = shape;
         let mut rng = Rng::new(idx as u64);
         let mut fill =
@@ -219,10 +224,14 @@ pub fn bench_gemm(shapes: &[GemmShape], reps: usize) -> Result<GemmReport> {
         }
         std::hint::black_box((&y, &dw, &dx));
     }
-    let after = fma_peak();
+    peaks.push(fma_peak());
     let peak = FmaPeak {
-        isa: before.isa,
-        gflops: before.gflops.max(after.gflops),
+        isa: peaks[0].isa,
+        gflops: peaks.iter().map(|p| p.gflops).fold(0.0, f64::max),
+        min_gflops: peaks
+            .iter()
+            .map(|p| p.min_gflops)
+            .fold(f64::INFINITY, f64::min),
     };
     Ok(GemmReport {
         threads: rayon::current_num_threads(),
@@ -235,13 +244,14 @@ pub fn bench_gemm(shapes: &[GemmShape], reps: usize) -> Result<GemmReport> {
 /// Loop trips per thread of the FMA loops (each trip: 12 vector FMAs).
 const FMA_ITERS: u64 = 20_000_000;
 
-/// Measures the fp32 FMA peak on rayon's pool (best of three runs).
+/// Samples the fp32 FMA peak on rayon's pool: three runs of ~40 ms.
 pub fn fma_peak() -> FmaPeak {
     let widest = Width::detect();
-    let gflops = (0..3).map(|_| run_fma(widest)).fold(0.0, f64::max);
+    let runs: Vec<f64> = (0..3).map(|_| run_fma(widest)).collect();
     FmaPeak {
         isa: widest.name(),
-        gflops,
+        gflops: runs.iter().copied().fold(0.0, f64::max),
+        min_gflops: runs.iter().copied().fold(f64::INFINITY, f64::min),
     }
 }
 
