@@ -30,6 +30,7 @@ use std::any::TypeId;
 use rayon::prelude::*;
 
 use crate::error::{CpuOpsError, Result};
+use crate::features::FeatureMatrix;
 use crate::real::Real;
 
 /// A read-only row-major matrix view: `rows × cols` values in `data`.
@@ -83,6 +84,17 @@ impl<'a, T> MatRef<'a, T> {
     /// The values, row-major.
     pub fn data(&self) -> &'a [T] {
         self.data
+    }
+}
+
+impl<'a> From<&'a FeatureMatrix> for MatRef<'a, f32> {
+    /// Views a feature matrix (one row per vertex) as a `num_rows × dim` matrix.
+    fn from(f: &'a FeatureMatrix) -> Self {
+        Self {
+            data: f.as_slice(),
+            rows: f.num_rows(),
+            cols: f.dim(),
+        }
     }
 }
 
@@ -241,14 +253,17 @@ const KERNEL_WIDTH: usize = 16;
 /// [`matmul_nt`].
 ///
 /// Tiling (2 threads and more; products under 2¹⁸ multiply-adds run on the calling
-/// thread): a tall `C` (`m ≥ 4 · threads · 64`: forward and input gradient) is cut
-/// into up to `4 · threads` row tiles (at least 2²³ multiply-adds each, at least one
-/// per thread), more tiles than threads so a thread slowed by a neighbour's load does
-/// not hold up the product; a short `C` (weight gradient,
-/// long reduction) into one tile per thread along its longer side, because each tile
-/// packs its share of both operands over the whole inner dimension. Each tile is one
-/// single-threaded packed GEMM over the whole inner dimension, so no partial sums are
-/// combined and the result is the same on any thread count.
+/// thread):
+/// - a tall `C` (`m ≥ 4 · threads · 64`: forward and input gradient) is cut into up
+///   to `4 · threads` row tiles (at least one per thread, at least 2²³ multiply-adds
+///   each): more tiles than threads, so a thread slowed by a neighbour's load does
+///   not hold up the product;
+/// - a short `C` (weight gradient, long reduction) into one tile per thread along its
+///   longer side, because every tile packs its share of both operands over the whole
+///   inner dimension.
+///
+/// Each tile is one single-threaded packed GEMM over the whole inner dimension, so no
+/// partial sums are combined and the result is the same on any thread count.
 pub fn gemm<T: Real>(
     a: MatRef<'_, T>,
     ta: Transpose,
@@ -608,6 +623,28 @@ mod tests {
             outs.push(c);
         }
         assert!(outs.windows(2).all(|w| w[0] == w[1]));
+    }
+
+    #[test]
+    fn feature_matrix_view() {
+        let f = FeatureMatrix::new(
+            crate::array::HostArray::from_vec(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+            3,
+            2,
+        )
+        .unwrap();
+        let x = MatRef::from(&f);
+        assert_eq!((x.rows(), x.cols()), (3, 2));
+        let w = [1.0f32, -1.0];
+        let mut y = [0.0f32; 3];
+        matmul(
+            x,
+            MatRef::new(&w, 2, 1).unwrap(),
+            MatMut::new(&mut y, 3, 1).unwrap(),
+            Accumulate::No,
+        )
+        .unwrap();
+        assert_eq!(y, [-1.0, -1.0, -1.0]);
     }
 
     #[test]
