@@ -10,22 +10,33 @@
 //! - [`BlockView`] (a validated view of a block's CSR, with its cached transpose) and
 //!   [`aggregate_forward`] / [`aggregate_backward`]: sum, mean and GCN-normalized
 //!   aggregation over a block, with `f32` SIMD fast paths;
-//! - [`gat_forward`] / [`gat_backward`]: multi-head GAT edge attention over a block.
+//! - [`gat_forward`] / [`gat_backward`]: multi-head GAT edge attention over a block;
+//! - dense layers' math: [`gemm`] and its named forms [`matmul`], [`matmul_tn`],
+//!   [`matmul_nt`]; bias and activations ([`add_bias`], [`relu`], ...); [`dropout`];
+//!   [`softmax_cross_entropy`]; the [`Adam`] and [`Sgd`] optimizers.
 //!
 //! No devices and no thread policy beyond rayon's global pool live here.
 
+mod activation;
 mod aggregate;
 mod array;
 mod attention;
+mod dropout;
 mod error;
 mod features;
 pub mod gather;
 mod graph;
+mod loss;
+mod matmul;
+mod optim;
 mod real;
 mod rng;
 pub mod sampler;
 mod simd;
 
+pub use activation::{
+    add_bias, bias_grad, elu, elu_backward, leaky_relu, leaky_relu_backward, relu, relu_backward,
+};
 pub use aggregate::{
     aggregate_backward, aggregate_backward_f32, aggregate_forward, aggregate_forward_f32,
     AggregateKind, BlockView,
@@ -35,10 +46,16 @@ pub use attention::{
     gat_backward, gat_backward_f32, gat_forward, gat_forward_f32, GatForward, GatGrads, GatInputs,
     GAT_NEGATIVE_SLOPE,
 };
+pub use dropout::{dropout, DropoutMask};
 pub use error::{CpuOpsError, Result};
 pub use features::FeatureMatrix;
 pub use gather::{gather_rows, gather_rows_into_vec};
 pub use graph::{BuildOptions, CsrGraph};
+pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
+pub use matmul::{
+    gemm, gemm_reference, matmul, matmul_nt, matmul_tn, Accumulate, MatMut, MatRef, Transpose,
+};
+pub use optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig, WeightDecay};
 pub use real::Real;
 pub use rng::{derive_seed, splitmix64, Rng};
 pub use sampler::{Block, NeighborSampler, SampledBatch, SamplerScratch, ALL_NEIGHBORS};

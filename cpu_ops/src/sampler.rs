@@ -571,7 +571,7 @@ fn sample_bitmap(row: &[u32], rng: &mut Rng, out: &mut [u32]) {
     let mut o = 0;
     for (w, &word) in bits[..words].iter().enumerate() {
         let mut word = if complement { !word } else { word };
-        if w + 1 == words && n % 64 != 0 {
+        if w + 1 == words && !n.is_multiple_of(64) {
             word &= (1u64 << (n % 64)) - 1;
         }
         while word != 0 {

@@ -10,6 +10,7 @@
 
 pub mod aggregate;
 mod gather;
+pub mod gemm;
 mod sample;
 
 pub use gather::{bench_gather, CopyStats, GatherReport};

@@ -183,7 +183,7 @@ pub fn read_metis(path: &Path) -> Result<CsrGraph> {
         let dst = v as u32;
         let mut k = 0usize;
         for tok in toks {
-            if k % step == 0 {
+            if k.is_multiple_of(step) {
                 let u = parse_u64(tok).ok_or_else(|| {
                     bad(format!(
                         "vertex {}: neighbor `{}` is not a non-negative integer",
@@ -208,7 +208,7 @@ pub fn read_metis(path: &Path) -> Result<CsrGraph> {
             }
             k += 1;
         }
-        if k % step != 0 {
+        if !k.is_multiple_of(step) {
             return Err(bad(format!(
                 "vertex {}: fmt declares edge weights, but the last neighbor has no weight \
                  ({k} tokens after the vertex weights, expected neighbor/weight pairs)",
