@@ -144,6 +144,32 @@ fn edge_list_import_and_small_benches() {
         "2",
     ]);
     assert!(out.contains("GB/s"), "{out}");
+    let out = ok(&[
+        "bench",
+        "aggregate",
+        "--dst",
+        "500",
+        "--fanout",
+        "5",
+        "--src",
+        "3000",
+        "--dim",
+        "16",
+        "--reps",
+        "2",
+    ]);
+    assert!(out.contains("GB/s"), "{out}");
+    let out = ok(&[
+        "bench",
+        "gemm",
+        "--shapes",
+        "64,32,16;33,17,5",
+        "--reps",
+        "1",
+    ]);
+    assert!(out.contains("GFLOP/s"), "{out}");
+    let e = err(&["bench", "gemm", "--shapes", "1,2"]);
+    assert!(e.contains("--shapes"), "{e}");
 }
 
 #[test]

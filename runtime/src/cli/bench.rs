@@ -9,6 +9,8 @@ use cpu_ops::{CsrGraph, FeatureMatrix};
 use rayon::prelude::*;
 
 use super::{parse_fanouts, Fanouts};
+use crate::bench::aggregate::bench_aggregate;
+use crate::bench::gemm::{bench_gemm, GemmShape, LAYER_SHAPES};
 use crate::bench::{bench_gather, bench_sample};
 use crate::dataset::{open_dataset, SplitSpec, Verify};
 use crate::error::{Error, Result};
@@ -20,6 +22,64 @@ pub(super) enum BenchCmd {
     Sample(SampleArgs),
     /// Feature-row gather: GB/s next to a plain memcpy row gather.
     Gather(GatherArgs),
+    /// Block aggregation (mean, f32) forward/backward: GB/s next to a streaming copy.
+    Aggregate(AggregateArgs),
+    /// Dense matrix multiply at the GNN layer shapes: GFLOP/s next to the FMA peak.
+    Gemm(GemmArgs),
+}
+
+#[derive(Debug, Args)]
+pub(super) struct AggregateArgs {
+    /// Destination vertices of the block.
+    #[arg(long, default_value_t = 25_000)]
+    dst: usize,
+    /// Sampled neighbors per destination.
+    #[arg(long, default_value_t = 25)]
+    fanout: usize,
+    /// Source vertices of the block (rows of the input matrix).
+    #[arg(long, default_value_t = 400_000)]
+    src: usize,
+    /// Feature columns (f32).
+    #[arg(long, default_value_t = 128)]
+    dim: usize,
+    /// Timed repetitions (best and median are reported).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    #[command(flatten)]
+    pool: PoolArgs,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct GemmArgs {
+    /// Shapes as M×K×N triples `m,k,n;m,k,n` (default: the layer shapes in use).
+    #[arg(long)]
+    shapes: Option<String>,
+    /// Timed repetitions per shape.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    #[command(flatten)]
+    pool: PoolArgs,
+}
+
+fn parse_shapes(s: &str) -> Result<Vec<GemmShape>> {
+    s.split(';')
+        .map(|t| {
+            let v: Vec<usize> = t
+                .split(',')
+                .map(|x| x.trim().parse::<usize>())
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|_| {
+                    Error::invalid_argument("--shapes", format!("`{t}`: expected m,k,n"))
+                })?;
+            match v[..] {
+                [m, k, n] if m > 0 && k > 0 && n > 0 => Ok(GemmShape { m, k, n }),
+                _ => Err(Error::invalid_argument(
+                    "--shapes",
+                    format!("`{t}`: expected three positive integers m,k,n"),
+                )),
+            }
+        })
+        .collect()
 }
 
 #[derive(Debug, Args)]
@@ -148,6 +208,21 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
                 (f.num_rows() * f.dim() * 4) as f64 / (1 << 20) as f64
             );
             let report = bench_gather(&f, a.batch_rows, a.batches, a.pool.seed)?;
+            println!("threads: {}\n{report}", rayon::current_num_threads());
+        }
+        BenchCmd::Aggregate(a) => {
+            set_threads(a.pool.threads)?;
+            let report = bench_aggregate(a.dst, a.fanout, a.src, a.dim, a.reps, a.pool.seed)
+                .map_err(|e| Error::cpu_ops("bench aggregate", e))?;
+            println!("threads: {}\n{report}", rayon::current_num_threads());
+        }
+        BenchCmd::Gemm(a) => {
+            set_threads(a.pool.threads)?;
+            let shapes = match &a.shapes {
+                Some(s) => parse_shapes(s)?,
+                None => LAYER_SHAPES.to_vec(),
+            };
+            let report = bench_gemm(&shapes, a.reps)?;
             println!("threads: {}\n{report}", rayon::current_num_threads());
         }
     }
