@@ -101,7 +101,7 @@ pub(super) struct SampleArgs {
     #[arg(long, default_value_t = 1_000_000)]
     vertices: usize,
     /// Undirected edges of the generated graph (stored twice).
-    #[arg(long, default_value_t = 12_500_000)]
+    #[arg(long, default_value_t = 15_000_000)]
     edges: usize,
     /// Fanout per layer, input layer first (DGL order).
     #[arg(long, default_value = "25,10,5", value_parser = parse_fanouts)]
