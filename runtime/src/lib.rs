@@ -6,11 +6,13 @@
 pub mod atomic;
 pub mod bench;
 pub mod cli;
+pub mod config;
 pub mod dataset;
 mod error;
 pub mod export;
 pub mod generate;
 pub mod import;
 pub mod npy;
+pub mod trainer;
 
 pub use error::{Error, Result};

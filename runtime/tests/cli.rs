@@ -201,3 +201,24 @@ fn bad_input_gives_one_line_errors_naming_the_file() {
     let e = err(&["bench", "sample", "--fanouts", "0,3"]);
     assert!(e.contains("fanout"), "{e}");
 }
+
+#[test]
+fn train_reports_config_errors_by_key() {
+    let e = err(&["train", "--set", "model.kind=mlp"]);
+    assert!(e.contains("model.kind"), "{e}");
+    let d = tempfile::tempdir().expect("tempdir");
+    let cfg = d.path().join("c.toml");
+    std::fs::write(&cfg, "[train]\nepochz = 3\n").expect("write");
+    let e = err(&["train", "--config", s(&cfg)]);
+    assert!(e.contains("c.toml") && e.contains("epochz"), "{e}");
+}
+
+#[test]
+fn train_runs_a_small_config() {
+    let out = ok(&[
+        "train", "--set", "data.synthetic.vertices=3000", "--set", "data.synthetic.edges=20000",
+        "--set", "train.epochs=2", "--set", "model.hidden=16",
+    ]);
+    assert!(out.contains("test accuracy"), "{out}");
+    assert!(out.contains("[train]"), "effective config printed: {out}");
+}

@@ -5,6 +5,7 @@
 
 mod bench;
 mod data;
+mod train;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,9 +34,11 @@ enum Command {
     Generate(data::GenerateCmd),
     /// Print a dataset's sizes and check its integrity.
     Info(data::InfoArgs),
-    /// Measure sampling and gather throughput.
+    /// Measure sampling, gather, aggregation and matrix-multiply throughput.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Train a GNN on the CPU (default: built-in synthetic graph, GraphSAGE).
+    Train(train::TrainArgs),
 }
 
 /// Parses the process arguments, runs the command and reports errors on stderr.
@@ -58,6 +61,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Generate(c) => data::generate(c),
         Command::Info(a) => data::info(a),
         Command::Bench(c) => bench::run(c),
+        Command::Train(a) => train::run(a),
     }
 }
 

@@ -1,0 +1,361 @@
+//! The host training loop: sample → gather → forward → loss → backward → step, on
+//! the CPU, for one dataset and one model, with validation and test accuracy.
+//!
+//! # One epoch
+//! 1. Shuffle the training vertices with `(seed, epoch)`; cut batches of
+//!    `train.batch_size` seeds.
+//! 2. For batch `k`, *prepare* (sample blocks with the training fanouts, gather the
+//!    input rows) and *compute* (forward with dropout, softmax cross-entropy on the
+//!    seeds' labels, hand-written backward, Adam step). Preparing batch `k+1` runs
+//!    concurrently with computing batch `k` (`rayon::join`), so sampling and gather
+//!    hide behind the dense math; both still use the one rayon pool.
+//! 3. Every `train.eval_every` epochs (and after the last), evaluate validation and
+//!    test accuracy with the evaluation fanouts (every neighbor by default), no
+//!    dropout.
+//!
+//! Everything random derives from `train.seed` (initialization, shuffles, sampling,
+//! dropout), so a run is reproducible; sampling does not depend on the thread count.
+
+use std::time::Instant;
+
+use cpu_ops::{
+    accuracy_count, derive_seed, gather_rows_into_vec, softmax_cross_entropy, Adam, AdamConfig,
+    BlockView, CpuOpsError, MatMut, MatRef, Model, ModelConfig, NeighborSampler, Optimizer, Rng,
+    SampledBatch, SamplerScratch, WeightDecay,
+};
+
+use crate::config::TrainConfig;
+use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
+use crate::error::{Error, Result};
+use crate::generate::{generate_sbm, SbmOptions};
+
+/// What one epoch did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpochStats {
+    /// 0-based epoch index.
+    pub epoch: usize,
+    /// Mean training loss over the epoch's batches (weighted by batch size).
+    pub loss: f64,
+    /// Training accuracy over the epoch's batches (with dropout, as trained).
+    pub train_acc: f64,
+    /// Validation accuracy, when evaluated this epoch.
+    pub val_acc: Option<f64>,
+    /// Test accuracy, when evaluated this epoch.
+    pub test_acc: Option<f64>,
+    /// Seconds spent training (sampling, gather, forward, backward, step).
+    pub train_secs: f64,
+    /// Seconds spent evaluating.
+    pub eval_secs: f64,
+    /// Number of training batches.
+    pub batches: usize,
+}
+
+/// Loads the configured dataset, or generates the built-in synthetic one.
+pub fn load_dataset(cfg: &TrainConfig) -> Result<Dataset> {
+    match &cfg.data.path {
+        Some(p) => open_dataset(p, Verify::Default),
+        None => {
+            let s = &cfg.data.synthetic;
+            generate_sbm(&SbmOptions {
+                num_vertices: s.vertices,
+                num_edges: s.edges,
+                num_classes: s.classes,
+                homophily: s.homophily,
+                feature_dim: s.dim,
+                signal: s.signal,
+                split: SplitSpec::default(),
+                seed: s.seed,
+                ..SbmOptions::default()
+            })
+        }
+    }
+}
+
+/// A prepared batch: its seeds, sampled blocks and gathered input features.
+struct Prepared {
+    seeds: Vec<u32>,
+    batch: SampledBatch,
+    x: Vec<f32>,
+    seed: u64,
+}
+
+/// A model being trained on a dataset.
+pub struct Trainer {
+    ds: Dataset,
+    cfg: TrainConfig,
+    model: Model<f32>,
+    opt: Adam<f32>,
+    sampler: NeighborSampler,
+    eval_sampler: NeighborSampler,
+    scratch: SamplerScratch,
+    train_ids: Vec<u32>,
+    val_ids: Vec<u32>,
+    test_ids: Vec<u32>,
+    epoch: usize,
+}
+
+fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
+    move |e| Error::cpu_ops(context, e)
+}
+
+impl Trainer {
+    /// Builds the model and optimizer for `ds` as `cfg` says.
+    pub fn new(ds: Dataset, cfg: TrainConfig) -> Result<Self> {
+        cfg.validate()?;
+        let mcfg = ModelConfig {
+            kind: cfg.model_kind()?,
+            in_dim: ds.features.dim(),
+            hidden: cfg.model.hidden,
+            num_classes: ds.num_classes as usize,
+            num_layers: cfg.model.layers,
+            heads: cfg.model.heads,
+            dropout: cfg.model.dropout,
+        };
+        let model = Model::new(&mcfg, derive_seed(cfg.train.seed, 1)).map_err(kernel("model"))?;
+        let opt = Adam::new(AdamConfig {
+            lr: cfg.train.lr,
+            weight_decay: cfg.train.weight_decay,
+            decay: WeightDecay::L2,
+            ..AdamConfig::default()
+        })
+        .map_err(kernel("optimizer"))?;
+        let sampler = NeighborSampler::new(cfg.train_fanouts()?).map_err(kernel("train.fanouts"))?;
+        let eval_sampler =
+            NeighborSampler::new(cfg.eval_fanouts()?).map_err(kernel("train.eval_fanouts"))?;
+        let train_ids = ds.train_ids();
+        if train_ids.is_empty() {
+            return Err(Error::InvalidDataset {
+                what: format!("dataset `{}` has no training vertices", ds.name),
+            });
+        }
+        Ok(Self {
+            scratch: SamplerScratch::new(ds.num_vertices()),
+            val_ids: ds.val_ids(),
+            test_ids: ds.test_ids(),
+            train_ids,
+            ds,
+            cfg,
+            model,
+            opt,
+            sampler,
+            eval_sampler,
+            epoch: 0,
+        })
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &Dataset {
+        &self.ds
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model<f32> {
+        &self.model
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
+    /// Optimizer steps taken so far (the weight version).
+    pub fn steps(&self) -> u64 {
+        self.opt.version()
+    }
+
+    fn prepare(
+        ds: &Dataset,
+        sampler: &NeighborSampler,
+        scratch: &mut SamplerScratch,
+        seeds: Vec<u32>,
+        seed: u64,
+    ) -> Result<Prepared> {
+        let batch = sampler
+            .sample(&ds.graph, &seeds, seed, scratch)
+            .map_err(kernel("sampling"))?;
+        let x = gather_rows_into_vec(&ds.features, batch.input_ids()).map_err(kernel("gather"))?;
+        Ok(Prepared {
+            seeds,
+            batch,
+            x,
+            seed,
+        })
+    }
+
+    fn views(batch: &SampledBatch) -> Result<Vec<BlockView<'_>>> {
+        batch
+            .blocks()
+            .iter()
+            .map(|b| BlockView::new(b.num_src(), b.indptr(), b.indices()))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(kernel("block"))
+    }
+
+    fn labels_of(ds: &Dataset, seeds: &[u32]) -> Vec<u32> {
+        seeds.iter().map(|&s| ds.labels[s as usize]).collect()
+    }
+
+    /// One training step on a prepared batch; returns (loss sum, correct).
+    fn compute(
+        ds: &Dataset,
+        model: &mut Model<f32>,
+        opt: &mut Adam<f32>,
+        p: &Prepared,
+    ) -> Result<(f64, usize)> {
+        let views = Self::views(&p.batch)?;
+        let fwd = model
+            .forward(&views, &p.x, true, p.seed)
+            .map_err(kernel("forward"))?;
+        let (n, c) = (p.seeds.len(), ds.num_classes as usize);
+        let labels = Self::labels_of(ds, &p.seeds);
+        let mut grad = vec![0f32; n * c];
+        let ce = softmax_cross_entropy(
+            MatRef::new(fwd.logits(), n, c).map_err(kernel("logits"))?,
+            &labels,
+            Some(MatMut::new(&mut grad, n, c).map_err(kernel("logits"))?),
+        )
+        .map_err(kernel("loss"))?;
+        let grads = model
+            .backward(&views, &fwd, &grad)
+            .map_err(kernel("backward"))?;
+        let grad_refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
+        opt.step(&mut model.params_mut(), &grad_refs)
+            .map_err(kernel("optimizer step"))?;
+        Ok((ce.loss * n as f64, ce.correct))
+    }
+
+    /// Trains one epoch; `progress(done, total)` is called after every batch.
+    /// Returns (mean loss, train accuracy, seconds, batches).
+    pub fn train_epoch(
+        &mut self,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(f64, f64, f64, usize)> {
+        let t = Instant::now();
+        let epoch = self.epoch;
+        let base = derive_seed(self.cfg.train.seed, 1000 + epoch as u64);
+        let mut order = self.train_ids.clone();
+        Rng::new(base).shuffle(&mut order);
+        let batches: Vec<Vec<u32>> = order
+            .chunks(self.cfg.train.batch_size)
+            .map(<[u32]>::to_vec)
+            .collect();
+        let total = batches.len();
+        let Self {
+            ds,
+            model,
+            opt,
+            sampler,
+            scratch,
+            ..
+        } = self;
+        let mut next = Some(Self::prepare(ds, sampler, scratch, batches[0].clone(), derive_seed(base, 0))?);
+        let (mut loss_sum, mut correct, mut seen) = (0.0, 0usize, 0usize);
+        for k in 0..total {
+            let cur = next.take().ok_or_else(|| Error::InvalidDataset {
+                what: "internal: batch pipeline lost a batch".into(),
+            })?;
+            let upcoming = batches.get(k + 1).cloned();
+            let (prepared, step) = rayon::join(
+                || {
+                    upcoming
+                        .map(|s| Self::prepare(ds, sampler, scratch, s, derive_seed(base, k as u64 + 1)))
+                        .transpose()
+                },
+                || Self::compute(ds, model, opt, &cur),
+            );
+            let (l, c) = step?;
+            next = prepared?;
+            loss_sum += l;
+            correct += c;
+            seen += cur.seeds.len();
+            progress(k + 1, total);
+        }
+        self.epoch += 1;
+        Ok((
+            loss_sum / seen.max(1) as f64,
+            correct as f64 / seen.max(1) as f64,
+            t.elapsed().as_secs_f64(),
+            total,
+        ))
+    }
+
+    /// Accuracy on `ids` with the evaluation fanouts and no dropout.
+    pub fn evaluate(&mut self, ids: &[u32]) -> Result<f64> {
+        if ids.is_empty() {
+            return Ok(0.0);
+        }
+        let mut correct = 0usize;
+        for (k, chunk) in ids.chunks(self.cfg.train.eval_batch_size).enumerate() {
+            let p = Self::prepare(
+                &self.ds,
+                &self.eval_sampler,
+                &mut self.scratch,
+                chunk.to_vec(),
+                derive_seed(self.cfg.train.seed, 7_000_000 + k as u64),
+            )?;
+            let views = Self::views(&p.batch)?;
+            let fwd = self
+                .model
+                .forward(&views, &p.x, false, 0)
+                .map_err(kernel("forward"))?;
+            let c = self.ds.num_classes as usize;
+            let labels = Self::labels_of(&self.ds, chunk);
+            correct += accuracy_count(
+                MatRef::new(fwd.logits(), chunk.len(), c).map_err(kernel("logits"))?,
+                &labels,
+            )
+            .map_err(kernel("accuracy"))?;
+        }
+        Ok(correct as f64 / ids.len() as f64)
+    }
+
+    /// Trains `train.epochs` epochs, evaluating as configured; `on_epoch` sees each
+    /// epoch's statistics and `progress(done, total)` each batch.
+    pub fn fit(
+        &mut self,
+        mut on_epoch: impl FnMut(&EpochStats),
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<EpochStats>> {
+        let epochs = self.cfg.train.epochs;
+        let every = self.cfg.train.eval_every;
+        let mut all = Vec::with_capacity(epochs);
+        for e in 0..epochs {
+            let (loss, train_acc, train_secs, batches) = self.train_epoch(progress)?;
+            let eval_now = e + 1 == epochs || (every > 0 && (e + 1) % every == 0);
+            let t = Instant::now();
+            let (val_acc, test_acc) = if eval_now {
+                let v = self.val_ids.clone();
+                let s = self.test_ids.clone();
+                (Some(self.evaluate(&v)?), Some(self.evaluate(&s)?))
+            } else {
+                (None, None)
+            };
+            let stats = EpochStats {
+                epoch: e,
+                loss,
+                train_acc,
+                val_acc,
+                test_acc,
+                train_secs,
+                eval_secs: t.elapsed().as_secs_f64(),
+                batches,
+            };
+            on_epoch(&stats);
+            all.push(stats);
+        }
+        Ok(all)
+    }
+}
+
+/// The test accuracy at the epoch with the best validation accuracy (the usual
+/// model-selection rule), with that epoch.
+pub fn test_at_best_val(stats: &[EpochStats]) -> Option<(usize, f64)> {
+    stats
+        .iter()
+        .filter_map(|s| Some((s.epoch, s.val_acc?, s.test_acc?)))
+        .fold(None, |best: Option<(usize, f64, f64)>, cur| match best {
+            Some(b) if b.1 >= cur.1 => Some(b),
+            _ => Some(cur),
+        })
+        .map(|(e, _, t)| (e, t))
+}
