@@ -559,3 +559,80 @@ fn adam_drives_the_training_loss_down() {
         assert!(last < 0.5 * initial, "{kind:?}: loss {initial} -> {last}");
     }
 }
+
+/// Release timing on WordNet's shape: `cargo test --release -p cpu_ops
+/// bench_two_layer -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing run; use --release"]
+fn bench_two_layer_wordnet_shape() {
+    use crate::graph::{BuildOptions, CsrGraph};
+    use crate::sampler::{NeighborSampler, SamplerScratch};
+    use std::time::Instant;
+
+    let n = 100_000usize;
+    let mut rng = Rng::new(71);
+    let edges: Vec<(u32, u32)> = (0..1_000_000)
+        .map(|_| (rng.below(n as u64) as u32, rng.below(n as u64) as u32))
+        .collect();
+    let graph = CsrGraph::from_edges(n, &edges, BuildOptions::UNDIRECTED).unwrap();
+    let mut seeds: Vec<u32> = (0..n as u32).collect();
+    rng.shuffle(&mut seeds);
+    seeds.truncate(1024);
+    let sampler = NeighborSampler::new(vec![10, 10]).unwrap();
+    let mut scratch = SamplerScratch::new(n);
+    let batch = sampler.sample(&graph, &seeds, 1, &mut scratch).unwrap();
+    let blocks: Vec<BlockView<'_>> = batch
+        .blocks()
+        .iter()
+        .map(|b| BlockView::new(b.num_src(), b.indptr(), b.indices()).unwrap())
+        .collect();
+    let (in_dim, classes) = (2000, 45);
+    let x: Vec<f32> = rand_vec(&mut rng, blocks[0].num_src() * in_dim);
+    let g: Vec<f32> = rand_vec(&mut rng, blocks[1].num_dst() * classes);
+    println!(
+        "threads {}, blocks: {} -> {} ({} edges), {} -> {} ({} edges)",
+        rayon::current_num_threads(),
+        blocks[0].num_src(),
+        blocks[0].num_dst(),
+        blocks[0].num_edges(),
+        blocks[1].num_src(),
+        blocks[1].num_dst(),
+        blocks[1].num_edges()
+    );
+    for kind in KINDS {
+        let mut cfg = config(kind, (in_dim, 256, classes), 2, 4);
+        cfg.dropout = 0.5;
+        let m = Model::<f32>::new(&cfg, 1).unwrap();
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (mut tf, mut tb, mut tl) = (Vec::new(), Vec::new(), Vec::new());
+        for it in 0..4 {
+            let t0 = Instant::now();
+            let fwd = m.forward(&blocks, &x, true, it).unwrap();
+            let t1 = Instant::now();
+            let grads = m.backward(&blocks, &fwd, &g).unwrap();
+            let t2 = Instant::now();
+            drop((fwd, grads));
+            let t3 = Instant::now();
+            let lean = m.forward_lean(&blocks, &x, true, it).unwrap();
+            let grads = m.backward_with_input(&blocks, &x, &lean, &g).unwrap();
+            let t4 = Instant::now();
+            drop(grads);
+            if it > 0 {
+                tf.push((t1 - t0).as_secs_f64() * 1e3);
+                tb.push((t2 - t1).as_secs_f64() * 1e3);
+                tl.push((t4 - t3).as_secs_f64() * 1e3);
+            }
+        }
+        let (f, b) = (median(tf), median(tb));
+        println!(
+            "{kind:?}: forward {f:.1} ms + backward {b:.1} ms = {:.1} ms; \
+             forward_lean + backward_with_input {:.1} ms ({} params)",
+            f + b,
+            median(tl),
+            m.num_params()
+        );
+    }
+}
