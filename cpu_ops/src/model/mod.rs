@@ -23,7 +23,7 @@
 //! dropout keeps evaluation unscaled.
 //!
 //! ## Layers (`X` = layer input, `G = ∂L/∂out`, `A·` = an aggregation of
-//! [`crate::aggregate`], `Aᵀ` its adjoint)
+//! [`crate::aggregate_forward`], `Aᵀ` its adjoint)
 //!
 //! **GraphSAGE-mean** (`dgl.nn.SAGEConv(aggregator_type="mean")`), parameters
 //! `W_self`, `W_neigh` (`d_in × d_out`), `b`:
@@ -52,7 +52,7 @@
 //! and averages heads:
 //! - forward: `z = X·W` (all sources), `o = gat(block, z, a_src, a_dst)` (per-head
 //!   edge softmax of `LeakyReLU_{0.2}(a_src·z_j + a_dst·z_i)`, see
-//!   [`crate::attention`]), `out = o + b` (hidden), or
+//!   [`crate::gat_forward`]), `out = o + b` (hidden), or
 //!   `logits_i = (1/H) Σ_h (o_{i,h} + b_h)` (last).
 //! - backward: last layer `∂o_{i,h} = G_i / H` (hidden: `∂o = G`); `∂b = Σ_i ∂o_i`;
 //!   `(∂z, ∂a_src, ∂a_dst) = gat_backward(∂o)`; `∂W = Xᵀ ∂z`; `∂X = ∂z Wᵀ`.
@@ -517,12 +517,25 @@ impl<T: Real> Model<T> {
             });
         }
         for (b, &(num_src, num_dst)) in blocks.iter().zip(&fwd.shapes) {
-            if (b.num_src(), b.num_dst()) != (num_src, num_dst) {
-                return Err(CpuOpsError::SizeMismatch {
-                    what: "block rows (must be the blocks of the forward pass)",
-                    expected: num_src + num_dst,
-                    found: b.num_src() + b.num_dst(),
-                });
+            for (what, expected, found) in [
+                (
+                    "block sources (must match the forward pass)",
+                    num_src,
+                    b.num_src(),
+                ),
+                (
+                    "block destinations (must match the forward pass)",
+                    num_dst,
+                    b.num_dst(),
+                ),
+            ] {
+                if expected != found {
+                    return Err(CpuOpsError::SizeMismatch {
+                        what,
+                        expected,
+                        found,
+                    });
+                }
             }
         }
         let top = blocks.len() - 1;
