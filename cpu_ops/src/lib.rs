@@ -13,7 +13,9 @@
 //! - [`gat_forward`] / [`gat_backward`]: multi-head GAT edge attention over a block;
 //! - dense layers' math: [`gemm`] and its named forms [`matmul`], [`matmul_tn`],
 //!   [`matmul_nt`]; bias and activations ([`add_bias`], [`relu`], ...); [`dropout`];
-//!   [`softmax_cross_entropy`]; the [`Adam`] and [`Sgd`] optimizers.
+//!   [`softmax_cross_entropy`]; the [`Adam`] and [`Sgd`] optimizers;
+//! - [`model`]: GCN, GraphSAGE and GAT models on blocks ([`Model`], [`Forward`]),
+//!   forward and hand-written backward.
 //!
 //! No devices and no thread policy beyond rayon's global pool live here.
 
@@ -28,6 +30,7 @@ pub mod gather;
 mod graph;
 mod loss;
 mod matmul;
+pub mod model;
 mod optim;
 mod real;
 mod rng;
@@ -55,6 +58,7 @@ pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
 pub use matmul::{
     gemm, gemm_reference, matmul, matmul_nt, matmul_tn, Accumulate, MatMut, MatRef, Transpose,
 };
+pub use model::{Forward, Model, ModelConfig, ModelKind};
 pub use optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig, WeightDecay};
 pub use real::Real;
 pub use rng::{derive_seed, splitmix64, Rng};
