@@ -215,7 +215,11 @@ impl TrainConfig {
             "gcn" => Ok(ModelKind::Gcn),
             "sage" => Ok(ModelKind::Sage),
             "gat" => Ok(ModelKind::Gat),
-            other => Err(range_err("model.kind", "\"gcn\", \"sage\" or \"gat\"", format!("\"{other}\""))),
+            other => Err(range_err(
+                "model.kind",
+                "\"gcn\", \"sage\" or \"gat\"",
+                format!("\"{other}\""),
+            )),
         }
     }
 
@@ -248,7 +252,7 @@ impl TrainConfig {
         if m.heads == 0 {
             return Err(range_err("model.heads", "at least 1", m.heads));
         }
-        if m.kind == "gat" && m.hidden % m.heads != 0 {
+        if m.kind == "gat" && !m.hidden.is_multiple_of(m.heads) {
             return Err(range_err(
                 "model.hidden",
                 &format!("a multiple of model.heads = {}", m.heads),
@@ -256,7 +260,11 @@ impl TrainConfig {
             ));
         }
         if !(0.0..1.0).contains(&m.dropout) {
-            return Err(range_err("model.dropout", "a probability in [0, 1)", m.dropout));
+            return Err(range_err(
+                "model.dropout",
+                "a probability in [0, 1)",
+                m.dropout,
+            ));
         }
         let f = self.train_fanouts()?;
         if f.len() != m.layers {
@@ -270,7 +278,10 @@ impl TrainConfig {
         if ef.len() != m.layers {
             return Err(range_err(
                 "train.eval_fanouts",
-                &format!("empty or one fanout per layer (model.layers = {})", m.layers),
+                &format!(
+                    "empty or one fanout per layer (model.layers = {})",
+                    m.layers
+                ),
                 format!("{} fanouts", ef.len()),
             ));
         }
@@ -278,7 +289,11 @@ impl TrainConfig {
             return Err(range_err("train.batch_size", "at least 1", t.batch_size));
         }
         if t.eval_batch_size == 0 {
-            return Err(range_err("train.eval_batch_size", "at least 1", t.eval_batch_size));
+            return Err(range_err(
+                "train.eval_batch_size",
+                "at least 1",
+                t.eval_batch_size,
+            ));
         }
         if t.epochs == 0 {
             return Err(range_err("train.epochs", "at least 1", t.epochs));
@@ -287,7 +302,11 @@ impl TrainConfig {
             return Err(range_err("train.lr", "a finite number > 0", t.lr));
         }
         if !(t.weight_decay >= 0.0 && t.weight_decay.is_finite()) {
-            return Err(range_err("train.weight_decay", "a finite number ≥ 0", t.weight_decay));
+            return Err(range_err(
+                "train.weight_decay",
+                "a finite number ≥ 0",
+                t.weight_decay,
+            ));
         }
         if self.data.path.is_none() {
             if s.vertices < 2 || s.vertices > u32::MAX as usize {
@@ -303,7 +322,11 @@ impl TrainConfig {
                 return Err(range_err("data.synthetic.homophily", "[0, 1]", s.homophily));
             }
             if !(s.signal >= 0.0 && s.signal.is_finite()) {
-                return Err(range_err("data.synthetic.signal", "a finite number ≥ 0", s.signal));
+                return Err(range_err(
+                    "data.synthetic.signal",
+                    "a finite number ≥ 0",
+                    s.signal,
+                ));
             }
         }
         Ok(())
@@ -328,7 +351,10 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
     let parts: Vec<&str> = key.split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
-        return Err(Error::invalid_argument("--set", format!("`{key}` is not a dotted key")));
+        return Err(Error::invalid_argument(
+            "--set",
+            format!("`{key}` is not a dotted key"),
+        ));
     }
     let mut cur = table;
     for p in &parts[..parts.len() - 1] {
@@ -363,7 +389,9 @@ mod tests {
     fn unknown_keys_and_wrong_types_name_the_key() {
         let e = parse("[train]\nepoch = 3\n").unwrap_err().to_string();
         assert!(e.contains("t.toml") && e.contains("epoch"), "{e}");
-        let e = parse("[model]\nhidden = \"big\"\n").unwrap_err().to_string();
+        let e = parse("[model]\nhidden = \"big\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("t.toml") && e.contains("hidden"), "{e}");
         let e = parse("[nope]\n").unwrap_err().to_string();
         assert!(e.contains("nope"), "{e}");
@@ -375,11 +403,17 @@ mod tests {
             ("[model]\nkind = \"mlp\"", "model.kind"),
             ("[model]\ndropout = 1.0", "model.dropout"),
             ("[model]\nlayers = 3", "train.fanouts"),
-            ("[model]\nkind = \"gat\"\nhidden = 10\nheads = 4", "model.hidden"),
+            (
+                "[model]\nkind = \"gat\"\nhidden = 10\nheads = 4",
+                "model.hidden",
+            ),
             ("[train]\nfanouts = [10, 0]", "train.fanouts"),
             ("[train]\nlr = 0.0", "train.lr"),
             ("[train]\nbatch_size = 0", "train.batch_size"),
-            ("[data.synthetic]\nhomophily = 2.0", "data.synthetic.homophily"),
+            (
+                "[data.synthetic]\nhomophily = 2.0",
+                "data.synthetic.homophily",
+            ),
         ] {
             let e = parse(toml).unwrap_err().to_string();
             assert!(e.contains(key), "{toml}: {e}");

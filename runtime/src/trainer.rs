@@ -119,7 +119,8 @@ impl Trainer {
             ..AdamConfig::default()
         })
         .map_err(kernel("optimizer"))?;
-        let sampler = NeighborSampler::new(cfg.train_fanouts()?).map_err(kernel("train.fanouts"))?;
+        let sampler =
+            NeighborSampler::new(cfg.train_fanouts()?).map_err(kernel("train.fanouts"))?;
         let eval_sampler =
             NeighborSampler::new(cfg.eval_fanouts()?).map_err(kernel("train.eval_fanouts"))?;
         let train_ids = ds.train_ids();
@@ -204,7 +205,7 @@ impl Trainer {
     ) -> Result<(f64, usize)> {
         let views = Self::views(&p.batch)?;
         let fwd = model
-            .forward(&views, &p.x, true, p.seed)
+            .forward_lean(&views, &p.x, true, p.seed)
             .map_err(kernel("forward"))?;
         let (n, c) = (p.seeds.len(), ds.num_classes as usize);
         let labels = Self::labels_of(ds, &p.seeds);
@@ -216,7 +217,7 @@ impl Trainer {
         )
         .map_err(kernel("loss"))?;
         let grads = model
-            .backward(&views, &fwd, &grad)
+            .backward_with_input(&views, &p.x, &fwd, &grad)
             .map_err(kernel("backward"))?;
         let grad_refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
         opt.step(&mut model.params_mut(), &grad_refs)
@@ -248,7 +249,13 @@ impl Trainer {
             scratch,
             ..
         } = self;
-        let mut next = Some(Self::prepare(ds, sampler, scratch, batches[0].clone(), derive_seed(base, 0))?);
+        let mut next = Some(Self::prepare(
+            ds,
+            sampler,
+            scratch,
+            batches[0].clone(),
+            derive_seed(base, 0),
+        )?);
         let (mut loss_sum, mut correct, mut seen) = (0.0, 0usize, 0usize);
         for k in 0..total {
             let cur = next.take().ok_or_else(|| Error::InvalidDataset {
@@ -258,7 +265,9 @@ impl Trainer {
             let (prepared, step) = rayon::join(
                 || {
                     upcoming
-                        .map(|s| Self::prepare(ds, sampler, scratch, s, derive_seed(base, k as u64 + 1)))
+                        .map(|s| {
+                            Self::prepare(ds, sampler, scratch, s, derive_seed(base, k as u64 + 1))
+                        })
                         .transpose()
                 },
                 || Self::compute(ds, model, opt, &cur),
@@ -296,7 +305,7 @@ impl Trainer {
             let views = Self::views(&p.batch)?;
             let fwd = self
                 .model
-                .forward(&views, &p.x, false, 0)
+                .forward_lean(&views, &p.x, false, 0)
                 .map_err(kernel("forward"))?;
             let c = self.ds.num_classes as usize;
             let labels = Self::labels_of(&self.ds, chunk);

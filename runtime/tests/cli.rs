@@ -216,8 +216,15 @@ fn train_reports_config_errors_by_key() {
 #[test]
 fn train_runs_a_small_config() {
     let out = ok(&[
-        "train", "--set", "data.synthetic.vertices=3000", "--set", "data.synthetic.edges=20000",
-        "--set", "train.epochs=2", "--set", "model.hidden=16",
+        "train",
+        "--set",
+        "data.synthetic.vertices=3000",
+        "--set",
+        "data.synthetic.edges=20000",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "model.hidden=16",
     ]);
     assert!(out.contains("test accuracy"), "{out}");
     assert!(out.contains("[train]"), "effective config printed: {out}");

@@ -68,7 +68,11 @@ fn same_seed_same_run_on_one_and_two_threads() {
 fn three_layers_with_sampled_eval() {
     let stats = run(small(
         "sage",
-        &["model.layers=3", "train.fanouts=[5,5,5]", "train.eval_fanouts=[10,10,10]"],
+        &[
+            "model.layers=3",
+            "train.fanouts=[5,5,5]",
+            "train.eval_fanouts=[10,10,10]",
+        ],
     ));
     assert!(test_at_best_val(&stats).expect("evaluated").1 > 0.5);
 }

@@ -75,7 +75,11 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
 fn train(cfg: TrainConfig) -> Result<()> {
     let t = Instant::now();
     let ds = load_dataset(&cfg)?;
-    println!("{} (loaded in {:.2} s)", ds.summary(), t.elapsed().as_secs_f64());
+    println!(
+        "{} (loaded in {:.2} s)",
+        ds.summary(),
+        t.elapsed().as_secs_f64()
+    );
     let mut trainer = Trainer::new(ds, cfg)?;
     println!(
         "model: {} × {} layers, hidden {}, {} parameters; {} threads",
