@@ -80,8 +80,8 @@ impl Default for SyntheticConfig {
             edges: 400_000,
             classes: 16,
             dim: 64,
-            homophily: 0.7,
-            signal: 0.3,
+            homophily: 0.6,
+            signal: 0.1,
             seed: 0,
         }
     }
