@@ -121,7 +121,12 @@ impl Default for ModelSection {
 pub struct TrainSection {
     /// Sampling fanout per layer, input layer first; -1 takes every neighbor.
     pub fanouts: Vec<i64>,
-    /// Fanouts for validation/test; empty means every neighbor at every layer.
+    /// How validation/test accuracy is computed: `"full"` applies each layer to the
+    /// whole graph before the next (layer-wise full-neighbor inference, as DGL's
+    /// `inference`; exact GCN normalization with full-graph degrees), `"sampled"`
+    /// runs mini-batches of `eval_batch_size` seeds sampled with `eval_fanouts`.
+    pub eval_mode: String,
+    /// Fanouts for `eval_mode = "sampled"`; empty means every neighbor at every layer.
     pub eval_fanouts: Vec<i64>,
     /// Seeds per training batch (≥ 1).
     pub batch_size: usize,
@@ -145,6 +150,7 @@ impl Default for TrainSection {
     fn default() -> Self {
         Self {
             fanouts: vec![10, 10],
+            eval_mode: "full".into(),
             eval_fanouts: Vec::new(),
             batch_size: 1024,
             eval_batch_size: 4096,
@@ -285,6 +291,13 @@ impl TrainConfig {
                 format!("{} fanouts", ef.len()),
             ));
         }
+        if t.eval_mode != "full" && t.eval_mode != "sampled" {
+            return Err(range_err(
+                "train.eval_mode",
+                "\"full\" or \"sampled\"",
+                format!("\"{}\"", t.eval_mode),
+            ));
+        }
         if t.batch_size == 0 {
             return Err(range_err("train.batch_size", "at least 1", t.batch_size));
         }
@@ -409,6 +422,7 @@ mod tests {
             ),
             ("[train]\nfanouts = [10, 0]", "train.fanouts"),
             ("[train]\nlr = 0.0", "train.lr"),
+            ("[train]\neval_mode = \"exact\"", "train.eval_mode"),
             ("[train]\nbatch_size = 0", "train.batch_size"),
             (
                 "[data.synthetic]\nhomophily = 2.0",

@@ -10,8 +10,12 @@
 //!    concurrently with computing batch `k` (`rayon::join`), so sampling and gather
 //!    hide behind the dense math; both still use the one rayon pool.
 //! 3. Every `train.eval_every` epochs (and after the last), evaluate validation and
-//!    test accuracy with the evaluation fanouts (every neighbor by default), no
-//!    dropout.
+//!    test accuracy without dropout. `train.eval_mode = "full"` (default) applies
+//!    each layer to the whole graph before the next — layer-wise full-neighbor
+//!    inference, DGL's `inference` pattern: one pass gives every vertex's logits,
+//!    and GCN's normalization uses full-graph degrees, independent of how the
+//!    evaluated vertices are batched. `"sampled"` evaluates mini-batches of
+//!    shuffled seeds sampled with `train.eval_fanouts`.
 //!
 //! Everything random derives from `train.seed` (initialization, shuffles, sampling,
 //! dropout), so a run is reproducible; sampling does not depend on the thread count.
@@ -288,11 +292,61 @@ impl Trainer {
         ))
     }
 
-    /// Accuracy on `ids` with the evaluation fanouts and no dropout.
+    /// Logits of every vertex by layer-wise full-graph inference (no dropout).
+    pub fn full_graph_logits(&self) -> Result<Vec<f32>> {
+        let g = &self.ds.graph;
+        let n = g.num_vertices();
+        let views = (0..self.cfg.model.layers)
+            .map(|_| BlockView::new(n, g.offsets(), g.indices()))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(kernel("full-graph block"))?;
+        let fwd = self
+            .model
+            .forward_lean(&views, self.ds.features.as_slice(), false, 0)
+            .map_err(kernel("full-graph inference"))?;
+        Ok(fwd.into_logits())
+    }
+
+    /// Accuracy of `logits` (all vertices) on `ids`.
+    fn accuracy_on(&self, logits: &[f32], ids: &[u32]) -> Result<f64> {
+        if ids.is_empty() {
+            return Ok(0.0);
+        }
+        let c = self.ds.num_classes as usize;
+        let rows: Vec<f32> = ids
+            .iter()
+            .flat_map(|&v| logits[v as usize * c..(v as usize + 1) * c].iter().copied())
+            .collect();
+        let correct = accuracy_count(
+            MatRef::new(&rows, ids.len(), c).map_err(kernel("logits"))?,
+            &Self::labels_of(&self.ds, ids),
+        )
+        .map_err(kernel("accuracy"))?;
+        Ok(correct as f64 / ids.len() as f64)
+    }
+
+    /// Validation and test accuracy, as `train.eval_mode` says.
+    pub fn evaluate_val_test(&mut self) -> Result<(f64, f64)> {
+        if self.cfg.train.eval_mode == "full" {
+            let logits = self.full_graph_logits()?;
+            Ok((
+                self.accuracy_on(&logits, &self.val_ids)?,
+                self.accuracy_on(&logits, &self.test_ids)?,
+            ))
+        } else {
+            let (v, t) = (self.val_ids.clone(), self.test_ids.clone());
+            Ok((self.evaluate(&v)?, self.evaluate(&t)?))
+        }
+    }
+
+    /// Accuracy on `ids` by mini-batches sampled with the evaluation fanouts (seeds
+    /// shuffled, so batches are random subsets), no dropout.
     pub fn evaluate(&mut self, ids: &[u32]) -> Result<f64> {
         if ids.is_empty() {
             return Ok(0.0);
         }
+        let mut ids = ids.to_vec();
+        Rng::new(derive_seed(self.cfg.train.seed, 6_000_000)).shuffle(&mut ids);
         let mut correct = 0usize;
         for (k, chunk) in ids.chunks(self.cfg.train.eval_batch_size).enumerate() {
             let p = Self::prepare(
@@ -333,9 +387,8 @@ impl Trainer {
             let eval_now = e + 1 == epochs || (every > 0 && (e + 1) % every == 0);
             let t = Instant::now();
             let (val_acc, test_acc) = if eval_now {
-                let v = self.val_ids.clone();
-                let s = self.test_ids.clone();
-                (Some(self.evaluate(&v)?), Some(self.evaluate(&s)?))
+                let (v, t) = self.evaluate_val_test()?;
+                (Some(v), Some(t))
             } else {
                 (None, None)
             };

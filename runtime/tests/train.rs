@@ -76,3 +76,20 @@ fn three_layers_with_sampled_eval() {
     ));
     assert!(test_at_best_val(&stats).expect("evaluated").1 > 0.5);
 }
+
+#[test]
+fn full_graph_and_sampled_all_neighbor_eval_agree_for_sage() {
+    // SAGE-mean with every neighbor is exact in both modes, so the accuracies match.
+    let cfg = small("sage", &["train.epochs=2"]);
+    let ds = load_dataset(&cfg).expect("dataset");
+    let mut t = Trainer::new(ds, cfg).expect("trainer");
+    t.fit(|_| {}, &mut |_, _| {}).expect("fit");
+    let (val_full, test_full) = t.evaluate_val_test().expect("full");
+    let ids = t.dataset().val_ids();
+    let val_sampled = t.evaluate(&ids).expect("sampled");
+    assert!(
+        (val_full - val_sampled).abs() < 1e-3,
+        "{val_full} vs {val_sampled}"
+    );
+    assert!(test_full > 0.5);
+}
