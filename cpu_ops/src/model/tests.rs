@@ -754,3 +754,82 @@ fn bench_two_layer_wordnet_shape() {
         );
     }
 }
+
+/// Release timing of a 2-layer SAGE on WordNet's shape with ~1% binary input
+/// features, dense input against sparse input: `cargo test --release -p cpu_ops
+/// bench_sparse_input -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing run; use --release"]
+fn bench_sparse_input_wordnet_shape() {
+    use crate::graph::{BuildOptions, CsrGraph};
+    use crate::sampler::{NeighborSampler, SamplerScratch};
+    use std::time::Instant;
+
+    let n = 100_000usize;
+    let mut rng = Rng::new(71);
+    let edges: Vec<(u32, u32)> = (0..1_000_000)
+        .map(|_| (rng.below(n as u64) as u32, rng.below(n as u64) as u32))
+        .collect();
+    let graph = CsrGraph::from_edges(n, &edges, BuildOptions::UNDIRECTED).unwrap();
+    let mut seeds: Vec<u32> = (0..n as u32).collect();
+    rng.shuffle(&mut seeds);
+    seeds.truncate(1024);
+    let sampler = NeighborSampler::new(vec![10, 10]).unwrap();
+    let mut scratch = SamplerScratch::new(n);
+    let batch = sampler.sample(&graph, &seeds, 1, &mut scratch).unwrap();
+    let blocks: Vec<BlockView<'_>> = batch
+        .blocks()
+        .iter()
+        .map(|b| BlockView::new(b.num_src(), b.indptr(), b.indices()).unwrap())
+        .collect();
+    let (in_dim, classes) = (2000, 45);
+    let ns = blocks[0].num_src();
+    let x: Vec<f32> = (0..ns * in_dim)
+        .map(|_| if rng.below(100) == 0 { 1.0 } else { 0.0 })
+        .collect();
+    let t = Instant::now();
+    let sx = SparseRows::from_dense(&x, ns, in_dim).unwrap();
+    let t_build = t.elapsed().as_secs_f64() * 1e3;
+    let g: Vec<f32> = rand_vec(&mut rng, blocks[1].num_dst() * classes);
+    println!(
+        "threads {}, blocks: {} -> {} -> {}, input nnz {} (density {:.4}), from_dense {t_build:.1} ms",
+        rayon::current_num_threads(),
+        ns,
+        blocks[0].num_dst(),
+        blocks[1].num_dst(),
+        sx.nnz(),
+        sx.density()
+    );
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for kind in KINDS {
+        let mut cfg = config(kind, (in_dim, 256, classes), 2, 4);
+        cfg.dropout = 0.5;
+        let m = Model::<f32>::new(&cfg, 1).unwrap();
+        for (name, input) in [
+            ("dense ", ModelInput::Dense(&x)),
+            ("sparse", ModelInput::Sparse(&sx)),
+        ] {
+            let (mut tf, mut tb) = (Vec::new(), Vec::new());
+            for it in 0..4 {
+                let t0 = Instant::now();
+                let fwd = m.forward_input(&blocks, input, true, it).unwrap();
+                let t1 = Instant::now();
+                let grads = m.backward_input(&blocks, input, &fwd, &g).unwrap();
+                let t2 = Instant::now();
+                drop((fwd, grads));
+                if it > 0 {
+                    tf.push((t1 - t0).as_secs_f64() * 1e3);
+                    tb.push((t2 - t1).as_secs_f64() * 1e3);
+                }
+            }
+            let (f, b) = (median(tf), median(tb));
+            println!(
+                "{kind:?} {name}: forward {f:.1} ms + backward {b:.1} ms = {:.1} ms",
+                f + b
+            );
+        }
+    }
+}
