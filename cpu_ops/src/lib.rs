@@ -14,6 +14,8 @@
 //! - dense layers' math: [`gemm`] and its named forms [`matmul`], [`matmul_tn`],
 //!   [`matmul_nt`]; bias and activations ([`add_bias`], [`relu`], ...); [`dropout`];
 //!   [`softmax_cross_entropy`]; the [`Adam`] and [`Sgd`] optimizers;
+//! - [`SparseRows`]: CSR input rows with the sparse products `X·W` and `Xᵀ·G` of a
+//!   sparse layer-0 input;
 //! - [`model`]: GCN, GraphSAGE and GAT models on blocks ([`Model`], [`Forward`]),
 //!   forward and hand-written backward.
 //!
@@ -36,6 +38,7 @@ mod real;
 mod rng;
 pub mod sampler;
 mod simd;
+mod sparse;
 
 pub use activation::{
     add_bias, bias_grad, elu, elu_backward, leaky_relu, leaky_relu_backward, relu, relu_backward,
@@ -58,9 +61,10 @@ pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
 pub use matmul::{
     gemm, gemm_reference, matmul, matmul_nt, matmul_tn, Accumulate, MatMut, MatRef, Transpose,
 };
-pub use model::{Forward, Model, ModelConfig, ModelKind};
+pub use model::{Forward, Model, ModelConfig, ModelInput, ModelKind};
 pub use optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig, WeightDecay};
 pub use real::Real;
 pub use rng::{derive_seed, splitmix64, Rng};
 pub use sampler::{Block, NeighborSampler, SampledBatch, SamplerScratch, ALL_NEIGHBORS};
 pub use simd::{GatherRows, Scalar, Simd, SimdLevel, SimdOps};
+pub use sparse::SparseRows;

@@ -1,8 +1,8 @@
 //! GAT layer (`dgl.nn.GATConv`); formulas in the module doc of [`crate::model`].
 //! Parameters: `W` (`d_in × H·F`), `a_src`, `a_dst` (`H × F`), `b` (`H·F`).
 
-use super::kernel::{gat_bwd, gat_fwd, mm, mm_nt, mm_tn};
-use super::{LayerSpec, LayerState};
+use super::kernel::{gat_bwd, gat_fwd, mm_nt, proj, proj_tn};
+use super::{LayerSpec, LayerState, ModelInput};
 use crate::activation::{add_bias, bias_grad};
 use crate::aggregate::BlockView;
 use crate::attention::{GatForward, GatInputs};
@@ -26,13 +26,13 @@ pub(super) fn forward<T: Real>(
     spec: &LayerSpec,
     params: &[Vec<T>],
     block: &BlockView<'_>,
-    x: &[T],
+    x: ModelInput<'_, T>,
 ) -> Result<(Vec<T>, LayerState<T>)> {
     let (w, bias) = (&params[0], &params[3]);
     let width = spec.heads * spec.head_dim;
     let (ns, nd) = (block.num_src(), block.num_dst());
     let mut z = vec![T::ZERO; ns * width];
-    mm(x, ns, spec.d_in, w, width, &mut z, Accumulate::No)?;
+    proj(x, ns, spec.d_in, w, width, &mut z, Accumulate::No)?;
     let attn = gat_fwd(block, &inputs(spec, params, &z))?;
     let mut o = attn.out().to_vec();
     add_bias(MatMut::new(&mut o, nd, width)?, bias)?;
@@ -68,7 +68,7 @@ pub(super) fn backward<T: Real>(
     spec: &LayerSpec,
     params: &[Vec<T>],
     block: &BlockView<'_>,
-    x: &[T],
+    x: ModelInput<'_, T>,
     z: &[T],
     attn: &GatForward<T>,
     g: &[T],
@@ -98,7 +98,7 @@ pub(super) fn backward<T: Real>(
     let gg = gat_bwd(block, &inputs(spec, params, z), attn, d_o)?;
     *da_src = gg.a_src;
     *da_dst = gg.a_dst;
-    mm_tn(x, ns, spec.d_in, &gg.z_src, width, dw)?;
+    proj_tn(x, ns, spec.d_in, &gg.z_src, width, dw)?;
     if !need_dx {
         return Ok(None);
     }

@@ -1,8 +1,8 @@
 //! GCN layer (`dgl.nn.GraphConv(norm="both")` with self-loops); formulas in the
 //! module doc of [`crate::model`]. Parameters: `W` (`d_in × d_out`), `b` (`d_out`).
 
-use super::kernel::{agg_backward, agg_forward, mm, mm_nt, mm_tn};
-use super::{LayerSpec, LayerState};
+use super::kernel::{agg_backward, agg_forward, mm, mm_nt, mm_tn, proj, proj_tn};
+use super::{LayerSpec, LayerState, ModelInput};
 use crate::activation::{add_bias, bias_grad};
 use crate::aggregate::{AggregateKind, BlockView};
 use crate::error::Result;
@@ -28,11 +28,12 @@ pub(super) fn with_self_loops(block: &BlockView<'_>) -> (Vec<u64>, Vec<u32>) {
 }
 
 /// `out = Â X W + b` over the augmented block; returns `out` (`n_dst × d_out`).
+/// A sparse `x` always projects first.
 pub(super) fn forward<T: Real>(
     spec: &LayerSpec,
     params: &[Vec<T>],
     block: &BlockView<'_>,
-    x: &[T],
+    x: ModelInput<'_, T>,
 ) -> Result<(Vec<T>, LayerState<T>)> {
     let (w, bias) = (&params[0], &params[1]);
     let (d_in, d_out) = (spec.d_in, spec.d_out);
@@ -41,14 +42,17 @@ pub(super) fn forward<T: Real>(
     let aug = BlockView::new(ns, &indptr, &indices)?;
     let mut out = vec![T::ZERO; nd * d_out];
     let mut agg = Vec::new();
-    if d_in > d_out {
-        let mut p = vec![T::ZERO; ns * d_out];
-        mm(x, ns, d_in, w, d_out, &mut p, Accumulate::No)?;
-        agg_forward(&aug, NORM, &p, d_out, &mut out)?;
-    } else {
-        agg = vec![T::ZERO; nd * d_in];
-        agg_forward(&aug, NORM, x, d_in, &mut agg)?;
-        mm(&agg, nd, d_in, w, d_out, &mut out, Accumulate::No)?;
+    match x {
+        ModelInput::Dense(x) if d_in <= d_out => {
+            agg = vec![T::ZERO; nd * d_in];
+            agg_forward(&aug, NORM, x, d_in, &mut agg)?;
+            mm(&agg, nd, d_in, w, d_out, &mut out, Accumulate::No)?;
+        }
+        _ => {
+            let mut p = vec![T::ZERO; ns * d_out];
+            proj(x, ns, d_in, w, d_out, &mut p, Accumulate::No)?;
+            agg_forward(&aug, NORM, &p, d_out, &mut out)?;
+        }
     }
     add_bias(MatMut::new(&mut out, nd, d_out)?, bias)?;
     Ok((
@@ -68,7 +72,7 @@ pub(super) fn backward<T: Real>(
     spec: &LayerSpec,
     params: &[Vec<T>],
     block: &BlockView<'_>,
-    x: &[T],
+    x: ModelInput<'_, T>,
     (indptr, indices, agg): (&[u64], &[u32], &[T]),
     g: &[T],
     grads: &mut [Vec<T>],
@@ -82,10 +86,10 @@ pub(super) fn backward<T: Real>(
         return Err(super::internal("a GCN layer has two parameter tensors"));
     };
     bias_grad(MatRef::new(g, nd, d_out)?, db, Accumulate::No)?;
-    if d_in > d_out {
+    if d_in > d_out || x.is_sparse() {
         let mut dp = vec![T::ZERO; ns * d_out];
         agg_backward(&aug, NORM, g, d_out, &mut dp)?;
-        mm_tn(x, ns, d_in, &dp, d_out, dw)?;
+        proj_tn(x, ns, d_in, &dp, d_out, dw)?;
         if !need_dx {
             return Ok(None);
         }

@@ -19,6 +19,8 @@ use crate::matmul::{matmul, matmul_nt, matmul_tn, Accumulate, MatMut, MatRef};
 use crate::real::Real;
 use crate::simd::Simd;
 
+use super::ModelInput;
+
 fn is_f32<T: Real>() -> bool {
     TypeId::of::<T>() == TypeId::of::<f32>()
 }
@@ -163,4 +165,48 @@ pub(crate) fn mm_nt<T: Real>(
         MatMut::new(c, m, n)?,
         acc,
     )
+}
+
+/// `C (+)= X[..rows]·W`, `X`: a layer input of `d_in` columns, `W`: `d_in × n`
+/// (sparse inputs run [`crate::SparseRows::spmm_rows`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn proj<T: Real>(
+    x: ModelInput<'_, T>,
+    rows: usize,
+    d_in: usize,
+    w: &[T],
+    n: usize,
+    c: &mut [T],
+    acc: Accumulate,
+) -> Result<()> {
+    match x {
+        ModelInput::Dense(x) => mm(dense_prefix(x, rows, d_in)?, rows, d_in, w, n, c, acc),
+        ModelInput::Sparse(x) => x.spmm_rows(rows, w, n, c, acc),
+    }
+}
+
+/// `dW = X[..rows]ᵀ·G`, `G`: `rows × n`, `dW`: `d_in × n` (a weight gradient;
+/// sparse inputs run [`crate::SparseRows::spmm_tn_rows`]).
+pub(crate) fn proj_tn<T: Real>(
+    x: ModelInput<'_, T>,
+    rows: usize,
+    d_in: usize,
+    g: &[T],
+    n: usize,
+    dw: &mut [T],
+) -> Result<()> {
+    match x {
+        ModelInput::Dense(x) => mm_tn(dense_prefix(x, rows, d_in)?, rows, d_in, g, n, dw),
+        ModelInput::Sparse(x) => x.spmm_tn_rows(rows, g, n, dw, Accumulate::No),
+    }
+}
+
+/// The first `rows` rows of a dense `? × d_in` matrix.
+fn dense_prefix<T>(x: &[T], rows: usize, d_in: usize) -> Result<&[T]> {
+    let len = rows.saturating_mul(d_in);
+    x.get(..len).ok_or(CpuOpsError::SizeMismatch {
+        what: "layer input values (at least rows × d_in)",
+        expected: len,
+        found: x.len(),
+    })
 }

@@ -61,6 +61,13 @@
 //! `∂x = ∂y·(y > 0 ? 1 : y + 1)` for ELU); dropout's reuses its mask. Layer 0 never
 //! computes `∂X` (the features have no gradient).
 //!
+//! ## Sparse input
+//! Layer 0 may read a [`SparseRows`] input ([`ModelInput::Sparse`], e.g. bag-of-words
+//! features). Then layer 0 always projects first (`A (X·W)`, which equals `(A X)·W`
+//! by associativity), computing `X·W` and `X_dst·W_self` with
+//! [`SparseRows::spmm_rows`] and the weight gradients `Xᵀ(·)` with
+//! [`SparseRows::spmm_tn_rows`]; `∂X` is never formed. Layers above are unchanged.
+//!
 //! ## Element types
 //! Everything is generic over [`Real`]; `f32` runs the SIMD fast paths of the
 //! aggregation and attention kernels, `f64` the scalar twins (used by the
@@ -89,11 +96,59 @@ use crate::dropout::{dropout, DropoutMask};
 use crate::error::{CpuOpsError, Result};
 use crate::real::Real;
 use crate::rng::derive_seed;
+use crate::sparse::SparseRows;
 
 use init::{Init, RELU_GAIN};
 
 /// ELU's `α` in GAT hidden layers (PyTorch's `F.elu` default).
 const ELU_ALPHA: f64 = 1.0;
+
+/// The input of layer 0: dense row-major values or sparse rows.
+#[derive(Clone, Copy, Debug)]
+pub enum ModelInput<'a, T: Real> {
+    /// `num_src(blocks[0]) × in_dim` values, row-major.
+    Dense(&'a [T]),
+    /// `num_src(blocks[0])` rows of `in_dim` columns.
+    Sparse(&'a SparseRows<T>),
+}
+
+impl<T: Real> ModelInput<'_, T> {
+    /// Whether this is [`ModelInput::Sparse`].
+    pub fn is_sparse(&self) -> bool {
+        matches!(self, ModelInput::Sparse(_))
+    }
+
+    /// Checks the shape: `rows × cols`.
+    fn check(&self, rows: usize, cols: usize) -> Result<()> {
+        match self {
+            ModelInput::Dense(x) => check_matrix(
+                "model input (num_src of the first block × in_dim)",
+                x.len(),
+                rows,
+                cols,
+            ),
+            ModelInput::Sparse(x) => {
+                for (what, expected, found) in [
+                    (
+                        "sparse model input rows (num_src of the first block)",
+                        rows,
+                        x.num_rows(),
+                    ),
+                    ("sparse model input columns (in_dim)", cols, x.num_cols()),
+                ] {
+                    if expected != found {
+                        return Err(CpuOpsError::SizeMismatch {
+                            what,
+                            expected,
+                            found,
+                        });
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
 
 /// The layer family of a [`Model`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,11 +289,11 @@ impl<T: Real> Forward<T> {
     }
 
     /// The input of layer `l` (after dropout), given the model input `x`.
-    fn layer_input<'s>(&'s self, l: usize, x: &'s [T]) -> &'s [T] {
+    fn layer_input<'s>(&'s self, l: usize, x: ModelInput<'s, T>) -> ModelInput<'s, T> {
         match &self.layers[l].dropped {
-            Some((h, _)) => h,
+            Some((h, _)) => ModelInput::Dense(h),
             None if l == 0 => x,
-            None => &self.layers[l - 1].act,
+            None => ModelInput::Dense(&self.layers[l - 1].act),
         }
     }
 }
@@ -417,13 +472,21 @@ impl<T: Real> Model<T> {
         train: bool,
         seed: u64,
     ) -> Result<Forward<T>> {
+        self.forward_input(blocks, ModelInput::Dense(x), train, seed)
+    }
+
+    /// [`Model::forward_lean`] from a dense or sparse input (`num_src(blocks[0])`
+    /// rows of `in_dim` columns); keeps no copy of `x`. Its backward is
+    /// [`Model::backward_input`] with the same `x`.
+    pub fn forward_input(
+        &self,
+        blocks: &[BlockView<'_>],
+        x: ModelInput<'_, T>,
+        train: bool,
+        seed: u64,
+    ) -> Result<Forward<T>> {
         self.check_blocks(blocks)?;
-        check_matrix(
-            "model input (num_src of the first block × in_dim)",
-            x.len(),
-            blocks[0].num_src(),
-            self.cfg.in_dim,
-        )?;
+        x.check(blocks[0].num_src(), self.cfg.in_dim)?;
         let p = if train {
             f64::from(self.cfg.dropout)
         } else {
@@ -443,10 +506,10 @@ impl<T: Real> Model<T> {
             } else {
                 None
             };
-            let input: &[T] = match &dropped {
-                Some((h, _)) => h,
+            let input = match &dropped {
+                Some((h, _)) => ModelInput::Dense(h),
                 None if l == 0 => x,
-                None => &fwd.layers[l - 1].act,
+                None => ModelInput::Dense(&fwd.layers[l - 1].act),
             };
             let params = &self.params[spec.first_param..];
             let (mut out, state) = match self.cfg.kind {
@@ -502,13 +565,20 @@ impl<T: Real> Model<T> {
         fwd: &Forward<T>,
         grad_logits: &[T],
     ) -> Result<Vec<Vec<T>>> {
+        self.backward_input(blocks, ModelInput::Dense(x), fwd, grad_logits)
+    }
+
+    /// [`Model::backward_with_input`] for a dense or sparse input: `x` must be the
+    /// input of the [`Model::forward_input`] that made `fwd` (same variant).
+    pub fn backward_input(
+        &self,
+        blocks: &[BlockView<'_>],
+        x: ModelInput<'_, T>,
+        fwd: &Forward<T>,
+        grad_logits: &[T],
+    ) -> Result<Vec<Vec<T>>> {
         self.check_blocks(blocks)?;
-        check_matrix(
-            "model input (num_src of the first block × in_dim)",
-            x.len(),
-            blocks[0].num_src(),
-            self.cfg.in_dim,
-        )?;
+        x.check(blocks[0].num_src(), self.cfg.in_dim)?;
         if fwd.layers.len() != self.layers.len() {
             return Err(CpuOpsError::SizeMismatch {
                 what: "layers of the forward result",

@@ -7,6 +7,7 @@ use crate::loss::softmax_cross_entropy;
 use crate::matmul::{MatMut, MatRef};
 use crate::optim::{Adam, AdamConfig, Optimizer};
 use crate::rng::Rng;
+use crate::sparse::SparseRows;
 
 const KINDS: [ModelKind; 3] = [ModelKind::Gcn, ModelKind::Sage, ModelKind::Gat];
 
@@ -53,6 +54,12 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 /// Central differences of `⟨G, logits⟩` against the analytic gradient of every
 /// parameter (up to 40 sampled entries per tensor).
 fn check_gradients(cfg: &ModelConfig, sizes: &[usize], seed: u64, train: bool) {
+    check_gradients_with(cfg, sizes, seed, train, false);
+}
+
+/// [`check_gradients`], optionally feeding layer 0 a sparse input (about 70% zeros)
+/// through [`Model::forward_input`] / [`Model::backward_input`].
+fn check_gradients_with(cfg: &ModelConfig, sizes: &[usize], seed: u64, train: bool, sparse: bool) {
     let mut rng = Rng::new(seed);
     let batch = random_batch(&mut rng, sizes, 4);
     let blocks = views(&batch);
@@ -63,15 +70,32 @@ fn check_gradients(cfg: &ModelConfig, sizes: &[usize], seed: u64, train: bool) {
             *v = rng.next_f64() * 2.0 - 1.0;
         }
     }
-    let x: Vec<f64> = rand_vec(&mut rng, sizes[0] * cfg.in_dim);
+    let mut x: Vec<f64> = rand_vec(&mut rng, sizes[0] * cfg.in_dim);
+    if sparse {
+        for v in x.iter_mut() {
+            if rng.next_f64() < 0.7 {
+                *v = 0.0;
+            }
+        }
+    }
+    let sx = SparseRows::from_dense(&x, sizes[0], cfg.in_dim).unwrap();
+    let input = if sparse {
+        ModelInput::Sparse(&sx)
+    } else {
+        ModelInput::Dense(&x)
+    };
     let g: Vec<f64> = rand_vec(&mut rng, sizes[sizes.len() - 1] * cfg.num_classes);
     let drop_seed = 99;
-    let fwd = model.forward(&blocks, &x, train, drop_seed).unwrap();
-    let grads = model.backward(&blocks, &fwd, &g).unwrap();
+    let fwd = model
+        .forward_input(&blocks, input, train, drop_seed)
+        .unwrap();
+    let grads = model.backward_input(&blocks, input, &fwd, &g).unwrap();
     assert_eq!(grads.len(), model.params().len());
     let loss = |m: &Model<f64>| {
         dot(
-            m.forward(&blocks, &x, train, drop_seed).unwrap().logits(),
+            m.forward_input(&blocks, input, train, drop_seed)
+                .unwrap()
+                .logits(),
             &g,
         )
     };
@@ -140,6 +164,100 @@ fn gradients_match_finite_differences_depth_3_and_dropout() {
         cfg.dropout = 0.5;
         check_gradients(&cfg, &[14, 8, 5], 6, true);
     }
+}
+
+#[test]
+fn gradients_match_finite_differences_through_sparse_input() {
+    for kind in KINDS {
+        // Aggregate first when dense (d_in <= d_out): the sparse path projects first.
+        check_gradients_with(&config(kind, (3, 4, 4), 1, 2), &[9, 5], 7, false, true);
+        let mut cfg = config(kind, (7, 4, 5), 2, 2);
+        cfg.dropout = 0.5;
+        check_gradients_with(&cfg, &[14, 8, 5], 8, true, true);
+    }
+}
+
+/// Sparse and dense inputs holding the same matrix give the same logits and
+/// gradients, relative to the largest magnitude, within `tol`.
+fn check_sparse_matches_dense<T: Real>(tol: f64) {
+    let mut rng = Rng::new(91);
+    for layers in [1, 2] {
+        let sizes: &[usize] = if layers == 1 {
+            &[40, 17]
+        } else {
+            &[60, 30, 11]
+        };
+        let batch = random_batch(&mut rng, sizes, 6);
+        let blocks = views(&batch);
+        // Project first and aggregate first for the dense path.
+        for dims in [(23, 8, 5), (6, 12, 9)] {
+            for kind in KINDS {
+                let mut cfg = config(kind, dims, layers, 2);
+                cfg.dropout = 0.4;
+                let m = Model::<T>::new(&cfg, 13).unwrap();
+                let mut x: Vec<T> = rand_vec(&mut rng, sizes[0] * dims.0);
+                for (r, row) in x.chunks_mut(dims.0).enumerate() {
+                    for v in row.iter_mut() {
+                        // Every fifth row empty, the rest about 20% dense.
+                        if r % 5 == 4 || rng.next_f64() < 0.8 {
+                            *v = T::ZERO;
+                        }
+                    }
+                }
+                let sx = SparseRows::from_dense(&x, sizes[0], dims.0).unwrap();
+                let g: Vec<T> = rand_vec(&mut rng, sizes[layers] * dims.2);
+                for train in [false, true] {
+                    let what = format!("{kind:?} {dims:?} layers {layers} train {train}");
+                    let fd = m
+                        .forward_input(&blocks, ModelInput::Dense(&x), train, 3)
+                        .unwrap();
+                    let fs = m
+                        .forward_input(&blocks, ModelInput::Sparse(&sx), train, 3)
+                        .unwrap();
+                    let close = |a: &[T], b: &[T], name: &str| {
+                        assert_eq!(a.len(), b.len(), "{what} {name}");
+                        let scale = b.iter().fold(1e-30f64, |s, v| s.max(v.to_f64().abs()));
+                        for (k, (p, q)) in a.iter().zip(b).enumerate() {
+                            let (p, q) = (p.to_f64(), q.to_f64());
+                            assert!(
+                                (p - q).abs() <= tol * scale,
+                                "{what} {name}[{k}]: {p} vs {q}"
+                            );
+                        }
+                    };
+                    close(fs.logits(), fd.logits(), "logits");
+                    let gd = m
+                        .backward_input(&blocks, ModelInput::Dense(&x), &fd, &g)
+                        .unwrap();
+                    let gs = m
+                        .backward_input(&blocks, ModelInput::Sparse(&sx), &fs, &g)
+                        .unwrap();
+                    for ((a, b), name) in gs.iter().zip(&gd).zip(m.param_names()) {
+                        close(a, b, &name);
+                    }
+                }
+                // Wrong shapes of a sparse input are size errors.
+                let short = SparseRows::from_dense(&x[dims.0..], sizes[0] - 1, dims.0).unwrap();
+                let narrow = SparseRows::from_dense(&x[..sizes[0]], sizes[0], 1).unwrap();
+                for bad in [&short, &narrow] {
+                    assert!(matches!(
+                        m.forward_input(&blocks, ModelInput::Sparse(bad), false, 0),
+                        Err(CpuOpsError::SizeMismatch { .. })
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sparse_input_matches_dense_input_f64() {
+    check_sparse_matches_dense::<f64>(1e-10);
+}
+
+#[test]
+fn sparse_input_matches_dense_input_f32() {
+    check_sparse_matches_dense::<f32>(1e-4);
 }
 
 /// An f32 model holding the f64 model's weights, rounded.
@@ -634,5 +752,84 @@ fn bench_two_layer_wordnet_shape() {
             median(tl),
             m.num_params()
         );
+    }
+}
+
+/// Release timing of a 2-layer SAGE on WordNet's shape with ~1% binary input
+/// features, dense input against sparse input: `cargo test --release -p cpu_ops
+/// bench_sparse_input -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing run; use --release"]
+fn bench_sparse_input_wordnet_shape() {
+    use crate::graph::{BuildOptions, CsrGraph};
+    use crate::sampler::{NeighborSampler, SamplerScratch};
+    use std::time::Instant;
+
+    let n = 100_000usize;
+    let mut rng = Rng::new(71);
+    let edges: Vec<(u32, u32)> = (0..1_000_000)
+        .map(|_| (rng.below(n as u64) as u32, rng.below(n as u64) as u32))
+        .collect();
+    let graph = CsrGraph::from_edges(n, &edges, BuildOptions::UNDIRECTED).unwrap();
+    let mut seeds: Vec<u32> = (0..n as u32).collect();
+    rng.shuffle(&mut seeds);
+    seeds.truncate(1024);
+    let sampler = NeighborSampler::new(vec![10, 10]).unwrap();
+    let mut scratch = SamplerScratch::new(n);
+    let batch = sampler.sample(&graph, &seeds, 1, &mut scratch).unwrap();
+    let blocks: Vec<BlockView<'_>> = batch
+        .blocks()
+        .iter()
+        .map(|b| BlockView::new(b.num_src(), b.indptr(), b.indices()).unwrap())
+        .collect();
+    let (in_dim, classes) = (2000, 45);
+    let ns = blocks[0].num_src();
+    let x: Vec<f32> = (0..ns * in_dim)
+        .map(|_| if rng.below(100) == 0 { 1.0 } else { 0.0 })
+        .collect();
+    let t = Instant::now();
+    let sx = SparseRows::from_dense(&x, ns, in_dim).unwrap();
+    let t_build = t.elapsed().as_secs_f64() * 1e3;
+    let g: Vec<f32> = rand_vec(&mut rng, blocks[1].num_dst() * classes);
+    println!(
+        "threads {}, blocks: {} -> {} -> {}, input nnz {} (density {:.4}), from_dense {t_build:.1} ms",
+        rayon::current_num_threads(),
+        ns,
+        blocks[0].num_dst(),
+        blocks[1].num_dst(),
+        sx.nnz(),
+        sx.density()
+    );
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for kind in KINDS {
+        let mut cfg = config(kind, (in_dim, 256, classes), 2, 4);
+        cfg.dropout = 0.5;
+        let m = Model::<f32>::new(&cfg, 1).unwrap();
+        for (name, input) in [
+            ("dense ", ModelInput::Dense(&x)),
+            ("sparse", ModelInput::Sparse(&sx)),
+        ] {
+            let (mut tf, mut tb) = (Vec::new(), Vec::new());
+            for it in 0..4 {
+                let t0 = Instant::now();
+                let fwd = m.forward_input(&blocks, input, true, it).unwrap();
+                let t1 = Instant::now();
+                let grads = m.backward_input(&blocks, input, &fwd, &g).unwrap();
+                let t2 = Instant::now();
+                drop((fwd, grads));
+                if it > 0 {
+                    tf.push((t1 - t0).as_secs_f64() * 1e3);
+                    tb.push((t2 - t1).as_secs_f64() * 1e3);
+                }
+            }
+            let (f, b) = (median(tf), median(tb));
+            println!(
+                "{kind:?} {name}: forward {f:.1} ms + backward {b:.1} ms = {:.1} ms",
+                f + b
+            );
+        }
     }
 }
