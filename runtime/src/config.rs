@@ -140,6 +140,13 @@ pub struct TrainSection {
     pub weight_decay: f64,
     /// Evaluate validation and test accuracy every this many epochs (0: only at the end).
     pub eval_every: usize,
+    /// Input-feature representation for the first layer: `"auto"` keeps a sparse
+    /// (CSR) copy when at most `sparse_threshold` of the values are non-zero (e.g.
+    /// bag-of-words features), `"on"` always, `"off"` never. Results are the same
+    /// either way up to float rounding; sparse skips the multiplications by zero.
+    pub sparse_features: String,
+    /// Density at or below which `sparse_features = "auto"` goes sparse, in [0, 1].
+    pub sparse_threshold: f64,
     /// Seed of initialization, shuffling, sampling and dropout.
     pub seed: u64,
     /// Worker threads (0: all cores).
@@ -158,6 +165,8 @@ impl Default for TrainSection {
             lr: 0.003,
             weight_decay: 0.0,
             eval_every: 1,
+            sparse_features: "auto".into(),
+            sparse_threshold: 0.1,
             seed: 0,
             threads: 0,
         }
@@ -296,6 +305,20 @@ impl TrainConfig {
                 "train.eval_mode",
                 "\"full\" or \"sampled\"",
                 format!("\"{}\"", t.eval_mode),
+            ));
+        }
+        if !["auto", "on", "off"].contains(&t.sparse_features.as_str()) {
+            return Err(range_err(
+                "train.sparse_features",
+                "\"auto\", \"on\" or \"off\"",
+                format!("\"{}\"", t.sparse_features),
+            ));
+        }
+        if !(0.0..=1.0).contains(&t.sparse_threshold) {
+            return Err(range_err(
+                "train.sparse_threshold",
+                "[0, 1]",
+                t.sparse_threshold,
             ));
         }
         if t.batch_size == 0 {

@@ -24,8 +24,8 @@ use std::time::Instant;
 
 use cpu_ops::{
     accuracy_count, derive_seed, gather_rows_into_vec, softmax_cross_entropy, Adam, AdamConfig,
-    BlockView, CpuOpsError, MatMut, MatRef, Model, ModelConfig, NeighborSampler, Optimizer, Rng,
-    SampledBatch, SamplerScratch, WeightDecay,
+    BlockView, CpuOpsError, MatMut, MatRef, Model, ModelConfig, ModelInput, NeighborSampler,
+    Optimizer, Rng, SampledBatch, SamplerScratch, SparseRows, WeightDecay,
 };
 
 use crate::config::TrainConfig;
@@ -75,12 +75,43 @@ pub fn load_dataset(cfg: &TrainConfig) -> Result<Dataset> {
     }
 }
 
+/// Gathered input features of a batch, dense or sparse.
+enum Inputs {
+    Dense(Vec<f32>),
+    Sparse(SparseRows<f32>),
+}
+
+impl Inputs {
+    fn as_model_input(&self) -> ModelInput<'_, f32> {
+        match self {
+            Self::Dense(x) => ModelInput::Dense(x),
+            Self::Sparse(x) => ModelInput::Sparse(x),
+        }
+    }
+}
+
 /// A prepared batch: its seeds, sampled blocks and gathered input features.
 struct Prepared {
     seeds: Vec<u32>,
     batch: SampledBatch,
-    x: Vec<f32>,
+    x: Inputs,
     seed: u64,
+}
+
+/// Fraction of non-zero values, estimated on up to 4096 evenly spaced rows.
+fn feature_density(f: &cpu_ops::FeatureMatrix) -> f64 {
+    let n = f.num_rows();
+    if n == 0 || f.dim() == 0 {
+        return 1.0;
+    }
+    let step = n.div_ceil(4096);
+    let (mut nz, mut total) = (0usize, 0usize);
+    for r in (0..n).step_by(step) {
+        let row = f.row(r);
+        nz += row.iter().filter(|&&v| v != 0.0).count();
+        total += row.len();
+    }
+    nz as f64 / total as f64
 }
 
 /// A model being trained on a dataset.
@@ -92,6 +123,7 @@ pub struct Trainer {
     sampler: NeighborSampler,
     eval_sampler: NeighborSampler,
     scratch: SamplerScratch,
+    sparse: Option<SparseRows<f32>>,
     train_ids: Vec<u32>,
     val_ids: Vec<u32>,
     test_ids: Vec<u32>,
@@ -133,8 +165,23 @@ impl Trainer {
                 what: format!("dataset `{}` has no training vertices", ds.name),
             });
         }
+        let sparse = match cfg.train.sparse_features.as_str() {
+            "on" => true,
+            "auto" => feature_density(&ds.features) <= cfg.train.sparse_threshold,
+            _ => false,
+        };
+        let sparse = if sparse {
+            let f = &ds.features;
+            Some(
+                SparseRows::from_dense(f.as_slice(), f.num_rows(), f.dim())
+                    .map_err(kernel("sparse features"))?,
+            )
+        } else {
+            None
+        };
         Ok(Self {
             scratch: SamplerScratch::new(ds.num_vertices()),
+            sparse,
             val_ids: ds.val_ids(),
             test_ids: ds.test_ids(),
             train_ids,
@@ -163,6 +210,11 @@ impl Trainer {
         &self.cfg
     }
 
+    /// The sparse copy of the features, when the trainer uses one.
+    pub fn sparse_features(&self) -> Option<&SparseRows<f32>> {
+        self.sparse.as_ref()
+    }
+
     /// Optimizer steps taken so far (the weight version).
     pub fn steps(&self) -> u64 {
         self.opt.version()
@@ -170,6 +222,7 @@ impl Trainer {
 
     fn prepare(
         ds: &Dataset,
+        sparse: Option<&SparseRows<f32>>,
         sampler: &NeighborSampler,
         scratch: &mut SamplerScratch,
         seeds: Vec<u32>,
@@ -178,7 +231,12 @@ impl Trainer {
         let batch = sampler
             .sample(&ds.graph, &seeds, seed, scratch)
             .map_err(kernel("sampling"))?;
-        let x = gather_rows_into_vec(&ds.features, batch.input_ids()).map_err(kernel("gather"))?;
+        let x = match sparse {
+            Some(s) => Inputs::Sparse(s.gather(batch.input_ids()).map_err(kernel("gather"))?),
+            None => Inputs::Dense(
+                gather_rows_into_vec(&ds.features, batch.input_ids()).map_err(kernel("gather"))?,
+            ),
+        };
         Ok(Prepared {
             seeds,
             batch,
@@ -209,7 +267,7 @@ impl Trainer {
     ) -> Result<(f64, usize)> {
         let views = Self::views(&p.batch)?;
         let fwd = model
-            .forward_lean(&views, &p.x, true, p.seed)
+            .forward_input(&views, p.x.as_model_input(), true, p.seed)
             .map_err(kernel("forward"))?;
         let (n, c) = (p.seeds.len(), ds.num_classes as usize);
         let labels = Self::labels_of(ds, &p.seeds);
@@ -221,7 +279,7 @@ impl Trainer {
         )
         .map_err(kernel("loss"))?;
         let grads = model
-            .backward_with_input(&views, &p.x, &fwd, &grad)
+            .backward_input(&views, p.x.as_model_input(), &fwd, &grad)
             .map_err(kernel("backward"))?;
         let grad_refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
         opt.step(&mut model.params_mut(), &grad_refs)
@@ -251,10 +309,13 @@ impl Trainer {
             opt,
             sampler,
             scratch,
+            sparse,
             ..
         } = self;
+        let sparse = sparse.as_ref();
         let mut next = Some(Self::prepare(
             ds,
+            sparse,
             sampler,
             scratch,
             batches[0].clone(),
@@ -270,7 +331,8 @@ impl Trainer {
                 || {
                     upcoming
                         .map(|s| {
-                            Self::prepare(ds, sampler, scratch, s, derive_seed(base, k as u64 + 1))
+                            let seed = derive_seed(base, k as u64 + 1);
+                            Self::prepare(ds, sparse, sampler, scratch, s, seed)
                         })
                         .transpose()
                 },
@@ -300,9 +362,13 @@ impl Trainer {
             .map(|_| BlockView::new(n, g.offsets(), g.indices()))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(kernel("full-graph block"))?;
+        let x = match &self.sparse {
+            Some(s) => ModelInput::Sparse(s),
+            None => ModelInput::Dense(self.ds.features.as_slice()),
+        };
         let fwd = self
             .model
-            .forward_lean(&views, self.ds.features.as_slice(), false, 0)
+            .forward_input(&views, x, false, 0)
             .map_err(kernel("full-graph inference"))?;
         Ok(fwd.into_logits())
     }
@@ -351,6 +417,7 @@ impl Trainer {
         for (k, chunk) in ids.chunks(self.cfg.train.eval_batch_size).enumerate() {
             let p = Self::prepare(
                 &self.ds,
+                self.sparse.as_ref(),
                 &self.eval_sampler,
                 &mut self.scratch,
                 chunk.to_vec(),
@@ -359,7 +426,7 @@ impl Trainer {
             let views = Self::views(&p.batch)?;
             let fwd = self
                 .model
-                .forward_lean(&views, &p.x, false, 0)
+                .forward_input(&views, p.x.as_model_input(), false, 0)
                 .map_err(kernel("forward"))?;
             let c = self.ds.num_classes as usize;
             let labels = Self::labels_of(&self.ds, chunk);

@@ -93,3 +93,25 @@ fn full_graph_and_sampled_all_neighbor_eval_agree_for_sage() {
     );
     assert!(test_full > 0.5);
 }
+
+#[test]
+fn sparse_and_dense_features_train_the_same() {
+    // The synthetic features are dense; forcing the sparse path must give the same
+    // run up to float rounding (same batches, same math, other summation order).
+    let a = run(small(
+        "gcn",
+        &["train.epochs=2", "train.sparse_features=off"],
+    ));
+    let b = run(small(
+        "gcn",
+        &["train.epochs=2", "train.sparse_features=on"],
+    ));
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            (x.loss - y.loss).abs() < 1e-3 * x.loss.abs().max(1.0),
+            "{x:?} {y:?}"
+        );
+        let (va, vb) = (x.val_acc.expect("val"), y.val_acc.expect("val"));
+        assert!((va - vb).abs() < 0.01, "{va} vs {vb}");
+    }
+}
