@@ -236,6 +236,7 @@ def main():
         net.train()
         loss_sum, seen, correct, nb = 0.0, 0, 0, 0
         sample_s = 0.0
+        batch_s = []  # wall time of each batch (sample + gather + fwd/bwd/step)
         t0 = time.perf_counter()
         c0 = time.process_time()
         it = iter(loader)
@@ -257,14 +258,19 @@ def main():
             seen += len(y)
             correct += int((logits.argmax(1) == y).sum())
             nb += 1
+            batch_s.append(time.perf_counter() - ts)
             if args.max_batches and nb >= args.max_batches:
                 break
         train_s = time.perf_counter() - t0
-        train_cpu_s = time.process_time() - c0  # CPU seconds of all threads: robust to contention
+        train_cpu_s = time.process_time() - c0  # CPU s of all threads (incl. OpenMP spin-waits)
         rec = {"epoch": epoch, "loss": loss_sum / max(1, seen), "train_s": train_s,
                "sample_s": sample_s, "compute_s": train_s - sample_s, "train_cpu_s": train_cpu_s,
                "batches": nb,
-               "train_acc_sampled": correct / max(1, seen)}
+               "train_acc_sampled": correct / max(1, seen),
+               "loadavg_1min": os.getloadavg()[0]}  # >~0.5 besides us: time is contended
+        rec["batch_s"] = batch_s
+        # Median batch time x batches: an epoch-time estimate robust to intermittent load.
+        rec["median_batch_s"] = float(np.median(batch_s))
         if nb < num_batches:
             rec["extrapolated_train_s"] = train_s / nb * num_batches
         do_eval = epoch == args.epochs - 1 or (args.eval_every > 0 and (epoch + 1) % args.eval_every == 0)
