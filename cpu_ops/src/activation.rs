@@ -136,10 +136,9 @@ pub fn bias_grad<T: Real>(dy: MatRef<'_, T>, dbias: &mut [T], acc: Accumulate) -
 /// ReLU forward in place: `x = max(x, 0)` (NaN stays NaN).
 pub fn relu<T: Real>(x: &mut [T]) {
     for_each_chunk(x, |c| {
+        // A select, not a conditional store, so LLVM vectorizes it.
         for v in c {
-            if *v < T::ZERO {
-                *v = T::ZERO;
-            }
+            *v = if *v < T::ZERO { T::ZERO } else { *v };
         }
     });
 }
@@ -153,9 +152,7 @@ pub fn relu_backward<T: Real>(y: &[T], dy: &mut [T]) -> Result<()> {
     )?;
     for_each_chunk_pair(y, dy, |y, dy| {
         for (g, &o) in dy.iter_mut().zip(y) {
-            if !positive(o) {
-                *g = T::ZERO;
-            }
+            *g = if positive(o) { *g } else { T::ZERO };
         }
     });
     Ok(())

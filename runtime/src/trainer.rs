@@ -23,9 +23,9 @@
 use std::time::Instant;
 
 use cpu_ops::{
-    accuracy_count, derive_seed, gather_rows_into_vec, softmax_cross_entropy, Adam, AdamConfig,
-    BlockView, CpuOpsError, MatMut, MatRef, Model, ModelConfig, ModelInput, NeighborSampler,
-    Optimizer, Rng, SampledBatch, SamplerScratch, SparseRows, WeightDecay,
+    accuracy_count, derive_seed, gather_rows, softmax_cross_entropy, Adam, AdamConfig, BlockView,
+    CpuOpsError, MatMut, MatRef, Model, ModelConfig, ModelInput, NeighborSampler, Optimizer, Rng,
+    SampledBatch, SamplerScratch, SparseRows, WeightDecay,
 };
 
 use crate::config::TrainConfig;
@@ -227,15 +227,22 @@ impl Trainer {
         scratch: &mut SamplerScratch,
         seeds: Vec<u32>,
         seed: u64,
+        mut buf: Vec<f32>,
     ) -> Result<Prepared> {
         let batch = sampler
             .sample(&ds.graph, &seeds, seed, scratch)
             .map_err(kernel("sampling"))?;
         let x = match sparse {
             Some(s) => Inputs::Sparse(s.gather(batch.input_ids()).map_err(kernel("gather"))?),
-            None => Inputs::Dense(
-                gather_rows_into_vec(&ds.features, batch.input_ids()).map_err(kernel("gather"))?,
-            ),
+            None => {
+                // Reuse the buffer of a finished batch: a fresh allocation of tens of
+                // megabytes per batch costs page faults and TLB shootdowns.
+                let ids = batch.input_ids();
+                buf.clear();
+                buf.resize(ids.len() * ds.features.dim(), 0.0);
+                gather_rows(&ds.features, ids, &mut buf).map_err(kernel("gather"))?;
+                Inputs::Dense(buf)
+            }
         };
         Ok(Prepared {
             seeds,
@@ -320,19 +327,22 @@ impl Trainer {
             scratch,
             batches[0].clone(),
             derive_seed(base, 0),
+            Vec::new(),
         )?);
+        let mut spare: Vec<f32> = Vec::new();
         let (mut loss_sum, mut correct, mut seen) = (0.0, 0usize, 0usize);
         for k in 0..total {
             let cur = next.take().ok_or_else(|| Error::InvalidDataset {
                 what: "internal: batch pipeline lost a batch".into(),
             })?;
             let upcoming = batches.get(k + 1).cloned();
+            let buf = std::mem::take(&mut spare);
             let (prepared, step) = rayon::join(
                 || {
                     upcoming
                         .map(|s| {
                             let seed = derive_seed(base, k as u64 + 1);
-                            Self::prepare(ds, sparse, sampler, scratch, s, seed)
+                            Self::prepare(ds, sparse, sampler, scratch, s, seed, buf)
                         })
                         .transpose()
                 },
@@ -343,6 +353,9 @@ impl Trainer {
             loss_sum += l;
             correct += c;
             seen += cur.seeds.len();
+            if let Inputs::Dense(v) = cur.x {
+                spare = v;
+            }
             progress(k + 1, total);
         }
         self.epoch += 1;
@@ -422,6 +435,7 @@ impl Trainer {
                 &mut self.scratch,
                 chunk.to_vec(),
                 derive_seed(self.cfg.train.seed, 7_000_000 + k as u64),
+                Vec::new(),
             )?;
             let views = Self::views(&p.batch)?;
             let fwd = self
