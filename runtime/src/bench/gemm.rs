@@ -344,7 +344,7 @@ mod x86 {
 
     /// `iters × 12` AVX-512 FMAs (`vfmadd213ps` on 12 zmm accumulators); returns a
     /// checksum. Inline assembly rather than `_mm512_*` intrinsics, which need Rust
-    /// 1.89 (the workspace's MSRV is 1.85).
+    /// 1.89 (written when the workspace's MSRV was 1.85).
     ///
     /// # Safety
     /// The CPU must support AVX-512F.
