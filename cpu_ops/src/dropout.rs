@@ -9,9 +9,10 @@
 //!
 //! The mask is a function of `(seed, element index)` only: elements are grouped in
 //! chunks of 4096, chunk `c` draws from `Rng::for_stream(seed, c)`, and element `i`
-//! is kept when its 32-bit draw is `≥ round(p · 2³²)`. The same seed gives the same
-//! mask on any thread count; the caller derives one seed per layer and step (e.g.
-//! with [`crate::derive_seed`]). The mask is kept as bits (1 bit per element) for the
+//! is kept when its 16-bit draw is `≥ round(p · 2¹⁶)` (so `p` is resolved to
+//! 1/65536, far finer than any dropout rate in use, at half the draws of 32-bit).
+//! The same seed gives the same mask on any thread count; the caller derives one
+//! seed per layer and step (e.g. with [`crate::derive_seed`]). The mask is kept as bits (1 bit per element) for the
 //! backward pass.
 
 use rayon::prelude::*;
@@ -19,6 +20,56 @@ use rayon::prelude::*;
 use crate::error::{CpuOpsError, Result};
 use crate::real::Real;
 use crate::rng::Rng;
+use crate::simd::SimdLevel;
+
+/// `x_i *= [bit i of bits] · scale` for up to 64 elements, branch-free; the AVX-512
+/// path does 16 elements per zero-masked multiply when `T` is `f32`. (A dropped
+/// element becomes 0; only a NaN input can tell the paths apart: the masked multiply
+/// gives 0, the portable one NaN.)
+fn apply_mask<T: Real>(xs: &mut [T], bits: u64, scale: T) {
+    #[cfg(target_arch = "x86_64")]
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+        && SimdLevel::detected() == SimdLevel::Avx512
+    {
+        let xs: &mut [f32] = bytemuck::cast_slice_mut(xs);
+        let scale = bytemuck::cast::<T, f32>(scale);
+        // SAFETY: AVX-512F support was just checked at run time.
+        unsafe { apply_mask_avx512(xs, bits, scale) };
+        return;
+    }
+    let factor = [T::ZERO, scale];
+    for (i, v) in xs.iter_mut().enumerate() {
+        *v *= factor[((bits >> i) & 1) as usize];
+    }
+}
+
+/// AVX-512 body of [`apply_mask`]: one zero-masked multiply per 16 elements.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `xs.len() <= 64`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn apply_mask_avx512(xs: &mut [f32], bits: u64, scale: f32) {
+    use std::arch::x86_64::{
+        _mm512_loadu_ps, _mm512_maskz_mul_ps, _mm512_set1_ps, _mm512_storeu_ps,
+    };
+    let s = _mm512_set1_ps(scale);
+    let done = xs.len() - xs.len() % 16;
+    let mut chunks = xs.chunks_exact_mut(16);
+    for (k, c) in (&mut chunks).enumerate() {
+        let m = ((bits >> (16 * k)) & 0xFFFF) as u16;
+        // SAFETY: `c` holds exactly 16 f32s, so the unaligned 64-byte load and store
+        // stay inside it.
+        unsafe {
+            let v = _mm512_loadu_ps(c.as_ptr());
+            _mm512_storeu_ps(c.as_mut_ptr(), _mm512_maskz_mul_ps(m, v, s));
+        }
+    }
+    let factor = [0.0, scale];
+    for (i, v) in xs.iter_mut().enumerate().skip(done) {
+        *v *= factor[((bits >> i) & 1) as usize];
+    }
+}
 
 /// Elements per random stream (a multiple of 64, so chunks own whole mask words).
 const CHUNK: usize = 4096;
@@ -46,30 +97,30 @@ fn check_p(p: f64) -> Result<()> {
 }
 
 /// Fills the mask words of one chunk (stream `chunk`) and applies it to `x`.
+///
+/// Each `next_u64` gives four 16-bit draws, so a 64-element word costs 16 draws; the
+/// mask is built first (integer work only) and applied in a second, branch-free pass
+/// (keep/drop is a coin flip, so a branch on it would mispredict half the time).
 fn chunk_forward<T: Real>(
     x: &mut [T],
     words: &mut [u64],
     seed: u64,
     chunk: usize,
-    threshold: u64,
+    threshold: u32,
     scale: T,
 ) {
     let mut rng = Rng::for_stream(seed, chunk as u64);
-    // Keep/drop is a coin flip, so a branch on it mispredicts half the time; index a
-    // two-entry table instead (branch-free).
-    let factor = [T::ZERO, scale];
     for (xs, word) in x.chunks_mut(64).zip(words.iter_mut()) {
         let mut bits = 0u64;
-        for (pair_idx, pair) in xs.chunks_mut(2).enumerate() {
+        for q in 0..16 {
             let r = rng.next_u64();
-            for (half, v) in pair.iter_mut().enumerate() {
-                let draw = (r >> (32 * half)) & 0xFFFF_FFFF;
-                let keep = (draw >= threshold) as usize;
-                bits |= (keep as u64) << (2 * pair_idx + half);
-                *v *= factor[keep];
+            for lane in 0..4 {
+                let draw = ((r >> (16 * lane)) & 0xFFFF) as u32;
+                bits |= ((draw >= threshold) as u64) << (4 * q + lane);
             }
         }
         *word = bits;
+        apply_mask(xs, bits, scale);
     }
 }
 
@@ -84,8 +135,9 @@ pub fn dropout<T: Real>(x: &mut [T], p: f64, seed: u64) -> Result<DropoutMask> {
         words.fill(u64::MAX);
         return Ok(DropoutMask { words, len, p });
     }
-    // p ∈ (0, 1]: threshold ∈ [1, 2³²]; a draw of 2³² never happens, so p = 1 drops all.
-    let threshold = (p * 4_294_967_296.0).round() as u64;
+    // p ∈ (0, 1]: threshold ∈ [0, 2¹⁶]; a draw of 2¹⁶ never happens, so p = 1 drops
+    // all. p below 2⁻¹⁷ rounds to 0 (keeps all), as a 16-bit draw cannot resolve it.
+    let threshold = (p * 65_536.0).round() as u32;
     let scale = if p < 1.0 {
         T::from_f64(1.0 / (1.0 - p))
     } else {
@@ -127,12 +179,7 @@ impl DropoutMask {
         } else {
             T::ZERO
         };
-        let factor = [T::ZERO, scale];
-        let apply = |(g, word): (&mut [T], &u64)| {
-            for (bit, v) in g.iter_mut().enumerate() {
-                *v *= factor[((word >> bit) & 1) as usize];
-            }
-        };
+        let apply = |(g, word): (&mut [T], &u64)| apply_mask(g, *word, scale);
         if dy.len() < PARALLEL_MIN_LEN {
             dy.chunks_mut(64).zip(&self.words).for_each(apply);
         } else {
@@ -182,6 +229,43 @@ impl DropoutMask {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn simd_f32_path_matches_portable_f64_path() {
+        // f32 takes the AVX-512 masked multiply where the CPU has it, f64 the portable
+        // loop: same mask, same values, for lengths with every kind of tail.
+        for len in [
+            1usize,
+            15,
+            16,
+            17,
+            63,
+            64,
+            65,
+            4095,
+            4096,
+            4097,
+            3 * 65_536 + 7,
+        ] {
+            let xs: Vec<f32> = (0..len).map(|i| (i % 13) as f32 - 6.0).collect();
+            let mut a = xs.clone();
+            let mut b: Vec<f64> = xs.iter().map(|&v| v as f64).collect();
+            let ma = dropout(&mut a, 0.3, 9).unwrap();
+            let mb = dropout(&mut b, 0.3, 9).unwrap();
+            assert_eq!(ma.kept(), mb.kept(), "len {len}");
+            for i in 0..len {
+                assert_eq!(ma.is_kept(i), mb.is_kept(i));
+                assert!((a[i] as f64 - b[i]).abs() < 1e-5, "len {len} i {i}");
+            }
+            let mut ga = vec![1.0f32; len];
+            let mut gb = vec![1.0f64; len];
+            ma.backward(&mut ga).unwrap();
+            mb.backward(&mut gb).unwrap();
+            for i in 0..len {
+                assert!((ga[i] as f64 - gb[i]).abs() < 1e-5);
+            }
+        }
+    }
 
     #[test]
     fn p_zero_is_identity() {
