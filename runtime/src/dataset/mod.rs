@@ -33,6 +33,31 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// Assembles a dataset from owned parts (`masks` = train, val, test) and checks
+    /// that they agree ([`Dataset::validate`]); every importer and generator ends here.
+    pub fn from_parts(
+        name: String,
+        graph: CsrGraph,
+        features: FeatureMatrix,
+        labels: Vec<u32>,
+        num_classes: u32,
+        masks: [Vec<u8>; 3],
+    ) -> Result<Self> {
+        let [train, val, test] = masks;
+        let ds = Self {
+            name,
+            graph,
+            features,
+            labels: labels.into(),
+            num_classes,
+            train_mask: train.into(),
+            val_mask: val.into(),
+            test_mask: test.into(),
+        };
+        ds.validate()?;
+        Ok(ds)
+    }
+
     /// Number of vertices.
     pub fn num_vertices(&self) -> usize {
         self.graph.num_vertices()

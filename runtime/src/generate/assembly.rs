@@ -178,19 +178,14 @@ pub(crate) fn assemble(
         common.signal,
         Stream::Features.seed(common.seed),
     );
-    let [train, val, test] = masks;
-    let ds = Dataset {
-        name: name.to_string(),
+    Dataset::from_parts(
+        name.to_string(),
         graph,
         features,
-        labels: labels.into(),
-        num_classes: common.num_classes,
-        train_mask: train.into(),
-        val_mask: val.into(),
-        test_mask: test.into(),
-    };
-    ds.validate()?;
-    Ok(ds)
+        labels,
+        common.num_classes,
+        masks,
+    )
 }
 
 #[cfg(test)]

@@ -151,21 +151,10 @@ pub fn dataset_from_graph(
             class_features(&labels, num_classes, *dim, *signal, seed)
         }
     };
-    let [train, val, test] =
-        opts.split
-            .apply(&labels, num_classes, derive_seed(opts.seed, SPLIT_STREAM))?;
-    let ds = Dataset {
-        name,
-        graph,
-        features,
-        labels: labels.into(),
-        num_classes,
-        train_mask: train.into(),
-        val_mask: val.into(),
-        test_mask: test.into(),
-    };
-    ds.validate()?;
-    Ok(ds)
+    let masks = opts
+        .split
+        .apply(&labels, num_classes, derive_seed(opts.seed, SPLIT_STREAM))?;
+    Dataset::from_parts(name, graph, features, labels, num_classes, masks)
 }
 
 /// The dataset name for an imported file: its stem (`mdual.graph` → `mdual`).

@@ -108,21 +108,10 @@ pub fn import_npy_dir(dir: &Path) -> Result<Dataset> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "imported".into())
     });
-    let [train, val, test]: [Vec<u8>; 3] = masks
+    let masks: [Vec<u8>; 3] = masks
         .try_into()
         .unwrap_or_else(|_| unreachable!("three masks were pushed"));
-    let ds = Dataset {
-        name,
-        graph,
-        features,
-        labels: labels.into(),
-        num_classes,
-        train_mask: train.into(),
-        val_mask: val.into(),
-        test_mask: test.into(),
-    };
-    ds.validate()?;
-    Ok(ds)
+    Dataset::from_parts(name, graph, features, labels, num_classes, masks)
 }
 
 /// Reads a `(2, E)` edge index over `n` vertices into a CSR (step 3 of the module doc).

@@ -232,19 +232,15 @@ pub fn import_wordnet(opts: &WordNetOptions) -> Result<Dataset> {
     let features = FeatureMatrix::new(values.into(), n, opts.feature_dim)
         .map_err(|e| Error::cpu_ops("WordNet features", e))?;
 
-    let [train, val, test] = opts.split.apply(&labels, NUM_CLASSES, opts.seed)?;
-    let ds = Dataset {
-        name: "wordnet".into(),
+    let masks = opts.split.apply(&labels, NUM_CLASSES, opts.seed)?;
+    Dataset::from_parts(
+        "wordnet".into(),
         graph,
         features,
-        labels: labels.into(),
-        num_classes: NUM_CLASSES,
-        train_mask: train.into(),
-        val_mask: val.into(),
-        test_mask: test.into(),
-    };
-    ds.validate()?;
-    Ok(ds)
+        labels,
+        NUM_CLASSES,
+        masks,
+    )
 }
 
 /// One synset line, borrowing its gloss from the file contents.
