@@ -18,7 +18,7 @@
 use rayon::prelude::*;
 
 use crate::error::{CpuOpsError, Result};
-use crate::real::Real;
+use crate::real::{is_f32, Real};
 use crate::rng::Rng;
 use crate::simd::SimdLevel;
 
@@ -28,17 +28,21 @@ use crate::simd::SimdLevel;
 /// gives 0, the portable one NaN.)
 fn apply_mask<T: Real>(xs: &mut [T], bits: u64, scale: T) {
     #[cfg(target_arch = "x86_64")]
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-        && SimdLevel::detected() == SimdLevel::Avx512
-    {
+    if is_f32::<T>() && SimdLevel::detected() == SimdLevel::Avx512 {
         let xs: &mut [f32] = bytemuck::cast_slice_mut(xs);
         let scale = bytemuck::cast::<T, f32>(scale);
         // SAFETY: AVX-512F support was just checked at run time.
         unsafe { apply_mask_avx512(xs, bits, scale) };
         return;
     }
+    apply_mask_portable(xs, bits, scale, 0);
+}
+
+/// The portable body of [`apply_mask`] from element `from` on: a two-entry table
+/// lookup instead of a branch on the coin flip.
+fn apply_mask_portable<T: Real>(xs: &mut [T], bits: u64, scale: T, from: usize) {
     let factor = [T::ZERO, scale];
-    for (i, v) in xs.iter_mut().enumerate() {
+    for (i, v) in xs.iter_mut().enumerate().skip(from) {
         *v *= factor[((bits >> i) & 1) as usize];
     }
 }
@@ -65,10 +69,7 @@ unsafe fn apply_mask_avx512(xs: &mut [f32], bits: u64, scale: f32) {
             _mm512_storeu_ps(c.as_mut_ptr(), _mm512_maskz_mul_ps(m, v, s));
         }
     }
-    let factor = [0.0, scale];
-    for (i, v) in xs.iter_mut().enumerate().skip(done) {
-        *v *= factor[((bits >> i) & 1) as usize];
-    }
+    apply_mask_portable(xs, bits, scale, done);
 }
 
 /// Elements per random stream (a multiple of 64, so chunks own whole mask words).

@@ -96,6 +96,12 @@ macro_rules! impl_real {
 impl_real!(f32);
 impl_real!(f64);
 
+/// True when `T` is `f32`: the check kernels use to take their SIMD fast paths
+/// (followed by a `bytemuck` cast, which the equal types make exact).
+pub(crate) fn is_f32<T: Real>() -> bool {
+    std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -236,9 +236,9 @@ impl Trainer {
             Some(s) => Inputs::Sparse(s.gather(batch.input_ids()).map_err(kernel("gather"))?),
             None => {
                 // Reuse the buffer of a finished batch: a fresh allocation of tens of
-                // megabytes per batch costs page faults and TLB shootdowns.
+                // megabytes per batch costs page faults and TLB shootdowns. The gather
+                // overwrites every value, so only a grown tail is zero-filled.
                 let ids = batch.input_ids();
-                buf.clear();
                 buf.resize(ids.len() * ds.features.dim(), 0.0);
                 gather_rows(&ds.features, ids, &mut buf).map_err(kernel("gather"))?;
                 Inputs::Dense(buf)

@@ -5,7 +5,7 @@
 //! are `bytemuck` slice casts (no `unsafe`), or a safe `Any` downcast for the owned
 //! GAT state.
 
-use std::any::{Any, TypeId};
+use std::any::Any;
 
 use crate::aggregate::{
     aggregate_backward, aggregate_backward_f32, aggregate_forward, aggregate_forward_f32,
@@ -16,14 +16,10 @@ use crate::attention::{
 };
 use crate::error::{CpuOpsError, Result};
 use crate::matmul::{matmul, matmul_nt, matmul_tn, Accumulate, MatMut, MatRef};
-use crate::real::Real;
+use crate::real::{is_f32, Real};
 use crate::simd::Simd;
 
 use super::ModelInput;
-
-fn is_f32<T: Real>() -> bool {
-    TypeId::of::<T>() == TypeId::of::<f32>()
-}
 
 /// Moves a value of type `A` into type `B` when they are the same type.
 fn same_type<A: 'static, B: 'static>(a: A) -> Result<B> {
