@@ -17,6 +17,16 @@ use crate::error::{Error, Result};
 /// Edges per generation chunk. Fixed: changing it changes every generated graph.
 pub(crate) const EDGE_CHUNK: usize = 1 << 16;
 
+/// Runs `f` on a fresh rayon pool of `threads` workers (determinism tests).
+#[cfg(test)]
+pub(crate) fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool")
+        .install(f)
+}
+
 /// Most edges a generator accepts (the edge list alone would take 2 EiB beyond it).
 pub(crate) const MAX_EDGES: usize = 1 << 58;
 

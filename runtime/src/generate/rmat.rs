@@ -312,7 +312,7 @@ pub fn generate_rmat(opts: &RmatOptions) -> Result<Dataset> {
 mod tests {
     use super::*;
     use crate::dataset::{open_dataset, write_dataset, Verify};
-    use crate::generate::assembly::EDGE_CHUNK;
+    use crate::generate::assembly::{in_pool, EDGE_CHUNK};
     use crate::generate::stats::{centroid_accuracies, GraphStats};
 
     fn small() -> RmatOptions {
@@ -324,14 +324,6 @@ mod tests {
             seed: 7,
             ..RmatOptions::default()
         }
-    }
-
-    fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-            .install(f)
     }
 
     #[test]
