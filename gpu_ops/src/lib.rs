@@ -1,6 +1,17 @@
-//! The accelerator layer of Tandem: device, streams, buffers and the ops the
-//! accelerator runs (sampling, gather through a feature cache, training kernels),
-//! with a `cuda` backend and a `host` backend.
-//!
-//! Not built yet: this crate is an empty member of the workspace until the
-//! accelerator issue lands; nothing depends on its contents.
+//! The accelerator layer of Tandem: one [`Backend`] interface (device memory,
+//! streams, events, pinned host buffers, and the ops of sample → gather → train)
+//! with two implementations:
+//! - `host`: the same ops on host threads through `cpu_ops` — runs everywhere and is
+//!   the reference every CUDA op is tested against;
+//! - `cuda` (cargo feature, on by default): cudarc with dynamic loading, NVRTC-compiled
+//!   kernels from `kernels/*.cu`, cuBLAS, a caching allocator. It builds without CUDA
+//!   installed and reports a missing library or device at run time.
+
+mod backend;
+mod error;
+
+pub use backend::{
+    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev, GatSaved, LossStats,
+    MemoryInfo, TopologyPlacement,
+};
+pub use error::{GpuOpsError, Result};

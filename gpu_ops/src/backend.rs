@@ -1,0 +1,469 @@
+//! The accelerator interface: one trait, two backends (`host`, `cuda`).
+//!
+//! # Contract
+//! 1. **Streams.** Every op below runs on the backend's *compute stream*
+//!    ([`Backend::stream`]) in call order. Copies ([`Backend::upload`],
+//!    [`Backend::download`]) name their stream, so a copy stream can overlap compute;
+//!    order across streams with [`Backend::record_event`] + [`Backend::wait_event`].
+//!    On the host backend every op completes before it returns (streams and events
+//!    only keep time), which trivially satisfies every ordering obligation.
+//! 2. **Shapes.** Matrices are row-major `f32`. An op reads the *prefix* of a buffer
+//!    its shape arguments describe (`rows × cols` elements) and writes the prefix of
+//!    its output, so a buffer may be longer than the op needs (buffers are reused
+//!    across batches) and "the first `n_dst` rows" of a matrix is the same buffer with
+//!    a smaller row count. A buffer shorter than required is a
+//!    [`GpuOpsError::SizeMismatch`], never an out-of-bounds access.
+//! 3. **Results** that the host needs (loss, counts) are returned by value: such an
+//!    op synchronizes the compute stream.
+//! 4. **Determinism.** The host backend is bit-deterministic for a seed. The CUDA
+//!    backend is deterministic except where it says so (atomics in backward
+//!    aggregation sum in any order); sampling and dropout use their own counter-based
+//!    generators, so they agree with the host backend in distribution, not bit by bit.
+
+use std::fmt;
+
+use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix};
+
+use crate::error::Result;
+
+/// Which backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// Host threads through `cpu_ops` (always available).
+    Host,
+    /// An NVIDIA GPU through cudarc.
+    Cuda,
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Host => "host",
+            Self::Cuda => "cuda",
+        })
+    }
+}
+
+/// Element types a device buffer may hold.
+///
+/// Sealed: implemented for `f32`, `u32`, `u64` and `u8`.
+pub trait Elem: bytemuck::Pod + Default + Send + Sync + fmt::Debug + sealed::Sealed {}
+
+impl Elem for f32 {}
+impl Elem for u32 {}
+impl Elem for u64 {}
+impl Elem for u8 {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for u32 {}
+    impl Sealed for u64 {}
+    impl Sealed for u8 {}
+}
+
+/// Device memory, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Free now.
+    pub free: usize,
+    /// Total.
+    pub total: usize,
+}
+
+/// Where a graph's topology lives for device-side sampling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TopologyPlacement {
+    /// Copied into device memory (fastest; costs `8(n+1) + 4m` bytes).
+    #[default]
+    Device,
+    /// Left in (pinned) host memory and read zero-copy over the bus: large graphs.
+    PinnedHost,
+}
+
+/// Hit and miss counts of a [`Backend::gather`] through the feature cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Rows served from the device cache.
+    pub hits: u64,
+    /// Rows read from host memory.
+    pub misses: u64,
+    /// Rows held in the cache now.
+    pub cached_rows: usize,
+    /// Bytes the cached rows occupy (never above `budget_bytes`).
+    pub cached_bytes: usize,
+    /// The cache's byte budget.
+    pub budget_bytes: usize,
+}
+
+impl CacheStats {
+    /// `hits / (hits + misses)`, 0 when nothing was gathered.
+    pub fn hit_rate(&self) -> f64 {
+        let total = self.hits + self.misses;
+        if total == 0 {
+            0.0
+        } else {
+            self.hits as f64 / total as f64
+        }
+    }
+}
+
+/// Adam's hyper-parameters and step for one [`Backend::adam_step`] (PyTorch's
+/// `Adam` with L2 weight decay: `g ← g + λθ`, bias-corrected moments).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamStep {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Denominator term.
+    pub eps: f32,
+    /// L2 weight decay `λ`.
+    pub weight_decay: f32,
+    /// The step number, starting at 1 (bias correction uses it).
+    pub step: u64,
+}
+
+/// Mean loss and correct count of [`Backend::softmax_cross_entropy`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossStats {
+    /// Mean cross-entropy over the rows.
+    pub loss: f64,
+    /// Rows whose arg-max equals the label.
+    pub correct: usize,
+}
+
+/// A sampled mini-batch on a device: blocks bottom first (block `l` feeds layer `l`),
+/// as [`cpu_ops::SampledBatch`] lays them out.
+pub struct DeviceBatch<B: Backend + ?Sized> {
+    /// The blocks, bottom first; block `l`'s destinations are block `l+1`'s sources,
+    /// and the last block's destinations are the seeds.
+    pub blocks: Vec<B::Block>,
+    /// Global ids of each block's sources (`src_ids[l]` has `num_src(blocks[l])`
+    /// entries, destinations first). `src_ids[0]` are the rows to gather.
+    pub src_ids: Vec<B::Buf<u32>>,
+    /// Number of seeds.
+    pub num_seeds: usize,
+}
+
+/// Saved state of [`Backend::gat_forward`], consumed by [`Backend::gat_backward`].
+pub struct GatSaved<B: Backend + ?Sized> {
+    /// Attention output, `num_dst × heads·head_dim`.
+    pub out: B::Buf<f32>,
+    /// Per-edge, per-head attention weights, `num_edges × heads`.
+    pub alpha: B::Buf<f32>,
+    /// Source scores `a_src · z_j`, `num_src × heads`.
+    pub el: B::Buf<f32>,
+    /// Destination scores `a_dst · z_i`, `num_dst × heads`.
+    pub er: B::Buf<f32>,
+}
+
+/// Gradients of [`Backend::gat_backward`].
+pub struct GatGradsDev<B: Backend + ?Sized> {
+    /// `∂L/∂z_src`, `num_src × heads·head_dim`.
+    pub z_src: B::Buf<f32>,
+    /// `∂L/∂a_src`, `heads × head_dim`.
+    pub a_src: B::Buf<f32>,
+    /// `∂L/∂a_dst`, `heads × head_dim`.
+    pub a_dst: B::Buf<f32>,
+}
+
+/// The accelerator: memory, streams, events and the ops of sample → gather → train.
+///
+/// Implemented by [`crate::HostBackend`] (always) and [`crate::CudaBackend`] (the
+/// `cuda` feature; without it, or without a GPU, its constructor returns
+/// [`crate::GpuOpsError::Unavailable`]). Shapes and ordering: the module doc.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A buffer of `T` in device memory.
+    type Buf<T: Elem>: Send + Sync;
+    /// Page-locked host memory the device reads and writes directly.
+    type Pinned<T: Elem>: Send + Sync;
+    /// An ordered queue of work.
+    type Stream: Send + Sync;
+    /// A point in a stream, for ordering and timing.
+    type Event: Send + Sync;
+    /// Topology ready for [`Backend::sample`].
+    type Graph: Send + Sync;
+    /// A block (message-flow graph) ready for aggregation, forward and backward.
+    type Block: Send + Sync;
+    /// Vertex features: a device row cache with a byte budget in front of host rows.
+    type Features: Send + Sync;
+    /// A dropout mask.
+    type Mask: Send + Sync;
+
+    // ---- identity -------------------------------------------------------------
+    /// Which backend this is.
+    fn kind(&self) -> DeviceKind;
+    /// One line naming the device (model, memory, compute capability or SIMD level).
+    fn describe(&self) -> String;
+    /// Free and total device memory.
+    fn memory_info(&self) -> Result<MemoryInfo>;
+
+    // ---- streams and events ---------------------------------------------------
+    /// The compute stream every op runs on.
+    fn stream(&self) -> &Self::Stream;
+    /// A new stream (for copies that overlap compute).
+    fn new_stream(&self) -> Result<Self::Stream>;
+    /// Records an event at the current end of `stream`.
+    fn record_event(&self, stream: &Self::Stream) -> Result<Self::Event>;
+    /// Makes later work on `stream` wait for `event`.
+    fn wait_event(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
+    /// Milliseconds between two completed events.
+    fn elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> Result<f32>;
+    /// Blocks until all work on `stream` is done.
+    fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
+
+    // ---- memory ---------------------------------------------------------------
+    /// A zeroed buffer of `len` elements (from the caching allocator on CUDA).
+    fn alloc<T: Elem>(&self, len: usize) -> Result<Self::Buf<T>>;
+    /// Number of elements of `buf`.
+    fn len<T: Elem>(&self, buf: &Self::Buf<T>) -> usize;
+    /// A zeroed pinned host buffer of `len` elements.
+    fn alloc_pinned<T: Elem>(&self, len: usize) -> Result<Self::Pinned<T>>;
+    /// The host view of a pinned buffer.
+    fn pinned_slice<'a, T: Elem>(&self, p: &'a Self::Pinned<T>) -> &'a [T];
+    /// The mutable host view of a pinned buffer (the caller must not write while a
+    /// copy from it is in flight: synchronize its stream first).
+    fn pinned_slice_mut<'a, T: Elem>(&self, p: &'a mut Self::Pinned<T>) -> &'a mut [T];
+    /// Host → device: `dst[..src.len()] = src`, ordered on `stream`.
+    fn upload<T: Elem>(
+        &self,
+        stream: &Self::Stream,
+        src: &[T],
+        dst: &mut Self::Buf<T>,
+    ) -> Result<()>;
+    /// Pinned host → device, asynchronous on `stream`.
+    fn upload_pinned<T: Elem>(
+        &self,
+        stream: &Self::Stream,
+        src: &Self::Pinned<T>,
+        dst: &mut Self::Buf<T>,
+    ) -> Result<()>;
+    /// Device → host: `dst = src[..dst.len()]`; returns when the copy is done.
+    fn download<T: Elem>(
+        &self,
+        stream: &Self::Stream,
+        src: &Self::Buf<T>,
+        dst: &mut [T],
+    ) -> Result<()>;
+    /// Convenience: a new device buffer holding `src` (compute stream).
+    fn to_device<T: Elem>(&self, src: &[T]) -> Result<Self::Buf<T>> {
+        let mut b = self.alloc(src.len())?;
+        self.upload(self.stream(), src, &mut b)?;
+        Ok(b)
+    }
+    /// Convenience: the first `len` elements of `src` on the host (compute stream).
+    fn to_host<T: Elem>(&self, src: &Self::Buf<T>, len: usize) -> Result<Vec<T>> {
+        let mut v = vec![T::default(); len];
+        self.download(self.stream(), src, &mut v)?;
+        Ok(v)
+    }
+    /// Device → device: `dst[..len] = src[..len]`.
+    fn copy<T: Elem>(&self, src: &Self::Buf<T>, dst: &mut Self::Buf<T>, len: usize) -> Result<()>;
+    /// `buf[..len] = 0`.
+    fn fill_zero<T: Elem>(&self, buf: &mut Self::Buf<T>, len: usize) -> Result<()>;
+
+    // ---- topology and sampling ---------------------------------------------------
+    /// Makes `graph` readable by [`Backend::sample`] from `placement`.
+    fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<Self::Graph>;
+    /// Layered neighbor sampling without replacement from `seeds` (top) downwards,
+    /// `fanouts[l]` neighbors per destination for block `l` (bottom first, DGL's
+    /// order; [`cpu_ops::ALL_NEIGHBORS`] takes all). Each block's sources are its
+    /// destinations followed by the new vertices ([`Backend::unique_relabel`]).
+    fn sample(
+        &self,
+        graph: &Self::Graph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        seed: u64,
+    ) -> Result<DeviceBatch<Self>>;
+    /// Unique ids of `targets ++ candidates` with the targets first in their order
+    /// (they must be distinct) and the other ids in first-occurrence order, plus the
+    /// position of each candidate in that list. Returns `(unique, local, n_unique)`.
+    fn unique_relabel(
+        &self,
+        targets: &Self::Buf<u32>,
+        num_targets: usize,
+        candidates: &Self::Buf<u32>,
+        num_candidates: usize,
+    ) -> Result<(Self::Buf<u32>, Self::Buf<u32>, usize)>;
+    /// A block from host CSR (`indptr` of `num_dst + 1` entries, `indices` below
+    /// `num_src`); validated.
+    fn block_from_host(
+        &self,
+        num_src: usize,
+        indptr: &[u64],
+        indices: &[u32],
+    ) -> Result<Self::Block>;
+    /// `(num_src, num_dst, num_edges)` of a block.
+    fn block_shape(&self, block: &Self::Block) -> (usize, usize, usize);
+
+    // ---- features -----------------------------------------------------------------
+    /// Features for [`Backend::gather`]: rows of `cached` (hottest first) are copied
+    /// into a device cache up to `budget_bytes` (rows past the budget are left out);
+    /// the rest stay in host memory (pinned / registered on CUDA) and are read over
+    /// the bus on a miss.
+    fn load_features(
+        &self,
+        features: &FeatureMatrix,
+        cached: &[u32],
+        budget_bytes: usize,
+    ) -> Result<Self::Features>;
+    /// Changes the cached set: evicts `evict`, then inserts `insert` in order while
+    /// the budget allows. Returns how many of `insert` were cached. Never exceeds the
+    /// budget.
+    fn update_cache(&self, f: &mut Self::Features, insert: &[u32], evict: &[u32]) -> Result<usize>;
+    /// Whether vertex `v`'s row is in the device cache.
+    fn is_cached(&self, f: &Self::Features, v: u32) -> bool;
+    /// Feature width.
+    fn feature_dim(&self, f: &Self::Features) -> usize;
+    /// `out[r] = features[ids[r]]` for `r < n`, through the cache; counts hits/misses.
+    fn gather(
+        &self,
+        f: &Self::Features,
+        ids: &Self::Buf<u32>,
+        n: usize,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<()>;
+    /// Hit/miss counts since load (or the last reset) and the cache's occupancy.
+    fn cache_stats(&self, f: &Self::Features) -> CacheStats;
+    /// Zeroes the hit/miss counters.
+    fn reset_cache_stats(&self, f: &Self::Features);
+
+    /// `out[r] = src[idx[r]]` for `r < n` (rows of width `dim`; device-side row
+    /// selection, e.g. picking a layer's rows by local id).
+    fn index_select_rows(
+        &self,
+        src: &Self::Buf<f32>,
+        dim: usize,
+        idx: &Self::Buf<u32>,
+        n: usize,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<()>;
+    /// `dst[idx[r]] = src[r]` for `r < n` (rows of width `dim`; `idx` distinct), e.g.
+    /// placing historical embeddings of hot vertices into a layer's output.
+    fn index_put_rows(
+        &self,
+        src: &Self::Buf<f32>,
+        dim: usize,
+        idx: &Self::Buf<u32>,
+        n: usize,
+        dst: &mut Self::Buf<f32>,
+    ) -> Result<()>;
+
+    // ---- dense and graph math ----------------------------------------------------
+    /// `C = op(A)·op(B)` (`+ C` when `accumulate`), `C` is `m × n`; `op(A)` is
+    /// `m × k` (`A` stored `k × m` when `trans_a`), `op(B)` is `k × n`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &Self::Buf<f32>,
+        b: &Self::Buf<f32>,
+        c: &mut Self::Buf<f32>,
+        accumulate: bool,
+    ) -> Result<()>;
+    /// `out = A x` over `block` (`x` is `num_src × dim`, `out` `num_dst × dim`),
+    /// [`cpu_ops::aggregate_forward`]'s semantics.
+    fn aggregate_forward(
+        &self,
+        block: &Self::Block,
+        kind: AggregateKind,
+        x: &Self::Buf<f32>,
+        dim: usize,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<()>;
+    /// `grad_x = Aᵀ grad_out` (all `num_src` rows overwritten).
+    fn aggregate_backward(
+        &self,
+        block: &Self::Block,
+        kind: AggregateKind,
+        grad_out: &Self::Buf<f32>,
+        dim: usize,
+        grad_x: &mut Self::Buf<f32>,
+    ) -> Result<()>;
+    /// GAT edge attention ([`cpu_ops::gat_forward`]'s semantics).
+    fn gat_forward(
+        &self,
+        block: &Self::Block,
+        heads: usize,
+        head_dim: usize,
+        z_src: &Self::Buf<f32>,
+        a_src: &Self::Buf<f32>,
+        a_dst: &Self::Buf<f32>,
+    ) -> Result<GatSaved<Self>>;
+    /// GAT attention backward ([`cpu_ops::gat_backward`]'s semantics).
+    #[allow(clippy::too_many_arguments)]
+    fn gat_backward(
+        &self,
+        block: &Self::Block,
+        heads: usize,
+        head_dim: usize,
+        z_src: &Self::Buf<f32>,
+        a_src: &Self::Buf<f32>,
+        a_dst: &Self::Buf<f32>,
+        saved: &GatSaved<Self>,
+        grad_out: &Self::Buf<f32>,
+    ) -> Result<GatGradsDev<Self>>;
+    /// `x[r] += bias` for `r < rows` (`x` is `rows × cols`).
+    fn add_bias(
+        &self,
+        x: &mut Self::Buf<f32>,
+        rows: usize,
+        cols: usize,
+        bias: &Self::Buf<f32>,
+    ) -> Result<()>;
+    /// `dbias (+)= Σ_r dy[r]`.
+    fn bias_grad(
+        &self,
+        dy: &Self::Buf<f32>,
+        rows: usize,
+        cols: usize,
+        dbias: &mut Self::Buf<f32>,
+        accumulate: bool,
+    ) -> Result<()>;
+    /// In-place ReLU on `x[..n]`.
+    fn relu(&self, x: &mut Self::Buf<f32>, n: usize) -> Result<()>;
+    /// `dy[i] *= [y[i] > 0]`.
+    fn relu_backward(&self, y: &Self::Buf<f32>, dy: &mut Self::Buf<f32>, n: usize) -> Result<()>;
+    /// In-place ELU(α) on `x[..n]`.
+    fn elu(&self, x: &mut Self::Buf<f32>, n: usize, alpha: f32) -> Result<()>;
+    /// ELU backward from the output `y`.
+    fn elu_backward(
+        &self,
+        y: &Self::Buf<f32>,
+        dy: &mut Self::Buf<f32>,
+        n: usize,
+        alpha: f32,
+    ) -> Result<()>;
+    /// Inverted dropout with probability `p` on `x[..n]`, stream `seed`.
+    fn dropout(&self, x: &mut Self::Buf<f32>, n: usize, p: f32, seed: u64) -> Result<Self::Mask>;
+    /// Applies `mask` (and its scale) to `dy[..n]`.
+    fn dropout_backward(&self, mask: &Self::Mask, dy: &mut Self::Buf<f32>, n: usize) -> Result<()>;
+    /// Mean softmax cross-entropy of `logits` (`rows × classes`) against `labels`,
+    /// writing `(softmax − onehot)/rows` into `grad` when given. Synchronizes.
+    fn softmax_cross_entropy(
+        &self,
+        logits: &Self::Buf<f32>,
+        rows: usize,
+        classes: usize,
+        labels: &Self::Buf<u32>,
+        grad: Option<&mut Self::Buf<f32>>,
+    ) -> Result<LossStats>;
+    /// One Adam update of `param[..n]` from `grad`, with moments `m`, `v`.
+    fn adam_step(
+        &self,
+        hp: &AdamStep,
+        param: &mut Self::Buf<f32>,
+        grad: &Self::Buf<f32>,
+        m: &mut Self::Buf<f32>,
+        v: &mut Self::Buf<f32>,
+        n: usize,
+    ) -> Result<()>;
+}
