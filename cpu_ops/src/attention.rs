@@ -135,6 +135,75 @@ impl<T: Real> GatForward<T> {
         self.head_dim
     }
 
+    /// Source scores `el[j * heads + h] = a_src_h · z_{j,h}` (`num_src × heads`).
+    pub fn el(&self) -> &[T] {
+        &self.el
+    }
+
+    /// Destination scores `er[i * heads + h] = a_dst_h · z_{i,h}` (`num_dst × heads`).
+    pub fn er(&self) -> &[T] {
+        &self.er
+    }
+
+    /// Takes the state apart: `(out, alpha, el, er)`, as the accessors lay them out.
+    pub fn into_parts(self) -> (Vec<T>, Vec<T>, Vec<T>, Vec<T>) {
+        (self.out, self.alpha, self.el, self.er)
+    }
+
+    /// Rebuilds the state from its parts (e.g. kept in a device backend's buffers
+    /// between forward and backward). Checks that `out` is `num_dst × heads·head_dim`,
+    /// `el` is `num_src × heads`, `er` is `num_dst × heads` and `alpha` holds whole
+    /// edges (a multiple of `heads`); [`gat_backward`] checks `alpha` against the block.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_parts(
+        heads: usize,
+        head_dim: usize,
+        num_src: usize,
+        num_dst: usize,
+        out: Vec<T>,
+        alpha: Vec<T>,
+        el: Vec<T>,
+        er: Vec<T>,
+    ) -> Result<Self> {
+        if heads == 0 || head_dim == 0 {
+            return Err(CpuOpsError::InvalidArgument {
+                name: "heads, head_dim",
+                reason: format!("expected both at least 1, got {heads} and {head_dim}"),
+            });
+        }
+        let width = heads
+            .checked_mul(head_dim)
+            .ok_or_else(|| CpuOpsError::InvalidArgument {
+                name: "heads × head_dim",
+                reason: format!("{heads} × {head_dim} overflows"),
+            })?;
+        check_matrix(
+            "GAT saved out (num_dst × heads·head_dim)",
+            out.len(),
+            num_dst,
+            width,
+        )?;
+        check_matrix("GAT saved el (num_src × heads)", el.len(), num_src, heads)?;
+        check_matrix("GAT saved er (num_dst × heads)", er.len(), num_dst, heads)?;
+        if !alpha.len().is_multiple_of(heads) {
+            return Err(CpuOpsError::SizeMismatch {
+                what: "GAT saved alpha (edges × heads)",
+                expected: alpha.len() / heads * heads,
+                found: alpha.len(),
+            });
+        }
+        Ok(Self {
+            heads,
+            head_dim,
+            num_src,
+            num_dst,
+            out,
+            alpha,
+            el,
+            er,
+        })
+    }
+
     fn check(&self, block: &BlockView<'_>, inp: &GatInputs<'_, T>) -> Result<()> {
         let pairs = [
             ("GAT forward state: heads", inp.heads, self.heads),
@@ -716,5 +785,71 @@ mod tests {
             assert!(gat_backward_f32(s, &b, &ok, &ofwd, &c.g).is_err());
         }
         assert!(gat_backward_f32(s, &b, &ok, &fwd, &c.g).is_ok());
+    }
+
+    #[test]
+    fn state_round_trips_through_its_parts() {
+        let mut rng = Rng::new(37);
+        let c: Case<f32> = Case::new(&mut rng, 9, 21, 6, 2, 5);
+        let b = c.block();
+        let s = Simd::detect();
+        let fwd = gat_forward_f32(s, &b, &c.inputs()).unwrap();
+        let want = gat_backward_f32(s, &b, &c.inputs(), &fwd, &c.g).unwrap();
+        assert_eq!(fwd.el().len(), 21 * 2);
+        assert_eq!(fwd.er().len(), 9 * 2);
+        let (out, alpha, el, er) = fwd.clone().into_parts();
+        let parts = (out.clone(), alpha.clone(), el.clone(), er.clone());
+        let back = GatForward::from_parts(2, 5, 21, 9, out, alpha, el, er).unwrap();
+        assert_eq!(back, fwd);
+        let got = gat_backward_f32(s, &b, &c.inputs(), &back, &c.g).unwrap();
+        assert_eq!(got, want);
+        // Wrong sizes are errors naming the part.
+        let (out, alpha, el, er) = parts;
+        let short = |v: &Vec<f32>| v[1..].to_vec();
+        assert!(GatForward::from_parts(
+            0,
+            5,
+            21,
+            9,
+            out.clone(),
+            alpha.clone(),
+            el.clone(),
+            er.clone()
+        )
+        .is_err());
+        assert!(GatForward::from_parts(
+            2,
+            5,
+            21,
+            9,
+            short(&out),
+            alpha.clone(),
+            el.clone(),
+            er.clone()
+        )
+        .is_err());
+        assert!(GatForward::from_parts(
+            2,
+            5,
+            21,
+            9,
+            out.clone(),
+            short(&alpha),
+            el.clone(),
+            er.clone()
+        )
+        .is_err());
+        assert!(GatForward::from_parts(
+            2,
+            5,
+            21,
+            9,
+            out.clone(),
+            alpha.clone(),
+            short(&el),
+            er.clone()
+        )
+        .is_err());
+        assert!(GatForward::from_parts(2, 5, 21, 9, out, alpha, el, short(&er)).is_err());
     }
 }
