@@ -8,10 +8,16 @@
 //!   installed and reports a missing library or device at run time.
 
 mod backend;
+mod cache;
 mod error;
+mod host;
 
 pub use backend::{
     AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev, GatSaved, LossStats,
     MemoryInfo, TopologyPlacement,
 };
+pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
 pub use error::{GpuOpsError, Result};
+pub use host::{
+    HostBackend, HostBlock, HostBuf, HostEvent, HostFeatures, HostGraph, HostMask, HostStream,
+};

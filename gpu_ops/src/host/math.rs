@@ -1,0 +1,401 @@
+//! Host-backend dense and graph math: each op checks the prefixes it reads and
+//! writes (contract item 2 of [`crate::Backend`]) and runs the `cpu_ops` kernel, the
+//! `f32` SIMD path where one exists. Adam is written out here, operation for
+//! operation as [`cpu_ops::Adam`] with L2 decay does it, so both give the same bits.
+
+use cpu_ops::{AggregateKind, DropoutMask, GatForward, GatInputs, MatMut, MatRef, Simd, Transpose};
+use rayon::prelude::*;
+
+use crate::backend::{AdamStep, GatGradsDev, GatSaved, LossStats};
+use crate::error::{GpuOpsError, Result};
+use crate::host::block::HostBlock;
+use crate::host::buffer::{mul, prefix, prefix_mut, HostBuf};
+use crate::host::HostBackend;
+
+/// A dropout mask of the host backend (one bit per element, and `p`).
+#[derive(Clone, Debug)]
+pub struct HostMask(DropoutMask);
+
+impl HostMask {
+    /// The `cpu_ops` mask.
+    pub fn mask(&self) -> &DropoutMask {
+        &self.0
+    }
+}
+
+fn transpose(t: bool) -> Transpose {
+    if t {
+        Transpose::Yes
+    } else {
+        Transpose::No
+    }
+}
+
+fn accumulate(acc: bool) -> cpu_ops::Accumulate {
+    if acc {
+        cpu_ops::Accumulate::Yes
+    } else {
+        cpu_ops::Accumulate::No
+    }
+}
+
+/// [`crate::Backend::gemm`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    acc: bool,
+) -> Result<()> {
+    let a = prefix("gemm A (m × k)", a, mul("m × k", m, k)?)?;
+    let b = prefix("gemm B (k × n)", b, mul("k × n", k, n)?)?;
+    let c = prefix_mut("gemm C (m × n)", c, mul("m × n", m, n)?)?;
+    let (ar, ac) = if trans_a { (k, m) } else { (m, k) };
+    let (br, bc) = if trans_b { (n, k) } else { (k, n) };
+    cpu_ops::gemm(
+        MatRef::new(a, ar, ac)?,
+        transpose(trans_a),
+        MatRef::new(b, br, bc)?,
+        transpose(trans_b),
+        MatMut::new(c, m, n)?,
+        accumulate(acc),
+    )?;
+    Ok(())
+}
+
+/// [`crate::Backend::aggregate_forward`].
+pub(crate) fn aggregate_forward(
+    simd: Simd,
+    block: &HostBlock,
+    kind: AggregateKind,
+    x: &[f32],
+    dim: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let x = prefix(
+        "aggregate input (num_src × dim)",
+        x,
+        mul("num_src × dim", block.num_src(), dim)?,
+    )?;
+    let out = prefix_mut(
+        "aggregate output (num_dst × dim)",
+        out,
+        mul("num_dst × dim", block.num_dst(), dim)?,
+    )?;
+    cpu_ops::aggregate_forward_f32(simd, block.view(), kind, x, dim, out)?;
+    Ok(())
+}
+
+/// [`crate::Backend::aggregate_backward`].
+pub(crate) fn aggregate_backward(
+    simd: Simd,
+    block: &HostBlock,
+    kind: AggregateKind,
+    grad_out: &[f32],
+    dim: usize,
+    grad_x: &mut [f32],
+) -> Result<()> {
+    let grad_out = prefix(
+        "aggregate output gradient (num_dst × dim)",
+        grad_out,
+        mul("num_dst × dim", block.num_dst(), dim)?,
+    )?;
+    let grad_x = prefix_mut(
+        "aggregate input gradient (num_src × dim)",
+        grad_x,
+        mul("num_src × dim", block.num_src(), dim)?,
+    )?;
+    cpu_ops::aggregate_backward_f32(simd, block.view(), kind, grad_out, dim, grad_x)?;
+    Ok(())
+}
+
+/// The GAT inputs' prefixes; `width = heads · head_dim`.
+fn gat_inputs<'a>(
+    block: &HostBlock,
+    heads: usize,
+    head_dim: usize,
+    z_src: &'a [f32],
+    a_src: &'a [f32],
+    a_dst: &'a [f32],
+) -> Result<(GatInputs<'a, f32>, usize)> {
+    let width = mul("heads × head_dim", heads, head_dim)?;
+    let inp = GatInputs {
+        heads,
+        head_dim,
+        z_src: prefix(
+            "GAT z_src (num_src × heads·head_dim)",
+            z_src,
+            mul("num_src × width", block.num_src(), width)?,
+        )?,
+        a_src: prefix("GAT a_src (heads × head_dim)", a_src, width)?,
+        a_dst: prefix("GAT a_dst (heads × head_dim)", a_dst, width)?,
+    };
+    Ok((inp, width))
+}
+
+/// [`crate::Backend::gat_forward`].
+pub(crate) fn gat_forward(
+    simd: Simd,
+    block: &HostBlock,
+    heads: usize,
+    head_dim: usize,
+    z_src: &[f32],
+    a_src: &[f32],
+    a_dst: &[f32],
+) -> Result<GatSaved<HostBackend>> {
+    let (inp, _) = gat_inputs(block, heads, head_dim, z_src, a_src, a_dst)?;
+    let fwd = cpu_ops::gat_forward_f32(simd, block.view(), &inp)?;
+    let (out, alpha, el, er) = fwd.into_parts();
+    Ok(GatSaved {
+        out: out.into(),
+        alpha: alpha.into(),
+        el: el.into(),
+        er: er.into(),
+    })
+}
+
+/// [`crate::Backend::gat_backward`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gat_backward(
+    simd: Simd,
+    block: &HostBlock,
+    heads: usize,
+    head_dim: usize,
+    z_src: &[f32],
+    a_src: &[f32],
+    a_dst: &[f32],
+    saved: &GatSaved<HostBackend>,
+    grad_out: &[f32],
+) -> Result<GatGradsDev<HostBackend>> {
+    let (inp, width) = gat_inputs(block, heads, head_dim, z_src, a_src, a_dst)?;
+    let (ns, nd, ne) = (block.num_src(), block.num_dst(), block.num_edges());
+    let grad_out = prefix(
+        "GAT output gradient (num_dst × heads·head_dim)",
+        grad_out,
+        mul("num_dst × width", nd, width)?,
+    )?;
+    let part = |what, buf: &HostBuf<f32>, len| prefix(what, buf, len).map(<[f32]>::to_vec);
+    let fwd = GatForward::from_parts(
+        heads,
+        head_dim,
+        ns,
+        nd,
+        part(
+            "GAT saved out (num_dst × heads·head_dim)",
+            &saved.out,
+            mul("num_dst × width", nd, width)?,
+        )?,
+        part(
+            "GAT saved alpha (edges × heads)",
+            &saved.alpha,
+            mul("edges × heads", ne, heads)?,
+        )?,
+        part(
+            "GAT saved el (num_src × heads)",
+            &saved.el,
+            mul("num_src × heads", ns, heads)?,
+        )?,
+        part(
+            "GAT saved er (num_dst × heads)",
+            &saved.er,
+            mul("num_dst × heads", nd, heads)?,
+        )?,
+    )?;
+    let g = cpu_ops::gat_backward_f32(simd, block.view(), &inp, &fwd, grad_out)?;
+    Ok(GatGradsDev {
+        z_src: g.z_src.into(),
+        a_src: g.a_src.into(),
+        a_dst: g.a_dst.into(),
+    })
+}
+
+/// [`crate::Backend::add_bias`].
+pub(crate) fn add_bias(x: &mut [f32], rows: usize, cols: usize, bias: &[f32]) -> Result<()> {
+    let x = prefix_mut(
+        "add_bias x (rows × cols)",
+        x,
+        mul("rows × cols", rows, cols)?,
+    )?;
+    let bias = prefix("add_bias bias (cols)", bias, cols)?;
+    cpu_ops::add_bias(MatMut::new(x, rows, cols)?, bias)?;
+    Ok(())
+}
+
+/// [`crate::Backend::bias_grad`].
+pub(crate) fn bias_grad(
+    dy: &[f32],
+    rows: usize,
+    cols: usize,
+    dbias: &mut [f32],
+    acc: bool,
+) -> Result<()> {
+    let dy = prefix(
+        "bias_grad dy (rows × cols)",
+        dy,
+        mul("rows × cols", rows, cols)?,
+    )?;
+    let dbias = prefix_mut("bias_grad dbias (cols)", dbias, cols)?;
+    cpu_ops::bias_grad(MatRef::new(dy, rows, cols)?, dbias, accumulate(acc))?;
+    Ok(())
+}
+
+/// [`crate::Backend::relu`].
+pub(crate) fn relu(x: &mut [f32], n: usize) -> Result<()> {
+    cpu_ops::relu(prefix_mut("relu x", x, n)?);
+    Ok(())
+}
+
+/// [`crate::Backend::relu_backward`].
+pub(crate) fn relu_backward(y: &[f32], dy: &mut [f32], n: usize) -> Result<()> {
+    let y = prefix("relu_backward y", y, n)?;
+    cpu_ops::relu_backward(y, prefix_mut("relu_backward dy", dy, n)?)?;
+    Ok(())
+}
+
+/// [`crate::Backend::elu`].
+pub(crate) fn elu(x: &mut [f32], n: usize, alpha: f32) -> Result<()> {
+    cpu_ops::elu(prefix_mut("elu x", x, n)?, f64::from(alpha))?;
+    Ok(())
+}
+
+/// [`crate::Backend::elu_backward`].
+pub(crate) fn elu_backward(y: &[f32], dy: &mut [f32], n: usize, alpha: f32) -> Result<()> {
+    let y = prefix("elu_backward y", y, n)?;
+    let dy = prefix_mut("elu_backward dy", dy, n)?;
+    cpu_ops::elu_backward(y, dy, f64::from(alpha))?;
+    Ok(())
+}
+
+/// [`crate::Backend::dropout`].
+pub(crate) fn dropout(x: &mut [f32], n: usize, p: f32, seed: u64) -> Result<HostMask> {
+    let x = prefix_mut("dropout x", x, n)?;
+    Ok(HostMask(cpu_ops::dropout(x, f64::from(p), seed)?))
+}
+
+/// [`crate::Backend::dropout_backward`].
+pub(crate) fn dropout_backward(mask: &HostMask, dy: &mut [f32], n: usize) -> Result<()> {
+    if n != mask.0.len() {
+        return Err(GpuOpsError::SizeMismatch {
+            what: "dropout_backward n (the forward's n)",
+            expected: mask.0.len(),
+            found: n,
+        });
+    }
+    mask.0.backward(prefix_mut("dropout_backward dy", dy, n)?)?;
+    Ok(())
+}
+
+/// [`crate::Backend::softmax_cross_entropy`].
+pub(crate) fn softmax_cross_entropy(
+    logits: &[f32],
+    rows: usize,
+    classes: usize,
+    labels: &[u32],
+    grad: Option<&mut [f32]>,
+) -> Result<LossStats> {
+    let len = mul("rows × classes", rows, classes)?;
+    let logits = prefix("softmax_cross_entropy logits (rows × classes)", logits, len)?;
+    let labels = prefix("softmax_cross_entropy labels (rows)", labels, rows)?;
+    let grad = match grad {
+        Some(g) => Some(MatMut::new(
+            prefix_mut("softmax_cross_entropy grad (rows × classes)", g, len)?,
+            rows,
+            classes,
+        )?),
+        None => None,
+    };
+    let ce = cpu_ops::softmax_cross_entropy(MatRef::new(logits, rows, classes)?, labels, grad)?;
+    Ok(LossStats {
+        loss: ce.loss,
+        correct: ce.correct,
+    })
+}
+
+/// Tensors with fewer elements than this are updated on the calling thread (as in
+/// `cpu_ops::Adam`; the result is element-wise, so this only affects speed).
+const ADAM_PARALLEL_MIN_LEN: usize = 1 << 16;
+/// Elements per parallel Adam task.
+const ADAM_CHUNK_LEN: usize = 1 << 14;
+
+/// Checks Adam's hyper-parameters as [`cpu_ops::Adam::new`] does, plus `step ≥ 1`.
+fn check_adam(hp: &AdamStep) -> Result<()> {
+    let bad = |name: &'static str, v: f32, range: &str| GpuOpsError::InvalidArgument {
+        name,
+        reason: format!("must be finite and {range}, got {v}"),
+    };
+    let unit = |x: f32| (0.0..1.0).contains(&x);
+    if !(hp.lr.is_finite() && hp.lr >= 0.0) {
+        return Err(bad("lr", hp.lr, ">= 0"));
+    }
+    if !unit(hp.beta1) {
+        return Err(bad("beta1", hp.beta1, "in [0, 1)"));
+    }
+    if !unit(hp.beta2) {
+        return Err(bad("beta2", hp.beta2, "in [0, 1)"));
+    }
+    if !(hp.eps.is_finite() && hp.eps >= 0.0) {
+        return Err(bad("eps", hp.eps, ">= 0"));
+    }
+    if !(hp.weight_decay.is_finite() && hp.weight_decay >= 0.0) {
+        return Err(bad("weight_decay", hp.weight_decay, ">= 0"));
+    }
+    if hp.step == 0 {
+        return Err(GpuOpsError::InvalidArgument {
+            name: "step",
+            reason: "Adam steps count from 1".into(),
+        });
+    }
+    Ok(())
+}
+
+/// [`crate::Backend::adam_step`]: `cpu_ops::Adam`'s update with L2 decay, the scalar
+/// factors computed in `f64` from the `f32` hyper-parameters, the element update in
+/// `f32` in the same order of operations.
+pub(crate) fn adam_step(
+    hp: &AdamStep,
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    n: usize,
+) -> Result<()> {
+    check_adam(hp)?;
+    let param = prefix_mut("adam_step param", param, n)?;
+    let grad = prefix("adam_step grad", grad, n)?;
+    let m = prefix_mut("adam_step m", m, n)?;
+    let v = prefix_mut("adam_step v", v, n)?;
+    let (lr, beta1, beta2) = (f64::from(hp.lr), f64::from(hp.beta1), f64::from(hp.beta2));
+    let t = hp.step.min(i32::MAX as u64) as i32;
+    let bias1 = 1.0 - beta1.powi(t);
+    let bias2_sqrt = (1.0 - beta2.powi(t)).sqrt();
+    let step_size = (lr / bias1) as f32;
+    let inv_bias2_sqrt = (1.0 / bias2_sqrt) as f32;
+    let (b1, b2) = (beta1 as f32, beta2 as f32);
+    let (one_b1, one_b2) = ((1.0 - beta1) as f32, (1.0 - beta2) as f32);
+    let eps = f64::from(hp.eps) as f32;
+    let l2 = f64::from(hp.weight_decay) as f32;
+    let update = |p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
+        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+            let g = g + l2 * *p;
+            *m = b1 * *m + one_b1 * g;
+            *v = b2 * *v + one_b2 * g * g;
+            *p -= step_size * *m / (v.sqrt() * inv_bias2_sqrt + eps);
+        }
+    };
+    if n < ADAM_PARALLEL_MIN_LEN {
+        update(param, grad, m, v);
+    } else {
+        param
+            .par_chunks_mut(ADAM_CHUNK_LEN)
+            .zip(grad.par_chunks(ADAM_CHUNK_LEN))
+            .zip(m.par_chunks_mut(ADAM_CHUNK_LEN))
+            .zip(v.par_chunks_mut(ADAM_CHUNK_LEN))
+            .for_each(|(((p, g), m), v)| update(p, g, m, v));
+    }
+    Ok(())
+}

@@ -1,0 +1,431 @@
+//! The `host` backend: every [`Backend`] op on host threads through `cpu_ops`
+//! (rayon's current pool, `f32` SIMD at the level [`Simd::detect`] finds).
+//!
+//! It runs everywhere and is the reference the CUDA backend is tested against
+//! (`tests/parity.rs`). Buffers are host vectors ([`HostBuf`], also the pinned
+//! type); every op completes before it returns, so streams and events only keep time
+//! and every ordering obligation of the contract holds trivially. It is
+//! bit-deterministic for a seed, whatever the thread count.
+//!
+//! Files by op family: [`buffer`](self::buffer) (buffers, streams, events, prefix
+//! checks), `memory` (copies, `/proc/meminfo`), `block` (validated blocks with a
+//! cached transpose), `sample` (sampling, relabel), `features` (feature cache, gather,
+//! row selection), `math` (dense and graph math, loss, Adam).
+
+mod block;
+mod buffer;
+mod features;
+mod math;
+mod memory;
+mod sample;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, Simd};
+
+use crate::backend::{
+    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev, GatSaved, LossStats,
+    MemoryInfo, TopologyPlacement,
+};
+use crate::error::Result;
+
+pub use block::HostBlock;
+pub use buffer::{HostBuf, HostEvent, HostStream};
+pub use features::HostFeatures;
+pub use math::HostMask;
+pub use sample::HostGraph;
+
+/// The host backend (see the module doc). Cheap to create; holds no threads of its
+/// own (ops run on rayon's current pool).
+#[derive(Debug)]
+pub struct HostBackend {
+    simd: Simd,
+    compute: HostStream,
+    next_stream: AtomicU64,
+}
+
+impl HostBackend {
+    /// A backend using the fastest SIMD level of this CPU.
+    pub fn new() -> Self {
+        Self::with_simd(Simd::detect())
+    }
+
+    /// A backend using a chosen SIMD level (e.g. [`Simd::scalar`] in tests).
+    pub fn with_simd(simd: Simd) -> Self {
+        Self {
+            simd,
+            compute: HostStream::new(0),
+            next_stream: AtomicU64::new(1),
+        }
+    }
+
+    /// The SIMD level its kernels run at.
+    pub fn simd(&self) -> Simd {
+        self.simd
+    }
+}
+
+impl Default for HostBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backend for HostBackend {
+    type Buf<T: Elem> = HostBuf<T>;
+    type Pinned<T: Elem> = HostBuf<T>;
+    type Stream = HostStream;
+    type Event = HostEvent;
+    type Graph = HostGraph;
+    type Block = HostBlock;
+    type Features = HostFeatures;
+    type Mask = HostMask;
+
+    // ---- identity -------------------------------------------------------------
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Host
+    }
+
+    fn describe(&self) -> String {
+        let mem = match memory::memory_info() {
+            Ok(m) => format!("{:.1} GiB memory", m.total as f64 / (1u64 << 30) as f64),
+            Err(_) => "memory size unknown".into(),
+        };
+        format!(
+            "host CPU: {} rayon threads, SIMD {}, {mem}",
+            rayon::current_num_threads(),
+            self.simd.level()
+        )
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo> {
+        memory::memory_info()
+    }
+
+    // ---- streams and events ---------------------------------------------------
+    fn stream(&self) -> &HostStream {
+        &self.compute
+    }
+
+    fn new_stream(&self) -> Result<HostStream> {
+        Ok(HostStream::new(
+            self.next_stream.fetch_add(1, Ordering::Relaxed),
+        ))
+    }
+
+    fn record_event(&self, _stream: &HostStream) -> Result<HostEvent> {
+        Ok(HostEvent::now())
+    }
+
+    fn wait_event(&self, _stream: &HostStream, _event: &HostEvent) -> Result<()> {
+        // The event's work completed before it was recorded.
+        Ok(())
+    }
+
+    fn elapsed_ms(&self, start: &HostEvent, end: &HostEvent) -> Result<f32> {
+        Ok(end.ms_since(start))
+    }
+
+    fn synchronize(&self, _stream: &HostStream) -> Result<()> {
+        Ok(())
+    }
+
+    // ---- memory ---------------------------------------------------------------
+    fn alloc<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        HostBuf::zeroed(len)
+    }
+
+    fn len<T: Elem>(&self, buf: &HostBuf<T>) -> usize {
+        buf.as_slice().len()
+    }
+
+    fn alloc_pinned<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        HostBuf::zeroed(len)
+    }
+
+    fn pinned_slice<'a, T: Elem>(&self, p: &'a HostBuf<T>) -> &'a [T] {
+        p.as_slice()
+    }
+
+    fn pinned_slice_mut<'a, T: Elem>(&self, p: &'a mut HostBuf<T>) -> &'a mut [T] {
+        p.as_mut_slice()
+    }
+
+    fn upload<T: Elem>(&self, _stream: &HostStream, src: &[T], dst: &mut HostBuf<T>) -> Result<()> {
+        memory::upload(src, dst)
+    }
+
+    fn upload_pinned<T: Elem>(
+        &self,
+        _stream: &HostStream,
+        src: &HostBuf<T>,
+        dst: &mut HostBuf<T>,
+    ) -> Result<()> {
+        memory::upload(src, dst)
+    }
+
+    fn download<T: Elem>(
+        &self,
+        _stream: &HostStream,
+        src: &HostBuf<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        memory::download(src, dst)
+    }
+
+    fn copy<T: Elem>(&self, src: &HostBuf<T>, dst: &mut HostBuf<T>, len: usize) -> Result<()> {
+        memory::copy(src, dst, len)
+    }
+
+    fn fill_zero<T: Elem>(&self, buf: &mut HostBuf<T>, len: usize) -> Result<()> {
+        memory::fill_zero(buf, len)
+    }
+
+    // ---- topology and sampling ---------------------------------------------------
+    /// The topology stays in host memory whatever `placement` asks: on this backend
+    /// both placements are the same memory.
+    fn load_graph(&self, graph: &CsrGraph, _placement: TopologyPlacement) -> Result<HostGraph> {
+        Ok(HostGraph::new(graph))
+    }
+
+    fn sample(
+        &self,
+        graph: &HostGraph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        seed: u64,
+    ) -> Result<DeviceBatch<Self>> {
+        sample::sample(graph, seeds, fanouts, seed)
+    }
+
+    fn unique_relabel(
+        &self,
+        targets: &HostBuf<u32>,
+        num_targets: usize,
+        candidates: &HostBuf<u32>,
+        num_candidates: usize,
+    ) -> Result<(HostBuf<u32>, HostBuf<u32>, usize)> {
+        sample::unique_relabel(targets, num_targets, candidates, num_candidates)
+    }
+
+    fn block_from_host(
+        &self,
+        num_src: usize,
+        indptr: &[u64],
+        indices: &[u32],
+    ) -> Result<HostBlock> {
+        HostBlock::new(num_src, indptr.to_vec(), indices.to_vec())
+    }
+
+    fn block_shape(&self, block: &HostBlock) -> (usize, usize, usize) {
+        (block.num_src(), block.num_dst(), block.num_edges())
+    }
+
+    // ---- features -----------------------------------------------------------------
+    fn load_features(
+        &self,
+        features: &FeatureMatrix,
+        cached: &[u32],
+        budget_bytes: usize,
+    ) -> Result<HostFeatures> {
+        HostFeatures::load(features, cached, budget_bytes)
+    }
+
+    fn update_cache(&self, f: &mut HostFeatures, insert: &[u32], evict: &[u32]) -> Result<usize> {
+        f.update(insert, evict)
+    }
+
+    fn is_cached(&self, f: &HostFeatures, v: u32) -> bool {
+        f.policy().is_cached(v)
+    }
+
+    fn feature_dim(&self, f: &HostFeatures) -> usize {
+        f.policy().dim()
+    }
+
+    fn gather(
+        &self,
+        f: &HostFeatures,
+        ids: &HostBuf<u32>,
+        n: usize,
+        out: &mut HostBuf<f32>,
+    ) -> Result<()> {
+        f.gather(ids, n, out)
+    }
+
+    fn cache_stats(&self, f: &HostFeatures) -> CacheStats {
+        f.policy().stats()
+    }
+
+    fn reset_cache_stats(&self, f: &HostFeatures) {
+        f.policy().reset_stats()
+    }
+
+    fn index_select_rows(
+        &self,
+        src: &HostBuf<f32>,
+        dim: usize,
+        idx: &HostBuf<u32>,
+        n: usize,
+        out: &mut HostBuf<f32>,
+    ) -> Result<()> {
+        features::index_select_rows(src, dim, idx, n, out)
+    }
+
+    fn index_put_rows(
+        &self,
+        src: &HostBuf<f32>,
+        dim: usize,
+        idx: &HostBuf<u32>,
+        n: usize,
+        dst: &mut HostBuf<f32>,
+    ) -> Result<()> {
+        features::index_put_rows(src, dim, idx, n, dst)
+    }
+
+    // ---- dense and graph math ----------------------------------------------------
+    fn gemm(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &HostBuf<f32>,
+        b: &HostBuf<f32>,
+        c: &mut HostBuf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        math::gemm(trans_a, trans_b, m, n, k, a, b, c, accumulate)
+    }
+
+    fn aggregate_forward(
+        &self,
+        block: &HostBlock,
+        kind: AggregateKind,
+        x: &HostBuf<f32>,
+        dim: usize,
+        out: &mut HostBuf<f32>,
+    ) -> Result<()> {
+        math::aggregate_forward(self.simd, block, kind, x, dim, out)
+    }
+
+    fn aggregate_backward(
+        &self,
+        block: &HostBlock,
+        kind: AggregateKind,
+        grad_out: &HostBuf<f32>,
+        dim: usize,
+        grad_x: &mut HostBuf<f32>,
+    ) -> Result<()> {
+        math::aggregate_backward(self.simd, block, kind, grad_out, dim, grad_x)
+    }
+
+    fn gat_forward(
+        &self,
+        block: &HostBlock,
+        heads: usize,
+        head_dim: usize,
+        z_src: &HostBuf<f32>,
+        a_src: &HostBuf<f32>,
+        a_dst: &HostBuf<f32>,
+    ) -> Result<GatSaved<Self>> {
+        math::gat_forward(self.simd, block, heads, head_dim, z_src, a_src, a_dst)
+    }
+
+    fn gat_backward(
+        &self,
+        block: &HostBlock,
+        heads: usize,
+        head_dim: usize,
+        z_src: &HostBuf<f32>,
+        a_src: &HostBuf<f32>,
+        a_dst: &HostBuf<f32>,
+        saved: &GatSaved<Self>,
+        grad_out: &HostBuf<f32>,
+    ) -> Result<GatGradsDev<Self>> {
+        math::gat_backward(
+            self.simd, block, heads, head_dim, z_src, a_src, a_dst, saved, grad_out,
+        )
+    }
+
+    fn add_bias(
+        &self,
+        x: &mut HostBuf<f32>,
+        rows: usize,
+        cols: usize,
+        bias: &HostBuf<f32>,
+    ) -> Result<()> {
+        math::add_bias(x, rows, cols, bias)
+    }
+
+    fn bias_grad(
+        &self,
+        dy: &HostBuf<f32>,
+        rows: usize,
+        cols: usize,
+        dbias: &mut HostBuf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        math::bias_grad(dy, rows, cols, dbias, accumulate)
+    }
+
+    fn relu(&self, x: &mut HostBuf<f32>, n: usize) -> Result<()> {
+        math::relu(x, n)
+    }
+
+    fn relu_backward(&self, y: &HostBuf<f32>, dy: &mut HostBuf<f32>, n: usize) -> Result<()> {
+        math::relu_backward(y, dy, n)
+    }
+
+    fn elu(&self, x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+        math::elu(x, n, alpha)
+    }
+
+    fn elu_backward(
+        &self,
+        y: &HostBuf<f32>,
+        dy: &mut HostBuf<f32>,
+        n: usize,
+        alpha: f32,
+    ) -> Result<()> {
+        math::elu_backward(y, dy, n, alpha)
+    }
+
+    fn dropout(&self, x: &mut HostBuf<f32>, n: usize, p: f32, seed: u64) -> Result<HostMask> {
+        math::dropout(x, n, p, seed)
+    }
+
+    fn dropout_backward(&self, mask: &HostMask, dy: &mut HostBuf<f32>, n: usize) -> Result<()> {
+        math::dropout_backward(mask, dy, n)
+    }
+
+    fn softmax_cross_entropy(
+        &self,
+        logits: &HostBuf<f32>,
+        rows: usize,
+        classes: usize,
+        labels: &HostBuf<u32>,
+        grad: Option<&mut HostBuf<f32>>,
+    ) -> Result<LossStats> {
+        math::softmax_cross_entropy(
+            logits,
+            rows,
+            classes,
+            labels,
+            grad.map(|g| g.as_mut_slice()),
+        )
+    }
+
+    fn adam_step(
+        &self,
+        hp: &AdamStep,
+        param: &mut HostBuf<f32>,
+        grad: &HostBuf<f32>,
+        m: &mut HostBuf<f32>,
+        v: &mut HostBuf<f32>,
+        n: usize,
+    ) -> Result<()> {
+        math::adam_step(hp, param, grad, m, v, n)
+    }
+}

@@ -1,0 +1,222 @@
+//! Host-backend topology and sampling: [`cpu_ops::NeighborSampler`] on the graph
+//! kept in host memory, and the first-occurrence relabel of
+//! [`crate::Backend::unique_relabel`].
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+
+use cpu_ops::{CsrGraph, NeighborSampler, SamplerScratch};
+
+use crate::backend::DeviceBatch;
+use crate::error::{GpuOpsError, Result};
+use crate::host::block::HostBlock;
+use crate::host::buffer::{prefix, HostBuf};
+use crate::host::HostBackend;
+
+/// A graph ready for [`crate::Backend::sample`] on the host backend.
+///
+/// It holds a clone of the [`CsrGraph`] (cheap for a memory-mapped graph, a copy for
+/// an owned one) and a pool of sampler scratch arrays, one per concurrent `sample`
+/// call: a call takes one (or makes one) and puts it back, so calls on several threads
+/// never wait for each other.
+#[derive(Debug)]
+pub struct HostGraph {
+    graph: CsrGraph,
+    scratch: Mutex<Vec<SamplerScratch>>,
+}
+
+impl HostGraph {
+    pub(crate) fn new(graph: &CsrGraph) -> Self {
+        Self {
+            graph: graph.clone(),
+            scratch: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The topology.
+    pub fn graph(&self) -> &CsrGraph {
+        &self.graph
+    }
+
+    /// A scratch from the pool, or a new one. (The lock only guards a push or a pop,
+    /// which cannot leave the pool half-changed, so a poisoned lock is still usable.)
+    fn take_scratch(&self) -> SamplerScratch {
+        let mut pool = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        pool.pop()
+            .unwrap_or_else(|| SamplerScratch::new(self.graph.num_vertices()))
+    }
+
+    fn put_scratch(&self, s: SamplerScratch) {
+        let mut pool = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        pool.push(s);
+    }
+}
+
+/// [`crate::Backend::sample`]: layered sampling from `seeds` down, one block per
+/// fanout (bottom first), deterministic for `seed` on any thread count.
+pub(crate) fn sample(
+    g: &HostGraph,
+    seeds: &[u32],
+    fanouts: &[u32],
+    seed: u64,
+) -> Result<DeviceBatch<HostBackend>> {
+    let sampler = NeighborSampler::new(fanouts.to_vec())?;
+    let mut scratch = g.take_scratch();
+    let batch = sampler.sample(&g.graph, seeds, seed, &mut scratch);
+    // The sampler leaves its scratch clean on success and on error.
+    g.put_scratch(scratch);
+    let (_, blocks) = batch?.into_parts();
+    let mut out = DeviceBatch {
+        blocks: Vec::with_capacity(blocks.len()),
+        src_ids: Vec::with_capacity(blocks.len()),
+        num_seeds: seeds.len(),
+    };
+    for b in blocks {
+        let (_, src_ids, indptr, indices) = b.into_parts();
+        out.blocks
+            .push(HostBlock::new(src_ids.len(), indptr, indices)?);
+        out.src_ids.push(HostBuf::from_vec(src_ids));
+    }
+    Ok(out)
+}
+
+/// A hasher for `u32` keys: one multiply by a 64-bit odd constant (Fibonacci
+/// hashing), plenty for vertex ids and much cheaper than SipHash.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (u64::from(v) ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// [`crate::Backend::unique_relabel`]: `targets[..num_targets]` (distinct) first,
+/// then the other ids of `candidates[..num_candidates]` in first-occurrence order;
+/// `local[c]` is candidate `c`'s position in that list.
+pub(crate) fn unique_relabel(
+    targets: &HostBuf<u32>,
+    num_targets: usize,
+    candidates: &HostBuf<u32>,
+    num_candidates: usize,
+) -> Result<(HostBuf<u32>, HostBuf<u32>, usize)> {
+    let targets = prefix("unique_relabel targets", targets, num_targets)?;
+    let candidates = prefix("unique_relabel candidates", candidates, num_candidates)?;
+    if num_targets.saturating_add(num_candidates) > u32::MAX as usize {
+        return Err(GpuOpsError::InvalidArgument {
+            name: "num_targets + num_candidates",
+            reason: format!("{num_targets} + {num_candidates} ids do not fit u32 local ids"),
+        });
+    }
+    let mut pos: HashMap<u32, u32, BuildHasherDefault<IdHasher>> = HashMap::default();
+    pos.reserve(num_targets + num_candidates);
+    let mut unique = Vec::with_capacity(num_targets + num_candidates);
+    for (i, &t) in targets.iter().enumerate() {
+        if let Some(&first) = pos.get(&t) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "targets",
+                reason: format!(
+                    "vertex {t} appears at positions {first} and {i}; targets must be distinct"
+                ),
+            });
+        }
+        // Fits u32: checked above.
+        pos.insert(t, i as u32);
+        unique.push(t);
+    }
+    let mut local = Vec::with_capacity(num_candidates);
+    for &c in candidates {
+        let next = unique.len() as u32;
+        let id = *pos.entry(c).or_insert(next);
+        if id == next {
+            unique.push(c);
+        }
+        local.push(id);
+    }
+    let n = unique.len();
+    Ok((HostBuf::from_vec(unique), HostBuf::from_vec(local), n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cpu_ops::BuildOptions;
+
+    fn buf(v: &[u32]) -> HostBuf<u32> {
+        HostBuf::from_vec(v.to_vec())
+    }
+
+    #[test]
+    fn relabel_puts_targets_first_then_first_occurrences() {
+        let (u, l, n) =
+            unique_relabel(&buf(&[7, 3, 99]), 2, &buf(&[5, 3, 9, 5, 7, 1, 0]), 6).unwrap();
+        assert_eq!(n, 5);
+        assert_eq!(&u[..n], &[7, 3, 5, 9, 1]);
+        assert_eq!(&l[..6], &[2, 1, 3, 2, 0, 4]);
+        let (u, l, n) = unique_relabel(&buf(&[]), 0, &buf(&[4, 4]), 2).unwrap();
+        assert_eq!((&u[..n], &l[..2]), (&[4][..], &[0, 0][..]));
+    }
+
+    #[test]
+    fn relabel_rejects_repeated_targets_and_short_buffers() {
+        let err = unique_relabel(&buf(&[1, 2, 1]), 3, &buf(&[]), 0).unwrap_err();
+        assert!(
+            matches!(err, GpuOpsError::InvalidArgument { name: "targets", ref reason } if reason.contains("vertex 1")),
+            "{err}"
+        );
+        assert!(matches!(
+            unique_relabel(&buf(&[1]), 2, &buf(&[]), 0),
+            Err(GpuOpsError::SizeMismatch {
+                expected: 2,
+                found: 1,
+                ..
+            })
+        ));
+        assert!(matches!(
+            unique_relabel(&buf(&[1]), 1, &buf(&[3]), 2),
+            Err(GpuOpsError::SizeMismatch {
+                expected: 2,
+                found: 1,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn sampling_reuses_scratch_and_reports_bad_seeds() {
+        let edges: Vec<(u32, u32)> = (0..50).map(|v| (v, (v * 7 + 3) % 50)).collect();
+        let g = CsrGraph::from_edges(50, &edges, BuildOptions::UNDIRECTED).unwrap();
+        let hg = HostGraph::new(&g);
+        let a = sample(&hg, &[1, 2, 3], &[2, 3], 9).unwrap();
+        let b = sample(&hg, &[1, 2, 3], &[2, 3], 9).unwrap();
+        assert_eq!(a.blocks.len(), 2);
+        assert_eq!(a.num_seeds, 3);
+        for (x, y) in a.blocks.iter().zip(&b.blocks) {
+            assert_eq!((x.indptr(), x.indices()), (y.indptr(), y.indices()));
+        }
+        assert_eq!(hg.scratch.lock().unwrap().len(), 1, "one scratch reused");
+        assert!(matches!(
+            sample(&hg, &[50], &[2], 0),
+            Err(GpuOpsError::CpuOps(
+                cpu_ops::CpuOpsError::VertexOutOfRange { .. }
+            ))
+        ));
+        assert!(sample(&hg, &[4, 4], &[2], 0).is_err());
+        assert!(sample(&hg, &[4], &[], 0).is_err());
+        assert!(sample(&hg, &[4], &[0], 0).is_err());
+        // The pool still works after errors.
+        let c = sample(&hg, &[1, 2, 3], &[2, 3], 9).unwrap();
+        assert_eq!(c.blocks[0].indices(), a.blocks[0].indices());
+    }
+}
