@@ -297,6 +297,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
         indptr: &[u64],
         indices: &[u32],
     ) -> Result<Self::Block>;
+    /// The block with a self-loop per destination: destination `i` reads `N(i)`
+    /// followed by source `i` (GCN's augmented block; `cpu_ops`' GCN layer builds
+    /// the same on the host).
+    fn add_self_loops(&self, block: &Self::Block) -> Result<Self::Block>;
     /// `(num_src, num_dst, num_edges)` of a block.
     fn block_shape(&self, block: &Self::Block) -> (usize, usize, usize);
 

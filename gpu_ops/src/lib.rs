@@ -9,9 +9,11 @@
 
 mod backend;
 mod error;
+mod model;
 
 pub use backend::{
     AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev, GatSaved, LossStats,
     MemoryInfo, TopologyPlacement,
 };
 pub use error::{GpuOpsError, Result};
+pub use model::{DeviceForward, DeviceModel};
