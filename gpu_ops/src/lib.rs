@@ -16,4 +16,4 @@ pub use backend::{
     MemoryInfo, TopologyPlacement,
 };
 pub use error::{GpuOpsError, Result};
-pub use model::{DeviceForward, DeviceModel};
+pub use model::{AdamMoments, DeviceForward, DeviceModel};

@@ -114,6 +114,17 @@ impl<B: Backend> DeviceForward<B> {
     }
 }
 
+/// Adam's state for [`DeviceModel::load`]: moments per tensor and the step count.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamMoments<'a> {
+    /// First moments, one slice per parameter tensor.
+    pub m: &'a [&'a [f32]],
+    /// Second moments, one slice per parameter tensor.
+    pub v: &'a [&'a [f32]],
+    /// Optimizer steps taken.
+    pub steps: u64,
+}
+
 /// Gradients of one layer's input and the layer's parameters.
 type LayerGrad<B> = Option<<B as Backend>::Buf<f32>>;
 
@@ -222,6 +233,17 @@ impl<B: Backend> DeviceModel<B> {
             .collect()
     }
 
+    /// Adam's moments `(m, v)`, copied to the host, in parameter order.
+    pub fn moments_to_host(&self, dev: &B) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+        let get = |bufs: &[B::Buf<f32>]| -> Result<Vec<Vec<f32>>> {
+            bufs.iter()
+                .zip(&self.lens)
+                .map(|(p, &n)| dev.to_host(p, n))
+                .collect()
+        };
+        Ok((get(&self.m)?, get(&self.v)?))
+    }
+
     /// The gradients of the last [`DeviceModel::backward`], copied to the host.
     pub fn grads_to_host(&self, dev: &B) -> Result<Vec<Vec<f32>>> {
         self.grads
@@ -255,7 +277,7 @@ impl<B: Backend> DeviceModel<B> {
         &mut self,
         dev: &B,
         params: &[&[f32]],
-        moments: Option<(&[&[f32]], &[&[f32]], u64)>,
+        moments: Option<AdamMoments<'_>>,
     ) -> Result<()> {
         let check = |what: &'static str, got: &[&[f32]]| -> Result<()> {
             if got.len() != self.lens.len() {
@@ -277,21 +299,21 @@ impl<B: Backend> DeviceModel<B> {
             Ok(())
         };
         check("parameter tensors", params)?;
-        if let Some((m, v, _)) = moments {
-            check("first moments", m)?;
-            check("second moments", v)?;
+        if let Some(a) = &moments {
+            check("first moments", a.m)?;
+            check("second moments", a.v)?;
         }
         for (dst, src) in self.params.iter_mut().zip(params) {
             dev.upload(dev.stream(), src, dst)?;
         }
-        if let Some((m, v, steps)) = moments {
-            for (dst, src) in self.m.iter_mut().zip(m) {
+        if let Some(a) = moments {
+            for (dst, src) in self.m.iter_mut().zip(a.m) {
                 dev.upload(dev.stream(), src, dst)?;
             }
-            for (dst, src) in self.v.iter_mut().zip(v) {
+            for (dst, src) in self.v.iter_mut().zip(a.v) {
                 dev.upload(dev.stream(), src, dst)?;
             }
-            self.steps = steps;
+            self.steps = a.steps;
         }
         Ok(())
     }
