@@ -233,15 +233,15 @@ impl<B: Backend> DeviceModel<B> {
             .collect()
     }
 
-    /// Adam's moments `(m, v)`, copied to the host, in parameter order.
-    pub fn moments_to_host(&self, dev: &B) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    /// Adam's moments `[m, v]`, copied to the host, in parameter order.
+    pub fn moments_to_host(&self, dev: &B) -> Result<[Vec<Vec<f32>>; 2]> {
         let get = |bufs: &[B::Buf<f32>]| -> Result<Vec<Vec<f32>>> {
             bufs.iter()
                 .zip(&self.lens)
                 .map(|(p, &n)| dev.to_host(p, n))
                 .collect()
         };
-        Ok((get(&self.m)?, get(&self.v)?))
+        Ok([get(&self.m)?, get(&self.v)?])
     }
 
     /// The gradients of the last [`DeviceModel::backward`], copied to the host.
