@@ -137,7 +137,7 @@ pub struct LossStats {
 
 /// A sampled mini-batch on a device: blocks bottom first (block `l` feeds layer `l`),
 /// as [`cpu_ops::SampledBatch`] lays them out.
-pub struct DeviceBatch<B: Backend + ?Sized> {
+pub struct DeviceBatch<B: Backend> {
     /// The blocks, bottom first; block `l`'s destinations are block `l+1`'s sources,
     /// and the last block's destinations are the seeds.
     pub blocks: Vec<B::Block>,
@@ -149,7 +149,7 @@ pub struct DeviceBatch<B: Backend + ?Sized> {
 }
 
 /// Saved state of [`Backend::gat_forward`], consumed by [`Backend::gat_backward`].
-pub struct GatSaved<B: Backend + ?Sized> {
+pub struct GatSaved<B: Backend> {
     /// Attention output, `num_dst × heads·head_dim`.
     pub out: B::Buf<f32>,
     /// Per-edge, per-head attention weights, `num_edges × heads`.
@@ -161,7 +161,7 @@ pub struct GatSaved<B: Backend + ?Sized> {
 }
 
 /// Gradients of [`Backend::gat_backward`].
-pub struct GatGradsDev<B: Backend + ?Sized> {
+pub struct GatGradsDev<B: Backend> {
     /// `∂L/∂z_src`, `num_src × heads·head_dim`.
     pub z_src: B::Buf<f32>,
     /// `∂L/∂a_src`, `heads × head_dim`.
@@ -282,6 +282,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Unique ids of `targets ++ candidates` with the targets first in their order
     /// (they must be distinct) and the other ids in first-occurrence order, plus the
     /// position of each candidate in that list. Returns `(unique, local, n_unique)`.
+    #[allow(clippy::type_complexity)]
     fn unique_relabel(
         &self,
         targets: &Self::Buf<u32>,
@@ -297,6 +298,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
         indptr: &[u64],
         indices: &[u32],
     ) -> Result<Self::Block>;
+    /// The block with a self-loop per destination: destination `i` reads `N(i)`
+    /// followed by source `i` (GCN's augmented block; `cpu_ops`' GCN layer builds
+    /// the same on the host).
+    fn add_self_loops(&self, block: &Self::Block) -> Result<Self::Block>;
     /// `(num_src, num_dst, num_edges)` of a block.
     fn block_shape(&self, block: &Self::Block) -> (usize, usize, usize);
 

@@ -11,6 +11,7 @@ mod backend;
 mod cache;
 mod error;
 mod host;
+mod model;
 
 pub use backend::{
     AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev, GatSaved, LossStats,
@@ -21,3 +22,4 @@ pub use error::{GpuOpsError, Result};
 pub use host::{
     HostBackend, HostBlock, HostBuf, HostEvent, HostFeatures, HostGraph, HostMask, HostStream,
 };
+pub use model::{AdamMoments, DeviceForward, DeviceModel};

@@ -56,6 +56,15 @@ pub enum Error {
         /// The underlying error.
         source: CpuOpsError,
     },
+    /// An error from the accelerator layer (a missing CUDA library, a failed kernel
+    /// launch, ...), with what the runtime was doing.
+    #[error("{context}: {source}")]
+    Device {
+        /// What the runtime was doing.
+        context: String,
+        /// The underlying error.
+        source: gpu_ops::GpuOpsError,
+    },
 }
 
 /// Shorthand for results of this crate.

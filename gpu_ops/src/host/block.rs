@@ -8,7 +8,7 @@
 use cpu_ops::BlockView;
 use self_cell::self_cell;
 
-use crate::error::Result;
+use crate::error::{GpuOpsError, Result};
 
 /// The owned CSR of a block.
 #[derive(Debug)]
@@ -52,6 +52,27 @@ impl HostBlock {
         Ok(Self { cell })
     }
 
+    /// [`crate::Backend::add_self_loops`]: destination `i` reads `N(i)` then source
+    /// `i` itself (the augmented block `cpu_ops`' GCN layer builds).
+    pub(crate) fn with_self_loops(&self) -> Result<Self> {
+        let (nd, view) = (self.num_dst(), self.view());
+        if nd > u32::MAX as usize {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "block",
+                reason: format!("{nd} destinations do not fit u32 source ids"),
+            });
+        }
+        let mut indptr = Vec::with_capacity(nd + 1);
+        let mut indices = Vec::with_capacity(self.num_edges() + nd);
+        indptr.push(0u64);
+        for i in 0..nd {
+            indices.extend_from_slice(view.neighbors(i));
+            indices.push(i as u32);
+            indptr.push(indices.len() as u64);
+        }
+        Self::new(self.num_src(), indptr, indices)
+    }
+
     /// The validated view (its transpose is built once and cached).
     pub fn view(&self) -> &BlockView<'_> {
         self.cell.borrow_dependent()
@@ -86,7 +107,6 @@ impl HostBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::GpuOpsError;
 
     #[test]
     fn validates_once_and_exposes_the_csr() {
@@ -100,6 +120,15 @@ mod tests {
         assert_eq!(b.view().out_degree(2), 0);
         let moved = b;
         assert_eq!(moved.view().out_degree(0), 1);
+    }
+
+    #[test]
+    fn self_loops_follow_each_neighbor_list() {
+        let b = HostBlock::new(5, vec![0, 2, 2, 3], vec![4, 1, 0]).unwrap();
+        let a = b.with_self_loops().unwrap();
+        assert_eq!(a.num_src(), 5);
+        assert_eq!(a.indptr(), &[0, 3, 4, 6]);
+        assert_eq!(a.indices(), &[4, 1, 0, 1, 0, 2]);
     }
 
     #[test]

@@ -217,6 +217,10 @@ impl Backend for HostBackend {
         HostBlock::new(num_src, indptr.to_vec(), indices.to_vec())
     }
 
+    fn add_self_loops(&self, block: &HostBlock) -> Result<HostBlock> {
+        block.with_self_loops()
+    }
+
     fn block_shape(&self, block: &HostBlock) -> (usize, usize, usize) {
         (block.num_src(), block.num_dst(), block.num_edges())
     }

@@ -1,0 +1,756 @@
+//! GCN, GraphSAGE-mean and GAT on any [`Backend`]: the same math as
+//! [`cpu_ops::Model`] (read its module doc for the formulas, parameter order and
+//! initialization), composed from the backend's ops so that it runs on the GPU.
+//!
+//! A [`DeviceModel`] is made from a host [`cpu_ops::Model`] (so both start from the
+//! same initialization) and keeps on the device: the parameters, their gradients and
+//! Adam's moments. One training step is
+//! 1. [`DeviceModel::forward`] over the batch's blocks (bottom first) from the
+//!    gathered input rows, with dropout (layer `l` seeded `derive_seed(seed, l)`, as
+//!    the host model), keeping what the backward needs;
+//! 2. [`Backend::softmax_cross_entropy`] on the logits, giving `∂L/∂logits`;
+//! 3. [`DeviceModel::backward`]: every parameter's gradient;
+//! 4. [`DeviceModel::step`]: one Adam update of every tensor (PyTorch's `Adam`, L2
+//!    weight decay), after which [`DeviceModel::version`] is one larger.
+//!
+//! [`DeviceModel::train_step`] does all four. [`DeviceModel::forward_layer`] applies
+//! one layer without dropout, for layer-wise full-graph inference.
+//!
+//! Per layer (`X` = input, `n_src`/`n_dst` from the block, `G` = gradient of the
+//! output), with the host model's choice of order: aggregate first when
+//! `d_in ≤ d_out`, else project first (`A (X·W)`):
+//! - SAGE: `out = X_dst·W_self + A_mean(X)·W_neigh + b`;
+//! - GCN: `out = Â X W + b` over the block with self-loops
+//!   ([`Backend::add_self_loops`]) and `GcnNorm` aggregation;
+//! - GAT: `z = X·W`, `o = gat(z) + b`; the last layer averages heads with one GEMM
+//!   against the constant `H·F × F` matrix `S` (`S[h·F+f, f] = 1/H`), whose backward
+//!   is `G·Sᵀ`.
+
+use cpu_ops::{derive_seed, AdamConfig, AggregateKind, Model, ModelConfig, ModelKind};
+
+use crate::backend::{AdamStep, Backend, GatSaved, LossStats};
+use crate::error::{GpuOpsError, Result};
+
+/// ELU's `α` in GAT hidden layers (as the host model).
+const ELU_ALPHA: f32 = 1.0;
+
+/// One layer's shape (the host model's `LayerSpec`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LayerSpec {
+    d_in: usize,
+    /// Output width (GAT's last layer: `num_classes`, after averaging heads).
+    d_out: usize,
+    heads: usize,
+    head_dim: usize,
+    last: bool,
+    /// Index of the layer's first tensor in the parameter list.
+    first_param: usize,
+}
+
+impl LayerSpec {
+    fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+}
+
+/// The layer shapes of `cfg`, in the host model's parameter order.
+fn layer_specs(cfg: &ModelConfig) -> Vec<LayerSpec> {
+    let mut specs = Vec::with_capacity(cfg.num_layers);
+    let mut first_param = 0;
+    for l in 0..cfg.num_layers {
+        let last = l + 1 == cfg.num_layers;
+        let d_in = if l == 0 { cfg.in_dim } else { cfg.hidden };
+        let d_out = if last { cfg.num_classes } else { cfg.hidden };
+        let (heads, head_dim, tensors) = match cfg.kind {
+            ModelKind::Gat if last => (cfg.heads, cfg.num_classes, 4),
+            ModelKind::Gat => (cfg.heads, cfg.hidden / cfg.heads, 4),
+            ModelKind::Gcn => (1, d_out, 2),
+            ModelKind::Sage => (1, d_out, 3),
+        };
+        specs.push(LayerSpec {
+            d_in,
+            d_out,
+            heads,
+            head_dim,
+            last,
+            first_param,
+        });
+        first_param += tensors;
+    }
+    specs
+}
+
+/// What one layer's forward keeps for its backward.
+struct LayerFwd<B: Backend> {
+    /// The layer input after dropout, and the mask (layers above 0, when training).
+    dropped: Option<(B::Buf<f32>, B::Mask)>,
+    /// GCN: the block with self-loops.
+    aug: Option<B::Block>,
+    /// GCN/SAGE aggregating first: `A X` (`n_dst × d_in`).
+    agg: Option<B::Buf<f32>>,
+    /// GAT: the projected sources `z = X·W` and the attention state.
+    gat: Option<(B::Buf<f32>, GatSaved<B>)>,
+    /// Hidden layers: the output after the activation.
+    act: Option<B::Buf<f32>>,
+}
+
+/// The result of [`DeviceModel::forward`]: the logits and what the backward needs.
+pub struct DeviceForward<B: Backend> {
+    layers: Vec<LayerFwd<B>>,
+    /// `(num_src, num_dst)` of each block.
+    shapes: Vec<(usize, usize)>,
+    logits: B::Buf<f32>,
+}
+
+impl<B: Backend> DeviceForward<B> {
+    /// The logits, `rows() × num_classes`, on the device.
+    pub fn logits(&self) -> &B::Buf<f32> {
+        &self.logits
+    }
+
+    /// Rows of the logits (destinations of the last block).
+    pub fn rows(&self) -> usize {
+        self.shapes.last().map_or(0, |s| s.1)
+    }
+}
+
+/// Adam's state for [`DeviceModel::load`]: moments per tensor and the step count.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamMoments<'a> {
+    /// First moments, one slice per parameter tensor.
+    pub m: &'a [&'a [f32]],
+    /// Second moments, one slice per parameter tensor.
+    pub v: &'a [&'a [f32]],
+    /// Optimizer steps taken.
+    pub steps: u64,
+}
+
+/// Gradients of one layer's input and the layer's parameters.
+type LayerGrad<B> = Option<<B as Backend>::Buf<f32>>;
+
+/// A GNN model whose parameters, gradients and optimizer state live on a device.
+pub struct DeviceModel<B: Backend> {
+    cfg: ModelConfig,
+    specs: Vec<LayerSpec>,
+    params: Vec<B::Buf<f32>>,
+    grads: Vec<B::Buf<f32>>,
+    m: Vec<B::Buf<f32>>,
+    v: Vec<B::Buf<f32>>,
+    lens: Vec<usize>,
+    names: Vec<String>,
+    adam: AdamConfig,
+    steps: u64,
+    /// GAT: the head-averaging matrix `S` of the last layer.
+    head_mean: Option<B::Buf<f32>>,
+}
+
+fn internal(what: &str) -> GpuOpsError {
+    GpuOpsError::InvalidArgument {
+        name: "device model internals",
+        reason: what.into(),
+    }
+}
+
+impl<B: Backend> DeviceModel<B> {
+    /// Uploads `model`'s parameters; zero gradients and moments; `adam`'s
+    /// hyper-parameters (only L2 weight decay is supported on devices).
+    pub fn from_host(dev: &B, model: &Model<f32>, adam: AdamConfig) -> Result<Self> {
+        if adam.decay != cpu_ops::WeightDecay::L2 {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "adam.decay",
+                reason: "device models implement Adam with L2 weight decay only".into(),
+            });
+        }
+        let cfg = model.config().clone();
+        let specs = layer_specs(&cfg);
+        let host = model.params();
+        let expected: usize = match cfg.kind {
+            ModelKind::Gcn => 2,
+            ModelKind::Sage => 3,
+            ModelKind::Gat => 4,
+        } * cfg.num_layers;
+        if host.len() != expected {
+            return Err(internal("host model has an unexpected number of tensors"));
+        }
+        let lens: Vec<usize> = host.iter().map(|p| p.len()).collect();
+        let mut params = Vec::with_capacity(host.len());
+        let (mut grads, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        for p in &host {
+            params.push(dev.to_device(p)?);
+            grads.push(dev.alloc(p.len())?);
+            m.push(dev.alloc(p.len())?);
+            v.push(dev.alloc(p.len())?);
+        }
+        let head_mean = match (cfg.kind, specs.last()) {
+            (ModelKind::Gat, Some(top)) => {
+                let (h, f) = (top.heads, top.head_dim);
+                let mut s = vec![0f32; h * f * f];
+                for hh in 0..h {
+                    for ff in 0..f {
+                        s[(hh * f + ff) * f + ff] = 1.0 / h as f32;
+                    }
+                }
+                Some(dev.to_device(&s)?)
+            }
+            _ => None,
+        };
+        Ok(Self {
+            cfg,
+            specs,
+            params,
+            grads,
+            m,
+            v,
+            lens,
+            names: model.param_names(),
+            adam,
+            steps: 0,
+            head_mean,
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Optimizer steps taken (the weight version).
+    pub fn version(&self) -> u64 {
+        self.steps
+    }
+
+    /// Parameter names, in order (as [`cpu_ops::Model::param_names`]).
+    pub fn param_names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The parameters, copied to the host, in order.
+    pub fn params_to_host(&self, dev: &B) -> Result<Vec<Vec<f32>>> {
+        self.params
+            .iter()
+            .zip(&self.lens)
+            .map(|(p, &n)| dev.to_host(p, n))
+            .collect()
+    }
+
+    /// Adam's moments `[m, v]`, copied to the host, in parameter order.
+    pub fn moments_to_host(&self, dev: &B) -> Result<[Vec<Vec<f32>>; 2]> {
+        let get = |bufs: &[B::Buf<f32>]| -> Result<Vec<Vec<f32>>> {
+            bufs.iter()
+                .zip(&self.lens)
+                .map(|(p, &n)| dev.to_host(p, n))
+                .collect()
+        };
+        Ok([get(&self.m)?, get(&self.v)?])
+    }
+
+    /// The gradients of the last [`DeviceModel::backward`], copied to the host.
+    pub fn grads_to_host(&self, dev: &B) -> Result<Vec<Vec<f32>>> {
+        self.grads
+            .iter()
+            .zip(&self.lens)
+            .map(|(p, &n)| dev.to_host(p, n))
+            .collect()
+    }
+
+    /// The device buffers of the parameters (e.g. to publish layer 0's weights).
+    pub fn params(&self) -> &[B::Buf<f32>] {
+        &self.params
+    }
+
+    /// Indices of layer `l`'s tensors in [`DeviceModel::params`].
+    pub fn layer_params(&self, l: usize) -> Result<std::ops::Range<usize>> {
+        let spec = self.specs.get(l).ok_or(GpuOpsError::InvalidArgument {
+            name: "layer",
+            reason: format!("the model has {} layers", self.specs.len()),
+        })?;
+        let end = self
+            .specs
+            .get(l + 1)
+            .map_or(self.params.len(), |s| s.first_param);
+        Ok(spec.first_param..end)
+    }
+
+    /// Replaces all parameters (and optionally Adam's moments and step count), e.g.
+    /// from a checkpoint. Lengths must match.
+    pub fn load(
+        &mut self,
+        dev: &B,
+        params: &[&[f32]],
+        moments: Option<AdamMoments<'_>>,
+    ) -> Result<()> {
+        let check = |what: &'static str, got: &[&[f32]]| -> Result<()> {
+            if got.len() != self.lens.len() {
+                return Err(GpuOpsError::SizeMismatch {
+                    what,
+                    expected: self.lens.len(),
+                    found: got.len(),
+                });
+            }
+            for (p, &n) in got.iter().zip(&self.lens) {
+                if p.len() != n {
+                    return Err(GpuOpsError::SizeMismatch {
+                        what,
+                        expected: n,
+                        found: p.len(),
+                    });
+                }
+            }
+            Ok(())
+        };
+        check("parameter tensors", params)?;
+        if let Some(a) = &moments {
+            check("first moments", a.m)?;
+            check("second moments", a.v)?;
+        }
+        for (dst, src) in self.params.iter_mut().zip(params) {
+            dev.upload(dev.stream(), src, dst)?;
+        }
+        if let Some(a) = moments {
+            for (dst, src) in self.m.iter_mut().zip(a.m) {
+                dev.upload(dev.stream(), src, dst)?;
+            }
+            for (dst, src) in self.v.iter_mut().zip(a.v) {
+                dev.upload(dev.stream(), src, dst)?;
+            }
+            self.steps = a.steps;
+        }
+        Ok(())
+    }
+
+    fn check_blocks(&self, dev: &B, blocks: &[B::Block]) -> Result<Vec<(usize, usize)>> {
+        if blocks.len() != self.specs.len() {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "blocks (one per model layer)",
+                expected: self.specs.len(),
+                found: blocks.len(),
+            });
+        }
+        let shapes: Vec<(usize, usize)> = blocks
+            .iter()
+            .map(|b| {
+                let (s, d, _) = dev.block_shape(b);
+                (s, d)
+            })
+            .collect();
+        for pair in shapes.windows(2) {
+            if pair[0].1 != pair[1].0 {
+                return Err(GpuOpsError::SizeMismatch {
+                    what: "sources of a block (must equal the destinations of the block below)",
+                    expected: pair[0].1,
+                    found: pair[1].0,
+                });
+            }
+        }
+        Ok(shapes)
+    }
+
+    /// Forward pass over `blocks` (bottom first) from `x`
+    /// (`num_src(blocks[0]) × in_dim`). Dropout runs only when `train`.
+    pub fn forward(
+        &self,
+        dev: &B,
+        blocks: &[B::Block],
+        x: &B::Buf<f32>,
+        train: bool,
+        seed: u64,
+    ) -> Result<DeviceForward<B>> {
+        let shapes = self.check_blocks(dev, blocks)?;
+        let need = shapes[0].0 * self.cfg.in_dim;
+        if dev.len(x) < need {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "model input (num_src of the first block × in_dim)",
+                expected: need,
+                found: dev.len(x),
+            });
+        }
+        let p = if train { self.cfg.dropout } else { 0.0 };
+        let mut layers: Vec<LayerFwd<B>> = Vec::with_capacity(self.specs.len());
+        let mut logits = None;
+        for (l, (spec, block)) in self.specs.iter().zip(blocks).enumerate() {
+            let (ns, nd) = shapes[l];
+            let dropped = match layers.last() {
+                Some(below) if p > 0.0 => {
+                    let prev = below.act.as_ref().ok_or_else(|| internal("missing act"))?;
+                    let n = ns * spec.d_in;
+                    let mut h = dev.alloc(n)?;
+                    dev.copy(prev, &mut h, n)?;
+                    let mask = dev.dropout(&mut h, n, p, derive_seed(seed, l as u64))?;
+                    Some((h, mask))
+                }
+                _ => None,
+            };
+            let input = match (&dropped, layers.last()) {
+                (Some((h, _)), _) => h,
+                (None, None) => x,
+                (None, Some(below)) => below.act.as_ref().ok_or_else(|| internal("missing act"))?,
+            };
+            let (out, mut state) = self.layer_forward(dev, spec, block, input, ns, nd)?;
+            state.dropped = dropped;
+            if spec.last {
+                logits = Some(out);
+            } else {
+                let mut out = out;
+                self.activate(dev, &mut out, nd * spec.d_out)?;
+                state.act = Some(out);
+            }
+            layers.push(state);
+        }
+        Ok(DeviceForward {
+            layers,
+            shapes,
+            logits: logits.ok_or_else(|| internal("no layers"))?,
+        })
+    }
+
+    /// Layer `l` alone, without dropout, activation included below the top:
+    /// `x` is `num_src(block) × d_in`, the result `num_dst(block) × d_out`.
+    pub fn forward_layer(
+        &self,
+        dev: &B,
+        l: usize,
+        block: &B::Block,
+        x: &B::Buf<f32>,
+    ) -> Result<B::Buf<f32>> {
+        let spec = *self.specs.get(l).ok_or(GpuOpsError::InvalidArgument {
+            name: "layer",
+            reason: format!("the model has {} layers", self.specs.len()),
+        })?;
+        let (ns, nd, _) = dev.block_shape(block);
+        if dev.len(x) < ns * spec.d_in {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "layer input (num_src × d_in)",
+                expected: ns * spec.d_in,
+                found: dev.len(x),
+            });
+        }
+        let (mut out, _) = self.layer_forward(dev, &spec, block, x, ns, nd)?;
+        if !spec.last {
+            self.activate(dev, &mut out, nd * spec.d_out)?;
+        }
+        Ok(out)
+    }
+
+    /// Output width of layer `l`.
+    pub fn layer_out_dim(&self, l: usize) -> Option<usize> {
+        self.specs.get(l).map(|s| s.d_out)
+    }
+
+    fn activate(&self, dev: &B, out: &mut B::Buf<f32>, n: usize) -> Result<()> {
+        match self.cfg.kind {
+            ModelKind::Gat => dev.elu(out, n, ELU_ALPHA),
+            ModelKind::Gcn | ModelKind::Sage => dev.relu(out, n),
+        }
+    }
+
+    fn layer_forward(
+        &self,
+        dev: &B,
+        spec: &LayerSpec,
+        block: &B::Block,
+        x: &B::Buf<f32>,
+        ns: usize,
+        nd: usize,
+    ) -> Result<(B::Buf<f32>, LayerFwd<B>)> {
+        let p = &self.params[spec.first_param..];
+        let (d_in, d_out) = (spec.d_in, spec.d_out);
+        let mut state = LayerFwd {
+            dropped: None,
+            aug: None,
+            agg: None,
+            gat: None,
+            act: None,
+        };
+        let out = match self.cfg.kind {
+            ModelKind::Sage | ModelKind::Gcn => {
+                let sage = self.cfg.kind == ModelKind::Sage;
+                let (kind, w_agg, bias) = if sage {
+                    (AggregateKind::Mean, &p[1], &p[2])
+                } else {
+                    (AggregateKind::GcnNorm, &p[0], &p[1])
+                };
+                let aug = if sage {
+                    None
+                } else {
+                    Some(dev.add_self_loops(block)?)
+                };
+                let agg_block = aug.as_ref().unwrap_or(block);
+                let mut out = dev.alloc(nd * d_out)?;
+                if d_in <= d_out {
+                    let mut agg = dev.alloc(nd * d_in)?;
+                    dev.aggregate_forward(agg_block, kind, x, d_in, &mut agg)?;
+                    dev.gemm(false, false, nd, d_out, d_in, &agg, w_agg, &mut out, false)?;
+                    state.agg = Some(agg);
+                } else {
+                    let mut proj = dev.alloc(ns * d_out)?;
+                    dev.gemm(false, false, ns, d_out, d_in, x, w_agg, &mut proj, false)?;
+                    dev.aggregate_forward(agg_block, kind, &proj, d_out, &mut out)?;
+                }
+                if sage {
+                    dev.gemm(false, false, nd, d_out, d_in, x, &p[0], &mut out, true)?;
+                }
+                dev.add_bias(&mut out, nd, d_out, bias)?;
+                state.aug = aug;
+                out
+            }
+            ModelKind::Gat => {
+                let (w, a_src, a_dst, bias) = (&p[0], &p[1], &p[2], &p[3]);
+                let width = spec.width();
+                let mut z = dev.alloc(ns * width)?;
+                dev.gemm(false, false, ns, width, d_in, x, w, &mut z, false)?;
+                let saved = dev.gat_forward(block, spec.heads, spec.head_dim, &z, a_src, a_dst)?;
+                let mut o = dev.alloc(nd * width)?;
+                dev.copy(&saved.out, &mut o, nd * width)?;
+                dev.add_bias(&mut o, nd, width, bias)?;
+                state.gat = Some((z, saved));
+                if spec.last {
+                    let s = self
+                        .head_mean
+                        .as_ref()
+                        .ok_or_else(|| internal("missing head-mean matrix"))?;
+                    let mut out = dev.alloc(nd * d_out)?;
+                    dev.gemm(false, false, nd, d_out, width, &o, s, &mut out, false)?;
+                    out
+                } else {
+                    o
+                }
+            }
+        };
+        Ok((out, state))
+    }
+
+    /// Backward pass: fills every parameter's gradient (read them with
+    /// [`DeviceModel::grads_to_host`] or apply them with [`DeviceModel::step`]),
+    /// given `grad_logits` (`rows × num_classes`) and the [`DeviceForward`] of the
+    /// same `blocks` and `x`.
+    pub fn backward(
+        &mut self,
+        dev: &B,
+        blocks: &[B::Block],
+        x: &B::Buf<f32>,
+        fwd: &DeviceForward<B>,
+        grad_logits: &B::Buf<f32>,
+    ) -> Result<()> {
+        let shapes = self.check_blocks(dev, blocks)?;
+        if shapes != fwd.shapes {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "blocks",
+                reason: "differ from the blocks of the forward pass".into(),
+            });
+        }
+        let top = shapes.len() - 1;
+        let need = shapes[top].1 * self.cfg.num_classes;
+        if dev.len(grad_logits) < need {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "logit gradient (num_dst of the last block × num_classes)",
+                expected: need,
+                found: dev.len(grad_logits),
+            });
+        }
+        let mut g_owned: Option<B::Buf<f32>> = None;
+        for l in (0..self.specs.len()).rev() {
+            let spec = self.specs[l];
+            let (ns, nd) = shapes[l];
+            let cache = &fwd.layers[l];
+            if let Some(g) = g_owned.as_mut() {
+                let act = cache.act.as_ref().ok_or_else(|| internal("missing act"))?;
+                match self.cfg.kind {
+                    ModelKind::Gat => dev.elu_backward(act, g, nd * spec.d_out, ELU_ALPHA)?,
+                    ModelKind::Gcn | ModelKind::Sage => {
+                        dev.relu_backward(act, g, nd * spec.d_out)?
+                    }
+                }
+            }
+            let input = match (&cache.dropped, l) {
+                (Some((h, _)), _) => h,
+                (None, 0) => x,
+                (None, _) => fwd.layers[l - 1]
+                    .act
+                    .as_ref()
+                    .ok_or_else(|| internal("missing act"))?,
+            };
+            let g = g_owned.as_ref().unwrap_or(grad_logits);
+            let dx = self.layer_backward(dev, &spec, &blocks[l], cache, input, g, ns, nd, l > 0)?;
+            if let Some(mut dx) = dx {
+                if let Some((_, mask)) = &cache.dropped {
+                    dev.dropout_backward(mask, &mut dx, ns * spec.d_in)?;
+                }
+                g_owned = Some(dx);
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer_backward(
+        &mut self,
+        dev: &B,
+        spec: &LayerSpec,
+        block: &B::Block,
+        cache: &LayerFwd<B>,
+        x: &B::Buf<f32>,
+        g: &B::Buf<f32>,
+        ns: usize,
+        nd: usize,
+        need_dx: bool,
+    ) -> Result<LayerGrad<B>> {
+        let (d_in, d_out) = (spec.d_in, spec.d_out);
+        let first = spec.first_param;
+        let p = &self.params[first..];
+        let grads = &mut self.grads[first..];
+        match self.cfg.kind {
+            ModelKind::Sage | ModelKind::Gcn => {
+                let sage = self.cfg.kind == ModelKind::Sage;
+                let (kind, agg_block, w_agg) = if sage {
+                    (AggregateKind::Mean, block, &p[1])
+                } else {
+                    let aug = cache.aug.as_ref().ok_or_else(|| internal("missing aug"))?;
+                    (AggregateKind::GcnNorm, aug, &p[0])
+                };
+                let (gi_agg, gi_bias) = if sage { (1, 2) } else { (0, 1) };
+                dev.bias_grad(g, nd, d_out, &mut grads[gi_bias], false)?;
+                if sage {
+                    dev.gemm(true, false, d_in, d_out, nd, x, g, &mut grads[0], false)?;
+                }
+                let mut dx = None;
+                match &cache.agg {
+                    None => {
+                        let mut dp = dev.alloc(ns * d_out)?;
+                        dev.aggregate_backward(agg_block, kind, g, d_out, &mut dp)?;
+                        dev.gemm(
+                            true,
+                            false,
+                            d_in,
+                            d_out,
+                            ns,
+                            x,
+                            &dp,
+                            &mut grads[gi_agg],
+                            false,
+                        )?;
+                        if need_dx {
+                            let mut d = dev.alloc(ns * d_in)?;
+                            dev.gemm(false, true, ns, d_in, d_out, &dp, w_agg, &mut d, false)?;
+                            dx = Some(d);
+                        }
+                    }
+                    Some(agg) => {
+                        dev.gemm(
+                            true,
+                            false,
+                            d_in,
+                            d_out,
+                            nd,
+                            agg,
+                            g,
+                            &mut grads[gi_agg],
+                            false,
+                        )?;
+                        if need_dx {
+                            let mut dm = dev.alloc(nd * d_in)?;
+                            dev.gemm(false, true, nd, d_in, d_out, g, w_agg, &mut dm, false)?;
+                            let mut d = dev.alloc(ns * d_in)?;
+                            dev.aggregate_backward(agg_block, kind, &dm, d_in, &mut d)?;
+                            dx = Some(d);
+                        }
+                    }
+                }
+                if sage {
+                    if let Some(d) = dx.as_mut() {
+                        dev.gemm(false, true, nd, d_in, d_out, g, &p[0], d, true)?;
+                    }
+                }
+                Ok(dx)
+            }
+            ModelKind::Gat => {
+                let (w, a_src, a_dst) = (&p[0], &p[1], &p[2]);
+                let (h, f) = (spec.heads, spec.head_dim);
+                let width = spec.width();
+                let (z, saved) = cache
+                    .gat
+                    .as_ref()
+                    .ok_or_else(|| internal("missing GAT state"))?;
+                let spread;
+                let d_o = if spec.last {
+                    let s = self
+                        .head_mean
+                        .as_ref()
+                        .ok_or_else(|| internal("missing head-mean matrix"))?;
+                    let mut d = dev.alloc(nd * width)?;
+                    dev.gemm(false, true, nd, width, d_out, g, s, &mut d, false)?;
+                    spread = d;
+                    &spread
+                } else {
+                    g
+                };
+                dev.bias_grad(d_o, nd, width, &mut grads[3], false)?;
+                let gg = dev.gat_backward(block, h, f, z, a_src, a_dst, saved, d_o)?;
+                dev.copy(&gg.a_src, &mut grads[1], width)?;
+                dev.copy(&gg.a_dst, &mut grads[2], width)?;
+                dev.gemm(
+                    true,
+                    false,
+                    d_in,
+                    width,
+                    ns,
+                    x,
+                    &gg.z_src,
+                    &mut grads[0],
+                    false,
+                )?;
+                if !need_dx {
+                    return Ok(None);
+                }
+                let mut dx = dev.alloc(ns * d_in)?;
+                dev.gemm(false, true, ns, d_in, width, &gg.z_src, w, &mut dx, false)?;
+                Ok(Some(dx))
+            }
+        }
+    }
+
+    /// One Adam update of every parameter from the current gradients.
+    pub fn step(&mut self, dev: &B) -> Result<()> {
+        self.steps += 1;
+        let a = &self.adam;
+        let hp = AdamStep {
+            lr: a.lr as f32,
+            beta1: a.beta1 as f32,
+            beta2: a.beta2 as f32,
+            eps: a.eps as f32,
+            weight_decay: a.weight_decay as f32,
+            step: self.steps,
+        };
+        for i in 0..self.params.len() {
+            dev.adam_step(
+                &hp,
+                &mut self.params[i],
+                &self.grads[i],
+                &mut self.m[i],
+                &mut self.v[i],
+                self.lens[i],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Forward (with dropout), loss against `labels` (one per seed), backward and one
+    /// Adam step; returns the batch's loss and correct count.
+    pub fn train_step(
+        &mut self,
+        dev: &B,
+        blocks: &[B::Block],
+        x: &B::Buf<f32>,
+        labels: &B::Buf<u32>,
+        seed: u64,
+    ) -> Result<LossStats> {
+        let fwd = self.forward(dev, blocks, x, true, seed)?;
+        let rows = fwd.rows();
+        let classes = self.cfg.num_classes;
+        let mut dlogits = dev.alloc(rows * classes)?;
+        let stats =
+            dev.softmax_cross_entropy(&fwd.logits, rows, classes, labels, Some(&mut dlogits))?;
+        self.backward(dev, blocks, x, &fwd, &dlogits)?;
+        self.step(dev)?;
+        Ok(stats)
+    }
+}
