@@ -20,6 +20,31 @@ use crate::host::buffer::{mul, prefix, prefix_mut};
 /// Output bytes per rayon task of a gather or row selection.
 const TASK_BYTES: usize = 64 * 1024;
 
+/// How many rows ahead of the copy a gather prefetches.
+const PREFETCH_ROWS: usize = 8;
+/// Bytes prefetched at the start of a row (the hardware prefetcher follows the rest).
+const PREFETCH_MAX_BYTES: usize = 1024;
+
+/// Asks the CPU to start loading the first lines of `row` (a no-op off x86-64).
+#[inline(always)]
+fn prefetch_row(row: &[f32]) {
+    const LINE_FLOATS: usize = 64 / std::mem::size_of::<f32>();
+    let head = row
+        .len()
+        .min(PREFETCH_MAX_BYTES / std::mem::size_of::<f32>());
+    for line in row[..head].iter().step_by(LINE_FLOATS) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            // SAFETY: a prefetch is a hint that never faults and changes no state the
+            // program can see; the pointer comes from a live reference anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((line as *const f32).cast::<i8>()) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = line;
+    }
+}
+
 /// Rows per rayon task for rows of `dim` `f32`s.
 fn rows_per_task(dim: usize) -> usize {
     (TASK_BYTES / (dim.max(1) * std::mem::size_of::<f32>())).max(1)
@@ -152,18 +177,30 @@ impl HostFeatures {
                 .zip(ids.par_chunks(per_task))
                 .enumerate()
                 .map(|(t, (out, ids))| -> Result<u64> {
+                    // 1. Resolve every row's source first: the slot-map loads are
+                    //    independent, so they overlap.
+                    let mut rows: Vec<&[f32]> = Vec::with_capacity(ids.len());
                     let mut hits = 0u64;
-                    for (i, (row, &v)) in out.chunks_exact_mut(dim).zip(ids).enumerate() {
+                    for (i, &v) in ids.iter().enumerate() {
                         let Some(&slot) = slots.get(v as usize) else {
                             return Err(bad(t * per_task + i, v));
                         };
-                        let from = if slot == NO_SLOT {
+                        rows.push(if slot == NO_SLOT {
                             &src[v as usize * dim..(v as usize + 1) * dim]
                         } else {
                             hits += 1;
                             &store[slot as usize * dim..(slot as usize + 1) * dim]
-                        };
-                        row.copy_from_slice(from);
+                        });
+                    }
+                    // 2. Copy, with the rows a few ahead already on their way.
+                    for r in rows.iter().take(PREFETCH_ROWS) {
+                        prefetch_row(r);
+                    }
+                    for (i, (o, r)) in out.chunks_exact_mut(dim).zip(&rows).enumerate() {
+                        if let Some(ahead) = rows.get(i + PREFETCH_ROWS) {
+                            prefetch_row(ahead);
+                        }
+                        o.copy_from_slice(r);
                     }
                     Ok(hits)
                 })
