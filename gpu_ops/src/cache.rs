@@ -334,10 +334,9 @@ mod tests {
         // Bad ids change nothing.
         let before: Vec<u32> = p.slot_map().to_vec();
         let err = p.update(&[1, 10], &[4]).unwrap_err();
-        assert!(
-            matches!(err, GpuOpsError::InvalidArgument { name: "insert", ref reason } if reason.contains("vertex 10")),
-            "{err}"
-        );
+        let named = matches!(&err, GpuOpsError::InvalidArgument { name: "insert", reason }
+            if reason.contains("vertex 10"));
+        assert!(named, "{err}");
         assert!(matches!(
             p.update(&[], &[11]),
             Err(GpuOpsError::InvalidArgument { name: "evict", .. })

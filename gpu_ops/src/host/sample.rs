@@ -171,10 +171,9 @@ mod tests {
     #[test]
     fn relabel_rejects_repeated_targets_and_short_buffers() {
         let err = unique_relabel(&buf(&[1, 2, 1]), 3, &buf(&[]), 0).unwrap_err();
-        assert!(
-            matches!(err, GpuOpsError::InvalidArgument { name: "targets", ref reason } if reason.contains("vertex 1")),
-            "{err}"
-        );
+        let named = matches!(&err, GpuOpsError::InvalidArgument { name: "targets", reason }
+            if reason.contains("vertex 1"));
+        assert!(named, "{err}");
         assert!(matches!(
             unique_relabel(&buf(&[1]), 2, &buf(&[]), 0),
             Err(GpuOpsError::SizeMismatch {

@@ -1,0 +1,333 @@
+//! Parity: dense math, activations, dropout, loss and Adam.
+
+use cpu_ops::{
+    Accumulate, Adam, AdamConfig, MatMut, MatRef, Optimizer, Rng, Transpose, WeightDecay,
+};
+use gpu_ops::{AdamStep, Backend, DeviceKind};
+
+use crate::helpers::*;
+
+pub(crate) fn gemm_all_transposes<B: Backend>(d: &B) {
+    let mut rng = Rng::new(2);
+    for (m, n, k) in [
+        (1, 1, 1),
+        (7, 5, 3),
+        (33, 17, 65),
+        (130, 9, 31),
+        (3, 129, 200),
+    ] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            for acc in [false, true] {
+                let a = rand_f32(&mut rng, m * k);
+                let b = rand_f32(&mut rng, k * n);
+                let c0 = rand_f32(&mut rng, m * n);
+                let (ar, ac) = if ta { (k, m) } else { (m, k) };
+                let (br, bc) = if tb { (n, k) } else { (k, n) };
+                let mut want = to64(&c0);
+                let t = |x| if x { Transpose::Yes } else { Transpose::No };
+                let acc_ref = if acc { Accumulate::Yes } else { Accumulate::No };
+                cpu_ops::gemm_reference(
+                    MatRef::new(&to64(&a), ar, ac).unwrap(),
+                    t(ta),
+                    MatRef::new(&to64(&b), br, bc).unwrap(),
+                    t(tb),
+                    MatMut::new(&mut want, m, n).unwrap(),
+                    acc_ref,
+                )
+                .unwrap();
+                let (da, db) = (input(d, &a), input(d, &b));
+                // Without accumulate C's old values must not be read: start from NaN.
+                let start = if acc {
+                    c0.clone()
+                } else {
+                    vec![f32::NAN; m * n]
+                };
+                let mut dc = output(d, &start);
+                d.gemm(ta, tb, m, n, k, &da, &db, &mut dc, acc).unwrap();
+                let what = format!("gemm m={m} n={n} k={k} ta={ta} tb={tb} acc={acc}");
+                assert_close(&what, &read(d, &dc, m * n, &what), &want, 1e-5);
+            }
+        }
+    }
+}
+
+pub(crate) fn bias_add_and_grad<B: Backend>(d: &B) {
+    let mut rng = Rng::new(3);
+    for (rows, cols) in [(1, 1), (37, 5), (300, 17), (1029, 129)] {
+        let x = rand_f32(&mut rng, rows * cols);
+        let bias = rand_f32(&mut rng, cols);
+        let mut want = to64(&x);
+        cpu_ops::add_bias(MatMut::new(&mut want, rows, cols).unwrap(), &to64(&bias)).unwrap();
+        let mut dx = output(d, &x);
+        d.add_bias(&mut dx, rows, cols, &input(d, &bias)).unwrap();
+        assert_close(
+            "add_bias",
+            &read(d, &dx, rows * cols, "add_bias"),
+            &want,
+            1e-6,
+        );
+
+        let old = rand_f32(&mut rng, cols);
+        for acc in [false, true] {
+            let mut want = to64(&old);
+            let acc_ref = if acc { Accumulate::Yes } else { Accumulate::No };
+            cpu_ops::bias_grad(
+                MatRef::new(&to64(&x), rows, cols).unwrap(),
+                &mut want,
+                acc_ref,
+            )
+            .unwrap();
+            let start = if acc {
+                old.clone()
+            } else {
+                vec![f32::NAN; cols]
+            };
+            let mut db = output(d, &start);
+            d.bias_grad(&input(d, &x), rows, cols, &mut db, acc)
+                .unwrap();
+            assert_close("bias_grad", &read(d, &db, cols, "bias_grad"), &want, 1e-5);
+        }
+    }
+}
+
+pub(crate) fn activations_forward_backward<B: Backend>(d: &B) {
+    let mut rng = Rng::new(4);
+    for n in [1, 17, 1000, 70_001] {
+        let mut x: Vec<f32> = rand_f32(&mut rng, n).iter().map(|v| v * 3.0).collect();
+        x[0] = 0.0; // the boundary: ReLU'(0) = 0, ELU(0) = 0
+        let dy = rand_f32(&mut rng, n);
+        // ReLU
+        let mut want = to64(&x);
+        cpu_ops::relu(&mut want);
+        let mut y = output(d, &x);
+        d.relu(&mut y, n).unwrap();
+        let y_host = read(d, &y, n, "relu");
+        assert_close("relu", &y_host, &want, 0.0);
+        let mut want_g = to64(&dy);
+        cpu_ops::relu_backward(&want, &mut want_g).unwrap();
+        let mut g = output(d, &dy);
+        d.relu_backward(&input(d, &y_host), &mut g, n).unwrap();
+        assert_close(
+            "relu_backward",
+            &read(d, &g, n, "relu_backward"),
+            &want_g,
+            0.0,
+        );
+        // ELU
+        let alpha = 0.7f32;
+        let mut want = to64(&x);
+        cpu_ops::elu(&mut want, f64::from(alpha)).unwrap();
+        let mut y = output(d, &x);
+        d.elu(&mut y, n, alpha).unwrap();
+        let y_host = read(d, &y, n, "elu");
+        assert_close("elu", &y_host, &want, 1e-6);
+        let mut want_g = to64(&dy);
+        cpu_ops::elu_backward(&to64(&y_host), &mut want_g, f64::from(alpha)).unwrap();
+        let mut g = output(d, &dy);
+        d.elu_backward(&input(d, &y_host), &mut g, n, alpha)
+            .unwrap();
+        assert_close(
+            "elu_backward",
+            &read(d, &g, n, "elu_backward"),
+            &want_g,
+            1e-6,
+        );
+    }
+}
+
+pub(crate) fn dropout_masks<B: Backend>(d: &B) {
+    let mut rng = Rng::new(5);
+    let n = 200_003;
+    // No zeros in x, so a zero output means "dropped".
+    let x: Vec<f32> = (0..n).map(|_| 0.5 + rng.next_f32()).collect();
+    let dy = rand_f32(&mut rng, n);
+    for p in [0.1f32, 0.5, 0.8] {
+        let mut y = output(d, &x);
+        let mask = d.dropout(&mut y, n, p, 42).unwrap();
+        let yh = read(d, &y, n, "dropout");
+        let scale = 1.0 / (1.0 - f64::from(p));
+        let mut kept = vec![false; n];
+        for i in 0..n {
+            if yh[i] != 0.0 {
+                kept[i] = true;
+                let want = f64::from(x[i]) * scale;
+                assert!(
+                    (f64::from(yh[i]) - want).abs() <= 1e-6 * want,
+                    "p={p} kept value {i}: {} vs {want}",
+                    yh[i]
+                );
+            }
+        }
+        let frac = kept.iter().filter(|&&k| k).count() as f64 / n as f64;
+        // 1 − p within 0.01: over 8 standard deviations at this n.
+        assert!(
+            (frac - (1.0 - f64::from(p))).abs() < 0.01,
+            "p={p}: kept {frac}"
+        );
+        // Backward applies exactly the forward's mask and scale.
+        let mut g = output(d, &dy);
+        d.dropout_backward(&mask, &mut g, n).unwrap();
+        let gh = read(d, &g, n, "dropout_backward");
+        for i in 0..n {
+            if kept[i] {
+                let want = f64::from(dy[i]) * scale;
+                assert!((f64::from(gh[i]) - want).abs() <= 1e-6 * want.abs().max(1e-30));
+            } else {
+                assert_eq!(gh[i], 0.0, "p={p} dropped gradient {i}");
+            }
+        }
+        // Same seed, same mask; another seed, another mask.
+        let mut y2 = output(d, &x);
+        d.dropout(&mut y2, n, p, 42).unwrap();
+        assert_eq!(bits(&read(d, &y2, n, "dropout")), bits(&yh));
+        let mut y3 = output(d, &x);
+        d.dropout(&mut y3, n, p, 43).unwrap();
+        assert_ne!(bits(&read(d, &y3, n, "dropout")), bits(&yh));
+        if d.kind() == DeviceKind::Host {
+            let mut want = x.clone();
+            cpu_ops::dropout(&mut want, f64::from(p), 42).unwrap();
+            assert_eq!(bits(&yh), bits(&want), "host dropout is cpu_ops' dropout");
+        }
+    }
+    // p = 0 is the identity, forward and backward.
+    let mut y = output(d, &x);
+    let mask = d.dropout(&mut y, n, 0.0, 7).unwrap();
+    assert_eq!(bits(&read(d, &y, n, "dropout p=0")), bits(&x));
+    let mut g = output(d, &dy);
+    d.dropout_backward(&mask, &mut g, n).unwrap();
+    assert_eq!(bits(&read(d, &g, n, "dropout p=0")), bits(&dy));
+    // Out-of-range p is an error.
+    let mut y = output(d, &x);
+    assert!(d.dropout(&mut y, n, 1.5, 7).is_err());
+    assert!(d.dropout(&mut y, n, f32::NAN, 7).is_err());
+}
+
+pub(crate) fn softmax_cross_entropy_matches<B: Backend>(d: &B) {
+    let mut rng = Rng::new(6);
+    for (rows, classes) in [(1, 1), (37, 7), (300, 41), (1025, 3)] {
+        let logits: Vec<f32> = rand_f32(&mut rng, rows * classes)
+            .iter()
+            .map(|v| v * 4.0)
+            .collect();
+        let labels: Vec<u32> = (0..rows)
+            .map(|_| rng.below(classes as u64) as u32)
+            .collect();
+        let mut want_g = vec![0.0f64; rows * classes];
+        let want = cpu_ops::softmax_cross_entropy(
+            MatRef::new(&to64(&logits), rows, classes).unwrap(),
+            &labels,
+            Some(MatMut::new(&mut want_g, rows, classes).unwrap()),
+        )
+        .unwrap();
+        // The correct count from the same f32 logits (arg-max is exact).
+        let correct =
+            cpu_ops::accuracy_count(MatRef::new(&logits, rows, classes).unwrap(), &labels).unwrap();
+        let (dl, dlab) = (input(d, &logits), input_u32(d, &labels, u32::MAX));
+        let mut g = output(d, &vec![f32::NAN; rows * classes]);
+        let got = d
+            .softmax_cross_entropy(&dl, rows, classes, &dlab, Some(&mut g))
+            .unwrap();
+        assert!(
+            (got.loss - want.loss).abs() <= 1e-5 * want.loss.abs().max(1.0),
+            "loss {} vs {}",
+            got.loss,
+            want.loss
+        );
+        assert_eq!(got.correct, correct);
+        assert_close(
+            "CE gradient",
+            &read(d, &g, rows * classes, "CE"),
+            &want_g,
+            1e-5,
+        );
+        let no_grad = d
+            .softmax_cross_entropy(&dl, rows, classes, &dlab, None)
+            .unwrap();
+        assert_eq!(no_grad.correct, got.correct);
+        assert!((no_grad.loss - got.loss).abs() <= 1e-12 * got.loss.abs().max(1.0));
+        // A label out of range is an error.
+        let mut bad = labels.clone();
+        bad[rows - 1] = classes as u32;
+        assert!(d
+            .softmax_cross_entropy(&dl, rows, classes, &d.to_device(&bad).unwrap(), None)
+            .is_err());
+    }
+}
+
+pub(crate) fn adam_matches_cpu_ops<B: Backend>(d: &B) {
+    let mut rng = Rng::new(7);
+    for n in [1, 1001, 70_001] {
+        let (lr, b1, b2, eps, wd) = (1e-2f32, 0.9f32, 0.999f32, 1e-8f32, 5e-4f32);
+        let cfg = AdamConfig {
+            lr: f64::from(lr),
+            beta1: f64::from(b1),
+            beta2: f64::from(b2),
+            eps: f64::from(eps),
+            weight_decay: f64::from(wd),
+            decay: WeightDecay::L2,
+        };
+        let mut host = Adam::<f32>::new(cfg).unwrap();
+        let mut p_ref = rand_f32(&mut rng, n);
+        let mut p = output(d, &p_ref);
+        let mut m = output(d, &vec![0.0; n]);
+        let mut v = output(d, &vec![0.0; n]);
+        for step in 1..=5u64 {
+            let g = rand_f32(&mut rng, n);
+            host.step(&mut [&mut p_ref], &[&g]).unwrap();
+            let hp = AdamStep {
+                lr,
+                beta1: b1,
+                beta2: b2,
+                eps,
+                weight_decay: wd,
+                step,
+            };
+            d.adam_step(&hp, &mut p, &input(d, &g), &mut m, &mut v, n)
+                .unwrap();
+            let (ph, mh, vh) = (
+                read(d, &p, n, "adam param"),
+                read(d, &m, n, "adam m"),
+                read(d, &v, n, "adam v"),
+            );
+            let (m_ref, v_ref) = (
+                host.first_moment(0).unwrap(),
+                host.second_moment(0).unwrap(),
+            );
+            if d.kind() == DeviceKind::Host {
+                assert_eq!(bits(&ph), bits(&p_ref), "n={n} step {step}: param bits");
+                assert_eq!(bits(&mh), bits(m_ref), "n={n} step {step}: m bits");
+                assert_eq!(bits(&vh), bits(v_ref), "n={n} step {step}: v bits");
+            } else {
+                assert_close("adam param", &ph, &to64(&p_ref), 1e-5);
+                assert_close("adam m", &mh, &to64(m_ref), 1e-5);
+                assert_close("adam v", &vh, &to64(v_ref), 1e-5);
+            }
+        }
+    }
+    // Bad hyper-parameters are errors.
+    let ok = AdamStep {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        step: 1,
+    };
+    let (mut p, g) = (d.alloc::<f32>(4).unwrap(), d.alloc::<f32>(4).unwrap());
+    let (mut m, mut v) = (d.alloc::<f32>(4).unwrap(), d.alloc::<f32>(4).unwrap());
+    for bad in [
+        AdamStep { step: 0, ..ok },
+        AdamStep { lr: -1.0, ..ok },
+        AdamStep { beta1: 1.0, ..ok },
+        AdamStep {
+            beta2: f32::NAN,
+            ..ok
+        },
+        AdamStep { eps: -1e-8, ..ok },
+    ] {
+        assert!(
+            d.adam_step(&bad, &mut p, &g, &mut m, &mut v, 4).is_err(),
+            "{bad:?}"
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! Parity: row selection and placement, the feature cache and its gather.
+
+use std::collections::HashSet;
+
+use cpu_ops::{FeatureMatrix, Rng};
+use gpu_ops::Backend;
+
+use crate::helpers::*;
+
+pub(crate) fn index_select_and_put_rows<B: Backend>(d: &B) {
+    let mut rng = Rng::new(11);
+    for dim in DIMS {
+        let rows = 57;
+        let src = rand_f32(&mut rng, rows * dim);
+        let n = 101;
+        let idx: Vec<u32> = (0..n).map(|_| rng.below(rows as u64) as u32).collect();
+        let mut out = output(d, &vec![f32::NAN; n * dim]);
+        d.index_select_rows(
+            &input(d, &src),
+            dim,
+            &input_u32(d, &idx, u32::MAX),
+            n,
+            &mut out,
+        )
+        .unwrap();
+        let got = read(d, &out, n * dim, "index_select_rows");
+        for (r, &i) in idx.iter().enumerate() {
+            let i = i as usize;
+            assert_eq!(
+                bits(&got[r * dim..(r + 1) * dim]),
+                bits(&src[i * dim..(i + 1) * dim])
+            );
+        }
+        // Put rows back into distinct places of a larger matrix.
+        let dst_rows = 80;
+        let mut places: Vec<u32> = (0..dst_rows as u32).collect();
+        rng.shuffle(&mut places);
+        let places = &places[..rows];
+        let before = rand_f32(&mut rng, dst_rows * dim);
+        let mut dst = output(d, &before);
+        d.index_put_rows(
+            &input(d, &src),
+            dim,
+            &input_u32(d, places, u32::MAX),
+            rows,
+            &mut dst,
+        )
+        .unwrap();
+        let got = read(d, &dst, dst_rows * dim, "index_put_rows");
+        let mut want = before.clone();
+        for (r, &p) in places.iter().enumerate() {
+            let p = p as usize;
+            want[p * dim..(p + 1) * dim].copy_from_slice(&src[r * dim..(r + 1) * dim]);
+        }
+        assert_eq!(bits(&got), bits(&want), "index_put_rows dim {dim}");
+    }
+}
+
+pub(crate) fn random_features(rng: &mut Rng, rows: usize, dim: usize) -> FeatureMatrix {
+    FeatureMatrix::new(rand_f32(rng, rows * dim).into(), rows, dim).unwrap()
+}
+
+pub(crate) fn gather_through_the_cache<B: Backend>(d: &B) {
+    let mut rng = Rng::new(12);
+    for dim in [1, 7, 100, 129] {
+        let rows = 500;
+        let m = random_features(&mut rng, rows, dim);
+        let mut hot: Vec<u32> = (0..rows as u32).collect();
+        rng.shuffle(&mut hot);
+        let hot = &hot[..200];
+        let row_bytes = dim * 4;
+        // Room for 150 of the 200 hot rows (plus a few spare bytes).
+        let budget = 150 * row_bytes + row_bytes / 2;
+        let f = d.load_features(&m, hot, budget).unwrap();
+        assert_eq!(d.feature_dim(&f), dim);
+        let s = d.cache_stats(&f);
+        assert_eq!(
+            (s.cached_rows, s.cached_bytes, s.budget_bytes),
+            (150, 150 * row_bytes, budget)
+        );
+        assert!(
+            hot[..150].iter().all(|&v| d.is_cached(&f, v)),
+            "hottest first"
+        );
+        assert!(
+            hot[150..].iter().all(|&v| !d.is_cached(&f, v)),
+            "past the budget"
+        );
+        for round in 0..3 {
+            let n = 333 + round;
+            let ids: Vec<u32> = (0..n).map(|_| rng.below(rows as u64) as u32).collect();
+            let mut out = output(d, &vec![f32::NAN; n * dim]);
+            d.gather(&f, &input_u32(d, &ids, u32::MAX), n, &mut out)
+                .unwrap();
+            let want = cpu_ops::gather_rows_into_vec(&m, &ids).unwrap();
+            assert_eq!(bits(&read(d, &out, n * dim, "gather")), bits(&want));
+            let hits = ids.iter().filter(|&&v| d.is_cached(&f, v)).count() as u64;
+            let s = d.cache_stats(&f);
+            assert_eq!((s.hits, s.misses), (hits, n as u64 - hits), "round {round}");
+            d.reset_cache_stats(&f);
+            assert_eq!((d.cache_stats(&f).hits, d.cache_stats(&f).misses), (0, 0));
+        }
+        // An id past the matrix is an error, not a read out of bounds.
+        let mut out = output(d, &vec![0.0; dim]);
+        assert!(d
+            .gather(&f, &d.to_device(&[rows as u32]).unwrap(), 1, &mut out)
+            .is_err());
+    }
+}
+
+pub(crate) fn update_cache_stays_in_budget<B: Backend>(d: &B) {
+    let mut rng = Rng::new(13);
+    let (rows, dim) = (300, 11);
+    let m = random_features(&mut rng, rows, dim);
+    let budget = 40 * dim * 4 + 3;
+    let mut f = d.load_features(&m, &[], budget).unwrap();
+    assert_eq!(d.cache_stats(&f).cached_rows, 0);
+    let mut model: HashSet<u32> = HashSet::new();
+    for _ in 0..50 {
+        let ins: Vec<u32> = (0..rng.below(30))
+            .map(|_| rng.below(rows as u64) as u32)
+            .collect();
+        let ev: Vec<u32> = (0..rng.below(30))
+            .map(|_| rng.below(rows as u64) as u32)
+            .collect();
+        let got = d.update_cache(&mut f, &ins, &ev).unwrap();
+        for v in &ev {
+            model.remove(v);
+        }
+        let mut cached = 0;
+        for &v in &ins {
+            if model.contains(&v) || (model.len() < 40 && model.insert(v)) {
+                cached += 1;
+            }
+        }
+        assert_eq!(got, cached, "entries of insert cached after the update");
+        let s = d.cache_stats(&f);
+        assert!(s.cached_bytes <= budget, "{} > {budget}", s.cached_bytes);
+        assert_eq!(s.cached_rows, model.len());
+        for v in 0..rows as u32 {
+            assert_eq!(d.is_cached(&f, v), model.contains(&v), "vertex {v}");
+        }
+        // The rows cached by updates are the right rows.
+        let ids: Vec<u32> = model.iter().copied().collect();
+        let mut out = output(d, &vec![0.0; ids.len() * dim]);
+        d.gather(&f, &input_u32(d, &ids, 0), ids.len(), &mut out)
+            .unwrap();
+        let want = cpu_ops::gather_rows_into_vec(&m, &ids).unwrap();
+        assert_eq!(
+            bits(&read(d, &out, ids.len() * dim, "gather cached")),
+            bits(&want)
+        );
+    }
+    assert!(d.update_cache(&mut f, &[rows as u32], &[]).is_err());
+    assert!(d.update_cache(&mut f, &[], &[rows as u32]).is_err());
+}
