@@ -26,6 +26,9 @@
 //!   against the constant `H·F × F` matrix `S` (`S[h·F+f, f] = 1/H`), whose backward
 //!   is `G·Sᵀ`.
 
+#[cfg(test)]
+mod tests;
+
 use cpu_ops::{derive_seed, AdamConfig, AggregateKind, Model, ModelConfig, ModelKind};
 
 use crate::backend::{AdamStep, Backend, GatSaved, LossStats};

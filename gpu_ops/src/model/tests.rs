@@ -1,0 +1,213 @@
+//! [`DeviceModel`] on the host backend against [`cpu_ops::Model`]: the same logits,
+//! gradients and Adam updates for every kind, depth and projection order.
+
+use cpu_ops::{
+    softmax_cross_entropy, Adam, AdamConfig, BlockView, BuildOptions, CsrGraph, MatMut, MatRef,
+    Model, ModelConfig, ModelKind, NeighborSampler, Optimizer, Rng, SamplerScratch,
+};
+
+use super::DeviceModel;
+use crate::{Backend, HostBackend};
+
+fn random_graph(n: usize, m: usize, seed: u64) -> CsrGraph {
+    let mut rng = Rng::new(seed);
+    let edges: Vec<(u32, u32)> = (0..m)
+        .map(|_| (rng.below(n as u64) as u32, rng.below(n as u64) as u32))
+        .collect();
+    CsrGraph::from_edges(n, &edges, BuildOptions::UNDIRECTED).expect("graph")
+}
+
+fn close(what: &str, a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let scale = b.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= tol * scale,
+            "{what}[{i}]: device {x} vs host {y} (scale {scale})"
+        );
+    }
+}
+
+/// One training step of both models on the same sampled batch; compares logits,
+/// gradients and updated parameters.
+fn check(kind: ModelKind, layers: usize, in_dim: usize, hidden: usize, dropout: f32) {
+    let g = random_graph(300, 2400, 7);
+    let classes = 5;
+    let cfg = ModelConfig {
+        kind,
+        in_dim,
+        hidden,
+        num_classes: classes,
+        num_layers: layers,
+        heads: 2,
+        dropout,
+    };
+    let mut host = Model::<f32>::new(&cfg, 11).expect("model");
+    let adam = AdamConfig {
+        lr: 0.01,
+        weight_decay: 5e-4,
+        ..AdamConfig::default()
+    };
+    let dev = HostBackend::new();
+    let mut dm = DeviceModel::from_host(&dev, &host, adam).expect("device model");
+
+    let seeds: Vec<u32> = (0..40).map(|i| i * 7).collect();
+    let sampler = NeighborSampler::new(vec![4; layers]).expect("sampler");
+    let mut scratch = SamplerScratch::new(g.num_vertices());
+    let batch = sampler.sample(&g, &seeds, 3, &mut scratch).expect("sample");
+    let mut rng = Rng::new(5);
+    let n_in = batch.input_ids().len();
+    let x: Vec<f32> = (0..n_in * in_dim).map(|_| rng.normal() as f32).collect();
+    let labels: Vec<u32> = (0..seeds.len())
+        .map(|_| rng.below(classes as u64) as u32)
+        .collect();
+
+    // Host reference.
+    let views: Vec<BlockView<'_>> = batch
+        .blocks()
+        .iter()
+        .map(|b| BlockView::new(b.num_src(), b.indptr(), b.indices()).expect("view"))
+        .collect();
+    let fwd = host.forward(&views, &x, true, 99).expect("host forward");
+    let mut grad = vec![0f32; seeds.len() * classes];
+    softmax_cross_entropy(
+        MatRef::new(fwd.logits(), seeds.len(), classes).expect("logits"),
+        &labels,
+        Some(MatMut::new(&mut grad, seeds.len(), classes).expect("grad")),
+    )
+    .expect("loss");
+    let grads = host.backward(&views, &fwd, &grad).expect("host backward");
+    let mut opt = Adam::new(adam).expect("adam");
+    let refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
+    opt.step(&mut host.params_mut(), &refs).expect("step");
+
+    // Device.
+    let blocks: Vec<_> = batch
+        .blocks()
+        .iter()
+        .map(|b| {
+            dev.block_from_host(b.num_src(), b.indptr(), b.indices())
+                .expect("block")
+        })
+        .collect();
+    let xd = dev.to_device(&x).expect("x");
+    let dfwd = dm
+        .forward(&dev, &blocks, &xd, true, 99)
+        .expect("device forward");
+    let logits = dev
+        .to_host(dfwd.logits(), seeds.len() * classes)
+        .expect("logits");
+    close("logits", &logits, fwd.logits(), 1e-4);
+    let gd = dev.to_device(&grad).expect("grad");
+    dm.backward(&dev, &blocks, &xd, &dfwd, &gd)
+        .expect("device backward");
+    let dgrads = dm.grads_to_host(&dev).expect("grads");
+    for ((name, a), b) in host.param_names().iter().zip(&dgrads).zip(&grads) {
+        close(&format!("grad {name}"), a, b, 1e-3);
+    }
+    dm.step(&dev).expect("device step");
+    assert_eq!(dm.version(), 1);
+    let params = dm.params_to_host(&dev).expect("params");
+    for ((name, a), b) in host.param_names().iter().zip(&params).zip(host.params()) {
+        close(&format!("param {name}"), a, b, 1e-4);
+    }
+}
+
+#[test]
+fn sage_matches_host_model() {
+    check(ModelKind::Sage, 2, 12, 16, 0.0); // aggregate first in layer 0
+    check(ModelKind::Sage, 3, 40, 16, 0.5); // project first, dropout
+}
+
+#[test]
+fn gcn_matches_host_model() {
+    check(ModelKind::Gcn, 2, 12, 16, 0.0);
+    check(ModelKind::Gcn, 3, 40, 16, 0.5);
+}
+
+#[test]
+fn gat_matches_host_model() {
+    check(ModelKind::Gat, 2, 12, 16, 0.0);
+    check(ModelKind::Gat, 3, 40, 16, 0.5);
+    check(ModelKind::Gat, 1, 9, 8, 0.0);
+}
+
+#[test]
+fn train_step_lowers_the_loss() {
+    let g = random_graph(200, 1600, 3);
+    let cfg = ModelConfig {
+        kind: ModelKind::Sage,
+        in_dim: 8,
+        hidden: 16,
+        num_classes: 3,
+        num_layers: 2,
+        heads: 1,
+        dropout: 0.0,
+    };
+    let host = Model::<f32>::new(&cfg, 1).expect("model");
+    let dev = HostBackend::new();
+    let mut dm = DeviceModel::from_host(
+        &dev,
+        &host,
+        AdamConfig {
+            lr: 0.01,
+            ..AdamConfig::default()
+        },
+    )
+    .expect("device model");
+    let seeds: Vec<u32> = (0..64).collect();
+    let batch = dev
+        .sample(
+            &dev.load_graph(&g, Default::default()).expect("graph"),
+            &seeds,
+            &[5, 5],
+            1,
+        )
+        .expect("sample");
+    let n_in = dev.block_shape(&batch.blocks[0]).0;
+    let mut rng = Rng::new(2);
+    let x: Vec<f32> = (0..n_in * 8).map(|_| rng.normal() as f32).collect();
+    let xd = dev.to_device(&x).expect("x");
+    let labels = dev
+        .to_device(&seeds.iter().map(|&s| s % 3).collect::<Vec<u32>>())
+        .expect("labels");
+    let first = dm
+        .train_step(&dev, &batch.blocks, &xd, &labels, 0)
+        .expect("step")
+        .loss;
+    let mut last = first;
+    for k in 1..30 {
+        last = dm
+            .train_step(&dev, &batch.blocks, &xd, &labels, k)
+            .expect("step")
+            .loss;
+    }
+    assert!(last < first * 0.7, "loss {first} -> {last}");
+    assert_eq!(dm.version(), 30);
+}
+
+#[test]
+fn mismatched_blocks_are_errors() {
+    let cfg = ModelConfig {
+        kind: ModelKind::Gcn,
+        in_dim: 4,
+        hidden: 8,
+        num_classes: 2,
+        num_layers: 2,
+        heads: 1,
+        dropout: 0.0,
+    };
+    let host = Model::<f32>::new(&cfg, 1).expect("model");
+    let dev = HostBackend::new();
+    let dm = DeviceModel::from_host(&dev, &host, AdamConfig::default()).expect("model");
+    let b = dev.block_from_host(3, &[0, 1, 2], &[2, 0]).expect("block");
+    let x = dev.to_device(&[0f32; 12]).expect("x");
+    // One block for a two-layer model.
+    assert!(dm
+        .forward(&dev, std::slice::from_ref(&b), &x, false, 0)
+        .is_err());
+    // Input too short for num_src × in_dim.
+    let b2 = dev.block_from_host(2, &[0, 1], &[1]).expect("block");
+    let short = dev.to_device(&[0f32; 5]).expect("x");
+    assert!(dm.forward(&dev, &[b, b2], &short, false, 0).is_err());
+}
