@@ -374,7 +374,7 @@ impl<'a> Event<'a> {
             .get(key)
             .and_then(Value::as_f64)
             .ok_or_else(|| self.err(format!("missing number `{key}` (microseconds)")))?;
-        if !(v.is_finite() && v >= 0.0 && v < 1.0e15) {
+        if !(0.0..1.0e15).contains(&v) {
             return Err(self.err(format!(
                 "`{key}` is {v}: expected a non-negative time in microseconds"
             )));

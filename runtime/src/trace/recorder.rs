@@ -755,6 +755,26 @@ mod tests {
         assert!(gather.start <= fl.from.ts && fl.from.ts <= gather.end);
     }
 
+    /// Cost per slice, disabled and enabled (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore = "timing, prints numbers"]
+    fn cost_per_slice() {
+        const N: u64 = 2_000_000;
+        for t in [Tracer::disabled(), Tracer::new()] {
+            let start = Instant::now();
+            for k in 0..N {
+                let mut g = t.slice("s").batch(k);
+                g.set_bytes(k);
+            }
+            let ns = start.elapsed().as_nanos() as f64 / N as f64;
+            let n = t.collect().slices.len();
+            eprintln!(
+                "enabled {}: {ns:.1} ns per slice ({n} recorded)",
+                t.is_enabled()
+            );
+        }
+    }
+
     #[test]
     fn counters_instants_gauges_and_notes() {
         let t = Tracer::new();
