@@ -13,6 +13,7 @@ pub mod export;
 pub mod generate;
 pub mod import;
 pub mod npy;
+pub mod trace;
 pub mod trainer;
 
 pub use error::{Error, Result};

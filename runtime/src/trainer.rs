@@ -32,6 +32,7 @@ use crate::config::TrainConfig;
 use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
 use crate::error::{Error, Result};
 use crate::generate::{generate_sbm, SbmOptions};
+use crate::trace::{FlowId, SliceGuard, Tracer};
 
 /// What one epoch did.
 #[derive(Clone, Debug, PartialEq)]
@@ -91,11 +92,39 @@ impl Inputs {
 }
 
 /// A prepared batch: its seeds, sampled blocks and gathered input features.
-struct Prepared {
+struct Prepared<'t> {
     seeds: Vec<u32>,
     batch: SampledBatch,
     x: Inputs,
     seed: u64,
+    probe: Probe<'t>,
+}
+
+/// Where a batch's trace slices go: the tracer, the batch's epoch and index, and
+/// the flow from its preparation to its compute. With a disabled tracer, recording
+/// is a no-op.
+#[derive(Clone, Copy)]
+struct Probe<'t> {
+    tracer: &'t Tracer,
+    epoch: u64,
+    batch: u64,
+    flow: FlowId,
+}
+
+impl<'t> Probe<'t> {
+    fn new(tracer: &'t Tracer, epoch: usize, batch: usize) -> Self {
+        Self {
+            tracer,
+            epoch: epoch as u64,
+            batch: batch as u64,
+            flow: tracer.flow("prepare→compute"),
+        }
+    }
+
+    /// Starts slice `name` with this batch's epoch and index.
+    fn slice(&self, name: &'static str) -> SliceGuard<'t> {
+        self.tracer.slice(name).epoch(self.epoch).batch(self.batch)
+    }
 }
 
 /// Fraction of non-zero values, estimated on up to 4096 evenly spaced rows.
@@ -128,6 +157,7 @@ pub struct Trainer {
     val_ids: Vec<u32>,
     test_ids: Vec<u32>,
     epoch: usize,
+    tracer: Tracer,
 }
 
 fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
@@ -192,6 +222,7 @@ impl Trainer {
             sampler,
             eval_sampler,
             epoch: 0,
+            tracer: Tracer::disabled(),
         })
     }
 
@@ -220,7 +251,22 @@ impl Trainer {
         self.opt.version()
     }
 
-    fn prepare(
+    /// Records training into `tracer` from now on: slices `sample`, `gather` (with
+    /// `bytes`), `forward`, `loss`, `backward`, `step` (each with `epoch` and
+    /// `batch`) and `eval` (with `epoch`), and a flow from each batch's gather to its
+    /// forward. A disabled tracer (the default) records nothing.
+    pub fn set_tracer(&mut self, tracer: Tracer) {
+        self.tracer = tracer;
+    }
+
+    /// The tracer training records into.
+    pub fn tracer(&self) -> &Tracer {
+        &self.tracer
+    }
+
+    // The tracing probe made this one argument longer than clippy's limit.
+    #[allow(clippy::too_many_arguments)]
+    fn prepare<'t>(
         ds: &Dataset,
         sparse: Option<&SparseRows<f32>>,
         sampler: &NeighborSampler,
@@ -228,10 +274,15 @@ impl Trainer {
         seeds: Vec<u32>,
         seed: u64,
         mut buf: Vec<f32>,
-    ) -> Result<Prepared> {
+        probe: Probe<'t>,
+    ) -> Result<Prepared<'t>> {
+        let sampling = probe.slice("sample");
         let batch = sampler
             .sample(&ds.graph, &seeds, seed, scratch)
             .map_err(kernel("sampling"))?;
+        drop(sampling);
+        let mut gathering = probe.slice("gather");
+        gathering.flow_out(probe.flow);
         let x = match sparse {
             Some(s) => Inputs::Sparse(s.gather(batch.input_ids()).map_err(kernel("gather"))?),
             None => {
@@ -244,11 +295,17 @@ impl Trainer {
                 Inputs::Dense(buf)
             }
         };
+        gathering.set_bytes(match &x {
+            Inputs::Dense(v) => std::mem::size_of_val(v.as_slice()) as u64,
+            Inputs::Sparse(r) => (r.nnz() * 8 + (r.num_rows() + 1) * 8) as u64,
+        });
+        drop(gathering);
         Ok(Prepared {
             seeds,
             batch,
             x,
             seed,
+            probe,
         })
     }
 
@@ -272,10 +329,14 @@ impl Trainer {
         opt: &mut Adam<f32>,
         p: &Prepared,
     ) -> Result<(f64, usize)> {
+        let mut forward = p.probe.slice("forward");
+        forward.flow_in(p.probe.flow);
         let views = Self::views(&p.batch)?;
         let fwd = model
             .forward_input(&views, p.x.as_model_input(), true, p.seed)
             .map_err(kernel("forward"))?;
+        drop(forward);
+        let loss = p.probe.slice("loss");
         let (n, c) = (p.seeds.len(), ds.num_classes as usize);
         let labels = Self::labels_of(ds, &p.seeds);
         let mut grad = vec![0f32; n * c];
@@ -285,9 +346,13 @@ impl Trainer {
             Some(MatMut::new(&mut grad, n, c).map_err(kernel("logits"))?),
         )
         .map_err(kernel("loss"))?;
+        drop(loss);
+        let backward = p.probe.slice("backward");
         let grads = model
             .backward_input(&views, p.x.as_model_input(), &fwd, &grad)
             .map_err(kernel("backward"))?;
+        drop(backward);
+        let _step = p.probe.slice("step");
         let grad_refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
         opt.step(&mut model.params_mut(), &grad_refs)
             .map_err(kernel("optimizer step"))?;
@@ -317,9 +382,11 @@ impl Trainer {
             sampler,
             scratch,
             sparse,
+            tracer,
             ..
         } = self;
         let sparse = sparse.as_ref();
+        let tracer = &*tracer;
         let mut next = Some(Self::prepare(
             ds,
             sparse,
@@ -328,6 +395,7 @@ impl Trainer {
             batches[0].clone(),
             derive_seed(base, 0),
             Vec::new(),
+            Probe::new(tracer, epoch, 0),
         )?);
         let mut spare: Vec<f32> = Vec::new();
         let (mut loss_sum, mut correct, mut seen) = (0.0, 0usize, 0usize);
@@ -342,7 +410,8 @@ impl Trainer {
                     upcoming
                         .map(|s| {
                             let seed = derive_seed(base, k as u64 + 1);
-                            Self::prepare(ds, sparse, sampler, scratch, s, seed, buf)
+                            let probe = Probe::new(tracer, epoch, k + 1);
+                            Self::prepare(ds, sparse, sampler, scratch, s, seed, buf, probe)
                         })
                         .transpose()
                 },
@@ -427,6 +496,8 @@ impl Trainer {
         let mut ids = ids.to_vec();
         Rng::new(derive_seed(self.cfg.train.seed, 6_000_000)).shuffle(&mut ids);
         let mut correct = 0usize;
+        // Evaluation shows as one `eval` slice; its batches are not traced.
+        let untraced = Tracer::disabled();
         for (k, chunk) in ids.chunks(self.cfg.train.eval_batch_size).enumerate() {
             let p = Self::prepare(
                 &self.ds,
@@ -436,6 +507,7 @@ impl Trainer {
                 chunk.to_vec(),
                 derive_seed(self.cfg.train.seed, 7_000_000 + k as u64),
                 Vec::new(),
+                Probe::new(&untraced, 0, k),
             )?;
             let views = Self::views(&p.batch)?;
             let fwd = self
@@ -468,6 +540,8 @@ impl Trainer {
             let eval_now = e + 1 == epochs || (every > 0 && (e + 1) % every == 0);
             let t = Instant::now();
             let (val_acc, test_acc) = if eval_now {
+                let tracer = self.tracer.clone();
+                let _eval = tracer.slice("eval").epoch(e as u64);
                 let (v, t) = self.evaluate_val_test()?;
                 (Some(v), Some(t))
             } else {

@@ -1,10 +1,12 @@
-//! The `tandem` command line: import, export, generate, inspect and benchmark.
+//! The `tandem` command line: import, export, generate, inspect, benchmark, train
+//! and report on traces.
 //!
 //! Every subcommand maps onto a library function; this module only parses
 //! arguments, prints results and turns errors into one-line messages.
 
 mod bench;
 mod data;
+mod report;
 mod train;
 
 use std::path::PathBuf;
@@ -39,6 +41,8 @@ enum Command {
     Bench(bench::BenchCmd),
     /// Train a GNN on the CPU (default: built-in synthetic graph, GraphSAGE).
     Train(train::TrainArgs),
+    /// Summarize a trace from `train --trace` (and draw utilization over time).
+    Report(report::ReportArgs),
 }
 
 /// Parses the process arguments, runs the command and reports errors on stderr.
@@ -62,6 +66,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Info(a) => data::info(a),
         Command::Bench(c) => bench::run(c),
         Command::Train(a) => train::run(a),
+        Command::Report(a) => report::run(a),
     }
 }
 

@@ -9,6 +9,7 @@ use clap::Args;
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::trace::{summarize, write_chrome_trace, CounterSampler, SamplerOptions, Tracer};
 use crate::trainer::{load_dataset, test_at_best_val, Trainer};
 
 #[derive(Debug, Args)]
@@ -22,6 +23,10 @@ pub(super) struct TrainArgs {
     /// Do not print the effective configuration at start.
     #[arg(long)]
     quiet_config: bool,
+    /// Record a Chrome/Perfetto trace of the run into FILE (JSON; written at the end,
+    /// also when training fails) and print its summary.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// A one-line progress bar on stderr, drawn only when stderr is a terminal.
@@ -69,10 +74,29 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
         .num_threads(threads)
         .build()
         .map_err(|e| Error::invalid_argument("train.threads", e.to_string()))?;
-    pool.install(|| train(cfg))
+    let Some(path) = &a.trace else {
+        return pool.install(|| train(cfg, Tracer::disabled()));
+    };
+    let tracer = Tracer::new();
+    let sampler = CounterSampler::start(&tracer, SamplerOptions::default());
+    for note in tracer.notes() {
+        eprintln!("note: {note}");
+    }
+    let result = pool.install(|| train(cfg, tracer.clone()));
+    sampler.stop();
+    let trace = tracer.collect();
+    let written = write_chrome_trace(path, &trace);
+    println!("\n{}", summarize(&trace));
+    match (&result, written) {
+        (_, Ok(())) => println!("trace written to {}", path.display()),
+        (Ok(()), Err(e)) => return Err(e),
+        // Report the training error; the trace error goes to stderr.
+        (Err(_), Err(e)) => eprintln!("error: writing the trace: {e}"),
+    }
+    result
 }
 
-fn train(cfg: TrainConfig) -> Result<()> {
+fn train(cfg: TrainConfig, tracer: Tracer) -> Result<()> {
     let t = Instant::now();
     let ds = load_dataset(&cfg)?;
     println!(
@@ -81,6 +105,7 @@ fn train(cfg: TrainConfig) -> Result<()> {
         t.elapsed().as_secs_f64()
     );
     let mut trainer = Trainer::new(ds, cfg)?;
+    trainer.set_tracer(tracer);
     println!(
         "model: {} × {} layers, hidden {}, {} parameters; {} threads",
         trainer.config().model.kind,

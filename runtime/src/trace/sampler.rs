@@ -1,0 +1,327 @@
+//! The counter sampler: a background thread that records, every interval (100 ms by
+//! default), the machine's CPU utilization, this process's CPU share and resident
+//! memory, each accelerator's utilization and memory (through NVML, when the driver
+//! library is there), and every registered [`Gauge`](super::Gauge).
+//!
+//! # Protocol
+//! 1. [`CounterSampler::start`] probes the sources on the calling thread: `/proc`
+//!    files that cannot be read or parsed, and NVML that cannot be loaded, are left
+//!    out with one note each on the tracer ([`Tracer::notes`]) saying why.
+//! 2. The thread samples once at once (a baseline for the CPU-time differences,
+//!    memory, gauges), then waits on a channel with the interval as time-out: a
+//!    time-out means "sample again"; a message or the sender's drop means "stop".
+//! 3. [`CounterSampler::stop`] (or dropping the sampler) drops the sender and joins
+//!    the thread, so stopping takes at most one sample's time, not an interval.
+//!
+//! Counter series (see `docs/tracing.md`): [`CPU_UTIL`], [`PROCESS_CPU`],
+//! [`PROCESS_RSS_MIB`], `accN.util`, `accN.mem_used_mib`, and one per gauge.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::nvml::Nvml;
+use super::procfs::{parse_proc_stat, parse_self_stat, parse_vm_rss, utilization, CpuTimes};
+use super::recorder::Tracer;
+
+/// Machine CPU utilization, percent of all CPUs (from `/proc/stat`).
+pub const CPU_UTIL: &str = "cpu.util";
+/// This process's CPU time, percent of all CPUs (from `/proc/self/stat`).
+pub const PROCESS_CPU: &str = "process.cpu";
+/// This process's resident memory, MiB (from `/proc/self/status`).
+pub const PROCESS_RSS_MIB: &str = "process.rss_mib";
+/// Conventional gauge name for the feature-cache hit rate (0..1).
+pub const CACHE_HIT_RATE: &str = "cache.hit_rate";
+/// Conventional gauge name for the current staleness gap (weight versions).
+pub const STALENESS_GAP: &str = "staleness.gap";
+
+/// Counter name of accelerator `i`'s utilization, percent.
+pub fn acc_util_counter(i: u32) -> String {
+    format!("acc{i}.util")
+}
+
+/// Counter name of accelerator `i`'s memory in use, MiB.
+pub fn acc_mem_counter(i: u32) -> String {
+    format!("acc{i}.mem_used_mib")
+}
+
+/// If `name` is an accelerator counter, its device index and kind (`"util"` or
+/// `"mem_used_mib"`).
+pub fn parse_acc_counter(name: &str) -> Option<(u32, &str)> {
+    let rest = name.strip_prefix("acc")?;
+    let (num, kind) = rest.split_once('.')?;
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    matches!(kind, "util" | "mem_used_mib").then_some((num.parse().ok()?, kind))
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// How the sampler runs.
+#[derive(Clone, Debug)]
+pub struct SamplerOptions {
+    /// Time between samples (at least 1 ms; default 100 ms).
+    pub interval: Duration,
+    /// Whether to try NVML for accelerator counters (default true).
+    pub accelerator: bool,
+}
+
+impl Default for SamplerOptions {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(100),
+            accelerator: true,
+        }
+    }
+}
+
+/// The running sampler; stops when [`CounterSampler::stop`] is called or it is
+/// dropped.
+pub struct CounterSampler {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for CounterSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CounterSampler")
+            .field("running", &self.thread.is_some())
+            .finish()
+    }
+}
+
+/// What the sampler reads, and the previous CPU-time reading.
+struct Sources {
+    proc: bool,
+    nvml: Option<Nvml>,
+    prev: Option<(CpuTimes, Option<u64>)>,
+}
+
+fn read(path: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))
+}
+
+impl Sources {
+    /// Probes the sources, noting on `tracer` each that is left out and why.
+    fn probe(tracer: &Tracer, opts: &SamplerOptions) -> Self {
+        let proc = match read("/proc/stat")
+            .and_then(|t| parse_proc_stat(&t).map_err(|e| format!("/proc/stat: {e}")))
+        {
+            Ok(_) => true,
+            Err(e) => {
+                tracer.note(format!("CPU and memory counters not recorded: {e}"));
+                false
+            }
+        };
+        let nvml = if opts.accelerator {
+            match Nvml::load() {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    tracer.note(format!(
+                        "accelerator counters not recorded: NVML unavailable ({e})"
+                    ));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Self {
+            proc,
+            nvml,
+            prev: None,
+        }
+    }
+
+    /// Takes one sample of everything into `tracer`.
+    fn tick(&mut self, tracer: &Tracer) {
+        if self.proc {
+            let machine = read("/proc/stat").and_then(|t| parse_proc_stat(&t)).ok();
+            let me = read("/proc/self/stat")
+                .and_then(|t| parse_self_stat(&t))
+                .ok();
+            if let (Some(now), Some((before, me_before))) = (machine, self.prev) {
+                if let Some((m, p)) = utilization(before, now, me_before, me) {
+                    tracer.counter(CPU_UTIL, m);
+                    if let Some(p) = p {
+                        tracer.counter(PROCESS_CPU, p);
+                    }
+                }
+            }
+            self.prev = machine.map(|m| (m, me));
+            if let Ok(rss) = read("/proc/self/status").and_then(|t| parse_vm_rss(&t)) {
+                tracer.counter(PROCESS_RSS_MIB, rss as f64 / MIB);
+            }
+        }
+        if let Some(nvml) = &self.nvml {
+            for s in nvml.sample() {
+                if let Some(u) = s.util_percent {
+                    tracer.counter(acc_util_counter(s.index), u);
+                }
+                if let Some(m) = s.mem_used {
+                    tracer.counter(acc_mem_counter(s.index), m as f64 / MIB);
+                }
+            }
+        }
+        for (name, g) in tracer.gauges() {
+            if let Some(v) = g.get() {
+                tracer.counter(name, v);
+            }
+        }
+    }
+}
+
+impl CounterSampler {
+    /// Starts sampling into `tracer` (a disabled tracer starts nothing). Sources
+    /// that are unavailable are noted on the tracer; if the thread cannot be
+    /// spawned, that is noted too and no counters are recorded.
+    pub fn start(tracer: &Tracer, opts: SamplerOptions) -> Self {
+        let idle = Self {
+            stop: None,
+            thread: None,
+        };
+        if !tracer.is_enabled() {
+            return idle;
+        }
+        let interval = opts.interval.max(Duration::from_millis(1));
+        let mut sources = Sources::probe(tracer, &opts);
+        let (tx, rx) = mpsc::channel::<()>();
+        let t = tracer.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tandem counter sampler".into())
+            .spawn(move || loop {
+                sources.tick(&t);
+                match rx.recv_timeout(interval) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                }
+            });
+        match spawned {
+            Ok(h) => Self {
+                stop: Some(tx),
+                thread: Some(h),
+            },
+            Err(e) => {
+                tracer.note(format!(
+                    "counters not recorded: cannot start the sampler thread: {e}"
+                ));
+                idle
+            }
+        }
+    }
+
+    /// Whether a sampler thread is running.
+    pub fn is_running(&self) -> bool {
+        self.thread.is_some()
+    }
+
+    /// Stops the thread and waits for it (at most one sample's time).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        drop(self.stop.take());
+        if let Some(h) = self.thread.take() {
+            // A panic in the sampler thread only loses counters; don't propagate.
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for CounterSampler {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn acc_counter_names_round_trip() {
+        assert_eq!(parse_acc_counter(&acc_util_counter(3)), Some((3, "util")));
+        assert_eq!(
+            parse_acc_counter(&acc_mem_counter(0)),
+            Some((0, "mem_used_mib"))
+        );
+        assert_eq!(parse_acc_counter("acc.util"), None);
+        assert_eq!(parse_acc_counter("acc0.power"), None);
+        assert_eq!(parse_acc_counter(CPU_UTIL), None);
+    }
+
+    #[test]
+    fn samples_cpu_memory_and_gauges_then_stops() {
+        let t = Tracer::new();
+        let hit = t.gauge(CACHE_HIT_RATE);
+        hit.set(0.75);
+        let s = CounterSampler::start(
+            &t,
+            SamplerOptions {
+                interval: Duration::from_millis(5),
+                accelerator: false,
+            },
+        );
+        assert!(s.is_running());
+        // Keep a core busy so utilization is non-zero.
+        let until = Instant::now() + Duration::from_millis(150);
+        let mut x = 0u64;
+        while Instant::now() < until {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        s.stop();
+        let tr = t.collect();
+        tr.validate().unwrap();
+        if std::path::Path::new("/proc/stat").exists() {
+            let util: Vec<f64> = tr.counter_series(CPU_UTIL).map(|c| c.value).collect();
+            assert!(util.len() >= 3, "{} cpu.util samples", util.len());
+            assert!(util.iter().all(|u| (0.0..=100.0).contains(u)));
+            assert!(util.iter().any(|&u| u > 0.0));
+            let me: Vec<f64> = tr.counter_series(PROCESS_CPU).map(|c| c.value).collect();
+            assert!(me.iter().any(|&u| u > 0.0), "{me:?}");
+            assert!(tr.counter_series(PROCESS_RSS_MIB).all(|c| c.value > 1.0));
+        }
+        assert!(tr.counter_series(CACHE_HIT_RATE).all(|c| c.value == 0.75));
+        assert!(tr.counter_series(CACHE_HIT_RATE).count() >= 3);
+        // Nothing is recorded after stop.
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(t.collect().counters.is_empty());
+    }
+
+    #[test]
+    fn stop_is_prompt_with_a_long_interval() {
+        let t = Tracer::new();
+        let s = CounterSampler::start(
+            &t,
+            SamplerOptions {
+                interval: Duration::from_secs(30),
+                accelerator: true,
+            },
+        );
+        std::thread::sleep(Duration::from_millis(10));
+        let t0 = Instant::now();
+        drop(s);
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        if Nvml::load().is_err() {
+            let notes = t.notes();
+            assert_eq!(
+                notes
+                    .iter()
+                    .filter(|n| n.contains("NVML unavailable"))
+                    .count(),
+                1,
+                "{notes:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn disabled_tracer_starts_no_thread() {
+        let s = CounterSampler::start(&Tracer::disabled(), SamplerOptions::default());
+        assert!(!s.is_running());
+    }
+}

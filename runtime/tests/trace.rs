@@ -1,0 +1,253 @@
+//! Traces of real (tiny) training runs: the file `tandem train --trace` writes loads
+//! back with a valid structure, and its summary is consistent.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Parser;
+use runtime::cli::{run, Cli};
+use runtime::config::TrainConfig;
+use runtime::trace::{
+    read_chrome_trace, summarize, write_chrome_trace, CounterSampler, SamplerOptions, Trace,
+    Tracer, TrackKind, CPU_UTIL, PROCESS_RSS_MIB,
+};
+use runtime::trainer::{load_dataset, Trainer};
+use serde_json::Value;
+
+const TINY: [&str; 9] = [
+    "data.synthetic.vertices=3000",
+    "data.synthetic.edges=15000",
+    "data.synthetic.dim=16",
+    "data.synthetic.classes=4",
+    "model.hidden=16",
+    "train.batch_size=256",
+    "train.epochs=2",
+    "train.threads=2",
+    "train.fanouts=[5, 5]",
+];
+
+fn tiny_config() -> TrainConfig {
+    let sets: Vec<String> = TINY.iter().map(|s| s.to_string()).collect();
+    TrainConfig::from_toml_with_overrides("", "--set".as_ref(), &sets).unwrap()
+}
+
+/// Trains the tiny config with tracing on and returns the collected trace and the
+/// number of training batches per epoch.
+fn traced_training() -> (Trace, usize) {
+    let cfg = tiny_config();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let tracer = Tracer::new();
+    let sampler = CounterSampler::start(
+        &tracer,
+        SamplerOptions {
+            interval: Duration::from_millis(5),
+            accelerator: true,
+        },
+    );
+    let stats = pool.install(|| {
+        let ds = load_dataset(&cfg).unwrap();
+        let mut t = Trainer::new(ds, cfg).unwrap();
+        t.set_tracer(tracer.clone());
+        t.fit(|_| {}, &mut |_, _| {}).unwrap()
+    });
+    sampler.stop();
+    (tracer.collect(), stats[0].batches)
+}
+
+/// Structural checks done directly on the JSON, independent of the reader.
+fn check_json(path: &Path) {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().expect("traceEvents array");
+    let mut declared = BTreeSet::new();
+    for e in events {
+        if e["ph"] == "M" && e["name"] == "thread_name" {
+            declared.insert((e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()));
+        }
+    }
+    assert!(!declared.is_empty());
+    let mut last_counter: HashMap<String, f64> = HashMap::new();
+    let mut slices: HashMap<(u64, u64), Vec<(f64, f64)>> = HashMap::new();
+    for e in events {
+        match e["ph"].as_str().unwrap() {
+            "X" => {
+                let key = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+                assert!(declared.contains(&key), "slice on undeclared track: {e}");
+                let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+                assert!(ts >= 0.0 && dur >= 0.0, "{e}");
+                slices.entry(key).or_default().push((ts, ts + dur));
+            }
+            "C" => {
+                let name = e["name"].as_str().unwrap().to_string();
+                let ts = e["ts"].as_f64().unwrap();
+                assert!(e["args"]["value"].as_f64().unwrap().is_finite());
+                if let Some(prev) = last_counter.insert(name, ts) {
+                    assert!(ts >= prev, "counter goes back in time: {e}");
+                }
+            }
+            _ => {}
+        }
+    }
+    // Each flow end lies inside a slice of its track.
+    for e in events {
+        if e["ph"] == "s" || e["ph"] == "f" {
+            let key = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+            let ts = e["ts"].as_f64().unwrap();
+            let inside = slices
+                .get(&key)
+                .is_some_and(|v| v.iter().any(|&(s, end)| s <= ts && ts <= end));
+            assert!(inside, "flow end outside every slice: {e}");
+        }
+    }
+}
+
+#[test]
+fn a_training_trace_round_trips_with_valid_structure() {
+    let (trace, batches) = traced_training();
+    let epochs = 2;
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("train.json");
+    write_chrome_trace(&path, &trace).unwrap();
+    check_json(&path);
+    let back = read_chrome_trace(&path).unwrap();
+    assert_eq!(back, trace, "the reader gives back what was written");
+    back.validate().unwrap();
+
+    // Tracks: the two pool workers, nothing else.
+    let mut names: Vec<&str> = back.tracks.iter().map(|t| t.name.as_str()).collect();
+    names.sort();
+    assert!(
+        names.iter().all(|n| n.starts_with("cpu worker ")) && !names.is_empty(),
+        "{names:?}"
+    );
+    assert!(back.tracks.iter().all(|t| t.kind == TrackKind::Cpu));
+
+    // Stages: one slice per batch and epoch, each with its epoch and batch.
+    let count = |n: &str| back.slices.iter().filter(|s| s.name == n).count();
+    for stage in ["sample", "gather", "forward", "loss", "backward", "step"] {
+        assert_eq!(count(stage), batches * epochs, "{stage}");
+    }
+    assert_eq!(count("eval"), epochs);
+    for s in back.slices.iter().filter(|s| s.name != "eval") {
+        assert!(s.args.batch.unwrap() < batches as u64);
+        assert!(s.args.epoch.unwrap() < epochs as u64);
+        assert!(s.start <= s.end);
+    }
+    // Gather records bytes: rows × 16 features × 4 bytes.
+    for s in back.slices.iter().filter(|s| s.name == "gather") {
+        let b = s.args.bytes.unwrap();
+        assert!(b > 0 && b.is_multiple_of(16 * 4), "{b}");
+    }
+
+    // One flow per batch, from its gather to its forward.
+    assert_eq!(back.flows.len(), batches * epochs);
+    let find = |p: runtime::trace::FlowPoint, name: &str| {
+        back.slices
+            .iter()
+            .find(|s| s.track == p.track && s.name == name && s.start <= p.ts && p.ts <= s.end)
+            .unwrap_or_else(|| panic!("no `{name}` slice under flow end {p:?}"))
+    };
+    for f in &back.flows {
+        let (g, fw) = (find(f.from, "gather"), find(f.to, "forward"));
+        assert_eq!((g.args.epoch, g.args.batch), (fw.args.epoch, fw.args.batch));
+        assert!(g.end <= fw.start, "a batch is gathered before its forward");
+    }
+
+    // Counters: sampled during the run, monotone per series.
+    if Path::new("/proc/stat").exists() {
+        assert!(back.counter_series(CPU_UTIL).count() >= 2);
+        assert!(back.counter_series(PROCESS_RSS_MIB).count() >= 2);
+    }
+
+    // The summary agrees with the slices.
+    let s = summarize(&back);
+    let (start, end) = back.span().unwrap();
+    assert_eq!(s.wall, end - start);
+    assert_eq!(s.slices as usize, back.slices.len());
+    for t in &s.tracks {
+        assert!(
+            t.busy <= s.wall,
+            "{} busy {} > wall {}",
+            t.name,
+            t.busy,
+            s.wall
+        );
+    }
+    assert!(s.cpu_busy <= s.wall && s.cpu_parallel <= s.cpu_busy);
+    assert!(s.cpu_busy >= s.tracks.iter().map(|t| t.busy).max().unwrap());
+    assert!(s.cpu_busy <= s.tracks.iter().map(|t| t.busy).sum());
+    let stage_total: u64 = s.stages.iter().map(|st| st.busy).sum();
+    let slice_total: u64 = back.slices.iter().map(|sl| sl.duration()).sum();
+    assert_eq!(stage_total, slice_total);
+    assert_eq!(s.acc_busy, None);
+    assert!(s.staleness.is_empty());
+    let text = s.to_string();
+    assert!(text.contains("no reuse recorded"), "{text}");
+    assert!(text.contains("forward"), "{text}");
+}
+
+#[test]
+fn disabled_tracing_records_nothing_during_training() {
+    let cfg = tiny_config();
+    let ds = load_dataset(&cfg).unwrap();
+    let mut t = Trainer::new(ds, cfg).unwrap();
+    assert!(!t.tracer().is_enabled());
+    t.train_epoch(&mut |_, _| {}).unwrap();
+    assert_eq!(t.tracer().collect(), Trace::default());
+}
+
+fn cli(args: &[&str]) -> runtime::Result<()> {
+    run(Cli::try_parse_from(args).unwrap())
+}
+
+#[test]
+fn tandem_train_trace_then_report() {
+    let d = tempfile::tempdir().unwrap();
+    let trace = d.path().join("run.json");
+    let svg = d.path().join("util.svg");
+    let trace_s = trace.to_str().unwrap();
+    let mut args = vec!["tandem", "train", "--quiet-config", "--trace", trace_s];
+    for s in TINY {
+        args.extend(["--set", s]);
+    }
+    cli(&args).unwrap();
+    let t = read_chrome_trace(&trace).unwrap();
+    assert!(t.slices.iter().any(|s| s.name == "forward"));
+    cli(&["tandem", "report", trace_s, "--svg", svg.to_str().unwrap()]).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") && text.contains("busy per track"));
+    // Only the two outputs: no temporaries left behind.
+    assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+
+    // A report on a malformed file names the file and the problem.
+    let bad = d.path().join("bad.json");
+    std::fs::write(&bad, "{\"traceEvents\": [{\"ph\": \"X\"}]}").unwrap();
+    let e = cli(&["tandem", "report", bad.to_str().unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bad.json") && e.contains("missing"), "{e}");
+}
+
+#[test]
+fn a_failed_run_still_writes_its_trace() {
+    let d = tempfile::tempdir().unwrap();
+    let trace = d.path().join("failed.json");
+    let missing = d.path().join("missing.tds");
+    let set = format!("data.path=\"{}\"", missing.display());
+    let r = cli(&[
+        "tandem",
+        "train",
+        "--quiet-config",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--set",
+        &set,
+    ]);
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("missing.tds"), "{e}");
+    let t = read_chrome_trace(&trace).unwrap();
+    assert!(t.slices.is_empty());
+}
