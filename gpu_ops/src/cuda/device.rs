@@ -482,6 +482,51 @@ impl Drop for CudaBackend {
 mod tests {
     use super::*;
 
+    /// On a machine without the NVIDIA driver (like the CI's), the constructor names
+    /// libcuda and does not panic; with a driver it opens the device or explains why
+    /// not (still without panicking).
+    #[test]
+    fn new_reports_a_missing_driver_without_panicking() {
+        // SAFETY: only tries to dlopen libcuda.
+        let driver = unsafe { sys::is_culib_present() };
+        match CudaBackend::new(0) {
+            Err(GpuOpsError::Unavailable { kind, reason }) => {
+                assert_eq!(kind, DeviceKind::Cuda);
+                assert!(!reason.contains('\n'), "one line: {reason}");
+                if !driver {
+                    assert!(reason.contains("libcuda"), "{reason}");
+                    assert_eq!(reason, DRIVER_MISSING);
+                }
+            }
+            Ok(b) => {
+                assert!(driver);
+                assert!(b.describe_device().contains("compute capability"));
+            }
+            Err(e) => assert!(driver, "without a driver only Unavailable is possible: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_bad_ordinal_is_unavailable_not_a_panic() {
+        // SAFETY: only tries to dlopen libcuda.
+        let driver = unsafe { sys::is_culib_present() };
+        match CudaBackend::new(usize::MAX) {
+            Err(GpuOpsError::Unavailable { reason, .. }) => {
+                if driver {
+                    assert!(
+                        reason.contains("does not exist")
+                            || reason.contains("no ")
+                            || reason.contains("not found"),
+                        "{reason}"
+                    );
+                } else {
+                    assert!(reason.contains("libcuda"), "{reason}");
+                }
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+    }
+
     #[test]
     fn fault_codes_name_the_argument_and_the_bound() {
         let e = fault_error(1, 42, 10).to_string();

@@ -168,9 +168,12 @@ pub(crate) fn compile_to_ptx(name: &str, source: &str, cc: (u32, u32)) -> Result
     }
 }
 
+/// PTX by family and compute capability.
+type PtxCache = Mutex<HashMap<(Family, (u32, u32)), Ptx>>;
+
 /// Process-wide PTX cache: each family is compiled once per architecture.
-fn ptx_cache() -> &'static Mutex<HashMap<(Family, (u32, u32)), Ptx>> {
-    static CACHE: OnceLock<Mutex<HashMap<(Family, (u32, u32)), Ptx>>> = OnceLock::new();
+fn ptx_cache() -> &'static PtxCache {
+    static CACHE: OnceLock<PtxCache> = OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 

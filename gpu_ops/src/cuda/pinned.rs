@@ -302,12 +302,12 @@ impl<T: Pod> Drop for HostRegion<T> {
         let _ = self.compute.synchronize();
         match self.backing {
             Backing::Empty => {}
-            // SAFETY: `host` was registered by `new` and nothing reads it any more.
             Backing::Registered { host, .. } => {
+                // SAFETY: `host` was registered by `new` and nothing reads it any more.
                 let _ = unsafe { sys::cuMemHostUnregister(host) };
             }
-            // SAFETY: `host` came from cuMemHostAlloc in `new` and nothing reads it.
             Backing::Copied { host } => {
+                // SAFETY: `host` came from cuMemHostAlloc in `new` and nothing reads it.
                 let _ = unsafe { result::free_host(host) };
             }
         }
