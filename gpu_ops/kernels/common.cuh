@@ -16,6 +16,9 @@
 //   through the backend's fault word (see `report_fault`), which the host reads at
 //   its next synchronization and turns into a typed error.
 
+#ifndef TANDEM_COMMON_CUH
+#define TANDEM_COMMON_CUH
+
 typedef unsigned char u8;
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -112,3 +115,5 @@ __device__ __forceinline__ void warp_copy_row(float* dst, const float* src, u64 
 __device__ __forceinline__ void warp_zero_row(float* dst, u64 dim) {
     for (u64 c = lane_id(); c < dim; c += WARP_SIZE) dst[c] = 0.0f;
 }
+
+#endif  // TANDEM_COMMON_CUH
