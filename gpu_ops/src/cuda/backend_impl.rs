@@ -4,7 +4,7 @@
 
 use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix};
 
-use super::alloc::CudaBuf;
+use super::alloc::{CudaBuf, Init};
 use super::device::{CudaBackend, CudaEventHandle, CudaStreamHandle};
 use super::features::CudaFeatures;
 use super::math::CudaMask;
@@ -113,6 +113,13 @@ impl Backend for CudaBackend {
         dst: &mut [T],
     ) -> Result<()> {
         self.download_slice(stream, src, dst)
+    }
+
+    fn to_device<T: Elem>(&self, src: &[T]) -> Result<CudaBuf<T>> {
+        // No zeroing: the upload overwrites every element.
+        let mut b = self.buf(src.len(), Init::Uninit, "buffer")?;
+        self.upload_slice(&self.compute, src, &mut b)?;
+        Ok(b)
     }
 
     fn copy<T: Elem>(&self, src: &CudaBuf<T>, dst: &mut CudaBuf<T>, len: usize) -> Result<()> {
