@@ -9,6 +9,7 @@
 
 mod backend;
 mod cache;
+mod cuda;
 mod error;
 mod host;
 mod model;
@@ -18,6 +19,7 @@ pub use backend::{
     MemoryInfo, TopologyPlacement,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
+pub use cuda::{AllocatorStats, CudaBackend};
 pub use error::{GpuOpsError, Result};
 pub use host::{
     HostBackend, HostBlock, HostBuf, HostEvent, HostFeatures, HostGraph, HostMask, HostStream,

@@ -1,0 +1,211 @@
+// Dense element-wise math, bias, activations, dropout, softmax cross-entropy, Adam,
+// and deterministic column sums. Host twins: cpu_ops::{add_bias, bias_grad, relu,
+// elu, dropout, softmax_cross_entropy, Adam}.
+#include "common.cuh"
+
+// x[r, c] += bias[c] for r < rows.
+extern "C" __global__ void add_bias(float* x, const float* bias, u64 rows, u64 cols) {
+    const u64 n = rows * cols;
+    for (u64 i = thread_index(); i < n; i += thread_count()) x[i] += bias[i % cols];
+}
+
+// Column sums, pass 1: partial[chunk * cols + c] = Σ_{r in chunk} w(r, c) · x[r, c],
+// chunks of `chunk_rows` rows (a fixed partition, so the sum order is fixed).
+// w(r, c) = w[r * w_stride + c / w_div] when has_w, else 1.
+extern "C" __global__ void colsum_partial(const float* x, u64 rows, u64 cols, u64 chunk_rows,
+                                          const float* w, u32 has_w, u64 w_stride, u64 w_div,
+                                          float* partial) {
+    const u64 chunks = (rows + chunk_rows - 1) / chunk_rows;
+    const u64 n = chunks * cols;
+    for (u64 i = thread_index(); i < n; i += thread_count()) {
+        const u64 chunk = i / cols;
+        const u64 c = i % cols;
+        const u64 r0 = chunk * chunk_rows;
+        const u64 r1 = min(rows, r0 + chunk_rows);
+        float acc = 0.0f;
+        if (has_w) {
+            for (u64 r = r0; r < r1; ++r) acc += w[r * w_stride + c / w_div] * x[r * cols + c];
+        } else {
+            for (u64 r = r0; r < r1; ++r) acc += x[r * cols + c];
+        }
+        partial[i] = acc;
+    }
+}
+
+// Column sums, pass 2: out[c] (+)= Σ_chunk partial[chunk * cols + c], in chunk order.
+extern "C" __global__ void colsum_finish(const float* partial, u64 chunks, u64 cols, float* out,
+                                         u32 accumulate) {
+    for (u64 c = thread_index(); c < cols; c += thread_count()) {
+        float acc = 0.0f;
+        for (u64 k = 0; k < chunks; ++k) acc += partial[k * cols + c];
+        out[c] = accumulate ? out[c] + acc : acc;
+    }
+}
+
+// ReLU in place: x = x < 0 ? 0 : x (NaN stays NaN, as on the host).
+extern "C" __global__ void relu_forward(float* x, u64 n) {
+    for (u64 i = thread_index(); i < n; i += thread_count()) {
+        const float v = x[i];
+        x[i] = v < 0.0f ? 0.0f : v;
+    }
+}
+
+// dy *= [y > 0].
+extern "C" __global__ void relu_backward(const float* y, float* dy, u64 n) {
+    for (u64 i = thread_index(); i < n; i += thread_count()) {
+        if (!(y[i] > 0.0f)) dy[i] = 0.0f;
+    }
+}
+
+// ELU in place: x = x if x > 0, else alpha (e^x − 1).
+extern "C" __global__ void elu_forward(float* x, u64 n, float alpha) {
+    for (u64 i = thread_index(); i < n; i += thread_count()) {
+        const float v = x[i];
+        if (!(v > 0.0f)) x[i] = alpha * expm1f(v);
+    }
+}
+
+// dy *= 1 where y > 0, else y + alpha.
+extern "C" __global__ void elu_backward(const float* y, float* dy, u64 n, float alpha) {
+    for (u64 i = thread_index(); i < n; i += thread_count()) {
+        const float o = y[i];
+        if (!(o > 0.0f)) dy[i] *= o + alpha;
+    }
+}
+
+// Inverted dropout: element i is kept when the top 16 bits of hash_draw(key, i) are
+// >= threshold (threshold = round(p · 2^16); 2^16 drops everything), and then scaled.
+// One thread per 32-element mask word: bit b of mask[w] keeps element 32 w + b.
+extern "C" __global__ void dropout_forward(float* x, u64 n, u32 threshold, float scale, u64 key,
+                                           u32* mask) {
+    const u64 words = (n + 31) / 32;
+    for (u64 w = thread_index(); w < words; w += thread_count()) {
+        u32 bits = 0;
+        const u64 base = w * 32;
+        const u64 end = min(n, base + 32);
+        for (u64 i = base; i < end; ++i) {
+            const u32 draw = (u32)(hash_draw(key, i) >> 48);
+            const u32 keep = draw >= threshold ? 1u : 0u;
+            bits |= keep << (u32)(i - base);
+            x[i] = keep ? x[i] * scale : 0.0f;
+        }
+        mask[w] = bits;
+    }
+}
+
+// dy = mask ? dy · scale : 0.
+extern "C" __global__ void dropout_backward(const u32* mask, float* dy, u64 n, float scale) {
+    for (u64 i = thread_index(); i < n; i += thread_count()) {
+        const u32 keep = (mask[i / 32] >> (u32)(i % 32)) & 1u;
+        dy[i] = keep ? dy[i] * scale : 0.0f;
+    }
+}
+
+// Softmax cross-entropy, one warp per row: row_loss[r] = lse_r − z[r, y_r] (computed
+// as (m − z_y) + ln Σ exp(z − m)), row_correct[r] = [first arg-max == y_r], and, when
+// has_grad, grad[r, j] = (softmax_j − [j = y_r]) · inv_rows. A label >= classes is a
+// fault (the row gets loss 0, no gradient change, and the host returns an error).
+extern "C" __global__ void xent_rows(const float* logits, u64 rows, u64 classes, const u32* labels,
+                                     float* grad, u32 has_grad, float inv_rows, float* row_loss,
+                                     u32* row_correct, u32* fault) {
+    const u32 lane = lane_id();
+    for (u64 r = warp_index(); r < rows; r += warp_count()) {
+        const float* z = logits + r * classes;
+        const u32 label = labels[r];
+        if ((u64)label >= classes) {
+            if (lane == 0) {
+                report_fault(fault, FAULT_LABEL, label, classes);
+                row_loss[r] = 0.0f;
+                row_correct[r] = 0;
+            }
+            continue;
+        }
+        // Arg-max (first on ties; NaN never wins a comparison).
+        float best = 0.0f;  // replaced by the first element a lane sees
+        u64 best_j = classes;
+        for (u64 j = lane; j < classes; j += WARP_SIZE) {
+            const float v = z[j];
+            if (best_j == classes || v > best) {
+                best = v;
+                best_j = j;
+            }
+        }
+        for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL_MASK, best, o);
+            const u64 oj = __shfl_xor_sync(FULL_MASK, best_j, o);
+            if (oj < classes && (best_j == classes || ov > best || (ov == best && oj < best_j))) {
+                best = ov;
+                best_j = oj;
+            }
+        }
+        const float m = best;
+        float s = 0.0f;
+        for (u64 j = lane; j < classes; j += WARP_SIZE) s += expf(z[j] - m);
+        s = warp_sum(s);
+        const float log_sum = logf(s);
+        if (has_grad) {
+            const float shift = m + log_sum;
+            float* g = grad + r * classes;
+            for (u64 j = lane; j < classes; j += WARP_SIZE) {
+                float v = expf(z[j] - shift) * inv_rows;
+                if (j == label) v -= inv_rows;
+                g[j] = v;
+            }
+        }
+        if (lane == 0) {
+            row_loss[r] = (m - z[label]) + log_sum;
+            row_correct[r] = best_j == (u64)label ? 1u : 0u;
+        }
+    }
+}
+
+// Deterministic sum of the per-row results (one block of XENT_REDUCE_THREADS
+// threads): thread t sums rows t, t + T, ... in f64, then a fixed-shape tree.
+#define XENT_REDUCE_THREADS 256
+extern "C" __global__ void xent_reduce(const float* row_loss, const u32* row_correct, u64 rows,
+                                       double* out_loss, u64* out_correct) {
+    __shared__ double loss_s[XENT_REDUCE_THREADS];
+    __shared__ u64 corr_s[XENT_REDUCE_THREADS];
+    const u32 t = threadIdx.x;
+    double l = 0.0;
+    u64 c = 0;
+    if (blockIdx.x == 0) {
+        for (u64 r = t; r < rows; r += XENT_REDUCE_THREADS) {
+            l += (double)row_loss[r];
+            c += row_correct[r];
+        }
+    }
+    loss_s[t] = l;
+    corr_s[t] = c;
+    __syncthreads();
+    for (u32 s = XENT_REDUCE_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) {
+            loss_s[t] += loss_s[t + s];
+            corr_s[t] += corr_s[t + s];
+        }
+        __syncthreads();
+    }
+    if (blockIdx.x == 0 && t == 0) {
+        *out_loss = loss_s[0];
+        *out_correct = corr_s[0];
+    }
+}
+
+// Adam with L2 decay (PyTorch `Adam`): g += wd θ; m = β1 m + (1 − β1) g;
+// v = β2 v + (1 − β2) g²; θ −= step_size · m / (√v · inv_bias2_sqrt + eps), with
+// step_size = lr / (1 − β1^t) and inv_bias2_sqrt = 1 / √(1 − β2^t) computed on the
+// host in f64 (as cpu_ops::Adam does).
+extern "C" __global__ void adam_step(float* param, const float* grad, float* m, float* v, u64 n,
+                                     float beta1, float beta2, float one_minus_beta1,
+                                     float one_minus_beta2, float eps, float weight_decay,
+                                     float step_size, float inv_bias2_sqrt) {
+    for (u64 i = thread_index(); i < n; i += thread_count()) {
+        const float p = param[i];
+        const float g = grad[i] + weight_decay * p;
+        const float mi = beta1 * m[i] + one_minus_beta1 * g;
+        const float vi = beta2 * v[i] + one_minus_beta2 * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = p - step_size * mi / (sqrtf(vi) * inv_bias2_sqrt + eps);
+    }
+}

@@ -1,0 +1,364 @@
+// Runs every kernel family under the SIMT emulator (emu.h) and compares it with a
+// double-precision reference written from the formulas of the host twins
+// (cpu_ops::{aggregate, attention, loss, sampler, dropout}, the relabel contract).
+// Grids are kept at a few blocks so every grid- and warp-stride loop runs more than
+// once. The host-side orchestration (scan levels, relabel steps, sampling counts →
+// scan → pick) mirrors gpu_ops/src/cuda/{scan,sample}.rs.
+//
+// Build and run: .ci/kernel-simt (g++ >= 12, -std=c++20 -pthread).
+#include "emu.h"
+// The kernel sources themselves, so declarations cannot drift from them.
+#include "../math.cu"
+#include "../features.cu"
+#include "../scan.cu"
+#include "../sample.cu"
+#include "../aggregate.cu"
+#include "../attention.cu"
+#include <cstdio>
+#include <cassert>
+#include <map>
+#include <set>
+#include <random>
+#include <numeric>
+
+static std::mt19937_64 rng(42);
+static int failures = 0;
+#define CHECK(c, ...) do { if (!(c)) { std::printf("FAIL %s:%d: ", __FILE__, __LINE__); std::printf(__VA_ARGS__); std::printf("\n"); ++failures; } } while (0)
+static float rnd() { return std::uniform_real_distribution<float>(-1, 1)(rng); }
+static u64 below(u64 n) { return rng() % n; }
+static bool close(double a, double b, double tol) { return std::fabs(a - b) <= tol * std::max(1.0, std::fabs(b)); }
+
+// Grid shapes: a few blocks so grid-stride loops run more than once.
+static unsigned BLOCKS = 2, T = 256;
+static unsigned tgrid(u64 n) { return (unsigned)std::min<u64>((n + 255) / 256, BLOCKS); }
+static unsigned wgrid(u64 n) { return (unsigned)std::min<u64>((n + 7) / 8, BLOCKS); }
+
+template <class U> void scan_in_place(std::vector<U>& buf, u64 n);
+template <> void scan_in_place<u32>(std::vector<u32>& buf, u64 n) {
+    if (n == 0) return;
+    u64 t = (n + 1023) / 1024;
+    std::vector<u32> sums(t);
+    launch(scan_u32_tiles, (unsigned)t, 256, (const u32*)buf.data(), n, buf.data(), sums.data());
+    if (t > 1) { scan_in_place<u32>(sums, t); launch(scan_u32_add, tgrid(n), T, buf.data(), n, (const u32*)sums.data()); }
+}
+template <> void scan_in_place<u64>(std::vector<u64>& buf, u64 n) {
+    if (n == 0) return;
+    u64 t = (n + 1023) / 1024;
+    std::vector<u64> sums(t);
+    launch(scan_u64_tiles, (unsigned)t, 256, (const u64*)buf.data(), n, buf.data(), sums.data());
+    if (t > 1) { scan_in_place<u64>(sums, t); launch(scan_u64_add, tgrid(n), T, buf.data(), n, (const u64*)sums.data()); }
+}
+
+static void test_scan() {
+    for (u64 n : {1ull, 5ull, 1023ull, 1024ull, 1025ull, 5000ull, 1024ull * 1024 + 3}) {
+        std::vector<u32> v(n), want(n);
+        for (auto& x : v) x = below(5);
+        u32 acc = 0;
+        for (u64 i = 0; i < n; ++i) { want[i] = acc; acc += v[i]; }
+        scan_in_place<u32>(v, n);
+        CHECK(v == want, "scan u32 n=%llu", n);
+        std::vector<u64> w(n), w2(n);
+        for (auto& x : w) x = below(1ull << 40);
+        u64 a2 = 0;
+        for (u64 i = 0; i < n; ++i) { w2[i] = a2; a2 += w[i]; }
+        scan_in_place<u64>(w, n);
+        CHECK(w == w2, "scan u64 n=%llu", n);
+    }
+    std::printf("scan ok\n");
+}
+
+static void relabel(const std::vector<u32>& a, const std::vector<u32>& b, std::vector<u32>& uniq, std::vector<u32>& local) {
+    u64 na = a.size(), nb = b.size(), total = na + nb;
+    u64 cap = 64; while (cap < 2 * total) cap <<= 1;
+    std::vector<u32> keys(cap + 1, 0xffffffffu), minp(cap + 1, 0xffffffffu), slot(total), ranks(total + 1, 0);
+    launch(unique_insert, tgrid(total), T, a.data(), na, b.data(), nb, keys.data(), minp.data(), cap, slot.data());
+    launch(unique_flag, tgrid(total), T, (const u32*)slot.data(), (const u32*)minp.data(), total, ranks.data());
+    scan_in_place<u32>(ranks, total + 1);
+    u64 nu = ranks[total];
+    uniq.assign(nu, 0); local.assign(nb, 0);
+    launch(unique_scatter, tgrid(total), T, a.data(), na, b.data(), nb, (const u32*)slot.data(), (const u32*)minp.data(), (const u32*)ranks.data(), uniq.data(), local.data());
+}
+
+static void test_relabel() {
+    for (auto [na, nb, range] : std::vector<std::tuple<u64, u64, u64>>{{0, 9, 4}, {17, 301, 90}, {200, 5000, 100000}, {3, 3000, 0}}) {
+        std::vector<u32> pool(std::max<u64>(range, 1000));
+        std::iota(pool.begin(), pool.end(), 0);
+        std::shuffle(pool.begin(), pool.end(), rng);
+        std::vector<u32> a(pool.begin(), pool.begin() + na), b(nb);
+        if (range == 0) { a = {0xffffffffu, 0, 7}; for (auto& x : b) x = below(3) == 0 ? 0xffffffffu : (u32)below(50); }
+        else for (auto& x : b) x = below(range);
+        std::map<u32, u32> pos; std::vector<u32> wu, wl;
+        for (u32 t : a) { pos[t] = wu.size(); wu.push_back(t); }
+        for (u32 c : b) { auto it = pos.find(c); if (it == pos.end()) { pos[c] = wu.size(); wl.push_back(wu.size()); wu.push_back(c); } else wl.push_back(it->second); }
+        std::vector<u32> u, l;
+        relabel(a, b, u, l);
+        CHECK(u == wu && l == wl, "relabel na=%llu nb=%llu (got %zu unique, want %zu)", na, nb, u.size(), wu.size());
+    }
+    std::printf("relabel ok\n");
+}
+
+struct Csr { u64 ns; std::vector<u64> indptr; std::vector<u32> idx; u64 nd() const { return indptr.size() - 1; } };
+static Csr random_block(u64 nd, u64 ns, u64 maxdeg) {
+    Csr c{ns, {0}, {}};
+    for (u64 i = 0; i < nd; ++i) { u64 d = below(4) == 0 ? 0 : below(maxdeg + 1); for (u64 k = 0; k < d; ++k) c.idx.push_back(below(ns)); c.indptr.push_back(c.idx.size()); }
+    return c;
+}
+static std::vector<float> src_weights(const Csr& c) {
+    std::vector<u32> od(c.ns, 0);
+    launch(block_out_degree, tgrid(c.idx.size()), T, (const u32*)c.idx.data(), (u64)c.idx.size(), od.data());
+    std::vector<u32> want(c.ns, 0); for (u32 j : c.idx) want[j]++;
+    CHECK(od == want, "out degrees");
+    std::vector<float> w(c.ns);
+    launch(block_src_weight, tgrid(c.ns), T, (const u32*)od.data(), c.ns, w.data());
+    return w;
+}
+
+static void test_aggregate() {
+    for (auto [nd, ns, deg] : std::vector<std::tuple<u64, u64, u64>>{{1, 1, 1}, {37, 91, 7}, {64, 64, 12}, {203, 517, 9}}) {
+        Csr c = random_block(nd, ns, deg);
+        auto sw = src_weights(c);
+        std::vector<u32> od(ns, 0); for (u32 j : c.idx) od[j]++;
+        for (u64 dim : {1ull, 3ull, 16ull, 17ull, 33ull, 129ull}) {
+            std::vector<float> x(ns * dim), g(nd * dim);
+            for (auto& v : x) v = rnd();
+            for (auto& v : g) v = rnd();
+            for (u32 kind = 0; kind < 3; ++kind) {
+                std::vector<double> want(nd * dim, 0), wantb(ns * dim, 0);
+                for (u64 i = 0; i < nd; ++i) {
+                    u64 din = c.indptr[i + 1] - c.indptr[i];
+                    double post = kind == 0 ? 1 : kind == 1 ? 1.0 / std::max<u64>(din, 1) : 1.0 / std::sqrt((double)std::max<u64>(din, 1));
+                    for (u64 e = c.indptr[i]; e < c.indptr[i + 1]; ++e) {
+                        u32 j = c.idx[e];
+                        double w = kind == 2 ? 1.0 / std::sqrt((double)std::max<u32>(od[j], 1)) : 1.0;
+                        for (u64 k = 0; k < dim; ++k) { want[i * dim + k] += post * w * x[j * dim + k]; wantb[j * dim + k] += post * w * g[i * dim + k]; }
+                    }
+                }
+                std::vector<float> out(nd * dim, NAN), gx(ns * dim, 0.0f);
+                launch(aggregate_forward, wgrid(nd), T, (const u64*)c.indptr.data(), (const u32*)c.idx.data(), (const float*)sw.data(), nd, dim, kind, (const float*)x.data(), out.data());
+                launch(aggregate_backward, wgrid(nd), T, (const u64*)c.indptr.data(), (const u32*)c.idx.data(), (const float*)sw.data(), nd, dim, kind, (const float*)g.data(), gx.data());
+                bool ok = true; for (u64 k = 0; k < nd * dim; ++k) ok &= close(out[k], want[k], 1e-5);
+                CHECK(ok, "aggregate fwd kind %u %llux%llu dim %llu", kind, nd, ns, dim);
+                ok = true; for (u64 k = 0; k < ns * dim; ++k) ok &= close(gx[k], wantb[k], 1e-5);
+                CHECK(ok, "aggregate bwd kind %u %llux%llu dim %llu", kind, nd, ns, dim);
+            }
+        }
+        // self loops
+        std::vector<u64> ni(nd + 1); std::vector<u32> nidx(c.idx.size() + nd);
+        launch(block_add_self_loops, wgrid(nd + 1), T, (const u64*)c.indptr.data(), (const u32*)c.idx.data(), nd, ni.data(), nidx.data());
+        std::vector<u64> wi{0}; std::vector<u32> wx;
+        for (u64 i = 0; i < nd; ++i) { for (u64 e = c.indptr[i]; e < c.indptr[i + 1]; ++e) wx.push_back(c.idx[e]); wx.push_back(i); wi.push_back(wx.size()); }
+        CHECK(ni == wi && nidx == wx, "self loops");
+    }
+    std::printf("aggregate ok\n");
+}
+
+static void test_gat() {
+    for (auto [nd, ns, deg] : std::vector<std::tuple<u64, u64, u64>>{{1, 1, 1}, {37, 91, 7}, {203, 517, 9}}) {
+        for (auto [H, F] : std::vector<std::pair<u64, u64>>{{1, 1}, {3, 5}, {2, 17}, {1, 64}}) {
+            Csr c = random_block(nd, ns, deg);
+            u64 W = H * F, E = c.idx.size();
+            std::vector<float> z(ns * W), as(W), ad(W), G(nd * W);
+            for (auto& v : z) v = rnd();
+            for (auto& v : as) v = 2 * rnd();
+            for (auto& v : ad) v = 2 * rnd();
+            for (auto& v : G) v = rnd();
+            // reference (double)
+            std::vector<double> el(ns * H), er(nd * H), al(E * H), out(nd * W, 0);
+            for (u64 r = 0; r < ns; ++r) for (u64 h = 0; h < H; ++h) { double s = 0; for (u64 f = 0; f < F; ++f) s += as[h * F + f] * z[r * W + h * F + f]; el[r * H + h] = s; }
+            for (u64 r = 0; r < nd; ++r) for (u64 h = 0; h < H; ++h) { double s = 0; for (u64 f = 0; f < F; ++f) s += ad[h * F + f] * z[r * W + h * F + f]; er[r * H + h] = s; }
+            auto lk = [](double u) { return u > 0 ? u : 0.2 * u; };
+            auto sl = [](double u) { return u > 0 ? 1.0 : 0.2; };
+            for (u64 i = 0; i < nd; ++i) for (u64 h = 0; h < H; ++h) {
+                u64 e0 = c.indptr[i], e1 = c.indptr[i + 1]; if (e0 == e1) continue;
+                double m = -1e300; for (u64 e = e0; e < e1; ++e) m = std::max(m, lk(el[c.idx[e] * H + h] + er[i * H + h]));
+                double s = 0; for (u64 e = e0; e < e1; ++e) { al[e * H + h] = std::exp(lk(el[c.idx[e] * H + h] + er[i * H + h]) - m); s += al[e * H + h]; }
+                for (u64 e = e0; e < e1; ++e) al[e * H + h] /= s;
+                for (u64 e = e0; e < e1; ++e) for (u64 f = 0; f < F; ++f) out[i * W + h * F + f] += al[e * H + h] * z[c.idx[e] * W + h * F + f];
+            }
+            std::vector<double> du(E * H), der(nd * H, 0), gz(ns * W, 0), del(ns * H, 0), gas(W, 0), gad(W, 0);
+            for (u64 i = 0; i < nd; ++i) for (u64 h = 0; h < H; ++h) {
+                u64 e0 = c.indptr[i], e1 = c.indptr[i + 1];
+                double gbar = 0;
+                for (u64 e = e0; e < e1; ++e) { double g = 0; for (u64 f = 0; f < F; ++f) g += G[i * W + h * F + f] * z[c.idx[e] * W + h * F + f]; du[e * H + h] = g; gbar += al[e * H + h] * g; }
+                for (u64 e = e0; e < e1; ++e) { double u = el[c.idx[e] * H + h] + er[i * H + h]; double v = al[e * H + h] * (du[e * H + h] - gbar) * sl(u); du[e * H + h] = v; der[i * H + h] += v; }
+            }
+            for (u64 i = 0; i < nd; ++i) for (u64 e = c.indptr[i]; e < c.indptr[i + 1]; ++e) { u32 j = c.idx[e]; for (u64 k = 0; k < W; ++k) gz[j * W + k] += al[e * H + k / F] * G[i * W + k]; for (u64 h = 0; h < H; ++h) del[j * H + h] += du[e * H + h]; }
+            for (u64 j = 0; j < ns; ++j) for (u64 k = 0; k < W; ++k) { gz[j * W + k] += del[j * H + k / F] * as[k] + (j < nd ? der[j * H + k / F] * ad[k] : 0); gas[k] += del[j * H + k / F] * z[j * W + k]; if (j < nd) gad[k] += der[j * H + k / F] * z[j * W + k]; }
+            // emulated
+            std::vector<float> fel(ns * H), fer(nd * H), fal(E * H), fout(nd * W, NAN);
+            launch(gat_scores, wgrid(ns * H), T, (const float*)z.data(), ns, H, F, (const float*)as.data(), fel.data());
+            launch(gat_scores, wgrid(nd * H), T, (const float*)z.data(), nd, H, F, (const float*)ad.data(), fer.data());
+            launch(gat_softmax, wgrid(nd * H), T, (const u64*)c.indptr.data(), (const u32*)c.idx.data(), nd, H, (const float*)fel.data(), (const float*)fer.data(), fal.data());
+            launch(gat_aggregate, wgrid(nd), T, (const u64*)c.indptr.data(), (const u32*)c.idx.data(), nd, H, F, (const float*)fal.data(), (const float*)z.data(), fout.data());
+            std::vector<float> fdu(E * H), fder(nd * H), fgz(ns * W, 0), fdel(ns * H, 0);
+            launch(gat_backward_dst, wgrid(nd * H), T, (const u64*)c.indptr.data(), (const u32*)c.idx.data(), nd, H, F, (const float*)z.data(), (const float*)G.data(), (const float*)fal.data(), (const float*)fel.data(), (const float*)fer.data(), fdu.data(), fder.data());
+            launch(gat_backward_src, wgrid(nd), T, (const u64*)c.indptr.data(), (const u32*)c.idx.data(), nd, H, F, (const float*)fal.data(), (const float*)G.data(), (const float*)fdu.data(), fgz.data(), fdel.data());
+            launch(gat_backward_finish, tgrid(ns * W), T, fgz.data(), (const float*)fdel.data(), (const float*)fder.data(), (const float*)as.data(), (const float*)ad.data(), ns, nd, H, F);
+            auto cmp = [&](const char* what, const std::vector<float>& got, const std::vector<double>& want) {
+                double scale = 1; for (double w : want) scale = std::max(scale, std::fabs(w));
+                bool ok = got.size() == want.size();
+                for (size_t k = 0; ok && k < got.size(); ++k) ok &= std::fabs(got[k] - want[k]) <= 1e-4 * scale;
+                CHECK(ok, "GAT %s %llux%llu H=%llu F=%llu", what, nd, ns, H, F);
+            };
+            cmp("el", fel, el); cmp("er", fer, er); cmp("alpha", fal, al); cmp("out", fout, out); cmp("dz", fgz, gz);
+            // a_src / a_dst via colsum
+            auto colsum = [&](const float* x, u64 rows, const float* w, std::vector<float>& o) {
+                u64 chunks = (rows + 255) / 256; std::vector<float> part(chunks * W);
+                launch(colsum_partial, tgrid(chunks * W), T, x, rows, W, (u64)256, w, 1u, H, F, part.data());
+                launch(colsum_finish, tgrid(W), T, (const float*)part.data(), chunks, W, o.data(), 0u);
+            };
+            std::vector<float> fgas(W), fgad(W);
+            colsum(z.data(), ns, fdel.data(), fgas); colsum(z.data(), nd, fder.data(), fgad);
+            cmp("da_src", fgas, gas); cmp("da_dst", fgad, gad);
+        }
+    }
+    std::printf("gat ok\n");
+}
+
+static void test_xent() {
+    for (auto [rows, classes] : std::vector<std::pair<u64, u64>>{{1, 1}, {37, 7}, {300, 41}, {1025, 3}}) {
+        std::vector<float> z(rows * classes), g(rows * classes, NAN), rl(rows); std::vector<u32> lab(rows), rc(rows), fault(8, 0);
+        for (auto& v : z) v = 4 * rnd();
+        for (auto& l : lab) l = below(classes);
+        double wl = 0; u64 wc = 0; std::vector<double> wg(rows * classes);
+        for (u64 r = 0; r < rows; ++r) {
+            u64 best = 0; for (u64 j = 1; j < classes; ++j) if (z[r * classes + j] > z[r * classes + best]) best = j;
+            double m = z[r * classes + best], s = 0; for (u64 j = 0; j < classes; ++j) s += std::exp(z[r * classes + j] - m);
+            wl += (m - z[r * classes + lab[r]]) + std::log(s); wc += best == lab[r];
+            for (u64 j = 0; j < classes; ++j) wg[r * classes + j] = (std::exp(z[r * classes + j] - m - std::log(s)) - (j == lab[r])) / rows;
+        }
+        launch(xent_rows, wgrid(rows), T, (const float*)z.data(), rows, classes, (const u32*)lab.data(), g.data(), 1u, (float)(1.0 / rows), rl.data(), rc.data(), fault.data());
+        double loss = 0; u64 corr = 0;
+        launch(xent_reduce, 1, 256, (const float*)rl.data(), (const u32*)rc.data(), rows, &loss, &corr);
+        CHECK(close(loss / rows, wl / rows, 1e-5) && corr == wc && fault[0] == 0, "xent %llux%llu loss %g vs %g correct %llu vs %llu", rows, classes, loss / rows, wl / rows, corr, wc);
+        bool ok = true; for (u64 k = 0; k < rows * classes; ++k) ok &= std::fabs(g[k] - wg[k]) <= 1e-5; CHECK(ok, "xent grad");
+        lab[rows - 1] = classes;
+        launch(xent_rows, wgrid(rows), T, (const float*)z.data(), rows, classes, (const u32*)lab.data(), g.data(), 0u, (float)(1.0 / rows), rl.data(), rc.data(), fault.data());
+        CHECK(fault[0] == 4 && fault[1] == classes && fault[3] == classes, "xent fault");
+    }
+    std::printf("xent ok\n");
+}
+
+static void test_sample() {
+    // random graph, sorted rows, with a hub
+    u64 n = 3000; std::vector<std::set<u32>> adj(n);
+    for (int k = 0; k < 20000; ++k) { u32 a = below(n) * below(n) / n, b = below(n); if (a != b) { adj[a].insert(b); adj[b].insert(a); } }
+    for (u32 v = 1; v < 2500; ++v) { adj[0].insert(v); adj[v].insert(0); }
+    std::vector<u64> ip{0}; std::vector<u32> ix;
+    for (auto& s : adj) { for (u32 v : s) ix.push_back(v); ip.push_back(ix.size()); }
+    for (u32 fanout : {1u, 5u, 40u, 2000u, 0xffffffffu}) {
+        std::vector<u32> front; for (u32 v = 0; v < 400; ++v) front.push_back(v * 7 % n); front[0] = 0;
+        u64 nf = front.size();
+        std::vector<u64> cnt(nf + 1), fault64; std::vector<u32> fault(8, 0);
+        launch(sample_count, tgrid(nf + 1), T, (const u64*)ip.data(), n, (const u32*)front.data(), nf, fanout, cnt.data(), fault.data());
+        scan_in_place<u64>(cnt, nf + 1);
+        u64 E = cnt[nf];
+        std::vector<u32> pos(E), nb(E);
+        launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (u64)12345, (const u64*)cnt.data(), pos.data(), nb.data());
+        bool ok = true;
+        for (u64 i = 0; i < nf; ++i) {
+            u32 v = front[i]; u64 deg = ip[v + 1] - ip[v]; u64 k = cnt[i + 1] - cnt[i];
+            ok &= k == std::min<u64>(deg, fanout);
+            std::vector<u32> picked(nb.begin() + cnt[i], nb.begin() + cnt[i + 1]);
+            for (size_t q = 1; q < picked.size(); ++q) ok &= picked[q - 1] < picked[q];  // row order, distinct
+            for (u32 u : picked) ok &= adj[v].count(u) == 1;
+            if (!ok) { std::printf("  dst %u deg %llu k %llu\n", v, deg, k); break; }
+        }
+        CHECK(ok, "sample fanout %u", fanout);
+    }
+    // uniformity: vertex 0 (degree 2499), fanout 5, many seeds: each neighbor ~ 5/2499
+    std::vector<u64> hits(n, 0);
+    u32 v0 = 0; u64 trials = 4000;
+    std::vector<u64> cnt{0, 5}; std::vector<u32> pos(5), nb(5);
+    for (u64 s = 0; s < trials; ++s) {
+        launch(sample_pick, 1, 32, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)&v0, (u64)1, s * 0x9E3779B97F4A7C15ull, (const u64*)cnt.data(), pos.data(), nb.data());
+        for (u32 u : nb) hits[u]++;
+    }
+    // bucket counts by position tenths: expect 2000 each
+    u64 deg = ip[1] - ip[0]; std::vector<u64> buckets(10, 0);
+    for (u64 p = 0; p < deg; ++p) buckets[p * 10 / deg] += hits[ix[ip[0] + p]];
+    bool ok = true; for (u64 b : buckets) ok &= b > 1800 && b < 2200;
+    CHECK(ok, "sample uniformity buckets %llu %llu %llu ...", buckets[0], buckets[1], buckets[9]);
+    std::printf("sample ok\n");
+}
+
+static void test_gather_and_rows() {
+    u64 rows = 500;
+    for (u64 dim : {1ull, 7ull, 100ull, 129ull, 4ull}) {
+        std::vector<float> host(rows * dim); for (auto& v : host) v = rnd();
+        std::vector<u32> slot(rows, 0xffffffffu);
+        std::vector<u32> ins; for (u32 v = 0; v < 150; ++v) ins.push_back(v * 3);
+        std::vector<u32> slots(ins.size()); std::iota(slots.begin(), slots.end(), 0);
+        std::vector<float> cache(ins.size() * dim);
+        launch(cache_insert, wgrid(ins.size()), T, (const float*)host.data(), (const u32*)ins.data(), (const u32*)slots.data(), (u64)ins.size(), dim, cache.data(), slot.data());
+        std::vector<u32> ev{0, 3};
+        launch(cache_evict, tgrid(2), T, slot.data(), (const u32*)ev.data(), (u64)2);
+        u64 n = 333; std::vector<u32> ids(n); for (auto& i : ids) i = below(rows);
+        std::vector<float> out(n * dim, NAN); std::vector<u64> ctr(2, 0); std::vector<u32> fault(8, 0);
+        launch(gather_rows, wgrid(n), T, (const u32*)slot.data(), (const float*)cache.data(), (const float*)host.data(), (const u32*)ids.data(), n, rows, dim, out.data(), ctr.data(), fault.data());
+        u64 hits = 0; bool ok = true;
+        for (u64 r = 0; r < n; ++r) { hits += slot[ids[r]] != 0xffffffffu; for (u64 k = 0; k < dim; ++k) ok &= out[r * dim + k] == host[ids[r] * dim + k]; }
+        CHECK(ok && ctr[0] == hits && ctr[1] == n - hits && fault[0] == 0, "gather dim %llu", dim);
+        ids[5] = rows;
+        launch(gather_rows, wgrid(n), T, (const u32*)slot.data(), (const float*)cache.data(), (const float*)host.data(), (const u32*)ids.data(), n, rows, dim, out.data(), ctr.data(), fault.data());
+        CHECK(fault[0] == 1 && fault[1] == rows && out[5 * dim] == 0.0f, "gather fault");
+        // select / put
+        std::vector<u32> idx(101); for (auto& i : idx) i = below(57);
+        std::vector<float> src(57 * dim); for (auto& v : src) v = rnd();
+        std::vector<float> sel(101 * dim); std::fill(fault.begin(), fault.end(), 0);
+        launch(index_select_rows, wgrid(101), T, (const float*)src.data(), (u64)57, dim, (const u32*)idx.data(), (u64)101, sel.data(), fault.data());
+        ok = true; for (u64 r = 0; r < 101; ++r) for (u64 k = 0; k < dim; ++k) ok &= sel[r * dim + k] == src[idx[r] * dim + k];
+        CHECK(ok && fault[0] == 0, "select");
+        std::vector<u32> places(80); std::iota(places.begin(), places.end(), 0); std::shuffle(places.begin(), places.end(), rng);
+        std::vector<float> dst(80 * dim, 9.0f), want = dst;
+        launch(index_put_rows, wgrid(57), T, (const float*)src.data(), dim, (const u32*)places.data(), (u64)57, dst.data(), (u64)80, fault.data());
+        for (u64 r = 0; r < 57; ++r) for (u64 k = 0; k < dim; ++k) want[places[r] * dim + k] = src[r * dim + k];
+        CHECK(dst == want && fault[0] == 0, "put");
+    }
+    std::printf("gather/rows ok\n");
+}
+
+static void test_math() {
+    u64 n = 70001;
+    std::vector<float> x(n); for (auto& v : x) v = 0.5f + std::fabs(rnd());
+    for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) {
+        std::vector<float> y = x, g(n, 1.0f); std::vector<u32> mask((n + 31) / 32);
+        u32 thr = (u32)std::lround(p * 65536.0); float scale = p < 1 ? (float)(1.0 / (1.0 - p)) : 0.0f;
+        launch(dropout_forward, tgrid(mask.size()), T, y.data(), n, thr, scale, (u64)77, mask.data());
+        launch(dropout_backward, tgrid(n), T, (const u32*)mask.data(), g.data(), n, scale);
+        u64 kept = 0; bool ok = true;
+        for (u64 i = 0; i < n; ++i) { bool k = (mask[i / 32] >> (i % 32)) & 1; kept += k; ok &= k ? (y[i] == x[i] * scale && g[i] == scale) : (y[i] == 0 && g[i] == 0); }
+        double frac = (double)kept / n;
+        CHECK(ok && std::fabs(frac - (1 - p)) < 0.01, "dropout p=%g kept %g", p, frac);
+    }
+    // bias grad / colsum
+    for (auto [rows, cols] : std::vector<std::pair<u64, u64>>{{1, 1}, {37, 5}, {1029, 129}, {0, 3}}) {
+        std::vector<float> dy(rows * cols); for (auto& v : dy) v = rnd();
+        u64 chunks = (rows + 255) / 256; std::vector<float> part(chunks * cols), out(cols, 2.0f);
+        launch(colsum_partial, tgrid(chunks * cols), T, (const float*)dy.data(), rows, cols, (u64)256, (const float*)nullptr, 0u, (u64)0, (u64)1, part.data());
+        launch(colsum_finish, tgrid(cols), T, (const float*)part.data(), chunks, cols, out.data(), 1u);
+        bool ok = true; for (u64 c = 0; c < cols; ++c) { double s = 2; for (u64 r = 0; r < rows; ++r) s += dy[r * cols + c]; ok &= close(out[c], s, 1e-5); }
+        CHECK(ok, "bias grad %llux%llu", rows, cols);
+    }
+    // elu, relu
+    std::vector<float> e(1000), r2; for (auto& v : e) v = 3 * rnd(); e[0] = 0; r2 = e;
+    std::vector<float> e2 = e;
+    launch(elu_forward, tgrid(1000), T, e2.data(), (u64)1000, 0.7f);
+    launch(relu_forward, tgrid(1000), T, r2.data(), (u64)1000);
+    bool ok = true; for (int i = 0; i < 1000; ++i) { double w = e[i] > 0 ? e[i] : 0.7 * (std::exp((double)e[i]) - 1); ok &= std::fabs(e2[i] - w) <= 1e-6; ok &= r2[i] == (e[i] < 0 ? 0.0f : e[i]); }
+    CHECK(ok, "elu/relu");
+    std::printf("math ok\n");
+}
+
+int main() {
+    test_scan();
+    test_relabel();
+    test_aggregate();
+    test_gat();
+    test_xent();
+    test_sample();
+    test_gather_and_rows();
+    test_math();
+    std::printf("%s (%d failures)\n", failures ? "FAILED" : "ALL OK", failures);
+    return failures != 0;
+}

@@ -1,0 +1,689 @@
+//! Dense math on the device: GEMM through cuBLAS, bias, activations, dropout, softmax
+//! cross-entropy, Adam, and the deterministic column sums the bias and attention
+//! gradients use (kernels in `kernels/math.cu`).
+//!
+//! # GEMM on a column-major library
+//! Buffers are row-major; cuBLAS is column-major. A row-major `r × c` matrix is the
+//! column-major `c × r` matrix (its transpose) with leading dimension `c`. So
+//! `C = op(A)·op(B)` (row-major, `m × n`) is computed as the column-major product
+//! `Cᵀ = op(B)ᵀ·op(A)ᵀ` (`n × m`, ld `n`): cuBLAS gets `B` first with its transpose
+//! flag as given (`B` stored `k × n` → no transpose, ld `n`; stored `n × k` →
+//! transpose, ld `k`), then `A` likewise (`m × k` → ld `k`; `k × m` → transpose,
+//! ld `m`), and `β = 1` to accumulate. [`ColMajorGemm::from_row_major`] does this and
+//! a unit test checks it against a reference column-major GEMM for every transpose.
+
+use cudarc::cublas;
+use cudarc::cublas::sys::cublasOperation_t;
+
+use super::alloc::{CudaBuf, Init};
+use super::device::{blas_err, CudaBackend};
+use super::kernels::{launch, Grid, Ptr, PtrMut};
+use crate::backend::{AdamStep, LossStats};
+use crate::error::{GpuOpsError, Result};
+
+/// Rows per partial sum of the column reductions (fixed: the sum order is fixed).
+const COLSUM_CHUNK_ROWS: usize = 256;
+/// Threads of `xent_reduce` (`XENT_REDUCE_THREADS` in math.cu).
+const XENT_REDUCE_THREADS: u32 = 256;
+/// Stream index of dropout's keys (so a dropout seed never reuses another op's
+/// stream of the same seed).
+const DROPOUT_STREAM: u64 = 0x64_726f_706f_7574; // "dropout"
+
+/// `rows × cols`, or `InvalidArgument` naming `what` on overflow.
+pub(crate) fn elems(what: &'static str, rows: usize, cols: usize) -> Result<usize> {
+    rows.checked_mul(cols)
+        .ok_or_else(|| GpuOpsError::InvalidArgument {
+            name: what,
+            reason: format!("{rows} × {cols} overflows"),
+        })
+}
+
+/// The arguments of one column-major `sgemm` computing a row-major product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ColMajorGemm {
+    /// Transpose flag of the first operand (the row-major `B`).
+    pub(crate) op_first: bool,
+    /// Transpose flag of the second operand (the row-major `A`).
+    pub(crate) op_second: bool,
+    /// Column-major `m` (= row-major `n`).
+    pub(crate) m: i32,
+    /// Column-major `n` (= row-major `m`).
+    pub(crate) n: i32,
+    /// Shared dimension.
+    pub(crate) k: i32,
+    /// Leading dimension of the first operand.
+    pub(crate) ld_first: i32,
+    /// Leading dimension of the second operand.
+    pub(crate) ld_second: i32,
+    /// Leading dimension of the result.
+    pub(crate) ldc: i32,
+}
+
+impl ColMajorGemm {
+    /// The mapping in the module doc; `InvalidArgument` when a size exceeds `i32`.
+    pub(crate) fn from_row_major(
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<Self> {
+        let fit = |name: &'static str, v: usize| {
+            i32::try_from(v).map_err(|_| GpuOpsError::InvalidArgument {
+                name,
+                reason: format!("{v} exceeds cuBLAS's 32-bit dimensions"),
+            })
+        };
+        let (m, n, k) = (fit("m", m)?, fit("n", n)?, fit("k", k)?);
+        Ok(Self {
+            op_first: trans_b,
+            op_second: trans_a,
+            m: n,
+            n: m,
+            k,
+            ld_first: if trans_b { k } else { n }.max(1),
+            ld_second: if trans_a { m } else { k }.max(1),
+            ldc: n.max(1),
+        })
+    }
+}
+
+fn op(t: bool) -> cublasOperation_t {
+    if t {
+        cublasOperation_t::CUBLAS_OP_T
+    } else {
+        cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+/// A dropout mask on the device: bit `i % 32` of word `i / 32` keeps element `i`.
+pub struct CudaMask {
+    pub(crate) words: CudaBuf<u32>,
+    pub(crate) len: usize,
+    pub(crate) scale: f32,
+}
+
+impl std::fmt::Debug for CudaMask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaMask")
+            .field("len", &self.len)
+            .field("scale", &self.scale)
+            .finish()
+    }
+}
+
+impl CudaBackend {
+    fn grid_threads(&self, n: usize) -> Grid {
+        Grid::threads_for(n as u64, self.kernels.max_blocks())
+    }
+
+    fn grid_warps(&self, n: usize) -> Grid {
+        Grid::warps_for(n as u64, self.kernels.max_blocks())
+    }
+
+    /// `C = op(A)·op(B)` (`+ C` when accumulating), row-major, via cuBLAS.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_op(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &CudaBuf<f32>,
+        b: &CudaBuf<f32>,
+        c: &mut CudaBuf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        a.check_len("gemm A (m × k values)", elems("m × k", m, k)?)?;
+        b.check_len("gemm B (k × n values)", elems("k × n", k, n)?)?;
+        let mn = elems("m × n", m, n)?;
+        c.check_len("gemm C (m × n values)", mn)?;
+        if mn == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            // An empty sum: C = 0, or C unchanged when accumulating.
+            return if accumulate {
+                Ok(())
+            } else {
+                self.fill_bytes(c, mn, 0)
+            };
+        }
+        let p = ColMajorGemm::from_row_major(trans_a, trans_b, m, n, k)?;
+        self.bind()?;
+        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
+        self.with_blas(|h| {
+            // SAFETY: `h` is this backend's live handle, bound to the compute stream
+            // (so the product is ordered after earlier ops). A, B and C hold at least
+            // m·k, k·n and m·n values (checked), which is what the column-major view
+            // of `p` reads and writes; alpha and beta live on the host for the call
+            // (pointer mode host). With beta = 0, C is not read.
+            unsafe {
+                cublas::result::sgemm(
+                    h,
+                    op(p.op_first),
+                    op(p.op_second),
+                    p.m,
+                    p.n,
+                    p.k,
+                    &alpha,
+                    b.raw() as *const f32,
+                    p.ld_first,
+                    a.raw() as *const f32,
+                    p.ld_second,
+                    &beta,
+                    c.raw() as *mut f32,
+                    p.ldc,
+                )
+            }
+        })
+        .map_err(blas_err("cublasSgemm"))
+    }
+
+    /// `x[r] += bias` for `r < rows`.
+    pub(crate) fn add_bias_op(
+        &self,
+        x: &mut CudaBuf<f32>,
+        rows: usize,
+        cols: usize,
+        bias: &CudaBuf<f32>,
+    ) -> Result<()> {
+        let n = elems("rows × cols", rows, cols)?;
+        x.check_len("add_bias x (rows × cols values)", n)?;
+        bias.check_len("add_bias bias (cols values)", cols)?;
+        launch::add_bias(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            x.ptr_mut(),
+            bias.ptr(),
+            rows as u64,
+            cols as u64,
+        )
+    }
+
+    /// `out[c] (+)= Σ_r w(r, c) x[r, c]` over a row-major `rows × cols` matrix, in a
+    /// fixed order; `w(r, c) = weights[r · stride + c / div]` when given, else 1.
+    pub(crate) fn colsum(
+        &self,
+        x: Ptr<f32>,
+        rows: usize,
+        cols: usize,
+        weights: Option<(Ptr<f32>, usize, usize)>,
+        out: PtrMut<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        if cols == 0 {
+            return Ok(());
+        }
+        let chunks = rows.div_ceil(COLSUM_CHUNK_ROWS);
+        let mut partial = self.buf::<f32>(
+            elems("chunks × cols", chunks, cols)?,
+            Init::Uninit,
+            "column sum partials",
+        )?;
+        let (w, has_w, stride, div) = match weights {
+            Some((w, stride, div)) => (w, 1u32, stride as u64, div.max(1) as u64),
+            None => (Ptr::null(), 0u32, 0u64, 1u64),
+        };
+        launch::colsum_partial(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(chunks * cols),
+            x,
+            rows as u64,
+            cols as u64,
+            COLSUM_CHUNK_ROWS as u64,
+            w,
+            has_w,
+            stride,
+            div,
+            partial.ptr_mut(),
+        )?;
+        launch::colsum_finish(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(cols),
+            partial.ptr(),
+            chunks as u64,
+            cols as u64,
+            out,
+            u32::from(accumulate),
+        )
+    }
+
+    /// `dbias (+)= Σ_r dy[r]`.
+    pub(crate) fn bias_grad_op(
+        &self,
+        dy: &CudaBuf<f32>,
+        rows: usize,
+        cols: usize,
+        dbias: &mut CudaBuf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        dy.check_len(
+            "bias_grad dy (rows × cols values)",
+            elems("rows × cols", rows, cols)?,
+        )?;
+        dbias.check_len("bias_grad dbias (cols values)", cols)?;
+        self.colsum(dy.ptr(), rows, cols, None, dbias.ptr_mut(), accumulate)
+    }
+
+    pub(crate) fn relu_op(&self, x: &mut CudaBuf<f32>, n: usize) -> Result<()> {
+        x.check_len("relu x", n)?;
+        launch::relu_forward(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            x.ptr_mut(),
+            n as u64,
+        )
+    }
+
+    pub(crate) fn relu_backward_op(
+        &self,
+        y: &CudaBuf<f32>,
+        dy: &mut CudaBuf<f32>,
+        n: usize,
+    ) -> Result<()> {
+        y.check_len("relu_backward y", n)?;
+        dy.check_len("relu_backward dy", n)?;
+        launch::relu_backward(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            y.ptr(),
+            dy.ptr_mut(),
+            n as u64,
+        )
+    }
+
+    fn check_alpha(alpha: f32) -> Result<()> {
+        if !(alpha.is_finite() && alpha > 0.0) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "alpha",
+                reason: format!("ELU alpha must be finite and > 0, got {alpha}"),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn elu_op(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+        Self::check_alpha(alpha)?;
+        x.check_len("elu x", n)?;
+        launch::elu_forward(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            x.ptr_mut(),
+            n as u64,
+            alpha,
+        )
+    }
+
+    pub(crate) fn elu_backward_op(
+        &self,
+        y: &CudaBuf<f32>,
+        dy: &mut CudaBuf<f32>,
+        n: usize,
+        alpha: f32,
+    ) -> Result<()> {
+        Self::check_alpha(alpha)?;
+        y.check_len("elu_backward y", n)?;
+        dy.check_len("elu_backward dy", n)?;
+        launch::elu_backward(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            y.ptr(),
+            dy.ptr_mut(),
+            n as u64,
+            alpha,
+        )
+    }
+
+    /// Inverted dropout (mask from `(seed, index)`, module doc of `math.cu`).
+    pub(crate) fn dropout_op(
+        &self,
+        x: &mut CudaBuf<f32>,
+        n: usize,
+        p: f32,
+        seed: u64,
+    ) -> Result<CudaMask> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "p",
+                reason: format!("dropout probability must be in [0, 1], got {p}"),
+            });
+        }
+        x.check_len("dropout x", n)?;
+        let p64 = f64::from(p);
+        // As cpu_ops::dropout: keep when the 16-bit draw >= round(p · 2^16).
+        let threshold = (p64 * 65_536.0).round() as u32;
+        let scale = if p < 1.0 {
+            (1.0 / (1.0 - p64)) as f32
+        } else {
+            0.0
+        };
+        let words = n.div_ceil(32);
+        let mut mask = self.buf::<u32>(words, Init::Uninit, "dropout mask")?;
+        let key = cpu_ops::derive_seed(seed, DROPOUT_STREAM);
+        launch::dropout_forward(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(words),
+            x.ptr_mut(),
+            n as u64,
+            threshold,
+            scale,
+            key,
+            mask.ptr_mut(),
+        )?;
+        Ok(CudaMask {
+            words: mask,
+            len: n,
+            scale,
+        })
+    }
+
+    pub(crate) fn dropout_backward_op(
+        &self,
+        mask: &CudaMask,
+        dy: &mut CudaBuf<f32>,
+        n: usize,
+    ) -> Result<()> {
+        if n > mask.len {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "dropout_backward n (elements the mask covers)",
+                expected: mask.len,
+                found: n,
+            });
+        }
+        dy.check_len("dropout_backward dy", n)?;
+        launch::dropout_backward(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            mask.words.ptr(),
+            dy.ptr_mut(),
+            n as u64,
+            mask.scale,
+        )
+    }
+
+    /// Mean softmax cross-entropy and correct count (synchronizes).
+    pub(crate) fn softmax_xent_op(
+        &self,
+        logits: &CudaBuf<f32>,
+        rows: usize,
+        classes: usize,
+        labels: &CudaBuf<u32>,
+        grad: Option<&mut CudaBuf<f32>>,
+    ) -> Result<LossStats> {
+        let n = elems("rows × classes", rows, classes)?;
+        logits.check_len("softmax_cross_entropy logits (rows × classes values)", n)?;
+        labels.check_len("softmax_cross_entropy labels (one per row)", rows)?;
+        if let Some(g) = &grad {
+            g.check_len("softmax_cross_entropy grad (rows × classes values)", n)?;
+        }
+        if rows == 0 {
+            return Ok(LossStats {
+                loss: 0.0,
+                correct: 0,
+            });
+        }
+        if classes == 0 {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "classes",
+                reason: format!("{rows} rows need at least one class"),
+            });
+        }
+        let mut row_loss = self.buf::<f32>(rows, Init::Uninit, "loss per row")?;
+        let mut row_correct = self.buf::<u32>(rows, Init::Uninit, "correct per row")?;
+        // [f64 bits of the loss sum, correct count]
+        let mut totals = self.buf::<u64>(2, Init::Uninit, "loss totals")?;
+        let (grad_ptr, has_grad) = match grad {
+            Some(g) => (g.ptr_mut(), 1u32),
+            None => (PtrMut::null(), 0u32),
+        };
+        launch::xent_rows(
+            &self.kernels,
+            self.cu(),
+            self.grid_warps(rows),
+            logits.ptr(),
+            rows as u64,
+            classes as u64,
+            labels.ptr(),
+            grad_ptr,
+            has_grad,
+            (1.0 / rows as f64) as f32,
+            row_loss.ptr_mut(),
+            row_correct.ptr_mut(),
+            self.fault_ptr(),
+        )?;
+        let totals_ptr = totals.ptr_mut();
+        launch::xent_reduce(
+            &self.kernels,
+            self.cu(),
+            Grid::exact(1, XENT_REDUCE_THREADS),
+            row_loss.ptr(),
+            row_correct.ptr(),
+            rows as u64,
+            PtrMut::new(totals.raw()),
+            totals_ptr.offset(1),
+        )?;
+        let mut out = [0u64; 2];
+        self.download_slice(&self.compute, &totals, &mut out)?;
+        Ok(LossStats {
+            loss: f64::from_bits(out[0]) / rows as f64,
+            correct: out[1] as usize,
+        })
+    }
+
+    /// One Adam step (PyTorch `Adam`, L2 decay), factors computed in f64 as
+    /// `cpu_ops::Adam` does.
+    pub(crate) fn adam_op(
+        &self,
+        hp: &AdamStep,
+        param: &mut CudaBuf<f32>,
+        grad: &CudaBuf<f32>,
+        m: &mut CudaBuf<f32>,
+        v: &mut CudaBuf<f32>,
+        n: usize,
+    ) -> Result<()> {
+        check_adam(hp)?;
+        param.check_len("adam param", n)?;
+        grad.check_len("adam grad", n)?;
+        m.check_len("adam first moment", n)?;
+        v.check_len("adam second moment", n)?;
+        let t = hp.step.min(i32::MAX as u64) as i32;
+        let (b1, b2) = (f64::from(hp.beta1), f64::from(hp.beta2));
+        let bias1 = 1.0 - b1.powi(t);
+        let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
+        let step_size = (f64::from(hp.lr) / bias1) as f32;
+        let inv_bias2_sqrt = (1.0 / bias2_sqrt) as f32;
+        launch::adam_step(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            param.ptr_mut(),
+            grad.ptr(),
+            m.ptr_mut(),
+            v.ptr_mut(),
+            n as u64,
+            hp.beta1,
+            hp.beta2,
+            (1.0 - b1) as f32,
+            (1.0 - b2) as f32,
+            hp.eps,
+            hp.weight_decay,
+            step_size,
+            inv_bias2_sqrt,
+        )
+    }
+}
+
+/// Adam's hyper-parameters: finite; `lr, eps, weight_decay >= 0`; `β ∈ [0, 1)`;
+/// `step >= 1`.
+fn check_adam(hp: &AdamStep) -> Result<()> {
+    let bad = |name: &'static str, v: f32, range: &str| {
+        Err(GpuOpsError::InvalidArgument {
+            name,
+            reason: format!("must be finite and {range}, got {v}"),
+        })
+    };
+    if !(hp.lr.is_finite() && hp.lr >= 0.0) {
+        return bad("lr", hp.lr, ">= 0");
+    }
+    if !(hp.beta1.is_finite() && (0.0..1.0).contains(&hp.beta1)) {
+        return bad("beta1", hp.beta1, "in [0, 1)");
+    }
+    if !(hp.beta2.is_finite() && (0.0..1.0).contains(&hp.beta2)) {
+        return bad("beta2", hp.beta2, "in [0, 1)");
+    }
+    if !(hp.eps.is_finite() && hp.eps >= 0.0) {
+        return bad("eps", hp.eps, ">= 0");
+    }
+    if !(hp.weight_decay.is_finite() && hp.weight_decay >= 0.0) {
+        return bad("weight_decay", hp.weight_decay, ">= 0");
+    }
+    if hp.step == 0 {
+        return Err(GpuOpsError::InvalidArgument {
+            name: "step",
+            reason: "Adam steps count from 1 (bias correction divides by 1 − β^step)".into(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Column-major `C = op(X)·op(Y)` (+ `beta`·C), as cuBLAS's sgemm defines it.
+    #[allow(clippy::too_many_arguments)]
+    fn sgemm_col_major(
+        tx: bool,
+        ty: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        x: &[f64],
+        ldx: usize,
+        y: &[f64],
+        ldy: usize,
+        beta: f64,
+        c: &mut [f64],
+        ldc: usize,
+    ) {
+        // Element (r, col) of a column-major matrix with leading dimension ld.
+        let at = |v: &[f64], ld: usize, r: usize, col: usize| v[col * ld + r];
+        for j in 0..n {
+            for i in 0..m {
+                let mut s = 0.0;
+                for l in 0..k {
+                    let xv = if tx {
+                        at(x, ldx, l, i)
+                    } else {
+                        at(x, ldx, i, l)
+                    };
+                    let yv = if ty {
+                        at(y, ldy, j, l)
+                    } else {
+                        at(y, ldy, l, j)
+                    };
+                    s += xv * yv;
+                }
+                c[j * ldc + i] = s + beta * c[j * ldc + i];
+            }
+        }
+    }
+
+    #[test]
+    fn row_major_gemm_maps_onto_column_major_sgemm() {
+        let mut rng = cpu_ops::Rng::new(3);
+        for (m, n, k) in [(1, 1, 1), (3, 5, 7), (8, 2, 5), (4, 9, 1)] {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                for acc in [false, true] {
+                    let a: Vec<f64> = (0..m * k).map(|_| rng.next_f64() - 0.5).collect();
+                    let b: Vec<f64> = (0..k * n).map(|_| rng.next_f64() - 0.5).collect();
+                    let c0: Vec<f64> = (0..m * n).map(|_| rng.next_f64() - 0.5).collect();
+                    // Reference, row-major: A is m×k (k×m when ta), B is k×n (n×k).
+                    let a_at = |i: usize, l: usize| if ta { a[l * m + i] } else { a[i * k + l] };
+                    let b_at = |l: usize, j: usize| if tb { b[j * k + l] } else { b[l * n + j] };
+                    let mut want = c0.clone();
+                    for i in 0..m {
+                        for j in 0..n {
+                            let s: f64 = (0..k).map(|l| a_at(i, l) * b_at(l, j)).sum();
+                            want[i * n + j] = s + if acc { c0[i * n + j] } else { 0.0 };
+                        }
+                    }
+                    let p = ColMajorGemm::from_row_major(ta, tb, m, n, k).unwrap();
+                    let mut got = c0.clone();
+                    sgemm_col_major(
+                        p.op_first,
+                        p.op_second,
+                        p.m as usize,
+                        p.n as usize,
+                        p.k as usize,
+                        &b,
+                        p.ld_first as usize,
+                        &a,
+                        p.ld_second as usize,
+                        if acc { 1.0 } else { 0.0 },
+                        &mut got,
+                        p.ldc as usize,
+                    );
+                    for (g, w) in got.iter().zip(&want) {
+                        assert!((g - w).abs() < 1e-12, "m={m} n={n} k={k} ta={ta} tb={tb}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_gemm_dimensions_are_errors() {
+        assert!(ColMajorGemm::from_row_major(false, false, 1 << 31, 1, 1).is_err());
+        assert!(ColMajorGemm::from_row_major(false, false, 1, 1, 1 << 31).is_err());
+    }
+
+    #[test]
+    fn adam_hyper_parameters_are_checked() {
+        let ok = AdamStep {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            step: 1,
+        };
+        assert!(check_adam(&ok).is_ok());
+        for (bad, name) in [
+            (AdamStep { step: 0, ..ok }, "step"),
+            (AdamStep { lr: -1.0, ..ok }, "lr"),
+            (AdamStep { beta1: 1.0, ..ok }, "beta1"),
+            (
+                AdamStep {
+                    beta2: f32::NAN,
+                    ..ok
+                },
+                "beta2",
+            ),
+            (AdamStep { eps: -1e-8, ..ok }, "eps"),
+            (
+                AdamStep {
+                    weight_decay: f32::INFINITY,
+                    ..ok
+                },
+                "weight_decay",
+            ),
+        ] {
+            match check_adam(&bad) {
+                Err(GpuOpsError::InvalidArgument { name: got, .. }) => assert_eq!(got, name),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,449 @@
+//! Topology on the device, neighbor sampling, unique relabeling and blocks (kernels
+//! in `kernels/sample.cu` and `kernels/aggregate.cu`).
+//!
+//! # One batch ([`CudaBackend::sample_batch`]), from the seeds down
+//! 1. The seeds are checked on the host (in range, distinct) and uploaded.
+//! 2. Per layer: `sample_count` writes `min(fanout, degree)` per destination; an
+//!    in-place scan turns the counts into the block's `indptr`; its last entry (the
+//!    edge count) is read back — one synchronization per layer.
+//! 3. `sample_pick` fills the sampled neighbors' global ids (one warp per
+//!    destination, Floyd's algorithm keyed by `(derive_seed(seed, layer), vertex)`,
+//!    neighbors in the order of the graph's row).
+//! 4. [`CudaBackend::relabel`] makes the block's sources (destinations first, then new
+//!    ids in first-occurrence order) and the local id of every edge — a second
+//!    synchronization to size the outputs.
+//! 5. The block gets its degree data (`block_out_degree`, `block_src_weight`); its
+//!    sources are the next layer's destinations.
+//!
+//! Everything but the random choices is a function of the input, so a batch is
+//! reproducible for a seed on a given device; the draws differ from the host
+//! sampler's (same distribution, another generator).
+
+use cpu_ops::{BlockView, CsrGraph};
+
+use super::alloc::{CudaBuf, Init};
+use super::device::CudaBackend;
+use super::kernels::{launch, Grid, Ptr};
+use super::pinned::HostRegion;
+use crate::backend::{DeviceBatch, TopologyPlacement};
+use crate::error::{GpuOpsError, Result};
+
+/// Largest `targets + candidates` of one relabel (positions and hash slots are u32).
+const MAX_RELABEL: usize = 1 << 30;
+
+/// Where a graph's topology lives.
+enum Topology {
+    /// Copied into device memory.
+    Device {
+        indptr: CudaBuf<u64>,
+        indices: CudaBuf<u32>,
+    },
+    /// Left in host memory, read zero-copy.
+    Host {
+        indptr: HostRegion<u64>,
+        indices: HostRegion<u32>,
+    },
+}
+
+/// A graph's CSR topology ready for [`crate::Backend::sample`].
+pub struct CudaGraph {
+    num_vertices: usize,
+    num_edges: usize,
+    topo: Topology,
+}
+
+impl std::fmt::Debug for CudaGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let place = match &self.topo {
+            Topology::Device { .. } => "device".to_string(),
+            Topology::Host { indices, .. } => format!(
+                "pinned host ({})",
+                if indices.is_registered() {
+                    "registered"
+                } else {
+                    "copied"
+                }
+            ),
+        };
+        f.debug_struct("CudaGraph")
+            .field("num_vertices", &self.num_vertices)
+            .field("num_edges", &self.num_edges)
+            .field("placement", &place)
+            .finish()
+    }
+}
+
+impl CudaGraph {
+    fn ptrs(&self) -> (Ptr<u64>, Ptr<u32>) {
+        match &self.topo {
+            Topology::Device { indptr, indices } => (indptr.ptr(), indices.ptr()),
+            Topology::Host { indptr, indices } => (indptr.ptr(), indices.ptr()),
+        }
+    }
+}
+
+/// A block (message-flow graph) on the device: CSR over the destinations with local
+/// source ids, plus per-source out-degrees and GCN source weights.
+pub struct CudaBlock {
+    pub(crate) num_src: usize,
+    pub(crate) num_dst: usize,
+    pub(crate) num_edges: usize,
+    /// `num_dst + 1` offsets.
+    pub(crate) indptr: CudaBuf<u64>,
+    /// `num_edges` local source ids.
+    pub(crate) indices: CudaBuf<u32>,
+    /// `1 / sqrt(max(d_out(j), 1))` per source.
+    pub(crate) src_w: CudaBuf<f32>,
+}
+
+impl std::fmt::Debug for CudaBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBlock")
+            .field("num_src", &self.num_src)
+            .field("num_dst", &self.num_dst)
+            .field("num_edges", &self.num_edges)
+            .finish()
+    }
+}
+
+impl CudaBackend {
+    fn grid_t(&self, n: usize) -> Grid {
+        Grid::threads_for(n as u64, self.kernels.max_blocks())
+    }
+
+    fn grid_w(&self, n: usize) -> Grid {
+        Grid::warps_for(n as u64, self.kernels.max_blocks())
+    }
+
+    /// Uploads (or maps) a graph's topology.
+    pub(crate) fn load_graph_op(
+        &self,
+        graph: &CsrGraph,
+        placement: TopologyPlacement,
+    ) -> Result<CudaGraph> {
+        let offsets = graph.offsets();
+        let max_degree = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        if max_degree > u32::MAX as u64 {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "graph",
+                reason: format!(
+                    "a vertex has {max_degree} neighbors; the device sampler supports up to {}",
+                    u32::MAX
+                ),
+            });
+        }
+        let topo = match placement {
+            TopologyPlacement::Device => {
+                let mut indptr =
+                    self.pool
+                        .alloc_exact::<u64>(offsets.len(), Init::Uninit, "graph offsets")?;
+                self.upload_slice(&self.compute, offsets.as_slice(), &mut indptr)?;
+                let idx = graph.indices();
+                let mut indices =
+                    self.pool
+                        .alloc_exact::<u32>(idx.len(), Init::Uninit, "graph indices")?;
+                self.upload_slice(&self.compute, idx.as_slice(), &mut indices)?;
+                Topology::Device { indptr, indices }
+            }
+            TopologyPlacement::PinnedHost => {
+                if !self.info.can_map_host {
+                    return Err(GpuOpsError::InvalidArgument {
+                        name: "placement",
+                        reason: "this device cannot map host memory; use TopologyPlacement::Device"
+                            .into(),
+                    });
+                }
+                let inner = &self.compute.inner;
+                Topology::Host {
+                    indptr: HostRegion::new(&self.ctx, inner, offsets, "graph offsets")?,
+                    indices: HostRegion::new(&self.ctx, inner, graph.indices(), "graph indices")?,
+                }
+            }
+        };
+        Ok(CudaGraph {
+            num_vertices: graph.num_vertices(),
+            num_edges: graph.num_edges(),
+            topo,
+        })
+    }
+
+    /// Layered sampling (module doc).
+    pub(crate) fn sample_batch(
+        &self,
+        graph: &CudaGraph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        seed: u64,
+    ) -> Result<DeviceBatch<CudaBackend>> {
+        if fanouts.is_empty() {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "fanouts",
+                reason: "at least one layer is needed".into(),
+            });
+        }
+        if let Some(l) = fanouts.iter().position(|&f| f == 0) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "fanouts",
+                reason: format!(
+                    "the fanout of layer {l} is 0; use ALL_NEIGHBORS ({}) to take every neighbor",
+                    cpu_ops::ALL_NEIGHBORS
+                ),
+            });
+        }
+        if let Some(&bad) = seeds.iter().find(|&&s| s as usize >= graph.num_vertices) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "seeds",
+                reason: format!(
+                    "seed {bad} is not below the vertex count {}",
+                    graph.num_vertices
+                ),
+            });
+        }
+        let mut sorted = seeds.to_vec();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "seeds",
+                reason: format!(
+                    "seed {} appears more than once (seeds must be distinct)",
+                    w[0]
+                ),
+            });
+        }
+        let mut seed_buf = self.buf::<u32>(seeds.len(), Init::Uninit, "seeds")?;
+        self.upload_slice(&self.compute, seeds, &mut seed_buf)?;
+        let (g_indptr, g_indices) = graph.ptrs();
+        let nv = graph.num_vertices as u64;
+        let mut blocks_rev = Vec::with_capacity(fanouts.len());
+        let mut srcs_rev: Vec<CudaBuf<u32>> = Vec::with_capacity(fanouts.len());
+        let mut n = seeds.len();
+        for layer in (0..fanouts.len()).rev() {
+            let frontier = srcs_rev.last().unwrap_or(&seed_buf);
+            // 2. counts → indptr.
+            let mut indptr = self.buf::<u64>(n + 1, Init::Uninit, "block indptr")?;
+            launch::sample_count(
+                &self.kernels,
+                self.cu(),
+                self.grid_t(n + 1),
+                g_indptr,
+                nv,
+                frontier.ptr(),
+                n as u64,
+                fanouts[layer],
+                indptr.ptr_mut(),
+                self.fault_ptr(),
+            )?;
+            self.scan_u64_in_place(&mut indptr, n + 1)?;
+            let edges = self.read_at(&indptr, n)?;
+            let edges = usize::try_from(edges)
+                .ok()
+                .filter(|&e| {
+                    e < u32::MAX as usize && n.checked_add(e).is_some_and(|t| t <= MAX_RELABEL)
+                })
+                .ok_or_else(|| GpuOpsError::InvalidArgument {
+                    name: "fanouts",
+                    reason: format!(
+                        "layer {layer} samples {edges} edges; a device block holds fewer than 2^30"
+                    ),
+                })?;
+            // 3. sampled neighbors (global ids).
+            let mut positions = self.buf::<u32>(edges, Init::Uninit, "sampling positions")?;
+            let mut nbrs = self.buf::<u32>(edges, Init::Uninit, "sampled neighbors")?;
+            launch::sample_pick(
+                &self.kernels,
+                self.cu(),
+                self.grid_w(n),
+                g_indptr,
+                g_indices,
+                nv,
+                frontier.ptr(),
+                n as u64,
+                cpu_ops::derive_seed(seed, layer as u64),
+                indptr.ptr(),
+                positions.ptr_mut(),
+                nbrs.ptr_mut(),
+            )?;
+            drop(positions);
+            // 4. sources and local ids.
+            let (src, local, n_src) = self.relabel(frontier, n, &nbrs, edges, "frontier")?;
+            // 5. the block.
+            let block = self.finish_block(n_src, n, edges, indptr, local)?;
+            blocks_rev.push(block);
+            srcs_rev.push(src);
+            n = n_src;
+        }
+        blocks_rev.reverse();
+        srcs_rev.reverse();
+        Ok(DeviceBatch {
+            blocks: blocks_rev,
+            src_ids: srcs_rev,
+            num_seeds: seeds.len(),
+        })
+    }
+
+    /// Unique ids of `targets[..n_t] ++ candidates[..n_c]` (targets first, then first
+    /// occurrences) and each candidate's position among them; see `sample.cu`.
+    /// `targets_name` names the targets in a "not distinct" error.
+    pub(crate) fn relabel(
+        &self,
+        targets: &CudaBuf<u32>,
+        n_t: usize,
+        candidates: &CudaBuf<u32>,
+        n_c: usize,
+        targets_name: &'static str,
+    ) -> Result<(CudaBuf<u32>, CudaBuf<u32>, usize)> {
+        targets.check_len("unique_relabel targets", n_t)?;
+        candidates.check_len("unique_relabel candidates", n_c)?;
+        let total = n_t
+            .checked_add(n_c)
+            .filter(|&t| t <= MAX_RELABEL)
+            .ok_or_else(|| GpuOpsError::InvalidArgument {
+                name: "num_candidates",
+                reason: format!("{n_t} targets + {n_c} candidates exceed the device relabel limit of {MAX_RELABEL}"),
+            })?;
+        if total == 0 {
+            let empty = || self.buf::<u32>(0, Init::Uninit, "relabel output");
+            return Ok((empty()?, empty()?, 0));
+        }
+        let cap = (2 * total).next_power_of_two().max(64);
+        let mut keys = self.buf::<u32>(cap + 1, Init::Uninit, "relabel hash keys")?;
+        self.fill_bytes(&mut keys, cap + 1, 0xff)?;
+        let mut min_pos = self.buf::<u32>(cap + 1, Init::Uninit, "relabel first positions")?;
+        self.fill_bytes(&mut min_pos, cap + 1, 0xff)?;
+        let mut slot_of = self.buf::<u32>(total, Init::Uninit, "relabel slots")?;
+        launch::unique_insert(
+            &self.kernels,
+            self.cu(),
+            self.grid_t(total),
+            targets.ptr(),
+            n_t as u64,
+            candidates.ptr(),
+            n_c as u64,
+            keys.ptr_mut(),
+            min_pos.ptr_mut(),
+            cap as u64,
+            slot_of.ptr_mut(),
+        )?;
+        drop(keys);
+        // flags[total] stays 0, so the scan's last entry is the unique count.
+        let mut ranks = self.buf::<u32>(total + 1, Init::Zeroed, "relabel ranks")?;
+        launch::unique_flag(
+            &self.kernels,
+            self.cu(),
+            self.grid_t(total),
+            slot_of.ptr(),
+            min_pos.ptr(),
+            total as u64,
+            ranks.ptr_mut(),
+        )?;
+        self.scan_u32_in_place(&mut ranks, total + 1)?;
+        if n_t > 0 {
+            let distinct = self.read_at(&ranks, n_t)? as usize;
+            if distinct != n_t {
+                return Err(GpuOpsError::InvalidArgument {
+                    name: targets_name,
+                    reason: format!("must be distinct: only {distinct} of its {n_t} ids are"),
+                });
+            }
+        }
+        let n_unique = self.read_at(&ranks, total)? as usize;
+        let mut unique = self.buf::<u32>(n_unique, Init::Uninit, "unique ids")?;
+        let mut local = self.buf::<u32>(n_c, Init::Uninit, "local ids")?;
+        launch::unique_scatter(
+            &self.kernels,
+            self.cu(),
+            self.grid_t(total),
+            targets.ptr(),
+            n_t as u64,
+            candidates.ptr(),
+            n_c as u64,
+            slot_of.ptr(),
+            min_pos.ptr(),
+            ranks.ptr(),
+            unique.ptr_mut(),
+            local.ptr_mut(),
+        )?;
+        Ok((unique, local, n_unique))
+    }
+
+    /// A block from device CSR: computes the source degrees and GCN weights.
+    pub(crate) fn finish_block(
+        &self,
+        num_src: usize,
+        num_dst: usize,
+        num_edges: usize,
+        indptr: CudaBuf<u64>,
+        indices: CudaBuf<u32>,
+    ) -> Result<CudaBlock> {
+        let mut out_deg = self.buf::<u32>(num_src, Init::Zeroed, "block out-degrees")?;
+        launch::block_out_degree(
+            &self.kernels,
+            self.cu(),
+            self.grid_t(num_edges),
+            indices.ptr(),
+            num_edges as u64,
+            out_deg.ptr_mut(),
+        )?;
+        let mut src_w = self.buf::<f32>(num_src, Init::Uninit, "block source weights")?;
+        launch::block_src_weight(
+            &self.kernels,
+            self.cu(),
+            self.grid_t(num_src),
+            out_deg.ptr(),
+            num_src as u64,
+            src_w.ptr_mut(),
+        )?;
+        Ok(CudaBlock {
+            num_src,
+            num_dst,
+            num_edges,
+            indptr,
+            indices,
+            src_w,
+        })
+    }
+
+    /// A block from host CSR, validated by `cpu_ops::BlockView::new`.
+    pub(crate) fn block_from_host_op(
+        &self,
+        num_src: usize,
+        indptr: &[u64],
+        indices: &[u32],
+    ) -> Result<CudaBlock> {
+        BlockView::new(num_src, indptr, indices)?;
+        let num_dst = indptr.len() - 1;
+        let mut d_indptr = self.buf::<u64>(indptr.len(), Init::Uninit, "block indptr")?;
+        self.upload_slice(&self.compute, indptr, &mut d_indptr)?;
+        let mut d_indices = self.buf::<u32>(indices.len(), Init::Uninit, "block indices")?;
+        self.upload_slice(&self.compute, indices, &mut d_indices)?;
+        self.finish_block(num_src, num_dst, indices.len(), d_indptr, d_indices)
+    }
+
+    /// The block with a self-loop appended to every destination's row.
+    pub(crate) fn add_self_loops_op(&self, block: &CudaBlock) -> Result<CudaBlock> {
+        let edges = block
+            .num_edges
+            .checked_add(block.num_dst)
+            .filter(|&e| e < u32::MAX as usize)
+            .ok_or_else(|| GpuOpsError::InvalidArgument {
+                name: "block",
+                reason: format!(
+                    "{} edges plus {} self-loops do not fit u32 edge ids",
+                    block.num_edges, block.num_dst
+                ),
+            })?;
+        let mut indptr = self.buf::<u64>(block.num_dst + 1, Init::Uninit, "block indptr")?;
+        let mut indices = self.buf::<u32>(edges, Init::Uninit, "block indices")?;
+        launch::block_add_self_loops(
+            &self.kernels,
+            self.cu(),
+            self.grid_w(block.num_dst + 1),
+            block.indptr.ptr(),
+            block.indices.ptr(),
+            block.num_dst as u64,
+            indptr.ptr_mut(),
+            indices.ptr_mut(),
+        )?;
+        self.finish_block(block.num_src, block.num_dst, edges, indptr, indices)
+    }
+}

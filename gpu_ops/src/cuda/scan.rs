@@ -1,0 +1,127 @@
+//! Device prefix sums: the host side of `kernels/scan.cu` (a tile pass, a recursive
+//! scan of the tile totals, an add pass), and small synchronous reads of single
+//! values.
+
+use cudarc::driver::result;
+
+use super::alloc::{CudaBuf, Init};
+use super::device::{drv, CudaBackend};
+use super::kernels::{launch, Grid};
+use crate::backend::Elem;
+use crate::error::{GpuOpsError, Result};
+
+/// Values per scan tile (`SCAN_TILE` in scan.cu).
+const TILE: u64 = 1024;
+/// Threads per scan block (`SCAN_THREADS` in scan.cu).
+const TILE_THREADS: u32 = 256;
+
+/// Tiles for `n` values, as a grid dimension.
+fn tiles(n: usize) -> Result<u32> {
+    u32::try_from((n as u64).div_ceil(TILE))
+        .ok()
+        .filter(|&t| t <= i32::MAX as u32)
+        .ok_or_else(|| GpuOpsError::InvalidArgument {
+            name: "n",
+            reason: format!("{n} values are too many for one device scan"),
+        })
+}
+
+impl CudaBackend {
+    /// Exclusive prefix sum of `buf[..n]` in place, on the compute stream.
+    pub(crate) fn scan_u32_in_place(&self, buf: &mut CudaBuf<u32>, n: usize) -> Result<()> {
+        buf.check_len("scan input", n)?;
+        let t = tiles(n)?;
+        if t == 0 {
+            return Ok(());
+        }
+        let mut sums = self.buf::<u32>(t as usize, Init::Uninit, "scan tile sums")?;
+        let input = buf.ptr();
+        launch::scan_u32_tiles(
+            &self.kernels,
+            self.cu(),
+            Grid::exact(t, TILE_THREADS),
+            input,
+            n as u64,
+            buf.ptr_mut(),
+            sums.ptr_mut(),
+        )?;
+        if t > 1 {
+            self.scan_u32_in_place(&mut sums, t as usize)?;
+            launch::scan_u32_add(
+                &self.kernels,
+                self.cu(),
+                Grid::threads_for(n as u64, self.kernels.max_blocks()),
+                buf.ptr_mut(),
+                n as u64,
+                sums.ptr(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Exclusive prefix sum of `buf[..n]` in place, on the compute stream.
+    pub(crate) fn scan_u64_in_place(&self, buf: &mut CudaBuf<u64>, n: usize) -> Result<()> {
+        buf.check_len("scan input", n)?;
+        let t = tiles(n)?;
+        if t == 0 {
+            return Ok(());
+        }
+        let mut sums = self.buf::<u64>(t as usize, Init::Uninit, "scan tile sums")?;
+        let input = buf.ptr();
+        launch::scan_u64_tiles(
+            &self.kernels,
+            self.cu(),
+            Grid::exact(t, TILE_THREADS),
+            input,
+            n as u64,
+            buf.ptr_mut(),
+            sums.ptr_mut(),
+        )?;
+        if t > 1 {
+            self.scan_u64_in_place(&mut sums, t as usize)?;
+            launch::scan_u64_add(
+                &self.kernels,
+                self.cu(),
+                Grid::threads_for(n as u64, self.kernels.max_blocks()),
+                buf.ptr_mut(),
+                n as u64,
+                sums.ptr(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `buf[at]`, read after the compute stream finishes (then device faults and
+    /// deferred errors are checked, as at every synchronization).
+    pub(crate) fn read_at<T: Elem>(&self, buf: &CudaBuf<T>, at: usize) -> Result<T> {
+        buf.check_len("read index", at + 1)?;
+        self.bind()?;
+        let mut v = [T::default()];
+        let addr = buf.raw() + (at * size_of::<T>()) as u64;
+        // SAFETY: `addr` is element `at` of `buf` (checked above); the copy is ordered
+        // on the compute stream after every write to it, and the stream is
+        // synchronized before `v` is read.
+        unsafe { result::memcpy_dtoh_async(&mut v[..], addr, self.cu()) }
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        self.sync_compute()?;
+        Ok(v[0])
+    }
+
+    /// Fills `buf[..len]` with the byte `value` (compute stream).
+    pub(crate) fn fill_bytes<T: Elem>(
+        &self,
+        buf: &mut CudaBuf<T>,
+        len: usize,
+        value: u8,
+    ) -> Result<()> {
+        buf.check_len("fill length", len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `buf` holds at least `len` elements (checked); the memset is ordered
+        // on the compute stream.
+        unsafe { result::memset_d8_async(buf.raw(), value, len * size_of::<T>(), self.cu()) }
+            .map_err(drv("cuMemsetD8Async"))
+    }
+}

@@ -1,0 +1,127 @@
+//! Host ↔ device copies, device copies and fills (the memory part of the `Backend`
+//! contract).
+//!
+//! Copies name their stream. On a stream other than the compute stream, an upload or
+//! download first waits for the buffer's `ready` event (so it runs after the zeroing
+//! and the previous owner of a recycled block, see `alloc.rs`), and an upload marks
+//! the buffer as used on that stream, so its block is reused only after that stream's
+//! work. Ordering against other work of the caller's is the caller's, through events.
+
+use cudarc::driver::result;
+
+use super::alloc::{CudaBuf, Init};
+use super::device::{drv, CudaBackend, CudaStreamHandle};
+use super::pinned::CudaPinned;
+use crate::backend::Elem;
+use crate::error::Result;
+
+impl CudaBackend {
+    /// A zeroed buffer (caching allocator).
+    pub(crate) fn alloc_zeroed<T: Elem>(&self, len: usize) -> Result<CudaBuf<T>> {
+        self.buf(len, Init::Zeroed, "buffer")
+    }
+
+    /// A zeroed pinned host buffer.
+    pub(crate) fn alloc_pinned_buf<T: Elem>(&self, len: usize) -> Result<CudaPinned<T>> {
+        CudaPinned::new(&self.ctx, len)
+    }
+
+    /// Orders a copy of `buf` on `stream` (protocol step 3 of `alloc.rs`).
+    fn order_on<T: Elem>(&self, stream: &CudaStreamHandle, buf: &CudaBuf<T>) -> Result<()> {
+        if self.is_compute(stream) {
+            Ok(())
+        } else {
+            buf.wait_ready_on(&stream.inner)
+        }
+    }
+
+    /// Host → device, `dst[..src.len()] = src`, on `stream`.
+    pub(crate) fn upload_slice<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &[T],
+        dst: &mut CudaBuf<T>,
+    ) -> Result<()> {
+        dst.check_len("upload destination (elements of the source)", src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        self.order_on(stream, dst)?;
+        if !self.is_compute(stream) {
+            dst.mark_foreign(&stream.inner);
+        }
+        // SAFETY: `dst` holds at least `src.len()` elements (checked). `src` is
+        // pageable memory: the driver stages it before returning, so it may be reused
+        // right after; the device-side write is ordered on `stream`.
+        unsafe { result::memcpy_htod_async(dst.raw(), src, stream.cu()) }
+            .map_err(drv("cuMemcpyHtoDAsync"))
+    }
+
+    /// Pinned host → device, asynchronous on `stream`.
+    pub(crate) fn upload_from_pinned<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &CudaPinned<T>,
+        dst: &mut CudaBuf<T>,
+    ) -> Result<()> {
+        dst.check_len(
+            "upload destination (elements of the pinned source)",
+            src.len(),
+        )?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        self.order_on(stream, dst)?;
+        if !self.is_compute(stream) {
+            dst.mark_foreign(&stream.inner);
+        }
+        // SAFETY: `dst` holds at least `src.len()` elements (checked); `src` is pinned
+        // memory that stays allocated until the copy is done (its Drop and its mutable
+        // view wait for the event recorded just below).
+        unsafe { result::memcpy_htod_async(dst.raw(), src.as_slice(), stream.cu()) }
+            .map_err(drv("cuMemcpyHtoDAsync"))?;
+        src.record_copy(&stream.inner)
+    }
+
+    /// Device → host, `dst = src[..dst.len()]`; returns when the copy is done. On the
+    /// compute stream this is a synchronization point (device faults are reported).
+    pub(crate) fn download_slice<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &CudaBuf<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        src.check_len("download source (elements of the destination)", dst.len())?;
+        self.bind()?;
+        if !dst.is_empty() {
+            self.order_on(stream, src)?;
+            // SAFETY: `src` holds at least `dst.len()` elements (checked); `dst` is
+            // borrowed mutably until the stream is synchronized below, so the copy
+            // finishes before the host can touch it again.
+            unsafe { result::memcpy_dtoh_async(dst, src.raw(), stream.cu()) }
+                .map_err(drv("cuMemcpyDtoHAsync"))?;
+        }
+        self.sync_stream(stream)
+    }
+
+    /// `dst[..len] = src[..len]` on the compute stream.
+    pub(crate) fn copy_buf<T: Elem>(
+        &self,
+        src: &CudaBuf<T>,
+        dst: &mut CudaBuf<T>,
+        len: usize,
+    ) -> Result<()> {
+        src.check_len("copy source", len)?;
+        dst.check_len("copy destination", len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both buffers hold at least `len` elements (checked) and are distinct
+        // (one is borrowed mutably); the copy is ordered on the compute stream.
+        unsafe { result::memcpy_dtod_async(dst.raw(), src.raw(), len * size_of::<T>(), self.cu()) }
+            .map_err(drv("cuMemcpyDtoDAsync"))
+    }
+}
