@@ -11,21 +11,27 @@
 //! - the pipeline: [`PipelineConfig`] (super-batch size, depth), [`HotSplit`]
 //!   (CPU part / cached part of the hot set), [`SuperBatchPlan`] (hot queues);
 //! - staleness: [`StalenessRule`], [`OnLate`], [`GapHistogram`];
-//! - the monitor: [`Monitor`], [`Observation`], [`MoveEvent`].
+//! - the monitor: [`Monitor`], [`Observation`], [`MoveEvent`];
+//! - simulation: [`CostSource`] ([`CostModel`], [`RandomCosts`], [`Scripted`]),
+//!   [`Workload`], [`simulate`].
 //!
 //! The design and the protocols are in `docs/orchestration.md`.
 
 mod builder;
+mod cost;
 mod error;
 mod hotness;
 mod monitor;
 mod pipeline;
 mod placement;
 mod relabel;
+mod sim;
 mod staleness;
 mod task;
+mod workload;
 
 pub use builder::{BatchShape, BatchTasks, ChunkTasks, GraphBuilder, ModelShape, SuperBatchTasks};
+pub use cost::{CostModel, CostSource, DeviceRates, RandomCosts, Scripted};
 pub use error::{Result, SchedulerError};
 pub use hotness::{
     degree_scores, hotness_order, presample_counts, HotnessPolicy, Touch, DEFAULT_PRESAMPLE_EPOCHS,
@@ -34,5 +40,7 @@ pub use monitor::{Direction, Monitor, MonitorConfig, MoveEvent, MoveReason, Obse
 pub use pipeline::{HotSplit, PipelineConfig, SuperBatchPlan, VertexClass, MAX_PIPELINE_DEPTH};
 pub use placement::{LayerBased, Orchestration, Placement, StepBased};
 pub use relabel::{hot_count, Permutation, Relabeling};
+pub use sim::{simulate, BatchRecord, SimConfig, SimReport, SimTotals, SuperBatchRecord, TaskSpan};
 pub use staleness::{Decision, GapHistogram, OnLate, StalenessRule};
 pub use task::{Device, Estimate, LayerSpan, Step, Task, TaskGraph, TaskKind};
+pub use workload::{BatchDemand, SyntheticWorkload, Workload};
