@@ -12,9 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batches: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(2000);
     let seed: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1);
     let work = SyntheticWorkload::small(batches, seed).generate()?;
-    let model = ModelShape::new(128, 256, 3, 10)?;
+    let model = ModelShape::new(602, 128, 3, 10)?;
     println!(
-        "{batches} batches, hot set {} (synthetic, seed {seed}), model f=128 h=256 L=3",
+        "{batches} batches, hot set {} (synthetic, seed {seed}), model f=602 h=128 L=3 fanout 10",
         work.hot_count()
     );
     println!(

@@ -52,24 +52,31 @@ pub struct ModelShape {
 }
 
 impl ModelShape {
-    /// Checks every field is at least 1.
+    /// A shape, after checking every field is at least 1.
     pub fn new(feature_dim: u32, hidden: u32, layers: u32, bottom_fanout: u32) -> Result<Self> {
+        let m = Self {
+            feature_dim,
+            hidden,
+            layers,
+            bottom_fanout,
+        };
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// Checks every field is at least 1 (for shapes built field by field).
+    pub fn validate(&self) -> Result<()> {
         for (name, v) in [
-            ("feature_dim", feature_dim),
-            ("hidden", hidden),
-            ("layers", layers),
-            ("bottom_fanout", bottom_fanout),
+            ("feature_dim", self.feature_dim),
+            ("hidden", self.hidden),
+            ("layers", self.layers),
+            ("bottom_fanout", self.bottom_fanout),
         ] {
             if v == 0 {
                 return Err(invalid(name, "at least 1", 0));
             }
         }
-        Ok(Self {
-            feature_dim,
-            hidden,
-            layers,
-            bottom_fanout,
-        })
+        Ok(())
     }
 
     /// Bytes of one input feature row.
@@ -92,7 +99,7 @@ impl ModelShape {
     /// Number of weights (bottom layer `f × h`, each other layer `h × h`).
     pub fn parameters(&self) -> u64 {
         let (f, h) = (self.feature_dim as u64, self.hidden as u64);
-        f * h + (self.layers as u64 - 1) * h * h
+        f * h + (self.layers as u64).saturating_sub(1) * h * h
     }
 }
 
@@ -478,6 +485,7 @@ impl<'p> GraphBuilder<'p> {
     }
 
     fn check(&self, plan: &SuperBatchPlan, shapes: &[BatchShape]) -> Result<()> {
+        self.model.validate()?;
         if plan.index != self.next_super_batch {
             return Err(invalid(
                 "plan.index",

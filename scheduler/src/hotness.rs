@@ -182,11 +182,14 @@ pub fn degree_scores(graph: &CsrGraph) -> Vec<u64> {
 }
 
 /// The vertices ordered hottest first: by score descending, ties by id ascending
-/// (so the order is a deterministic permutation of `0..scores.len()`).
-pub fn hotness_order<S: Ord + Copy>(scores: &[S]) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..scores.len() as u32).collect();
+/// (so the order is a deterministic permutation of `0..scores.len()`). Fails when
+/// there are more scores than `u32` ids.
+pub fn hotness_order<S: Ord + Copy>(scores: &[S]) -> Result<Vec<u32>> {
+    let n = u32::try_from(scores.len())
+        .map_err(|_| invalid("scores", "at most u32::MAX vertices", scores.len()))?;
+    let mut order: Vec<u32> = (0..n).collect();
     order.sort_by(|&a, &b| scores[b as usize].cmp(&scores[a as usize]).then(a.cmp(&b)));
-    order
+    Ok(order)
 }
 
 #[cfg(test)]
@@ -321,7 +324,7 @@ mod tests {
         let g = small_graph();
         let scores = degree_scores(&g);
         assert_eq!(scores, vec![1, 3, 2, 2, 3, 1, 0]);
-        let order = hotness_order(&scores);
+        let order = hotness_order(&scores).unwrap();
         assert_eq!(order, vec![1, 4, 2, 3, 0, 5, 6]);
         let mut sorted = order.clone();
         sorted.sort_unstable();

@@ -25,6 +25,7 @@ mod monitor;
 mod pipeline;
 mod placement;
 mod relabel;
+mod report;
 mod sim;
 mod staleness;
 mod task;
@@ -40,7 +41,8 @@ pub use monitor::{Direction, Monitor, MonitorConfig, MoveEvent, MoveReason, Obse
 pub use pipeline::{HotSplit, PipelineConfig, SuperBatchPlan, VertexClass, MAX_PIPELINE_DEPTH};
 pub use placement::{LayerBased, Orchestration, Placement, StepBased};
 pub use relabel::{hot_count, Permutation, Relabeling};
-pub use sim::{simulate, BatchRecord, SimConfig, SimReport, SimTotals, SuperBatchRecord, TaskSpan};
+pub use report::{BatchRecord, SimReport, SimTotals, SuperBatchRecord, TaskSpan};
+pub use sim::{simulate, SimConfig};
 pub use staleness::{Decision, GapHistogram, OnLate, StalenessRule};
 pub use task::{Device, Estimate, LayerSpan, Step, Task, TaskGraph, TaskKind};
 pub use workload::{BatchDemand, SyntheticWorkload, Workload};

@@ -182,7 +182,7 @@ impl Relabeling {
     /// disables embedding reuse (an empty hot set).
     pub fn by_score<S: Ord + Copy>(scores: &[S], hot_ratio: f64) -> Result<Self> {
         let hot = hot_count(scores.len(), hot_ratio)?;
-        let perm = Permutation::from_old_of_new(hotness_order(scores))?;
+        let perm = Permutation::from_old_of_new(hotness_order(scores)?)?;
         Ok(Self { perm, hot })
     }
 

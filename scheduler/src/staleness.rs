@@ -33,6 +33,7 @@
 //! Nothing here reads a clock or locks: the rule is a pure function, the runtime
 //! owns the table and the waiting.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -169,12 +170,18 @@ impl StalenessRule {
     }
 }
 
+/// Gaps below this are counted in a dense array; larger ones (a bound of
+/// thousands of steps is legal, if unusual) in a sorted map.
+const DENSE_GAPS: usize = 4096;
+
 /// Counts of reuse gaps, exact per gap value.
 ///
-/// Gaps are bounded by the staleness bound, so one counter per value is small.
+/// Gaps are bounded by the staleness bound, usually a few dozen steps, so small
+/// gaps get one counter each; any gap, however large, is still counted exactly.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GapHistogram {
-    counts: Vec<u64>,
+    dense: Vec<u64>,
+    sparse: BTreeMap<u64, u64>,
 }
 
 impl GapHistogram {
@@ -193,33 +200,46 @@ impl GapHistogram {
         if n == 0 {
             return;
         }
-        let g = usize::try_from(gap).unwrap_or(usize::MAX);
-        if g >= self.counts.len() {
-            self.counts.resize(g.saturating_add(1), 0);
+        match usize::try_from(gap) {
+            Ok(g) if g < DENSE_GAPS => {
+                if g >= self.dense.len() {
+                    self.dense.resize(g + 1, 0);
+                }
+                self.dense[g] += n;
+            }
+            _ => *self.sparse.entry(gap).or_insert(0) += n,
         }
-        self.counts[g] += n;
+    }
+
+    /// `(gap, count)` for every gap recorded at least once, ascending.
+    pub fn buckets(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.dense
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(g, &c)| (g as u64, c))
+            .chain(self.sparse.iter().map(|(&g, &c)| (g, c)))
     }
 
     /// The number of reuses recorded.
     pub fn total(&self) -> u64 {
-        self.counts.iter().sum()
+        self.buckets().map(|(_, c)| c).sum()
     }
 
     /// The largest gap recorded (`None` when empty).
     pub fn max(&self) -> Option<u64> {
-        self.counts.iter().rposition(|&c| c > 0).map(|g| g as u64)
+        self.sparse
+            .keys()
+            .next_back()
+            .copied()
+            .or_else(|| self.dense.iter().rposition(|&c| c > 0).map(|g| g as u64))
     }
 
     /// The mean gap (`None` when empty).
     pub fn mean(&self) -> Option<f64> {
         let total = self.total();
         (total > 0).then(|| {
-            let sum: f64 = self
-                .counts
-                .iter()
-                .enumerate()
-                .map(|(g, &c)| g as f64 * c as f64)
-                .sum();
+            let sum: f64 = self.buckets().map(|(g, c)| g as f64 * c as f64).sum();
             sum / total as f64
         })
     }
@@ -233,10 +253,10 @@ impl GapHistogram {
         }
         let want = (q.clamp(0.0, 1.0) * total as f64).ceil().max(1.0) as u64;
         let mut seen = 0;
-        for (g, &c) in self.counts.iter().enumerate() {
+        for (g, c) in self.buckets() {
             seen += c;
             if seen >= want {
-                return Some(g as u64);
+                return Some(g);
             }
         }
         self.max()
@@ -244,46 +264,35 @@ impl GapHistogram {
 
     /// The count of reuses with exactly `gap`.
     pub fn count(&self, gap: u64) -> u64 {
-        usize::try_from(gap)
-            .ok()
-            .and_then(|g| self.counts.get(g))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// `(gap, count)` for every gap recorded at least once, ascending.
-    pub fn buckets(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.counts
-            .iter()
-            .enumerate()
-            .filter(|(_, &c)| c > 0)
-            .map(|(g, &c)| (g as u64, c))
+        match usize::try_from(gap) {
+            Ok(g) if g < DENSE_GAPS => self.dense.get(g).copied().unwrap_or(0),
+            _ => self.sparse.get(&gap).copied().unwrap_or(0),
+        }
     }
 
     /// Counts in power-of-two ranges for a short summary: `(lo, hi, count)` with
     /// ranges `0..=0, 1..=1, 2..=3, 4..=7, ...`, empty ranges left out.
     pub fn log2_buckets(&self) -> Vec<(u64, u64, u64)> {
-        let mut out = Vec::new();
-        let (mut lo, mut hi) = (0u64, 0u64);
-        while (lo as usize) < self.counts.len() {
-            let end = (hi as usize + 1).min(self.counts.len());
-            let c: u64 = self.counts[lo as usize..end].iter().sum();
-            if c > 0 {
-                out.push((lo, hi, c));
+        let mut out: Vec<(u64, u64, u64)> = Vec::new();
+        for (g, c) in self.buckets() {
+            let (lo, hi) = if g == 0 {
+                (0, 0)
+            } else {
+                let lo = 1u64 << (63 - g.leading_zeros());
+                (lo, lo | (lo - 1))
+            };
+            match out.last_mut() {
+                Some(last) if last.0 == lo => last.2 += c,
+                _ => out.push((lo, hi, c)),
             }
-            lo = hi + 1;
-            hi = lo * 2 - 1;
         }
         out
     }
 
     /// Adds every count of `other` (for per-worker or per-epoch histograms).
     pub fn merge(&mut self, other: &GapHistogram) {
-        if other.counts.len() > self.counts.len() {
-            self.counts.resize(other.counts.len(), 0);
-        }
-        for (a, &b) in self.counts.iter_mut().zip(&other.counts) {
-            *a += b;
+        for (g, c) in other.buckets() {
+            self.record_n(g, c);
         }
     }
 }
@@ -383,5 +392,20 @@ mod tests {
         small.merge(&h);
         assert_eq!(small.total(), 12);
         assert_eq!(small.count(1), 2);
+        // Huge gaps are counted exactly, without a huge allocation.
+        let mut big = GapHistogram::new();
+        big.record(u64::MAX);
+        big.record_n(10_000, 2);
+        big.record(3);
+        assert_eq!(big.max(), Some(u64::MAX));
+        assert_eq!(big.count(10_000), 2);
+        assert_eq!(big.quantile(0.5), Some(10_000));
+        assert_eq!(
+            big.log2_buckets(),
+            vec![(2, 3, 1), (8192, 16383, 2), (1 << 63, u64::MAX, 1)]
+        );
+        small.merge(&big);
+        assert_eq!(small.total(), 16);
+        assert_eq!(small.max(), Some(u64::MAX));
     }
 }

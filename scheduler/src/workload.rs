@@ -126,8 +126,14 @@ impl Workload {
     }
 
     /// The shape of batch `b` under `split` (see the module doc).
-    pub fn shape(&self, b: usize, split: &HotSplit, model: &ModelShape) -> BatchShape {
-        let d = &self.batches[b];
+    pub fn shape(&self, b: usize, split: &HotSplit, model: &ModelShape) -> Result<BatchShape> {
+        let d = self.batches.get(b).ok_or_else(|| {
+            invalid(
+                "batch",
+                format!("a batch index below {}", self.batches.len()),
+                b,
+            )
+        })?;
         let mut s = d.cold;
         let fan = model.bottom_fanout as u64;
         for &v in &d.hot {
@@ -145,7 +151,7 @@ impl Workload {
                 .round() as u64)
                 .min(s.cold_inputs);
         }
-        s
+        Ok(s)
     }
 }
 
@@ -306,19 +312,20 @@ mod tests {
             }],
         )
         .unwrap();
-        let all_cpu = w.shape(0, &HotSplit::all_cpu(10), &m);
+        let all_cpu = w.shape(0, &HotSplit::all_cpu(10), &m).unwrap();
         assert_eq!(
             (all_cpu.hot, all_cpu.cold_dst, all_cpu.cached_inputs),
             (3, 10, 0)
         );
-        let half = w.shape(0, &HotSplit::new(10, 5).unwrap(), &m);
+        let half = w.shape(0, &HotSplit::new(10, 5).unwrap(), &m).unwrap();
         assert_eq!(half.hot, 2);
         assert_eq!(half.cold_dst, 11);
         assert_eq!(half.cold_edges, 55);
         assert_eq!(half.cold_inputs, 46);
         assert_eq!(half.cached_inputs, 12); // 46 · 0.5 · 0.5 = 11.5
-        let none = w.shape(0, &HotSplit::all_cpu(0), &m);
+        let none = w.shape(0, &HotSplit::all_cpu(0), &m).unwrap();
         assert_eq!(none.hot, 0);
+        assert!(w.shape(1, &HotSplit::all_cpu(0), &m).is_err());
         assert!(Workload::new(5, 0.5, w.batches().to_vec()).is_err());
         assert!(Workload::new(10, 1.5, vec![]).is_err());
     }
