@@ -38,7 +38,7 @@
 //!    empty), within the same step limits — and at most half way up to the
 //!    *ceiling*, the CPU-set size at which the last move to the cache found the
 //!    accelerator waiting (bisection: a size known to wait is not tried again). A
-//!    ceiling within `min_step` (or 1% of the hot set) of the CPU set is forgotten.
+//!    ceiling within `max(min_step, 1% of the hot set)` of the CPU set is forgotten.
 //! 7. **Hysteresis.** The gap between `wait_high` and `wait_low` is a dead band,
 //!    decisions need `smoothing` windows of evidence, and a move against the
 //!    previous direction needs `min_dwell` more windows after the previous move

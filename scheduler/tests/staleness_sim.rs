@@ -21,7 +21,9 @@ fn scenario(seed: u64, on_late: OnLate) -> (SimConfig, Workload, RandomCosts<Cos
     let n = 1 + rng.below(6) as usize;
     let depth = rng.below(3) as usize;
     let chunk = [8, 32, 128][rng.below(3) as usize];
-    let pipeline = PipelineConfig::new(n, depth, chunk).unwrap();
+    let pipeline = PipelineConfig::new(n, depth, chunk)
+        .and_then(|p| p.with_min_chunks(1 + rng.below(4) as usize))
+        .unwrap();
     let natural = pipeline.on_time_gap();
     let bound = match rng.below(5) {
         0 => 0,
