@@ -1,0 +1,795 @@
+//! Building the task graph: super-batch plans and batch shapes → tasks with
+//! devices, dependencies, priorities and size estimates.
+//!
+//! # Dependencies (finish-to-start)
+//! For batch `b` of super-batch `j`, and chunk `c` of the queue of `j`:
+//!
+//! 1. `SampleTop(b)` ← `PublishWeights(last batch of j - D - 1)` (pipeline step 5:
+//!    the batches of `j` are sampled while `j - D` trains; none for `j <= D`).
+//! 2. `ColdGather(b)` ← `SampleTop(b)`; `ColdCompute(b)` ← `ColdGather(b)`.
+//! 3. `HotLoad(b)` ← `SampleTop(b)` (it needs the list of its hot vertices; the
+//!    embeddings themselves are the staleness rule's business, not an edge).
+//! 4. `Forward(b)` ← `ColdCompute(b)`, `HotLoad(b)`, `OptimizerStep(b - 1)` (it
+//!    runs at version `b`).
+//! 5. `Backward(b)` ← `Forward(b)`; `OptimizerStep(b)` ← `Backward(b)`;
+//!    `PublishWeights(b)` ← `OptimizerStep(b)`.
+//! 6. `HotSample(j, c)` ← every `SampleTop` of `j` (the queue is known only once
+//!    they are sampled) and the gate of step 1; `HotGather(j, c)` ← `HotSample(j, c)`;
+//!    `HotCompute(j, c)` ← `HotGather(j, c)`.
+//!
+//! # Priorities
+//! `priority = 16 · (anchor + 1) + rank(kind)`, where the anchor is the batch the
+//! task serves, except for work done one pipeline stage ahead on the accelerator's
+//! in-order stream (sampling of `j` is anchored at the first batch of `j - D`, so
+//! the stream samples a super-batch ahead before training), and for hot chunks,
+//! always anchored at the first batch of `j - D` with `SampleTop`'s rank (so they
+//! follow the sampling they depend on). Urgent work the runtime creates at the
+//! gate uses priority 0.
+
+use cpu_ops::SampledBatch;
+
+use crate::error::{invalid, Result, SchedulerError};
+use crate::pipeline::{HotSplit, PipelineConfig, SuperBatchPlan, VertexClass};
+use crate::placement::Placement;
+use crate::task::{Device, Estimate, LayerSpan, Task, TaskGraph, TaskKind};
+
+/// Bytes of an `f32`.
+const F32: u64 = 4;
+/// Priority slots per anchor batch.
+const SLOTS: u64 = 16;
+
+/// The model dimensions the estimates need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelShape {
+    /// Input feature width.
+    pub feature_dim: u32,
+    /// Hidden width (the bottom layer's output).
+    pub hidden: u32,
+    /// GNN layers (≥ 1).
+    pub layers: u32,
+    /// Fanout of the bottom layer (neighbors per hot vertex the CPU samples).
+    pub bottom_fanout: u32,
+}
+
+impl ModelShape {
+    /// A shape, after checking every field is at least 1.
+    pub fn new(feature_dim: u32, hidden: u32, layers: u32, bottom_fanout: u32) -> Result<Self> {
+        let m = Self {
+            feature_dim,
+            hidden,
+            layers,
+            bottom_fanout,
+        };
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// Checks every field is at least 1 (for shapes built field by field).
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("feature_dim", self.feature_dim),
+            ("hidden", self.hidden),
+            ("layers", self.layers),
+            ("bottom_fanout", self.bottom_fanout),
+        ] {
+            if v == 0 {
+                return Err(invalid(name, "at least 1", 0));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of one input feature row.
+    pub fn feature_row_bytes(&self) -> u64 {
+        F32 * self.feature_dim as u64
+    }
+
+    /// Bytes of one hot vertex shipped to the accelerator: its embedding and its
+    /// aggregated input (which the bottom layer's backward on the accelerator
+    /// needs, NeutronOrch §4.1.1).
+    pub fn hot_row_bytes(&self) -> u64 {
+        F32 * (self.feature_dim as u64 + self.hidden as u64)
+    }
+
+    /// Bytes of the bottom layer's weights (what is published).
+    pub fn bottom_weight_bytes(&self) -> u64 {
+        F32 * self.feature_dim as u64 * self.hidden as u64
+    }
+
+    /// Number of weights (bottom layer `f × h`, each other layer `h × h`).
+    pub fn parameters(&self) -> u64 {
+        let (f, h) = (self.feature_dim as u64, self.hidden as u64);
+        f * h + (self.layers as u64).saturating_sub(1) * h * h
+    }
+}
+
+/// How big one batch is, split the way the task graph needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchShape {
+    /// Seed (output) vertices.
+    pub seeds: u64,
+    /// Destinations of the layers above the bottom, summed over layers.
+    pub upper_dst: u64,
+    /// Sampled edges of the layers above the bottom.
+    pub upper_edges: u64,
+    /// Bottom-layer destinations served by CPU embeddings.
+    pub hot: u64,
+    /// Bottom-layer destinations computed on the accelerator (cold and cached-hot).
+    pub cold_dst: u64,
+    /// Sampled bottom-layer edges of those destinations.
+    pub cold_edges: u64,
+    /// Distinct input vertices of those destinations (themselves included).
+    pub cold_inputs: u64,
+    /// Of those inputs, how many have their features in the device cache.
+    pub cached_inputs: u64,
+}
+
+impl BatchShape {
+    /// The shape of a sampled batch under `split` (ids must be relabeled ones).
+    /// The batch may be sampled in full: hot destinations' bottom edges are simply
+    /// not counted.
+    pub fn from_sampled(batch: &SampledBatch, split: &HotSplit) -> Self {
+        let blocks = batch.blocks();
+        let mut s = Self {
+            seeds: batch.seeds().len() as u64,
+            ..Self::default()
+        };
+        let Some(bottom) = blocks.first() else {
+            return s;
+        };
+        for b in &blocks[1..] {
+            s.upper_dst += b.num_dst() as u64;
+            s.upper_edges += b.num_edges() as u64;
+        }
+        let src = bottom.src_ids();
+        let mut input = vec![false; bottom.num_src()];
+        for (j, &v) in bottom.dst_ids().iter().enumerate() {
+            if split.class(v) == VertexClass::CpuHot {
+                s.hot += 1;
+                continue;
+            }
+            s.cold_dst += 1;
+            input[j] = true;
+            let nb = bottom.neighbors(j);
+            s.cold_edges += nb.len() as u64;
+            for &l in nb {
+                input[l as usize] = true;
+            }
+        }
+        for (l, _) in input.iter().enumerate().filter(|(_, &m)| m) {
+            s.cold_inputs += 1;
+            s.cached_inputs += u64::from(split.class(src[l]) == VertexClass::CachedHot);
+        }
+        s
+    }
+}
+
+/// The ids of one batch's tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchTasks {
+    /// Global batch index.
+    pub batch: u64,
+    /// [`TaskKind::SampleTop`].
+    pub sample: usize,
+    /// [`TaskKind::ColdGather`].
+    pub cold_gather: usize,
+    /// [`TaskKind::ColdCompute`].
+    pub cold_compute: usize,
+    /// [`TaskKind::HotLoad`].
+    pub hot_load: usize,
+    /// [`TaskKind::Forward`].
+    pub forward: usize,
+    /// [`TaskKind::Backward`].
+    pub backward: usize,
+    /// [`TaskKind::OptimizerStep`].
+    pub step: usize,
+    /// [`TaskKind::PublishWeights`].
+    pub publish: usize,
+}
+
+/// The ids of one hot chunk's tasks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkTasks {
+    /// Chunk index within the queue.
+    pub chunk: u32,
+    /// Positions of its vertices in the plan's queue.
+    pub range: std::ops::Range<usize>,
+    /// [`TaskKind::HotSample`].
+    pub sample: usize,
+    /// [`TaskKind::HotGather`].
+    pub gather: usize,
+    /// [`TaskKind::HotCompute`].
+    pub compute: usize,
+}
+
+/// The tasks one super-batch added.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SuperBatchTasks {
+    /// Super-batch index.
+    pub index: u64,
+    /// Its batches' tasks, in order.
+    pub batches: Vec<BatchTasks>,
+    /// Its queue's chunks, hottest first.
+    pub chunks: Vec<ChunkTasks>,
+}
+
+/// Appends super-batches to a growing [`TaskGraph`] under one placement.
+#[derive(Debug)]
+pub struct GraphBuilder<'p> {
+    model: ModelShape,
+    pipeline: PipelineConfig,
+    placement: &'p dyn Placement,
+    graph: TaskGraph,
+    next_super_batch: u64,
+    next_batch: u64,
+    /// `PublishWeights` of the last batch of every super-batch pushed so far.
+    last_publish: Vec<usize>,
+    last_step: Option<usize>,
+}
+
+impl<'p> GraphBuilder<'p> {
+    /// An empty builder.
+    pub fn new(model: ModelShape, pipeline: PipelineConfig, placement: &'p dyn Placement) -> Self {
+        Self {
+            model,
+            pipeline,
+            placement,
+            graph: TaskGraph::new(),
+            next_super_batch: 0,
+            next_batch: 0,
+            last_publish: Vec::new(),
+            last_step: None,
+        }
+    }
+
+    /// The graph so far.
+    pub fn graph(&self) -> &TaskGraph {
+        &self.graph
+    }
+
+    /// The graph, consuming the builder.
+    pub fn into_graph(self) -> TaskGraph {
+        self.graph
+    }
+
+    /// The placement.
+    pub fn placement(&self) -> &'p dyn Placement {
+        self.placement
+    }
+
+    /// The model shape.
+    pub fn model(&self) -> &ModelShape {
+        &self.model
+    }
+
+    /// The priority of a batch task of `kind` for batch `b`, on `device`.
+    fn batch_priority(&self, kind: TaskKind, b: u64, device: Device) -> u64 {
+        let anchor = if kind == TaskKind::SampleTop && device == Device::Accelerator {
+            self.lead_batch(self.pipeline.super_batch_of(b))
+        } else {
+            b
+        };
+        SLOTS * (anchor + 1) + kind.rank()
+    }
+
+    /// The first batch of the super-batch during which `j` is prepared.
+    fn lead_batch(&self, j: u64) -> u64 {
+        self.pipeline.lead_super_batch(j) * self.pipeline.batches_per_super_batch() as u64
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &mut self,
+        kind: TaskKind,
+        batch: Option<u64>,
+        super_batch: u64,
+        chunk: Option<u32>,
+        layers: LayerSpan,
+        deps: Vec<usize>,
+        est: Estimate,
+        priority: Option<u64>,
+    ) -> Result<usize> {
+        let device = self.placement.device(kind);
+        let priority =
+            priority.unwrap_or_else(|| self.batch_priority(kind, batch.unwrap_or(0), device));
+        self.graph.push(Task {
+            id: 0,
+            kind,
+            device,
+            batch,
+            super_batch,
+            chunk,
+            layers,
+            deps,
+            est,
+            priority,
+        })
+    }
+
+    /// Appends the tasks of `plan` (the next super-batch) whose batches have
+    /// `shapes` (one per batch, with `hot` equal to the plan's per-batch count).
+    pub fn push_super_batch(
+        &mut self,
+        plan: &SuperBatchPlan,
+        shapes: &[BatchShape],
+    ) -> Result<SuperBatchTasks> {
+        self.check(plan, shapes)?;
+        let j = plan.index;
+        let m = self.model;
+        let top = m.layers - 1;
+        let gate: Vec<usize> = self
+            .pipeline
+            .queue_gate(j)
+            .and_then(|g| self.last_publish.get(g as usize).copied())
+            .into_iter()
+            .collect();
+        let mut batches = Vec::with_capacity(shapes.len());
+        for (k, s) in shapes.iter().enumerate() {
+            let b = plan.batches.start + k as u64;
+            let sample = self.push(
+                TaskKind::SampleTop,
+                Some(b),
+                j,
+                None,
+                LayerSpan {
+                    first: 0,
+                    last: top,
+                },
+                gate.clone(),
+                sample_estimate(s),
+                None,
+            )?;
+            let cold_gather = self.push(
+                TaskKind::ColdGather,
+                Some(b),
+                j,
+                None,
+                LayerSpan::one(0),
+                vec![sample],
+                gather_estimate(&m, s),
+                None,
+            )?;
+            let cold_compute = self.push(
+                TaskKind::ColdCompute,
+                Some(b),
+                j,
+                None,
+                LayerSpan::one(0),
+                vec![cold_gather],
+                cold_compute_estimate(&m, s),
+                None,
+            )?;
+            let hot_load = self.push(
+                TaskKind::HotLoad,
+                Some(b),
+                j,
+                None,
+                LayerSpan::one(0),
+                vec![sample],
+                hot_load_estimate(&m, s, plan.first_use[k] as u64),
+                None,
+            )?;
+            let mut fdeps = vec![cold_compute, hot_load];
+            fdeps.extend(self.last_step);
+            let upper = LayerSpan {
+                first: 1.min(top),
+                last: top,
+            };
+            let (fwd, bwd) = train_estimates(&m, s);
+            let forward =
+                self.push(TaskKind::Forward, Some(b), j, None, upper, fdeps, fwd, None)?;
+            let all = LayerSpan {
+                first: 0,
+                last: top,
+            };
+            let backward = self.push(
+                TaskKind::Backward,
+                Some(b),
+                j,
+                None,
+                all,
+                vec![forward],
+                bwd,
+                None,
+            )?;
+            let step = self.push(
+                TaskKind::OptimizerStep,
+                Some(b),
+                j,
+                None,
+                all,
+                vec![backward],
+                step_estimate(&m),
+                None,
+            )?;
+            let publish = self.push(
+                TaskKind::PublishWeights,
+                Some(b),
+                j,
+                None,
+                LayerSpan::one(0),
+                vec![step],
+                publish_estimate(&m),
+                None,
+            )?;
+            self.last_step = Some(step);
+            batches.push(BatchTasks {
+                batch: b,
+                sample,
+                cold_gather,
+                cold_compute,
+                hot_load,
+                forward,
+                backward,
+                step,
+                publish,
+            });
+        }
+        // Hot chunks: after all of this super-batch's sampling, and the gate.
+        let mut chunk_deps: Vec<usize> = batches.iter().map(|t| t.sample).collect();
+        chunk_deps.extend(gate.iter().copied());
+        let chunk_priority = SLOTS * (self.lead_batch(j) + 1) + TaskKind::SampleTop.rank();
+        let mut chunks = Vec::new();
+        let pipeline = self.pipeline;
+        for (c, (range, verts)) in plan.chunks(&pipeline).enumerate() {
+            let k = verts.len() as u64;
+            let (se, ge, ce) = hot_chunk_estimates(&m, k);
+            let layer = LayerSpan::one(0);
+            let ci = Some(c as u32);
+            let p = Some(chunk_priority);
+            let sample = self.push(
+                TaskKind::HotSample,
+                None,
+                j,
+                ci,
+                layer,
+                chunk_deps.clone(),
+                se,
+                p,
+            )?;
+            let gather = self.push(TaskKind::HotGather, None, j, ci, layer, vec![sample], ge, p)?;
+            let compute = self.push(
+                TaskKind::HotCompute,
+                None,
+                j,
+                ci,
+                layer,
+                vec![gather],
+                ce,
+                p,
+            )?;
+            chunks.push(ChunkTasks {
+                chunk: c as u32,
+                range,
+                sample,
+                gather,
+                compute,
+            });
+        }
+        if let Some(last) = batches.last() {
+            self.last_publish.push(last.publish);
+        }
+        self.next_super_batch += 1;
+        self.next_batch = plan.batches.end;
+        Ok(SuperBatchTasks {
+            index: j,
+            batches,
+            chunks,
+        })
+    }
+
+    /// Appends a task the runtime created while running (urgent hot work, late
+    /// cold work); its dependencies must be existing tasks.
+    pub(crate) fn push_dynamic(&mut self, task: Task) -> Result<usize> {
+        self.graph.push(task)
+    }
+
+    fn check(&self, plan: &SuperBatchPlan, shapes: &[BatchShape]) -> Result<()> {
+        self.model.validate()?;
+        if plan.index != self.next_super_batch {
+            return Err(invalid(
+                "plan.index",
+                format!("the next super-batch ({})", self.next_super_batch),
+                plan.index,
+            ));
+        }
+        if plan.batches.start != self.next_batch {
+            return Err(invalid(
+                "plan.batches",
+                format!("to start at the next batch ({})", self.next_batch),
+                plan.batches.start,
+            ));
+        }
+        let n = (plan.batches.end - plan.batches.start) as usize;
+        if n == 0 || n > self.pipeline.batches_per_super_batch() {
+            return Err(invalid(
+                "plan.batches",
+                format!(
+                    "1 to {} batches (the super-batch size)",
+                    self.pipeline.batches_per_super_batch()
+                ),
+                n,
+            ));
+        }
+        for (what, len) in [
+            ("batch shapes", shapes.len()),
+            ("plan.batch_hot", plan.batch_hot.len()),
+            ("plan.first_use", plan.first_use.len()),
+        ] {
+            if len != n {
+                return Err(SchedulerError::SizeMismatch {
+                    what,
+                    expected: n,
+                    found: len,
+                });
+            }
+        }
+        for (k, (s, h)) in shapes.iter().zip(&plan.batch_hot).enumerate() {
+            if s.hot != h.len() as u64 {
+                return Err(SchedulerError::SizeMismatch {
+                    what: if k == 0 {
+                        "hot vertices of the first batch (shape vs plan)"
+                    } else {
+                        "hot vertices of a batch (shape vs plan)"
+                    },
+                    expected: h.len(),
+                    found: s.hot as usize,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn sample_estimate(s: &BatchShape) -> Estimate {
+    let edges = s.upper_edges + s.cold_edges;
+    let vertices = s.seeds + s.upper_dst + s.cold_dst;
+    Estimate {
+        vertices,
+        edges,
+        mem_bytes: 12 * edges + 8 * vertices,
+        out_bytes: 4 * edges + 12 * vertices + 4 * s.cold_inputs,
+        ..Estimate::default()
+    }
+}
+
+fn gather_estimate(m: &ModelShape, s: &BatchShape) -> Estimate {
+    let row = m.feature_row_bytes();
+    Estimate {
+        vertices: s.cold_inputs,
+        mem_bytes: 2 * row * s.cold_inputs,
+        out_bytes: row * s.cold_inputs,
+        host_read_bytes: row * (s.cold_inputs - s.cached_inputs.min(s.cold_inputs)),
+        ..Estimate::default()
+    }
+}
+
+fn cold_compute_estimate(m: &ModelShape, s: &BatchShape) -> Estimate {
+    let (f, h) = (m.feature_dim as f64, m.hidden as f64);
+    Estimate {
+        vertices: s.cold_dst,
+        edges: s.cold_edges,
+        flops: s.cold_edges as f64 * f + 2.0 * s.cold_dst as f64 * f * h,
+        mem_bytes: m.feature_row_bytes() * (s.cold_edges + s.cold_dst)
+            + F32 * h as u64 * s.cold_dst,
+        out_bytes: F32 * m.hidden as u64 * s.cold_dst,
+        ..Estimate::default()
+    }
+}
+
+fn hot_load_estimate(m: &ModelShape, s: &BatchShape, first_use: u64) -> Estimate {
+    Estimate {
+        vertices: s.hot,
+        mem_bytes: m.hot_row_bytes() * s.hot,
+        out_bytes: F32 * m.hidden as u64 * s.hot,
+        host_read_bytes: m.hot_row_bytes() * first_use,
+        ..Estimate::default()
+    }
+}
+
+/// Forward and backward estimates (backward ≈ twice the forward, plus the bottom
+/// layer's weight gradient over every bottom destination).
+fn train_estimates(m: &ModelShape, s: &BatchShape) -> (Estimate, Estimate) {
+    let (f, h) = (m.feature_dim as f64, m.hidden as f64);
+    let fwd_flops = s.upper_edges as f64 * h + 2.0 * s.upper_dst as f64 * h * h;
+    let act = F32 * m.hidden as u64 * (s.upper_dst + s.upper_edges);
+    let fwd = Estimate {
+        vertices: s.upper_dst,
+        edges: s.upper_edges,
+        flops: fwd_flops,
+        mem_bytes: act,
+        out_bytes: F32 * s.seeds,
+        ..Estimate::default()
+    };
+    let bottom = (s.hot + s.cold_dst) as f64;
+    let bwd = Estimate {
+        vertices: s.upper_dst + s.hot + s.cold_dst,
+        edges: s.upper_edges + s.cold_edges,
+        flops: 2.0 * fwd_flops + 2.0 * bottom * f * h,
+        mem_bytes: 2 * act + m.feature_row_bytes() * (s.hot + s.cold_dst),
+        out_bytes: F32 * m.parameters(),
+        ..Estimate::default()
+    };
+    (fwd, bwd)
+}
+
+fn step_estimate(m: &ModelShape) -> Estimate {
+    let p = m.parameters();
+    Estimate {
+        flops: 10.0 * p as f64,
+        mem_bytes: 16 * p,
+        ..Estimate::default()
+    }
+}
+
+fn publish_estimate(m: &ModelShape) -> Estimate {
+    let w = m.bottom_weight_bytes();
+    Estimate {
+        mem_bytes: w,
+        out_bytes: w,
+        host_write_bytes: w,
+        ..Estimate::default()
+    }
+}
+
+/// Sample, gather and compute estimates of a hot chunk of `k` vertices.
+pub(crate) fn hot_chunk_estimates(m: &ModelShape, k: u64) -> (Estimate, Estimate, Estimate) {
+    let edges = k * m.bottom_fanout as u64;
+    let row = m.feature_row_bytes();
+    let (f, h) = (m.feature_dim as f64, m.hidden as f64);
+    let sample = Estimate {
+        vertices: k,
+        edges,
+        mem_bytes: 12 * edges + 8 * k,
+        out_bytes: 4 * edges + 12 * k,
+        ..Estimate::default()
+    };
+    let gather = Estimate {
+        vertices: edges + k,
+        mem_bytes: 2 * row * (edges + k),
+        out_bytes: row * (edges + k),
+        host_read_bytes: row * (edges + k),
+        ..Estimate::default()
+    };
+    let compute = Estimate {
+        vertices: k,
+        edges,
+        flops: edges as f64 * f + 2.0 * k as f64 * f * h,
+        mem_bytes: row * (edges + k) + m.hot_row_bytes() * k,
+        out_bytes: m.hot_row_bytes() * k,
+        ..Estimate::default()
+    };
+    (sample, gather, compute)
+}
+
+/// Gather and compute estimates for `k` late vertices computed cold in one batch
+/// (`on_late = "compute"`): each brings `bottom_fanout` inputs from host memory.
+pub(crate) fn late_cold_estimates(m: &ModelShape, k: u64) -> (Estimate, Estimate) {
+    let s = BatchShape {
+        cold_dst: k,
+        cold_edges: k * m.bottom_fanout as u64,
+        cold_inputs: k * (m.bottom_fanout as u64 + 1),
+        ..BatchShape::default()
+    };
+    (gather_estimate(m, &s), cold_compute_estimate(m, &s))
+}
+
+#[cfg(test)]
+mod tests {
+    use cpu_ops::{BuildOptions, CsrGraph, NeighborSampler, SamplerScratch, ALL_NEIGHBORS};
+
+    use super::*;
+    use crate::placement::Orchestration;
+
+    #[test]
+    fn shape_of_a_sampled_batch_splits_the_bottom_layer() {
+        // Star around 0 plus a path 1-2-3.
+        let edges = [(0, 1), (0, 2), (0, 3), (1, 2), (2, 3), (3, 4)];
+        let g = CsrGraph::from_edges(5, &edges, BuildOptions::UNDIRECTED).unwrap();
+        let sampler = NeighborSampler::new(vec![ALL_NEIGHBORS, ALL_NEIGHBORS]).unwrap();
+        let batch = sampler
+            .sample(&g, &[4], 1, &mut SamplerScratch::new(5))
+            .unwrap();
+        // Top block: 4 ← {3}. Bottom block: dst {4, 3}, 3 ← {0, 2, 4}, 4 ← {3}.
+        let split = HotSplit::new(3, 1).unwrap(); // 0 CPU-hot, 1..3 cached
+        let s = BatchShape::from_sampled(&batch, &split);
+        assert_eq!(s.seeds, 1);
+        assert_eq!((s.upper_dst, s.upper_edges), (1, 1));
+        assert_eq!(s.hot, 0);
+        assert_eq!(s.cold_dst, 2);
+        assert_eq!(s.cold_edges, 4);
+        assert_eq!(s.cold_inputs, 4); // 4, 3, 0, 2
+        assert_eq!(s.cached_inputs, 1); // 2
+        let hot3 = HotSplit::all_cpu(4); // 3 is CPU-hot now
+        let s = BatchShape::from_sampled(&batch, &hot3);
+        assert_eq!(
+            (s.hot, s.cold_dst, s.cold_edges, s.cold_inputs),
+            (1, 1, 1, 2)
+        );
+    }
+
+    fn plan_and_shapes(j: u64, n: usize, split: HotSplit) -> (SuperBatchPlan, Vec<BatchShape>) {
+        let bottom: Vec<Vec<u32>> = (0..n as u32)
+            .map(|k| vec![0, k % 3 + 1, 4 + k, 9])
+            .collect();
+        let plan = SuperBatchPlan::new(j, j * n as u64, split, &bottom);
+        let shapes = plan
+            .batch_hot
+            .iter()
+            .map(|h| BatchShape {
+                seeds: 8,
+                upper_dst: 16,
+                upper_edges: 40,
+                hot: h.len() as u64,
+                cold_dst: 4 - h.len() as u64,
+                cold_edges: 10,
+                cold_inputs: 12,
+                cached_inputs: 2,
+            })
+            .collect();
+        (plan, shapes)
+    }
+
+    #[test]
+    fn builder_wires_the_pipeline_dependencies() {
+        let m = ModelShape::new(16, 8, 3, 5).unwrap();
+        let pipe = PipelineConfig::new(2, 1, 2).unwrap();
+        let placement = Orchestration::Layer.placement();
+        let mut b = GraphBuilder::new(m, pipe, placement.as_ref());
+        let split = HotSplit::all_cpu(4);
+        let mut sbs = Vec::new();
+        for j in 0..4 {
+            let (plan, shapes) = plan_and_shapes(j, 2, split);
+            sbs.push(b.push_super_batch(&plan, &shapes).unwrap());
+        }
+        let g = b.graph();
+        // Queue 0 and 1 have no gate; queue 2 waits for super-batch 0's last publish.
+        let last_pub0 = sbs[0].batches[1].publish;
+        assert!(!g.tasks()[sbs[1].chunks[0].sample].deps.contains(&last_pub0));
+        let c2 = &g.tasks()[sbs[2].chunks[0].sample];
+        assert!(c2.deps.contains(&last_pub0));
+        assert!(c2.deps.contains(&sbs[2].batches[0].sample));
+        assert!(c2.deps.contains(&sbs[2].batches[1].sample));
+        assert!(g.tasks()[sbs[2].batches[0].sample]
+            .deps
+            .contains(&last_pub0));
+        // Forward of batch 3 runs at version 3: after step 2.
+        let f3 = &g.tasks()[sbs[1].batches[1].forward];
+        assert!(f3.deps.contains(&sbs[1].batches[0].step));
+        // Queue of super-batch 1: vertices {0, 1, 2} in chunks of 2.
+        assert_eq!(sbs[1].chunks.len(), 2);
+        assert_eq!(sbs[1].chunks[0].range, 0..2);
+        assert_eq!(sbs[1].chunks[1].range, 2..3);
+        // Sampling of super-batch 2 comes before training super-batch 1 on the
+        // accelerator's stream, and after super-batch 0's training.
+        let p = |id: usize| g.tasks()[id].priority;
+        assert!(p(sbs[2].batches[1].sample) < p(sbs[1].batches[0].cold_gather));
+        assert!(p(sbs[2].batches[0].sample) > p(sbs[0].batches[1].publish));
+        // Hot chunks follow the sampling they need.
+        assert!(p(sbs[2].chunks[0].sample) >= p(sbs[2].batches[1].sample));
+        g.topological_order().unwrap();
+        // PCIe: hot embeddings are read by the accelerator on first use only.
+        let hl0 = &g.tasks()[sbs[0].batches[0].hot_load];
+        assert_eq!(hl0.est.host_read_bytes, 2 * m.hot_row_bytes());
+        let hl1 = &g.tasks()[sbs[0].batches[1].hot_load];
+        assert_eq!(hl1.est.host_read_bytes, m.hot_row_bytes());
+    }
+
+    #[test]
+    fn builder_rejects_inconsistent_input() {
+        let m = ModelShape::new(16, 8, 2, 5).unwrap();
+        let pipe = PipelineConfig::new(2, 1, 2).unwrap();
+        let layer = Orchestration::Layer.placement();
+        let mut b = GraphBuilder::new(m, pipe, layer.as_ref());
+        let (plan, shapes) = plan_and_shapes(1, 2, HotSplit::all_cpu(4));
+        let e = b.push_super_batch(&plan, &shapes).unwrap_err();
+        assert!(e.to_string().contains("plan.index"), "{e}");
+        let (plan, mut shapes) = plan_and_shapes(0, 2, HotSplit::all_cpu(4));
+        shapes[1].hot += 1;
+        assert!(b.push_super_batch(&plan, &shapes).is_err());
+        assert!(b.push_super_batch(&plan, &shapes[..1]).is_err());
+        let (plan, shapes) = plan_and_shapes(0, 3, HotSplit::all_cpu(4));
+        assert!(b.push_super_batch(&plan, &shapes).is_err());
+        assert!(ModelShape::new(0, 1, 1, 1).is_err());
+    }
+}

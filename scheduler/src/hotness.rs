@@ -1,0 +1,359 @@
+//! Hotness: how often training will touch each vertex, and the order that follows.
+//!
+//! Two policies score the vertices; [`crate::Relabeling::by_score`] then turns the
+//! scores into a relabeling whose id prefix is the hot set.
+//!
+//! - **Pre-sampling** (GNNLab's method, NeutronOrch §4.1.2): run `epochs` epochs of
+//!   the training sampler over the training vertices, exactly as training will (same
+//!   fanouts, same batch size, shuffled seeds), and count for every vertex the number
+//!   of batches that touch it in the bottom layer. A vertex counts at most once per
+//!   batch (blocks deduplicate their vertices).
+//! - **Degree** (PaGraph's cheap alternative): the score is the vertex's number of
+//!   stored neighbors; no sampling at all.
+//!
+//! # Pre-sampling, step by step
+//! For each epoch `e` in `0..epochs`:
+//! 1. The epoch's seed is `s_e = derive_seed(seed, e)`; the training vertices are
+//!    shuffled with `Rng::new(s_e)` and cut into batches of `batch_size` (the last
+//!    one may be short).
+//! 2. Batch `b` is sampled with the training sampler and seed `derive_seed(s_e, b + 1)`.
+//! 3. Every vertex of the bottom block's [`Touch`] side gets `+1` (saturating).
+//!
+//! The result depends only on `(graph, train_ids, fanouts, batch_size, epochs, seed)`,
+//! never on the thread count (the sampler's promise).
+
+use std::str::FromStr;
+
+use cpu_ops::{derive_seed, CsrGraph, NeighborSampler, Rng, SamplerScratch};
+
+use crate::error::{invalid, Result, SchedulerError};
+
+/// Which side of the bottom block pre-sampling counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Touch {
+    /// The bottom block's sources: the vertices whose *input features* the batch reads
+    /// (GNNLab's count, and what a feature cache wants). The default.
+    #[default]
+    BottomInputs,
+    /// The bottom block's destinations: the vertices whose *bottom-layer embedding* the
+    /// batch needs (exactly the reuse opportunities of a historical embedding). A
+    /// subset of the inputs of the same batch, so the two rankings agree closely.
+    BottomOutputs,
+}
+
+/// How vertices are scored for hotness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HotnessPolicy {
+    /// Count touches over `epochs` epochs of pre-sampling (see the module doc).
+    PreSample {
+        /// Epochs of pre-sampling (`K`, at least 1).
+        epochs: u32,
+        /// Which side of the bottom block is counted.
+        touch: Touch,
+    },
+    /// Score by degree (number of stored neighbors).
+    Degree,
+}
+
+impl HotnessPolicy {
+    /// The names accepted by [`HotnessPolicy::from_name`].
+    pub const NAMES: &'static [&'static str] = &["presample", "degree"];
+
+    /// Parses the config key `hotness` (`"presample"` or `"degree"`), with
+    /// `presample_epochs` as `K` for pre-sampling (ignored for degree order).
+    pub fn from_name(name: &str, presample_epochs: u32) -> Result<Self> {
+        match name {
+            "presample" => {
+                if presample_epochs == 0 {
+                    return Err(invalid(
+                        "presample_epochs",
+                        "at least 1 epoch of pre-sampling",
+                        presample_epochs,
+                    ));
+                }
+                Ok(Self::PreSample {
+                    epochs: presample_epochs,
+                    touch: Touch::BottomInputs,
+                })
+            }
+            "degree" => Ok(Self::Degree),
+            other => Err(SchedulerError::UnknownVariant {
+                name: "hotness",
+                allowed: Self::NAMES,
+                found: other.to_string(),
+            }),
+        }
+    }
+
+    /// Scores every vertex of `graph` under this policy. `sampler`, `train_ids`,
+    /// `batch_size` and `seed` are what training will use (unused by degree order).
+    pub fn scores(
+        &self,
+        graph: &CsrGraph,
+        sampler: &NeighborSampler,
+        train_ids: &[u32],
+        batch_size: usize,
+        seed: u64,
+    ) -> Result<Vec<u64>> {
+        match *self {
+            Self::PreSample { epochs, touch } => {
+                let counts =
+                    presample_counts(graph, sampler, train_ids, batch_size, epochs, seed, touch)?;
+                Ok(counts.into_iter().map(u64::from).collect())
+            }
+            Self::Degree => Ok(degree_scores(graph)),
+        }
+    }
+}
+
+impl FromStr for HotnessPolicy {
+    type Err = SchedulerError;
+
+    /// `"presample"` (with K = 3 epochs, the default) or `"degree"`.
+    fn from_str(s: &str) -> Result<Self> {
+        Self::from_name(s, DEFAULT_PRESAMPLE_EPOCHS)
+    }
+}
+
+/// Pre-sampling epochs when the config does not say (GNNLab uses a few).
+pub const DEFAULT_PRESAMPLE_EPOCHS: u32 = 3;
+
+/// Counts, per vertex, the pre-sampled batches whose bottom block touches it (the
+/// protocol of the module doc). `train_ids` must be distinct vertices of `graph`.
+pub fn presample_counts(
+    graph: &CsrGraph,
+    sampler: &NeighborSampler,
+    train_ids: &[u32],
+    batch_size: usize,
+    epochs: u32,
+    seed: u64,
+    touch: Touch,
+) -> Result<Vec<u32>> {
+    if batch_size == 0 {
+        return Err(invalid("batch_size", "at least 1", 0));
+    }
+    if epochs == 0 {
+        return Err(invalid("presample_epochs", "at least 1", 0));
+    }
+    let n = graph.num_vertices();
+    if let Some(&bad) = train_ids.iter().find(|&&v| v as usize >= n) {
+        return Err(SchedulerError::VertexOutOfRange {
+            context: "training vertices",
+            vertex: bad as u64,
+            num_vertices: n,
+        });
+    }
+    let mut counts = vec![0u32; n];
+    let mut scratch = SamplerScratch::new(n);
+    let mut order = train_ids.to_vec();
+    let mut batch = cpu_ops::SampledBatch::default();
+    for epoch in 0..epochs {
+        // 1. Shuffle and cut.
+        let epoch_seed = derive_seed(seed, epoch as u64);
+        order.copy_from_slice(train_ids);
+        Rng::new(epoch_seed).shuffle(&mut order);
+        for (b, seeds) in order.chunks(batch_size).enumerate() {
+            // 2. Sample as training will.
+            let batch_seed = derive_seed(epoch_seed, b as u64 + 1);
+            sampler.sample_into(graph, seeds, batch_seed, &mut scratch, &mut batch)?;
+            // 3. Count the bottom block's side.
+            let touched: &[u32] = match (touch, batch.blocks().first()) {
+                (Touch::BottomInputs, _) => batch.input_ids(),
+                (Touch::BottomOutputs, Some(bottom)) => bottom.dst_ids(),
+                (Touch::BottomOutputs, None) => batch.seeds(),
+            };
+            for &v in touched {
+                let c = &mut counts[v as usize];
+                *c = c.saturating_add(1);
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// Degree scores: the number of stored neighbors of every vertex.
+pub fn degree_scores(graph: &CsrGraph) -> Vec<u64> {
+    graph
+        .offsets()
+        .as_slice()
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .collect()
+}
+
+/// The vertices ordered hottest first: by score descending, ties by id ascending
+/// (so the order is a deterministic permutation of `0..scores.len()`). Fails when
+/// there are more scores than `u32` ids.
+pub fn hotness_order<S: Ord + Copy>(scores: &[S]) -> Result<Vec<u32>> {
+    let n = u32::try_from(scores.len())
+        .map_err(|_| invalid("scores", "at most u32::MAX vertices", scores.len()))?;
+    let mut order: Vec<u32> = (0..n).collect();
+    order.sort_by(|&a, &b| scores[b as usize].cmp(&scores[a as usize]).then(a.cmp(&b)));
+    Ok(order)
+}
+
+#[cfg(test)]
+mod tests {
+    use cpu_ops::{BuildOptions, ALL_NEIGHBORS};
+
+    use super::*;
+
+    /// A path 0-1-2-3-4-5 plus a chord 1-4 and an isolated vertex 6.
+    fn small_graph() -> CsrGraph {
+        let edges = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (1, 4)];
+        CsrGraph::from_edges(7, &edges, BuildOptions::UNDIRECTED).unwrap()
+    }
+
+    /// Vertices within `hops` of `v` (itself included), by breadth-first search.
+    fn ball(g: &CsrGraph, v: u32, hops: usize) -> Vec<u32> {
+        let mut seen = vec![false; g.num_vertices()];
+        seen[v as usize] = true;
+        let mut frontier = vec![v];
+        for _ in 0..hops {
+            let mut next = Vec::new();
+            for &u in &frontier {
+                for &w in g.neighbors(u) {
+                    if !seen[w as usize] {
+                        seen[w as usize] = true;
+                        next.push(w);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        (0..g.num_vertices() as u32)
+            .filter(|&u| seen[u as usize])
+            .collect()
+    }
+
+    #[test]
+    fn presample_counts_match_a_direct_count_with_full_fanout_single_seed_batches() {
+        // With every neighbor taken and one seed per batch, a batch's bottom inputs
+        // are exactly the seed's `layers`-hop ball, whatever the shuffle.
+        let g = small_graph();
+        let train = [0u32, 2, 5, 6];
+        for layers in 1..=3 {
+            let sampler = NeighborSampler::new(vec![ALL_NEIGHBORS; layers]).unwrap();
+            let epochs = 4;
+            let got =
+                presample_counts(&g, &sampler, &train, 1, epochs, 9, Touch::BottomInputs).unwrap();
+            let mut want = vec![0u32; 7];
+            for &t in &train {
+                for v in ball(&g, t, layers) {
+                    want[v as usize] += epochs;
+                }
+            }
+            assert_eq!(got, want, "layers {layers}");
+            // Outputs of the bottom block: the (layers - 1)-hop ball.
+            let got =
+                presample_counts(&g, &sampler, &train, 1, epochs, 9, Touch::BottomOutputs).unwrap();
+            let mut want = vec![0u32; 7];
+            for &t in &train {
+                for v in ball(&g, t, layers - 1) {
+                    want[v as usize] += epochs;
+                }
+            }
+            assert_eq!(got, want, "outputs, layers {layers}");
+        }
+    }
+
+    #[test]
+    fn presample_counts_match_a_direct_count_with_one_batch_per_epoch() {
+        // One batch holding every training vertex: each vertex of the union of the
+        // balls counts once per epoch.
+        let g = small_graph();
+        let train = [0u32, 3];
+        let sampler = NeighborSampler::new(vec![ALL_NEIGHBORS; 2]).unwrap();
+        let got = presample_counts(&g, &sampler, &train, 8, 3, 1, Touch::BottomInputs).unwrap();
+        let mut want = vec![0u32; 7];
+        let mut union: Vec<u32> = train.iter().flat_map(|&t| ball(&g, t, 2)).collect();
+        union.sort_unstable();
+        union.dedup();
+        for v in union {
+            want[v as usize] = 3;
+        }
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn presample_counts_equal_the_sampler_run_by_hand_with_small_fanouts() {
+        // Random fanouts: replay the protocol of the module doc with the sampler.
+        let g = small_graph();
+        let train = [0u32, 1, 2, 3, 4, 5];
+        let sampler = NeighborSampler::new(vec![1, 2]).unwrap();
+        let got = presample_counts(&g, &sampler, &train, 4, 2, 77, Touch::BottomInputs).unwrap();
+        let mut want = vec![0u32; 7];
+        let mut scratch = SamplerScratch::new(7);
+        for e in 0..2u64 {
+            let es = derive_seed(77, e);
+            let mut order = train.to_vec();
+            Rng::new(es).shuffle(&mut order);
+            for (b, seeds) in order.chunks(4).enumerate() {
+                let batch = sampler
+                    .sample(&g, seeds, derive_seed(es, b as u64 + 1), &mut scratch)
+                    .unwrap();
+                for &v in batch.input_ids() {
+                    want[v as usize] += 1;
+                }
+            }
+        }
+        assert_eq!(got, want);
+        // Every seed is its own input, once per batch it is in (once per epoch).
+        for &t in &train {
+            assert!(got[t as usize] >= 2, "{got:?}");
+        }
+        assert_eq!(got[6], 0);
+    }
+
+    #[test]
+    fn presample_rejects_bad_input() {
+        let g = small_graph();
+        let s = NeighborSampler::new(vec![2]).unwrap();
+        let e = presample_counts(&g, &s, &[0], 0, 1, 0, Touch::BottomInputs).unwrap_err();
+        assert!(e.to_string().contains("batch_size"), "{e}");
+        let e = presample_counts(&g, &s, &[0], 1, 0, 0, Touch::BottomInputs).unwrap_err();
+        assert!(e.to_string().contains("presample_epochs"), "{e}");
+        let e = presample_counts(&g, &s, &[9], 1, 1, 0, Touch::BottomInputs).unwrap_err();
+        assert!(e.to_string().contains("vertex id 9"), "{e}");
+        let e = presample_counts(&g, &s, &[1, 1], 2, 1, 0, Touch::BottomInputs).unwrap_err();
+        assert!(matches!(e, SchedulerError::Sampling(_)), "{e}");
+    }
+
+    #[test]
+    fn degree_order_is_a_valid_permutation_hottest_first() {
+        let g = small_graph();
+        let scores = degree_scores(&g);
+        assert_eq!(scores, vec![1, 3, 2, 2, 3, 1, 0]);
+        let order = hotness_order(&scores).unwrap();
+        assert_eq!(order, vec![1, 4, 2, 3, 0, 5, 6]);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..7).collect::<Vec<_>>());
+        assert!(order
+            .windows(2)
+            .all(|w| scores[w[0] as usize] >= scores[w[1] as usize]));
+    }
+
+    #[test]
+    fn policy_names_parse_and_unknown_names_list_the_allowed_ones() {
+        assert_eq!(
+            "degree".parse::<HotnessPolicy>().unwrap(),
+            HotnessPolicy::Degree
+        );
+        assert_eq!(
+            HotnessPolicy::from_name("presample", 5).unwrap(),
+            HotnessPolicy::PreSample {
+                epochs: 5,
+                touch: Touch::BottomInputs
+            }
+        );
+        let e = "pagerank".parse::<HotnessPolicy>().unwrap_err();
+        assert!(e.to_string().contains("\"presample\" | \"degree\""), "{e}");
+        let e = HotnessPolicy::from_name("presample", 0).unwrap_err();
+        assert!(e.to_string().contains("presample_epochs"), "{e}");
+        let g = small_graph();
+        let s = NeighborSampler::new(vec![2]).unwrap();
+        let by_degree = HotnessPolicy::Degree.scores(&g, &s, &[], 1, 0).unwrap();
+        assert_eq!(by_degree, degree_scores(&g));
+    }
+}

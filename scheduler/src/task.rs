@@ -1,0 +1,431 @@
+//! The layer-based task graph: what one batch (and one super-batch's hot queue)
+//! becomes, as data.
+//!
+//! Each batch is split by *layer* as well as by *step* (NeutronOrch §4.1.1):
+//!
+//! | kind | scope | what it does |
+//! |---|---|---|
+//! | [`TaskKind::SampleTop`] | batch | samples the layers above the bottom, and the bottom hop of the *cold* destinations (hot ones are skipped) |
+//! | [`TaskKind::HotSample`] | hot chunk | samples one hop for a chunk of the super-batch's hot queue |
+//! | [`TaskKind::HotGather`] | hot chunk | reads the input features of that chunk's sampled neighbors |
+//! | [`TaskKind::HotCompute`] | hot chunk | bottom-layer forward for the chunk with the newest published weights → versioned historical embeddings |
+//! | [`TaskKind::HotLoad`] | batch | brings the batch's hot embeddings to the accelerator; the staleness rule gates it |
+//! | [`TaskKind::ColdGather`] | batch | gathers the cold destinations' input features (device cache or host) |
+//! | [`TaskKind::ColdCompute`] | batch | bottom-layer forward for the cold destinations |
+//! | [`TaskKind::Forward`] | batch | the layers above the bottom, and the loss |
+//! | [`TaskKind::Backward`] | batch | every layer's gradients (the bottom layer's included, NeutronOrch moves it to the accelerator) |
+//! | [`TaskKind::OptimizerStep`] | batch | applies the gradients: the weight version goes from `b` to `b + 1` |
+//! | [`TaskKind::PublishWeights`] | batch | copies the new bottom-layer weights to the CPU side |
+//!
+//! A task's device comes from a [`crate::Placement`] (the graph is built by
+//! [`crate::GraphBuilder`]); its dependencies are
+//! finish-to-start edges. The *hot* edge (a [`TaskKind::HotLoad`] needs the
+//! embeddings some [`TaskKind::HotCompute`] produced) is deliberately not a static
+//! edge: which computation it needs, and whether it may use an older one, is the
+//! staleness rule's decision at run time ([`crate::StalenessRule`]).
+
+use std::fmt;
+
+use crate::error::{Result, SchedulerError};
+
+/// Where a task runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Device {
+    /// The host's worker threads.
+    Cpu,
+    /// The accelerator (one in-order stream).
+    Accelerator,
+}
+
+impl Device {
+    /// The other device.
+    pub fn other(self) -> Self {
+        match self {
+            Self::Cpu => Self::Accelerator,
+            Self::Accelerator => Self::Cpu,
+        }
+    }
+
+    /// Lower-case name, as traces print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Accelerator => "accelerator",
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a task does (see the table in the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TaskKind {
+    /// Sample the upper layers and the cold destinations' bottom hop.
+    SampleTop,
+    /// One-hop sampling for a chunk of the hot queue.
+    HotSample,
+    /// Feature reads for a hot chunk's sampled neighbors.
+    HotGather,
+    /// Bottom-layer forward of a hot chunk (historical embeddings).
+    HotCompute,
+    /// Hot embeddings to the accelerator (the staleness gate).
+    HotLoad,
+    /// Cold destinations' input features.
+    ColdGather,
+    /// Cold destinations' bottom-layer forward.
+    ColdCompute,
+    /// Upper layers' forward and the loss.
+    Forward,
+    /// Gradients of every layer.
+    Backward,
+    /// Weight update (version `b` → `b + 1`).
+    OptimizerStep,
+    /// Bottom-layer weights to the CPU side.
+    PublishWeights,
+}
+
+impl TaskKind {
+    /// Every kind, in the order of one batch's program.
+    pub const ALL: [TaskKind; 11] = [
+        Self::HotSample,
+        Self::HotGather,
+        Self::HotCompute,
+        Self::SampleTop,
+        Self::ColdGather,
+        Self::ColdCompute,
+        Self::HotLoad,
+        Self::Forward,
+        Self::Backward,
+        Self::OptimizerStep,
+        Self::PublishWeights,
+    ];
+
+    /// Snake-case name, as traces print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SampleTop => "sample_top",
+            Self::HotSample => "hot_sample",
+            Self::HotGather => "hot_gather",
+            Self::HotCompute => "hot_compute",
+            Self::HotLoad => "hot_load",
+            Self::ColdGather => "cold_gather",
+            Self::ColdCompute => "cold_compute",
+            Self::Forward => "forward",
+            Self::Backward => "backward",
+            Self::OptimizerStep => "optimizer_step",
+            Self::PublishWeights => "publish_weights",
+        }
+    }
+
+    /// Which classic step the kind belongs to: sampling, gathering, or training
+    /// (compute and weight movement). Step-based placements map by this.
+    pub fn step(self) -> Step {
+        match self {
+            Self::SampleTop | Self::HotSample => Step::Sample,
+            Self::HotGather | Self::ColdGather => Step::Gather,
+            _ => Step::Train,
+        }
+    }
+
+    /// Whether the task works on a super-batch's hot queue (rather than a batch).
+    pub fn is_hot_chunk(self) -> bool {
+        matches!(self, Self::HotSample | Self::HotGather | Self::HotCompute)
+    }
+
+    /// Position within a batch's (or chunk's) program, for priorities.
+    pub(crate) fn rank(self) -> u64 {
+        Self::ALL.iter().position(|&k| k == self).unwrap_or(0) as u64
+    }
+}
+
+impl fmt::Display for TaskKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The classic steps of sample-based training (NeutronOrch §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Neighbor sampling.
+    Sample,
+    /// Feature gathering.
+    Gather,
+    /// Computation, gradients, weight updates.
+    Train,
+}
+
+/// The GNN layers a task touches, bottom layer = 0, both ends included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerSpan {
+    /// The lowest layer.
+    pub first: u32,
+    /// The highest layer.
+    pub last: u32,
+}
+
+impl LayerSpan {
+    /// One layer.
+    pub fn one(layer: u32) -> Self {
+        Self {
+            first: layer,
+            last: layer,
+        }
+    }
+
+    /// Whether the span contains the bottom layer.
+    pub fn has_bottom(&self) -> bool {
+        self.first == 0
+    }
+}
+
+/// Estimated size of a task: what a cost model turns into seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    /// Vertices it handles (destinations computed, rows gathered, seeds sampled).
+    pub vertices: u64,
+    /// Neighbor entries it samples or aggregates over.
+    pub edges: u64,
+    /// Floating-point operations.
+    pub flops: f64,
+    /// Bytes it reads and writes in the memory of its own device.
+    pub mem_bytes: u64,
+    /// Size of its result, which crosses PCIe when a consumer runs on the other device.
+    pub out_bytes: u64,
+    /// Bytes of host-resident data it reads (features not in the device cache, hot
+    /// embeddings): they cross PCIe when the task runs on the accelerator.
+    pub host_read_bytes: u64,
+    /// Bytes it writes to host memory (published weights): they cross PCIe when the
+    /// task runs on the accelerator.
+    pub host_write_bytes: u64,
+}
+
+/// One node of the task graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Task {
+    /// Its index in the graph.
+    pub id: usize,
+    /// What it does.
+    pub kind: TaskKind,
+    /// Where it runs.
+    pub device: Device,
+    /// The global batch index for batch tasks (it trains at weight version `batch`);
+    /// `None` for hot-queue chunks.
+    pub batch: Option<u64>,
+    /// The super-batch it belongs to (for hot chunks: the super-batch whose queue
+    /// it computes).
+    pub super_batch: u64,
+    /// The chunk of the hot queue, for hot-chunk tasks.
+    pub chunk: Option<u32>,
+    /// The layers it touches.
+    pub layers: LayerSpan,
+    /// Tasks that must finish before it starts.
+    pub deps: Vec<usize>,
+    /// Its estimated size.
+    pub est: Estimate,
+    /// Program-order key: on each device, among ready tasks the smallest
+    /// `(priority, id)` runs first; the accelerator runs strictly in this order.
+    pub priority: u64,
+}
+
+/// Tasks with dependencies; ids are indices.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TaskGraph {
+    tasks: Vec<Task>,
+}
+
+impl TaskGraph {
+    /// An empty graph.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a task (its `id` is overwritten with its index, which is returned).
+    /// Dependencies must name existing tasks (so a graph built by `push` alone is
+    /// acyclic; [`TaskGraph::topological_order`] checks graphs built otherwise).
+    pub fn push(&mut self, mut task: Task) -> Result<usize> {
+        let id = self.tasks.len();
+        if let Some(&dep) = task.deps.iter().find(|&&d| d >= id) {
+            return Err(SchedulerError::BadDependency { task: id, dep });
+        }
+        task.id = id;
+        self.tasks.push(task);
+        Ok(id)
+    }
+
+    /// A graph from tasks given in any order; ids must be `0..n` in position and
+    /// dependencies must name tasks of the graph (cycles are found by
+    /// [`TaskGraph::topological_order`]).
+    pub fn from_tasks(tasks: Vec<Task>) -> Result<Self> {
+        let n = tasks.len();
+        for (i, t) in tasks.iter().enumerate() {
+            if t.id != i {
+                return Err(SchedulerError::SizeMismatch {
+                    what: "task id vs position",
+                    expected: i,
+                    found: t.id,
+                });
+            }
+            if let Some(&dep) = t.deps.iter().find(|&&d| d >= n || d == i) {
+                return Err(SchedulerError::BadDependency { task: i, dep });
+            }
+        }
+        Ok(Self { tasks })
+    }
+
+    /// The tasks, by id.
+    pub fn tasks(&self) -> &[Task] {
+        &self.tasks
+    }
+
+    /// One task (`None` past the end).
+    pub fn get(&self, id: usize) -> Option<&Task> {
+        self.tasks.get(id)
+    }
+
+    /// Number of tasks.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether there are no tasks.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// An order in which every task comes after its dependencies (Kahn's algorithm,
+    /// smallest `(priority, id)` first among the ready ones), or the cycle error.
+    pub fn topological_order(&self) -> Result<Vec<usize>> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        let n = self.tasks.len();
+        let mut missing = vec![0usize; n];
+        let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for t in &self.tasks {
+            missing[t.id] = t.deps.len();
+            for &d in &t.deps {
+                users[d].push(t.id);
+            }
+        }
+        let mut ready: BinaryHeap<Reverse<(u64, usize)>> = self
+            .tasks
+            .iter()
+            .filter(|t| t.deps.is_empty())
+            .map(|t| Reverse((t.priority, t.id)))
+            .collect();
+        let mut order = Vec::with_capacity(n);
+        while let Some(Reverse((_, id))) = ready.pop() {
+            order.push(id);
+            for &u in &users[id] {
+                missing[u] -= 1;
+                if missing[u] == 0 {
+                    ready.push(Reverse((self.tasks[u].priority, u)));
+                }
+            }
+        }
+        if order.len() < n {
+            let task = (0..n).find(|&i| missing[i] > 0).unwrap_or(0);
+            return Err(SchedulerError::Cycle { task });
+        }
+        Ok(order)
+    }
+
+    /// Bytes task `id` moves over PCIe under the current placement: its host reads
+    /// and writes when it runs on the accelerator, plus the results of its
+    /// dependencies that ran on the other device.
+    pub fn pcie_bytes(&self, id: usize) -> u64 {
+        let Some(t) = self.tasks.get(id) else {
+            return 0;
+        };
+        let own = match t.device {
+            Device::Accelerator => t.est.host_read_bytes + t.est.host_write_bytes,
+            Device::Cpu => 0,
+        };
+        own + t
+            .deps
+            .iter()
+            .filter_map(|&d| self.tasks.get(d))
+            .filter(|d| d.device != t.device)
+            .map(|d| d.est.out_bytes)
+            .sum::<u64>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(kind: TaskKind, deps: Vec<usize>) -> Task {
+        Task {
+            id: 0,
+            kind,
+            device: Device::Accelerator,
+            batch: Some(0),
+            super_batch: 0,
+            chunk: None,
+            layers: LayerSpan::one(0),
+            deps,
+            est: Estimate::default(),
+            priority: 0,
+        }
+    }
+
+    #[test]
+    fn push_rejects_forward_edges_and_orders_topologically() {
+        let mut g = TaskGraph::new();
+        let a = g.push(task(TaskKind::SampleTop, vec![])).unwrap();
+        let b = g.push(task(TaskKind::ColdGather, vec![a])).unwrap();
+        assert!(matches!(
+            g.push(task(TaskKind::Forward, vec![5])),
+            Err(SchedulerError::BadDependency { task: 2, dep: 5 })
+        ));
+        g.push(task(TaskKind::Forward, vec![a, b])).unwrap();
+        assert_eq!(g.topological_order().unwrap(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn cycles_are_found() {
+        let mut t0 = task(TaskKind::Forward, vec![1]);
+        t0.id = 0;
+        let mut t1 = task(TaskKind::Backward, vec![0]);
+        t1.id = 1;
+        let g = TaskGraph::from_tasks(vec![t0, t1]).unwrap();
+        assert!(matches!(
+            g.topological_order(),
+            Err(SchedulerError::Cycle { .. })
+        ));
+        let mut self_loop = task(TaskKind::Forward, vec![0]);
+        self_loop.id = 0;
+        assert!(TaskGraph::from_tasks(vec![self_loop]).is_err());
+    }
+
+    #[test]
+    fn pcie_bytes_count_cross_device_edges_and_host_traffic() {
+        let mut g = TaskGraph::new();
+        let mut s = task(TaskKind::ColdGather, vec![]);
+        s.device = Device::Cpu;
+        s.est.out_bytes = 100;
+        s.est.host_read_bytes = 7; // local to the CPU: not PCIe
+        let s = g.push(s).unwrap();
+        let mut c = task(TaskKind::ColdCompute, vec![s]);
+        c.est.host_read_bytes = 5;
+        let c = g.push(c).unwrap();
+        assert_eq!(g.pcie_bytes(s), 0);
+        assert_eq!(g.pcie_bytes(c), 105);
+        assert_eq!(g.pcie_bytes(99), 0);
+    }
+
+    #[test]
+    fn kinds_map_to_steps() {
+        assert_eq!(TaskKind::SampleTop.step(), Step::Sample);
+        assert_eq!(TaskKind::HotGather.step(), Step::Gather);
+        assert_eq!(TaskKind::HotCompute.step(), Step::Train);
+        assert!(TaskKind::HotSample.is_hot_chunk() && !TaskKind::HotLoad.is_hot_chunk());
+        let ranks: Vec<u64> = TaskKind::ALL.iter().map(|k| k.rank()).collect();
+        assert_eq!(ranks, (0..11).collect::<Vec<_>>());
+    }
+}

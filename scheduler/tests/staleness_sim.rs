@@ -1,0 +1,244 @@
+//! The staleness guarantee, checked over many simulated batches and random cost
+//! scripts: no reuse ever exceeds the bound, whatever the costs, the pipeline
+//! shape, the bound and the late policy.
+//!
+//! Every check recomputes from the run's task trace, independently of the
+//! simulator's own bookkeeping: a hot computation's version must be the number of
+//! publications that finished before it started, and a batch may only have used,
+//! for each of its CPU-hot vertices, the newest embedding finished before its gate.
+
+use scheduler::{
+    simulate, CostModel, Device, ModelShape, MonitorConfig, OnLate, Orchestration, PipelineConfig,
+    RandomCosts, SimConfig, SimReport, StalenessRule, SyntheticWorkload, TaskKind, VertexClass,
+    Workload,
+};
+
+use cpu_ops::Rng;
+
+/// A random scenario for `seed`: pipeline shape, bound, workers, CPU speed, costs.
+fn scenario(seed: u64, on_late: OnLate) -> (SimConfig, Workload, RandomCosts<CostModel>) {
+    let mut rng = Rng::new(seed);
+    let n = 1 + rng.below(6) as usize;
+    let depth = rng.below(3) as usize;
+    let chunk = [8, 32, 128][rng.below(3) as usize];
+    let pipeline = PipelineConfig::new(n, depth, chunk)
+        .and_then(|p| p.with_min_chunks(1 + rng.below(4) as usize))
+        .unwrap();
+    let natural = pipeline.on_time_gap();
+    let bound = match rng.below(5) {
+        0 => 0,
+        1 => 1,
+        2 => natural / 2,
+        3 => natural,
+        _ => natural + rng.below(6),
+    };
+    let model = ModelShape::new(64, 64, 2 + rng.below(2) as u32, 5 + rng.below(10) as u32).unwrap();
+    let mut cfg = SimConfig::layer(model).unwrap();
+    cfg.pipeline = pipeline;
+    cfg.staleness = StalenessRule::new(bound, on_late);
+    cfg.cpu_workers = 1 + rng.below(4) as u32;
+    cfg.record_trace = true;
+    let mut synth = SyntheticWorkload::small(150 + rng.below(150) as usize, seed ^ 0xABCD);
+    synth.hot_count = [0, 50, 500, 2000][rng.below(4) as usize];
+    synth.hot_draws = if synth.hot_count == 0 {
+        0
+    } else {
+        20 + rng.below(300) as u32
+    };
+    let work = synth.generate().unwrap();
+    if rng.below(2) == 0 && work.hot_count() > 0 {
+        let mut m =
+            MonitorConfig::with_budget(work.hot_count() as u64 * model.feature_row_bytes() / 2);
+        m.warmup = 1;
+        cfg.monitor = Some(m);
+    }
+    // CPU from 30x slower to 3x faster than the reference rates.
+    let mut costs = CostModel::reference();
+    let speed = (rng.next_f64() * 4.6 - 3.4).exp();
+    costs.cpu.flops_per_s *= speed;
+    costs.cpu.mem_bytes_per_s *= speed;
+    costs.cpu.sample_edges_per_s *= speed;
+    let spread = 1.0 + 2.0 * rng.next_f64();
+    let random = RandomCosts::new(costs, seed, spread, 0.05, 10.0).unwrap();
+    (cfg, work, random)
+}
+
+/// The independent check of one run (see the file doc); returns the number of
+/// late vertices it counted.
+fn check_run(cfg: &SimConfig, work: &Workload, r: &SimReport) -> u64 {
+    let bound = cfg.staleness.bound();
+    let n = cfg.pipeline.batches_per_super_batch() as u64;
+    // Versions: a hot computation stamps the publications finished at its start.
+    let mut publish_ends: Vec<f64> = r
+        .trace
+        .iter()
+        .filter(|s| s.kind == TaskKind::PublishWeights)
+        .map(|s| s.end_s)
+        .collect();
+    publish_ends.sort_by(f64::total_cmp);
+    let mut computes: Vec<(f64, u64, &[u32])> = Vec::new();
+    for s in r
+        .trace
+        .iter()
+        .filter(|s| s.kind == TaskKind::HotCompute && !s.dropped)
+    {
+        assert_eq!(s.device, Device::Cpu);
+        let published = publish_ends.partition_point(|&e| e <= s.start_s) as u64;
+        assert_eq!(s.version, Some(published), "version stamp of task {}", s.id);
+        computes.push((s.end_s, published, &s.hot_vertices));
+    }
+    computes.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Gates: replay the table up to each batch's hot load.
+    let hot_loads: Vec<(u64, f64)> = {
+        let mut v: Vec<(u64, f64)> = r
+            .trace
+            .iter()
+            .filter(|s| s.kind == TaskKind::HotLoad)
+            .map(|s| (s.batch.unwrap(), s.start_s))
+            .collect();
+        v.sort_by(|a, b| a.1.total_cmp(&b.1));
+        v
+    };
+    assert_eq!(hot_loads.len(), work.len());
+    let mut table: Vec<Option<u64>> = vec![None; work.hot_count() as usize];
+    let mut next = 0;
+    let mut late_total = 0u64;
+    let mut late_per_vertex = vec![0u64; work.hot_count() as usize];
+    for (b, t) in hot_loads {
+        while next < computes.len() && computes[next].0 <= t {
+            let (_, v, verts) = computes[next];
+            for &u in verts {
+                let e = &mut table[u as usize];
+                *e = Some(e.map_or(v, |o| o.max(v)));
+            }
+            next += 1;
+        }
+        let split = r.super_batches[(b / n) as usize].split;
+        let rec = &r.batches[b as usize];
+        let mut max_gap = None;
+        let mut late = 0u32;
+        let mut used = 0u32;
+        for &u in &work.batches()[b as usize].hot {
+            if split.class(u) != VertexClass::CpuHot {
+                continue;
+            }
+            match table[u as usize] {
+                Some(e) if b - e <= bound => {
+                    used += 1;
+                    max_gap = max_gap.max(Some(b - e));
+                }
+                _ => {
+                    late += 1;
+                    late_per_vertex[u as usize] += 1;
+                }
+            }
+        }
+        match cfg.staleness.on_late() {
+            OnLate::Wait => assert_eq!(late, 0, "batch {b} passed its gate with late vertices"),
+            OnLate::Compute => assert_eq!(late, rec.late_computed, "batch {b}"),
+        }
+        assert_eq!(used, rec.hot_used, "batch {b}");
+        assert_eq!(max_gap, rec.max_gap, "batch {b}");
+        if let Some(g) = max_gap {
+            assert!(g <= bound, "batch {b}: gap {g} > bound {bound}");
+        }
+        late_total += late as u64;
+    }
+    assert_eq!(late_per_vertex, r.cold_computed);
+    late_total
+}
+
+#[test]
+fn no_reuse_ever_exceeds_the_bound_over_ten_thousand_random_batches() {
+    let mut batches = 0;
+    let mut late = [0u64; 2];
+    let mut urgent = 0u64;
+    let mut reuses = 0u64;
+    let mut seed = 0;
+    while batches < 20_000 || seed < 40 {
+        for (i, on_late) in [OnLate::Wait, OnLate::Compute].into_iter().enumerate() {
+            let (cfg, work, costs) = scenario(seed, on_late);
+            let r = simulate(&cfg, &work, costs).unwrap_or_else(|e| {
+                panic!(
+                    "seed {seed} {on_late}: {e} {cfg:?} hot {}",
+                    work.hot_count()
+                )
+            });
+            let bound = cfg.staleness.bound();
+            assert!(
+                r.gaps.max().is_none_or(|g| g <= bound),
+                "seed {seed}: max gap {:?} > bound {bound}",
+                r.gaps.max()
+            );
+            assert_eq!(r.gaps.total(), r.totals.hot_uses);
+            late[i] += check_run(&cfg, &work, &r);
+            match on_late {
+                OnLate::Wait => {
+                    assert_eq!(r.totals.late_computed, 0);
+                    urgent += r.totals.urgent_tasks;
+                }
+                OnLate::Compute => {
+                    assert_eq!(r.totals.urgent_tasks, 0);
+                    assert_eq!(r.totals.late_computed, r.cold_computed.iter().sum::<u64>());
+                }
+            }
+            reuses += r.totals.hot_uses;
+            batches += work.len();
+        }
+        seed += 1;
+    }
+    println!("{seed} seeds, {batches} batches, {reuses} reuses, {urgent} urgent tasks, {} late vertices computed cold", late[1]);
+    // The scenarios must exercise both the happy path and the late paths.
+    assert!(reuses > 100_000, "{reuses}");
+    assert!(urgent > 0, "no urgent work in wait mode");
+    assert!(late[1] > 0, "nothing was late in compute mode");
+    assert_eq!(late[0], 0);
+}
+
+#[test]
+fn with_an_on_time_cpu_and_the_natural_bound_nothing_is_late() {
+    // CPU fast, bound (D + 1) N - 1: after the first super-batch, every embedding
+    // is fresh enough (pipeline step 7).
+    let model = ModelShape::new(64, 64, 2, 10).unwrap();
+    let mut cfg = SimConfig::layer(model).unwrap();
+    cfg.staleness = StalenessRule::new(cfg.pipeline.on_time_gap(), OnLate::Compute);
+    let work = SyntheticWorkload::small(400, 3).generate().unwrap();
+    let mut costs = CostModel::reference();
+    costs.cpu.flops_per_s *= 100.0;
+    costs.cpu.mem_bytes_per_s *= 100.0;
+    costs.cpu.sample_edges_per_s *= 100.0;
+    let r = simulate(&cfg, &work, costs).unwrap();
+    let n = cfg.pipeline.batches_per_super_batch();
+    let late_after_warmup: u32 = r.batches[n..].iter().map(|b| b.late_computed).sum();
+    assert_eq!(late_after_warmup, 0);
+    assert_eq!(r.gaps.max(), Some(cfg.pipeline.on_time_gap()));
+    // A tighter bound makes the rule step in even with an on-time CPU.
+    cfg.staleness = StalenessRule::new(1, OnLate::Compute);
+    let r = simulate(&cfg, &work, costs).unwrap();
+    assert!(r.totals.late_computed > 0);
+    assert!(r.gaps.max().unwrap() <= 1);
+}
+
+#[test]
+fn the_slow_cpu_shows_up_as_waiting_or_as_cold_work() {
+    let model = ModelShape::new(64, 64, 2, 10).unwrap();
+    let work = SyntheticWorkload::small(200, 9).generate().unwrap();
+    let mut slow = CostModel::reference();
+    slow.cpu.flops_per_s /= 50.0;
+    slow.cpu.mem_bytes_per_s /= 50.0;
+    slow.cpu.sample_edges_per_s /= 50.0;
+    let mut cfg = SimConfig::layer(model).unwrap();
+    cfg.orchestration = Orchestration::Layer;
+    let wait = simulate(&cfg, &work, slow).unwrap();
+    cfg.staleness = StalenessRule::new(cfg.staleness.bound(), OnLate::Compute);
+    let compute = simulate(&cfg, &work, slow).unwrap();
+    assert!(wait.totals.acc_wait_hot_s > 0.1 * wait.totals.epoch_s);
+    assert!(compute.totals.acc_wait_hot_s == 0.0);
+    assert!(compute.totals.late_computed > 0);
+    // Late computation is recorded per vertex, and the hottest are late most.
+    let head: u64 = compute.cold_computed[..200].iter().sum();
+    let tail: u64 = compute.cold_computed[1800..].iter().sum();
+    assert!(head > tail, "{head} {tail}");
+    // Same inputs, same report.
+    assert_eq!(compute, simulate(&cfg, &work, slow).unwrap());
+}
