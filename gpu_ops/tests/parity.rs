@@ -97,5 +97,6 @@ mod host {
     );
 }
 
-// `CudaBackend` is not on this branch yet; the lead enables this line at merge.
-// mod cuda { parity_tests!(gpu_ops::CudaBackend, gpu_ops::CudaBackend::new(0)); }
+mod cuda {
+    parity_tests!(gpu_ops::CudaBackend, gpu_ops::CudaBackend::new(0));
+}

@@ -14,6 +14,7 @@ pub mod generate;
 pub mod import;
 pub mod npy;
 pub mod trace;
+pub mod engine;
 pub mod trainer;
 
 pub use error::{Error, Result};

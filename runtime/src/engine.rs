@@ -1,0 +1,342 @@
+//! Training on an accelerator backend: sample, gather and train with `gpu_ops`.
+//!
+//! The host [`crate::Trainer`] keeps the epoch loop, the batch order and the seeds;
+//! with `device.kind = "cuda"` (or `"auto"` finding a GPU, or the host backend
+//! through `device.host_engine = "ops"`) it hands every batch to a [`DeviceEngine`]:
+//! 1. sample the batch's blocks on the device ([`Backend::sample`], topology loaded
+//!    once, in device memory or pinned host memory);
+//! 2. gather the input rows through the device feature cache ([`Backend::gather`]:
+//!    the highest-degree vertices' rows are cached up to `device.cache_bytes`);
+//! 3. forward, loss, backward and Adam on the device ([`DeviceModel::train_step`]).
+//!
+//! Evaluation runs on the device too: layer-wise full-graph inference (the whole
+//! graph as one block per layer) or sampled mini-batches, as `train.eval_mode` says.
+//! The host model's parameters are uploaded at start ([`DeviceModel::from_host`]),
+//! so a device run starts from the same initialization as a host run with the seed.
+
+use cpu_ops::{AdamConfig, Model};
+use gpu_ops::{Backend, CacheStats, DeviceModel, GpuOpsError, TopologyPlacement};
+
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+
+/// What the trainer asks of a device: the steps of [`DeviceEngine`], object-safe.
+pub trait Engine: Send {
+    /// One line naming the backend and device.
+    fn describe(&self) -> String;
+    /// Trains one batch of `seeds` (sampling with `seed`): (loss × rows, correct).
+    fn train_batch(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)>;
+    /// Logits (`n × classes`) of every vertex by layer-wise full-graph inference.
+    fn full_graph_logits(&mut self) -> Result<Vec<f32>>;
+    /// Logits (`seeds × classes`) of `seeds` on blocks sampled with the evaluation
+    /// fanouts.
+    fn sampled_logits(&mut self, seeds: &[u32], seed: u64) -> Result<Vec<f32>>;
+    /// The parameters on the host, in the model's order.
+    fn params_to_host(&self) -> Result<Vec<Vec<f32>>>;
+    /// Adam's moments `[m, v]` on the host.
+    fn moments_to_host(&self) -> Result<[Vec<Vec<f32>>; 2]>;
+    /// Replaces parameters, moments and step count (a checkpoint).
+    fn load_state(&mut self, params: &[&[f32]], m: &[&[f32]], v: &[&[f32]], steps: u64)
+        -> Result<()>;
+    /// Optimizer steps taken.
+    fn version(&self) -> u64;
+    /// Feature-cache statistics since the start (or the last reset).
+    fn cache_stats(&self) -> CacheStats;
+}
+
+/// How to set a [`DeviceEngine`] up.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Training fanouts, bottom first.
+    pub fanouts: Vec<u32>,
+    /// Evaluation fanouts, bottom first.
+    pub eval_fanouts: Vec<u32>,
+    /// Feature-cache budget in bytes.
+    pub cache_bytes: usize,
+    /// Where the topology lives.
+    pub topology: TopologyPlacement,
+    /// Adam's hyper-parameters.
+    pub adam: AdamConfig,
+}
+
+/// A dataset and a model on one backend.
+pub struct DeviceEngine<B: Backend> {
+    dev: B,
+    graph: B::Graph,
+    features: B::Features,
+    model: DeviceModel<B>,
+    opts: EngineOptions,
+    labels: Vec<u32>,
+    num_classes: usize,
+    num_vertices: usize,
+    /// Reused gather buffer (grown on demand; ops read prefixes).
+    x: Option<B::Buf<f32>>,
+    /// The whole graph as one block, for full-graph inference (built on first use).
+    full_block: Option<B::Block>,
+    host_csr: (Vec<u64>, Vec<u32>),
+}
+
+fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
+    move |source| Error::Device {
+        context: context.into(),
+        source,
+    }
+}
+
+/// Vertices in decreasing degree order (ties by id): the feature cache's fill order.
+pub fn degree_order(ds: &Dataset) -> Vec<u32> {
+    let g = &ds.graph;
+    let mut ids: Vec<u32> = (0..g.num_vertices() as u32).collect();
+    ids.sort_by_key(|&v| (std::cmp::Reverse(g.degree(v)), v));
+    ids
+}
+
+impl<B: Backend> DeviceEngine<B> {
+    /// Loads `ds` (topology, features with a cache of the highest-degree rows,
+    /// labels) and `model` onto `dev`.
+    pub fn new(dev: B, ds: &Dataset, model: &Model<f32>, opts: EngineOptions) -> Result<Self> {
+        let graph = dev
+            .load_graph(&ds.graph, opts.topology)
+            .map_err(dev_err("loading the topology"))?;
+        let order = degree_order(ds);
+        let features = dev
+            .load_features(&ds.features, &order, opts.cache_bytes)
+            .map_err(dev_err("loading the features"))?;
+        let dm = DeviceModel::from_host(&dev, model, opts.adam).map_err(dev_err("model"))?;
+        Ok(Self {
+            graph,
+            features,
+            model: dm,
+            labels: ds.labels.to_vec(),
+            num_classes: ds.num_classes as usize,
+            num_vertices: ds.num_vertices(),
+            x: None,
+            full_block: None,
+            host_csr: (ds.graph.offsets().to_vec(), ds.graph.indices().to_vec()),
+            opts,
+            dev,
+        })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.dev
+    }
+
+    /// The device model.
+    pub fn model(&self) -> &DeviceModel<B> {
+        &self.model
+    }
+
+    /// Gathers the rows of `ids` (on the device, `n` of them) into the reused buffer.
+    fn gather(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<B::Buf<f32>> {
+        let need = n * self.dev.feature_dim(&self.features);
+        let mut x = match self.x.take() {
+            Some(x) if self.dev.len(&x) >= need => x,
+            _ => self
+                .dev
+                .alloc(need + need / 4)
+                .map_err(dev_err("gather buffer"))?,
+        };
+        self.dev
+            .gather(&self.features, ids, n, &mut x)
+            .map_err(dev_err("gather"))?;
+        Ok(x)
+    }
+
+    fn labels_of(&self, seeds: &[u32]) -> Vec<u32> {
+        seeds.iter().map(|&s| self.labels[s as usize]).collect()
+    }
+}
+
+impl<B: Backend> Engine for DeviceEngine<B> {
+    fn describe(&self) -> String {
+        format!("{} backend: {}", self.dev.kind(), self.dev.describe())
+    }
+
+    fn train_batch(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)> {
+        let batch = self
+            .dev
+            .sample(&self.graph, seeds, &self.opts.fanouts, seed)
+            .map_err(dev_err("sampling"))?;
+        let n_in = self.dev.block_shape(&batch.blocks[0]).0;
+        let x = self.gather(&batch.src_ids[0], n_in)?;
+        let labels = self
+            .dev
+            .to_device(&self.labels_of(seeds))
+            .map_err(dev_err("labels"))?;
+        let stats = self
+            .model
+            .train_step(&self.dev, &batch.blocks, &x, &labels, seed)
+            .map_err(dev_err("training step"));
+        self.x = Some(x);
+        let stats = stats?;
+        Ok((stats.loss * seeds.len() as f64, stats.correct))
+    }
+
+    fn full_graph_logits(&mut self) -> Result<Vec<f32>> {
+        let n = self.num_vertices;
+        if self.full_block.is_none() {
+            let (indptr, indices) = &self.host_csr;
+            self.full_block = Some(
+                self.dev
+                    .block_from_host(n, indptr, indices)
+                    .map_err(dev_err("full-graph block"))?,
+            );
+        }
+        let all: Vec<u32> = (0..n as u32).collect();
+        let ids = self.dev.to_device(&all).map_err(dev_err("vertex ids"))?;
+        let mut h = self.gather(&ids, n)?;
+        let Some(block) = self.full_block.as_ref() else {
+            return Err(Error::invalid_argument("full-graph block", "internal: not built"));
+        };
+        for l in 0..self.model.config().num_layers {
+            let out = self
+                .model
+                .forward_layer(&self.dev, l, block, &h)
+                .map_err(dev_err("full-graph inference"))?;
+            if l == 0 {
+                self.x = Some(std::mem::replace(&mut h, out));
+            } else {
+                h = out;
+            }
+        }
+        self.dev
+            .to_host(&h, n * self.num_classes)
+            .map_err(dev_err("logits"))
+    }
+
+    fn sampled_logits(&mut self, seeds: &[u32], seed: u64) -> Result<Vec<f32>> {
+        let batch = self
+            .dev
+            .sample(&self.graph, seeds, &self.opts.eval_fanouts, seed)
+            .map_err(dev_err("sampling"))?;
+        let n_in = self.dev.block_shape(&batch.blocks[0]).0;
+        let x = self.gather(&batch.src_ids[0], n_in)?;
+        let fwd = self
+            .model
+            .forward(&self.dev, &batch.blocks, &x, false, 0)
+            .map_err(dev_err("forward"));
+        self.x = Some(x);
+        let fwd = fwd?;
+        self.dev
+            .to_host(fwd.logits(), seeds.len() * self.num_classes)
+            .map_err(dev_err("logits"))
+    }
+
+    fn params_to_host(&self) -> Result<Vec<Vec<f32>>> {
+        self.model
+            .params_to_host(&self.dev)
+            .map_err(dev_err("parameters"))
+    }
+
+    fn moments_to_host(&self) -> Result<[Vec<Vec<f32>>; 2]> {
+        self.model
+            .moments_to_host(&self.dev)
+            .map_err(dev_err("optimizer state"))
+    }
+
+    fn load_state(
+        &mut self,
+        params: &[&[f32]],
+        m: &[&[f32]],
+        v: &[&[f32]],
+        steps: u64,
+    ) -> Result<()> {
+        let moments = gpu_ops::AdamMoments { m, v, steps };
+        self.model
+            .load(&self.dev, params, Some(moments))
+            .map_err(dev_err("loading parameters"))
+    }
+
+    fn version(&self) -> u64 {
+        self.model.version()
+    }
+
+    fn cache_stats(&self) -> CacheStats {
+        self.dev.cache_stats(&self.features)
+    }
+}
+
+/// Which device `device.kind` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The host (native `cpu_ops` trainer, or the host backend with
+    /// `host_engine = "ops"`).
+    Host,
+    /// A CUDA GPU; an error when there is none.
+    Cuda,
+    /// A CUDA GPU when one is usable, else the host (the log says why).
+    Auto,
+}
+
+/// The outcome of choosing a device: an engine (`None` = the native host trainer)
+/// and one line for the log saying what was chosen and why.
+pub struct Chosen {
+    /// The device engine, or `None` for the native host path.
+    pub engine: Option<Box<dyn Engine>>,
+    /// What was chosen and why.
+    pub note: String,
+}
+
+/// Chooses and builds the device engine for `choice`.
+pub fn choose_engine(
+    choice: DeviceChoice,
+    ordinal: usize,
+    host_ops: bool,
+    ds: &Dataset,
+    model: &Model<f32>,
+    opts: EngineOptions,
+) -> Result<Chosen> {
+    let host = |why: String| -> Result<Chosen> {
+        if host_ops {
+            let dev = gpu_ops::HostBackend::new();
+            let e = DeviceEngine::new(dev, ds, model, opts.clone())?;
+            let note = format!("device: {} ({why}; host_engine = \"ops\")", e.describe());
+            Ok(Chosen {
+                engine: Some(Box::new(e)),
+                note,
+            })
+        } else {
+            Ok(Chosen {
+                engine: None,
+                note: format!("device: host ({why})"),
+            })
+        }
+    };
+    match choice {
+        DeviceChoice::Host => host("device.kind = \"host\"".into()),
+        DeviceChoice::Cuda | DeviceChoice::Auto => match gpu_ops::CudaBackend::new(ordinal) {
+            Ok(dev) => {
+                let e = DeviceEngine::new(dev, ds, model, opts.clone())?;
+                let note = format!("device: {}", e.describe());
+                Ok(Chosen {
+                    engine: Some(Box::new(e)),
+                    note,
+                })
+            }
+            Err(e) if choice == DeviceChoice::Auto => {
+                host(format!("device.kind = \"auto\": no usable GPU — {e}"))
+            }
+            Err(source) => Err(Error::Device {
+                context: "device.kind = \"cuda\"".into(),
+                source,
+            }),
+        },
+    }
+}
+
+impl DeviceChoice {
+    /// Parses `device.kind`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "host" => Ok(Self::Host),
+            "cuda" => Ok(Self::Cuda),
+            "auto" => Ok(Self::Auto),
+            other => Err(Error::invalid_argument(
+                "device.kind",
+                format!("expected \"auto\", \"host\" or \"cuda\", got \"{other}\""),
+            )),
+        }
+    }
+}
