@@ -471,7 +471,9 @@ mod tests {
         assert_eq!(a.version(), 3);
         assert_eq!(b.version(), 3);
         // Inconsistent states are refused and change nothing.
-        assert!(b.restore_state(0, vec![vec![0.0]], vec![vec![0.0]]).is_err());
+        assert!(b
+            .restore_state(0, vec![vec![0.0]], vec![vec![0.0]])
+            .is_err());
         assert!(b.restore_state(2, vec![], vec![]).is_err());
         assert!(b.restore_state(2, vec![vec![0.0]], vec![]).is_err());
         assert!(b
