@@ -163,9 +163,9 @@ mod tests {
 
     #[test]
     fn closure_callbacks_answer_only_their_event() {
-        let mut seen = 0;
+        let seen = std::sync::atomic::AtomicUsize::new(0);
         let mut b = on_batch(|m: &BatchMetrics| {
-            seen += m.batch_size;
+            seen.fetch_add(m.batch_size, Ordering::Relaxed);
             if m.batch == 1 {
                 Control::Stop
             } else {
@@ -202,8 +202,7 @@ mod tests {
             steps: 2,
         };
         assert_eq!(b.on_epoch(&stats), Control::Continue);
-        drop(b);
-        assert_eq!(seen, 6);
+        assert_eq!(seen.load(Ordering::Relaxed), 6);
         let mut e = on_epoch(|_: &EpochStats| Control::Stop);
         assert_eq!(e.on_batch(&m), Control::Continue);
         assert_eq!(e.on_epoch(&stats), Control::Stop);

@@ -54,8 +54,11 @@ fn params(t: &Trainer) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// An epoch's numbers as bits: loss, train/val/test accuracy, batches, steps.
+type Numbers = (u64, u64, Option<u64>, Option<u64>, usize, u64);
+
 /// Loss and accuracies as bits (timings differ between runs).
-fn numbers(s: &[EpochStats]) -> Vec<(u64, u64, Option<u64>, Option<u64>, usize, u64)> {
+fn numbers(s: &[EpochStats]) -> Vec<Numbers> {
     s.iter()
         .map(|s| {
             (
@@ -463,4 +466,16 @@ fn pinning_needs_the_hwloc_feature() {
         .unwrap()
         .to_string();
     assert!(e.contains("threads.pin") && e.contains("hwloc"), "{e}");
+}
+
+#[cfg(feature = "hwloc")]
+#[test]
+fn pinned_trainer_trains_exactly_like_an_unpinned_one() {
+    let mut pinned = build("pin = \"cores\"\n");
+    let mut free = build("");
+    assert_eq!(
+        numbers(&pinned.fit().unwrap()),
+        numbers(&free.fit().unwrap())
+    );
+    assert_eq!(params(&pinned), params(&free));
 }
