@@ -96,15 +96,12 @@ fn main() -> Result<()> {
             epoch,
             batch,
             cause: StopCause::Token,
-        }) => {
-            println!(
-                "[service] job cancelled before batch {batch} of epoch {epoch}; checkpointing"
-            );
-            trainer.save_checkpoint(&checkpoint)?;
-        }
+        }) => println!("[service] job cancelled before batch {batch} of epoch {epoch}"),
         Err(e) => return Err(e),
         Ok(_) => println!("[service] the job finished before the client cancelled"),
     }
+    // The position (epoch and batch) is part of the checkpoint.
+    trainer.save_checkpoint(&checkpoint)?;
 
     // 2. Later (in a fresh process, say) the job is resumed from its checkpoint and
     //    finishes exactly as if it had never stopped.

@@ -173,8 +173,13 @@ impl Trainer {
         Self::with_pool(ds, cfg, Arc::new(pool))
     }
 
-    /// [`Trainer::new`] on an existing compute pool.
+    /// [`Trainer::new`] on an existing compute pool (which also runs the setup).
     pub(crate) fn with_pool(ds: Dataset, cfg: TrainConfig, pool: Arc<ThreadPool>) -> Result<Self> {
+        let p = Arc::clone(&pool);
+        p.install(move || Self::assemble(ds, cfg, pool))
+    }
+
+    fn assemble(ds: Dataset, cfg: TrainConfig, pool: Arc<ThreadPool>) -> Result<Self> {
         cfg.validate()?;
         let mcfg = ModelConfig {
             kind: cfg.model_kind()?,

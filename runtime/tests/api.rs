@@ -291,6 +291,35 @@ fn callbacks_see_every_batch_and_may_stop() {
 }
 
 #[test]
+fn trainers_move_between_threads_and_snapshots_are_shared() {
+    fn send<T: Send>() {}
+    fn share<T: Send + Sync>() {}
+    send::<Trainer>();
+    share::<runtime::Embeddings>();
+    share::<CancelToken>();
+    // Built on one thread, trained on another.
+    let t = build("");
+    let mut t = std::thread::spawn(move || {
+        let mut t = t;
+        t.train_epoch().unwrap();
+        t
+    })
+    .join()
+    .unwrap();
+    assert_eq!(t.steps(), 10);
+    let table = t.embedding_table().unwrap();
+    let rows: Vec<Vec<f32>> = (0..2u32)
+        .map(|v| {
+            let table = table.clone();
+            std::thread::spawn(move || table.gather(&[v]).unwrap())
+                .join()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(rows[1], table.row(1).unwrap());
+}
+
+#[test]
 fn two_trainers_on_two_threads_match_one_alone() {
     let alone = {
         let mut t = build("");
