@@ -245,6 +245,43 @@ impl<T: Real> Adam<T> {
     pub fn second_moment(&self, i: usize) -> Option<&[T]> {
         self.v.get(i).map(Vec::as_slice)
     }
+
+    /// Replaces the state with a saved one (checkpoints): `steps` taken and the
+    /// first and second moments of each parameter tensor. `m` and `v` must be empty
+    /// when `steps == 0` and otherwise hold the same number of tensors with equal
+    /// lengths; on error nothing changes. The next [`Optimizer::step`] then checks
+    /// the parameters against these lengths, as after a first step.
+    pub fn restore_state(&mut self, steps: u64, m: Vec<Vec<T>>, v: Vec<Vec<T>>) -> Result<()> {
+        if (steps == 0) != m.is_empty() {
+            return Err(CpuOpsError::InvalidArgument {
+                name: "steps",
+                reason: format!(
+                    "{steps} steps with {} moment tensors: moments exist exactly after a step",
+                    m.len()
+                ),
+            });
+        }
+        if v.len() != m.len() {
+            return Err(CpuOpsError::SizeMismatch {
+                what: "second-moment tensors (one per first-moment tensor)",
+                expected: m.len(),
+                found: v.len(),
+            });
+        }
+        for (a, b) in m.iter().zip(&v) {
+            if a.len() != b.len() {
+                return Err(CpuOpsError::SizeMismatch {
+                    what: "second-moment length (must equal the first moment's)",
+                    expected: a.len(),
+                    found: b.len(),
+                });
+            }
+        }
+        self.steps = steps;
+        self.m = m;
+        self.v = v;
+        Ok(())
+    }
 }
 
 impl<T: Real> Optimizer<T> for Adam<T> {
@@ -408,6 +445,45 @@ mod tests {
         let mut p = [*theta];
         opt.step(&mut [&mut p[..]], &[&[g][..]]).unwrap();
         *theta = p[0];
+    }
+
+    #[test]
+    fn adam_restored_state_continues_bit_identically() {
+        let cfg = AdamConfig {
+            lr: 0.05,
+            weight_decay: 0.01,
+            ..AdamConfig::default()
+        };
+        let mut a = Adam::<f32>::new(cfg).unwrap();
+        let mut p = vec![0.5f32, -1.0, 2.0];
+        for g in [[0.1f32, -0.2, 0.3], [0.4, 0.0, -0.5]] {
+            a.step(&mut [&mut p[..]], &[&g[..]]).unwrap();
+        }
+        let mut b = Adam::<f32>::new(cfg).unwrap();
+        let (m, v) = (a.first_moment(0).unwrap(), a.second_moment(0).unwrap());
+        b.restore_state(a.version(), vec![m.to_vec()], vec![v.to_vec()])
+            .unwrap();
+        let mut q = p.clone();
+        let g = [0.3f32, 0.2, -0.1];
+        a.step(&mut [&mut p[..]], &[&g[..]]).unwrap();
+        b.step(&mut [&mut q[..]], &[&g[..]]).unwrap();
+        assert_eq!(p, q);
+        assert_eq!(a.version(), 3);
+        assert_eq!(b.version(), 3);
+        // Inconsistent states are refused and change nothing.
+        assert!(b
+            .restore_state(0, vec![vec![0.0]], vec![vec![0.0]])
+            .is_err());
+        assert!(b.restore_state(2, vec![], vec![]).is_err());
+        assert!(b.restore_state(2, vec![vec![0.0]], vec![]).is_err());
+        assert!(b
+            .restore_state(2, vec![vec![0.0; 2]], vec![vec![0.0; 3]])
+            .is_err());
+        assert_eq!(b.version(), 3);
+        // A restored state with other lengths makes the next step refuse.
+        b.restore_state(1, vec![vec![0.0; 2]], vec![vec![0.0; 2]])
+            .unwrap();
+        assert!(b.step(&mut [&mut q[..]], &[&g[..]]).is_err());
     }
 
     #[test]

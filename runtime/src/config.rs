@@ -1,9 +1,29 @@
-//! The training configuration: one TOML file, with `--set key=value` overrides.
+//! The training configuration: one TOML file, `TANDEM_` environment overrides and
+//! `--set key=value` overrides. `docs/config.md` lists every key with its type,
+//! default, unit and allowed range (a test keeps it in step with this file).
 //!
 //! Every section and key is optional; missing ones take the defaults below. Unknown
 //! keys, wrong types and out-of-range values are errors that name the key (with the
-//! file it came from). The effective configuration can be printed back as TOML
-//! ([`TrainConfig::to_toml`]), which is what `tandem train` prints at start.
+//! file, variable or `--set` it came from). The effective configuration can be
+//! printed back as TOML ([`TrainConfig::to_toml`]), which is what `tandem train`
+//! prints at start and saves beside the run's outputs.
+//!
+//! # Layers, in order
+//! 1. The file (or the built-in defaults, or a checkpoint's configuration).
+//! 2. Environment variables `TANDEM_<SECTION>__<KEY>=value` ([`env_overrides`]):
+//!    the part after `TANDEM_` is lower-cased and `__` (double underscore) separates
+//!    the levels of the dotted key, so `TANDEM_TRAIN__BATCH_SIZE=512` sets
+//!    `train.batch_size` and `TANDEM_DATA__SYNTHETIC__VERTICES=1000` sets
+//!    `data.synthetic.vertices`. Variables without `__` (e.g. `TANDEM_REQUIRE_WORDNET`)
+//!    are not configuration and are ignored. The library never reads the environment
+//!    itself: the CLI passes [`env_overrides`]`(std::env::vars_os())` in.
+//! 3. `--set key=value` (dotted keys).
+//!
+//! Values of layers 2 and 3 are TOML (`512`, `0.01`, `[5, 5]`, `"gcn"`); a bare word
+//! is taken as a string. Each override is type-checked as it is applied, so an
+//! unknown key or a wrong type names the variable or `--set` argument; the ranges
+//! are checked once all layers are applied, and a range error names the key and the
+//! layer that last set it.
 //!
 //! ```toml
 //! [data]
@@ -21,6 +41,14 @@
 //! batch_size = 1024
 //! epochs = 20
 //! lr = 0.003
+//!
+//! [device]
+//! kind = "auto"             # "auto" | "host" | "cuda"
+//! cache_bytes = 4294967296  # device feature-cache budget (4 GiB)
+//!
+//! [threads]
+//! compute = 0               # rayon pool size; 0 = all cores
+//! pin = "none"              # "none" | "cores" (needs the `hwloc` feature)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -40,6 +68,10 @@ pub struct TrainConfig {
     pub model: ModelSection,
     /// The training loop.
     pub train: TrainSection,
+    /// The accelerator.
+    pub device: DeviceSection,
+    /// Host worker threads.
+    pub threads: ThreadsSection,
 }
 
 /// `[data]`: a stored dataset, or the built-in synthetic graph.
@@ -149,8 +181,14 @@ pub struct TrainSection {
     pub sparse_threshold: f64,
     /// Seed of initialization, shuffling, sampling and dropout.
     pub seed: u64,
-    /// Worker threads (0: all cores).
-    pub threads: usize,
+    /// `tandem train --out DIR` writes `DIR/checkpoint.tck` every this many epochs
+    /// (0: only at the end of the run).
+    pub checkpoint_every: usize,
+    /// Deprecated spelling of `threads.compute`, still accepted so older files keep
+    /// working: it must agree with `threads.compute` when both are set, and it is
+    /// folded into `threads.compute` when a file is loaded (so it is never printed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
 }
 
 impl Default for TrainSection {
@@ -168,9 +206,109 @@ impl Default for TrainSection {
             sparse_features: "auto".into(),
             sparse_threshold: 0.1,
             seed: 0,
-            threads: 0,
+            checkpoint_every: 0,
+            threads: None,
         }
     }
+}
+
+/// `device.kind`: where training runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceKind {
+    /// A CUDA device when one is present and the build has CUDA, else the host.
+    #[default]
+    Auto,
+    /// The host backend (CPU threads), even when a GPU is present.
+    Host,
+    /// A CUDA device; an error when none is usable.
+    Cuda,
+}
+
+/// `device.topology`: where the graph's topology lives for device-side sampling
+/// (`gpu_ops::TopologyPlacement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologyPlacement {
+    /// Copied into device memory (fastest; costs `8(n+1) + 4m` bytes).
+    #[default]
+    Device,
+    /// Left in pinned host memory and read over the bus (graphs too large for the
+    /// device).
+    PinnedHost,
+}
+
+/// `device.host_engine`: how training runs on the host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostEngine {
+    /// The native host trainer (`cpu_ops` kernels, sparse inputs, prepare/compute
+    /// overlap): the fast path.
+    #[default]
+    Native,
+    /// `gpu_ops`' host backend through the same device engine as CUDA (sampling,
+    /// cached gather and the model composed from backend ops): validates the device
+    /// path on machines without a GPU.
+    Ops,
+}
+
+/// The default device feature-cache budget: 4 GiB (`4294967296` bytes).
+pub const DEFAULT_CACHE_BYTES: u64 = 4 << 30;
+
+/// Largest accepted `device.ordinal` (CUDA ordinals are C `int`s).
+pub const MAX_DEVICE_ORDINAL: u32 = i32::MAX as u32;
+
+/// `[device]`: which accelerator trains and how its memory is used.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeviceSection {
+    /// `"auto"`, `"host"` or `"cuda"`.
+    pub kind: DeviceKind,
+    /// GPU index (CUDA ordinal) when `kind` selects a GPU.
+    pub ordinal: u32,
+    /// Device feature-cache budget in bytes (0: no cache).
+    pub cache_bytes: u64,
+    /// `"device"` or `"pinned-host"`.
+    pub topology: TopologyPlacement,
+    /// `"native"` or `"ops"`: how training runs when it runs on the host.
+    pub host_engine: HostEngine,
+}
+
+impl Default for DeviceSection {
+    fn default() -> Self {
+        Self {
+            kind: DeviceKind::Auto,
+            ordinal: 0,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            topology: TopologyPlacement::Device,
+            host_engine: HostEngine::Native,
+        }
+    }
+}
+
+/// `threads.pin`: whether compute workers are bound to cores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PinPolicy {
+    /// Threads float as the OS schedules them.
+    #[default]
+    None,
+    /// Worker `i` is bound to core `i` (modulo the number of cores); needs a build
+    /// with the `hwloc` feature.
+    Cores,
+}
+
+/// Largest accepted `threads.compute`.
+pub const MAX_COMPUTE_THREADS: usize = 4096;
+
+/// `[threads]`: the trainer's compute pool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThreadsSection {
+    /// Rayon pool size (0: one per core, or `RAYON_NUM_THREADS` when set).
+    pub compute: usize,
+    /// `"none"` or `"cores"`.
+    pub pin: PinPolicy,
 }
 
 fn range_err(key: &str, expected: &str, found: impl std::fmt::Display) -> Error {
@@ -187,10 +325,126 @@ fn fanouts(key: &str, v: &[i64]) -> Result<Vec<u32>> {
         .collect()
 }
 
+/// One override of a configuration key: from a `TANDEM_` environment variable or a
+/// `--set key=value` argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Override {
+    /// Where it came from, as errors name it: the variable (`TANDEM_TRAIN__LR`) or
+    /// `--set`.
+    pub origin: String,
+    /// The dotted key (`train.lr`).
+    pub key: String,
+    /// The value in TOML syntax (a bare word is taken as a string).
+    pub value: String,
+}
+
+impl Override {
+    /// Parses a `--set` argument `a.b.c=value`.
+    pub fn from_set(assignment: &str) -> Result<Self> {
+        let Some((key, raw)) = assignment.split_once('=') else {
+            return Err(Error::invalid_argument(
+                "--set",
+                format!("`{assignment}`: expected key=value, e.g. train.epochs=5"),
+            ));
+        };
+        let key = key.trim();
+        if key.split('.').any(str::is_empty) {
+            return Err(Error::invalid_argument(
+                "--set",
+                format!("`{key}` is not a dotted key"),
+            ));
+        }
+        Ok(Self {
+            origin: "--set".into(),
+            key: key.into(),
+            value: raw.trim().into(),
+        })
+    }
+
+    /// The TOML value: parsed as TOML, or the raw text as a string.
+    fn toml_value(&self) -> toml::Value {
+        format!("v = {}", self.value)
+            .parse::<toml::Table>()
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(self.value.clone()))
+    }
+
+    /// How errors name this override: the variable, or `--set key=value`.
+    fn label(&self) -> String {
+        if self.origin == "--set" {
+            format!("--set {}={}", self.key, self.value)
+        } else {
+            self.origin.clone()
+        }
+    }
+}
+
+/// The prefix of configuration environment variables.
+pub const ENV_PREFIX: &str = "TANDEM_";
+
+/// The configuration overrides among `vars` (pass `std::env::vars_os()`), sorted by
+/// variable name: every `TANDEM_<A>__<B>[__<C>...]=value` becomes the key `a.b[.c]`
+/// (see the module doc). Variables with the prefix but no `__` are not
+/// configuration and are skipped. Errors name the variable: a name or value that is
+/// not UTF-8, an empty level (`TANDEM_TRAIN____LR`), or two variables that set the
+/// same key (names differing only in case).
+pub fn env_overrides<I, K, V>(vars: I) -> Result<Vec<Override>>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: Into<std::ffi::OsString>,
+    V: Into<std::ffi::OsString>,
+{
+    let mut out: Vec<Override> = Vec::new();
+    for (name, value) in vars {
+        let (name, value) = (name.into(), value.into());
+        let Some(name) = name.to_str() else {
+            if name.to_string_lossy().starts_with(ENV_PREFIX) {
+                return Err(Error::invalid_argument(
+                    name.to_string_lossy(),
+                    "environment variable name is not UTF-8",
+                ));
+            }
+            continue;
+        };
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        if !rest.contains("__") {
+            continue;
+        }
+        let parts: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
+        if parts.iter().any(String::is_empty) {
+            return Err(Error::invalid_argument(
+                name,
+                "expected TANDEM_<SECTION>__<KEY> with non-empty parts, e.g. TANDEM_TRAIN__BATCH_SIZE",
+            ));
+        }
+        let Some(value) = value.to_str() else {
+            return Err(Error::invalid_argument(name, "value is not UTF-8"));
+        };
+        out.push(Override {
+            origin: name.into(),
+            key: parts.join("."),
+            value: value.trim().into(),
+        });
+    }
+    out.sort_by(|a, b| a.origin.cmp(&b.origin));
+    for (i, o) in out.iter().enumerate() {
+        if let Some(first) = out[..i].iter().find(|p| p.key == o.key) {
+            return Err(Error::invalid_argument(
+                o.origin.clone(),
+                format!("sets `{}`, which {} also sets", o.key, first.origin),
+            ));
+        }
+    }
+    Ok(out)
+}
+
 impl TrainConfig {
     /// Parses a TOML string; `origin` names it in errors (a file path or "--set").
     pub fn from_toml(text: &str, origin: &Path) -> Result<Self> {
-        Self::from_toml_with_overrides(text, origin, &[])
+        Self::from_layers(text, origin, &[])
     }
 
     /// Parses a TOML string and applies `key=value` overrides (dotted keys, values in
@@ -200,23 +454,92 @@ impl TrainConfig {
         origin: &Path,
         overrides: &[String],
     ) -> Result<Self> {
+        let layers = overrides
+            .iter()
+            .map(|o| Override::from_set(o))
+            .collect::<Result<Vec<_>>>()?;
+        Self::from_layers(text, origin, &layers)
+    }
+
+    /// Parses a TOML string (`origin` names it in errors), applies `overrides` in
+    /// order (environment first, then `--set`: see the module doc), folds the
+    /// deprecated `train.threads` into `threads.compute`, and validates.
+    pub fn from_layers(text: &str, origin: &Path, overrides: &[Override]) -> Result<Self> {
         let mut table: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| Error::format(origin, e.to_string()))?;
+        Self::deserialize_table(&table).map_err(|e| Error::format(origin, e))?;
+        // Which override last set each key, to name it in range errors.
+        let mut set_by: Vec<(&str, String)> = Vec::new();
         for o in overrides {
             apply_override(&mut table, o)?;
+            Self::deserialize_table(&table).map_err(|e| {
+                Error::invalid_argument(o.label(), format!("key `{}`: {}", o.key, e.trim_end()))
+            })?;
+            set_by.retain(|(k, _)| *k != o.key);
+            set_by.push((&o.key, o.label()));
         }
-        let cfg: TrainConfig = table
-            .try_into()
-            .map_err(|e: toml::de::Error| Error::format(origin, e.to_string()))?;
-        cfg.validate()?;
+        let mut cfg = Self::deserialize_table(&table).map_err(|e| Error::format(origin, e))?;
+        let named = |e: Error| match e {
+            Error::InvalidArgument { name, reason } => {
+                let reason = match set_by.iter().find(|(k, _)| *k == name) {
+                    Some((_, label)) => format!("{reason} (set by {label})"),
+                    None => reason,
+                };
+                Error::InvalidArgument { name, reason }
+            }
+            other => other,
+        };
+        cfg.fold_deprecated().map_err(named)?;
+        cfg.validate().map_err(named)?;
         Ok(cfg)
+    }
+
+    fn deserialize_table(table: &toml::Table) -> std::result::Result<Self, String> {
+        table
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| e.to_string())
+    }
+
+    /// Moves the deprecated `train.threads` into `threads.compute`.
+    fn fold_deprecated(&mut self) -> Result<()> {
+        if let Some(t) = self.train.threads {
+            if self.threads.compute != 0 && self.threads.compute != t {
+                return Err(range_err(
+                    "train.threads",
+                    &format!(
+                        "the same value as threads.compute = {} (train.threads is its deprecated spelling)",
+                        self.threads.compute
+                    ),
+                    t,
+                ));
+            }
+            self.threads.compute = t;
+            self.train.threads = None;
+        }
+        Ok(())
     }
 
     /// Reads a TOML file (see [`TrainConfig::from_toml_with_overrides`]).
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         Self::from_toml_with_overrides(&text, path, overrides)
+    }
+
+    /// Reads a TOML file and applies `overrides` (see [`TrainConfig::from_layers`]).
+    pub fn load_layered(path: &Path, overrides: &[Override]) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_layers(&text, path, overrides)
+    }
+
+    /// Compute threads in force: `threads.compute`, or the deprecated
+    /// `train.threads` when only that is set (0: all cores).
+    pub fn compute_threads(&self) -> usize {
+        match (self.threads.compute, self.train.threads) {
+            (0, Some(t)) => t,
+            (c, _) => c,
+        }
     }
 
     /// The effective configuration as TOML.
@@ -258,15 +581,9 @@ impl TrainConfig {
         let m = &self.model;
         let t = &self.train;
         let s = &self.data.synthetic;
-        if m.layers == 0 {
-            return Err(range_err("model.layers", "at least 1", m.layers));
-        }
-        if m.hidden == 0 {
-            return Err(range_err("model.hidden", "at least 1", m.hidden));
-        }
-        if m.heads == 0 {
-            return Err(range_err("model.heads", "at least 1", m.heads));
-        }
+        in_range("model.layers", m.layers, 1, MAX_LAYERS)?;
+        in_range("model.hidden", m.hidden, 1, MAX_HIDDEN)?;
+        in_range("model.heads", m.heads, 1, MAX_HIDDEN)?;
         if m.kind == "gat" && !m.hidden.is_multiple_of(m.heads) {
             return Err(range_err(
                 "model.hidden",
@@ -321,19 +638,17 @@ impl TrainConfig {
                 t.sparse_threshold,
             ));
         }
-        if t.batch_size == 0 {
-            return Err(range_err("train.batch_size", "at least 1", t.batch_size));
-        }
-        if t.eval_batch_size == 0 {
-            return Err(range_err(
-                "train.eval_batch_size",
-                "at least 1",
-                t.eval_batch_size,
-            ));
-        }
-        if t.epochs == 0 {
-            return Err(range_err("train.epochs", "at least 1", t.epochs));
-        }
+        in_range("train.batch_size", t.batch_size, 1, MAX_BATCH)?;
+        in_range("train.eval_batch_size", t.eval_batch_size, 1, MAX_BATCH)?;
+        in_range("train.epochs", t.epochs, 1, MAX_EPOCHS)?;
+        in_range("train.eval_every", t.eval_every, 0, TOML_INT_MAX)?;
+        in_range(
+            "train.checkpoint_every",
+            t.checkpoint_every,
+            0,
+            TOML_INT_MAX,
+        )?;
+        in_range("train.seed", t.seed, 0, TOML_INT_MAX)?;
         if !(t.lr > 0.0 && t.lr.is_finite()) {
             return Err(range_err("train.lr", "a finite number > 0", t.lr));
         }
@@ -344,15 +659,44 @@ impl TrainConfig {
                 t.weight_decay,
             ));
         }
+        if let Some(threads) = t.threads {
+            in_range("train.threads", threads, 0, MAX_COMPUTE_THREADS)?;
+            if self.threads.compute != 0 && self.threads.compute != threads {
+                return Err(range_err(
+                    "train.threads",
+                    &format!(
+                        "the same value as threads.compute = {} (train.threads is its deprecated spelling)",
+                        self.threads.compute
+                    ),
+                    threads,
+                ));
+            }
+        }
+        in_range(
+            "threads.compute",
+            self.threads.compute,
+            0,
+            MAX_COMPUTE_THREADS,
+        )?;
+        in_range("device.ordinal", self.device.ordinal, 0, MAX_DEVICE_ORDINAL)?;
+        in_range(
+            "device.cache_bytes",
+            self.device.cache_bytes,
+            0,
+            TOML_INT_MAX,
+        )?;
+        in_range("data.synthetic.seed", s.seed, 0, TOML_INT_MAX)?;
         if self.data.path.is_none() {
-            if s.vertices < 2 || s.vertices > u32::MAX as usize {
-                return Err(range_err("data.synthetic.vertices", "2..2^32", s.vertices));
-            }
-            if s.classes == 0 {
-                return Err(range_err("data.synthetic.classes", "at least 1", s.classes));
-            }
-            if s.dim == 0 {
-                return Err(range_err("data.synthetic.dim", "at least 1", s.dim));
+            in_range("data.synthetic.vertices", s.vertices, 2, u32::MAX)?;
+            in_range("data.synthetic.edges", s.edges, 0, MAX_SYNTHETIC_VALUES)?;
+            in_range("data.synthetic.classes", s.classes, 1, s.vertices)?;
+            let values = s.vertices.checked_mul(s.dim);
+            if s.dim == 0 || values.is_none_or(|v| v as u64 > MAX_SYNTHETIC_VALUES) {
+                return Err(range_err(
+                    "data.synthetic.dim",
+                    "at least 1, with vertices × dim ≤ 2^58",
+                    s.dim,
+                ));
             }
             if !(0.0..=1.0).contains(&s.homophily) {
                 return Err(range_err("data.synthetic.homophily", "[0, 1]", s.homophily));
@@ -369,27 +713,40 @@ impl TrainConfig {
     }
 }
 
-/// Applies one `a.b.c=value` override to a TOML table.
-fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
-    let Some((key, raw)) = assignment.split_once('=') else {
-        return Err(Error::invalid_argument(
-            "--set",
-            format!("`{assignment}`: expected key=value, e.g. train.epochs=5"),
-        ));
-    };
-    let key = key.trim();
-    let raw = raw.trim();
-    // Parse the value as TOML; a bare word becomes a string.
-    let value = format!("v = {raw}")
-        .parse::<toml::Table>()
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
-    let parts: Vec<&str> = key.split('.').collect();
+/// Largest accepted `model.layers`.
+pub const MAX_LAYERS: usize = 16;
+/// Largest accepted `model.hidden` (and `model.heads`).
+pub const MAX_HIDDEN: usize = 1 << 16;
+/// Largest accepted `train.batch_size` / `train.eval_batch_size` (vertex ids are u32).
+pub const MAX_BATCH: u32 = u32::MAX;
+/// Largest accepted `train.epochs`.
+pub const MAX_EPOCHS: usize = 1_000_000;
+/// Largest integer TOML can hold (64-bit signed): the bound of counts and seeds
+/// that must print back into the effective configuration.
+pub const TOML_INT_MAX: u64 = i64::MAX as u64;
+/// Largest synthetic edge count and `vertices × dim` (the generators' bound).
+const MAX_SYNTHETIC_VALUES: u64 = 1 << 58;
+
+/// Fails unless `lo ≤ v ≤ hi`, naming `key` and the inclusive range.
+fn in_range<V, H>(key: &str, v: V, lo: u64, hi: H) -> Result<()>
+where
+    V: TryInto<u64> + std::fmt::Display + Copy,
+    H: TryInto<u64>,
+{
+    let hi = hi.try_into().unwrap_or(u64::MAX);
+    match v.try_into() {
+        Ok(x) if (lo..=hi).contains(&x) => Ok(()),
+        _ => Err(range_err(key, &format!("{lo}..={hi}"), v)),
+    }
+}
+
+/// Applies one override to a TOML table; errors name the override.
+fn apply_override(table: &mut toml::Table, o: &Override) -> Result<()> {
+    let parts: Vec<&str> = o.key.split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
         return Err(Error::invalid_argument(
-            "--set",
-            format!("`{key}` is not a dotted key"),
+            o.label(),
+            format!("`{}` is not a dotted key", o.key),
         ));
     }
     let mut cur = table;
@@ -398,10 +755,10 @@ fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<()> {
             .entry(p.to_string())
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         cur = entry.as_table_mut().ok_or_else(|| {
-            Error::invalid_argument("--set", format!("`{key}`: `{p}` is not a table"))
+            Error::invalid_argument(o.label(), format!("key `{}`: `{p}` is not a table", o.key))
         })?;
     }
-    cur.insert(parts[parts.len() - 1].to_string(), value);
+    cur.insert(parts[parts.len() - 1].to_string(), o.toml_value());
     Ok(())
 }
 
@@ -478,5 +835,304 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--set"), "{e}");
+    }
+
+    fn vars(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn device_and_threads_sections_parse_and_name_bad_values() {
+        let c = parse("").unwrap();
+        assert_eq!(c.device.kind, DeviceKind::Auto);
+        assert_eq!(c.device.cache_bytes, 4 << 30);
+        assert_eq!(c.device.topology, TopologyPlacement::Device);
+        assert_eq!((c.threads.compute, c.threads.pin), (0, PinPolicy::None));
+        let c = parse(
+            "[device]\nkind = \"cuda\"\nordinal = 1\ncache_bytes = 0\ntopology = \"pinned-host\"\n\
+             [threads]\ncompute = 3\npin = \"cores\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.device.kind, DeviceKind::Cuda);
+        assert_eq!(c.device.topology, TopologyPlacement::PinnedHost);
+        assert_eq!((c.threads.compute, c.threads.pin), (3, PinPolicy::Cores));
+        assert_eq!(parse(&c.to_toml()).unwrap(), c);
+        for (toml, key) in [
+            ("[device]\nkind = \"gpu\"", "device.kind"),
+            ("[device]\ntopology = \"host\"", "device.topology"),
+            ("[device]\nordinal = -1", "device.ordinal"),
+            ("[device]\ncache_bytes = -5", "device.cache_bytes"),
+            ("[device]\nmemory = 5", "memory"),
+            ("[threads]\npin = \"numa\"", "threads.pin"),
+            ("[threads]\ncompute = 5000", "threads.compute"),
+            ("[threads]\ncompute = \"all\"", "threads.compute"),
+        ] {
+            let e = parse(toml).unwrap_err().to_string();
+            assert!(e.contains(key), "{toml}: {e}");
+        }
+        let e = parse("[threads]\ncompute = 5000").unwrap_err().to_string();
+        assert!(e.contains("0..=4096"), "{e}");
+    }
+
+    #[test]
+    fn upper_bounds_and_toml_integer_limits_are_checked() {
+        for (toml, key, range) in [
+            ("[model]\nlayers = 17", "model.layers", "1..=16"),
+            ("[model]\nhidden = 100000", "model.hidden", "1..=65536"),
+            ("[train]\nepochs = 2000000", "train.epochs", "1..=1000000"),
+            (
+                "[data.synthetic]\nvertices = 10\nclasses = 11",
+                "data.synthetic.classes",
+                "1..=10",
+            ),
+            (
+                "[data.synthetic]\nedges = 400000000000000000",
+                "data.synthetic.edges",
+                "",
+            ),
+            ("[data.synthetic]\ndim = 0", "data.synthetic.dim", ""),
+        ] {
+            let e = parse(toml).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(range), "{toml}: {e}");
+        }
+        // Values a program can set but TOML cannot print back are refused.
+        let mut c = TrainConfig::default();
+        c.train.seed = u64::MAX;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("train.seed") && e.contains("9223372036854775807"),
+            "{e}"
+        );
+        let mut c = TrainConfig::default();
+        c.device.cache_bytes = u64::MAX;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("device.cache_bytes"));
+    }
+
+    #[test]
+    fn env_variables_map_to_dotted_keys() {
+        let o = env_overrides(vars(&[
+            ("TANDEM_TRAIN__BATCH_SIZE", "512"),
+            ("TANDEM_DATA__SYNTHETIC__VERTICES", " 1000 "),
+            ("TANDEM_REQUIRE_WORDNET", "1"),
+            ("PATH", "/bin"),
+            ("TANDEM_MODEL__KIND", "gcn"),
+        ]))
+        .unwrap();
+        let keys: Vec<(&str, &str, &str)> = o
+            .iter()
+            .map(|o| (o.origin.as_str(), o.key.as_str(), o.value.as_str()))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                (
+                    "TANDEM_DATA__SYNTHETIC__VERTICES",
+                    "data.synthetic.vertices",
+                    "1000"
+                ),
+                ("TANDEM_MODEL__KIND", "model.kind", "gcn"),
+                ("TANDEM_TRAIN__BATCH_SIZE", "train.batch_size", "512"),
+            ]
+        );
+        let e = env_overrides(vars(&[("TANDEM_TRAIN____LR", "1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("TANDEM_TRAIN____LR"), "{e}");
+        let e = env_overrides(vars(&[
+            ("TANDEM_TRAIN__LR", "1"),
+            ("TANDEM_train__lr", "2"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("TANDEM_TRAIN__LR") && e.contains("TANDEM_train__lr"),
+            "{e}"
+        );
+        #[cfg(unix)]
+        {
+            use std::ffi::OsString;
+            use std::os::unix::ffi::OsStringExt;
+            let bad = OsString::from_vec(vec![0xff, 0xfe]);
+            let e = env_overrides(vec![(OsString::from("TANDEM_TRAIN__LR"), bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("TANDEM_TRAIN__LR") && e.contains("UTF-8"), "{e}");
+        }
+    }
+
+    #[test]
+    fn layers_apply_file_then_env_then_set_and_errors_name_the_source() {
+        let file = "[train]\nepochs = 3\nlr = 0.1\nbatch_size = 64\n";
+        let mut layers = env_overrides(vars(&[
+            ("TANDEM_TRAIN__EPOCHS", "5"),
+            ("TANDEM_TRAIN__LR", "0.2"),
+        ]))
+        .unwrap();
+        layers.push(Override::from_set("train.epochs=7").unwrap());
+        let c = TrainConfig::from_layers(file, Path::new("run.toml"), &layers).unwrap();
+        assert_eq!(
+            (c.train.epochs, c.train.lr, c.train.batch_size),
+            (7, 0.2, 64)
+        );
+        // Cross-key checks run once at the end: layers set by env, fanouts by --set.
+        let layers = vec![
+            env_overrides(vars(&[("TANDEM_MODEL__LAYERS", "3")])).unwrap()[0].clone(),
+            Override::from_set("train.fanouts=[5,5,5]").unwrap(),
+        ];
+        let c = TrainConfig::from_layers("", Path::new("d"), &layers).unwrap();
+        assert_eq!(c.model.layers, 3);
+
+        let env = |k: &str, v: &str| {
+            TrainConfig::from_layers(
+                file,
+                Path::new("run.toml"),
+                &env_overrides(vars(&[(k, v)])).unwrap(),
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let e = env("TANDEM_TRAIN__EPOCH", "5");
+        assert!(
+            e.contains("TANDEM_TRAIN__EPOCH") && e.contains("train.epoch"),
+            "{e}"
+        );
+        let e = env("TANDEM_TRAIN__EPOCHS", "many");
+        assert!(
+            e.contains("TANDEM_TRAIN__EPOCHS") && e.contains("epochs"),
+            "{e}"
+        );
+        let e = env("TANDEM_TRAIN__LR", "0");
+        assert!(
+            e.contains("train.lr") && e.contains("> 0") && e.contains("set by TANDEM_TRAIN__LR"),
+            "{e}"
+        );
+        let e = env("TANDEM_TRAIN__EPOCHS__X", "1");
+        assert!(
+            e.contains("TANDEM_TRAIN__EPOCHS__X") && e.contains("not a table"),
+            "{e}"
+        );
+        let e = TrainConfig::from_toml_with_overrides(
+            file,
+            Path::new("run.toml"),
+            &["train.lr=-1".into()],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("train.lr") && e.contains("set by --set train.lr=-1"),
+            "{e}"
+        );
+        // A range error in the file itself names the key (no override to blame).
+        let e = parse("[train]\nlr = -1\n").unwrap_err().to_string();
+        assert!(e.contains("train.lr") && !e.contains("set by"), "{e}");
+    }
+
+    #[test]
+    fn deprecated_train_threads_folds_into_threads_compute() {
+        let c = parse("[train]\nthreads = 2\n").unwrap();
+        assert_eq!((c.threads.compute, c.train.threads), (2, None));
+        assert!(!c.to_toml().contains("[train]\nthreads") && c.compute_threads() == 2);
+        let c = parse("[train]\nthreads = 2\n[threads]\ncompute = 2\n").unwrap();
+        assert_eq!(c.threads.compute, 2);
+        let e = parse("[train]\nthreads = 2\n[threads]\ncompute = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("train.threads") && e.contains("threads.compute = 3"),
+            "{e}"
+        );
+        // Set in code: honoured without folding, and checked.
+        let mut c = TrainConfig::default();
+        c.train.threads = Some(3);
+        assert_eq!(c.compute_threads(), 3);
+        c.validate().unwrap();
+        c.threads.compute = 1;
+        assert!(c.validate().is_err());
+    }
+
+    /// Dotted keys and values of a TOML table, depth first.
+    fn flatten(prefix: &str, t: &toml::Table, out: &mut Vec<(String, toml::Value)>) {
+        for (k, v) in t {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(sub) => flatten(&key, sub, out),
+                other => out.push((key, other.clone())),
+            }
+        }
+    }
+
+    fn same_value(a: &toml::Value, b: &toml::Value) -> bool {
+        match (a, b) {
+            (toml::Value::Float(x), toml::Value::Float(y)) => {
+                (x - y).abs() <= 1e-6 * x.abs().max(y.abs())
+            }
+            (toml::Value::Array(x), toml::Value::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_value(p, q))
+            }
+            _ => a == b,
+        }
+    }
+
+    #[test]
+    fn docs_list_every_key_with_its_default() {
+        let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/config.md");
+        let doc = std::fs::read_to_string(doc_path).expect("docs/config.md");
+        // Rows `| `key` | type | default | unit | allowed | meaning |`.
+        let mut rows: Vec<(String, String)> = Vec::new();
+        for line in doc.lines() {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            if cells.len() < 8 || !cells[1].starts_with('`') {
+                continue;
+            }
+            let key = cells[1].trim_matches('`').to_string();
+            assert!(
+                !rows.iter().any(|(k, _)| *k == key),
+                "docs/config.md lists `{key}` twice"
+            );
+            rows.push((key, cells[3].to_string()));
+        }
+        let table: toml::Table = TrainConfig::default().to_toml().parse().unwrap();
+        let mut defaults = Vec::new();
+        flatten("", &table, &mut defaults);
+        assert!(defaults.len() > 30, "{defaults:?}");
+        for (key, value) in &defaults {
+            let (_, cell) = rows
+                .iter()
+                .find(|(k, _)| k == key)
+                .unwrap_or_else(|| panic!("docs/config.md does not list `{key}`"));
+            let documented = format!("v = {}", cell.trim_matches('`'))
+                .parse::<toml::Table>()
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| panic!("`{key}`: default cell {cell} is not a TOML value"));
+            assert!(
+                same_value(&documented, value),
+                "`{key}`: docs/config.md says {cell}, the schema's default is {value}"
+            );
+        }
+        // Keys without a default (unset) exist: setting them parses.
+        for (key, cell) in &rows {
+            if defaults.iter().any(|(k, _)| k == key) {
+                continue;
+            }
+            assert_eq!(cell, "unset", "`{key}` is documented but not in the schema");
+            let value = if key == "data.path" { "\"x.tds\"" } else { "0" };
+            TrainConfig::from_toml_with_overrides(
+                "",
+                Path::new("doc"),
+                &[format!("{key}={value}")],
+            )
+            .unwrap_or_else(|e| panic!("documented key `{key}` is refused: {e}"));
+        }
     }
 }

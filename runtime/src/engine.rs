@@ -17,6 +17,7 @@
 use cpu_ops::{AdamConfig, Model};
 use gpu_ops::{Backend, CacheStats, DeviceModel, GpuOpsError, TopologyPlacement};
 
+use crate::config::{DeviceKind, DeviceSection, HostEngine};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 
@@ -258,18 +259,6 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 }
 
-/// Which device `device.kind` asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeviceChoice {
-    /// The host (native `cpu_ops` trainer, or the host backend with
-    /// `host_engine = "ops"`).
-    Host,
-    /// A CUDA GPU; an error when there is none.
-    Cuda,
-    /// A CUDA GPU when one is usable, else the host (the log says why).
-    Auto,
-}
-
 /// The outcome of choosing a device: an engine (`None` = the native host trainer)
 /// and one line for the log saying what was chosen and why.
 pub struct Chosen {
@@ -279,15 +268,18 @@ pub struct Chosen {
     pub note: String,
 }
 
-/// Chooses and builds the device engine for `choice`.
+/// Chooses and builds the engine `device` asks for: `kind = "cuda"` a GPU or an
+/// error naming what is missing; `"auto"` a GPU when one is usable, else the host
+/// (the note says why); on the host, the native trainer (`None`) or, with
+/// `host_engine = "ops"`, the host backend.
 pub fn choose_engine(
-    choice: DeviceChoice,
-    ordinal: usize,
-    host_ops: bool,
+    device: &DeviceSection,
     ds: &Dataset,
     model: &Model<f32>,
     opts: EngineOptions,
 ) -> Result<Chosen> {
+    let host_ops = device.host_engine == HostEngine::Ops;
+    let choice = device.kind;
     let host = |why: String| -> Result<Chosen> {
         if host_ops {
             let dev = gpu_ops::HostBackend::new();
@@ -305,8 +297,8 @@ pub fn choose_engine(
         }
     };
     match choice {
-        DeviceChoice::Host => host("device.kind = \"host\"".into()),
-        DeviceChoice::Cuda | DeviceChoice::Auto => match gpu_ops::CudaBackend::new(ordinal) {
+        DeviceKind::Host => host("device.kind = \"host\"".into()),
+        DeviceKind::Cuda | DeviceKind::Auto => match gpu_ops::CudaBackend::new(device.ordinal as usize) {
             Ok(dev) => {
                 let e = DeviceEngine::new(dev, ds, model, opts.clone())?;
                 let note = format!("device: {}", e.describe());
@@ -315,7 +307,7 @@ pub fn choose_engine(
                     note,
                 })
             }
-            Err(e) if choice == DeviceChoice::Auto => {
+            Err(e) if choice == DeviceKind::Auto => {
                 host(format!("device.kind = \"auto\": no usable GPU — {e}"))
             }
             Err(source) => Err(Error::Device {
@@ -323,20 +315,5 @@ pub fn choose_engine(
                 source,
             }),
         },
-    }
-}
-
-impl DeviceChoice {
-    /// Parses `device.kind`.
-    pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "host" => Ok(Self::Host),
-            "cuda" => Ok(Self::Cuda),
-            "auto" => Ok(Self::Auto),
-            other => Err(Error::invalid_argument(
-                "device.kind",
-                format!("expected \"auto\", \"host\" or \"cuda\", got \"{other}\""),
-            )),
-        }
     }
 }

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use cpu_ops::CpuOpsError;
 
+use crate::control::StopCause;
+
 /// Everything the runtime reports to its caller. Messages name the file, line or
 /// key involved and what was expected, so the CLI can print them as they are.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,17 @@ pub enum Error {
         name: String,
         /// What was expected.
         reason: String,
+    },
+    /// Training stopped early, by the cancel token or a callback. The trainer stays
+    /// consistent: the next `train_epoch` continues from `batch` of `epoch`.
+    #[error("training stopped before batch {batch} of epoch {epoch}: {cause}")]
+    Cancelled {
+        /// The 0-based epoch that was interrupted.
+        epoch: usize,
+        /// Batches of that epoch already trained (the next one to train).
+        batch: usize,
+        /// Why.
+        cause: StopCause,
     },
     /// An error from the host kernels, with the context it happened in.
     #[error("{context}: {source}")]

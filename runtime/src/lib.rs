@@ -1,20 +1,96 @@
-//! Tandem's runtime: the dataset store and importers, generators, and (as they
-//! land) the executor, trainer and CLI.
+//! Tandem's runtime: the dataset store and importers, generators, the trainer and
+//! its library API, configuration, and the `tandem` CLI.
 //!
 //! Dependency direction: `cpu_ops` ← `gpu_ops` ← `scheduler` ← `runtime`.
+//!
+//! # Training from a program
+//! [`TrainerBuilder`] (from a [`config::TrainConfig`], a TOML string or a file;
+//! optionally an in-memory [`dataset::Dataset`], callbacks, a [`CancelToken`],
+//! `verbose`) → [`Trainer`]:
+//! - [`Trainer::fit`] trains up to `train.epochs`; [`Trainer::train_epoch`] trains
+//!   one epoch; [`Trainer::evaluate`] / [`Trainer::evaluate_val_test`] measure
+//!   accuracy;
+//! - [`Trainer::embeddings`] returns the output of the layer below the classifier
+//!   for given vertices (full-neighbor inference, as DGL's `model.inference`
+//!   without the last layer), [`Trainer::embedding_table`] a shareable snapshot
+//!   for all of them;
+//! - [`Trainer::save_checkpoint`] / [`Trainer::load_checkpoint`]: a resumed run is
+//!   bit-identical to an uninterrupted one;
+//! - [`Callback`]s see [`BatchMetrics`] and [`EpochStats`] and may stop training;
+//!   a [`CancelToken`] stops it from another thread within one batch
+//!   ([`Error::Cancelled`]).
+//!
+//! Nothing is global: each trainer owns its data, model and rayon pool, prints
+//! nothing unless asked, and reports failures as [`Error`] values.
+//!
+//! ```
+//! use runtime::{on_epoch, CancelToken, Control, TrainerBuilder};
+//!
+//! # fn main() -> runtime::Result<()> {
+//! let toml = r#"
+//!     [data.synthetic]
+//!     vertices = 600
+//!     edges = 3000
+//!     classes = 3
+//!     dim = 8
+//!     [model]
+//!     hidden = 16
+//!     [train]
+//!     epochs = 3
+//!     batch_size = 128
+//!     [threads]
+//!     compute = 1
+//! "#;
+//! let cancel = CancelToken::new();
+//! let mut trainer = TrainerBuilder::from_toml(toml)?
+//!     .callback(on_epoch(|s| {
+//!         assert!(s.loss.is_finite());
+//!         Control::Continue
+//!     }))
+//!     .cancel_token(cancel.clone())
+//!     .build()?;
+//! let stats = trainer.fit()?;
+//! assert_eq!(stats.len(), 3);
+//!
+//! // Embeddings of vertices 0 and 5: 2 × hidden values.
+//! let emb = trainer.embeddings(&[0, 5])?;
+//! assert_eq!(emb.len(), 2 * 16);
+//! assert!(trainer.embeddings(&[600]).is_err()); // ids are checked
+//!
+//! // Checkpoint and restore into a fresh trainer.
+//! let path = std::env::temp_dir().join(format!("tandem-doc-{}.tck", std::process::id()));
+//! trainer.save_checkpoint(&path)?;
+//! let mut again = TrainerBuilder::from_toml(toml)?.build()?;
+//! again.load_checkpoint(&path)?;
+//! assert_eq!(again.embeddings(&[0, 5])?, emb);
+//! std::fs::remove_file(&path).ok();
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod atomic;
 pub mod bench;
+pub mod builder;
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod dataset;
+pub mod embedding;
 mod error;
 pub mod export;
 pub mod generate;
 pub mod import;
 pub mod npy;
-pub mod trace;
 pub mod engine;
+pub mod pool;
+pub mod run_dir;
+pub mod trace;
 pub mod trainer;
 
+pub use builder::TrainerBuilder;
+pub use checkpoint::Checkpoint;
+pub use control::{on_batch, on_epoch, BatchMetrics, Callback, CancelToken, Control, StopCause};
+pub use embedding::Embeddings;
 pub use error::{Error, Result};
+pub use trainer::{EpochStats, Trainer};

@@ -19,7 +19,19 @@
 //!
 //! Everything random derives from `train.seed` (initialization, shuffles, sampling,
 //! dropout), so a run is reproducible; sampling does not depend on the thread count.
+//! Batch `k` of epoch `e` depends only on `(seed, e, k)` and the weights, which is
+//! why a run interrupted between batches (cancel token, callback, checkpoint) and
+//! continued gives bit-identical parameters and losses.
+//!
+//! # Ownership
+//! A trainer owns its dataset, model, optimizer, compute pool ([`crate::pool`]),
+//! callbacks and cancel token; there is no global state, so several trainers can
+//! run in one process on different threads. It prints nothing unless built with
+//! `verbose(true)` (one line per epoch on stderr). Build one with
+//! [`crate::TrainerBuilder`] or [`Trainer::new`].
 
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cpu_ops::{
@@ -28,10 +40,17 @@ use cpu_ops::{
     SampledBatch, SamplerScratch, SparseRows, WeightDecay,
 };
 
+use rayon::ThreadPool;
+
+use crate::checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
 use crate::config::TrainConfig;
+use crate::control::{BatchMetrics, Callback, CancelToken, Control, StopCause};
 use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
+use crate::embedding::Embeddings;
+use crate::engine::{choose_engine, Engine, EngineOptions};
 use crate::error::{Error, Result};
 use crate::generate::{generate_sbm, SbmOptions};
+use crate::pool::build_pool;
 use crate::trace::{FlowId, SliceGuard, Tracer};
 
 /// What one epoch did.
@@ -53,6 +72,8 @@ pub struct EpochStats {
     pub eval_secs: f64,
     /// Number of training batches.
     pub batches: usize,
+    /// Optimizer steps taken by the end of the epoch (the weight version).
+    pub steps: u64,
 }
 
 /// Loads the configured dataset, or generates the built-in synthetic one.
@@ -156,17 +177,55 @@ pub struct Trainer {
     train_ids: Vec<u32>,
     val_ids: Vec<u32>,
     test_ids: Vec<u32>,
-    epoch: usize,
+    /// Where training stands: the epoch in progress and how far into it.
+    pos: Position,
+    pool: Arc<ThreadPool>,
+    callbacks: Vec<Box<dyn Callback>>,
+    cancel: CancelToken,
+    verbose: bool,
+    /// A callback asked to stop at the end of the last epoch.
+    stop_requested: bool,
+    /// Embeddings of the current weights, computed on first request.
+    embeddings: Option<Embeddings>,
+    /// Where training and evaluation record their slices (disabled by default).
     tracer: Tracer,
+    /// The accelerator engine when training runs on a device backend (`None`: the
+    /// native host path above). While it exists it holds the current weights;
+    /// `model`/`opt` are refreshed from it after every batch loop.
+    engine: Option<Mutex<Box<dyn Engine>>>,
+    /// What `[device]` chose, and why.
+    device_note: String,
 }
 
 fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
     move |e| Error::cpu_ops(context, e)
 }
 
+/// A panic while the device engine was locked left it unusable.
+fn poisoned() -> Error {
+    Error::invalid_argument(
+        "device engine",
+        "an earlier panic left the engine in an unknown state; build a new trainer",
+    )
+}
+
 impl Trainer {
-    /// Builds the model and optimizer for `ds` as `cfg` says.
+    /// Builds the model, optimizer and compute pool for `ds` as `cfg` says, with no
+    /// callbacks, a fresh cancel token and no printing. [`crate::TrainerBuilder`]
+    /// offers the rest.
     pub fn new(ds: Dataset, cfg: TrainConfig) -> Result<Self> {
+        cfg.validate()?;
+        let pool = build_pool(cfg.compute_threads(), cfg.threads.pin)?;
+        Self::with_pool(ds, cfg, Arc::new(pool))
+    }
+
+    /// [`Trainer::new`] on an existing compute pool (which also runs the setup).
+    pub(crate) fn with_pool(ds: Dataset, cfg: TrainConfig, pool: Arc<ThreadPool>) -> Result<Self> {
+        let p = Arc::clone(&pool);
+        p.install(move || Self::assemble(ds, cfg, pool))
+    }
+
+    fn assemble(ds: Dataset, cfg: TrainConfig, pool: Arc<ThreadPool>) -> Result<Self> {
         cfg.validate()?;
         let mcfg = ModelConfig {
             kind: cfg.model_kind()?,
@@ -209,7 +268,29 @@ impl Trainer {
         } else {
             None
         };
+        let chosen = choose_engine(
+            &cfg.device,
+            &ds,
+            &model,
+            EngineOptions {
+                fanouts: cfg.train_fanouts()?,
+                eval_fanouts: cfg.eval_fanouts()?,
+                cache_bytes: usize::try_from(cfg.device.cache_bytes).unwrap_or(usize::MAX),
+                topology: match cfg.device.topology {
+                    crate::config::TopologyPlacement::Device => {
+                        gpu_ops::TopologyPlacement::Device
+                    }
+                    crate::config::TopologyPlacement::PinnedHost => {
+                        gpu_ops::TopologyPlacement::PinnedHost
+                    }
+                },
+                adam: *opt.config(),
+            },
+        )?;
         Ok(Self {
+            tracer: Tracer::disabled(),
+            engine: chosen.engine.map(Mutex::new),
+            device_note: chosen.note,
             scratch: SamplerScratch::new(ds.num_vertices()),
             sparse,
             val_ids: ds.val_ids(),
@@ -221,9 +302,55 @@ impl Trainer {
             opt,
             sampler,
             eval_sampler,
-            epoch: 0,
-            tracer: Tracer::disabled(),
+            pos: Position::default(),
+            pool,
+            callbacks: Vec::new(),
+            cancel: CancelToken::new(),
+            verbose: false,
+            stop_requested: false,
+            embeddings: None,
         })
+    }
+
+    /// Adds a callback (after those already added).
+    pub fn add_callback(&mut self, callback: Box<dyn Callback>) {
+        self.callbacks.push(callback);
+    }
+
+    /// Replaces the cancel token (e.g. with a fresh one after a cancel).
+    pub fn set_cancel_token(&mut self, token: CancelToken) {
+        self.cancel = token;
+    }
+
+    /// A clone of the cancel token: cancelling it stops training at the next batch.
+    pub fn cancel_token(&self) -> CancelToken {
+        self.cancel.clone()
+    }
+
+    /// Whether the trainer prints one line per epoch on stderr.
+    pub fn set_verbose(&mut self, verbose: bool) {
+        self.verbose = verbose;
+    }
+
+    /// Completed epochs (= the 0-based epoch in progress).
+    pub fn epoch(&self) -> usize {
+        self.pos.epoch
+    }
+
+    /// Batches of the epoch in progress already trained (0 at an epoch boundary;
+    /// more after a cancel or a stop inside an epoch).
+    pub fn batch_in_epoch(&self) -> usize {
+        self.pos.batch
+    }
+
+    /// Whether a callback asked to stop at the end of the last epoch.
+    pub fn stop_requested(&self) -> bool {
+        self.stop_requested
+    }
+
+    /// Worker threads of the trainer's compute pool.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
     }
 
     /// The dataset.
@@ -251,10 +378,26 @@ impl Trainer {
         self.opt.version()
     }
 
+    /// One line: the device training runs on and why it was chosen
+    /// (`device.kind = "auto"` names the missing library when it fell back to the
+    /// host).
+    pub fn device_note(&self) -> &str {
+        &self.device_note
+    }
+
+    /// Feature-cache statistics of the device engine (`None` on the native host
+    /// path).
+    pub fn cache_stats(&self) -> Option<gpu_ops::CacheStats> {
+        let e = self.engine.as_ref()?;
+        let e = e.lock().ok()?;
+        Some(e.cache_stats())
+    }
+
     /// Records training into `tracer` from now on: slices `sample`, `gather` (with
     /// `bytes`), `forward`, `loss`, `backward`, `step` (each with `epoch` and
-    /// `batch`) and `eval` (with `epoch`), and a flow from each batch's gather to its
-    /// forward. A disabled tracer (the default) records nothing.
+    /// `batch`; `device step` per batch on a device engine) and `eval` (with
+    /// `epoch`), and a flow from each batch's gather to its forward. A disabled
+    /// tracer (the default) records nothing.
     pub fn set_tracer(&mut self, tracer: Tracer) {
         self.tracer = tracer;
     }
@@ -262,6 +405,31 @@ impl Trainer {
     /// The tracer training records into.
     pub fn tracer(&self) -> &Tracer {
         &self.tracer
+    }
+
+    /// Copies the device engine's weights and Adam state into the host model and
+    /// optimizer (checkpoints, embeddings and `model()` read those).
+    fn sync_from_engine(&mut self) -> Result<()> {
+        let Some(engine) = &self.engine else {
+            return Ok(());
+        };
+        let e = engine.lock().map_err(|_| poisoned())?;
+        let params = e.params_to_host()?;
+        let [m, v] = e.moments_to_host()?;
+        let steps = e.version();
+        drop(e);
+        let (m, v) = if steps == 0 {
+            (Vec::new(), Vec::new())
+        } else {
+            (m, v)
+        };
+        self.opt
+            .restore_state(steps, m, v)
+            .map_err(kernel("optimizer state from the device"))?;
+        for (dst, src) in self.model.params_mut().into_iter().zip(&params) {
+            dst.copy_from_slice(src);
+        }
+        Ok(())
     }
 
     // The tracing probe made this one argument longer than clippy's limit.
@@ -327,7 +495,7 @@ impl Trainer {
         ds: &Dataset,
         model: &mut Model<f32>,
         opt: &mut Adam<f32>,
-        p: &Prepared,
+        p: &Prepared<'_>,
     ) -> Result<(f64, usize)> {
         let mut forward = p.probe.slice("forward");
         forward.flow_in(p.probe.flow);
@@ -359,14 +527,75 @@ impl Trainer {
         Ok((ce.loss * n as f64, ce.correct))
     }
 
-    /// Trains one epoch; `progress(done, total)` is called after every batch.
-    /// Returns (mean loss, train accuracy, seconds, batches).
-    pub fn train_epoch(
-        &mut self,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<(f64, f64, f64, usize)> {
+    /// Trains the next epoch (or the rest of an interrupted one), evaluates when
+    /// `train.eval_every` says so (and at epoch `train.epochs - 1`), calls the
+    /// callbacks, and returns the epoch's statistics. A cancelled token or a
+    /// callback's stop inside the epoch returns [`Error::Cancelled`]; the trainer
+    /// then remembers the position, and the next call continues from there.
+    pub fn train_epoch(&mut self) -> Result<EpochStats> {
+        let pool = Arc::clone(&self.pool);
+        pool.install(|| self.train_epoch_here())
+    }
+
+    fn train_epoch_here(&mut self) -> Result<EpochStats> {
+        self.stop_requested = false;
+        self.embeddings = None;
+        let stop_at_end = self.train_batches()?;
+        let pos = std::mem::take(&mut self.pos);
+        let e = pos.epoch;
+        self.pos.epoch = e + 1;
+        let (epochs, every) = (self.cfg.train.epochs, self.cfg.train.eval_every);
+        let eval_now = e + 1 == epochs || (every > 0 && (e + 1).is_multiple_of(every));
         let t = Instant::now();
-        let epoch = self.epoch;
+        let (val_acc, test_acc) = if eval_now {
+            let (v, t) = self.evaluate_val_test_here()?;
+            (Some(v), Some(t))
+        } else {
+            (None, None)
+        };
+        let seen = pos.seen.max(1) as f64;
+        let stats = EpochStats {
+            epoch: e,
+            loss: pos.loss_sum / seen,
+            train_acc: pos.correct as f64 / seen,
+            val_acc,
+            test_acc,
+            train_secs: pos.train_secs,
+            eval_secs: t.elapsed().as_secs_f64(),
+            batches: pos.batch,
+            steps: self.steps(),
+        };
+        if self.verbose {
+            let acc = |a: Option<f64>| a.map_or_else(|| "-".into(), |x| format!("{x:.4}"));
+            eprintln!(
+                "epoch {e}: loss {:.4}, train acc {:.4}, val acc {}, test acc {}, {:.2} s train, {:.2} s eval",
+                stats.loss,
+                stats.train_acc,
+                acc(stats.val_acc),
+                acc(stats.test_acc),
+                stats.train_secs,
+                stats.eval_secs
+            );
+        }
+        let mut stop = stop_at_end;
+        for cb in &mut self.callbacks {
+            stop |= cb.on_epoch(&stats) == Control::Stop;
+        }
+        self.stop_requested = stop;
+        Ok(stats)
+    }
+
+    /// Trains the remaining batches of the epoch in progress. Returns whether a
+    /// callback asked to stop after the last batch; a cancel or a stop before it
+    /// is [`Error::Cancelled`].
+    fn train_batches(&mut self) -> Result<bool> {
+        if self.engine.is_some() {
+            let result = self.train_batches_on_engine();
+            let synced = self.sync_from_engine();
+            return result.and_then(|stop| synced.map(|()| stop));
+        }
+        let t = Instant::now();
+        let epoch = self.pos.epoch;
         let base = derive_seed(self.cfg.train.seed, 1000 + epoch as u64);
         let mut order = self.train_ids.clone();
         Rng::new(base).shuffle(&mut order);
@@ -382,24 +611,45 @@ impl Trainer {
             sampler,
             scratch,
             sparse,
+            pos,
+            callbacks,
+            cancel,
             tracer,
             ..
         } = self;
-        let sparse = sparse.as_ref();
         let tracer = &*tracer;
+        let start = pos.batch.min(total);
+        let stopped = |pos: &mut Position, k: usize, cause: StopCause| {
+            pos.train_secs += t.elapsed().as_secs_f64();
+            Err(Error::Cancelled {
+                epoch,
+                batch: k,
+                cause,
+            })
+        };
+        if start == total {
+            return Ok(false);
+        }
+        if cancel.is_cancelled() {
+            return stopped(pos, start, StopCause::Token);
+        }
+        let sparse = sparse.as_ref();
         let mut next = Some(Self::prepare(
             ds,
             sparse,
             sampler,
             scratch,
-            batches[0].clone(),
-            derive_seed(base, 0),
+            batches[start].clone(),
+            derive_seed(base, start as u64),
             Vec::new(),
-            Probe::new(tracer, epoch, 0),
+            Probe::new(tracer, epoch, start),
         )?);
         let mut spare: Vec<f32> = Vec::new();
-        let (mut loss_sum, mut correct, mut seen) = (0.0, 0usize, 0usize);
-        for k in 0..total {
+        for k in start..total {
+            if k > start && cancel.is_cancelled() {
+                return stopped(pos, k, StopCause::Token);
+            }
+            let tb = Instant::now();
             let cur = next.take().ok_or_else(|| Error::InvalidDataset {
                 what: "internal: batch pipeline lost a batch".into(),
             })?;
@@ -419,40 +669,283 @@ impl Trainer {
             );
             let (l, c) = step?;
             next = prepared?;
-            loss_sum += l;
-            correct += c;
-            seen += cur.seeds.len();
+            let n = cur.seeds.len();
+            pos.batch = k + 1;
+            pos.loss_sum += l;
+            pos.correct += c as u64;
+            pos.seen += n as u64;
             if let Inputs::Dense(v) = cur.x {
                 spare = v;
             }
-            progress(k + 1, total);
+            let metrics = BatchMetrics {
+                epoch,
+                batch: k,
+                batches: total,
+                batch_size: n,
+                loss: l / n.max(1) as f64,
+                accuracy: c as f64 / n.max(1) as f64,
+                seconds: tb.elapsed().as_secs_f64(),
+                step: opt.version(),
+            };
+            let mut stop = false;
+            for cb in callbacks.iter_mut() {
+                stop |= cb.on_batch(&metrics) == Control::Stop;
+            }
+            if stop {
+                if k + 1 < total {
+                    return stopped(pos, k + 1, StopCause::Callback);
+                }
+                pos.train_secs += t.elapsed().as_secs_f64();
+                return Ok(true);
+            }
         }
-        self.epoch += 1;
-        Ok((
-            loss_sum / seen.max(1) as f64,
-            correct as f64 / seen.max(1) as f64,
-            t.elapsed().as_secs_f64(),
-            total,
-        ))
+        pos.train_secs += t.elapsed().as_secs_f64();
+        Ok(false)
+    }
+
+    /// [`Trainer::train_batches`] on the device engine: each batch is sampled,
+    /// gathered and trained by the engine (no host-side overlap is needed: the
+    /// engine's ops queue on the device).
+    fn train_batches_on_engine(&mut self) -> Result<bool> {
+        let t = Instant::now();
+        let epoch = self.pos.epoch;
+        let base = derive_seed(self.cfg.train.seed, 1000 + epoch as u64);
+        let mut order = self.train_ids.clone();
+        Rng::new(base).shuffle(&mut order);
+        let batches: Vec<&[u32]> = order.chunks(self.cfg.train.batch_size).collect();
+        let total = batches.len();
+        let Some(engine) = &self.engine else {
+            return Ok(false);
+        };
+        let mut engine = engine.lock().map_err(|_| poisoned())?;
+        let pos = &mut self.pos;
+        let stopped = |pos: &mut Position, k: usize, cause: StopCause| {
+            pos.train_secs += t.elapsed().as_secs_f64();
+            Err(Error::Cancelled {
+                epoch,
+                batch: k,
+                cause,
+            })
+        };
+        for (k, seeds) in batches.iter().enumerate().skip(pos.batch.min(total)) {
+            if self.cancel.is_cancelled() {
+                return stopped(pos, k, StopCause::Token);
+            }
+            let tb = Instant::now();
+            let step = self.tracer.slice("device step").epoch(epoch as u64).batch(k as u64);
+            let (l, c) = engine.train_batch(seeds, derive_seed(base, k as u64))?;
+            drop(step);
+            let n = seeds.len();
+            pos.batch = k + 1;
+            pos.loss_sum += l;
+            pos.correct += c as u64;
+            pos.seen += n as u64;
+            let metrics = BatchMetrics {
+                epoch,
+                batch: k,
+                batches: total,
+                batch_size: n,
+                loss: l / n.max(1) as f64,
+                accuracy: c as f64 / n.max(1) as f64,
+                seconds: tb.elapsed().as_secs_f64(),
+                step: engine.version(),
+            };
+            let mut stop = false;
+            for cb in self.callbacks.iter_mut() {
+                stop |= cb.on_batch(&metrics) == Control::Stop;
+            }
+            if stop {
+                if k + 1 < total {
+                    return stopped(pos, k + 1, StopCause::Callback);
+                }
+                pos.train_secs += t.elapsed().as_secs_f64();
+                return Ok(true);
+            }
+        }
+        pos.train_secs += t.elapsed().as_secs_f64();
+        Ok(false)
     }
 
     /// Logits of every vertex by layer-wise full-graph inference (no dropout).
     pub fn full_graph_logits(&self) -> Result<Vec<f32>> {
-        let g = &self.ds.graph;
+        if let Some(engine) = &self.engine {
+            return engine.lock().map_err(|_| poisoned())?.full_graph_logits();
+        }
+        let (ds, model, sparse) = (&self.ds, &self.model, self.sparse.as_ref());
+        self.pool
+            .install(|| Ok(Self::full_graph_forward(ds, model, sparse)?.into_logits()))
+    }
+
+    /// Layer-wise full-graph forward pass (no dropout), on the calling pool. (Takes
+    /// the parts, not `&self`: callbacks make the trainer `Send` but not `Sync`.)
+    fn full_graph_forward(
+        ds: &Dataset,
+        model: &Model<f32>,
+        sparse: Option<&SparseRows<f32>>,
+    ) -> Result<cpu_ops::Forward<f32>> {
+        let g = &ds.graph;
         let n = g.num_vertices();
-        let views = (0..self.cfg.model.layers)
+        let views = (0..model.config().num_layers)
             .map(|_| BlockView::new(n, g.offsets(), g.indices()))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(kernel("full-graph block"))?;
-        let x = match &self.sparse {
+        let x = match sparse {
             Some(s) => ModelInput::Sparse(s),
-            None => ModelInput::Dense(self.ds.features.as_slice()),
+            None => ModelInput::Dense(ds.features.as_slice()),
         };
-        let fwd = self
-            .model
+        model
             .forward_input(&views, x, false, 0)
-            .map_err(kernel("full-graph inference"))?;
-        Ok(fwd.into_logits())
+            .map_err(kernel("full-graph inference"))
+    }
+
+    /// Every vertex's embedding at the current weights: the output of the layer
+    /// below the classifier by full-neighbor, layer-wise inference over the whole
+    /// graph (see [`crate::embedding`]). Computed once per weight version and
+    /// cached until the next training step or checkpoint load; the snapshot is
+    /// cheap to clone and can be served from other threads.
+    pub fn embedding_table(&mut self) -> Result<Embeddings> {
+        if let Some(e) = &self.embeddings {
+            return Ok(e.clone());
+        }
+        let layers = self.cfg.model.layers;
+        let e = if layers < 2 {
+            let f = &self.ds.features;
+            Embeddings::new(f.as_slice().to_vec(), f.dim(), self.steps())?
+        } else {
+            let (ds, model, sparse) = (&self.ds, &self.model, self.sparse.as_ref());
+            let fwd = self
+                .pool
+                .install(|| Self::full_graph_forward(ds, model, sparse))?;
+            let h = fwd
+                .hidden(layers - 2)
+                .ok_or_else(|| Error::InvalidDataset {
+                    what: "internal: the forward pass kept no hidden layer output".into(),
+                })?;
+            Embeddings::new(h.to_vec(), self.cfg.model.hidden, self.steps())?
+        };
+        self.embeddings = Some(e.clone());
+        Ok(e)
+    }
+
+    /// The embeddings of `ids` (each below the vertex count), in order,
+    /// concatenated: `ids.len() × dim` values, where `dim` is `model.hidden` (the
+    /// input feature width for a 1-layer model). See [`Trainer::embedding_table`].
+    pub fn embeddings(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let n = self.ds.num_vertices();
+        if let Some((i, &v)) = ids.iter().enumerate().find(|(_, &v)| v as usize >= n) {
+            return Err(Error::invalid_argument(
+                "ids",
+                format!(
+                    "vertex id {v} at position {i} is out of range: the dataset has {n} vertices (ids 0..{n})"
+                ),
+            ));
+        }
+        self.embedding_table()?.gather(ids)
+    }
+
+    /// The trainer's state as a [`Checkpoint`].
+    pub fn checkpoint(&self) -> Checkpoint {
+        let names = self.model.param_names();
+        let tensors = self
+            .model
+            .params()
+            .into_iter()
+            .zip(names)
+            .enumerate()
+            .map(|(i, (p, name))| TensorState {
+                name,
+                values: p.to_vec(),
+                m: self
+                    .opt
+                    .first_moment(i)
+                    .map(<[f32]>::to_vec)
+                    .unwrap_or_default(),
+                v: self
+                    .opt
+                    .second_moment(i)
+                    .map(<[f32]>::to_vec)
+                    .unwrap_or_default(),
+            })
+            .collect();
+        Checkpoint {
+            config_toml: self.cfg.to_toml(),
+            dataset: DatasetShape::of(&self.ds),
+            position: self.pos,
+            steps: self.steps(),
+            tensors,
+        }
+    }
+
+    /// Saves the configuration, position (epoch, batch), optimizer step count,
+    /// parameters and Adam moments to `path`, atomically (format:
+    /// [`crate::checkpoint`]).
+    pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
+        self.checkpoint().write(path)
+    }
+
+    /// Loads a checkpoint written by [`Trainer::save_checkpoint`]: parameters,
+    /// Adam state, step count and position. The model shape and the dataset's sizes
+    /// must match; a checkpoint taken inside an epoch also needs the same
+    /// `train.seed` and `train.batch_size`. Continuing with the same configuration
+    /// gives bit-identical results to a run that never stopped. On error the
+    /// trainer is unchanged.
+    pub fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
+        let c = Checkpoint::read(path)?;
+        self.restore(c, path)
+    }
+
+    /// [`Trainer::load_checkpoint`] from a checkpoint in memory (`origin` names it
+    /// in errors).
+    pub fn restore(&mut self, c: Checkpoint, origin: &Path) -> Result<()> {
+        let params: Vec<(String, usize)> = self
+            .model
+            .param_names()
+            .into_iter()
+            .zip(self.model.params().iter().map(|p| p.len()))
+            .collect();
+        c.check_fits(origin, &self.cfg, &DatasetShape::of(&self.ds), &params)?;
+        let (mut m, mut v) = (Vec::new(), Vec::new());
+        let mut values = Vec::with_capacity(c.tensors.len());
+        for t in c.tensors {
+            values.push(t.values);
+            if c.steps > 0 {
+                m.push(t.m);
+                v.push(t.v);
+            }
+        }
+        self.opt
+            .restore_state(c.steps, m, v)
+            .map_err(|e| Error::format(origin, format!("optimizer state: {e}")))?;
+        for (dst, src) in self.model.params_mut().into_iter().zip(&values) {
+            dst.copy_from_slice(src);
+        }
+        if let Some(engine) = &self.engine {
+            let params = self.model.params();
+            let n = params.len();
+            let (m, v): (Vec<&[f32]>, Vec<&[f32]>) = (0..n)
+                .map(|i| {
+                    (
+                        self.opt.first_moment(i).unwrap_or(&[]),
+                        self.opt.second_moment(i).unwrap_or(&[]),
+                    )
+                })
+                .unzip();
+            let zeros: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
+            let zero_refs: Vec<&[f32]> = zeros.iter().map(Vec::as_slice).collect();
+            let (m, v) = if c.steps == 0 {
+                (zero_refs.clone(), zero_refs)
+            } else {
+                (m, v)
+            };
+            engine
+                .lock()
+                .map_err(|_| poisoned())?
+                .load_state(&params, &m, &v, c.steps)?;
+        }
+        self.pos = c.position;
+        self.stop_requested = false;
+        self.embeddings = None;
+        Ok(())
     }
 
     /// Accuracy of `logits` (all vertices) on `ids`.
@@ -475,21 +968,49 @@ impl Trainer {
 
     /// Validation and test accuracy, as `train.eval_mode` says.
     pub fn evaluate_val_test(&mut self) -> Result<(f64, f64)> {
+        let pool = Arc::clone(&self.pool);
+        pool.install(|| self.evaluate_val_test_here())
+    }
+
+    fn evaluate_val_test_here(&mut self) -> Result<(f64, f64)> {
+        let tracer = self.tracer.clone();
+        let _eval = tracer.slice("eval").epoch(self.pos.epoch as u64);
         if self.cfg.train.eval_mode == "full" {
-            let logits = self.full_graph_logits()?;
+            let logits = match &self.engine {
+                Some(engine) => engine.lock().map_err(|_| poisoned())?.full_graph_logits()?,
+                None => {
+                    Self::full_graph_forward(&self.ds, &self.model, self.sparse.as_ref())?
+                        .into_logits()
+                }
+            };
             Ok((
                 self.accuracy_on(&logits, &self.val_ids)?,
                 self.accuracy_on(&logits, &self.test_ids)?,
             ))
         } else {
             let (v, t) = (self.val_ids.clone(), self.test_ids.clone());
-            Ok((self.evaluate(&v)?, self.evaluate(&t)?))
+            Ok((self.evaluate_here(&v)?, self.evaluate_here(&t)?))
         }
     }
 
     /// Accuracy on `ids` by mini-batches sampled with the evaluation fanouts (seeds
-    /// shuffled, so batches are random subsets), no dropout.
+    /// shuffled, so batches are random subsets), no dropout. Ids must be below the
+    /// vertex count.
     pub fn evaluate(&mut self, ids: &[u32]) -> Result<f64> {
+        let n = self.ds.num_vertices();
+        if let Some((i, &v)) = ids.iter().enumerate().find(|(_, &v)| v as usize >= n) {
+            return Err(Error::invalid_argument(
+                "ids",
+                format!(
+                    "vertex id {v} at position {i} is out of range: the dataset has {n} vertices"
+                ),
+            ));
+        }
+        let pool = Arc::clone(&self.pool);
+        pool.install(|| self.evaluate_here(ids))
+    }
+
+    fn evaluate_here(&mut self, ids: &[u32]) -> Result<f64> {
         if ids.is_empty() {
             return Ok(0.0);
         }
@@ -498,14 +1019,28 @@ impl Trainer {
         let mut correct = 0usize;
         // Evaluation shows as one `eval` slice; its batches are not traced.
         let untraced = Tracer::disabled();
+        let c = self.ds.num_classes as usize;
         for (k, chunk) in ids.chunks(self.cfg.train.eval_batch_size).enumerate() {
+            let seed = derive_seed(self.cfg.train.seed, 7_000_000 + k as u64);
+            if let Some(engine) = &self.engine {
+                let logits = engine
+                    .lock()
+                    .map_err(|_| poisoned())?
+                    .sampled_logits(chunk, seed)?;
+                correct += accuracy_count(
+                    MatRef::new(&logits, chunk.len(), c).map_err(kernel("logits"))?,
+                    &Self::labels_of(&self.ds, chunk),
+                )
+                .map_err(kernel("accuracy"))?;
+                continue;
+            }
             let p = Self::prepare(
                 &self.ds,
                 self.sparse.as_ref(),
                 &self.eval_sampler,
                 &mut self.scratch,
                 chunk.to_vec(),
-                derive_seed(self.cfg.train.seed, 7_000_000 + k as u64),
+                seed,
                 Vec::new(),
                 Probe::new(&untraced, 0, k),
             )?;
@@ -514,7 +1049,6 @@ impl Trainer {
                 .model
                 .forward_input(&views, p.x.as_model_input(), false, 0)
                 .map_err(kernel("forward"))?;
-            let c = self.ds.num_classes as usize;
             let labels = Self::labels_of(&self.ds, chunk);
             correct += accuracy_count(
                 MatRef::new(fwd.logits(), chunk.len(), c).map_err(kernel("logits"))?,
@@ -525,40 +1059,25 @@ impl Trainer {
         Ok(correct as f64 / ids.len() as f64)
     }
 
-    /// Trains `train.epochs` epochs, evaluating as configured; `on_epoch` sees each
-    /// epoch's statistics and `progress(done, total)` each batch.
-    pub fn fit(
-        &mut self,
-        mut on_epoch: impl FnMut(&EpochStats),
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<Vec<EpochStats>> {
-        let epochs = self.cfg.train.epochs;
-        let every = self.cfg.train.eval_every;
-        let mut all = Vec::with_capacity(epochs);
-        for e in 0..epochs {
-            let (loss, train_acc, train_secs, batches) = self.train_epoch(progress)?;
-            let eval_now = e + 1 == epochs || (every > 0 && (e + 1) % every == 0);
-            let t = Instant::now();
-            let (val_acc, test_acc) = if eval_now {
-                let tracer = self.tracer.clone();
-                let _eval = tracer.slice("eval").epoch(e as u64);
-                let (v, t) = self.evaluate_val_test()?;
-                (Some(v), Some(t))
-            } else {
-                (None, None)
-            };
-            let stats = EpochStats {
-                epoch: e,
-                loss,
-                train_acc,
-                val_acc,
-                test_acc,
-                train_secs,
-                eval_secs: t.elapsed().as_secs_f64(),
-                batches,
-            };
-            on_epoch(&stats);
-            all.push(stats);
+    /// Trains until `train.epochs` epochs are complete (continuing an interrupted
+    /// epoch or a loaded checkpoint), evaluating as configured, and returns the
+    /// statistics of the epochs it trained. Callbacks see every batch and epoch; a
+    /// callback's stop ends `fit` early with `Ok` (see [`crate::control`]); a
+    /// cancelled token is [`Error::Cancelled`].
+    pub fn fit(&mut self) -> Result<Vec<EpochStats>> {
+        let mut all = Vec::new();
+        while self.pos.epoch < self.cfg.train.epochs {
+            match self.train_epoch() {
+                Ok(s) => all.push(s),
+                Err(Error::Cancelled {
+                    cause: StopCause::Callback,
+                    ..
+                }) => break,
+                Err(e) => return Err(e),
+            }
+            if self.stop_requested {
+                break;
+            }
         }
         Ok(all)
     }

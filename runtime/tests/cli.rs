@@ -229,3 +229,120 @@ fn train_runs_a_small_config() {
     assert!(out.contains("test accuracy"), "{out}");
     assert!(out.contains("[train]"), "effective config printed: {out}");
 }
+
+fn tandem_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run tandem")
+}
+
+fn metrics(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+#[test]
+fn train_out_dir_env_overrides_and_bit_exact_resume() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let (run, whole) = (d.path().join("run"), d.path().join("whole"));
+    let small = [
+        "train",
+        "--quiet-config",
+        "--set",
+        "data.synthetic.vertices=2000",
+        "--set",
+        "data.synthetic.edges=12000",
+        "--set",
+        "model.hidden=16",
+        "--set",
+        "train.batch_size=256",
+        "--set",
+        "threads.compute=2",
+    ];
+    fn with<'a>(small: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [small, extra].concat()
+    }
+
+    // Two epochs (from the environment), checkpoint every epoch.
+    let out = tandem_env(
+        &with(
+            &small,
+            &["--set", "train.checkpoint_every=1", "--out", s(&run)],
+        ),
+        &[("TANDEM_TRAIN__EPOCHS", "2"), ("TANDEM_TRAIN__LR", "0.01")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cfg = std::fs::read_to_string(run.join("config.toml")).expect("config.toml");
+    let cfg = runtime::config::TrainConfig::from_toml(&cfg, Path::new("config.toml"))
+        .expect("the saved config parses");
+    assert_eq!((cfg.train.epochs, cfg.train.lr), (2, 0.01));
+    assert_eq!(cfg.data.synthetic.vertices, 2000);
+    assert_eq!(metrics(&run).len(), 2);
+    let ck = runtime::Checkpoint::read(&run.join("checkpoint.tck")).expect("checkpoint");
+    assert_eq!(ck.position.epoch, 2);
+    // Only the three outputs, no temporaries.
+    assert_eq!(std::fs::read_dir(&run).expect("dir").count(), 3);
+
+    // The same run in one go, four epochs.
+    let out = tandem_env(
+        &with(&small, &["--set", "train.epochs=4", "--out", s(&whole)]),
+        &[("TANDEM_TRAIN__LR", "0.01")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Resume to four epochs from the checkpoint (its config is the base).
+    let resumed = ok(&[
+        "train",
+        "--resume",
+        s(&run.join("checkpoint.tck")),
+        "--set",
+        "train.epochs=4",
+        "--out",
+        s(&run),
+    ]);
+    assert!(
+        resumed.contains("resumed from") && resumed.contains("epoch 2"),
+        "{resumed}"
+    );
+    let (a, b) = (metrics(&run), metrics(&whole));
+    assert_eq!(a.len(), 4);
+    for (x, y) in a.iter().zip(&b) {
+        for k in ["epoch", "loss", "train_acc", "val_acc", "test_acc", "steps"] {
+            assert_eq!(x[k], y[k], "{k}: resumed {x} vs uninterrupted {y}");
+        }
+    }
+
+    // A new run may not overwrite an earlier one.
+    let e = err(&with(&small, &["--out", s(&run)]));
+    assert!(e.contains("earlier run") && e.contains("--resume"), "{e}");
+    // Environment errors name the variable.
+    let out = tandem_env(&small, &[("TANDEM_TRAIN__EPOCH", "2")]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("TANDEM_TRAIN__EPOCH"),
+        "{e}"
+    );
+    // A damaged checkpoint is named.
+    let bad = d.path().join("bad.tck");
+    std::fs::write(&bad, b"TANDEMCK\x01\x00\x00\x00garbage-garbage").expect("write");
+    let e = err(&["train", "--resume", s(&bad)]);
+    assert!(e.contains("bad.tck") && e.contains("checksum"), "{e}");
+    #[cfg(not(feature = "hwloc"))]
+    {
+        let e = err(&with(&small, &["--set", "threads.pin=cores"]));
+        assert!(e.contains("threads.pin") && e.contains("hwloc"), "{e}");
+    }
+}

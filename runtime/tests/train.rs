@@ -27,7 +27,7 @@ fn small(kind: &str, extra: &[&str]) -> TrainConfig {
 fn run(cfg: TrainConfig) -> Vec<runtime::trainer::EpochStats> {
     let ds = load_dataset(&cfg).expect("dataset");
     let mut t = Trainer::new(ds, cfg).expect("trainer");
-    t.fit(|_| {}, &mut |_, _| {}).expect("fit")
+    t.fit().expect("fit")
 }
 
 #[test]
@@ -46,14 +46,9 @@ fn every_model_kind_learns_the_synthetic_graph() {
 
 #[test]
 fn same_seed_same_run_on_one_and_two_threads() {
-    let go = |threads: usize| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("pool")
-            .install(|| run(small("sage", &["train.epochs=2"])))
-    };
-    let (a, b) = (go(1), go(2));
+    // The trainer runs on its own pool of `threads.compute` workers.
+    let a = run(small("sage", &["train.epochs=2", "threads.compute=1"]));
+    let b = run(small("sage", &["train.epochs=2", "threads.compute=2"]));
     let strip = |v: &[runtime::trainer::EpochStats]| {
         v.iter()
             .map(|s| (s.loss, s.train_acc, s.val_acc, s.test_acc))
@@ -83,7 +78,7 @@ fn full_graph_and_sampled_all_neighbor_eval_agree_for_sage() {
     let cfg = small("sage", &["train.epochs=2"]);
     let ds = load_dataset(&cfg).expect("dataset");
     let mut t = Trainer::new(ds, cfg).expect("trainer");
-    t.fit(|_| {}, &mut |_, _| {}).expect("fit");
+    t.fit().expect("fit");
     let (val_full, test_full) = t.evaluate_val_test().expect("full");
     let ids = t.dataset().val_ids();
     let val_sampled = t.evaluate(&ids).expect("sampled");

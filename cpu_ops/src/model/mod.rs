@@ -288,6 +288,17 @@ impl<T: Real> Forward<T> {
         self.logits
     }
 
+    /// The output of hidden layer `l` after its activation (before any dropout of
+    /// the layer above), `num_dst(block l) × width` row-major, where `width` is
+    /// `hidden`; `None` for the last layer (see [`Forward::logits`]) or past it.
+    pub fn hidden(&self, l: usize) -> Option<&[T]> {
+        if l + 1 < self.layers.len() {
+            Some(&self.layers[l].act)
+        } else {
+            None
+        }
+    }
+
     /// The input of layer `l` (after dropout), given the model input `x`.
     fn layer_input<'s>(&'s self, l: usize, x: ModelInput<'s, T>) -> ModelInput<'s, T> {
         match &self.layers[l].dropped {

@@ -833,3 +833,28 @@ fn bench_sparse_input_wordnet_shape() {
         }
     }
 }
+
+#[test]
+fn hidden_output_is_the_input_of_the_layer_above() {
+    // The top layer of a 2-layer model, run alone on `hidden(0)`, gives the logits.
+    let mut rng = Rng::new(21);
+    let sizes = [300, 90, 30];
+    let batch = random_batch(&mut rng, &sizes, 9);
+    let blocks = views(&batch);
+    for kind in KINDS {
+        let cfg = config(kind, (12, 8, 5), 2, 2);
+        let full = Model::<f64>::new(&cfg, 3).unwrap();
+        let x: Vec<f64> = rand_vec(&mut rng, sizes[0] * 12);
+        let fwd = full.forward(&blocks, &x, false, 0).unwrap();
+        let h = fwd.hidden(0).expect("layer 0 is hidden");
+        assert_eq!(h.len(), sizes[1] * 8, "{kind:?}");
+        assert!(fwd.hidden(1).is_none() && fwd.hidden(2).is_none());
+        let mut top = Model::<f64>::new(&config(kind, (8, 8, 5), 1, 2), 0).unwrap();
+        let tail = full.params().len() - top.params().len();
+        for (d, s) in top.params_mut().into_iter().zip(&full.params()[tail..]) {
+            d.copy_from_slice(s);
+        }
+        let alone = top.forward(&blocks[1..], h, false, 0).unwrap();
+        assert_eq!(alone.logits(), fwd.logits(), "{kind:?}");
+    }
+}

@@ -1,5 +1,12 @@
 //! `tandem train`: train a GNN on the CPU from a TOML config (or the built-in
-//! default), printing one line per epoch.
+//! default), printing one line per epoch; with `--out DIR`, save the effective
+//! configuration, per-epoch metrics and checkpoints there; with `--resume`,
+//! continue from a checkpoint.
+//!
+//! Configuration layers: the `--config` file (or, with `--resume` and no
+//! `--config`, the checkpoint's own configuration, or the built-in defaults), then
+//! `TANDEM_<SECTION>__<KEY>` environment variables, then `--set` (see
+//! `crate::config`).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -7,22 +14,40 @@ use std::time::Instant;
 
 use clap::Args;
 
-use crate::config::TrainConfig;
-use crate::error::{Error, Result};
+use crate::checkpoint::Checkpoint;
+use crate::config::{env_overrides, Override, TrainConfig};
+use crate::control::{BatchMetrics, Callback, Control};
+use crate::error::Result;
+use crate::run_dir::RunDir;
 use crate::trace::{summarize, write_chrome_trace, CounterSampler, SamplerOptions, Tracer};
-use crate::trainer::{load_dataset, test_at_best_val, Trainer};
+use crate::trainer::{test_at_best_val, EpochStats};
+use crate::TrainerBuilder;
 
 #[derive(Debug, Args)]
 pub(super) struct TrainArgs {
     /// TOML configuration file (default: the built-in synthetic dataset and GraphSAGE).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Override a configuration key, e.g. `--set train.epochs=5` (repeatable).
+    /// Override a configuration key, e.g. `--set train.epochs=5` (repeatable;
+    /// applied after `TANDEM_<SECTION>__<KEY>` environment variables).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
     /// Do not print the effective configuration at start.
     #[arg(long)]
     quiet_config: bool,
+    /// Directory for the run's outputs (created): `config.toml` (effective),
+    /// `metrics.jsonl` (one line per epoch) and `checkpoint.tck` (at the end and
+    /// every `train.checkpoint_every` epochs).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Continue from a checkpoint (`checkpoint.tck` of an earlier `--out`); without
+    /// `--config`, the checkpoint's configuration is the base.
+    #[arg(long, value_name = "CHECKPOINT")]
+    resume: Option<PathBuf>,
+    /// Train on this device: shorthand for `--set device.kind=KIND`
+    /// (`auto`, `host` or `cuda`).
+    #[arg(long, value_name = "KIND")]
+    device: Option<String>,
     /// Record a Chrome/Perfetto trace of the run into FILE (JSON; written at the end,
     /// also when training fails) and print its summary.
     #[arg(long, value_name = "FILE")]
@@ -32,21 +57,21 @@ pub(super) struct TrainArgs {
 /// A one-line progress bar on stderr, drawn only when stderr is a terminal.
 struct Progress {
     enabled: bool,
-    epoch: usize,
 }
 
-impl Progress {
-    fn update(&mut self, done: usize, total: usize) {
+impl Callback for Progress {
+    fn on_batch(&mut self, m: &BatchMetrics) -> Control {
         if !self.enabled {
-            return;
+            return Control::Continue;
         }
+        let (done, total) = (m.batch + 1, m.batches);
         let width = 30;
         let filled = done * width / total.max(1);
         let mut err = std::io::stderr();
         let _ = write!(
             err,
             "\repoch {:>3} [{}{}] {done}/{total} batches",
-            self.epoch,
+            m.epoch,
             "=".repeat(filled),
             " ".repeat(width - filled)
         );
@@ -54,6 +79,7 @@ impl Progress {
             let _ = write!(err, "\r{}\r", " ".repeat(width + 40));
         }
         let _ = err.flush();
+        Control::Continue
     }
 }
 
@@ -62,30 +88,36 @@ fn fmt_acc(a: Option<f64>) -> String {
 }
 
 pub(super) fn run(a: TrainArgs) -> Result<()> {
-    let cfg = match &a.config {
-        Some(p) => TrainConfig::load(p, &a.overrides)?,
-        None => TrainConfig::from_toml_with_overrides("", "--set".as_ref(), &a.overrides)?,
+    let mut layers = env_overrides(std::env::vars_os())?;
+    if let Some(kind) = &a.device {
+        layers.push(Override::from_set(&format!("device.kind=\"{kind}\""))?);
+    }
+    for o in &a.overrides {
+        layers.push(Override::from_set(o)?);
+    }
+    let cfg = match (&a.config, &a.resume) {
+        (Some(p), _) => TrainConfig::load_layered(p, &layers)?,
+        (None, Some(ck)) => {
+            let c = Checkpoint::read(ck)?;
+            TrainConfig::from_layers(&c.config_toml, ck, &layers)?
+        }
+        (None, None) => TrainConfig::from_layers("", "built-in defaults".as_ref(), &layers)?,
     };
     if !a.quiet_config {
         println!("# effective configuration\n{}", cfg.to_toml());
     }
-    let threads = cfg.train.threads;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| Error::invalid_argument("train.threads", e.to_string()))?;
-    let Some(path) = &a.trace else {
-        return pool.install(|| train(cfg, Tracer::disabled()));
+    let Some(path) = a.trace.clone() else {
+        return train(a, cfg, Tracer::disabled());
     };
     let tracer = Tracer::new();
     let sampler = CounterSampler::start(&tracer, SamplerOptions::default());
     for note in tracer.notes() {
         eprintln!("note: {note}");
     }
-    let result = pool.install(|| train(cfg, tracer.clone()));
+    let result = train(a, cfg, tracer.clone());
     sampler.stop();
     let trace = tracer.collect();
-    let written = write_chrome_trace(path, &trace);
+    let written = write_chrome_trace(&path, &trace);
     println!("\n{}", summarize(&trace));
     match (&result, written) {
         (_, Ok(())) => println!("trace written to {}", path.display()),
@@ -96,47 +128,89 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
     result
 }
 
-fn train(cfg: TrainConfig, tracer: Tracer) -> Result<()> {
+fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
     let t = Instant::now();
-    let ds = load_dataset(&cfg)?;
+    let mut trainer = TrainerBuilder::new(cfg)
+        .callback(Progress {
+            enabled: std::io::stderr().is_terminal(),
+        })
+        .build()?;
+    trainer.set_tracer(tracer);
     println!(
         "{} (loaded in {:.2} s)",
-        ds.summary(),
+        trainer.dataset().summary(),
         t.elapsed().as_secs_f64()
     );
-    let mut trainer = Trainer::new(ds, cfg)?;
-    trainer.set_tracer(tracer);
     println!(
         "model: {} × {} layers, hidden {}, {} parameters; {} threads",
         trainer.config().model.kind,
         trainer.config().model.layers,
         trainer.config().model.hidden,
         trainer.model().num_params(),
-        rayon::current_num_threads()
+        trainer.threads()
     );
+    println!("{}", trainer.device_note());
+    if let Some(ck) = &a.resume {
+        trainer.load_checkpoint(ck)?;
+        println!(
+            "resumed from {} at epoch {}, batch {} ({} optimizer steps)",
+            ck.display(),
+            trainer.epoch(),
+            trainer.batch_in_epoch(),
+            trainer.steps()
+        );
+    }
+    let mut run_dir = match &a.out {
+        Some(dir) => Some(RunDir::create(
+            dir,
+            trainer.config(),
+            a.resume.as_ref().map(|_| trainer.epoch()),
+        )?),
+        None => None,
+    };
+    let (epochs, every) = (
+        trainer.config().train.epochs,
+        trainer.config().train.checkpoint_every,
+    );
+    if trainer.epoch() >= epochs {
+        println!(
+            "nothing to train: already at epoch {} of train.epochs = {epochs}",
+            trainer.epoch()
+        );
+    }
     println!("epoch   loss     train    val      test     train s  eval s");
-    let mut progress = Progress {
-        enabled: std::io::stderr().is_terminal(),
-        epoch: 0,
-    };
-    let stats = {
-        let mut on_batch = |d: usize, n: usize| progress.update(d, n);
-        trainer.fit(
-            |s| {
-                println!(
-                    "{:>5}   {:.4}   {:.4}   {}   {}   {:>7.2}  {:>6.2}",
-                    s.epoch,
-                    s.loss,
-                    s.train_acc,
-                    fmt_acc(s.val_acc),
-                    fmt_acc(s.test_acc),
-                    s.train_secs,
-                    s.eval_secs
-                );
-            },
-            &mut on_batch,
-        )?
-    };
+    let mut stats: Vec<EpochStats> = Vec::new();
+    while trainer.epoch() < epochs {
+        let s = trainer.train_epoch()?;
+        println!(
+            "{:>5}   {:.4}   {:.4}   {}   {}   {:>7.2}  {:>6.2}",
+            s.epoch,
+            s.loss,
+            s.train_acc,
+            fmt_acc(s.val_acc),
+            fmt_acc(s.test_acc),
+            s.train_secs,
+            s.eval_secs
+        );
+        if let Some(run) = &mut run_dir {
+            run.record(&s)?;
+            let done = trainer.epoch();
+            if done < epochs && every > 0 && done.is_multiple_of(every) {
+                trainer.save_checkpoint(&run.checkpoint_path())?;
+            }
+        }
+        stats.push(s);
+    }
+    if let Some(run) = &run_dir {
+        let path = run.checkpoint_path();
+        trainer.save_checkpoint(&path)?;
+        println!(
+            "wrote {}, metrics.jsonl and {} to {}",
+            crate::run_dir::CONFIG_FILE,
+            crate::run_dir::CHECKPOINT_FILE,
+            run.path().display()
+        );
+    }
     let mean_train = if stats.len() > 1 {
         stats[1..].iter().map(|s| s.train_secs).sum::<f64>() / (stats.len() - 1) as f64
     } else {
@@ -151,6 +225,6 @@ fn train(cfg: TrainConfig, tracer: Tracer) -> Result<()> {
     Ok(())
 }
 
-fn progress_total(stats: &[crate::trainer::EpochStats]) -> f64 {
+fn progress_total(stats: &[EpochStats]) -> f64 {
     stats.iter().map(|s| s.train_secs + s.eval_secs).sum()
 }

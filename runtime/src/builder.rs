@@ -1,0 +1,140 @@
+//! [`TrainerBuilder`]: the library's way to a [`Trainer`], for programs that embed
+//! training (a service, a notebook kernel, a test).
+//!
+//! 1. Start from a [`TrainConfig`] value, a TOML string or a TOML file (the
+//!    builder reads no environment variables: `TANDEM_` overrides are the CLI's;
+//!    apply [`crate::config::env_overrides`] yourself if you want them).
+//! 2. Optionally pass an in-memory [`Dataset`] (otherwise `[data]` says what to
+//!    load or generate), callbacks, a cancel token, and `verbose(true)` to get one
+//!    line per epoch on stderr (nothing is printed otherwise).
+//! 3. [`TrainerBuilder::build`] validates the configuration, builds the compute
+//!    pool (`[threads]`), loads or generates the dataset on that pool, and builds
+//!    the model and optimizer. Every failure is a typed [`crate::Error`].
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::TrainConfig;
+use crate::control::{Callback, CancelToken};
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::pool::build_pool;
+use crate::trainer::{load_dataset, Trainer};
+
+/// Configures and builds a [`Trainer`] (see the module doc).
+pub struct TrainerBuilder {
+    cfg: TrainConfig,
+    dataset: Option<Dataset>,
+    callbacks: Vec<Box<dyn Callback>>,
+    cancel: Option<CancelToken>,
+    verbose: bool,
+}
+
+impl TrainerBuilder {
+    /// A builder for `cfg` (validated by [`TrainerBuilder::build`]).
+    pub fn new(cfg: TrainConfig) -> Self {
+        Self {
+            cfg,
+            dataset: None,
+            callbacks: Vec::new(),
+            cancel: None,
+            verbose: false,
+        }
+    }
+
+    /// A builder for a TOML configuration (missing keys take their defaults);
+    /// errors name the key and call the source `<toml string>`.
+    pub fn from_toml(text: &str) -> Result<Self> {
+        Ok(Self::new(TrainConfig::from_toml(
+            text,
+            Path::new("<toml string>"),
+        )?))
+    }
+
+    /// A builder for a TOML configuration file; errors name the file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Ok(Self::new(TrainConfig::from_toml(&text, path)?))
+    }
+
+    /// Trains on `ds` instead of what `[data]` names (checked with
+    /// [`Dataset::validate`] at build).
+    pub fn dataset(mut self, ds: Dataset) -> Self {
+        self.dataset = Some(ds);
+        self
+    }
+
+    /// Adds one callback.
+    pub fn callback(mut self, callback: impl Callback + 'static) -> Self {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// Adds callbacks, in order.
+    pub fn callbacks(mut self, callbacks: impl IntoIterator<Item = Box<dyn Callback>>) -> Self {
+        self.callbacks.extend(callbacks);
+        self
+    }
+
+    /// The token that cancels training (keep a clone to cancel from elsewhere);
+    /// default: a fresh token nobody else holds.
+    pub fn cancel_token(mut self, token: CancelToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// Whether to print the dataset and model at build and one line per epoch, on
+    /// stderr (default: silent).
+    pub fn verbose(mut self, verbose: bool) -> Self {
+        self.verbose = verbose;
+        self
+    }
+
+    /// The configuration the trainer will use.
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
+    /// Validates and builds (see the module doc).
+    pub fn build(self) -> Result<Trainer> {
+        let Self {
+            cfg,
+            dataset,
+            callbacks,
+            cancel,
+            verbose,
+        } = self;
+        cfg.validate()?;
+        let pool = Arc::new(build_pool(cfg.compute_threads(), cfg.threads.pin)?);
+        let ds = match dataset {
+            Some(ds) => {
+                ds.validate()?;
+                ds
+            }
+            None => pool.install(|| load_dataset(&cfg))?,
+        };
+        if verbose {
+            eprintln!("{}", ds.summary());
+        }
+        let mut trainer = Trainer::with_pool(ds, cfg, pool)?;
+        for cb in callbacks {
+            trainer.add_callback(cb);
+        }
+        if let Some(token) = cancel {
+            trainer.set_cancel_token(token);
+        }
+        trainer.set_verbose(verbose);
+        if verbose {
+            let c = trainer.config();
+            eprintln!(
+                "model: {} × {} layers, hidden {}, {} parameters; {} threads",
+                c.model.kind,
+                c.model.layers,
+                c.model.hidden,
+                trainer.model().num_params(),
+                trainer.threads()
+            );
+        }
+        Ok(trainer)
+    }
+}

@@ -1,0 +1,210 @@
+//! How a caller watches and steers a training run: per-batch and per-epoch
+//! callbacks ([`Callback`], [`BatchMetrics`]), stop requests ([`Control`]) and
+//! cancellation from another thread ([`CancelToken`]).
+//!
+//! # Protocol
+//! 1. Before each training batch the trainer checks its [`CancelToken`]; when it is
+//!    cancelled, [`crate::trainer::Trainer::train_epoch`] returns
+//!    [`crate::Error::Cancelled`] with [`StopCause::Token`] before computing that
+//!    batch, so a cancel takes effect within one batch.
+//! 2. After each batch's optimizer step, every callback's [`Callback::on_batch`]
+//!    sees its [`BatchMetrics`]. If any returns [`Control::Stop`], the epoch stops
+//!    there: `train_epoch` returns `Cancelled` with [`StopCause::Callback`], and
+//!    [`crate::trainer::Trainer::fit`] returns `Ok` with the epochs completed.
+//! 3. After each epoch (and its scheduled evaluation), [`Callback::on_epoch`] sees
+//!    the [`EpochStats`]; [`Control::Stop`] makes `fit` return after that epoch.
+//! 4. A stopped or cancelled trainer stays consistent: it remembers the batch it
+//!    stopped at, the next `train_epoch` continues the interrupted epoch from there,
+//!    and the result is bit-identical to an uninterrupted run (every random choice
+//!    derives from `(seed, epoch, batch)`). A checkpoint taken in between keeps the
+//!    position too.
+//!
+//! Callbacks run on the thread that calls the trainer, between batches; a slow
+//! callback slows training.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::trainer::EpochStats;
+
+/// What one training batch did, as [`Callback::on_batch`] sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchMetrics {
+    /// 0-based epoch.
+    pub epoch: usize,
+    /// 0-based batch index within the epoch.
+    pub batch: usize,
+    /// Batches in this epoch.
+    pub batches: usize,
+    /// Seeds (training vertices) in this batch.
+    pub batch_size: usize,
+    /// Mean softmax cross-entropy over the batch's seeds.
+    pub loss: f64,
+    /// Training accuracy on the batch's seeds (with dropout, as trained).
+    pub accuracy: f64,
+    /// Wall-clock seconds of this batch's step (forward, backward, optimizer; the
+    /// next batch's sampling and gather overlap with it).
+    pub seconds: f64,
+    /// Optimizer steps taken so far, this batch's included (the weight version).
+    pub step: u64,
+}
+
+/// A callback's answer: go on, or stop training.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Control {
+    /// Keep training.
+    #[default]
+    Continue,
+    /// Stop (see the module doc for where training stops).
+    Stop,
+}
+
+/// Why training stopped early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopCause {
+    /// The trainer's [`CancelToken`] was cancelled.
+    Token,
+    /// A [`Callback`] returned [`Control::Stop`].
+    Callback,
+}
+
+impl std::fmt::Display for StopCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Token => "cancel token",
+            Self::Callback => "a callback asked to stop",
+        })
+    }
+}
+
+/// Observes a training run. Both methods default to doing nothing.
+///
+/// Closures adapt with [`on_batch`] and [`on_epoch`].
+pub trait Callback: Send {
+    /// After every training batch's optimizer step.
+    fn on_batch(&mut self, metrics: &BatchMetrics) -> Control {
+        let _ = metrics;
+        Control::Continue
+    }
+
+    /// After every epoch, with its evaluation when one was scheduled.
+    fn on_epoch(&mut self, stats: &EpochStats) -> Control {
+        let _ = stats;
+        Control::Continue
+    }
+}
+
+/// A [`Callback`] from a per-batch closure (see [`on_batch`]).
+pub struct OnBatch<F>(F);
+
+impl<F: FnMut(&BatchMetrics) -> Control + Send> Callback for OnBatch<F> {
+    fn on_batch(&mut self, metrics: &BatchMetrics) -> Control {
+        (self.0)(metrics)
+    }
+}
+
+/// A [`Callback`] from a per-epoch closure (see [`on_epoch`]).
+pub struct OnEpoch<F>(F);
+
+impl<F: FnMut(&EpochStats) -> Control + Send> Callback for OnEpoch<F> {
+    fn on_epoch(&mut self, stats: &EpochStats) -> Control {
+        (self.0)(stats)
+    }
+}
+
+/// A callback that calls `f` after every batch.
+pub fn on_batch<F: FnMut(&BatchMetrics) -> Control + Send>(f: F) -> OnBatch<F> {
+    OnBatch(f)
+}
+
+/// A callback that calls `f` after every epoch.
+pub fn on_epoch<F: FnMut(&EpochStats) -> Control + Send>(f: F) -> OnEpoch<F> {
+    OnEpoch(f)
+}
+
+/// A shared cancellation flag: clones are cheap and see the same flag, so one
+/// clone goes to the trainer and another to whoever may cancel (a request
+/// handler, a signal handler, a watchdog thread). Cancelling is permanent for the
+/// token; give the trainer a fresh one
+/// ([`crate::trainer::Trainer::set_cancel_token`]) to train again.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token that is not cancelled.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks every holder to stop; takes effect at the trainer's next batch.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether [`CancelToken::cancel`] was called on this token or a clone.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clones_share_the_flag_across_threads() {
+        let t = CancelToken::new();
+        let c = t.clone();
+        assert!(!t.is_cancelled());
+        std::thread::spawn(move || c.cancel()).join().unwrap();
+        assert!(t.is_cancelled());
+        assert!(!CancelToken::new().is_cancelled());
+    }
+
+    #[test]
+    fn closure_callbacks_answer_only_their_event() {
+        let seen = std::sync::atomic::AtomicUsize::new(0);
+        let mut b = on_batch(|m: &BatchMetrics| {
+            seen.fetch_add(m.batch_size, Ordering::Relaxed);
+            if m.batch == 1 {
+                Control::Stop
+            } else {
+                Control::Continue
+            }
+        });
+        let m = BatchMetrics {
+            epoch: 0,
+            batch: 0,
+            batches: 2,
+            batch_size: 3,
+            loss: 1.0,
+            accuracy: 0.5,
+            seconds: 0.1,
+            step: 1,
+        };
+        assert_eq!(b.on_batch(&m), Control::Continue);
+        assert_eq!(
+            b.on_batch(&BatchMetrics {
+                batch: 1,
+                ..m.clone()
+            }),
+            Control::Stop
+        );
+        let stats = EpochStats {
+            epoch: 0,
+            loss: 1.0,
+            train_acc: 0.5,
+            val_acc: None,
+            test_acc: None,
+            train_secs: 0.0,
+            eval_secs: 0.0,
+            batches: 2,
+            steps: 2,
+        };
+        assert_eq!(b.on_epoch(&stats), Control::Continue);
+        assert_eq!(seen.load(Ordering::Relaxed), 6);
+        let mut e = on_epoch(|_: &EpochStats| Control::Stop);
+        assert_eq!(e.on_batch(&m), Control::Continue);
+        assert_eq!(e.on_epoch(&stats), Control::Stop);
+    }
+}
