@@ -37,8 +37,13 @@ pub trait Engine: Send {
     /// Adam's moments `[m, v]` on the host.
     fn moments_to_host(&self) -> Result<[Vec<Vec<f32>>; 2]>;
     /// Replaces parameters, moments and step count (a checkpoint).
-    fn load_state(&mut self, params: &[&[f32]], m: &[&[f32]], v: &[&[f32]], steps: u64)
-        -> Result<()>;
+    fn load_state(
+        &mut self,
+        params: &[&[f32]],
+        m: &[&[f32]],
+        v: &[&[f32]],
+        steps: u64,
+    ) -> Result<()>;
     /// Optimizer steps taken.
     fn version(&self) -> u64;
     /// Feature-cache statistics since the start (or the last reset).
@@ -189,7 +194,10 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         let ids = self.dev.to_device(&all).map_err(dev_err("vertex ids"))?;
         let mut h = self.gather(&ids, n)?;
         let Some(block) = self.full_block.as_ref() else {
-            return Err(Error::invalid_argument("full-graph block", "internal: not built"));
+            return Err(Error::invalid_argument(
+                "full-graph block",
+                "internal: not built",
+            ));
         };
         for l in 0..self.model.config().num_layers {
             let out = self
@@ -298,22 +306,24 @@ pub fn choose_engine(
     };
     match choice {
         DeviceKind::Host => host("device.kind = \"host\"".into()),
-        DeviceKind::Cuda | DeviceKind::Auto => match gpu_ops::CudaBackend::new(device.ordinal as usize) {
-            Ok(dev) => {
-                let e = DeviceEngine::new(dev, ds, model, opts.clone())?;
-                let note = format!("device: {}", e.describe());
-                Ok(Chosen {
-                    engine: Some(Box::new(e)),
-                    note,
-                })
+        DeviceKind::Cuda | DeviceKind::Auto => {
+            match gpu_ops::CudaBackend::new(device.ordinal as usize) {
+                Ok(dev) => {
+                    let e = DeviceEngine::new(dev, ds, model, opts.clone())?;
+                    let note = format!("device: {}", e.describe());
+                    Ok(Chosen {
+                        engine: Some(Box::new(e)),
+                        note,
+                    })
+                }
+                Err(e) if choice == DeviceKind::Auto => {
+                    host(format!("device.kind = \"auto\": no usable GPU — {e}"))
+                }
+                Err(source) => Err(Error::Device {
+                    context: "device.kind = \"cuda\"".into(),
+                    source,
+                }),
             }
-            Err(e) if choice == DeviceKind::Auto => {
-                host(format!("device.kind = \"auto\": no usable GPU — {e}"))
-            }
-            Err(source) => Err(Error::Device {
-                context: "device.kind = \"cuda\"".into(),
-                source,
-            }),
-        },
+        }
     }
 }

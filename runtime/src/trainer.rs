@@ -277,9 +277,7 @@ impl Trainer {
                 eval_fanouts: cfg.eval_fanouts()?,
                 cache_bytes: usize::try_from(cfg.device.cache_bytes).unwrap_or(usize::MAX),
                 topology: match cfg.device.topology {
-                    crate::config::TopologyPlacement::Device => {
-                        gpu_ops::TopologyPlacement::Device
-                    }
+                    crate::config::TopologyPlacement::Device => gpu_ops::TopologyPlacement::Device,
                     crate::config::TopologyPlacement::PinnedHost => {
                         gpu_ops::TopologyPlacement::PinnedHost
                     }
@@ -732,7 +730,11 @@ impl Trainer {
                 return stopped(pos, k, StopCause::Token);
             }
             let tb = Instant::now();
-            let step = self.tracer.slice("device step").epoch(epoch as u64).batch(k as u64);
+            let step = self
+                .tracer
+                .slice("device step")
+                .epoch(epoch as u64)
+                .batch(k as u64);
             let (l, c) = engine.train_batch(seeds, derive_seed(base, k as u64))?;
             drop(step);
             let n = seeds.len();
@@ -978,10 +980,8 @@ impl Trainer {
         if self.cfg.train.eval_mode == "full" {
             let logits = match &self.engine {
                 Some(engine) => engine.lock().map_err(|_| poisoned())?.full_graph_logits()?,
-                None => {
-                    Self::full_graph_forward(&self.ds, &self.model, self.sparse.as_ref())?
-                        .into_logits()
-                }
+                None => Self::full_graph_forward(&self.ds, &self.model, self.sparse.as_ref())?
+                    .into_logits(),
             };
             Ok((
                 self.accuracy_on(&logits, &self.val_ids)?,

@@ -346,3 +346,39 @@ fn train_out_dir_env_overrides_and_bit_exact_resume() {
         assert!(e.contains("threads.pin") && e.contains("hwloc"), "{e}");
     }
 }
+
+#[test]
+fn device_cuda_without_a_gpu_is_a_one_line_error_and_auto_falls_back() {
+    let small = [
+        "--set",
+        "data.synthetic.vertices=2000",
+        "--set",
+        "data.synthetic.edges=12000",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "model.hidden=16",
+        "--quiet-config",
+    ];
+    let gpu =
+        tandem(&["--version"]).status.success() && std::path::Path::new("/dev/nvidia0").exists();
+    if gpu {
+        eprintln!("skipped: this machine has a GPU (/dev/nvidia0)");
+        return;
+    }
+    let mut args = vec!["train", "--device", "cuda"];
+    args.extend(small);
+    let e = err(&args);
+    assert_eq!(e.trim().lines().count(), 1, "one line: {e}");
+    assert!(e.contains("device.kind") && e.contains("lib"), "{e}");
+    let mut args = vec!["train", "--device", "auto"];
+    args.extend(small);
+    let out = ok(&args);
+    assert!(
+        out.contains("device: host") && out.contains("no usable GPU"),
+        "{out}"
+    );
+    assert!(out.contains("test accuracy"), "{out}");
+    let e = err(&["train", "--device", "tpu"]);
+    assert!(e.contains("device.kind"), "{e}");
+}

@@ -52,7 +52,7 @@ fn traced_training() -> (Trace, usize) {
         let ds = load_dataset(&cfg).unwrap();
         let mut t = Trainer::new(ds, cfg).unwrap();
         t.set_tracer(tracer.clone());
-        t.fit(|_| {}, &mut |_, _| {}).unwrap()
+        t.fit().unwrap()
     });
     sampler.stop();
     (tracer.collect(), stats[0].batches)
@@ -195,7 +195,7 @@ fn disabled_tracing_records_nothing_during_training() {
     let ds = load_dataset(&cfg).unwrap();
     let mut t = Trainer::new(ds, cfg).unwrap();
     assert!(!t.tracer().is_enabled());
-    t.train_epoch(&mut |_, _| {}).unwrap();
+    t.train_epoch().unwrap();
     assert_eq!(t.tracer().collect(), Trace::default());
 }
 

@@ -166,8 +166,8 @@ impl Inner {
             return t;
         }
         let base = match (std::thread::current().name(), rayon::current_thread_index()) {
-            (Some(n), _) => n.to_string(),
-            (None, Some(i)) => format!("cpu worker {i}"),
+            (_, Some(i)) => format!("cpu worker {i}"),
+            (Some(n), None) => n.to_string(),
             (None, None) => format!(
                 "cpu thread {}",
                 self.unnamed_threads.fetch_add(1, Ordering::Relaxed)
