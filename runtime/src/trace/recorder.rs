@@ -12,8 +12,8 @@
 //!
 //! # Tracks
 //! Slices recorded without an explicit track go to the recording thread's own track,
-//! created on first use and named after the thread: its name if it has one, else
-//! `cpu worker N` inside a rayon pool (N = the pool's thread index), else
+//! created on first use and named after the thread: `cpu worker N` inside a rayon
+//! pool (N = the pool's thread index), else its name if it has one, else
 //! `cpu thread N`. Accelerator streams are tracks the user declares
 //! ([`Tracer::declare_track`]) and records onto explicitly ([`Tracer::slice_on`],
 //! [`Tracer::record_slice`]).
