@@ -150,6 +150,28 @@ impl<B: Backend> DeviceEngine<B> {
         Ok(x)
     }
 
+    /// Samples blocks for `seeds` (training or evaluation fanouts) and gathers their
+    /// input rows.
+    fn sample_and_gather(
+        &mut self,
+        seeds: &[u32],
+        eval: bool,
+        seed: u64,
+    ) -> Result<(gpu_ops::DeviceBatch<B>, B::Buf<f32>)> {
+        let fanouts = if eval {
+            &self.opts.eval_fanouts
+        } else {
+            &self.opts.fanouts
+        };
+        let batch = self
+            .dev
+            .sample(&self.graph, seeds, fanouts, seed)
+            .map_err(dev_err("sampling"))?;
+        let n_in = self.dev.block_shape(&batch.blocks[0]).0;
+        let x = self.gather(&batch.src_ids[0], n_in)?;
+        Ok((batch, x))
+    }
+
     fn labels_of(&self, seeds: &[u32]) -> Vec<u32> {
         seeds.iter().map(|&s| self.labels[s as usize]).collect()
     }
@@ -161,12 +183,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 
     fn train_batch(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)> {
-        let batch = self
-            .dev
-            .sample(&self.graph, seeds, &self.opts.fanouts, seed)
-            .map_err(dev_err("sampling"))?;
-        let n_in = self.dev.block_shape(&batch.blocks[0]).0;
-        let x = self.gather(&batch.src_ids[0], n_in)?;
+        let (batch, x) = self.sample_and_gather(seeds, false, seed)?;
         let labels = self
             .dev
             .to_device(&self.labels_of(seeds))
@@ -216,12 +233,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 
     fn sampled_logits(&mut self, seeds: &[u32], seed: u64) -> Result<Vec<f32>> {
-        let batch = self
-            .dev
-            .sample(&self.graph, seeds, &self.opts.eval_fanouts, seed)
-            .map_err(dev_err("sampling"))?;
-        let n_in = self.dev.block_shape(&batch.blocks[0]).0;
-        let x = self.gather(&batch.src_ids[0], n_in)?;
+        let (batch, x) = self.sample_and_gather(seeds, true, seed)?;
         let fwd = self
             .model
             .forward(&self.dev, &batch.blocks, &x, false, 0)
