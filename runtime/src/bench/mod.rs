@@ -3,12 +3,15 @@
 //!
 //! - [`bench_sample`]: layered neighbor sampling, in sampled edges per second;
 //! - [`bench_gather`]: feature-row gather, in GB/s next to the machine's limits
-//!   measured in the same run (a plain parallel row copy and a streaming memcpy).
+//!   measured in the same run (a plain parallel row copy and a streaming memcpy);
+//! - [`backend::bench_backend`]: sampling, cached/uncached gather and GEMM on an
+//!   accelerator backend, next to a device-to-device copy.
 //!
 //! They time real work on the caller's data, on rayon's current pool, and return a
 //! report whose `Display` is a short table. Nothing is printed while they run.
 
 pub mod aggregate;
+pub mod backend;
 mod gather;
 pub mod gemm;
 mod sample;

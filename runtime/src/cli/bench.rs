@@ -10,6 +10,7 @@ use rayon::prelude::*;
 
 use super::{parse_fanouts, Fanouts};
 use crate::bench::aggregate::bench_aggregate;
+use crate::bench::backend::{bench_backend, BackendBenchOptions};
 use crate::bench::gemm::{bench_gemm, GemmShape, LAYER_SHAPES};
 use crate::bench::{bench_gather, bench_sample};
 use crate::dataset::{open_dataset, SplitSpec, Verify};
@@ -26,6 +27,53 @@ pub(super) enum BenchCmd {
     Aggregate(AggregateArgs),
     /// Dense matrix multiply at the GNN layer shapes: GFLOP/s next to the FMA peak.
     Gemm(GemmArgs),
+    /// The accelerator backend (`--device host | cuda`): sampling edges/s, gather
+    /// GB/s (device cache hits and host reads) next to a device-to-device copy,
+    /// GEMM GFLOP/s.
+    Backend(BackendArgs),
+}
+
+#[derive(Debug, Args)]
+pub(super) struct BackendArgs {
+    /// `host` or `cuda`.
+    #[arg(long, default_value = "host")]
+    device: String,
+    /// CUDA ordinal.
+    #[arg(long, default_value_t = 0)]
+    ordinal: usize,
+    /// Benchmark on this dataset instead of a generated R-MAT graph.
+    #[arg(long)]
+    dataset: Option<PathBuf>,
+    /// Vertices of the generated graph.
+    #[arg(long, default_value_t = 1_000_000)]
+    vertices: usize,
+    /// Undirected edges of the generated graph (stored twice).
+    #[arg(long, default_value_t = 15_000_000)]
+    edges: usize,
+    /// Feature columns (f32) of the generated graph.
+    #[arg(long, default_value_t = 128)]
+    dim: usize,
+    /// Fanout per layer, input layer first (DGL order).
+    #[arg(long, default_value = "25,10,5", value_parser = parse_fanouts)]
+    fanouts: Fanouts,
+    /// Seeds per sampling batch.
+    #[arg(long, default_value_t = 1024)]
+    batch_size: usize,
+    /// Sampling batches per repetition.
+    #[arg(long, default_value_t = 20)]
+    batches: usize,
+    /// Rows gathered per repetition.
+    #[arg(long, default_value_t = 100_000)]
+    rows: usize,
+    /// GEMM shape `m,k,n`.
+    #[arg(long, default_value = "100000,128,256")]
+    gemm: String,
+    /// Timed repetitions.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Seed of the generated data and of the batches.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 #[derive(Debug, Args)]
@@ -216,6 +264,7 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
                 .map_err(|e| Error::cpu_ops("bench aggregate", e))?;
             println!("threads: {}\n{report}", rayon::current_num_threads());
         }
+        BenchCmd::Backend(a) => run_backend(&a)?,
         BenchCmd::Gemm(a) => {
             set_threads(a.pool.threads)?;
             let shapes = match &a.shapes {
@@ -226,5 +275,62 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
             println!("threads: {}\n{report}", rayon::current_num_threads());
         }
     }
+    Ok(())
+}
+
+fn run_backend(a: &BackendArgs) -> Result<()> {
+    let gemm = parse_shapes(&a.gemm)?;
+    let [shape] = gemm.as_slice() else {
+        return Err(Error::invalid_argument(
+            "--gemm",
+            "expected one shape m,k,n",
+        ));
+    };
+    let t = Instant::now();
+    let ds = match &a.dataset {
+        Some(p) => open_dataset(p, Verify::Default)?,
+        None => generate_rmat(&RmatOptions {
+            num_vertices: a.vertices,
+            num_edges: a.edges,
+            num_classes: 1,
+            feature_dim: a.dim,
+            split: SplitSpec::default(),
+            seed: a.seed,
+            ..RmatOptions::default()
+        })?,
+    };
+    println!(
+        "graph: {} vertices, {} stored edges, {} features/vertex (ready in {:.1} s)",
+        ds.num_vertices(),
+        ds.graph.num_edges(),
+        ds.features.dim(),
+        t.elapsed().as_secs_f64()
+    );
+    let o = BackendBenchOptions {
+        batch_size: a.batch_size,
+        batches: a.batches,
+        fanouts: a.fanouts.0.clone(),
+        gather_rows: a.rows,
+        gemm: (shape.m, shape.k, shape.n),
+        reps: a.reps,
+        seed: a.seed,
+    };
+    let report = match a.device.as_str() {
+        "host" => bench_backend(&gpu_ops::HostBackend::new(), &ds.graph, &ds.features, &o)?,
+        "cuda" => {
+            let dev = gpu_ops::CudaBackend::new(a.ordinal).map_err(|source| Error::Device {
+                context: "--device cuda".into(),
+                source,
+            })?;
+            bench_backend(&dev, &ds.graph, &ds.features, &o)?
+        }
+        other => {
+            return Err(Error::invalid_argument(
+                "--device",
+                format!("expected \"host\" or \"cuda\", got \"{other}\""),
+            ))
+        }
+    };
+    println!("{report}");
     Ok(())
 }
