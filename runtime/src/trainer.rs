@@ -51,7 +51,7 @@ use crate::engine::{choose_engine, Engine, EngineOptions};
 use crate::error::{Error, Result};
 use crate::generate::{generate_sbm, SbmOptions};
 use crate::pool::build_pool;
-use crate::trace::{FlowId, SliceGuard, Tracer};
+use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind, CACHE_HIT_RATE};
 
 /// What one epoch did.
 #[derive(Clone, Debug, PartialEq)]
@@ -189,6 +189,8 @@ pub struct Trainer {
     embeddings: Option<Embeddings>,
     /// Where training and evaluation record their slices (disabled by default).
     tracer: Tracer,
+    /// The device engine's track in `tracer`.
+    acc_track: TrackId,
     /// The accelerator engine when training runs on a device backend (`None`: the
     /// native host path above). While it exists it holds the current weights;
     /// `model`/`opt` are refreshed from it after every batch loop.
@@ -286,6 +288,7 @@ impl Trainer {
             },
         )?;
         Ok(Self {
+            acc_track: Tracer::disabled().declare_track("acc", TrackKind::Accelerator),
             tracer: Tracer::disabled(),
             engine: chosen.engine.map(Mutex::new),
             device_note: chosen.note,
@@ -397,6 +400,9 @@ impl Trainer {
     /// `epoch`), and a flow from each batch's gather to its forward. A disabled
     /// tracer (the default) records nothing.
     pub fn set_tracer(&mut self, tracer: Tracer) {
+        if self.engine.is_some() {
+            self.acc_track = tracer.declare_track("acc stream compute", TrackKind::Accelerator);
+        }
         self.tracer = tracer;
     }
 
@@ -717,6 +723,9 @@ impl Trainer {
         };
         let mut engine = engine.lock().map_err(|_| poisoned())?;
         let pos = &mut self.pos;
+        let tracer = &self.tracer;
+        let acc = self.acc_track;
+        let row_bytes = self.ds.features.dim() as u64 * 4;
         let stopped = |pos: &mut Position, k: usize, cause: StopCause| {
             pos.train_secs += t.elapsed().as_secs_f64();
             Err(Error::Cancelled {
@@ -730,12 +739,19 @@ impl Trainer {
                 return stopped(pos, k, StopCause::Token);
             }
             let tb = Instant::now();
-            let step = self
-                .tracer
-                .slice("device step")
+            let before = engine.cache_stats();
+            let mut step = tracer
+                .slice_on(acc, "device step")
                 .epoch(epoch as u64)
                 .batch(k as u64);
             let (l, c) = engine.train_batch(seeds, derive_seed(base, k as u64))?;
+            if tracer.is_enabled() {
+                // Rows the cache missed crossed the bus from host memory.
+                let after = engine.cache_stats();
+                let misses = after.misses.saturating_sub(before.misses);
+                step.set_transfer(Direction::HostToDevice, misses * row_bytes);
+                tracer.counter(CACHE_HIT_RATE, after.hit_rate());
+            }
             drop(step);
             let n = seeds.len();
             pos.batch = k + 1;
