@@ -382,3 +382,64 @@ fn device_cuda_without_a_gpu_is_a_one_line_error_and_auto_falls_back() {
     let e = err(&["train", "--device", "tpu"]);
     assert!(e.contains("device.kind"), "{e}");
 }
+
+#[test]
+fn ctrl_c_checkpoints_and_resume_finishes_the_run() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let d = tempfile::tempdir().expect("tempdir");
+    let run = d.path().join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "train",
+            "--quiet-config",
+            "--set",
+            "data.synthetic.vertices=3000",
+            "--set",
+            "data.synthetic.edges=20000",
+            "--set",
+            "model.hidden=16",
+            "--set",
+            "train.epochs=400",
+            "--out",
+            s(&run),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tandem");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    // Wait for the first epoch line, then interrupt.
+    for line in lines.by_ref() {
+        if line.expect("line").trim_start().starts_with("0 ") {
+            break;
+        }
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an interrupted run exits non-zero");
+    assert!(
+        err.contains("interrupted") && err.contains("--resume"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let ck = run.join("checkpoint.tck");
+    assert!(ck.exists());
+    let resumed = ok(&[
+        "train",
+        "--quiet-config",
+        "--resume",
+        s(&ck),
+        "--set",
+        "train.epochs=3",
+        "--out",
+        s(&run),
+    ]);
+    assert!(resumed.contains("resumed from"), "{resumed}");
+}

@@ -16,8 +16,8 @@ use clap::Args;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{env_overrides, Override, TrainConfig};
-use crate::control::{BatchMetrics, Callback, Control};
-use crate::error::Result;
+use crate::control::{BatchMetrics, Callback, CancelToken, Control};
+use crate::error::{Error, Result};
 use crate::run_dir::RunDir;
 use crate::trace::{summarize, write_chrome_trace, CounterSampler, SamplerOptions, Tracer};
 use crate::trainer::{test_at_best_val, EpochStats};
@@ -130,10 +130,18 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
 
 fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
     let t = Instant::now();
+    // Ctrl-C cancels between batches; with --out the position is checkpointed so
+    // `--resume` continues exactly there.
+    let cancel = CancelToken::new();
+    let on_signal = cancel.clone();
+    if let Err(e) = ctrlc::set_handler(move || on_signal.cancel()) {
+        eprintln!("note: Ctrl-C will not stop training cleanly: {e}");
+    }
     let mut trainer = TrainerBuilder::new(cfg)
         .callback(Progress {
             enabled: std::io::stderr().is_terminal(),
         })
+        .cancel_token(cancel)
         .build()?;
     trainer.set_tracer(tracer);
     println!(
@@ -181,7 +189,25 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
     println!("epoch   loss     train    val      test     train s  eval s");
     let mut stats: Vec<EpochStats> = Vec::new();
     while trainer.epoch() < epochs {
-        let s = trainer.train_epoch()?;
+        let s = match trainer.train_epoch() {
+            Ok(s) => s,
+            Err(e @ Error::Cancelled { .. }) => {
+                if let Some(run) = &run_dir {
+                    let path = run.checkpoint_path();
+                    trainer.save_checkpoint(&path)?;
+                    eprintln!(
+                        "interrupted: checkpoint at epoch {}, batch {} written to {}; \
+                         continue with --resume {}",
+                        trainer.epoch(),
+                        trainer.batch_in_epoch(),
+                        path.display(),
+                        path.display()
+                    );
+                }
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         println!(
             "{:>5}   {:.4}   {:.4}   {}   {}   {:>7.2}  {:>6.2}",
             s.epoch,
