@@ -378,6 +378,8 @@ pub struct OrchestrationSection {
     /// Whether the hybrid monitor moves hot vertices between CPU compute and the
     /// device feature cache.
     pub monitor: bool,
+    /// CPU worker threads computing hot embeddings (≥ 1).
+    pub cpu_workers: usize,
 }
 
 impl Default for OrchestrationSection {
@@ -391,6 +393,7 @@ impl Default for OrchestrationSection {
             staleness_bound: 2 * DEFAULT_SUPER_BATCH as u64 - 1,
             on_late: OnLateKind::Wait,
             monitor: false,
+            cpu_workers: 1,
         }
     }
 }
@@ -828,6 +831,12 @@ impl TrainConfig {
             MAX_PRESAMPLE_EPOCHS,
         )?;
         in_range("orchestration.super_batch", o.super_batch, 1, MAX_SUPER_BATCH)?;
+        in_range(
+            "orchestration.cpu_workers",
+            o.cpu_workers,
+            1,
+            MAX_COMPUTE_THREADS,
+        )?;
         in_range(
             "orchestration.staleness_bound",
             o.staleness_bound,
