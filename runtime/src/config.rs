@@ -830,7 +830,12 @@ impl TrainConfig {
             1,
             MAX_PRESAMPLE_EPOCHS,
         )?;
-        in_range("orchestration.super_batch", o.super_batch, 1, MAX_SUPER_BATCH)?;
+        in_range(
+            "orchestration.super_batch",
+            o.super_batch,
+            1,
+            MAX_SUPER_BATCH,
+        )?;
         in_range(
             "orchestration.cpu_workers",
             o.cpu_workers,
@@ -1267,23 +1272,44 @@ mod tests {
         assert_eq!(o.on_late, OnLateKind::Compute);
         assert_eq!((o.super_batch, o.staleness_bound), (2, 3));
         for (text, key) in [
-            ("[orchestration]\nhot_ratio = 1.5", "orchestration.hot_ratio"),
-            ("[orchestration]\nhot_ratio = -0.1", "orchestration.hot_ratio"),
+            (
+                "[orchestration]\nhot_ratio = 1.5",
+                "orchestration.hot_ratio",
+            ),
+            (
+                "[orchestration]\nhot_ratio = -0.1",
+                "orchestration.hot_ratio",
+            ),
             ("[orchestration]\npolicy = \"gpu\"", "orchestration.policy"),
             (
                 "[orchestration]\npolicy = \"gpu-sample-gpu-gather\"",
                 "orchestration.policy",
             ),
-            ("[orchestration]\nhotness = \"random\"", "orchestration.hotness"),
-            ("[orchestration]\non_late = \"skip\"", "orchestration.on_late"),
-            ("[orchestration]\nsuper_batch = 0", "orchestration.super_batch"),
+            (
+                "[orchestration]\nhotness = \"random\"",
+                "orchestration.hotness",
+            ),
+            (
+                "[orchestration]\non_late = \"skip\"",
+                "orchestration.on_late",
+            ),
+            (
+                "[orchestration]\nsuper_batch = 0",
+                "orchestration.super_batch",
+            ),
             (
                 "[orchestration]\npresample_epochs = 0",
                 "orchestration.presample_epochs",
             ),
-            ("[orchestration]\nstaleness_bound = -1", "orchestration.staleness_bound"),
+            (
+                "[orchestration]\nstaleness_bound = -1",
+                "orchestration.staleness_bound",
+            ),
             // Reuse needs a device engine ...
-            ("[orchestration]\nhot_ratio = 0.2", "orchestration.hot_ratio"),
+            (
+                "[orchestration]\nhot_ratio = 0.2",
+                "orchestration.hot_ratio",
+            ),
             // ... and a layer above the bottom.
             (
                 "[device]\nhost_engine = \"ops\"\n[model]\nlayers = 1\n[train]\nfanouts = [5]\n\
@@ -1298,7 +1324,9 @@ mod tests {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.contains(key), "{text}: {e}");
         }
-        let e = parse("[orchestration]\nhot_ratio = 0.2").unwrap_err().to_string();
+        let e = parse("[orchestration]\nhot_ratio = 0.2")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("device engine"), "{e}");
     }
 

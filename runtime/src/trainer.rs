@@ -293,25 +293,24 @@ impl Trainer {
                 adam: *opt.config(),
             },
         )?;
-        let orch = match (&chosen.engine, cfg.orchestration.reuses_embeddings()) {
-            (Some(_), true) => Some(Orchestrator::new(
-                &cfg.orchestration,
-                &ds,
-                &model,
-                &cfg.train_fanouts()?,
-                &train_ids,
-                cfg.train.batch_size,
-                cfg.train.seed,
-                cfg.orchestration.cpu_workers,
-            )?),
-            (None, true) => {
-                return Err(Error::invalid_argument(
+        let orch =
+            match (&chosen.engine, cfg.orchestration.reuses_embeddings()) {
+                (Some(_), true) => Some(Orchestrator::new(
+                    &cfg.orchestration,
+                    &ds,
+                    &model,
+                    &cfg.train_fanouts()?,
+                    &train_ids,
+                    cfg.train.batch_size,
+                    cfg.train.seed,
+                    cfg.orchestration.cpu_workers,
+                )?),
+                (None, true) => return Err(Error::invalid_argument(
                     "orchestration.hot_ratio",
                     "orchestration needs a device engine (device.host_engine = \"ops\" or a GPU)",
-                ))
-            }
-            _ => None,
-        };
+                )),
+                _ => None,
+            };
         Ok(Self {
             tracer: Tracer::disabled(),
             orch,

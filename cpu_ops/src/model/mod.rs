@@ -438,10 +438,13 @@ impl<T: Real> Model<T> {
 
     /// The parameter tensors of layer `l` (a snapshot to publish), in order.
     pub fn layer_params(&self, l: usize) -> Result<&[Vec<T>]> {
-        let spec = self.layers.get(l).ok_or_else(|| CpuOpsError::InvalidArgument {
-            name: "layer",
-            reason: format!("the model has {} layers", self.layers.len()),
-        })?;
+        let spec = self
+            .layers
+            .get(l)
+            .ok_or_else(|| CpuOpsError::InvalidArgument {
+                name: "layer",
+                reason: format!("the model has {} layers", self.layers.len()),
+            })?;
         let end = self
             .layers
             .get(l + 1)

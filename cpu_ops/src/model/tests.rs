@@ -878,7 +878,12 @@ fn forward_layer_with_own_params_matches_the_full_forward() {
         let b1 = BlockView::new(3, &[0, 2], &[1, 2]).unwrap();
         let x: Vec<f32> = (0..24).map(|i| (i as f32 * 0.37).sin()).collect();
         let fwd = model
-            .forward(&[BlockView::new(4, &indptr, &indices).unwrap(), b1], &x, false, 0)
+            .forward(
+                &[BlockView::new(4, &indptr, &indices).unwrap(), b1],
+                &x,
+                false,
+                0,
+            )
             .unwrap();
         let own: Vec<Vec<f32>> = model.layer_params(0).unwrap().to_vec();
         let h = model

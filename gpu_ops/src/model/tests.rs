@@ -279,7 +279,10 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
     let blocks: Vec<_> = batch
         .blocks()
         .iter()
-        .map(|b| dev.block_from_host(b.num_src(), b.indptr(), b.indices()).expect("block"))
+        .map(|b| {
+            dev.block_from_host(b.num_src(), b.indptr(), b.indices())
+                .expect("block")
+        })
         .collect();
     let xd = dev.to_device(&x).expect("x");
     let nd0 = batch.blocks()[0].num_dst();
@@ -287,7 +290,11 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
     let fresh = dev.to_host(&fresh, nd0 * hidden).expect("fresh");
     let rows_of = |pos: &[u32]| -> Vec<f32> {
         pos.iter()
-            .flat_map(|&p| fresh[p as usize * hidden..(p as usize + 1) * hidden].iter().copied())
+            .flat_map(|&p| {
+                fresh[p as usize * hidden..(p as usize + 1) * hidden]
+                    .iter()
+                    .copied()
+            })
             .collect()
     };
     // Hot: every third destination (seeds included) — a mix of positions.
@@ -297,18 +304,52 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
     let n = seeds.len();
     let (l_plain, g_plain) = hot_step(&dev, &mut dm, &blocks, &xd, &grad, n, classes, None);
     let (hr, cr, ar) = (rows_of(&hot), rows_of(&cold), rows_of(&all));
-    let (l_hot, g_hot) =
-        hot_step(&dev, &mut dm, &blocks, &xd, &grad, n, classes, Some((&hot, &hr)));
-    let (_, g_cold) =
-        hot_step(&dev, &mut dm, &blocks, &xd, &grad, n, classes, Some((&cold, &cr)));
-    let (_, g_all) = hot_step(&dev, &mut dm, &blocks, &xd, &grad, n, classes, Some((&all, &ar)));
+    let (l_hot, g_hot) = hot_step(
+        &dev,
+        &mut dm,
+        &blocks,
+        &xd,
+        &grad,
+        n,
+        classes,
+        Some((&hot, &hr)),
+    );
+    let (_, g_cold) = hot_step(
+        &dev,
+        &mut dm,
+        &blocks,
+        &xd,
+        &grad,
+        n,
+        classes,
+        Some((&cold, &cr)),
+    );
+    let (_, g_all) = hot_step(
+        &dev,
+        &mut dm,
+        &blocks,
+        &xd,
+        &grad,
+        n,
+        classes,
+        Some((&all, &ar)),
+    );
     close("logits with fresh hot rows", &l_hot, &l_plain, 1e-5);
     let layer0 = dm.layer_params(0).expect("layer 0");
     for i in 0..g_plain.len() {
         let name = &dm.param_names()[i];
         if layer0.contains(&i) {
-            let sum: Vec<f32> = g_hot[i].iter().zip(&g_cold[i]).map(|(a, b)| a + b).collect();
-            close(&format!("{name}: hot + complement"), &sum, &g_plain[i], 1e-4);
+            let sum: Vec<f32> = g_hot[i]
+                .iter()
+                .zip(&g_cold[i])
+                .map(|(a, b)| a + b)
+                .collect();
+            close(
+                &format!("{name}: hot + complement"),
+                &sum,
+                &g_plain[i],
+                1e-4,
+            );
             assert!(g_all[i].iter().all(|&v| v.abs() < 1e-6), "{name}: all hot");
             let diff = g_hot[i]
                 .iter()
@@ -317,15 +358,31 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
                 .fold(0f32, f32::max);
             assert!(diff > 1e-6, "{name}: hot rows changed nothing");
         } else {
-            close(&format!("{name}: above layer 0"), &g_hot[i], &g_plain[i], 1e-5);
+            close(
+                &format!("{name}: above layer 0"),
+                &g_hot[i],
+                &g_plain[i],
+                1e-5,
+            );
         }
     }
     // Stale rows are really used.
     let stale: Vec<f32> = hr.iter().map(|v| v + 0.5).collect();
-    let (l_stale, _) =
-        hot_step(&dev, &mut dm, &blocks, &xd, &grad, n, classes, Some((&hot, &stale)));
+    let (l_stale, _) = hot_step(
+        &dev,
+        &mut dm,
+        &blocks,
+        &xd,
+        &grad,
+        n,
+        classes,
+        Some((&hot, &stale)),
+    );
     assert!(
-        l_stale.iter().zip(&l_plain).any(|(a, b)| (a - b).abs() > 1e-4),
+        l_stale
+            .iter()
+            .zip(&l_plain)
+            .any(|(a, b)| (a - b).abs() > 1e-4),
         "stale hot rows left the logits unchanged"
     );
 }

@@ -184,7 +184,10 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(t.read_into(5, &mut out), None);
         assert!(out.is_empty());
-        assert_eq!(t.write(&[5, 129, 200], &[1., 2., 3., 4., 5., 6., 7., 8., 9.], 4), 2);
+        assert_eq!(
+            t.write(&[5, 129, 200], &[1., 2., 3., 4., 5., 6., 7., 8., 9.], 4),
+            2
+        );
         assert_eq!(t.read_into(129, &mut out), Some(4));
         assert_eq!(out, vec![4., 5., 6.]);
         // Older versions never overwrite newer ones.

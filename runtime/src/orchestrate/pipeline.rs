@@ -52,7 +52,7 @@ use crate::control::{CancelToken, StopCause};
 use crate::dataset::Dataset;
 use crate::engine::{Engine, HostHotRows};
 use crate::error::{Error, Result};
-use crate::trace::{FlowId, TrackId, TrackKind, Tracer};
+use crate::trace::{FlowId, Tracer, TrackId, TrackKind};
 
 use super::hot_compute::{HotComputer, Published, Snapshot};
 use super::hot_table::HotTable;
@@ -112,7 +112,10 @@ impl OrchestrationStats {
 
     /// One line: gap max/mean, uses, waits, computed-cold, CPU jobs.
     pub fn summary(&self) -> String {
-        let max = self.gaps.max().map_or_else(|| "-".into(), |m| m.to_string());
+        let max = self
+            .gaps
+            .max()
+            .map_or_else(|| "-".into(), |m| m.to_string());
         let mean = self
             .gaps
             .mean()
@@ -322,8 +325,8 @@ impl Orchestrator {
         let scores = policy
             .scores(&ds.graph, &sampler, train_ids, batch_size, seed)
             .map_err(sched("hotness scores"))?;
-        let relabeling =
-            Relabeling::by_score(&scores, cfg.hot_ratio).map_err(sched("orchestration.hot_ratio"))?;
+        let relabeling = Relabeling::by_score(&scores, cfg.hot_ratio)
+            .map_err(sched("orchestration.hot_ratio"))?;
         let hot = relabeling.hot_count();
         let pipeline = PipelineConfig::new(cfg.super_batch, DEPTH, HOT_CHUNK)
             .and_then(|p| p.with_min_chunks(cpu_workers.max(1)))
@@ -453,10 +456,7 @@ impl Orchestrator {
             r
         });
         engine.discard_prepared();
-        let stats = shared
-            .stats
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner());
+        let stats = shared.stats.into_inner().unwrap_or_else(|p| p.into_inner());
         self.totals.merge(&stats);
         self.last_epoch = Some(stats);
         let failure = shared
@@ -654,10 +654,7 @@ impl Accelerator<'_> {
                 if engine.version() != b {
                     return Err(Error::invalid_argument(
                         "orchestration",
-                        format!(
-                            "internal: batch {b} runs at version {}",
-                            engine.version()
-                        ),
+                        format!("internal: batch {b} runs at version {}", engine.version()),
                     ));
                 }
                 let t = Instant::now();
@@ -677,8 +674,12 @@ impl Accelerator<'_> {
                     slice.flow_in(flow);
                 }
                 let seeds = run.batches[k];
-                let (loss_sum, correct) =
-                    engine.train_prepared(k as u64, seeds, derive_seed(run.base_seed, k as u64), &hot)?;
+                let (loss_sum, correct) = engine.train_prepared(
+                    k as u64,
+                    seeds,
+                    derive_seed(run.base_seed, k as u64),
+                    &hot,
+                )?;
                 self.shared.published.publish(Snapshot {
                     version: engine.version(),
                     tensors: engine.layer0_params()?,
@@ -737,10 +738,12 @@ impl Accelerator<'_> {
                 scheduler::OnLate::Compute => {
                     self.shared.lock_stats().computed_cold += late.len() as u64;
                     let n = late.len();
-                    self.run.tracer.instant_on(self.acc_track, "compute cold", |a| {
-                        a.batch = Some(b);
-                        a.extra.push(("vertices".into(), n as f64));
-                    });
+                    self.run
+                        .tracer
+                        .instant_on(self.acc_track, "compute cold", |a| {
+                            a.batch = Some(b);
+                            a.extra.push(("vertices".into(), n as f64));
+                        });
                     skip = late;
                     skip.sort_unstable();
                 }
