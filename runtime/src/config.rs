@@ -72,6 +72,8 @@ pub struct TrainConfig {
     pub device: DeviceSection,
     /// Host worker threads.
     pub threads: ThreadsSection,
+    /// Layer-based orchestration (hot-vertex embeddings computed by the CPU).
+    pub orchestration: OrchestrationSection,
 }
 
 /// `[data]`: a stored dataset, or the built-in synthetic graph.
@@ -309,6 +311,106 @@ pub struct ThreadsSection {
     pub compute: usize,
     /// `"none"` or `"cores"`.
     pub pin: PinPolicy,
+}
+
+/// `orchestration.hotness`: how vertices are ranked hot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HotnessKind {
+    /// Count, over `presample_epochs` epochs of the training sampler, the batches
+    /// whose bottom block touches each vertex (GNNLab's method).
+    #[default]
+    Presample,
+    /// The stored degree (no sampling).
+    Degree,
+}
+
+/// `orchestration.on_late`: what a batch does with a hot vertex whose embedding is
+/// older than the bound (or missing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnLateKind {
+    /// Block until the CPU has a fresh-enough embedding.
+    #[default]
+    Wait,
+    /// Compute the vertex on the accelerator, as a cold one.
+    Compute,
+}
+
+impl OnLateKind {
+    /// The scheduler's policy of the same name.
+    pub fn to_scheduler(self) -> scheduler::OnLate {
+        match self {
+            Self::Wait => scheduler::OnLate::Wait,
+            Self::Compute => scheduler::OnLate::Compute,
+        }
+    }
+}
+
+/// Default `orchestration.super_batch` (batches per super-batch).
+pub const DEFAULT_SUPER_BATCH: usize = 4;
+/// Largest accepted `orchestration.super_batch`.
+pub const MAX_SUPER_BATCH: usize = 1 << 20;
+/// Largest accepted `orchestration.presample_epochs`.
+pub const MAX_PRESAMPLE_EPOCHS: u32 = 1000;
+
+/// `[orchestration]`: how work is split between the CPU and the accelerator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrchestrationSection {
+    /// `"layer"` (NeutronOrch) or a step-based baseline (`"cpu-sample-cpu-gather"`,
+    /// `"gpu-sample-cpu-gather"`, `"cpu-sample-gpu-gather"`,
+    /// `"gpu-sample-gpu-gather"`).
+    pub policy: String,
+    /// Fraction of vertices that are hot, in [0, 1]; 0 disables embedding reuse.
+    pub hot_ratio: f64,
+    /// `"presample"` or `"degree"`.
+    pub hotness: HotnessKind,
+    /// Epochs of pre-sampling for `hotness = "presample"` (≥ 1).
+    pub presample_epochs: u32,
+    /// Batches per super-batch (≥ 1).
+    pub super_batch: usize,
+    /// Largest allowed gap, in optimizer steps, between the weights a reused
+    /// embedding was computed with and the weights it is used at.
+    pub staleness_bound: u64,
+    /// `"wait"` or `"compute"`.
+    pub on_late: OnLateKind,
+    /// Whether the hybrid monitor moves hot vertices between CPU compute and the
+    /// device feature cache.
+    pub monitor: bool,
+    /// CPU worker threads computing hot embeddings (≥ 1).
+    pub cpu_workers: usize,
+}
+
+impl Default for OrchestrationSection {
+    fn default() -> Self {
+        Self {
+            policy: "layer".into(),
+            hot_ratio: 0.0,
+            hotness: HotnessKind::Presample,
+            presample_epochs: scheduler::DEFAULT_PRESAMPLE_EPOCHS,
+            super_batch: DEFAULT_SUPER_BATCH,
+            staleness_bound: 2 * DEFAULT_SUPER_BATCH as u64 - 1,
+            on_late: OnLateKind::Wait,
+            monitor: false,
+            cpu_workers: 1,
+        }
+    }
+}
+
+impl OrchestrationSection {
+    /// The parsed policy (an error naming `orchestration.policy` and the five names).
+    pub fn orchestration(&self) -> Result<scheduler::Orchestration> {
+        self.policy
+            .parse::<scheduler::Orchestration>()
+            .map_err(|e| Error::invalid_argument("orchestration.policy", e.to_string()))
+    }
+
+    /// Whether training reuses CPU-computed hot embeddings (policy `"layer"` with a
+    /// positive `hot_ratio`).
+    pub fn reuses_embeddings(&self) -> bool {
+        self.hot_ratio > 0.0 && self.policy == "layer"
+    }
 }
 
 fn range_err(key: &str, expected: &str, found: impl std::fmt::Display) -> Error {
@@ -686,6 +788,7 @@ impl TrainConfig {
             TOML_INT_MAX,
         )?;
         in_range("data.synthetic.seed", s.seed, 0, TOML_INT_MAX)?;
+        self.validate_orchestration()?;
         if self.data.path.is_none() {
             in_range("data.synthetic.vertices", s.vertices, 2, u32::MAX)?;
             in_range("data.synthetic.edges", s.edges, 0, MAX_SYNTHETIC_VALUES)?;
@@ -708,6 +811,74 @@ impl TrainConfig {
                     s.signal,
                 ));
             }
+        }
+        Ok(())
+    }
+}
+
+impl TrainConfig {
+    /// Checks `[orchestration]`: ranges, names, and that reuse has what it needs.
+    fn validate_orchestration(&self) -> Result<()> {
+        let o = &self.orchestration;
+        o.orchestration()?;
+        if !(0.0..=1.0).contains(&o.hot_ratio) {
+            return Err(range_err("orchestration.hot_ratio", "[0, 1]", o.hot_ratio));
+        }
+        in_range(
+            "orchestration.presample_epochs",
+            o.presample_epochs,
+            1,
+            MAX_PRESAMPLE_EPOCHS,
+        )?;
+        in_range(
+            "orchestration.super_batch",
+            o.super_batch,
+            1,
+            MAX_SUPER_BATCH,
+        )?;
+        in_range(
+            "orchestration.cpu_workers",
+            o.cpu_workers,
+            1,
+            MAX_COMPUTE_THREADS,
+        )?;
+        in_range(
+            "orchestration.staleness_bound",
+            o.staleness_bound,
+            0,
+            TOML_INT_MAX,
+        )?;
+        if o.policy != "layer" {
+            return Err(range_err(
+                "orchestration.policy",
+                "\"layer\": the step-based baselines are planned and simulated by the scheduler but not executed by the runtime yet (docs/orchestration.md §9)",
+                format!("\"{}\"", o.policy),
+            ));
+        }
+        if o.hot_ratio > 0.0 {
+            if self.model.layers < 2 {
+                return Err(range_err(
+                    "orchestration.hot_ratio",
+                    "0 for a 1-layer model (the bottom layer's output is the logits; reuse needs model.layers ≥ 2)",
+                    o.hot_ratio,
+                ));
+            }
+            let host_native = self.device.kind != DeviceKind::Cuda
+                && self.device.host_engine == HostEngine::Native;
+            if host_native {
+                return Err(range_err(
+                    "orchestration.hot_ratio",
+                    "0 on the native host path: orchestration needs a device engine (device.host_engine = \"ops\" or device.kind = \"cuda\")",
+                    o.hot_ratio,
+                ));
+            }
+        }
+        if o.monitor && o.hot_ratio > 0.0 {
+            return Err(range_err(
+                "orchestration.monitor",
+                "false: the hybrid monitor is not wired into the runtime yet (the scheduler's Monitor is built and simulated; see docs/orchestration.md §9)",
+                o.monitor,
+            ));
         }
         Ok(())
     }
@@ -1081,6 +1252,82 @@ mod tests {
             }
             _ => a == b,
         }
+    }
+
+    #[test]
+    fn orchestration_section_parses_and_names_bad_values() {
+        let c = parse("").unwrap();
+        assert_eq!(c.orchestration.policy, "layer");
+        assert_eq!(c.orchestration.hot_ratio, 0.0);
+        assert!(!c.orchestration.reuses_embeddings());
+        let ops = "[device]\nhost_engine = \"ops\"\n";
+        let c = parse(&format!(
+            "{ops}[orchestration]\nhot_ratio = 0.2\nhotness = \"degree\"\nsuper_batch = 2\n\
+             staleness_bound = 3\non_late = \"compute\"\npresample_epochs = 1"
+        ))
+        .unwrap();
+        let o = &c.orchestration;
+        assert!(o.reuses_embeddings());
+        assert_eq!(o.hotness, HotnessKind::Degree);
+        assert_eq!(o.on_late, OnLateKind::Compute);
+        assert_eq!((o.super_batch, o.staleness_bound), (2, 3));
+        for (text, key) in [
+            (
+                "[orchestration]\nhot_ratio = 1.5",
+                "orchestration.hot_ratio",
+            ),
+            (
+                "[orchestration]\nhot_ratio = -0.1",
+                "orchestration.hot_ratio",
+            ),
+            ("[orchestration]\npolicy = \"gpu\"", "orchestration.policy"),
+            (
+                "[orchestration]\npolicy = \"gpu-sample-gpu-gather\"",
+                "orchestration.policy",
+            ),
+            (
+                "[orchestration]\nhotness = \"random\"",
+                "orchestration.hotness",
+            ),
+            (
+                "[orchestration]\non_late = \"skip\"",
+                "orchestration.on_late",
+            ),
+            (
+                "[orchestration]\nsuper_batch = 0",
+                "orchestration.super_batch",
+            ),
+            (
+                "[orchestration]\npresample_epochs = 0",
+                "orchestration.presample_epochs",
+            ),
+            (
+                "[orchestration]\nstaleness_bound = -1",
+                "orchestration.staleness_bound",
+            ),
+            // Reuse needs a device engine ...
+            (
+                "[orchestration]\nhot_ratio = 0.2",
+                "orchestration.hot_ratio",
+            ),
+            // ... and a layer above the bottom.
+            (
+                "[device]\nhost_engine = \"ops\"\n[model]\nlayers = 1\n[train]\nfanouts = [5]\n\
+                 [orchestration]\nhot_ratio = 0.2",
+                "orchestration.hot_ratio",
+            ),
+            (
+                "[device]\nhost_engine = \"ops\"\n[orchestration]\nhot_ratio = 0.2\nmonitor = true",
+                "orchestration.monitor",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+        let e = parse("[orchestration]\nhot_ratio = 0.2")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("device engine"), "{e}");
     }
 
     #[test]

@@ -200,6 +200,7 @@ mod tests {
             eval_secs: 0.0,
             batches: 2,
             steps: 2,
+            orchestration: None,
         };
         assert_eq!(b.on_epoch(&stats), Control::Continue);
         assert_eq!(seen.load(Ordering::Relaxed), 6);

@@ -48,6 +48,37 @@ pub trait Engine: Send {
     fn version(&self) -> u64;
     /// Feature-cache statistics since the start (or the last reset).
     fn cache_stats(&self) -> CacheStats;
+
+    /// Samples the batch of `seeds` (with `seed`) now and keeps it under `key` for
+    /// [`Engine::train_prepared`] (orchestration samples a super-batch ahead).
+    /// Returns the global ids of block 0's destinations (= the bottom layer's
+    /// outputs), in position order.
+    fn prepare_batch(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>>;
+    /// Trains the batch kept under `key` (gather, forward, loss, backward, step)
+    /// with `hot`'s rows replacing layer 0's outputs at its positions (uploaded
+    /// first: the hot-embedding load), then forgets it.
+    fn train_prepared(
+        &mut self,
+        key: u64,
+        seeds: &[u32],
+        seed: u64,
+        hot: &HostHotRows,
+    ) -> Result<(f64, usize)>;
+    /// Forgets every kept batch.
+    fn discard_prepared(&mut self);
+    /// Layer 0's parameter tensors, copied to the host (publication to the CPU
+    /// side; a download per call on a GPU).
+    fn layer0_params(&self) -> Result<Vec<Vec<f32>>>;
+}
+
+/// Historical embeddings for one batch, on the host: `positions.len()` rows of
+/// `dim` values, row `i` for block 0's destination `positions[i]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostHotRows {
+    /// Distinct positions in block 0's destinations.
+    pub positions: Vec<u32>,
+    /// Row-major rows, `positions.len() × dim`.
+    pub rows: Vec<f32>,
 }
 
 /// How to set a [`DeviceEngine`] up.
@@ -80,6 +111,8 @@ pub struct DeviceEngine<B: Backend> {
     /// The whole graph as one block, for full-graph inference (built on first use).
     full_block: Option<B::Block>,
     host_csr: (Vec<u64>, Vec<u32>),
+    /// Batches sampled ahead ([`Engine::prepare_batch`]), by key.
+    prepared: std::collections::HashMap<u64, gpu_ops::DeviceBatch<B>>,
 }
 
 fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
@@ -119,6 +152,7 @@ impl<B: Backend> DeviceEngine<B> {
             x: None,
             full_block: None,
             host_csr: (ds.graph.offsets().to_vec(), ds.graph.indices().to_vec()),
+            prepared: std::collections::HashMap::new(),
             opts,
             dev,
         })
@@ -276,6 +310,83 @@ impl<B: Backend> Engine for DeviceEngine<B> {
 
     fn cache_stats(&self) -> CacheStats {
         self.dev.cache_stats(&self.features)
+    }
+
+    fn prepare_batch(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>> {
+        let batch = self
+            .dev
+            .sample(&self.graph, seeds, &self.opts.fanouts, seed)
+            .map_err(dev_err("sampling"))?;
+        let nd = self.dev.block_shape(&batch.blocks[0]).1;
+        let ids = match batch.src_ids.get(1) {
+            Some(ids) => self.dev.to_host(ids, nd),
+            None => Ok(seeds.to_vec()),
+        }
+        .map_err(dev_err("bottom-layer ids"))?;
+        self.prepared.insert(key, batch);
+        Ok(ids)
+    }
+
+    fn train_prepared(
+        &mut self,
+        key: u64,
+        seeds: &[u32],
+        seed: u64,
+        hot: &HostHotRows,
+    ) -> Result<(f64, usize)> {
+        let batch = self.prepared.remove(&key).ok_or_else(|| {
+            Error::invalid_argument(
+                "prepared batch",
+                format!("internal: no batch was prepared under key {key}"),
+            )
+        })?;
+        let n_in = self.dev.block_shape(&batch.blocks[0]).0;
+        let x = self.gather(&batch.src_ids[0], n_in)?;
+        let labels = self
+            .dev
+            .to_device(&self.labels_of(seeds))
+            .map_err(dev_err("labels"));
+        let bufs = if hot.positions.is_empty() {
+            Ok(None)
+        } else {
+            self.dev
+                .to_device(&hot.positions)
+                .and_then(|p| Ok(Some((p, self.dev.to_device(&hot.rows)?))))
+                .map_err(dev_err("hot-embedding load"))
+        };
+        let stats = labels.and_then(|labels| {
+            let bufs = bufs?;
+            let rows = bufs.as_ref().map(|(p, r)| gpu_ops::HotRows {
+                positions: p,
+                rows: r,
+                n: hot.positions.len(),
+            });
+            self.model
+                .train_step_hot(&self.dev, &batch.blocks, &x, &labels, seed, rows.as_ref())
+                .map_err(dev_err("training step"))
+        });
+        self.x = Some(x);
+        let stats = stats?;
+        Ok((stats.loss * seeds.len() as f64, stats.correct))
+    }
+
+    fn discard_prepared(&mut self) {
+        self.prepared.clear();
+    }
+
+    fn layer0_params(&self) -> Result<Vec<Vec<f32>>> {
+        let range = self
+            .model
+            .layer_params(0)
+            .map_err(dev_err("layer 0's parameters"))?;
+        let params = self.model.params();
+        range
+            .map(|i| {
+                let n = self.dev.len(&params[i]);
+                self.dev.to_host(&params[i], n)
+            })
+            .collect::<std::result::Result<_, _>>()
+            .map_err(dev_err("publishing layer 0's parameters"))
     }
 }
 

@@ -78,6 +78,22 @@ pub enum Error {
         /// The underlying error.
         source: gpu_ops::GpuOpsError,
     },
+    /// A scheduling decision failed (bad knob, or a bookkeeping bug it caught).
+    #[error("{context}: {source}")]
+    Scheduler {
+        /// What the runtime was doing.
+        context: String,
+        /// The underlying error.
+        source: scheduler::SchedulerError,
+    },
+    /// A worker thread of the orchestration pipeline failed or panicked.
+    #[error("orchestration worker `{worker}` failed: {what}")]
+    Worker {
+        /// Which worker.
+        worker: String,
+        /// Its error, or the panic message.
+        what: String,
+    },
 }
 
 /// Shorthand for results of this crate.

@@ -83,6 +83,7 @@ pub mod export;
 pub mod generate;
 pub mod import;
 pub mod npy;
+pub mod orchestrate;
 pub mod pool;
 pub mod run_dir;
 pub mod trace;

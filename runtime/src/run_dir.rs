@@ -184,6 +184,7 @@ mod tests {
             eval_secs: 0.0,
             batches: 4,
             steps: 4 * (epoch as u64 + 1),
+            orchestration: None,
         }
     }
 

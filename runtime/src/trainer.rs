@@ -50,6 +50,8 @@ use crate::embedding::Embeddings;
 use crate::engine::{choose_engine, Engine, EngineOptions};
 use crate::error::{Error, Result};
 use crate::generate::{generate_sbm, SbmOptions};
+use crate::orchestrate::pipeline::{BatchDone, EpochEnd, EpochRun};
+use crate::orchestrate::{InjectedFault, OrchestrationStats, Orchestrator};
 use crate::pool::build_pool;
 use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind, CACHE_HIT_RATE};
 
@@ -74,6 +76,9 @@ pub struct EpochStats {
     pub batches: usize,
     /// Optimizer steps taken by the end of the epoch (the weight version).
     pub steps: u64,
+    /// What layer-based orchestration did this epoch (`None` without embedding
+    /// reuse): staleness gaps, waits, vertices computed cold, CPU jobs.
+    pub orchestration: Option<OrchestrationStats>,
 }
 
 /// Loads the configured dataset, or generates the built-in synthetic one.
@@ -197,6 +202,9 @@ pub struct Trainer {
     engine: Option<Mutex<Box<dyn Engine>>>,
     /// What `[device]` chose, and why.
     device_note: String,
+    /// Layer-based orchestration with embedding reuse (`orchestration.hot_ratio >
+    /// 0` and a device engine): epochs run through its pipeline.
+    orch: Option<Orchestrator>,
 }
 
 fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
@@ -287,9 +295,28 @@ impl Trainer {
                 adam: *opt.config(),
             },
         )?;
+        let orch =
+            match (&chosen.engine, cfg.orchestration.reuses_embeddings()) {
+                (Some(_), true) => Some(Orchestrator::new(
+                    &cfg.orchestration,
+                    &ds,
+                    &model,
+                    &cfg.train_fanouts()?,
+                    &train_ids,
+                    cfg.train.batch_size,
+                    cfg.train.seed,
+                    cfg.orchestration.cpu_workers,
+                )?),
+                (None, true) => return Err(Error::invalid_argument(
+                    "orchestration.hot_ratio",
+                    "orchestration needs a device engine (device.host_engine = \"ops\" or a GPU)",
+                )),
+                _ => None,
+            };
         Ok(Self {
             acc_track: Tracer::disabled().declare_track("acc", TrackKind::Accelerator),
             tracer: Tracer::disabled(),
+            orch,
             engine: chosen.engine.map(Mutex::new),
             device_note: chosen.note,
             scratch: SamplerScratch::new(ds.num_vertices()),
@@ -392,6 +419,32 @@ impl Trainer {
         let e = self.engine.as_ref()?;
         let e = e.lock().ok()?;
         Some(e.cache_stats())
+    }
+
+    /// What layer-based orchestration did in the last epoch (`None` without
+    /// embedding reuse).
+    pub fn orchestration_stats(&self) -> Option<&OrchestrationStats> {
+        self.orch.as_ref()?.last_epoch()
+    }
+
+    /// What layer-based orchestration did over every epoch so far.
+    pub fn orchestration_totals(&self) -> Option<&OrchestrationStats> {
+        self.orch.as_ref().map(Orchestrator::totals)
+    }
+
+    /// The orchestrator, when training reuses hot embeddings (its relabeling maps
+    /// hot ranks back to vertex ids).
+    pub fn orchestrator(&self) -> Option<&Orchestrator> {
+        self.orch.as_ref()
+    }
+
+    /// Test hook: makes the orchestration's CPU workers fail as `fault` says from
+    /// the next epoch on (`None` clears it). No effect without embedding reuse.
+    #[doc(hidden)]
+    pub fn inject_orchestration_fault(&mut self, fault: Option<InjectedFault>) {
+        if let Some(o) = self.orch.as_mut() {
+            o.inject_fault(fault);
+        }
     }
 
     /// Records training into `tracer` from now on: slices `sample`, `gather` (with
@@ -568,6 +621,7 @@ impl Trainer {
             eval_secs: t.elapsed().as_secs_f64(),
             batches: pos.batch,
             steps: self.steps(),
+            orchestration: self.orch.as_ref().and_then(|o| o.last_epoch().cloned()),
         };
         if self.verbose {
             let acc = |a: Option<f64>| a.map_or_else(|| "-".into(), |x| format!("{x:.4}"));
@@ -580,6 +634,9 @@ impl Trainer {
                 stats.train_secs,
                 stats.eval_secs
             );
+            if let Some(o) = &stats.orchestration {
+                eprintln!("  {}", o.summary());
+            }
         }
         let mut stop = stop_at_end;
         for cb in &mut self.callbacks {
@@ -594,7 +651,11 @@ impl Trainer {
     /// is [`Error::Cancelled`].
     fn train_batches(&mut self) -> Result<bool> {
         if self.engine.is_some() {
-            let result = self.train_batches_on_engine();
+            let result = if self.orch.is_some() {
+                self.train_batches_orchestrated()
+            } else {
+                self.train_batches_on_engine()
+            };
             let synced = self.sync_from_engine();
             return result.and_then(|stop| synced.map(|()| stop));
         }
@@ -782,6 +843,74 @@ impl Trainer {
         }
         pos.train_secs += t.elapsed().as_secs_f64();
         Ok(false)
+    }
+
+    /// [`Trainer::train_batches_on_engine`] through the orchestration pipeline
+    /// ([`crate::orchestrate::pipeline`]): same batches, order and seeds; hot
+    /// vertices' bottom-layer rows come from the CPU within the staleness bound.
+    fn train_batches_orchestrated(&mut self) -> Result<bool> {
+        let t = Instant::now();
+        let epoch = self.pos.epoch;
+        let base = derive_seed(self.cfg.train.seed, 1000 + epoch as u64);
+        let mut order = self.train_ids.clone();
+        Rng::new(base).shuffle(&mut order);
+        let batches: Vec<&[u32]> = order.chunks(self.cfg.train.batch_size).collect();
+        let total = batches.len();
+        let Self {
+            ds,
+            engine,
+            orch,
+            pos,
+            callbacks,
+            cancel,
+            tracer,
+            ..
+        } = self;
+        let (Some(engine), Some(orch)) = (engine.as_ref(), orch.as_mut()) else {
+            return Ok(false);
+        };
+        let mut engine = engine.lock().map_err(|_| poisoned())?;
+        let run = EpochRun {
+            ds,
+            batches: &batches,
+            start: pos.batch.min(total),
+            base_seed: base,
+            epoch,
+            tracer,
+            cancel,
+        };
+        let mut on_batch = |d: &BatchDone| -> bool {
+            let n = batches[d.k].len();
+            pos.batch = d.k + 1;
+            pos.loss_sum += d.loss_sum;
+            pos.correct += d.correct as u64;
+            pos.seen += n as u64;
+            let metrics = BatchMetrics {
+                epoch,
+                batch: d.k,
+                batches: total,
+                batch_size: n,
+                loss: d.loss_sum / n.max(1) as f64,
+                accuracy: d.correct as f64 / n.max(1) as f64,
+                seconds: d.seconds,
+                step: d.version,
+            };
+            let mut stop = false;
+            for cb in callbacks.iter_mut() {
+                stop |= cb.on_batch(&metrics) == Control::Stop;
+            }
+            stop
+        };
+        let end = orch.run_epoch(&mut **engine, &run, &mut on_batch);
+        pos.train_secs += t.elapsed().as_secs_f64();
+        match end? {
+            EpochEnd::Finished(stop) => Ok(stop),
+            EpochEnd::Stopped(k, cause) => Err(Error::Cancelled {
+                epoch,
+                batch: k,
+                cause,
+            }),
+        }
     }
 
     /// Logits of every vertex by layer-wise full-graph inference (no dropout).

@@ -436,6 +436,66 @@ impl<T: Real> Model<T> {
         self.names.clone()
     }
 
+    /// The parameter tensors of layer `l` (a snapshot to publish), in order.
+    pub fn layer_params(&self, l: usize) -> Result<&[Vec<T>]> {
+        let spec = self
+            .layers
+            .get(l)
+            .ok_or_else(|| CpuOpsError::InvalidArgument {
+                name: "layer",
+                reason: format!("the model has {} layers", self.layers.len()),
+            })?;
+        let end = self
+            .layers
+            .get(l + 1)
+            .map_or(self.params.len(), |s| s.first_param);
+        Ok(&self.params[spec.first_param..end])
+    }
+
+    /// Layer `l` alone over `block` with the given tensors of that layer (e.g. a
+    /// snapshot of older weights; same order and lengths as
+    /// [`Model::layer_params`]), without dropout; the activation is applied below
+    /// the top layer. `x` is `num_src × d_in`; the result `num_dst × d_out`.
+    pub fn forward_layer_with(
+        &self,
+        l: usize,
+        params: &[Vec<T>],
+        block: &BlockView<'_>,
+        x: ModelInput<'_, T>,
+    ) -> Result<Vec<T>> {
+        let own = self.layer_params(l)?;
+        if params.len() != own.len() {
+            return Err(CpuOpsError::SizeMismatch {
+                what: "tensors of the layer",
+                expected: own.len(),
+                found: params.len(),
+            });
+        }
+        for (p, o) in params.iter().zip(own) {
+            if p.len() != o.len() {
+                return Err(CpuOpsError::SizeMismatch {
+                    what: "a tensor of the layer",
+                    expected: o.len(),
+                    found: p.len(),
+                });
+            }
+        }
+        let spec = &self.layers[l];
+        x.check(block.num_src(), spec.d_in)?;
+        let (mut out, _) = match self.cfg.kind {
+            ModelKind::Gcn => gcn::forward(spec, params, block, x)?,
+            ModelKind::Sage => sage::forward(spec, params, block, x)?,
+            ModelKind::Gat => gat::forward(spec, params, block, x)?,
+        };
+        if !spec.last {
+            match self.cfg.kind {
+                ModelKind::Gat => elu(&mut out, ELU_ALPHA)?,
+                ModelKind::Gcn | ModelKind::Sage => relu(&mut out),
+            }
+        }
+        Ok(out)
+    }
+
     /// Checks that `blocks` fit the model: one per layer, chained
     /// (`num_dst(l) == num_src(l+1)`).
     fn check_blocks(&self, blocks: &[BlockView<'_>]) -> Result<()> {

@@ -858,3 +858,48 @@ fn hidden_output_is_the_input_of_the_layer_above() {
         assert_eq!(alone.logits(), fwd.logits(), "{kind:?}");
     }
 }
+
+#[test]
+fn forward_layer_with_own_params_matches_the_full_forward() {
+    for kind in [ModelKind::Gcn, ModelKind::Sage, ModelKind::Gat] {
+        let cfg = ModelConfig {
+            kind,
+            in_dim: 6,
+            hidden: 8,
+            num_classes: 3,
+            num_layers: 2,
+            heads: 2,
+            dropout: 0.0,
+        };
+        let model = Model::<f32>::new(&cfg, 3).unwrap();
+        // 4 sources, 3 destinations.
+        let (indptr, indices) = (vec![0u64, 2, 3, 5], vec![1u32, 3, 0, 2, 3]);
+        let b0 = BlockView::new(4, &indptr, &indices).unwrap();
+        let b1 = BlockView::new(3, &[0, 2], &[1, 2]).unwrap();
+        let x: Vec<f32> = (0..24).map(|i| (i as f32 * 0.37).sin()).collect();
+        let fwd = model
+            .forward(
+                &[BlockView::new(4, &indptr, &indices).unwrap(), b1],
+                &x,
+                false,
+                0,
+            )
+            .unwrap();
+        let own: Vec<Vec<f32>> = model.layer_params(0).unwrap().to_vec();
+        let h = model
+            .forward_layer_with(0, &own, &b0, ModelInput::Dense(&x))
+            .unwrap();
+        assert_eq!(h.as_slice(), fwd.hidden(0).unwrap(), "{kind:?}");
+        // Other weights give other rows; wrong tensors are refused.
+        let mut other = own.clone();
+        other[0].iter_mut().for_each(|w| *w *= 2.0);
+        let h2 = model
+            .forward_layer_with(0, &other, &b0, ModelInput::Dense(&x))
+            .unwrap();
+        assert_ne!(h2, h);
+        assert!(model
+            .forward_layer_with(0, &own[..1], &b0, ModelInput::Dense(&x))
+            .is_err());
+        assert!(model.layer_params(2).is_err());
+    }
+}

@@ -16,6 +16,19 @@
 //! [`DeviceModel::train_step`] does all four. [`DeviceModel::forward_layer`] applies
 //! one layer without dropout, for layer-wise full-graph inference.
 //!
+//! # Historical embeddings of hot vertices
+//! [`DeviceModel::forward_hot`], [`DeviceModel::backward`] and
+//! [`DeviceModel::train_step_hot`] take [`HotRows`]: rows of layer 0's output
+//! (after its activation) computed elsewhere — the CPU, with older weights — for
+//! some of block 0's destinations (= block 1's sources), by position.
+//! 1. Layer 0 runs over the whole block as usual.
+//! 2. After its activation, the rows at `positions` are overwritten with the given
+//!    embeddings ([`Backend::index_put_rows`]), before layer 1's dropout; layers
+//!    above read them like any other row.
+//! 3. In the backward, the gradient rows at those positions are zeroed before
+//!    layer 0's backward: historical embeddings are constants (the paper's
+//!    default), so hot destinations contribute nothing to layer 0's gradients.
+//!
 //! Per layer (`X` = input, `n_src`/`n_dst` from the block, `G` = gradient of the
 //! output), with the host model's choice of order: aggregate first when
 //! `d_in ≤ d_out`, else project first (`A (X·W)`):
@@ -97,12 +110,26 @@ struct LayerFwd<B: Backend> {
     act: Option<B::Buf<f32>>,
 }
 
+/// Historical embeddings for some of layer 0's outputs (module doc, "Historical
+/// embeddings of hot vertices").
+pub struct HotRows<'a, B: Backend> {
+    /// Distinct positions in block 0's destinations, `n` of them.
+    pub positions: &'a B::Buf<u32>,
+    /// `n × layer_out_dim(0)` rows: layer 0's output after its activation.
+    pub rows: &'a B::Buf<f32>,
+    /// Number of hot rows.
+    pub n: usize,
+}
+
 /// The result of [`DeviceModel::forward`]: the logits and what the backward needs.
 pub struct DeviceForward<B: Backend> {
     layers: Vec<LayerFwd<B>>,
     /// `(num_src, num_dst)` of each block.
     shapes: Vec<(usize, usize)>,
     logits: B::Buf<f32>,
+    /// Positions of layer 0's outputs replaced by historical embeddings (a copy),
+    /// and how many.
+    hot: Option<(B::Buf<u32>, usize)>,
 }
 
 impl<B: Backend> DeviceForward<B> {
@@ -358,7 +385,25 @@ impl<B: Backend> DeviceModel<B> {
         train: bool,
         seed: u64,
     ) -> Result<DeviceForward<B>> {
+        self.forward_hot(dev, blocks, x, train, seed, None)
+    }
+
+    /// [`DeviceModel::forward`] with layer 0's outputs at `hot.positions` replaced
+    /// by `hot.rows` (module doc). Needs at least two layers when `hot` is given.
+    pub fn forward_hot(
+        &self,
+        dev: &B,
+        blocks: &[B::Block],
+        x: &B::Buf<f32>,
+        train: bool,
+        seed: u64,
+        hot: Option<&HotRows<'_, B>>,
+    ) -> Result<DeviceForward<B>> {
         let shapes = self.check_blocks(dev, blocks)?;
+        let hot = match hot {
+            Some(h) if h.n > 0 => Some(self.check_hot(dev, &shapes, h)?),
+            _ => None,
+        };
         let need = shapes[0].0 * self.cfg.in_dim;
         if dev.len(x) < need {
             return Err(GpuOpsError::SizeMismatch {
@@ -395,15 +440,65 @@ impl<B: Backend> DeviceModel<B> {
             } else {
                 let mut out = out;
                 self.activate(dev, &mut out, nd * spec.d_out)?;
+                if let (0, Some(h)) = (l, &hot) {
+                    dev.index_put_rows(h.rows, spec.d_out, h.positions, h.n, &mut out)?;
+                }
                 state.act = Some(out);
             }
             layers.push(state);
         }
+        let hot = match hot {
+            Some(h) => {
+                let mut pos = dev.alloc(h.n)?;
+                dev.copy(h.positions, &mut pos, h.n)?;
+                Some((pos, h.n))
+            }
+            None => None,
+        };
         Ok(DeviceForward {
             layers,
             shapes,
             logits: logits.ok_or_else(|| internal("no layers"))?,
+            hot,
         })
+    }
+
+    /// Checks hot rows against the blocks' shapes (positions are checked by
+    /// [`Backend::index_put_rows`]).
+    fn check_hot<'h>(
+        &self,
+        dev: &B,
+        shapes: &[(usize, usize)],
+        hot: &'h HotRows<'h, B>,
+    ) -> Result<&'h HotRows<'h, B>> {
+        let Some(spec) = self.specs.first().filter(|s| !s.last) else {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "hot rows",
+                reason: "historical embeddings replace layer 0's output, which needs a layer above it (model.layers ≥ 2)".into(),
+            });
+        };
+        if hot.n > shapes[0].1 {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "hot rows (at most num_dst of block 0)",
+                expected: shapes[0].1,
+                found: hot.n,
+            });
+        }
+        if dev.len(hot.rows) < hot.n * spec.d_out {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "hot rows (n × layer 0's output width)",
+                expected: hot.n * spec.d_out,
+                found: dev.len(hot.rows),
+            });
+        }
+        if dev.len(hot.positions) < hot.n {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "hot positions",
+                expected: hot.n,
+                found: dev.len(hot.positions),
+            });
+        }
+        Ok(hot)
     }
 
     /// Layer `l` alone, without dropout, activation included below the top:
@@ -556,6 +651,12 @@ impl<B: Backend> DeviceModel<B> {
             let (ns, nd) = shapes[l];
             let cache = &fwd.layers[l];
             if let Some(g) = g_owned.as_mut() {
+                if let (0, Some((pos, n))) = (l, &fwd.hot) {
+                    // Historical embeddings are constants: no gradient flows into
+                    // layer 0 through the hot rows.
+                    let zeros = dev.alloc(n * spec.d_out)?;
+                    dev.index_put_rows(&zeros, spec.d_out, pos, *n, g)?;
+                }
                 let act = cache.act.as_ref().ok_or_else(|| internal("missing act"))?;
                 match self.cfg.kind {
                     ModelKind::Gat => dev.elu_backward(act, g, nd * spec.d_out, ELU_ALPHA)?,
@@ -746,7 +847,21 @@ impl<B: Backend> DeviceModel<B> {
         labels: &B::Buf<u32>,
         seed: u64,
     ) -> Result<LossStats> {
-        let fwd = self.forward(dev, blocks, x, true, seed)?;
+        self.train_step_hot(dev, blocks, x, labels, seed, None)
+    }
+
+    /// [`DeviceModel::train_step`] with historical embeddings for some of layer 0's
+    /// outputs ([`DeviceModel::forward_hot`]; their gradient rows are zeroed).
+    pub fn train_step_hot(
+        &mut self,
+        dev: &B,
+        blocks: &[B::Block],
+        x: &B::Buf<f32>,
+        labels: &B::Buf<u32>,
+        seed: u64,
+        hot: Option<&HotRows<'_, B>>,
+    ) -> Result<LossStats> {
+        let fwd = self.forward_hot(dev, blocks, x, true, seed, hot)?;
         let rows = fwd.rows();
         let classes = self.cfg.num_classes;
         let mut dlogits = dev.alloc(rows * classes)?;

@@ -211,3 +211,217 @@ fn mismatched_blocks_are_errors() {
     let short = dev.to_device(&[0f32; 5]).expect("x");
     assert!(dm.forward(&dev, &[b, b2], &short, false, 0).is_err());
 }
+
+/// Trains one step with layer 0's outputs at `positions` replaced by `rows`
+/// (`None`: plain); returns (logits, gradients).
+#[allow(clippy::too_many_arguments)]
+fn hot_step(
+    dev: &HostBackend,
+    dm: &mut DeviceModel<HostBackend>,
+    blocks: &[<HostBackend as Backend>::Block],
+    x: &<HostBackend as Backend>::Buf<f32>,
+    grad: &[f32],
+    rows: usize,
+    classes: usize,
+    hot: Option<(&[u32], &[f32])>,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let bufs = hot.map(|(p, r)| {
+        (
+            dev.to_device(p).expect("positions"),
+            dev.to_device(r).expect("rows"),
+            p.len(),
+        )
+    });
+    let hr = bufs.as_ref().map(|(p, r, n)| super::HotRows {
+        positions: p,
+        rows: r,
+        n: *n,
+    });
+    let fwd = dm
+        .forward_hot(dev, blocks, x, true, 99, hr.as_ref())
+        .expect("forward");
+    let logits = dev.to_host(fwd.logits(), rows * classes).expect("logits");
+    let gd = dev.to_device(grad).expect("grad");
+    dm.backward(dev, blocks, x, &fwd, &gd).expect("backward");
+    (logits, dm.grads_to_host(dev).expect("grads"))
+}
+
+/// Historical embeddings equal to the fresh layer-0 outputs leave the logits
+/// unchanged; layer 0's gradients then split by linearity: the gradient with hot
+/// set `P` plus the gradient with its complement equals the plain gradient (each
+/// counts only its cold rows), with every row hot it is zero, and layers above are
+/// untouched. Perturbed hot rows change the logits (the rows are really used).
+fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
+    let g = random_graph(300, 2400, 9);
+    let classes = 4;
+    let cfg = ModelConfig {
+        kind,
+        in_dim,
+        hidden,
+        num_classes: classes,
+        num_layers: 2,
+        heads: 2,
+        dropout: 0.5,
+    };
+    let host = Model::<f32>::new(&cfg, 13).expect("model");
+    let dev = HostBackend::new();
+    let mut dm = DeviceModel::from_host(&dev, &host, AdamConfig::default()).expect("dm");
+    let seeds: Vec<u32> = (0..30).map(|i| i * 9).collect();
+    let sampler = NeighborSampler::new(vec![4, 4]).expect("sampler");
+    let mut scratch = SamplerScratch::new(g.num_vertices());
+    let batch = sampler.sample(&g, &seeds, 4, &mut scratch).expect("sample");
+    let mut rng = Rng::new(6);
+    let n_in = batch.input_ids().len();
+    let x: Vec<f32> = (0..n_in * in_dim).map(|_| rng.normal() as f32).collect();
+    let grad: Vec<f32> = (0..seeds.len() * classes)
+        .map(|_| rng.normal() as f32 * 0.1)
+        .collect();
+    let blocks: Vec<_> = batch
+        .blocks()
+        .iter()
+        .map(|b| {
+            dev.block_from_host(b.num_src(), b.indptr(), b.indices())
+                .expect("block")
+        })
+        .collect();
+    let xd = dev.to_device(&x).expect("x");
+    let nd0 = batch.blocks()[0].num_dst();
+    let fresh = dm.forward_layer(&dev, 0, &blocks[0], &xd).expect("layer 0");
+    let fresh = dev.to_host(&fresh, nd0 * hidden).expect("fresh");
+    let rows_of = |pos: &[u32]| -> Vec<f32> {
+        pos.iter()
+            .flat_map(|&p| {
+                fresh[p as usize * hidden..(p as usize + 1) * hidden]
+                    .iter()
+                    .copied()
+            })
+            .collect()
+    };
+    // Hot: every third destination (seeds included) — a mix of positions.
+    let hot: Vec<u32> = (0..nd0 as u32).filter(|p| p % 3 == 1).collect();
+    let cold: Vec<u32> = (0..nd0 as u32).filter(|p| p % 3 != 1).collect();
+    let all: Vec<u32> = (0..nd0 as u32).collect();
+    let n = seeds.len();
+    let (l_plain, g_plain) = hot_step(&dev, &mut dm, &blocks, &xd, &grad, n, classes, None);
+    let (hr, cr, ar) = (rows_of(&hot), rows_of(&cold), rows_of(&all));
+    let (l_hot, g_hot) = hot_step(
+        &dev,
+        &mut dm,
+        &blocks,
+        &xd,
+        &grad,
+        n,
+        classes,
+        Some((&hot, &hr)),
+    );
+    let (_, g_cold) = hot_step(
+        &dev,
+        &mut dm,
+        &blocks,
+        &xd,
+        &grad,
+        n,
+        classes,
+        Some((&cold, &cr)),
+    );
+    let (_, g_all) = hot_step(
+        &dev,
+        &mut dm,
+        &blocks,
+        &xd,
+        &grad,
+        n,
+        classes,
+        Some((&all, &ar)),
+    );
+    close("logits with fresh hot rows", &l_hot, &l_plain, 1e-5);
+    let layer0 = dm.layer_params(0).expect("layer 0");
+    for i in 0..g_plain.len() {
+        let name = &dm.param_names()[i];
+        if layer0.contains(&i) {
+            let sum: Vec<f32> = g_hot[i]
+                .iter()
+                .zip(&g_cold[i])
+                .map(|(a, b)| a + b)
+                .collect();
+            close(
+                &format!("{name}: hot + complement"),
+                &sum,
+                &g_plain[i],
+                1e-4,
+            );
+            assert!(g_all[i].iter().all(|&v| v.abs() < 1e-6), "{name}: all hot");
+            let diff = g_hot[i]
+                .iter()
+                .zip(&g_plain[i])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(diff > 1e-6, "{name}: hot rows changed nothing");
+        } else {
+            close(
+                &format!("{name}: above layer 0"),
+                &g_hot[i],
+                &g_plain[i],
+                1e-5,
+            );
+        }
+    }
+    // Stale rows are really used.
+    let stale: Vec<f32> = hr.iter().map(|v| v + 0.5).collect();
+    let (l_stale, _) = hot_step(
+        &dev,
+        &mut dm,
+        &blocks,
+        &xd,
+        &grad,
+        n,
+        classes,
+        Some((&hot, &stale)),
+    );
+    assert!(
+        l_stale
+            .iter()
+            .zip(&l_plain)
+            .any(|(a, b)| (a - b).abs() > 1e-4),
+        "stale hot rows left the logits unchanged"
+    );
+}
+
+#[test]
+fn hot_rows_replace_layer0_outputs_and_get_no_gradient() {
+    check_hot(ModelKind::Sage, 12, 16); // aggregate first
+    check_hot(ModelKind::Sage, 40, 16); // project first
+    check_hot(ModelKind::Gcn, 12, 16);
+    check_hot(ModelKind::Gcn, 40, 16);
+    check_hot(ModelKind::Gat, 12, 16);
+}
+
+#[test]
+fn hot_rows_are_checked() {
+    let cfg = ModelConfig {
+        kind: ModelKind::Sage,
+        in_dim: 4,
+        hidden: 8,
+        num_classes: 3,
+        num_layers: 1,
+        heads: 1,
+        dropout: 0.0,
+    };
+    let host = Model::<f32>::new(&cfg, 1).expect("model");
+    let dev = HostBackend::new();
+    let dm = DeviceModel::from_host(&dev, &host, AdamConfig::default()).expect("dm");
+    let block = dev.block_from_host(2, &[0, 1, 2], &[1, 0]).expect("block");
+    let x = dev.to_device(&[0f32; 8]).expect("x");
+    let pos = dev.to_device(&[0u32]).expect("pos");
+    let rows = dev.to_device(&[0f32; 3]).expect("rows");
+    let hot = super::HotRows {
+        positions: &pos,
+        rows: &rows,
+        n: 1,
+    };
+    let e = dm
+        .forward_hot(&dev, &[block], &x, false, 0, Some(&hot))
+        .err()
+        .expect("1-layer model refuses hot rows");
+    assert!(e.to_string().contains("layers"), "{e}");
+}

@@ -218,6 +218,9 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
             s.train_secs,
             s.eval_secs
         );
+        if let Some(o) = &s.orchestration {
+            println!("        {}", o.summary());
+        }
         if let Some(run) = &mut run_dir {
             run.record(&s)?;
             let done = trainer.epoch();
