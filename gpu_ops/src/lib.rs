@@ -24,4 +24,4 @@ pub use error::{GpuOpsError, Result};
 pub use host::{
     HostBackend, HostBlock, HostBuf, HostEvent, HostFeatures, HostGraph, HostMask, HostStream,
 };
-pub use model::{AdamMoments, DeviceForward, DeviceModel, HotRows};
+pub use model::{AdamMoments, DeviceForward, DeviceModel, HotGrad, HotRows};

@@ -347,6 +347,29 @@ impl OnLateKind {
     }
 }
 
+/// `orchestration.hot_backward`: what layer 0's backward does with reused rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HotBackward {
+    /// Historical embeddings are constants (the paper's default): hot destinations
+    /// give layer 0 no gradient.
+    #[default]
+    Constant,
+    /// Hot destinations' gradient flows into layer 0 through the accelerator's
+    /// aggregate of their sampled neighbors (masked by the historical activation).
+    Aggregate,
+}
+
+impl HotBackward {
+    /// The device model's mode of the same meaning.
+    pub fn to_device(self) -> gpu_ops::HotGrad {
+        match self {
+            Self::Constant => gpu_ops::HotGrad::Constant,
+            Self::Aggregate => gpu_ops::HotGrad::Aggregate,
+        }
+    }
+}
+
 /// Default `orchestration.super_batch` (batches per super-batch).
 pub const DEFAULT_SUPER_BATCH: usize = 4;
 /// Largest accepted `orchestration.super_batch`.
@@ -375,6 +398,8 @@ pub struct OrchestrationSection {
     pub staleness_bound: u64,
     /// `"wait"` or `"compute"`.
     pub on_late: OnLateKind,
+    /// `"constant"` or `"aggregate"`.
+    pub hot_backward: HotBackward,
     /// Whether the hybrid monitor moves hot vertices between CPU compute and the
     /// device feature cache.
     pub monitor: bool,
@@ -392,6 +417,7 @@ impl Default for OrchestrationSection {
             super_batch: DEFAULT_SUPER_BATCH,
             staleness_bound: 2 * DEFAULT_SUPER_BATCH as u64 - 1,
             on_late: OnLateKind::Wait,
+            hot_backward: HotBackward::Constant,
             monitor: false,
             cpu_workers: 1,
         }

@@ -79,6 +79,8 @@ pub struct HostHotRows {
     pub positions: Vec<u32>,
     /// Row-major rows, `positions.len() × dim`.
     pub rows: Vec<f32>,
+    /// How layer 0's backward treats them (`orchestration.hot_backward`).
+    pub grad: gpu_ops::HotGrad,
 }
 
 /// How to set a [`DeviceEngine`] up.
@@ -360,6 +362,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
                 positions: p,
                 rows: r,
                 n: hot.positions.len(),
+                grad: hot.grad,
             });
             self.model
                 .train_step_hot(&self.dev, &batch.blocks, &x, &labels, seed, rows.as_ref())

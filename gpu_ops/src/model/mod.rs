@@ -25,9 +25,15 @@
 //! 2. After its activation, the rows at `positions` are overwritten with the given
 //!    embeddings ([`Backend::index_put_rows`]), before layer 1's dropout; layers
 //!    above read them like any other row.
-//! 3. In the backward, the gradient rows at those positions are zeroed before
-//!    layer 0's backward: historical embeddings are constants (the paper's
-//!    default), so hot destinations contribute nothing to layer 0's gradients.
+//! 3. In the backward, with [`HotGrad::Constant`] (the paper's default) the
+//!    gradient rows at those positions are zeroed before layer 0's backward:
+//!    historical embeddings are constants, so hot destinations contribute nothing
+//!    to layer 0's gradients. With [`HotGrad::Aggregate`] the rows keep their
+//!    gradient, masked by the *historical* rows' activation, and layer 0's backward
+//!    runs through the accelerator's own aggregate of those destinations' sampled
+//!    neighbors: hot destinations also train layer 0 (issue 6's optional mode, in
+//!    which the CPU would send its aggregate; here the accelerator has its own,
+//!    since it computes layer 0 over the whole block).
 //!
 //! Per layer (`X` = input, `n_src`/`n_dst` from the block, `G` = gradient of the
 //! output), with the host model's choice of order: aggregate first when
@@ -110,6 +116,17 @@ struct LayerFwd<B: Backend> {
     act: Option<B::Buf<f32>>,
 }
 
+/// How layer 0's backward treats the rows replaced by historical embeddings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HotGrad {
+    /// Constants: no gradient flows into layer 0 through them (the paper).
+    #[default]
+    Constant,
+    /// Their gradient flows into layer 0 through the accelerator's aggregate of
+    /// their sampled neighbors, masked by the historical activation.
+    Aggregate,
+}
+
 /// Historical embeddings for some of layer 0's outputs (module doc, "Historical
 /// embeddings of hot vertices").
 pub struct HotRows<'a, B: Backend> {
@@ -119,6 +136,8 @@ pub struct HotRows<'a, B: Backend> {
     pub rows: &'a B::Buf<f32>,
     /// Number of hot rows.
     pub n: usize,
+    /// How the backward treats them.
+    pub grad: HotGrad,
 }
 
 /// The result of [`DeviceModel::forward`]: the logits and what the backward needs.
@@ -129,7 +148,7 @@ pub struct DeviceForward<B: Backend> {
     logits: B::Buf<f32>,
     /// Positions of layer 0's outputs replaced by historical embeddings (a copy),
     /// and how many.
-    hot: Option<(B::Buf<u32>, usize)>,
+    hot: Option<(B::Buf<u32>, usize, HotGrad)>,
 }
 
 impl<B: Backend> DeviceForward<B> {
@@ -451,7 +470,7 @@ impl<B: Backend> DeviceModel<B> {
             Some(h) => {
                 let mut pos = dev.alloc(h.n)?;
                 dev.copy(h.positions, &mut pos, h.n)?;
-                Some((pos, h.n))
+                Some((pos, h.n, h.grad))
             }
             None => None,
         };
@@ -651,7 +670,7 @@ impl<B: Backend> DeviceModel<B> {
             let (ns, nd) = shapes[l];
             let cache = &fwd.layers[l];
             if let Some(g) = g_owned.as_mut() {
-                if let (0, Some((pos, n))) = (l, &fwd.hot) {
+                if let (0, Some((pos, n, HotGrad::Constant))) = (l, &fwd.hot) {
                     // Historical embeddings are constants: no gradient flows into
                     // layer 0 through the hot rows.
                     let zeros = dev.alloc(n * spec.d_out)?;

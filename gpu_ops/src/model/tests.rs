@@ -224,6 +224,7 @@ fn hot_step(
     rows: usize,
     classes: usize,
     hot: Option<(&[u32], &[f32])>,
+    mode: super::HotGrad,
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
     let bufs = hot.map(|(p, r)| {
         (
@@ -236,6 +237,7 @@ fn hot_step(
         positions: p,
         rows: r,
         n: *n,
+        grad: mode,
     });
     let fwd = dm
         .forward_hot(dev, blocks, x, true, 99, hr.as_ref())
@@ -302,7 +304,17 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
     let cold: Vec<u32> = (0..nd0 as u32).filter(|p| p % 3 != 1).collect();
     let all: Vec<u32> = (0..nd0 as u32).collect();
     let n = seeds.len();
-    let (l_plain, g_plain) = hot_step(&dev, &mut dm, &blocks, &xd, &grad, n, classes, None);
+    let (l_plain, g_plain) = hot_step(
+        &dev,
+        &mut dm,
+        &blocks,
+        &xd,
+        &grad,
+        n,
+        classes,
+        None,
+        super::HotGrad::Constant,
+    );
     let (hr, cr, ar) = (rows_of(&hot), rows_of(&cold), rows_of(&all));
     let (l_hot, g_hot) = hot_step(
         &dev,
@@ -313,6 +325,7 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
         n,
         classes,
         Some((&hot, &hr)),
+        super::HotGrad::Constant,
     );
     let (_, g_cold) = hot_step(
         &dev,
@@ -323,6 +336,7 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
         n,
         classes,
         Some((&cold, &cr)),
+        super::HotGrad::Constant,
     );
     let (_, g_all) = hot_step(
         &dev,
@@ -333,6 +347,7 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
         n,
         classes,
         Some((&all, &ar)),
+        super::HotGrad::Constant,
     );
     close("logits with fresh hot rows", &l_hot, &l_plain, 1e-5);
     let layer0 = dm.layer_params(0).expect("layer 0");
@@ -366,6 +381,27 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
             );
         }
     }
+    // Aggregate mode: fresh hot rows keep their gradient, which flows through the
+    // accelerator's own layer 0, so every gradient is the plain one.
+    let (_, g_agg) = hot_step(
+        &dev,
+        &mut dm,
+        &blocks,
+        &xd,
+        &grad,
+        n,
+        classes,
+        Some((&hot, &hr)),
+        super::HotGrad::Aggregate,
+    );
+    for (i, (a, b)) in g_agg.iter().zip(&g_plain).enumerate() {
+        close(
+            &format!("{}: aggregate mode", dm.param_names()[i]),
+            a,
+            b,
+            1e-5,
+        );
+    }
     // Stale rows are really used.
     let stale: Vec<f32> = hr.iter().map(|v| v + 0.5).collect();
     let (l_stale, _) = hot_step(
@@ -377,6 +413,7 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
         n,
         classes,
         Some((&hot, &stale)),
+        super::HotGrad::Constant,
     );
     assert!(
         l_stale
@@ -418,6 +455,7 @@ fn hot_rows_are_checked() {
         positions: &pos,
         rows: &rows,
         n: 1,
+        grad: super::HotGrad::Constant,
     };
     let e = dm
         .forward_hot(&dev, &[block], &x, false, 0, Some(&hot))

@@ -284,6 +284,8 @@ pub struct Orchestrator {
     split: HotSplit,
     table: HotTable,
     rule: StalenessRule,
+    /// `orchestration.hot_backward`.
+    hot_grad: gpu_ops::HotGrad,
     pipeline: PipelineConfig,
     workers: usize,
     bottom_fanout: u32,
@@ -339,6 +341,7 @@ impl Orchestrator {
             split: HotSplit::all_cpu(hot),
             table: HotTable::new(hot as usize, width),
             rule: StalenessRule::new(cfg.staleness_bound, cfg.on_late.to_scheduler()),
+            hot_grad: cfg.hot_backward.to_device(),
             pipeline,
             workers: cpu_workers.max(1),
             bottom_fanout,
@@ -413,6 +416,7 @@ impl Orchestrator {
             run,
             shared: &shared,
             acc_track,
+            hot_grad: self.hot_grad,
         };
         let result = std::thread::scope(|scope| {
             for (i, &track) in worker_tracks.iter().enumerate() {
@@ -565,6 +569,8 @@ struct Accelerator<'a> {
     run: &'a EpochRun<'a>,
     shared: &'a Shared<'a>,
     acc_track: TrackId,
+    /// `orchestration.hot_backward`.
+    hot_grad: gpu_ops::HotGrad,
 }
 
 impl Accelerator<'_> {
@@ -750,7 +756,10 @@ impl Accelerator<'_> {
                 scheduler::OnLate::Wait => self.wait(&late, b, urgent_seq)?,
             }
         }
-        let mut rows = HostHotRows::default();
+        let mut rows = HostHotRows {
+            grad: self.hot_grad,
+            ..HostHotRows::default()
+        };
         rows.rows.reserve(hot.len() * table.dim());
         let mut max_gap = None;
         let mut gaps = GapHistogram::new();
