@@ -432,6 +432,20 @@ impl OrchestrationSection {
             .map_err(|e| Error::invalid_argument("orchestration.policy", e.to_string()))
     }
 
+    /// Where sampling and gathering run under the policy (training is on the
+    /// accelerator): the step-based policies name it; `"layer"` samples and
+    /// gathers on the accelerator (its CPU work is the hot-vertex compute).
+    pub fn step_placement(&self) -> Result<scheduler::StepBased> {
+        use scheduler::{Device::Accelerator as Acc, Device::Cpu, Orchestration as O};
+        let (sample, gather) = match self.orchestration()? {
+            O::Layer | O::GpuSampleGpuGather => (Acc, Acc),
+            O::CpuSampleCpuGather => (Cpu, Cpu),
+            O::GpuSampleCpuGather => (Acc, Cpu),
+            O::CpuSampleGpuGather => (Cpu, Acc),
+        };
+        Ok(scheduler::StepBased::new(sample, gather))
+    }
+
     /// Whether training reuses CPU-computed hot embeddings (policy `"layer"` with a
     /// positive `hot_ratio`).
     pub fn reuses_embeddings(&self) -> bool {
@@ -875,11 +889,24 @@ impl TrainConfig {
             TOML_INT_MAX,
         )?;
         if o.policy != "layer" {
-            return Err(range_err(
-                "orchestration.policy",
-                "\"layer\": the step-based baselines are planned and simulated by the scheduler but not executed by the runtime yet (docs/orchestration.md §9)",
-                format!("\"{}\"", o.policy),
-            ));
+            if o.hot_ratio > 0.0 {
+                return Err(range_err(
+                    "orchestration.hot_ratio",
+                    &format!(
+                        "0 with orchestration.policy = \"{}\": step-based placements do not reuse embeddings (only \"layer\" does)",
+                        o.policy
+                    ),
+                    o.hot_ratio,
+                ));
+            }
+            if self.device.kind == DeviceKind::Host && self.device.host_engine == HostEngine::Native
+            {
+                return Err(range_err(
+                    "orchestration.policy",
+                    "\"layer\" on the native host path: step-based placements need a device engine (device.host_engine = \"ops\" or device.kind = \"cuda\")",
+                    format!("\"{}\"", o.policy),
+                ));
+            }
         }
         if o.hot_ratio > 0.0 {
             if self.model.layers < 2 {

@@ -9,17 +9,28 @@
 //!    the highest-degree vertices' rows are cached up to `device.cache_bytes`);
 //! 3. forward, loss, backward and Adam on the device ([`DeviceModel::train_step`]).
 //!
+//! `orchestration.policy` picks where steps 1 and 2 run ([`EngineOptions::placement`]):
+//! the step-based baselines sample and/or gather on the host instead and upload
+//! what they made (`engine/step_based.rs`). Every batch counts the bytes it moved
+//! host → device ([`Engine::h2d_bytes`]).
+//!
 //! Evaluation runs on the device too: layer-wise full-graph inference (the whole
 //! graph as one block per layer) or sampled mini-batches, as `train.eval_mode` says.
 //! The host model's parameters are uploaded at start ([`DeviceModel::from_host`]),
 //! so a device run starts from the same initialization as a host run with the seed.
 
+mod step_based;
+
 use cpu_ops::{AdamConfig, Model};
 use gpu_ops::{Backend, CacheStats, DeviceModel, GpuOpsError, TopologyPlacement};
+use scheduler::StepBased;
 
 use crate::config::{DeviceKind, DeviceSection, HostEngine};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
+use crate::trace::{Tracer, TrackId, TrackKind};
+
+use step_based::HostSide;
 
 /// What the trainer asks of a device: the steps of [`DeviceEngine`], object-safe.
 pub trait Engine: Send {
@@ -48,6 +59,15 @@ pub trait Engine: Send {
     fn version(&self) -> u64;
     /// Feature-cache statistics since the start (or the last reset).
     fn cache_stats(&self) -> CacheStats;
+    /// Bytes training batches moved host → device since the start: uploaded
+    /// blocks, ids, feature rows (host gathers and feature-cache misses), labels
+    /// and hot rows.
+    fn h2d_bytes(&self) -> u64;
+    /// Records [`Engine::train_batch`]'s steps into `tracer` from now on: host
+    /// steps as `sample` / `gather` slices on the calling thread's track, device
+    /// work as `device sample` / `device step` slices on `acc` (the batch's
+    /// host → device bytes on `device step`).
+    fn set_tracer(&mut self, tracer: Tracer, acc: TrackId);
 
     /// Samples the batch of `seeds` (with `seed`) now and keeps it under `key` for
     /// [`Engine::train_prepared`] (orchestration samples a super-batch ahead).
@@ -96,6 +116,9 @@ pub struct EngineOptions {
     pub topology: TopologyPlacement,
     /// Adam's hyper-parameters.
     pub adam: AdamConfig,
+    /// Where sampling and gathering run (`orchestration.policy`; training is on
+    /// the device). `"layer"` samples and gathers on the device.
+    pub placement: StepBased,
 }
 
 /// A dataset and a model on one backend.
@@ -115,6 +138,12 @@ pub struct DeviceEngine<B: Backend> {
     host_csr: (Vec<u64>, Vec<u32>),
     /// Batches sampled ahead ([`Engine::prepare_batch`]), by key.
     prepared: std::collections::HashMap<u64, gpu_ops::DeviceBatch<B>>,
+    /// Host copies of the topology and features, when a step runs on the host.
+    host: Option<HostSide>,
+    /// Host → device bytes of training batches so far.
+    h2d: u64,
+    tracer: Tracer,
+    acc: TrackId,
 }
 
 fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
@@ -144,7 +173,13 @@ impl<B: Backend> DeviceEngine<B> {
             .load_features(&ds.features, &order, opts.cache_bytes)
             .map_err(dev_err("loading the features"))?;
         let dm = DeviceModel::from_host(&dev, model, opts.adam).map_err(dev_err("model"))?;
+        let host = HostSide::new(ds, &opts)?;
+        let tracer = Tracer::disabled();
         Ok(Self {
+            host,
+            h2d: 0,
+            acc: tracer.declare_track("acc", TrackKind::Accelerator),
+            tracer,
             graph,
             features,
             model: dm,
@@ -219,18 +254,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 
     fn train_batch(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)> {
-        let (batch, x) = self.sample_and_gather(seeds, false, seed)?;
-        let labels = self
-            .dev
-            .to_device(&self.labels_of(seeds))
-            .map_err(dev_err("labels"))?;
-        let stats = self
-            .model
-            .train_step(&self.dev, &batch.blocks, &x, &labels, seed)
-            .map_err(dev_err("training step"));
-        self.x = Some(x);
-        let stats = stats?;
-        Ok((stats.loss * seeds.len() as f64, stats.correct))
+        self.train_batch_placed(seeds, seed)
     }
 
     fn full_graph_logits(&mut self) -> Result<Vec<f32>> {
@@ -314,6 +338,15 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         self.dev.cache_stats(&self.features)
     }
 
+    fn h2d_bytes(&self) -> u64 {
+        self.h2d
+    }
+
+    fn set_tracer(&mut self, tracer: Tracer, acc: TrackId) {
+        self.tracer = tracer;
+        self.acc = acc;
+    }
+
     fn prepare_batch(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>> {
         let batch = self
             .dev
@@ -343,7 +376,8 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             )
         })?;
         let n_in = self.dev.block_shape(&batch.blocks[0]).0;
-        let x = self.gather(&batch.src_ids[0], n_in)?;
+        let x = self.gather_counted(&batch.src_ids[0], n_in)?;
+        self.h2d += ((seeds.len() + hot.positions.len() + hot.rows.len()) * 4) as u64;
         let labels = self
             .dev
             .to_device(&self.labels_of(seeds))

@@ -53,7 +53,7 @@ use crate::generate::{generate_sbm, SbmOptions};
 use crate::orchestrate::pipeline::{BatchDone, EpochEnd, EpochRun};
 use crate::orchestrate::{InjectedFault, OrchestrationStats, Orchestrator};
 use crate::pool::build_pool;
-use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind, CACHE_HIT_RATE};
+use crate::trace::{FlowId, SliceGuard, Tracer, TrackId, TrackKind, CACHE_HIT_RATE};
 
 /// What one epoch did.
 #[derive(Clone, Debug, PartialEq)]
@@ -293,8 +293,18 @@ impl Trainer {
                     }
                 },
                 adam: *opt.config(),
+                placement: cfg.orchestration.step_placement()?,
             },
         )?;
+        if chosen.engine.is_none() && cfg.orchestration.policy != "layer" {
+            return Err(Error::invalid_argument(
+                "orchestration.policy",
+                format!(
+                    "\"{}\" needs a device engine (device.host_engine = \"ops\" or a GPU); {}",
+                    cfg.orchestration.policy, chosen.note
+                ),
+            ));
+        }
         let orch =
             match (&chosen.engine, cfg.orchestration.reuses_embeddings()) {
                 (Some(_), true) => Some(Orchestrator::new(
@@ -421,6 +431,13 @@ impl Trainer {
         Some(e.cache_stats())
     }
 
+    /// Bytes training batches moved host → device so far (blocks, ids, feature
+    /// rows, labels, hot rows; `None` on the native host path, which moves none).
+    pub fn h2d_bytes(&self) -> Option<u64> {
+        let e = self.engine.as_ref()?;
+        e.lock().ok().map(|e| e.h2d_bytes())
+    }
+
     /// What layer-based orchestration did in the last epoch (`None` without
     /// embedding reuse).
     pub fn orchestration_stats(&self) -> Option<&OrchestrationStats> {
@@ -453,8 +470,12 @@ impl Trainer {
     /// `epoch`), and a flow from each batch's gather to its forward. A disabled
     /// tracer (the default) records nothing.
     pub fn set_tracer(&mut self, tracer: Tracer) {
-        if self.engine.is_some() {
+        if let Some(engine) = self.engine.as_mut() {
             self.acc_track = tracer.declare_track("acc stream compute", TrackKind::Accelerator);
+            // A poisoned engine fails the next batch anyway.
+            if let Ok(e) = engine.get_mut() {
+                e.set_tracer(tracer.clone(), self.acc_track);
+            }
         }
         self.tracer = tracer;
     }
@@ -785,8 +806,6 @@ impl Trainer {
         let mut engine = engine.lock().map_err(|_| poisoned())?;
         let pos = &mut self.pos;
         let tracer = &self.tracer;
-        let acc = self.acc_track;
-        let row_bytes = self.ds.features.dim() as u64 * 4;
         let stopped = |pos: &mut Position, k: usize, cause: StopCause| {
             pos.train_secs += t.elapsed().as_secs_f64();
             Err(Error::Cancelled {
@@ -800,20 +819,12 @@ impl Trainer {
                 return stopped(pos, k, StopCause::Token);
             }
             let tb = Instant::now();
-            let before = engine.cache_stats();
-            let mut step = tracer
-                .slice_on(acc, "device step")
-                .epoch(epoch as u64)
-                .batch(k as u64);
+            // The engine records the batch's sample / gather / device-step slices
+            // (with its host → device bytes) into the tracer set on it.
             let (l, c) = engine.train_batch(seeds, derive_seed(base, k as u64))?;
             if tracer.is_enabled() {
-                // Rows the cache missed crossed the bus from host memory.
-                let after = engine.cache_stats();
-                let misses = after.misses.saturating_sub(before.misses);
-                step.set_transfer(Direction::HostToDevice, misses * row_bytes);
-                tracer.counter(CACHE_HIT_RATE, after.hit_rate());
+                tracer.counter(CACHE_HIT_RATE, engine.cache_stats().hit_rate());
             }
-            drop(step);
             let n = seeds.len();
             pos.batch = k + 1;
             pos.loss_sum += l;

@@ -5,7 +5,9 @@
 //! - [`bench_gather`]: feature-row gather, in GB/s next to the machine's limits
 //!   measured in the same run (a plain parallel row copy and a streaming memcpy);
 //! - [`backend::bench_backend`]: sampling, cached/uncached gather and GEMM on an
-//!   accelerator backend, next to a device-to-device copy.
+//!   accelerator backend, next to a device-to-device copy;
+//! - [`orchestration::bench_orchestration`]: one training config under the five
+//!   placements (epoch time, busy fractions, host → device bytes, accuracy).
 //!
 //! They time real work on the caller's data, on rayon's current pool, and return a
 //! report whose `Display` is a short table. Nothing is printed while they run.
@@ -14,6 +16,7 @@ pub mod aggregate;
 pub mod backend;
 mod gather;
 pub mod gemm;
+pub mod orchestration;
 mod sample;
 
 pub use gather::{bench_gather, CopyStats, GatherReport};

@@ -1,4 +1,4 @@
-//! `tandem bench sample | gather`: throughput against a reference measured in the
+//! `tandem bench sample | gather | aggregate | gemm | backend | orchestration`: throughput against a reference measured in the
 //! same run. Numbers and their interpretation live in `docs/performance.md`.
 
 use std::path::PathBuf;
@@ -12,7 +12,9 @@ use super::{parse_fanouts, Fanouts};
 use crate::bench::aggregate::bench_aggregate;
 use crate::bench::backend::{bench_backend, BackendBenchOptions};
 use crate::bench::gemm::{bench_gemm, GemmShape, LAYER_SHAPES};
+use crate::bench::orchestration::bench_orchestration;
 use crate::bench::{bench_gather, bench_sample};
+use crate::config::{env_overrides, Override, TrainConfig};
 use crate::dataset::{open_dataset, SplitSpec, Verify};
 use crate::error::{Error, Result};
 use crate::generate::{generate_rmat, RmatOptions};
@@ -31,6 +33,36 @@ pub(super) enum BenchCmd {
     /// GB/s (device cache hits and host reads) next to a device-to-device copy,
     /// GEMM GFLOP/s.
     Backend(BackendArgs),
+    /// One training config under the five placements (`orchestration.policy`):
+    /// epoch time, accelerator and CPU busy fractions, host→device bytes per
+    /// epoch, test accuracy at the best validation epoch.
+    Orchestration(OrchestrationArgs),
+}
+
+#[derive(Debug, Args)]
+pub(super) struct OrchestrationArgs {
+    /// TOML configuration file (default: the built-in synthetic dataset).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override a configuration key, e.g. `--set train.batch_size=256` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Epochs per policy (default: the config's `train.epochs`).
+    #[arg(long)]
+    epochs: Option<usize>,
+}
+
+fn run_orchestration(a: &OrchestrationArgs) -> Result<()> {
+    let mut layers = env_overrides(std::env::vars_os())?;
+    for o in &a.overrides {
+        layers.push(Override::from_set(o)?);
+    }
+    let cfg = match &a.config {
+        Some(p) => TrainConfig::load_layered(p, &layers)?,
+        None => TrainConfig::from_layers("", "built-in defaults".as_ref(), &layers)?,
+    };
+    print!("{}", bench_orchestration(&cfg, a.epochs)?);
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -265,6 +297,7 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
             println!("threads: {}\n{report}", rayon::current_num_threads());
         }
         BenchCmd::Backend(a) => run_backend(&a)?,
+        BenchCmd::Orchestration(a) => run_orchestration(&a)?,
         BenchCmd::Gemm(a) => {
             set_threads(a.pool.threads)?;
             let shapes = match &a.shapes {

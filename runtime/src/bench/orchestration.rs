@@ -1,0 +1,167 @@
+//! `tandem bench orchestration`: one config trained under all five placements
+//! (`orchestration.policy`), each traced, compared in one table.
+//!
+//! 1. The config is resolved once; when `device.kind` resolves to the host and
+//!    `device.host_engine` is `"native"`, it is set to `"ops"` (every placement
+//!    needs a device engine) and the report says so.
+//! 2. Each policy trains from the same seed for the same epochs: the step-based
+//!    ones with `hot_ratio = 0`, `"layer"` with the config's `hot_ratio` (0.2
+//!    when it is 0).
+//! 3. Per policy: the mean training time of the epochs after the first (the only
+//!    one when there is one), the accelerator and CPU busy fractions of the run's
+//!    trace, the engine's host → device bytes per epoch, and the test accuracy at
+//!    the best validation epoch.
+
+use std::fmt;
+
+use scheduler::Orchestration;
+
+use crate::config::{DeviceKind, HostEngine, TrainConfig};
+use crate::error::{Error, Result};
+use crate::trace::{fmt_bytes, summarize, Tracer};
+use crate::trainer::test_at_best_val;
+use crate::TrainerBuilder;
+
+/// `hot_ratio` of the `"layer"` row when the config's is 0.
+pub const DEFAULT_LAYER_HOT_RATIO: f64 = 0.2;
+
+/// One policy's row of the table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyRow {
+    /// The policy's config name.
+    pub policy: &'static str,
+    /// `orchestration.hot_ratio` it ran with.
+    pub hot_ratio: f64,
+    /// Mean training seconds per epoch, over the epochs after the first.
+    pub epoch_secs: f64,
+    /// Fraction of the trace's wall time an accelerator track was busy.
+    pub acc_busy: f64,
+    /// Fraction of the trace's wall time a CPU track was busy.
+    pub cpu_busy: f64,
+    /// Host → device bytes per epoch (the engine's counter).
+    pub h2d_per_epoch: u64,
+    /// Test accuracy at the best validation epoch (`None`: never evaluated).
+    pub test_acc: Option<f64>,
+}
+
+/// The table of [`bench_orchestration`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct OrchestrationReport {
+    /// The device engine the runs used.
+    pub device: String,
+    /// What the bench changed in the config, if anything.
+    pub notes: Vec<String>,
+    /// Epochs per run.
+    pub epochs: usize,
+    /// One row per policy, in [`Orchestration::ALL`]'s order.
+    pub rows: Vec<PolicyRow>,
+}
+
+/// Whether `device.kind` resolves to the host (`"host"`, or `"auto"` without a
+/// usable GPU).
+fn resolves_to_host(cfg: &TrainConfig) -> bool {
+    match cfg.device.kind {
+        DeviceKind::Host => true,
+        DeviceKind::Cuda => false,
+        DeviceKind::Auto => gpu_ops::CudaBackend::new(cfg.device.ordinal as usize).is_err(),
+    }
+}
+
+/// Trains `cfg` (with `epochs` epochs when given) under every policy and measures
+/// each run; see the module doc.
+pub fn bench_orchestration(
+    cfg: &TrainConfig,
+    epochs: Option<usize>,
+) -> Result<OrchestrationReport> {
+    let mut base = cfg.clone();
+    if let Some(e) = epochs {
+        if e == 0 {
+            return Err(Error::invalid_argument(
+                "--epochs",
+                "expected at least 1, found 0",
+            ));
+        }
+        base.train.epochs = e;
+    }
+    let mut notes = Vec::new();
+    if base.device.host_engine == HostEngine::Native && resolves_to_host(&base) {
+        base.device.host_engine = HostEngine::Ops;
+        notes.push(
+            "device.kind resolves to the host: set device.host_engine = \"ops\" (the host \
+             backend stands in for the accelerator; its times say nothing about GPU speed)"
+                .to_string(),
+        );
+    }
+    let layer_ratio = if base.orchestration.hot_ratio > 0.0 {
+        base.orchestration.hot_ratio
+    } else {
+        DEFAULT_LAYER_HOT_RATIO
+    };
+    let mut rows = Vec::new();
+    let mut device = String::new();
+    for policy in Orchestration::ALL {
+        let mut c = base.clone();
+        c.orchestration.policy = policy.name().to_string();
+        c.orchestration.hot_ratio = if policy == Orchestration::Layer {
+            layer_ratio
+        } else {
+            0.0
+        };
+        let mut trainer = TrainerBuilder::new(c).build()?;
+        device = trainer.device_note().to_string();
+        let tracer = Tracer::new();
+        trainer.set_tracer(tracer.clone());
+        let stats = trainer.fit()?;
+        let summary = summarize(&tracer.collect());
+        let timed: Vec<f64> = stats.iter().skip(1).map(|s| s.train_secs).collect();
+        let timed = if timed.is_empty() {
+            stats.iter().map(|s| s.train_secs).collect()
+        } else {
+            timed
+        };
+        let wall = summary.wall.max(1) as f64;
+        rows.push(PolicyRow {
+            policy: policy.name(),
+            hot_ratio: trainer.config().orchestration.hot_ratio,
+            epoch_secs: timed.iter().sum::<f64>() / timed.len().max(1) as f64,
+            acc_busy: summary.acc_busy.unwrap_or(0) as f64 / wall,
+            cpu_busy: summary.cpu_busy as f64 / wall,
+            h2d_per_epoch: trainer.h2d_bytes().unwrap_or(0) / stats.len().max(1) as u64,
+            test_acc: test_at_best_val(&stats).map(|(_, t)| t),
+        });
+    }
+    Ok(OrchestrationReport {
+        device,
+        notes,
+        epochs: base.train.epochs,
+        rows,
+    })
+}
+
+impl fmt::Display for OrchestrationReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for n in &self.notes {
+            writeln!(f, "note: {n}")?;
+        }
+        writeln!(f, "{}; {} epochs per policy", self.device, self.epochs)?;
+        writeln!(
+            f,
+            "{:<22} {:>9} {:>9} {:>8} {:>8} {:>12} {:>9}",
+            "policy", "hot_ratio", "epoch s", "acc busy", "cpu busy", "h2d/epoch", "test acc"
+        )?;
+        for r in &self.rows {
+            writeln!(
+                f,
+                "{:<22} {:>9.2} {:>9.3} {:>7.1}% {:>7.1}% {:>12} {:>9}",
+                r.policy,
+                r.hot_ratio,
+                r.epoch_secs,
+                r.acc_busy * 100.0,
+                r.cpu_busy * 100.0,
+                fmt_bytes(r.h2d_per_epoch),
+                r.test_acc.map_or_else(|| "-".into(), |a| format!("{a:.4}")),
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,233 @@
+//! One training batch under a step-based placement (NeutronOrch §3, Figure 4
+//! (a)–(d); `orchestration.policy`). Training always runs on the device; sampling
+//! and gathering run where [`EngineOptions::placement`] says:
+//!
+//! 1. **sample** — on the host: `cpu_ops::NeighborSampler` with the training
+//!    fanouts and the batch's seed (the host backend's sampler is the same code, so
+//!    on it every placement trains on identical blocks); on the device:
+//!    [`Backend::sample`], and with a host gather the input ids are downloaded.
+//! 2. **gather** — on the host: `cpu_ops::gather_rows` into a reused buffer; on the
+//!    device: [`Backend::gather`] through the feature cache (misses read host rows).
+//! 3. **device step** — host-sampled blocks are uploaded
+//!    ([`Backend::block_from_host`]; the input ids too when the device gathers),
+//!    host-gathered rows are uploaded ([`Backend::upload`]), the labels are
+//!    uploaded, and the model takes its step.
+//!
+//! Every upload and every feature-cache miss adds its bytes to the engine's
+//! host → device counter; the batch's share goes on its `device step` slice. Host
+//! steps are `sample` / `gather` slices on the calling thread's (CPU) track, device
+//! work `device sample` / `device step` slices on the accelerator track, so the
+//! trace's busy fractions show where each placement spends its time.
+
+use cpu_ops::{
+    gather_rows, CsrGraph, FeatureMatrix, NeighborSampler, SampledBatch, SamplerScratch,
+};
+use gpu_ops::Backend;
+use scheduler::Device;
+
+use super::{dev_err, DeviceEngine, EngineOptions};
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::trace::Direction;
+
+/// What the host needs for the steps placed on it.
+pub(crate) struct HostSide {
+    /// Sampler, topology and scratch, when sampling runs on the host.
+    sampling: Option<(NeighborSampler, CsrGraph, SamplerScratch)>,
+    /// Features, when gathering runs on the host.
+    features: Option<FeatureMatrix>,
+    /// The reused host gather buffer.
+    rows: Vec<f32>,
+}
+
+impl HostSide {
+    /// The host side for `opts.placement` (`None` when both steps run on the
+    /// device). Copies the topology or the features it needs.
+    pub(super) fn new(ds: &Dataset, opts: &EngineOptions) -> Result<Option<Self>> {
+        let host_sample = opts.placement.sample_device() == Device::Cpu;
+        let host_gather = opts.placement.gather_device() == Device::Cpu;
+        if !host_sample && !host_gather {
+            return Ok(None);
+        }
+        let sampling = if host_sample {
+            let s = NeighborSampler::new(opts.fanouts.clone())
+                .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
+            Some((s, ds.graph.clone(), SamplerScratch::new(ds.num_vertices())))
+        } else {
+            None
+        };
+        Ok(Some(Self {
+            sampling,
+            features: host_gather.then(|| ds.features.clone()),
+            rows: Vec::new(),
+        }))
+    }
+}
+
+fn missing(what: &str) -> Error {
+    Error::invalid_argument(
+        "orchestration.policy",
+        format!("internal: the engine was built without the host {what}"),
+    )
+}
+
+/// Bytes of a host block as uploaded: `indptr` (u64) and `indices` (u32).
+fn block_bytes(b: &cpu_ops::Block) -> u64 {
+    (b.indptr().len() * 8 + b.indices().len() * 4) as u64
+}
+
+impl<B: Backend> DeviceEngine<B> {
+    /// [`DeviceEngine::gather`], adding the feature-cache misses' rows to the
+    /// host → device counter.
+    pub(super) fn gather_counted(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<B::Buf<f32>> {
+        let before = self.dev.cache_stats(&self.features).misses;
+        let x = self.gather(ids, n)?;
+        let misses = self
+            .dev
+            .cache_stats(&self.features)
+            .misses
+            .saturating_sub(before);
+        self.h2d += misses * self.dev.feature_dim(&self.features) as u64 * 4;
+        Ok(x)
+    }
+
+    /// Uploads host-gathered rows into the reused input buffer.
+    fn upload_rows(&mut self, rows: &[f32]) -> Result<B::Buf<f32>> {
+        let need = rows.len();
+        let mut x = match self.x.take() {
+            Some(x) if self.dev.len(&x) >= need => x,
+            _ => self
+                .dev
+                .alloc(need + need / 4)
+                .map_err(dev_err("input buffer"))?,
+        };
+        self.dev
+            .upload(self.dev.stream(), rows, &mut x)
+            .map_err(dev_err("uploading gathered rows"))?;
+        self.h2d += (need * 4) as u64;
+        Ok(x)
+    }
+
+    /// Uploads a host-sampled batch's blocks (and, for a device gather, its input
+    /// ids). Returns the blocks and the device ids.
+    fn upload_blocks(
+        &mut self,
+        batch: &SampledBatch,
+        with_ids: bool,
+    ) -> Result<(Vec<B::Block>, Option<B::Buf<u32>>)> {
+        let mut blocks = Vec::with_capacity(batch.blocks().len());
+        for b in batch.blocks() {
+            blocks.push(
+                self.dev
+                    .block_from_host(b.num_src(), b.indptr(), b.indices())
+                    .map_err(dev_err("uploading sampled blocks"))?,
+            );
+            self.h2d += block_bytes(b);
+        }
+        let ids = if with_ids {
+            let ids = batch.input_ids();
+            self.h2d += (ids.len() * 4) as u64;
+            Some(
+                self.dev
+                    .to_device(ids)
+                    .map_err(dev_err("uploading input ids"))?,
+            )
+        } else {
+            None
+        };
+        Ok((blocks, ids))
+    }
+
+    /// Trains one batch under the engine's placement (the module doc's steps).
+    pub(super) fn train_batch_placed(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)> {
+        let tracer = self.tracer.clone();
+        let acc = self.acc;
+        let start = self.h2d;
+        let host_sample = self.opts.placement.sample_device() == Device::Cpu;
+        let host_gather = self.opts.placement.gather_device() == Device::Cpu;
+
+        // 1. Sample.
+        let mut host_batch = None;
+        let mut dev_batch = None;
+        let mut host_ids: Option<Vec<u32>> = None;
+        if host_sample {
+            let _s = tracer.slice("sample");
+            let hs = self.host.as_mut().ok_or_else(|| missing("sampler"))?;
+            let (sampler, graph, scratch) =
+                hs.sampling.as_mut().ok_or_else(|| missing("sampler"))?;
+            let b = sampler
+                .sample(graph, seeds, seed, scratch)
+                .map_err(|e| Error::cpu_ops("sampling", e))?;
+            host_batch = Some(b);
+        } else {
+            let _s = tracer.slice_on(acc, "device sample");
+            let b = self
+                .dev
+                .sample(&self.graph, seeds, &self.opts.fanouts, seed)
+                .map_err(dev_err("sampling"))?;
+            if host_gather {
+                let n_in = self.dev.block_shape(&b.blocks[0]).0;
+                host_ids = Some(
+                    self.dev
+                        .to_host(&b.src_ids[0], n_in)
+                        .map_err(dev_err("downloading input ids"))?,
+                );
+            }
+            dev_batch = Some(b);
+        }
+
+        // 2. Gather on the host.
+        let mut rows = Vec::new();
+        if host_gather {
+            let mut g = tracer.slice("gather");
+            let hs = self.host.as_mut().ok_or_else(|| missing("features"))?;
+            let features = hs.features.as_ref().ok_or_else(|| missing("features"))?;
+            let ids = match (&host_batch, &host_ids) {
+                (Some(b), _) => b.input_ids(),
+                (None, Some(ids)) => ids.as_slice(),
+                (None, None) => return Err(missing("input ids")),
+            };
+            rows = std::mem::take(&mut hs.rows);
+            rows.resize(ids.len() * features.dim(), 0.0);
+            gather_rows(features, ids, &mut rows).map_err(|e| Error::cpu_ops("gather", e))?;
+            g.set_bytes((rows.len() * 4) as u64);
+        }
+
+        // 3. Upload what the host made, gather on the device if placed there, train.
+        let mut step = tracer.slice_on(acc, "device step");
+        let (blocks, dev_ids) = match (host_batch, dev_batch) {
+            (Some(hb), _) => self.upload_blocks(&hb, !host_gather)?,
+            (None, Some(db)) => {
+                let ids = db.src_ids.into_iter().next();
+                (db.blocks, ids)
+            }
+            (None, None) => return Err(missing("batch")),
+        };
+        let x = if host_gather {
+            let x = self.upload_rows(&rows);
+            if let Some(hs) = self.host.as_mut() {
+                hs.rows = rows;
+            }
+            x?
+        } else {
+            let ids = dev_ids.ok_or_else(|| missing("input ids"))?;
+            let n_in = self.dev.block_shape(&blocks[0]).0;
+            self.gather_counted(&ids, n_in)?
+        };
+        let labels = self.labels_of(seeds);
+        self.h2d += (labels.len() * 4) as u64;
+        let stats = self
+            .dev
+            .to_device(&labels)
+            .map_err(dev_err("labels"))
+            .and_then(|labels| {
+                self.model
+                    .train_step(&self.dev, &blocks, &x, &labels, seed)
+                    .map_err(dev_err("training step"))
+            });
+        self.x = Some(x);
+        step.set_transfer(Direction::HostToDevice, self.h2d - start);
+        let stats = stats?;
+        Ok((stats.loss * seeds.len() as f64, stats.correct))
+    }
+}
