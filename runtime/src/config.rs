@@ -1335,7 +1335,7 @@ mod tests {
             ),
             ("[orchestration]\npolicy = \"gpu\"", "orchestration.policy"),
             (
-                "[orchestration]\npolicy = \"gpu-sample-gpu-gather\"",
+                "[device]\nkind = \"host\"\n[orchestration]\npolicy = \"gpu-sample-gpu-gather\"",
                 "orchestration.policy",
             ),
             (

@@ -443,3 +443,41 @@ fn ctrl_c_checkpoints_and_resume_finishes_the_run() {
     ]);
     assert!(resumed.contains("resumed from"), "{resumed}");
 }
+
+#[test]
+fn bench_orchestration_prints_one_row_per_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("tiny.toml");
+    std::fs::write(
+        &cfg,
+        "[data.synthetic]\nvertices = 800\nedges = 4000\nclasses = 3\ndim = 8\n\
+         [model]\nhidden = 16\n[train]\nbatch_size = 200\n\
+         [device]\nkind = \"host\"\n[threads]\ncompute = 1\n",
+    )
+    .expect("write config");
+    let out = ok(&[
+        "bench",
+        "orchestration",
+        "--config",
+        cfg.to_str().expect("utf-8 path"),
+        "--epochs",
+        "2",
+    ]);
+    // The native host engine was swapped for the host backend, and said so.
+    assert!(out.contains("host_engine = \"ops\""), "{out}");
+    let names = [
+        "layer ",
+        "cpu-sample-cpu-gather",
+        "gpu-sample-cpu-gather",
+        "cpu-sample-gpu-gather",
+        "gpu-sample-gpu-gather",
+    ];
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| names.iter().any(|n| l.starts_with(n)))
+        .collect();
+    assert_eq!(rows.len(), 5, "{out}");
+    for r in rows {
+        assert_eq!(r.split_whitespace().count(), 8, "{r}");
+    }
+}
