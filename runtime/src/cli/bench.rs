@@ -47,9 +47,10 @@ pub(super) struct OrchestrationArgs {
     /// Override a configuration key, e.g. `--set train.batch_size=256` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
-    /// Epochs per policy (default: the config's `train.epochs`).
-    #[arg(long)]
-    epochs: Option<usize>,
+    /// Epochs per policy (the config's `train.epochs` is replaced; the default
+    /// keeps the run short).
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
 }
 
 fn run_orchestration(a: &OrchestrationArgs) -> Result<()> {
@@ -61,7 +62,7 @@ fn run_orchestration(a: &OrchestrationArgs) -> Result<()> {
         Some(p) => TrainConfig::load_layered(p, &layers)?,
         None => TrainConfig::from_layers("", "built-in defaults".as_ref(), &layers)?,
     };
-    print!("{}", bench_orchestration(&cfg, a.epochs)?);
+    print!("{}", bench_orchestration(&cfg, Some(a.epochs))?);
     Ok(())
 }
 

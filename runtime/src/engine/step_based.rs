@@ -76,6 +76,9 @@ fn block_bytes(b: &cpu_ops::Block) -> u64 {
     (b.indptr().len() * 8 + b.indices().len() * 4) as u64
 }
 
+/// Blocks on the device and, when the device gathers, the input ids.
+type Uploaded<B> = (Vec<<B as Backend>::Block>, Option<<B as Backend>::Buf<u32>>);
+
 impl<B: Backend> DeviceEngine<B> {
     /// [`DeviceEngine::gather`], adding the feature-cache misses' rows to the
     /// host → device counter.
@@ -110,11 +113,7 @@ impl<B: Backend> DeviceEngine<B> {
 
     /// Uploads a host-sampled batch's blocks (and, for a device gather, its input
     /// ids). Returns the blocks and the device ids.
-    fn upload_blocks(
-        &mut self,
-        batch: &SampledBatch,
-        with_ids: bool,
-    ) -> Result<(Vec<B::Block>, Option<B::Buf<u32>>)> {
+    fn upload_blocks(&mut self, batch: &SampledBatch, with_ids: bool) -> Result<Uploaded<B>> {
         let mut blocks = Vec::with_capacity(batch.blocks().len());
         for b in batch.blocks() {
             blocks.push(
