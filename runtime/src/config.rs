@@ -926,13 +926,6 @@ impl TrainConfig {
                 ));
             }
         }
-        if o.monitor && o.hot_ratio > 0.0 {
-            return Err(range_err(
-                "orchestration.monitor",
-                "false: the hybrid monitor is not wired into the runtime yet (the scheduler's Monitor is built and simulated; see docs/orchestration.md §9)",
-                o.monitor,
-            ));
-        }
         Ok(())
     }
 }
@@ -1368,10 +1361,6 @@ mod tests {
                 "[device]\nhost_engine = \"ops\"\n[model]\nlayers = 1\n[train]\nfanouts = [5]\n\
                  [orchestration]\nhot_ratio = 0.2",
                 "orchestration.hot_ratio",
-            ),
-            (
-                "[device]\nhost_engine = \"ops\"\n[orchestration]\nhot_ratio = 0.2\nmonitor = true",
-                "orchestration.monitor",
             ),
         ] {
             let e = parse(text).unwrap_err().to_string();

@@ -89,6 +89,11 @@ pub trait Engine: Send {
     /// Layer 0's parameter tensors, copied to the host (publication to the CPU
     /// side; a download per call on a GPU).
     fn layer0_params(&self) -> Result<Vec<Vec<f32>>>;
+    /// Evicts `evict`'s rows from the device feature cache, then caches `insert`'s
+    /// (user ids; [`Backend::update_cache`]): returns how many entries of `insert`
+    /// are cached afterwards. The cache never exceeds its budget: past it, new
+    /// rows are left out.
+    fn update_cache(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize>;
 }
 
 /// Historical embeddings for one batch, on the host: `positions.len()` rows of
@@ -424,6 +429,12 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             })
             .collect::<std::result::Result<_, _>>()
             .map_err(dev_err("publishing layer 0's parameters"))
+    }
+
+    fn update_cache(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize> {
+        self.dev
+            .update_cache(&mut self.features, insert, evict)
+            .map_err(dev_err("updating the feature cache"))
     }
 }
 

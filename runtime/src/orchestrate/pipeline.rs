@@ -56,6 +56,7 @@ use crate::trace::{FlowId, Tracer, TrackId, TrackKind};
 
 use super::hot_compute::{HotComputer, Published, Snapshot};
 use super::hot_table::HotTable;
+use super::monitor::{HybridMonitor, Window};
 
 /// Pipeline depth `D` (NeutronOrch's: the CPU works one super-batch ahead).
 pub const DEPTH: usize = 1;
@@ -91,6 +92,20 @@ pub struct OrchestrationStats {
     pub cpu_busy_secs: f64,
     /// Hot vertices (relabeled ids below this are hot).
     pub hot_count: u32,
+    /// Whether the hybrid monitor ran (`orchestration.monitor`).
+    pub monitor: bool,
+    /// Monitor moves of hot vertices to the device cache.
+    pub monitor_moves_to_cache: u64,
+    /// Monitor moves of hot vertices back to the CPU.
+    pub monitor_moves_to_cpu: u64,
+    /// Vertices the monitor moved to the cache (only rows the cache took count).
+    pub monitor_rows_to_cache: u64,
+    /// Vertices the monitor moved back to the CPU.
+    pub monitor_rows_to_cpu: u64,
+    /// Rows the monitor's moves held in the device cache at the end.
+    pub monitor_cached_rows: u64,
+    /// Moves against the previous move's direction.
+    pub monitor_reversals: u64,
 }
 
 impl OrchestrationStats {
@@ -108,9 +123,19 @@ impl OrchestrationStats {
         self.rows_computed += other.rows_computed;
         self.cpu_busy_secs += other.cpu_busy_secs;
         self.hot_count = self.hot_count.max(other.hot_count);
+        self.monitor |= other.monitor;
+        self.monitor_moves_to_cache += other.monitor_moves_to_cache;
+        self.monitor_moves_to_cpu += other.monitor_moves_to_cpu;
+        self.monitor_rows_to_cache += other.monitor_rows_to_cache;
+        self.monitor_rows_to_cpu += other.monitor_rows_to_cpu;
+        if other.monitor {
+            self.monitor_cached_rows = other.monitor_cached_rows;
+        }
+        self.monitor_reversals += other.monitor_reversals;
     }
 
-    /// One line: gap max/mean, uses, waits, computed-cold, CPU jobs.
+    /// One line: gap max/mean, uses, waits, computed-cold, CPU jobs, and the
+    /// monitor's moves when it ran.
     pub fn summary(&self) -> String {
         let max = self
             .gaps
@@ -120,7 +145,7 @@ impl OrchestrationStats {
             .gaps
             .mean()
             .map_or_else(|| "-".into(), |m| format!("{m:.2}"));
-        format!(
+        let mut line = format!(
             "hot: {} reused (gap max {max}, mean {mean}), {} waited ({:.3} s), {} computed cold, {} CPU jobs ({} urgent, {} dropped)",
             self.hot_uses,
             self.waited,
@@ -129,7 +154,19 @@ impl OrchestrationStats {
             self.jobs,
             self.urgent_jobs,
             self.dropped_jobs
-        )
+        );
+        if self.monitor {
+            line.push_str(&format!(
+                "; monitor: {} moves to cache ({} rows), {} to CPU ({} rows), {} rows cached, {} reversals",
+                self.monitor_moves_to_cache,
+                self.monitor_rows_to_cache,
+                self.monitor_moves_to_cpu,
+                self.monitor_rows_to_cpu,
+                self.monitor_cached_rows,
+                self.monitor_reversals
+            ));
+        }
+        line
     }
 }
 
@@ -140,6 +177,9 @@ pub enum InjectedFault {
     ErrorAfter(u64),
     /// The worker panics after this many jobs.
     PanicAfter(u64),
+    /// The worker sleeps this long per vertex of every chunk, counted as busy
+    /// time (a slow CPU, for tests of the hybrid monitor).
+    SlowCpu(Duration),
 }
 
 /// One CPU job: a chunk of a hot queue.
@@ -293,6 +333,10 @@ pub struct Orchestrator {
     totals: OrchestrationStats,
     last_epoch: Option<OrchestrationStats>,
     fault: Option<InjectedFault>,
+    /// `orchestration.monitor`.
+    use_monitor: bool,
+    /// The hybrid monitor, built on the first epoch (it needs the engine's cache).
+    monitor: Option<HybridMonitor>,
 }
 
 fn sched(context: &'static str) -> impl Fn(scheduler::SchedulerError) -> Error {
@@ -353,6 +397,8 @@ impl Orchestrator {
             },
             last_epoch: None,
             fault: None,
+            use_monitor: cfg.monitor,
+            monitor: None,
         })
     }
 
@@ -408,6 +454,15 @@ impl Orchestrator {
         let old_of_new = self.relabeling.permutation().old_of_new();
         let bottom_sampler = NeighborSampler::new(vec![self.bottom_fanout])
             .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
+        if self.use_monitor && self.monitor.is_none() {
+            self.monitor = Some(HybridMonitor::new(
+                &*engine,
+                run.ds,
+                self.pipeline,
+                self.split.hot(),
+                self.workers,
+            )?);
+        }
         let acc = Accelerator {
             rule: self.rule,
             pipeline: self.pipeline,
@@ -449,7 +504,7 @@ impl Orchestrator {
                         what: format!("could not start: {e}"),
                     })?;
             }
-            let r = acc.run(engine, on_batch);
+            let r = acc.run(engine, on_batch, self.monitor.as_mut());
             if let Err(e) = &r {
                 if !matches!(e, Error::Worker { .. }) {
                     shared.abort.store(true, Ordering::Release);
@@ -525,6 +580,9 @@ fn worker(
             .slice_on(track, "hot compute")
             .super_batch(job.super_batch);
         slice.flow_out(job.flow);
+        if let Some(InjectedFault::SlowCpu(per_vertex)) = fault {
+            std::thread::sleep(per_vertex.saturating_mul(job.ids.len() as u32));
+        }
         let rows = pool.install(|| {
             computer.compute(
                 &job.ids,
@@ -585,7 +643,7 @@ impl Accelerator<'_> {
     }
 
     /// Step 4 for super-batch `j` (local index; batches from `run.start`).
-    fn launch(&self, engine: &mut dyn Engine, j: u64, v0: u64) -> Result<Ahead> {
+    fn launch(&self, engine: &mut dyn Engine, j: u64, v0: u64, split: HotSplit) -> Result<Ahead> {
         let run = self.run;
         let n = self.pipeline.batches_per_super_batch();
         let total = run.batches.len();
@@ -601,7 +659,7 @@ impl Accelerator<'_> {
             bottom.push(ids.iter().map(|&v| self.relabeling.new_id(v)).collect());
         }
         let first_global = v0 + (first - run.start) as u64;
-        let plan = SuperBatchPlan::new(j, first_global, self.split, &bottom);
+        let plan = SuperBatchPlan::new(j, first_global, split, &bottom);
         let mut chunks = Vec::new();
         for (c, (_, ids)) in plan.chunks(&self.pipeline).enumerate() {
             let flow = run.tracer.flow("hot compute→train");
@@ -624,10 +682,13 @@ impl Accelerator<'_> {
         })
     }
 
+    /// Steps 4–6 for every super-batch of the epoch, with the hybrid monitor's
+    /// steps (`orchestrate::monitor`) around each super-batch when it runs.
     fn run(
         &self,
         engine: &mut dyn Engine,
         on_batch: &mut dyn FnMut(&BatchDone) -> bool,
+        mut monitor: Option<&mut HybridMonitor>,
     ) -> Result<EpochEnd> {
         let run = self.run;
         let total = run.batches.len();
@@ -636,15 +697,25 @@ impl Accelerator<'_> {
         }
         let n = self.pipeline.batches_per_super_batch();
         let num_sb = (total - run.start).div_ceil(n) as u64;
+        let base = monitor.as_deref_mut().map_or(0, |m| m.start_epoch(num_sb));
+        let split_for = |m: &Option<&mut HybridMonitor>, j: u64| {
+            m.as_deref().map_or(self.split, |m| m.split_for(base + j))
+        };
         let v0 = engine.version();
         let mut ahead: VecDeque<Ahead> = VecDeque::new();
         for j in 0..=(DEPTH as u64).min(num_sb - 1) {
-            ahead.push_back(self.launch(engine, j, v0)?);
+            let split = split_for(&monitor, j);
+            ahead.push_back(self.launch(engine, j, v0, split)?);
         }
         let mut urgent_seq = 0u64;
+        let mut window = Window::open(&self.shared.lock_stats());
         for j in 0..num_sb {
+            if let Some(m) = monitor.as_deref_mut() {
+                m.begin_super_batch(base + j, engine, self.relabeling)?;
+            }
             if j > 0 && j + (DEPTH as u64) < num_sb {
-                let next = self.launch(engine, j + DEPTH as u64, v0)?;
+                let split = split_for(&monitor, j + DEPTH as u64);
+                let next = self.launch(engine, j + DEPTH as u64, v0, split)?;
                 ahead.push_back(next);
             }
             let mut sb = ahead.pop_front().ok_or_else(|| Error::Worker {
@@ -705,6 +776,21 @@ impl Accelerator<'_> {
                     return Ok(EpochEnd::Finished(true));
                 }
             }
+            if let Some(m) = monitor.as_deref_mut() {
+                let mut stats = self.shared.lock_stats();
+                m.end_super_batch(
+                    base + j,
+                    j,
+                    num_sb,
+                    &window,
+                    &mut stats,
+                    engine,
+                    self.relabeling,
+                    run.tracer,
+                    self.acc_track,
+                )?;
+                window = Window::open(&stats);
+            }
         }
         Ok(EpochEnd::Finished(false))
     }
@@ -724,7 +810,7 @@ impl Accelerator<'_> {
         let hot: Vec<(u32, u32)> = bottom
             .iter()
             .enumerate()
-            .filter(|(_, &v)| self.split.class(v) == VertexClass::CpuHot)
+            .filter(|(_, &v)| sb.plan.split.class(v) == VertexClass::CpuHot)
             .map(|(p, &v)| (p as u32, v))
             .collect();
         let mut late = Vec::new();

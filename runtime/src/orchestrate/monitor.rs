@@ -1,0 +1,377 @@
+//! The hybrid monitor at run time: feeds [`scheduler::Monitor`] one
+//! [`Observation`] per super-batch and applies its [`MoveEvent`]s to the plans and
+//! to the device feature cache (docs/orchestration.md §6, §9).
+//!
+//! The hot set `0..hot` (relabeled ids) is split at `cpu`: the CPU computes
+//! `0..cpu`; `cpu..hot` are *cache-hot*, treated as cold by the accelerator (its
+//! own layer 0 computes them) with their feature rows kept in the device cache.
+//!
+//! # Protocol (the accelerator thread, once per super-batch)
+//! 1. **Setup** (the first epoch with `orchestration.monitor = true`): the
+//!    monitor's budget is the feature cache's capacity in whole rows
+//!    (`cache_stats().budget_bytes` / row bytes, at most the vertex count). The
+//!    rows the engine cached at load — the first `cached_rows` of
+//!    [`crate::engine::degree_order`] — are *filler*: the monitor's rows displace
+//!    them, lowest degree first, and get them back when they leave.
+//! 2. **Plan.** Super-batches are numbered globally across epochs (`g` = epoch
+//!    base + local index); super-batch `g` is planned with
+//!    [`Monitor::split_for`]`(g)` ([`HybridMonitor::split_for`]).
+//! 3. **Measure** over the super-batch's window (end of the previous super-batch,
+//!    or the epoch's start, to the end of its last batch's publication):
+//!    wall time; accelerator seconds blocked in hot waits; CPU worker-seconds
+//!    spent on hot chunks (credited when a chunk finishes); CPU idle
+//!    worker-seconds (`workers × wall − busy`, at least 0); and as free device
+//!    memory the cache headroom the monitor may still claim (its budget minus
+//!    what its live splits hold: filler rows count as free, they are displaced).
+//! 4. **Observe** ([`Monitor::observe`]), except for the first and the last
+//!    super-batch of an epoch: the pipeline is filling (the accelerator waits for
+//!    queue 0 whatever the split) or draining (the CPU has no next queue and
+//!    idles). So an epoch of fewer than three super-batches gives no evidence.
+//! 5. **To the cache** (an event moving relabeled ids `a..b`): make room by
+//!    evicting filler rows (lowest degree first), then
+//!    [`Engine::update_cache`] with the moved vertices' user ids, now — the
+//!    super-batches planned before `effective_from` still compute them on the CPU,
+//!    which is harmless. The cache refuses rows past its budget; only the rows it
+//!    reports cached count as moved (stats and trace). The plan still treats the
+//!    whole range as cold (correct either way: a cold row the cache lacks is
+//!    gathered from host memory).
+//! 6. **Back to the CPU**: the rows stay until super-batch `effective_from`
+//!    starts (the super-batch planned before still treats them as cold), then
+//!    those the newest split leaves on the CPU are evicted and the displaced
+//!    filler rows come back, highest degree first, in the same
+//!    [`Engine::update_cache`] call. Their hot-table rows are old: the staleness
+//!    gate makes the CPU recompute them (wait) or the accelerator compute them
+//!    (compute), as for any late row.
+//! 7. **Trace and count** every applied event: an instant `monitor move` on the
+//!    accelerator track with `to_cache` or `to_cpu` (vertices) and `cached_rows`,
+//!    and [`OrchestrationStats`]'s monitor counters.
+
+use std::time::Instant;
+
+use scheduler::{
+    Direction, HotSplit, Monitor, MonitorConfig, MoveEvent, Observation, PipelineConfig, Relabeling,
+};
+
+use crate::dataset::Dataset;
+use crate::engine::{degree_order, Engine};
+use crate::error::{Error, Result};
+use crate::trace::{Direction as TraceDirection, Tracer, TrackId};
+
+use super::pipeline::OrchestrationStats;
+
+/// Bytes of one `f32` feature value.
+const F32_BYTES: u64 = 4;
+
+/// Who holds a vertex's cache row, in the runtime's model of the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    /// Not cached.
+    None,
+    /// Cached at load (degree order), displaceable.
+    Filler,
+    /// Cached by a monitor move.
+    Monitor,
+}
+
+/// The monitor's state at run time (module doc): the scheduler's [`Monitor`],
+/// the cache model and the evictions waiting for their super-batch.
+pub struct HybridMonitor {
+    monitor: Monitor,
+    workers: u32,
+    row_bytes: u64,
+    capacity_rows: u64,
+    owner: Vec<Owner>,
+    /// Filler rows in degree order (highest first); entries no longer filler are
+    /// skipped lazily.
+    filler: Vec<u32>,
+    filler_rows: u64,
+    monitor_rows: u64,
+    /// Displaced filler rows, lowest degree first (restored from the back).
+    displaced: Vec<u32>,
+    /// `(effective_from, relabeled ids)` of moves back not evicted yet.
+    pending_evictions: Vec<(u64, std::ops::Range<u32>)>,
+    last_direction: Option<Direction>,
+    /// The next global super-batch index (the next epoch's base).
+    next_super_batch: u64,
+}
+
+/// Measurements of one super-batch window in progress (step 3).
+pub(crate) struct Window {
+    start: Instant,
+    wait_secs: f64,
+    cpu_busy_secs: f64,
+}
+
+impl Window {
+    /// A window starting now, with the epoch's counters so far.
+    pub(crate) fn open(stats: &OrchestrationStats) -> Self {
+        Self {
+            start: Instant::now(),
+            wait_secs: stats.wait_secs,
+            cpu_busy_secs: stats.cpu_busy_secs,
+        }
+    }
+}
+
+impl HybridMonitor {
+    /// Step 1: a monitor for `hot` hot vertices on `engine`'s feature cache, all of
+    /// them on the CPU at first.
+    pub fn new(
+        engine: &dyn Engine,
+        ds: &Dataset,
+        pipeline: PipelineConfig,
+        hot: u32,
+        workers: usize,
+    ) -> Result<Self> {
+        let sched = |source| Error::Scheduler {
+            context: "orchestration.monitor".into(),
+            source,
+        };
+        let row_bytes = ds.features.dim() as u64 * F32_BYTES;
+        if row_bytes == 0 {
+            return Err(Error::invalid_argument(
+                "orchestration.monitor",
+                "features of width 0 have no rows to cache",
+            ));
+        }
+        let stats = engine.cache_stats();
+        let n = ds.num_vertices();
+        let capacity_rows = (stats.budget_bytes as u64 / row_bytes).min(n as u64);
+        let mut owner = vec![Owner::None; n];
+        let mut filler: Vec<u32> = degree_order(ds);
+        filler.truncate(stats.cached_rows.min(n));
+        for &v in &filler {
+            owner[v as usize] = Owner::Filler;
+        }
+        let cfg = MonitorConfig::with_budget(capacity_rows * row_bytes);
+        let monitor =
+            Monitor::new(cfg, pipeline, HotSplit::all_cpu(hot), row_bytes).map_err(sched)?;
+        Ok(Self {
+            monitor,
+            workers: workers.max(1) as u32,
+            row_bytes,
+            capacity_rows,
+            owner,
+            filler_rows: filler.len() as u64,
+            filler,
+            monitor_rows: 0,
+            displaced: Vec::new(),
+            pending_evictions: Vec::new(),
+            last_direction: None,
+            next_super_batch: 0,
+        })
+    }
+
+    /// The global index of the next epoch's first super-batch; advances it by
+    /// `count` super-batches (step 2).
+    pub(crate) fn start_epoch(&mut self, count: u64) -> u64 {
+        let base = self.next_super_batch;
+        self.next_super_batch += count;
+        base
+    }
+
+    /// Step 2: the split to plan global super-batch `g` with.
+    pub fn split_for(&self, g: u64) -> HotSplit {
+        self.monitor.split_for(g)
+    }
+
+    /// Rows the monitor's moves hold in the device cache now.
+    pub fn cached_rows(&self) -> u64 {
+        self.monitor_rows
+    }
+
+    /// Step 6 at the start of global super-batch `g`: evicts the rows of moves
+    /// back that take effect by now, restoring filler rows.
+    pub(crate) fn begin_super_batch(
+        &mut self,
+        g: u64,
+        engine: &mut dyn Engine,
+        relabeling: &Relabeling,
+    ) -> Result<()> {
+        if self.pending_evictions.iter().all(|(eff, _)| *eff > g) {
+            return Ok(());
+        }
+        let newest_cpu = self.monitor.split().cpu();
+        let mut evict = Vec::new();
+        let mut keep = Vec::new();
+        for (eff, ids) in self.pending_evictions.drain(..) {
+            if eff > g {
+                keep.push((eff, ids));
+                continue;
+            }
+            for r in ids.filter(|&r| r < newest_cpu) {
+                let v = relabeling.old_id(r);
+                if self.owner[v as usize] == Owner::Monitor {
+                    self.owner[v as usize] = Owner::None;
+                    self.monitor_rows = self.monitor_rows.saturating_sub(1);
+                    evict.push(v);
+                }
+            }
+        }
+        self.pending_evictions = keep;
+        let mut free = self
+            .capacity_rows
+            .saturating_sub(self.filler_rows + self.monitor_rows);
+        // Highest degree first; a displaced row the monitor cached since is skipped.
+        let mut restore = Vec::new();
+        while free > 0 {
+            let Some(v) = self.displaced.pop() else { break };
+            if self.owner[v as usize] == Owner::None {
+                restore.push(v);
+                free -= 1;
+            }
+        }
+        let restored = engine.update_cache(&restore, &evict)?;
+        for &v in restore.iter().take(restored) {
+            self.owner[v as usize] = Owner::Filler;
+            self.filler.push(v);
+        }
+        // Rows the cache refused are not filler any more (the model follows it).
+        self.filler_rows += restored as u64;
+        Ok(())
+    }
+
+    /// Steps 4–7 after global super-batch `g` (local `j` of `num_sb`) finished:
+    /// observes the window (unless it is the epoch's first or last) and applies a
+    /// move to the cache now (a move back is queued for step 6).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn end_super_batch(
+        &mut self,
+        g: u64,
+        j: u64,
+        num_sb: u64,
+        window: &Window,
+        stats: &mut OrchestrationStats,
+        engine: &mut dyn Engine,
+        relabeling: &Relabeling,
+        tracer: &Tracer,
+        track: TrackId,
+    ) -> Result<()> {
+        stats.monitor = true;
+        stats.monitor_cached_rows = self.monitor_rows;
+        if j == 0 || j + 1 >= num_sb {
+            return Ok(());
+        }
+        let duration = window.start.elapsed().as_secs_f64();
+        let wait = (stats.wait_secs - window.wait_secs).clamp(0.0, duration);
+        let busy = (stats.cpu_busy_secs - window.cpu_busy_secs).max(0.0);
+        let capacity = self.workers as f64 * duration;
+        let budget = self.monitor.config().memory_budget_bytes;
+        let obs = Observation {
+            super_batch: g,
+            duration_s: duration,
+            acc_busy_s: duration - wait,
+            acc_wait_hot_s: wait,
+            cpu_workers: self.workers,
+            cpu_hot_busy_s: busy,
+            cpu_idle_s: (capacity - busy).max(0.0),
+            free_device_bytes: budget.saturating_sub(self.monitor.committed_cache_bytes()),
+        };
+        let event = self
+            .monitor
+            .observe(&obs)
+            .map_err(|source| Error::Scheduler {
+                context: "hybrid monitor".into(),
+                source,
+            })?;
+        let Some(event) = event else {
+            return Ok(());
+        };
+        let moved = match event.direction {
+            Direction::ToCache => self.move_to_cache(&event, engine, relabeling)?,
+            Direction::ToCpu => {
+                self.pending_evictions
+                    .push((event.effective_from, event.vertices.clone()));
+                event.vertices.len() as u64
+            }
+        };
+        if self
+            .last_direction
+            .is_some_and(|d| d != event.direction && moved > 0)
+        {
+            stats.monitor_reversals += 1;
+        }
+        if moved > 0 {
+            self.last_direction = Some(event.direction);
+        }
+        let (key, bytes) = match event.direction {
+            Direction::ToCache => {
+                stats.monitor_moves_to_cache += 1;
+                stats.monitor_rows_to_cache += moved;
+                ("to_cache", moved * self.row_bytes)
+            }
+            Direction::ToCpu => {
+                stats.monitor_moves_to_cpu += 1;
+                stats.monitor_rows_to_cpu += moved;
+                ("to_cpu", 0)
+            }
+        };
+        stats.monitor_cached_rows = self.monitor_rows;
+        let cached = self.monitor_rows;
+        tracer.instant_on(track, "monitor move", |a| {
+            a.super_batch = Some(j);
+            if bytes > 0 {
+                a.bytes = Some(bytes);
+                a.direction = Some(TraceDirection::HostToDevice);
+            }
+            a.extra.push((key.into(), moved as f64));
+            a.extra
+                .push(("effective_from".into(), event.effective_from as f64));
+            a.extra.push(("cached_rows".into(), cached as f64));
+        });
+        Ok(())
+    }
+
+    /// Step 5: caches the moved vertices' rows, displacing filler; returns how
+    /// many the cache holds afterwards.
+    fn move_to_cache(
+        &mut self,
+        event: &MoveEvent,
+        engine: &mut dyn Engine,
+        relabeling: &Relabeling,
+    ) -> Result<u64> {
+        // Coldest first: if the cache refuses some, the hottest are left out.
+        let insert: Vec<u32> = event
+            .vertices
+            .clone()
+            .rev()
+            .map(|r| relabeling.old_id(r))
+            .collect();
+        let new = insert
+            .iter()
+            .filter(|&&v| self.owner[v as usize] == Owner::None)
+            .count() as u64;
+        let mut need =
+            (self.filler_rows + self.monitor_rows + new).saturating_sub(self.capacity_rows);
+        let moving: std::collections::HashSet<u32> = insert.iter().copied().collect();
+        let mut evict = Vec::new();
+        while need > 0 {
+            let Some(v) = self.filler.pop() else { break };
+            if self.owner[v as usize] != Owner::Filler || moving.contains(&v) {
+                continue;
+            }
+            self.owner[v as usize] = Owner::None;
+            self.filler_rows -= 1;
+            self.displaced.push(v);
+            evict.push(v);
+            need -= 1;
+        }
+        let cached = engine.update_cache(&insert, &evict)? as u64;
+        for &v in &insert {
+            match self.owner[v as usize] {
+                Owner::Monitor => {}
+                Owner::Filler => {
+                    self.filler_rows -= 1;
+                    self.monitor_rows += 1;
+                }
+                Owner::None => self.monitor_rows += 1,
+            }
+            self.owner[v as usize] = Owner::Monitor;
+        }
+        // The model counts every moved vertex; the cache may hold fewer.
+        self.monitor_rows -= (insert.len() as u64)
+            .saturating_sub(cached)
+            .min(self.monitor_rows);
+        Ok(cached)
+    }
+}
