@@ -211,6 +211,42 @@ fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
     move |e| Error::cpu_ops(context, e)
 }
 
+/// A trained batch, as the batch loops report it to [`finish_batch`].
+struct Trained {
+    epoch: usize,
+    batch: usize,
+    batches: usize,
+    size: usize,
+    loss_sum: f64,
+    correct: usize,
+    seconds: f64,
+    step: u64,
+}
+
+/// Adds a trained batch to the epoch's position and shows its metrics to the
+/// callbacks; returns whether one asked to stop.
+fn finish_batch(pos: &mut Position, callbacks: &mut [Box<dyn Callback>], t: Trained) -> bool {
+    pos.batch = t.batch + 1;
+    pos.loss_sum += t.loss_sum;
+    pos.correct += t.correct as u64;
+    pos.seen += t.size as u64;
+    let metrics = BatchMetrics {
+        epoch: t.epoch,
+        batch: t.batch,
+        batches: t.batches,
+        batch_size: t.size,
+        loss: t.loss_sum / t.size.max(1) as f64,
+        accuracy: t.correct as f64 / t.size.max(1) as f64,
+        seconds: t.seconds,
+        step: t.step,
+    };
+    let mut stop = false;
+    for cb in callbacks.iter_mut() {
+        stop |= cb.on_batch(&metrics) == Control::Stop;
+    }
+    stop
+}
+
 /// A panic while the device engine was locked left it unusable.
 fn poisoned() -> Error {
     Error::invalid_argument(
@@ -756,27 +792,23 @@ impl Trainer {
             let (l, c) = step?;
             next = prepared?;
             let n = cur.seeds.len();
-            pos.batch = k + 1;
-            pos.loss_sum += l;
-            pos.correct += c as u64;
-            pos.seen += n as u64;
             if let Inputs::Dense(v) = cur.x {
                 spare = v;
             }
-            let metrics = BatchMetrics {
-                epoch,
-                batch: k,
-                batches: total,
-                batch_size: n,
-                loss: l / n.max(1) as f64,
-                accuracy: c as f64 / n.max(1) as f64,
-                seconds: tb.elapsed().as_secs_f64(),
-                step: opt.version(),
-            };
-            let mut stop = false;
-            for cb in callbacks.iter_mut() {
-                stop |= cb.on_batch(&metrics) == Control::Stop;
-            }
+            let stop = finish_batch(
+                pos,
+                callbacks,
+                Trained {
+                    epoch,
+                    batch: k,
+                    batches: total,
+                    size: n,
+                    loss_sum: l,
+                    correct: c,
+                    seconds: tb.elapsed().as_secs_f64(),
+                    step: opt.version(),
+                },
+            );
             if stop {
                 if k + 1 < total {
                     return stopped(pos, k + 1, StopCause::Callback);
@@ -825,25 +857,20 @@ impl Trainer {
             if tracer.is_enabled() {
                 tracer.counter(CACHE_HIT_RATE, engine.cache_stats().hit_rate());
             }
-            let n = seeds.len();
-            pos.batch = k + 1;
-            pos.loss_sum += l;
-            pos.correct += c as u64;
-            pos.seen += n as u64;
-            let metrics = BatchMetrics {
-                epoch,
-                batch: k,
-                batches: total,
-                batch_size: n,
-                loss: l / n.max(1) as f64,
-                accuracy: c as f64 / n.max(1) as f64,
-                seconds: tb.elapsed().as_secs_f64(),
-                step: engine.version(),
-            };
-            let mut stop = false;
-            for cb in self.callbacks.iter_mut() {
-                stop |= cb.on_batch(&metrics) == Control::Stop;
-            }
+            let stop = finish_batch(
+                pos,
+                &mut self.callbacks,
+                Trained {
+                    epoch,
+                    batch: k,
+                    batches: total,
+                    size: seeds.len(),
+                    loss_sum: l,
+                    correct: c,
+                    seconds: tb.elapsed().as_secs_f64(),
+                    step: engine.version(),
+                },
+            );
             if stop {
                 if k + 1 < total {
                     return stopped(pos, k + 1, StopCause::Callback);
@@ -891,26 +918,20 @@ impl Trainer {
             cancel,
         };
         let mut on_batch = |d: &BatchDone| -> bool {
-            let n = batches[d.k].len();
-            pos.batch = d.k + 1;
-            pos.loss_sum += d.loss_sum;
-            pos.correct += d.correct as u64;
-            pos.seen += n as u64;
-            let metrics = BatchMetrics {
-                epoch,
-                batch: d.k,
-                batches: total,
-                batch_size: n,
-                loss: d.loss_sum / n.max(1) as f64,
-                accuracy: d.correct as f64 / n.max(1) as f64,
-                seconds: d.seconds,
-                step: d.version,
-            };
-            let mut stop = false;
-            for cb in callbacks.iter_mut() {
-                stop |= cb.on_batch(&metrics) == Control::Stop;
-            }
-            stop
+            finish_batch(
+                pos,
+                callbacks,
+                Trained {
+                    epoch,
+                    batch: d.k,
+                    batches: total,
+                    size: batches[d.k].len(),
+                    loss_sum: d.loss_sum,
+                    correct: d.correct,
+                    seconds: d.seconds,
+                    step: d.version,
+                },
+            )
         };
         let end = orch.run_epoch(&mut **engine, &run, &mut on_batch);
         pos.train_secs += t.elapsed().as_secs_f64();
