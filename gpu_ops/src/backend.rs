@@ -302,6 +302,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// followed by source `i` (GCN's augmented block; `cpu_ops`' GCN layer builds
     /// the same on the host).
     fn add_self_loops(&self, block: &Self::Block) -> Result<Self::Block>;
+    /// A block's CSR on the host: `(indptr, indices)` (`num_dst + 1` offsets and
+    /// `num_edges` local source ids). Synchronizes.
+    fn block_to_host(&self, block: &Self::Block) -> Result<(Vec<u64>, Vec<u32>)>;
     /// `(num_src, num_dst, num_edges)` of a block.
     fn block_shape(&self, block: &Self::Block) -> (usize, usize, usize);
 

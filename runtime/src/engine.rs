@@ -19,6 +19,7 @@
 //! The host model's parameters are uploaded at start ([`DeviceModel::from_host`]),
 //! so a device run starts from the same initialization as a host run with the seed.
 
+mod prune;
 mod step_based;
 
 use cpu_ops::{AdamConfig, Model};
@@ -210,6 +211,39 @@ impl<B: Backend> DeviceEngine<B> {
         &self.model
     }
 
+    /// Replaces `batch`'s bottom block by one without the in-edges of the hot
+    /// destinations at `positions` and without the sources only they read
+    /// ([`prune::prune_hot_destinations`]). The block travels to the host and back
+    /// (a device-side filter would avoid the round trip).
+    fn prune_hot(&mut self, batch: &mut gpu_ops::DeviceBatch<B>, positions: &[u32]) -> Result<()> {
+        let (ns, _, _) = self.dev.block_shape(&batch.blocks[0]);
+        let (indptr, indices) = self
+            .dev
+            .block_to_host(&batch.blocks[0])
+            .map_err(dev_err("bottom block"))?;
+        let src = self
+            .dev
+            .to_host(&batch.src_ids[0], ns)
+            .map_err(dev_err("bottom block sources"))?;
+        let (p, x, s) = prune::prune_hot_destinations(&indptr, &indices, &src, positions)
+            .ok_or_else(|| {
+                Error::invalid_argument(
+                    "hot rows",
+                    "internal: a hot position or block index is out of range",
+                )
+            })?;
+        batch.blocks[0] = self
+            .dev
+            .block_from_host(s.len(), &p, &x)
+            .map_err(dev_err("pruned bottom block"))?;
+        batch.src_ids[0] = self
+            .dev
+            .to_device(&s)
+            .map_err(dev_err("pruned bottom block sources"))?;
+        self.h2d += (p.len() * 8 + (x.len() + s.len()) * 4) as u64;
+        Ok(())
+    }
+
     /// Gathers the rows of `ids` (on the device, `n` of them) into the reused buffer.
     fn gather(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<B::Buf<f32>> {
         let need = n * self.dev.feature_dim(&self.features);
@@ -374,12 +408,18 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         seed: u64,
         hot: &HostHotRows,
     ) -> Result<(f64, usize)> {
-        let batch = self.prepared.remove(&key).ok_or_else(|| {
+        let mut batch = self.prepared.remove(&key).ok_or_else(|| {
             Error::invalid_argument(
                 "prepared batch",
                 format!("internal: no batch was prepared under key {key}"),
             )
         })?;
+        if hot.grad == gpu_ops::HotGrad::Constant && !hot.positions.is_empty() {
+            // Constant historical embeddings: the accelerator needs nothing from the
+            // hot destinations' neighborhoods (with "aggregate" it does: their
+            // gradient flows through its own aggregate).
+            self.prune_hot(&mut batch, &hot.positions)?;
+        }
         let n_in = self.dev.block_shape(&batch.blocks[0]).0;
         let x = self.gather_counted(&batch.src_ids[0], n_in)?;
         self.h2d += ((seeds.len() + hot.positions.len() + hot.rows.len()) * 4) as u64;

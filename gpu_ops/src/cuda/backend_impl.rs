@@ -167,6 +167,13 @@ impl Backend for CudaBackend {
         self.add_self_loops_op(block)
     }
 
+    fn block_to_host(&self, block: &CudaBlock) -> Result<(Vec<u64>, Vec<u32>)> {
+        Ok((
+            self.to_host(&block.indptr, block.num_dst + 1)?,
+            self.to_host(&block.indices, block.num_edges)?,
+        ))
+    }
+
     fn block_shape(&self, block: &CudaBlock) -> (usize, usize, usize) {
         (block.num_src, block.num_dst, block.num_edges)
     }

@@ -161,6 +161,9 @@ impl Backend for CudaBackend {
     fn add_self_loops(&self, _: &Never) -> Result<Never> {
         match self.never {}
     }
+    fn block_to_host(&self, _: &Never) -> Result<(Vec<u64>, Vec<u32>)> {
+        match self.never {}
+    }
     fn block_shape(&self, _: &Never) -> (usize, usize, usize) {
         match self.never {}
     }

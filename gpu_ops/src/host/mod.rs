@@ -221,6 +221,10 @@ impl Backend for HostBackend {
         block.with_self_loops()
     }
 
+    fn block_to_host(&self, block: &HostBlock) -> Result<(Vec<u64>, Vec<u32>)> {
+        Ok((block.indptr().to_vec(), block.indices().to_vec()))
+    }
+
     fn block_shape(&self, block: &HostBlock) -> (usize, usize, usize) {
         (block.num_src(), block.num_dst(), block.num_edges())
     }
