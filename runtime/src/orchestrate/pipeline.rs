@@ -52,7 +52,7 @@ use crate::control::{CancelToken, StopCause};
 use crate::dataset::Dataset;
 use crate::engine::{Engine, HostHotRows};
 use crate::error::{Error, Result};
-use crate::trace::{FlowId, Tracer, TrackId, TrackKind};
+use crate::trace::{Direction, FlowId, Tracer, TrackId, TrackKind};
 
 use super::hot_compute::{HotComputer, Published, Snapshot};
 use super::hot_table::HotTable;
@@ -751,12 +751,18 @@ impl Accelerator<'_> {
                     slice.flow_in(flow);
                 }
                 let seeds = run.batches[k];
+                let h2d_before = engine.h2d_bytes();
                 let (loss_sum, correct) = engine.train_prepared(
                     k as u64,
                     seeds,
                     derive_seed(run.base_seed, k as u64),
                     &hot,
                 )?;
+                // Cache misses, the pruned block, labels and hot rows crossed the bus.
+                slice.set_transfer(
+                    Direction::HostToDevice,
+                    engine.h2d_bytes().saturating_sub(h2d_before),
+                );
                 self.shared.published.publish(Snapshot {
                     version: engine.version(),
                     tensors: engine.layer0_params()?,
