@@ -61,7 +61,7 @@ pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
 pub use matmul::{
     gemm, gemm_reference, matmul, matmul_nt, matmul_tn, Accumulate, MatMut, MatRef, Transpose,
 };
-pub use model::{Forward, Model, ModelConfig, ModelInput, ModelKind};
+pub use model::{Forward, LayerSpec, Model, ModelConfig, ModelInput, ModelKind};
 pub use optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig, WeightDecay};
 pub use real::Real;
 pub use rng::{derive_seed, splitmix64, Rng};

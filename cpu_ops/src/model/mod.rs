@@ -224,20 +224,28 @@ impl ModelConfig {
     }
 }
 
-/// One layer's shape.
-#[derive(Clone, Copy, Debug)]
-struct LayerSpec {
-    d_in: usize,
+/// One layer's shape ([`Model::layer_specs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerSpec {
+    /// Input width.
+    pub d_in: usize,
     /// Output width (GAT's last layer: `num_classes`, after averaging heads).
-    d_out: usize,
+    pub d_out: usize,
     /// GAT heads (1 otherwise).
-    heads: usize,
+    pub heads: usize,
     /// GAT head width `F` (`d_out` otherwise).
-    head_dim: usize,
+    pub head_dim: usize,
     /// Whether this is the top layer (logits, no activation; GAT averages heads).
-    last: bool,
+    pub last: bool,
     /// Index of the layer's first tensor in the parameter list.
-    first_param: usize,
+    pub first_param: usize,
+}
+
+impl LayerSpec {
+    /// `heads × head_dim`: the width of a GAT layer's projection (`d_out` otherwise).
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
 }
 
 /// What a layer's forward keeps for its backward.
@@ -434,6 +442,12 @@ impl<T: Real> Model<T> {
     /// The names of the parameter tensors (`"layer0.weight"`, ...), in order.
     pub fn param_names(&self) -> Vec<String> {
         self.names.clone()
+    }
+
+    /// Every layer's shape, bottom first (what a device model composes the same
+    /// layers from).
+    pub fn layer_specs(&self) -> &[LayerSpec] {
+        &self.layers
     }
 
     /// The parameter tensors of layer `l` (a snapshot to publish), in order.

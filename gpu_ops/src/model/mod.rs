@@ -48,59 +48,13 @@
 #[cfg(test)]
 mod tests;
 
-use cpu_ops::{derive_seed, AdamConfig, AggregateKind, Model, ModelConfig, ModelKind};
+use cpu_ops::{derive_seed, AdamConfig, AggregateKind, LayerSpec, Model, ModelConfig, ModelKind};
 
 use crate::backend::{AdamStep, Backend, GatSaved, LossStats};
 use crate::error::{GpuOpsError, Result};
 
 /// ELU's `α` in GAT hidden layers (as the host model).
 const ELU_ALPHA: f32 = 1.0;
-
-/// One layer's shape (the host model's `LayerSpec`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct LayerSpec {
-    d_in: usize,
-    /// Output width (GAT's last layer: `num_classes`, after averaging heads).
-    d_out: usize,
-    heads: usize,
-    head_dim: usize,
-    last: bool,
-    /// Index of the layer's first tensor in the parameter list.
-    first_param: usize,
-}
-
-impl LayerSpec {
-    fn width(&self) -> usize {
-        self.heads * self.head_dim
-    }
-}
-
-/// The layer shapes of `cfg`, in the host model's parameter order.
-fn layer_specs(cfg: &ModelConfig) -> Vec<LayerSpec> {
-    let mut specs = Vec::with_capacity(cfg.num_layers);
-    let mut first_param = 0;
-    for l in 0..cfg.num_layers {
-        let last = l + 1 == cfg.num_layers;
-        let d_in = if l == 0 { cfg.in_dim } else { cfg.hidden };
-        let d_out = if last { cfg.num_classes } else { cfg.hidden };
-        let (heads, head_dim, tensors) = match cfg.kind {
-            ModelKind::Gat if last => (cfg.heads, cfg.num_classes, 4),
-            ModelKind::Gat => (cfg.heads, cfg.hidden / cfg.heads, 4),
-            ModelKind::Gcn => (1, d_out, 2),
-            ModelKind::Sage => (1, d_out, 3),
-        };
-        specs.push(LayerSpec {
-            d_in,
-            d_out,
-            heads,
-            head_dim,
-            last,
-            first_param,
-        });
-        first_param += tensors;
-    }
-    specs
-}
 
 /// What one layer's forward keeps for its backward.
 struct LayerFwd<B: Backend> {
@@ -211,7 +165,7 @@ impl<B: Backend> DeviceModel<B> {
             });
         }
         let cfg = model.config().clone();
-        let specs = layer_specs(&cfg);
+        let specs = model.layer_specs().to_vec();
         let host = model.params();
         let expected: usize = match cfg.kind {
             ModelKind::Gcn => 2,
