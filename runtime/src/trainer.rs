@@ -718,9 +718,7 @@ impl Trainer {
         }
         let t = Instant::now();
         let epoch = self.pos.epoch;
-        let base = derive_seed(self.cfg.train.seed, 1000 + epoch as u64);
-        let mut order = self.train_ids.clone();
-        Rng::new(base).shuffle(&mut order);
+        let (base, order) = self.epoch_order(epoch);
         let batches: Vec<Vec<u32>> = order
             .chunks(self.cfg.train.batch_size)
             .map(<[u32]>::to_vec)
@@ -821,15 +819,23 @@ impl Trainer {
         Ok(false)
     }
 
+    /// Epoch `epoch`'s seed and its shuffled training vertices, which every batch
+    /// loop cuts into `train.batch_size` batches (batch `k` seeded
+    /// `derive_seed(base, k)`).
+    fn epoch_order(&self, epoch: usize) -> (u64, Vec<u32>) {
+        let base = derive_seed(self.cfg.train.seed, 1000 + epoch as u64);
+        let mut order = self.train_ids.clone();
+        Rng::new(base).shuffle(&mut order);
+        (base, order)
+    }
+
     /// [`Trainer::train_batches`] on the device engine: each batch is sampled,
     /// gathered and trained by the engine (no host-side overlap is needed: the
     /// engine's ops queue on the device).
     fn train_batches_on_engine(&mut self) -> Result<bool> {
         let t = Instant::now();
         let epoch = self.pos.epoch;
-        let base = derive_seed(self.cfg.train.seed, 1000 + epoch as u64);
-        let mut order = self.train_ids.clone();
-        Rng::new(base).shuffle(&mut order);
+        let (base, order) = self.epoch_order(epoch);
         let batches: Vec<&[u32]> = order.chunks(self.cfg.train.batch_size).collect();
         let total = batches.len();
         let Some(engine) = &self.engine else {
@@ -889,9 +895,7 @@ impl Trainer {
     fn train_batches_orchestrated(&mut self) -> Result<bool> {
         let t = Instant::now();
         let epoch = self.pos.epoch;
-        let base = derive_seed(self.cfg.train.seed, 1000 + epoch as u64);
-        let mut order = self.train_ids.clone();
-        Rng::new(base).shuffle(&mut order);
+        let (base, order) = self.epoch_order(epoch);
         let batches: Vec<&[u32]> = order.chunks(self.cfg.train.batch_size).collect();
         let total = batches.len();
         let Self {
