@@ -5,7 +5,8 @@
 //! - [`FeatureMatrix`]: row-major `f32` vertex features;
 //! - [`Rng`]: the version-stable generator every seeded component uses;
 //! - [`Simd`] / [`SimdOps`]: vector primitives with run-time AVX-512 / AVX2 / scalar dispatch;
-//! - [`sampler`]: layered neighbor sampling into blocks (DGL's MFGs);
+//! - [`sampler`]: layered neighbor sampling into blocks (DGL's MFGs), a batch at a
+//!   time or one hop at a time with a skip mask ([`sample_hop`]);
 //! - [`gather`]: feature-row gather for a block's input vertices;
 //! - [`BlockView`] (a validated view of a block's CSR, with its cached transpose) and
 //!   [`aggregate_forward`] / [`aggregate_backward`]: sum, mean and GCN-normalized
@@ -65,6 +66,9 @@ pub use model::{Forward, LayerSpec, Model, ModelConfig, ModelInput, ModelKind};
 pub use optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig, WeightDecay};
 pub use real::Real;
 pub use rng::{derive_seed, splitmix64, Rng};
-pub use sampler::{Block, NeighborSampler, SampledBatch, SamplerScratch, ALL_NEIGHBORS};
+pub use sampler::{
+    sample_hop, sample_hop_into, Block, NeighborSampler, SampledBatch, SamplerScratch,
+    ALL_NEIGHBORS,
+};
 pub use simd::{GatherRows, Scalar, Simd, SimdLevel, SimdOps};
 pub use sparse::SparseRows;

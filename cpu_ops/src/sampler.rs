@@ -14,8 +14,9 @@
 //!    block it appears in and this one stamp serves all layers.
 //!
 //! Then for each layer, from the seeds down:
-//! 2. **Count.** In parallel over chunks of destinations, `min(fanout, degree)`; a
-//!    sequential prefix sum makes the block's `indptr`.
+//! 2. **Count.** In parallel over chunks of destinations, `min(fanout, degree)` (0 for
+//!    a destination a skip mask marks, see [`sample_hop`]); a sequential prefix sum
+//!    makes the block's `indptr`.
 //! 3. **Sample.** In parallel over chunks of destinations, each destination draws its
 //!    neighbors without replacement with its own generator,
 //!    `Rng::for_stream(derive_seed(seed, layer), dst_global_id)`, and writes their
@@ -34,6 +35,12 @@
 //! the calling worker, chunk by chunk in order as soon as each chunk is sampled, while
 //! the other workers keep sampling (and the relabeller samples too when it would
 //! otherwise wait), so the two overlap.
+//!
+//! [`sample_hop`] runs steps 1–4 for a single layer from a given destination list, so
+//! a caller can decide between hops which destinations to leave unsampled (a skip
+//! mask: their rows stay empty and only the other destinations' neighbors become
+//! sources). With `layer_seed = derive_seed(seed, l)` and no mask it returns exactly
+//! layer `l` of [`NeighborSampler::sample`] for the same destinations.
 //!
 //! All of it is bound by memory latency (random rows of a graph much larger than the
 //! caches), so both loops prefetch a few items ahead.
@@ -142,7 +149,7 @@ impl NeighborSampler {
             });
         }
         scratch.begin_batch(n)?;
-        scratch.stamp_seeds(seeds)?;
+        scratch.stamp(seeds, "seeds")?;
         let layers = self.fanouts.len();
         let SampledBatch {
             seeds: batch_seeds,
@@ -164,6 +171,7 @@ impl NeighborSampler {
                 frontier,
                 self.fanouts[layer],
                 layer_seed,
+                None,
                 scratch,
                 &mut lower[layer],
             );
@@ -173,6 +181,86 @@ impl NeighborSampler {
         scratch.base += blocks[0].src_ids.len() as u32;
         Ok(())
     }
+}
+
+/// One hop of [`NeighborSampler::sample`]: the block whose destinations are `dst`,
+/// `fanout` neighbors each ([`ALL_NEIGHBORS`] takes every one), drawn with the
+/// per-layer seed `layer_seed`.
+///
+/// With `layer_seed = derive_seed(seed, l)` and `skip = None` the block equals layer
+/// `l` of `NeighborSampler::sample(seed)` whose layer-`l` destinations are `dst` (every
+/// destination draws from its own stream `Rng::for_stream(layer_seed, id)`), so
+/// sampling hop by hop, each hop's destinations being the sources of the hop above,
+/// reproduces the whole batch.
+///
+/// `skip`, when given, has one flag per destination: a destination with a non-zero
+/// flag gets no neighbors (an empty `indptr` row), e.g. because its embedding comes
+/// from elsewhere. Every other destination gets exactly the neighbors it gets without
+/// the mask, and the sources are the destinations (in order) followed by the
+/// neighbors of the unskipped destinations in first-occurrence order, so vertices only
+/// skipped destinations would have read are not sources.
+///
+/// Errors: a vertex of `dst` outside `graph` ([`CpuOpsError::VertexOutOfRange`]); a
+/// repeated destination or a `fanout` of 0 ([`CpuOpsError::InvalidArgument`] naming
+/// `dst` or `fanout`); `skip.len() != dst.len()` ([`CpuOpsError::SizeMismatch`]
+/// naming `skip`). `scratch` stays usable after an error. Parallel on rayon's current
+/// pool, identical for any thread count.
+pub fn sample_hop(
+    graph: &CsrGraph,
+    dst: &[u32],
+    fanout: u32,
+    layer_seed: u64,
+    skip: Option<&[u8]>,
+    scratch: &mut SamplerScratch,
+) -> Result<Block> {
+    let mut out = Block::default();
+    sample_hop_into(graph, dst, fanout, layer_seed, skip, scratch, &mut out)?;
+    Ok(out)
+}
+
+/// Like [`sample_hop`], but reuses the buffers of `out` (a block from an earlier call,
+/// or `Block::default()`), so a steady stream of hops allocates nothing. On error
+/// `out` is left as it was.
+pub fn sample_hop_into(
+    graph: &CsrGraph,
+    dst: &[u32],
+    fanout: u32,
+    layer_seed: u64,
+    skip: Option<&[u8]>,
+    scratch: &mut SamplerScratch,
+    out: &mut Block,
+) -> Result<()> {
+    if fanout == 0 {
+        return Err(CpuOpsError::InvalidArgument {
+            name: "fanout",
+            reason: format!(
+                "0 samples nothing; use ALL_NEIGHBORS ({ALL_NEIGHBORS}) to take every neighbor"
+            ),
+        });
+    }
+    if let Some(s) = skip {
+        if s.len() != dst.len() {
+            return Err(CpuOpsError::SizeMismatch {
+                what: "skip (one flag per destination)",
+                expected: dst.len(),
+                found: s.len(),
+            });
+        }
+    }
+    let n = graph.num_vertices();
+    if let Some(&bad) = dst.iter().find(|&&d| d as usize >= n) {
+        return Err(CpuOpsError::VertexOutOfRange {
+            context: "destination list",
+            vertex: bad as u64,
+            num_vertices: n,
+        });
+    }
+    scratch.begin_batch(n)?;
+    scratch.stamp(dst, "dst")?;
+    sample_layer(graph, dst, fanout, layer_seed, skip, scratch, out);
+    // Every local id handed out is below the block's source count; retire them all.
+    scratch.base += out.src_ids.len() as u32;
+    Ok(())
 }
 
 /// One layer of a sampled batch: a bipartite graph from source to destination
@@ -326,16 +414,17 @@ impl SamplerScratch {
         Ok(())
     }
 
-    /// Gives the seeds local ids `0..len` (step 1); fails on a repeated seed.
-    fn stamp_seeds(&mut self, seeds: &[u32]) -> Result<()> {
+    /// Gives the vertices `ids` (the seeds, or one hop's destinations) local ids
+    /// `0..len` (step 1); fails on a repeated vertex, naming the list `name`.
+    fn stamp(&mut self, ids: &[u32], name: &'static str) -> Result<()> {
         let base = self.base;
-        for (i, &d) in seeds.iter().enumerate() {
+        for (i, &d) in ids.iter().enumerate() {
             let m = &mut self.mark[d as usize];
             if *m >= base {
                 // Retire the ids stamped so far so the next batch starts clean.
                 self.base = base + i as u32;
                 return Err(CpuOpsError::InvalidArgument {
-                    name: "seeds",
+                    name,
                     reason: format!("vertex {d} appears more than once"),
                 });
             }
@@ -379,12 +468,15 @@ fn relabel(mark: &mut [u32], base: u32, indices: &mut [u32], src_ids: &mut Vec<u
 }
 
 /// Samples one block whose destinations are `frontier`, already stamped with local
-/// ids `0..frontier.len()` (steps 2–4 of the module doc).
+/// ids `0..frontier.len()` (steps 2–4 of the module doc). Destinations whose `skip`
+/// flag is non-zero (`skip.len() == frontier.len()`, checked by the caller) are given
+/// an empty row, so they draw nothing and add no sources.
 fn sample_layer(
     graph: &CsrGraph,
     frontier: &[u32],
     fanout: u32,
     layer_seed: u64,
+    skip: Option<&[u8]>,
     scratch: &mut SamplerScratch,
     block: &mut Block,
 ) {
@@ -407,11 +499,19 @@ fn sample_layer(
         .par_chunks_mut(CHUNK)
         .zip(rows.par_chunks_mut(CHUNK))
         .zip(frontier.par_chunks(CHUNK))
-        .for_each(|((counts, rows), dst)| {
-            for ((c, r), &d) in counts.iter_mut().zip(rows).zip(dst) {
+        .enumerate()
+        .for_each(|(chunk, ((counts, rows), dst))| {
+            let skip = skip.map(|s| &s[chunk * CHUNK..chunk * CHUNK + dst.len()]);
+            for (i, ((c, r), &d)) in counts.iter_mut().zip(rows).zip(dst).enumerate() {
                 let d = d as usize;
-                *r = (offsets[d], offsets[d + 1]);
-                *c = (r.1 - r.0).min(fanout64);
+                let start = offsets[d];
+                // A skipped destination samples from an empty row.
+                let end = match skip {
+                    Some(s) if s[i] != 0 => start,
+                    _ => offsets[d + 1],
+                };
+                *r = (start, end);
+                *c = (end - start).min(fanout64);
             }
         });
     for j in 0..num_dst {
@@ -965,6 +1065,180 @@ mod tests {
                     .unwrap()
             );
         }
+    }
+
+    /// Global ids of the neighbors of local destination `j`.
+    fn global_row(b: &Block, j: usize) -> Vec<u32> {
+        b.neighbors(j)
+            .iter()
+            .map(|&l| b.src_ids()[l as usize])
+            .collect()
+    }
+
+    #[test]
+    fn hop_by_hop_equals_sample() {
+        let mut scratch = SamplerScratch::new(0);
+        let mut hop_scratch = SamplerScratch::new(0);
+        let configs: [&[u32]; 5] = [&[5], &[3, 7], &[25, 10, 5], &[ALL_NEIGHBORS, 2], &[1, 4, 2]];
+        for (gi, (n, deg, hubs)) in [(60, 4, false), (4000, 12, true), (9000, 25, false)]
+            .into_iter()
+            .enumerate()
+        {
+            let g = random_graph(n, deg, hubs, BuildOptions::UNDIRECTED, 40 + gi as u64);
+            for (ci, fanouts) in configs.iter().enumerate() {
+                let sampler = NeighborSampler::new(fanouts.to_vec()).unwrap();
+                let seeds = random_seeds(n, 300.min(n / 2), (gi * 10 + ci) as u64);
+                let seed = 1000 + ci as u64;
+                let batch = sampler.sample(&g, &seeds, seed, &mut scratch).unwrap();
+                let mut dst = seeds.clone();
+                // Reusing one output block across hops must not matter either.
+                let mut out = Block::default();
+                for l in (0..fanouts.len()).rev() {
+                    let ls = derive_seed(seed, l as u64);
+                    let hop = sample_hop(&g, &dst, fanouts[l], ls, None, &mut hop_scratch).unwrap();
+                    assert_eq!(
+                        &hop,
+                        &batch.blocks()[l],
+                        "graph {gi}, {fanouts:?}, layer {l}"
+                    );
+                    sample_hop_into(&g, &dst, fanouts[l], ls, None, &mut hop_scratch, &mut out)
+                        .unwrap();
+                    assert_eq!(out, hop);
+                    // An all-zero mask is no mask.
+                    let zeros = vec![0u8; dst.len()];
+                    let masked =
+                        sample_hop(&g, &dst, fanouts[l], ls, Some(&zeros), &mut hop_scratch)
+                            .unwrap();
+                    assert_eq!(masked, hop);
+                    dst = hop.src_ids().to_vec();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn skip_empties_rows_and_drops_their_only_sources() {
+        let g = random_graph(5000, 10, true, BuildOptions::UNDIRECTED, 77);
+        let mut scratch = SamplerScratch::new(5000);
+        let mut r = Rng::new(5);
+        for (case, (num_dst, fanout, p_skip)) in [
+            (700, 6, 0.3),
+            (700, ALL_NEIGHBORS, 0.5),
+            (1, 3, 1.0),
+            (600, 15, 1.0),
+            (257, 2, 0.9),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let dst = random_seeds(5000, num_dst, 200 + case as u64);
+            let skip: Vec<u8> = (0..num_dst)
+                .map(|_| {
+                    if r.next_f64() < p_skip {
+                        1 + r.below(255) as u8
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let ls = derive_seed(case as u64, 3);
+            let full = sample_hop(&g, &dst, fanout, ls, None, &mut scratch).unwrap();
+            let masked = sample_hop(&g, &dst, fanout, ls, Some(&skip), &mut scratch).unwrap();
+            assert_eq!(masked.num_dst(), num_dst);
+            assert_eq!(masked.dst_ids(), &dst[..]);
+            assert_eq!(masked.indptr().len(), num_dst + 1);
+            // The expected sources: destinations, then the new ids of the unskipped
+            // rows of the unmasked block in first-occurrence order.
+            let mut want_src = dst.clone();
+            let mut seen: HashSet<u32> = dst.iter().copied().collect();
+            let mut edges = 0;
+            for (j, &flag) in skip.iter().enumerate() {
+                if flag != 0 {
+                    assert!(
+                        masked.neighbors(j).is_empty(),
+                        "case {case}: skipped row {j}"
+                    );
+                    continue;
+                }
+                let row = global_row(&full, j);
+                assert_eq!(global_row(&masked, j), row, "case {case}: row {j}");
+                edges += row.len();
+                for v in row {
+                    if seen.insert(v) {
+                        want_src.push(v);
+                    }
+                }
+            }
+            assert_eq!(masked.num_edges(), edges);
+            assert_eq!(masked.src_ids(), &want_src[..], "case {case}: sources");
+            if p_skip < 1.0 {
+                assert!(
+                    masked.num_src() < full.num_src(),
+                    "case {case}: some sources are read only by skipped rows"
+                );
+            }
+            if skip.iter().all(|&s| s != 0) {
+                assert_eq!(masked.num_src(), num_dst);
+                assert_eq!(masked.num_edges(), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn bad_hops_are_errors_and_leave_scratch_and_output_alone() {
+        let g = random_graph(500, 8, false, BuildOptions::UNDIRECTED, 8);
+        let mut scratch = SamplerScratch::new(500);
+        let err = sample_hop(&g, &[1, 500], 4, 0, None, &mut scratch).unwrap_err();
+        assert!(
+            matches!(err, CpuOpsError::VertexOutOfRange { vertex: 500, .. }),
+            "{err}"
+        );
+        let err = sample_hop(&g, &[1, 2, 3, 2], 4, 0, None, &mut scratch).unwrap_err();
+        assert!(
+            matches!(err, CpuOpsError::InvalidArgument { name: "dst", .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("vertex 2"), "{err}");
+        let err = sample_hop(&g, &[1, 2], 4, 0, Some(&[0, 1, 0]), &mut scratch).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CpuOpsError::SizeMismatch {
+                    expected: 2,
+                    found: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("skip"), "{err}");
+        let err = sample_hop(&g, &[1, 2], 0, 0, None, &mut scratch).unwrap_err();
+        assert!(
+            matches!(err, CpuOpsError::InvalidArgument { name: "fanout", .. }),
+            "{err}"
+        );
+        // The failed calls leak nothing into the next hop.
+        let dst = [3, 2, 1, 4];
+        let ok = sample_hop(&g, &dst, 4, 9, Some(&[0, 1, 0, 0]), &mut scratch).unwrap();
+        assert_eq!(
+            ok,
+            sample_hop(
+                &g,
+                &dst,
+                4,
+                9,
+                Some(&[0, 1, 0, 0]),
+                &mut SamplerScratch::new(0)
+            )
+            .unwrap()
+        );
+        let mut out = ok.clone();
+        assert!(sample_hop_into(&g, &[7, 7], 4, 9, None, &mut scratch, &mut out).is_err());
+        assert!(sample_hop_into(&g, &[7], 4, 9, Some(&[]), &mut scratch, &mut out).is_err());
+        assert_eq!(out, ok);
+        // No destinations: an empty block.
+        let empty = sample_hop(&g, &[], 4, 9, Some(&[]), &mut scratch).unwrap();
+        assert_eq!((empty.num_src(), empty.indptr()), (0, &[0u64][..]));
     }
 
     /// Samples `fanout` of the `deg` neighbors of one vertex `trials` times and checks
