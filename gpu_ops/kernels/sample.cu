@@ -2,8 +2,9 @@
 // Host twin: cpu_ops::sampler (same block layout; different random generator).
 //
 // One layer, from a frontier of destinations (global ids):
-// 1. `sample_count`: counts[i] = min(fanout, degree(frontier[i])), counts[n] = 0;
-//    the host scans counts into the block's indptr (n + 1 entries).
+// 1. `sample_count`: counts[i] = min(fanout, degree(frontier[i])), or 0 when the
+//    optional skip mask (null = none) has skip[i] != 0; counts[n] = 0. The host scans
+//    counts into the block's indptr (n + 1 entries).
 // 2. `sample_pick`: one warp per destination writes its sampled neighbors (global
 //    ids, in the order they appear in the graph's row) into nbrs[indptr[i]..].
 //    degree <= fanout takes the whole row. Otherwise Floyd's algorithm draws
@@ -13,9 +14,11 @@
 // 3. unique relabel (`unique_*` below) of frontier ++ nbrs.
 #include "common.cuh"
 
+// `skip`: null, or n flags; a destination with a non-zero flag samples nothing (its
+// vertex is still range-checked, as the host sampler checks every destination).
 extern "C" __global__ void sample_count(const u64* graph_indptr, u64 num_vertices,
-                                        const u32* frontier, u64 n, u32 fanout, u64* counts,
-                                        u32* fault) {
+                                        const u32* frontier, u64 n, u32 fanout,
+                                        const u8* skip, u64* counts, u32* fault) {
     for (u64 i = thread_index(); i <= n; i += thread_count()) {
         if (i == n) {
             counts[n] = 0;
@@ -27,13 +30,18 @@ extern "C" __global__ void sample_count(const u64* graph_indptr, u64 num_vertice
             counts[i] = 0;
             continue;
         }
+        if (skip != nullptr && skip[i] != 0) {
+            counts[i] = 0;
+            continue;
+        }
         const u64 deg = graph_indptr[v + 1] - graph_indptr[v];
         counts[i] = deg < (u64)fanout ? deg : (u64)fanout;
     }
 }
 
 // `positions` is scratch of the same length as `nbrs` (the layer's edge count).
-// Invalid frontier vertices were given 0 edges by sample_count and are skipped.
+// Invalid frontier vertices and skipped destinations were given 0 edges by
+// sample_count and are skipped.
 extern "C" __global__ void sample_pick(const u64* graph_indptr, const u32* graph_indices,
                                        u64 num_vertices, const u32* frontier, u64 n,
                                        u64 layer_key, const u64* block_indptr, u32* positions,

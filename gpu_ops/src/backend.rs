@@ -279,6 +279,40 @@ pub trait Backend: Send + Sync + Sized + 'static {
         fanouts: &[u32],
         seed: u64,
     ) -> Result<DeviceBatch<Self>>;
+    /// One hop of [`Backend::sample`] from device-resident destinations: the block
+    /// whose destinations are `dst[..n_dst]` (distinct), `fanout` neighbors each
+    /// ([`cpu_ops::ALL_NEIGHBORS`] takes all), drawn with the per-layer seed
+    /// `layer_seed`. Returns `(block, src_ids, num_src)`: the block, its sources'
+    /// global ids (destinations first, then new ids in first-occurrence order) and
+    /// their count.
+    ///
+    /// Determinism: with `layer_seed = cpu_ops::derive_seed(seed, l)` and no mask the
+    /// block is layer `l` of [`Backend::sample`]`(seed)` on the same backend with
+    /// these destinations, so hop by hop (each hop's `dst` being the sources of the
+    /// hop above) reproduces `sample`; on the host backend it is
+    /// [`cpu_ops::sample_hop`].
+    ///
+    /// `skip` (`n_dst` flags, a prefix of the buffer): a destination whose flag is
+    /// non-zero gets no neighbors (an empty row), so neither its neighborhood nor
+    /// sources only it would read enter the block; every other destination's
+    /// neighbors are those it gets without the mask. This lets a caller decide on the
+    /// device which bottom destinations take their embedding from elsewhere before
+    /// sampling their hop, with no host round trip.
+    ///
+    /// Errors: `n_dst` beyond `dst`'s length or `skip` shorter than `n_dst`
+    /// ([`GpuOpsError::SizeMismatch`](crate::GpuOpsError::SizeMismatch)), a fanout of
+    /// 0, a repeated destination or one outside the graph. Synchronizes (as `sample`
+    /// does per layer).
+    #[allow(clippy::type_complexity)]
+    fn sample_hop(
+        &self,
+        graph: &Self::Graph,
+        dst: &Self::Buf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&Self::Buf<u8>>,
+    ) -> Result<(Self::Block, Self::Buf<u32>, usize)>;
     /// Unique ids of `targets ++ candidates` with the targets first in their order
     /// (they must be distinct) and the other ids in first-occurrence order, plus the
     /// position of each candidate in that list. Returns `(unique, local, n_unique)`.

@@ -250,12 +250,12 @@ static void test_sample() {
         std::vector<u32> front; for (u32 v = 0; v < 400; ++v) front.push_back(v * 7 % n); front[0] = 0;
         u64 nf = front.size();
         std::vector<u64> cnt(nf + 1), fault64; std::vector<u32> fault(8, 0);
-        launch(sample_count, tgrid(nf + 1), T, (const u64*)ip.data(), n, (const u32*)front.data(), nf, fanout, cnt.data(), fault.data());
+        launch(sample_count, tgrid(nf + 1), T, (const u64*)ip.data(), n, (const u32*)front.data(), nf, fanout, (const u8*)nullptr, cnt.data(), fault.data());
         scan_in_place<u64>(cnt, nf + 1);
         u64 E = cnt[nf];
         std::vector<u32> pos(E), nb(E);
         launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (u64)12345, (const u64*)cnt.data(), pos.data(), nb.data());
-        bool ok = true;
+        bool ok = fault[0] == 0;
         for (u64 i = 0; i < nf; ++i) {
             u32 v = front[i]; u64 deg = ip[v + 1] - ip[v]; u64 k = cnt[i + 1] - cnt[i];
             ok &= k == std::min<u64>(deg, fanout);
@@ -265,6 +265,38 @@ static void test_sample() {
             if (!ok) { std::printf("  dst %u deg %llu k %llu\n", v, deg, k); break; }
         }
         CHECK(ok, "sample fanout %u", fanout);
+        // The same hop with a skip mask (sample_hop): flagged destinations (any
+        // non-zero byte, the hub included) count 0 and pick nothing; the others keep
+        // exactly their unmasked neighbors (the draws are keyed by vertex, not slot).
+        std::vector<u8> skip(nf);
+        for (u64 i = 0; i < nf; ++i) skip[i] = below(3) == 0 ? (u8)(1 + below(255)) : 0;
+        skip[0] = 1; skip[nf - 1] = 0;
+        std::vector<u64> cs(nf + 1, 77);
+        launch(sample_count, tgrid(nf + 1), T, (const u64*)ip.data(), n, (const u32*)front.data(), nf, fanout, (const u8*)skip.data(), cs.data(), fault.data());
+        bool counts_ok = fault[0] == 0 && cs[nf] == 0;
+        for (u64 i = 0; i < nf; ++i) {
+            u32 v = front[i]; u64 deg = ip[v + 1] - ip[v];
+            counts_ok &= cs[i] == (skip[i] ? 0 : std::min<u64>(deg, fanout));
+        }
+        CHECK(counts_ok, "sample_count skip fanout %u", fanout);
+        scan_in_place<u64>(cs, nf + 1);
+        std::vector<u32> ps(cs[nf]), ns(cs[nf]);
+        launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (u64)12345, (const u64*)cs.data(), ps.data(), ns.data());
+        bool skip_ok = true;
+        for (u64 i = 0; i < nf; ++i) {
+            std::vector<u32> got(ns.begin() + cs[i], ns.begin() + cs[i + 1]);
+            std::vector<u32> want;
+            if (!skip[i]) want.assign(nb.begin() + cnt[i], nb.begin() + cnt[i + 1]);
+            skip_ok &= got == want;
+        }
+        CHECK(skip_ok, "sample_pick with skip mask fanout %u", fanout);
+        // A skipped vertex outside the graph is still reported.
+        std::vector<u32> bad{1, (u32)n};
+        std::vector<u8> both{1, 1};
+        std::vector<u64> cb(3, 77);
+        launch(sample_count, 1, 32, (const u64*)ip.data(), n, (const u32*)bad.data(), (u64)2, fanout, (const u8*)both.data(), cb.data(), fault.data());
+        CHECK(fault[0] == FAULT_SAMPLE_VERTEX && fault[1] == (u32)n && cb[0] == 0 && cb[1] == 0 && cb[2] == 0, "sample_count fault under skip");
+        std::fill(fault.begin(), fault.end(), 0u);
     }
     // uniformity: vertex 0 (degree 2499), fanout 5, many seeds: each neighbor ~ 5/2499
     std::vector<u64> hits(n, 0);

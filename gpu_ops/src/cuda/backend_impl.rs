@@ -144,6 +144,18 @@ impl Backend for CudaBackend {
         self.sample_batch(graph, seeds, fanouts, seed)
     }
 
+    fn sample_hop(
+        &self,
+        graph: &CudaGraph,
+        dst: &CudaBuf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&CudaBuf<u8>>,
+    ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
+        self.sample_hop_op(graph, dst, n_dst, fanout, layer_seed, skip)
+    }
+
     fn unique_relabel(
         &self,
         targets: &CudaBuf<u32>,

@@ -146,6 +146,17 @@ impl Backend for CudaBackend {
     fn sample(&self, _: &Never, _: &[u32], _: &[u32], _: u64) -> Result<DeviceBatch<Self>> {
         match self.never {}
     }
+    fn sample_hop(
+        &self,
+        _: &Never,
+        _: &Never,
+        _: usize,
+        _: u32,
+        _: u64,
+        _: Option<&Never>,
+    ) -> Result<(Never, Never, usize)> {
+        match self.never {}
+    }
     fn unique_relabel(
         &self,
         _: &Never,

@@ -487,7 +487,7 @@ define_kernels! {
     }
     Sample {
         sample_count(graph_indptr: Ptr<u64>, num_vertices: u64, frontier: Ptr<u32>, n: u64,
-                     fanout: u32, counts: PtrMut<u64>, fault: PtrMut<u32>);
+                     fanout: u32, skip: Ptr<u8>, counts: PtrMut<u64>, fault: PtrMut<u32>);
         sample_pick(graph_indptr: Ptr<u64>, graph_indices: Ptr<u32>, num_vertices: u64,
                     frontier: Ptr<u32>, n: u64, layer_key: u64, block_indptr: Ptr<u64>,
                     positions: PtrMut<u32>, nbrs: PtrMut<u32>);

@@ -15,6 +15,13 @@
 //! 5. The block gets its degree data (`block_out_degree`, `block_src_weight`); its
 //!    sources are the next layer's destinations.
 //!
+//! [`CudaBackend::sample_hop_op`] runs steps 2–5 once from destinations already on
+//! the device, with an optional skip mask that gives flagged destinations a count of
+//! 0 in step 2 (so step 3 draws nothing for them and step 4 sees none of their
+//! neighbors). Both paths share `sample_layer`, and layer `l` of a batch uses the key
+//! `derive_seed(seed, l)`, so hop-by-hop sampling with those keys reproduces
+//! `sample_batch`.
+//!
 //! Everything but the random choices is a function of the input, so a batch is
 //! reproducible for a seed on a given device; the draws differ from the host
 //! sampler's (same distribution, another generator).
@@ -212,62 +219,32 @@ impl CudaBackend {
         }
         let mut seed_buf = self.buf::<u32>(seeds.len(), Init::Uninit, "seeds")?;
         self.upload_slice(&self.compute, seeds, &mut seed_buf)?;
-        let (g_indptr, g_indices) = graph.ptrs();
-        let nv = graph.num_vertices as u64;
         let mut blocks_rev = Vec::with_capacity(fanouts.len());
         let mut srcs_rev: Vec<CudaBuf<u32>> = Vec::with_capacity(fanouts.len());
         let mut n = seeds.len();
         for layer in (0..fanouts.len()).rev() {
             let frontier = srcs_rev.last().unwrap_or(&seed_buf);
-            // 2. counts → indptr.
-            let mut indptr = self.buf::<u64>(n + 1, Init::Uninit, "block indptr")?;
-            launch::sample_count(
-                &self.kernels,
-                self.cu(),
-                self.grid_t(n + 1),
-                g_indptr,
-                nv,
-                frontier.ptr(),
-                n as u64,
-                fanouts[layer],
-                indptr.ptr_mut(),
-                self.fault_ptr(),
-            )?;
-            self.scan_u64_in_place(&mut indptr, n + 1)?;
-            let edges = self.read_at(&indptr, n)?;
-            let edges = usize::try_from(edges)
-                .ok()
-                .filter(|&e| {
-                    e < u32::MAX as usize && n.checked_add(e).is_some_and(|t| t <= MAX_RELABEL)
-                })
-                .ok_or_else(|| GpuOpsError::InvalidArgument {
-                    name: "fanouts",
-                    reason: format!(
-                        "layer {layer} samples {edges} edges; a device block holds fewer than 2^30"
-                    ),
+            let layer_key = cpu_ops::derive_seed(seed, layer as u64);
+            let (block, src, n_src) = self
+                .sample_layer(
+                    graph,
+                    frontier,
+                    n,
+                    fanouts[layer],
+                    layer_key,
+                    None,
+                    "frontier",
+                )
+                .map_err(|e| match e {
+                    GpuOpsError::InvalidArgument {
+                        name: "fanout",
+                        reason,
+                    } => GpuOpsError::InvalidArgument {
+                        name: "fanouts",
+                        reason: format!("layer {layer}: {reason}"),
+                    },
+                    e => e,
                 })?;
-            // 3. sampled neighbors (global ids).
-            let mut positions = self.buf::<u32>(edges, Init::Uninit, "sampling positions")?;
-            let mut nbrs = self.buf::<u32>(edges, Init::Uninit, "sampled neighbors")?;
-            launch::sample_pick(
-                &self.kernels,
-                self.cu(),
-                self.grid_w(n),
-                g_indptr,
-                g_indices,
-                nv,
-                frontier.ptr(),
-                n as u64,
-                cpu_ops::derive_seed(seed, layer as u64),
-                indptr.ptr(),
-                positions.ptr_mut(),
-                nbrs.ptr_mut(),
-            )?;
-            drop(positions);
-            // 4. sources and local ids.
-            let (src, local, n_src) = self.relabel(frontier, n, &nbrs, edges, "frontier")?;
-            // 5. the block.
-            let block = self.finish_block(n_src, n, edges, indptr, local)?;
             blocks_rev.push(block);
             srcs_rev.push(src);
             n = n_src;
@@ -279,6 +256,106 @@ impl CudaBackend {
             src_ids: srcs_rev,
             num_seeds: seeds.len(),
         })
+    }
+
+    /// One hop from device-resident destinations ([`crate::Backend::sample_hop`]):
+    /// checks what the host can check without a synchronization (lengths, fanout),
+    /// then steps 2–5 of the module doc with `skip` as `sample_count`'s mask. A
+    /// destination outside the graph is a device fault reported at the edge-count
+    /// read; a repeated one fails the relabel's distinctness check.
+    pub(crate) fn sample_hop_op(
+        &self,
+        graph: &CudaGraph,
+        dst: &CudaBuf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&CudaBuf<u8>>,
+    ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
+        if fanout == 0 {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "fanout",
+                reason: format!(
+                    "0 samples nothing; use ALL_NEIGHBORS ({}) to take every neighbor",
+                    cpu_ops::ALL_NEIGHBORS
+                ),
+            });
+        }
+        dst.check_len("sample_hop dst", n_dst)?;
+        if let Some(s) = skip {
+            s.check_len("sample_hop skip (one flag per destination)", n_dst)?;
+        }
+        self.sample_layer(graph, dst, n_dst, fanout, layer_seed, skip, "dst")
+    }
+
+    /// One layer (steps 2–5 of the module doc) from `frontier[..n]` (distinct, not
+    /// checked here: the relabel reports repeats naming `frontier_name`): returns
+    /// `(block, src_ids, num_src)`. Destinations flagged in `skip[..n]` get no
+    /// neighbors. Callers check `fanout > 0` and the buffer lengths.
+    #[allow(clippy::too_many_arguments)]
+    fn sample_layer(
+        &self,
+        graph: &CudaGraph,
+        frontier: &CudaBuf<u32>,
+        n: usize,
+        fanout: u32,
+        layer_key: u64,
+        skip: Option<&CudaBuf<u8>>,
+        frontier_name: &'static str,
+    ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
+        let (g_indptr, g_indices) = graph.ptrs();
+        let nv = graph.num_vertices as u64;
+        // 2. counts → indptr.
+        let mut indptr = self.buf::<u64>(n + 1, Init::Uninit, "block indptr")?;
+        launch::sample_count(
+            &self.kernels,
+            self.cu(),
+            self.grid_t(n + 1),
+            g_indptr,
+            nv,
+            frontier.ptr(),
+            n as u64,
+            fanout,
+            skip.map_or(Ptr::null(), CudaBuf::ptr),
+            indptr.ptr_mut(),
+            self.fault_ptr(),
+        )?;
+        self.scan_u64_in_place(&mut indptr, n + 1)?;
+        let edges = self.read_at(&indptr, n)?;
+        let edges = usize::try_from(edges)
+            .ok()
+            .filter(|&e| {
+                e < u32::MAX as usize && n.checked_add(e).is_some_and(|t| t <= MAX_RELABEL)
+            })
+            .ok_or_else(|| GpuOpsError::InvalidArgument {
+                name: "fanout",
+                reason: format!(
+                    "{n} destinations sample {edges} edges; a device block holds fewer than 2^30"
+                ),
+            })?;
+        // 3. sampled neighbors (global ids).
+        let mut positions = self.buf::<u32>(edges, Init::Uninit, "sampling positions")?;
+        let mut nbrs = self.buf::<u32>(edges, Init::Uninit, "sampled neighbors")?;
+        launch::sample_pick(
+            &self.kernels,
+            self.cu(),
+            self.grid_w(n),
+            g_indptr,
+            g_indices,
+            nv,
+            frontier.ptr(),
+            n as u64,
+            layer_key,
+            indptr.ptr(),
+            positions.ptr_mut(),
+            nbrs.ptr_mut(),
+        )?;
+        drop(positions);
+        // 4. sources and local ids.
+        let (src, local, n_src) = self.relabel(frontier, n, &nbrs, edges, frontier_name)?;
+        // 5. the block.
+        let block = self.finish_block(n_src, n, edges, indptr, local)?;
+        Ok((block, src, n_src))
     }
 
     /// Unique ids of `targets[..n_t] ++ candidates[..n_c]` (targets first, then first

@@ -198,6 +198,18 @@ impl Backend for HostBackend {
         sample::sample(graph, seeds, fanouts, seed)
     }
 
+    fn sample_hop(
+        &self,
+        graph: &HostGraph,
+        dst: &HostBuf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&HostBuf<u8>>,
+    ) -> Result<(HostBlock, HostBuf<u32>, usize)> {
+        sample::sample_hop(graph, dst, n_dst, fanout, layer_seed, skip)
+    }
+
     fn unique_relabel(
         &self,
         targets: &HostBuf<u32>,

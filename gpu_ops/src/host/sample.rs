@@ -1,6 +1,6 @@
-//! Host-backend topology and sampling: [`cpu_ops::NeighborSampler`] on the graph
-//! kept in host memory, and the first-occurrence relabel of
-//! [`crate::Backend::unique_relabel`].
+//! Host-backend topology and sampling: [`cpu_ops::NeighborSampler`] and
+//! [`cpu_ops::sample_hop`] on the graph kept in host memory, and the first-occurrence
+//! relabel of [`crate::Backend::unique_relabel`].
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -79,6 +79,38 @@ pub(crate) fn sample(
         out.src_ids.push(HostBuf::from_vec(src_ids));
     }
     Ok(out)
+}
+
+/// [`crate::Backend::sample_hop`]: [`cpu_ops::sample_hop`] from `dst[..n_dst]`, with
+/// the first `n_dst` flags of `skip`. Returns `(block, src_ids, num_src)`.
+pub(crate) fn sample_hop(
+    g: &HostGraph,
+    dst: &HostBuf<u32>,
+    n_dst: usize,
+    fanout: u32,
+    layer_seed: u64,
+    skip: Option<&HostBuf<u8>>,
+) -> Result<(HostBlock, HostBuf<u32>, usize)> {
+    let dst = prefix("sample_hop dst", dst, n_dst)?;
+    let skip = match skip {
+        Some(s) => Some(prefix(
+            "sample_hop skip (one flag per destination)",
+            s,
+            n_dst,
+        )?),
+        None => None,
+    };
+    let mut scratch = g.take_scratch();
+    let block = cpu_ops::sample_hop(&g.graph, dst, fanout, layer_seed, skip, &mut scratch);
+    // The sampler leaves its scratch clean on success and on error.
+    g.put_scratch(scratch);
+    let (_, src_ids, indptr, indices) = block?.into_parts();
+    let n_src = src_ids.len();
+    Ok((
+        HostBlock::new(n_src, indptr, indices)?,
+        HostBuf::from_vec(src_ids),
+        n_src,
+    ))
 }
 
 /// A hasher for `u32` keys: one multiply by a 64-bit odd constant (Fibonacci

@@ -3,7 +3,8 @@
 use std::collections::{HashMap, HashSet};
 
 use cpu_ops::{
-    AggregateKind, BuildOptions, CsrGraph, NeighborSampler, Rng, SamplerScratch, ALL_NEIGHBORS,
+    derive_seed, AggregateKind, BuildOptions, CsrGraph, NeighborSampler, Rng, SamplerScratch,
+    ALL_NEIGHBORS,
 };
 use gpu_ops::{Backend, DeviceKind, TopologyPlacement};
 
@@ -144,6 +145,203 @@ pub(crate) fn sampling_structure<B: Backend>(d: &B) {
     assert!(d.sample(&dg, &[3, 3], &[2], 0).is_err());
     assert!(d.sample(&dg, &[3], &[], 0).is_err());
     assert!(d.sample(&dg, &[3], &[0], 0).is_err());
+}
+
+/// A block read back: `(src_ids, indptr, indices)`.
+fn block_on_host<B: Backend>(d: &B, block: &B::Block, src: &B::Buf<u32>) -> HostHop {
+    let (ns, nd, ne) = d.block_shape(block);
+    let (indptr, indices) = d.block_to_host(block).unwrap();
+    assert_eq!((indptr.len(), indices.len()), (nd + 1, ne));
+    HostHop {
+        num_dst: nd,
+        src: down(d, src, ns),
+        indptr,
+        indices,
+    }
+}
+
+/// A sampled hop on the host, for comparisons.
+#[derive(Debug, PartialEq)]
+struct HostHop {
+    num_dst: usize,
+    src: Vec<u32>,
+    indptr: Vec<u64>,
+    indices: Vec<u32>,
+}
+
+impl HostHop {
+    /// Global ids of destination `i`'s sampled neighbors.
+    fn row(&self, i: usize) -> Vec<u32> {
+        let (a, b) = (self.indptr[i] as usize, self.indptr[i + 1] as usize);
+        self.indices[a..b]
+            .iter()
+            .map(|&l| self.src[l as usize])
+            .collect()
+    }
+}
+
+pub(crate) fn sample_hop_reproduces_sample<B: Backend>(d: &B) {
+    let mut rng = Rng::new(16);
+    let g = random_graph(&mut rng, 400, 3000);
+    let dg = d.load_graph(&g, TopologyPlacement::Device).unwrap();
+    let mut seeds: Vec<u32> = (0..400).collect();
+    rng.shuffle(&mut seeds);
+    let seeds = &seeds[..31];
+    for (fanouts, seed) in [
+        (vec![6u32], 5u64),
+        (vec![4, 3], 99),
+        (vec![ALL_NEIGHBORS, 2], 7),
+        (vec![1, 1, 5], 1234),
+    ] {
+        let batch = d.sample(&dg, seeds, &fanouts, seed).unwrap();
+        // Destinations in a padded buffer: only the prefix counts.
+        let mut dst = input_u32(d, seeds, 399);
+        let mut n_dst = seeds.len();
+        let mut host_dst = seeds.to_vec();
+        for l in (0..fanouts.len()).rev() {
+            let ls = derive_seed(seed, l as u64);
+            let (block, src, n_src) = d
+                .sample_hop(&dg, &dst, n_dst, fanouts[l], ls, None)
+                .unwrap();
+            let got = block_on_host(d, &block, &src);
+            assert_eq!(got.src.len(), n_src);
+            let want = block_on_host(d, &batch.blocks[l], &batch.src_ids[l]);
+            assert_eq!(got, want, "{fanouts:?} layer {l}: hop vs sample");
+            assert_eq!(&got.src[..n_dst], &host_dst[..], "destinations first");
+            if d.kind() == DeviceKind::Host {
+                let hop = cpu_ops::sample_hop(
+                    &g,
+                    &host_dst,
+                    fanouts[l],
+                    ls,
+                    None,
+                    &mut SamplerScratch::new(0),
+                )
+                .unwrap();
+                assert_eq!(got.src, hop.src_ids());
+                assert_eq!(got.indptr, hop.indptr());
+                assert_eq!(got.indices, hop.indices());
+            }
+            host_dst = got.src;
+            dst = src;
+            n_dst = n_src;
+        }
+    }
+}
+
+pub(crate) fn sample_hop_skip_mask<B: Backend>(d: &B) {
+    let mut rng = Rng::new(17);
+    let g = random_graph(&mut rng, 600, 5000);
+    let dg = d.load_graph(&g, TopologyPlacement::Device).unwrap();
+    let mut pool: Vec<u32> = (0..600).collect();
+    rng.shuffle(&mut pool);
+    for (case, (n, fanout, p_skip)) in [
+        (1usize, 3u32, 1.0f64),
+        (97, 4, 0.4),
+        (300, ALL_NEIGHBORS, 0.6),
+        (290, 2, 0.0),
+        (200, 9, 1.0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ids = &pool[..n];
+        let skip: Vec<u8> = (0..n)
+            .map(|_| {
+                if rng.next_f64() < p_skip {
+                    1 + rng.below(255) as u8
+                } else {
+                    0
+                }
+            })
+            .collect();
+        // Padding of the mask is set: it must be ignored.
+        let mut padded = skip.clone();
+        padded.extend([1u8; PAD]);
+        let mask = d.to_device(&padded).unwrap();
+        let dst = input_u32(d, ids, 0);
+        let ls = derive_seed(31 + case as u64, 0);
+        let (b_full, s_full, _) = d.sample_hop(&dg, &dst, n, fanout, ls, None).unwrap();
+        let full = block_on_host(d, &b_full, &s_full);
+        let (b_mask, s_mask, n_src) = d.sample_hop(&dg, &dst, n, fanout, ls, Some(&mask)).unwrap();
+        let masked = block_on_host(d, &b_mask, &s_mask);
+        assert_eq!(masked.num_dst, n);
+        assert_eq!(masked.src.len(), n_src);
+        // Expected sources: the destinations, then what the unskipped rows of the
+        // unmasked hop read, in first-occurrence order.
+        let mut want_src = ids.to_vec();
+        let mut seen: HashSet<u32> = ids.iter().copied().collect();
+        for (i, &flag) in skip.iter().enumerate() {
+            let row = masked.row(i);
+            if flag != 0 {
+                assert!(
+                    row.is_empty(),
+                    "case {case}: skipped destination {i} has edges"
+                );
+                continue;
+            }
+            let want = full.row(i);
+            assert_eq!(row, want, "case {case}: destination {i}");
+            for v in want {
+                if seen.insert(v) {
+                    want_src.push(v);
+                }
+            }
+        }
+        assert_eq!(masked.src, want_src, "case {case}: sources");
+        if p_skip == 0.0 {
+            assert_eq!(masked, full, "case {case}: an all-zero mask is no mask");
+        }
+        if p_skip == 1.0 {
+            assert_eq!((masked.src.len(), masked.indices.len()), (n, 0));
+        }
+        if d.kind() == DeviceKind::Host {
+            let hop = cpu_ops::sample_hop(
+                &g,
+                ids,
+                fanout,
+                ls,
+                Some(&skip),
+                &mut SamplerScratch::new(0),
+            )
+            .unwrap();
+            assert_eq!(masked.src, hop.src_ids());
+            assert_eq!(masked.indptr, hop.indptr());
+        }
+    }
+}
+
+pub(crate) fn sample_hop_errors<B: Backend>(d: &B) {
+    let mut rng = Rng::new(18);
+    let g = random_graph(&mut rng, 100, 600);
+    let dg = d.load_graph(&g, TopologyPlacement::Device).unwrap();
+    let dst = d.to_device(&[5u32, 9, 2, 40]).unwrap();
+    let mask3 = d.to_device(&[0u8, 1, 0]).unwrap();
+    assert_size_mismatch("n_dst > dst", d.sample_hop(&dg, &dst, 5, 3, 0, None));
+    assert_size_mismatch(
+        "skip < n_dst",
+        d.sample_hop(&dg, &dst, 4, 3, 0, Some(&mask3)),
+    );
+    assert!(d.sample_hop(&dg, &dst, 4, 0, 0, None).is_err(), "fanout 0");
+    let repeated = d.to_device(&[5u32, 9, 5]).unwrap();
+    assert!(
+        d.sample_hop(&dg, &repeated, 3, 3, 0, None).is_err(),
+        "repeated destination"
+    );
+    let outside = d.to_device(&[5u32, 100]).unwrap();
+    assert!(
+        d.sample_hop(&dg, &outside, 2, 3, 0, None).is_err(),
+        "destination outside the graph"
+    );
+    // Prefixes: a 3-flag mask serves 3 destinations; nothing is left behind by the
+    // failed calls, and an empty hop is an empty block.
+    let (b, _, n_src) = d.sample_hop(&dg, &dst, 3, 3, 0, Some(&mask3)).unwrap();
+    let (_, nd, _) = d.block_shape(&b);
+    assert_eq!(nd, 3);
+    assert!(n_src >= 3);
+    let (b, _, n_src) = d.sample_hop(&dg, &dst, 0, 3, 0, None).unwrap();
+    assert_eq!((d.block_shape(&b), n_src), ((0, 0, 0), 0));
+    assert_eq!(d.block_to_host(&b).unwrap().0, vec![0]);
 }
 
 pub(crate) fn unique_relabel_contract<B: Backend>(d: &B) {
