@@ -234,12 +234,43 @@ pub trait Backend: Send + Sync + Sized + 'static {
         src: &[T],
         dst: &mut Self::Buf<T>,
     ) -> Result<()>;
-    /// Pinned host → device, asynchronous on `stream`.
+    /// Pinned host → device, `dst[..src.len()] = src`, asynchronous on `stream`;
+    /// the ordering obligations of [`Backend::upload_pinned_at`].
     fn upload_pinned<T: Elem>(
         &self,
         stream: &Self::Stream,
         src: &Self::Pinned<T>,
         dst: &mut Self::Buf<T>,
+    ) -> Result<()>;
+    /// Pinned host → device into a slice of a larger buffer:
+    /// `dst[offset..offset + n] = src[..n]`, asynchronous on `stream` (e.g. rows a CPU
+    /// worker computed, staged in pinned memory, placed at their row offset in a
+    /// device-side table on a copy stream while compute runs).
+    ///
+    /// Ordering obligations (the same as [`Backend::upload_pinned`]'s):
+    /// 1. The copy runs after earlier work on `stream` (on CUDA also after `dst`'s
+    ///    allocation and zeroing, whatever stream it is).
+    /// 2. Work on another stream that reads `dst[offset..offset + n]` must wait for
+    ///    the copy: [`Backend::record_event`] on `stream`, [`Backend::wait_event`] on
+    ///    the reader's stream.
+    /// 3. Work on another stream that may still read or write that range must be
+    ///    ordered before the copy the same way (its event waited for on `stream`).
+    ///    Copies into disjoint ranges of one buffer need no ordering among themselves.
+    /// 4. The host must not write `src[..n]` until the copy is done: synchronize
+    ///    `stream`, or take [`Backend::pinned_slice_mut`], which on CUDA waits for the
+    ///    last copy issued out of `src` (one event per pinned buffer: when copies from
+    ///    one pinned buffer go to several streams, synchronize the others first).
+    ///
+    /// `n` beyond `src`'s length or `offset + n` beyond `dst`'s (also for `n = 0`,
+    /// which copies nothing) is a
+    /// [`GpuOpsError::SizeMismatch`](crate::GpuOpsError::SizeMismatch).
+    fn upload_pinned_at<T: Elem>(
+        &self,
+        stream: &Self::Stream,
+        src: &Self::Pinned<T>,
+        n: usize,
+        dst: &mut Self::Buf<T>,
+        offset: usize,
     ) -> Result<()>;
     /// Device → host: `dst = src[..dst.len()]`; returns when the copy is done.
     fn download<T: Elem>(

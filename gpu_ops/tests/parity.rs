@@ -59,6 +59,7 @@ macro_rules! parity_tests {
         }
         parity_tests!(@each
             round_trip,
+            upload_pinned_at_offsets,
             events_time_forward,
             gemm_all_transposes,
             bias_add_and_grad,

@@ -106,6 +106,17 @@ impl Backend for CudaBackend {
         self.upload_from_pinned(stream, src, dst)
     }
 
+    fn upload_pinned_at<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &CudaPinned<T>,
+        n: usize,
+        dst: &mut CudaBuf<T>,
+        offset: usize,
+    ) -> Result<()> {
+        self.upload_from_pinned_at(stream, src, n, dst, offset)
+    }
+
     fn download<T: Elem>(
         &self,
         stream: &CudaStreamHandle,

@@ -131,6 +131,16 @@ impl Backend for CudaBackend {
     fn upload_pinned<T: Elem>(&self, _: &Never, _: &Never, _: &mut Never) -> Result<()> {
         match self.never {}
     }
+    fn upload_pinned_at<T: Elem>(
+        &self,
+        _: &Never,
+        _: &Never,
+        _: usize,
+        _: &mut Never,
+        _: usize,
+    ) -> Result<()> {
+        match self.never {}
+    }
     fn download<T: Elem>(&self, _: &Never, _: &Never, _: &mut [T]) -> Result<()> {
         match self.never {}
     }

@@ -13,7 +13,7 @@ use super::alloc::{CudaBuf, Init};
 use super::device::{drv, CudaBackend, CudaStreamHandle};
 use super::pinned::CudaPinned;
 use crate::backend::Elem;
-use crate::error::Result;
+use crate::error::{GpuOpsError, Result};
 
 impl CudaBackend {
     /// A zeroed buffer (caching allocator).
@@ -69,7 +69,46 @@ impl CudaBackend {
             "upload destination (elements of the pinned source)",
             src.len(),
         )?;
-        if src.is_empty() {
+        self.pinned_to_device(stream, src, src.len(), dst, 0)
+    }
+
+    /// Pinned host → device into a slice, `dst[offset..offset + n] = src[..n]`,
+    /// asynchronous on `stream` ([`crate::Backend::upload_pinned_at`]).
+    pub(crate) fn upload_from_pinned_at<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &CudaPinned<T>,
+        n: usize,
+        dst: &mut CudaBuf<T>,
+        offset: usize,
+    ) -> Result<()> {
+        if n > src.len() {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "upload_pinned_at source (n)",
+                expected: n,
+                found: src.len(),
+            });
+        }
+        // An overflowing end saturates, which no buffer reaches.
+        dst.check_len(
+            "upload_pinned_at destination (offset + n)",
+            offset.saturating_add(n),
+        )?;
+        self.pinned_to_device(stream, src, n, dst, offset)
+    }
+
+    /// The copy of both pinned uploads: `dst[offset..offset + n] = src[..n]` on
+    /// `stream`, lengths already checked by the caller.
+    fn pinned_to_device<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &CudaPinned<T>,
+        n: usize,
+        dst: &mut CudaBuf<T>,
+        offset: usize,
+    ) -> Result<()> {
+        debug_assert!(n <= src.len() && offset + n <= dst.len());
+        if n == 0 {
             return Ok(());
         }
         self.bind()?;
@@ -77,10 +116,12 @@ impl CudaBackend {
         if !self.is_compute(stream) {
             dst.mark_foreign(&stream.inner);
         }
-        // SAFETY: `dst` holds at least `src.len()` elements (checked); `src` is pinned
-        // memory that stays allocated until the copy is done (its Drop and its mutable
-        // view wait for the event recorded just below).
-        unsafe { result::memcpy_htod_async(dst.raw(), src.as_slice(), stream.cu()) }
+        let addr = dst.raw() + (offset * size_of::<T>()) as u64;
+        // SAFETY: `dst` holds at least `offset + n` elements (checked by the caller),
+        // so `addr` starts `n` valid elements; `src` holds at least `n` elements and
+        // is pinned memory that stays allocated until the copy is done (its Drop and
+        // its mutable view wait for the event recorded just below).
+        unsafe { result::memcpy_htod_async(addr, &src.as_slice()[..n], stream.cu()) }
             .map_err(drv("cuMemcpyHtoDAsync"))?;
         src.record_copy(&stream.inner)
     }

@@ -51,6 +51,21 @@ pub(crate) fn upload<T: Elem>(src: &[T], dst: &mut HostBuf<T>) -> Result<()> {
     Ok(())
 }
 
+/// `dst[offset..offset + n] = src[..n]`.
+pub(crate) fn upload_at<T: Elem>(
+    src: &[T],
+    n: usize,
+    dst: &mut HostBuf<T>,
+    offset: usize,
+) -> Result<()> {
+    let src = prefix("upload_pinned_at source (n)", src, n)?;
+    // An overflowing end saturates, which no buffer reaches.
+    let end = offset.saturating_add(n);
+    prefix_mut("upload_pinned_at destination (offset + n)", dst, end)?[offset..]
+        .copy_from_slice(src);
+    Ok(())
+}
+
 /// `dst = src[..dst.len()]`.
 pub(crate) fn download<T: Elem>(src: &HostBuf<T>, dst: &mut [T]) -> Result<()> {
     dst.copy_from_slice(prefix(
@@ -131,5 +146,16 @@ mod tests {
         fill_zero(&mut b, 2).unwrap();
         assert_eq!(b.as_slice(), &[0, 0, 3, 0]);
         assert!(fill_zero(&mut b, 5).is_err());
+        upload_at(&[7, 8, 9], 2, &mut b, 2).unwrap();
+        assert_eq!(b.as_slice(), &[0, 0, 7, 8]);
+        upload_at(&[5], 0, &mut b, 4).unwrap();
+        assert_eq!(b.as_slice(), &[0, 0, 7, 8]);
+        for (n, offset, expected) in [(4, 0, 4), (2, 3, 5), (0, 5, 5), (1, usize::MAX, usize::MAX)]
+        {
+            let err = upload_at(&[1, 2, 3], n, &mut b, offset).unwrap_err();
+            let ok = matches!(err, GpuOpsError::SizeMismatch { expected: e, .. } if e == expected);
+            assert!(ok, "n {n} offset {offset}: {err}");
+        }
+        assert_eq!(b.as_slice(), &[0, 0, 7, 8]);
     }
 }

@@ -164,6 +164,17 @@ impl Backend for HostBackend {
         memory::upload(src, dst)
     }
 
+    fn upload_pinned_at<T: Elem>(
+        &self,
+        _stream: &HostStream,
+        src: &HostBuf<T>,
+        n: usize,
+        dst: &mut HostBuf<T>,
+        offset: usize,
+    ) -> Result<()> {
+        memory::upload_at(src, n, dst, offset)
+    }
+
     fn download<T: Elem>(
         &self,
         _stream: &HostStream,

@@ -1,7 +1,7 @@
 //! Parity: memory, streams and events.
 
 use cpu_ops::Rng;
-use gpu_ops::Backend;
+use gpu_ops::{Backend, Elem};
 
 use crate::helpers::*;
 
@@ -45,6 +45,89 @@ pub(crate) fn round_trip<B: Backend>(d: &B) {
     let got = down(d, &dst, 12);
     assert_eq!(&got[..9], &u[..9]);
     assert_eq!(&got[9..], &[0, 0, 0]);
+}
+
+/// `upload_pinned_at` of `T` values: random slices of pinned staging placed at random
+/// offsets of a larger buffer on a copy stream, checked element by element (the
+/// untouched elements too) against a host model; `n = 0`; out-of-range errors that
+/// leave the buffer unchanged.
+fn upload_at_case<B: Backend, T: Elem + PartialEq>(
+    d: &B,
+    rng: &mut Rng,
+    value: impl Fn(&mut Rng) -> T,
+) {
+    const LEN: usize = 1000;
+    const STAGE: usize = 97;
+    let mut model: Vec<T> = (0..LEN).map(|_| value(rng)).collect();
+    let mut dst = d.to_device(&model).unwrap();
+    let copy = d.new_stream().unwrap();
+    // The copy stream starts after the compute stream's upload above.
+    let uploaded = d.record_event(d.stream()).unwrap();
+    d.wait_event(&copy, &uploaded).unwrap();
+    let mut stage = d.alloc_pinned::<T>(STAGE).unwrap();
+    for round in 0..12 {
+        let rows: Vec<T> = (0..STAGE).map(|_| value(rng)).collect();
+        // The mutable view waits for the previous round's copy out of `stage`.
+        d.pinned_slice_mut(&mut stage).copy_from_slice(&rows);
+        let n = match round {
+            0 => 0,
+            1 => STAGE,
+            _ => rng.below(STAGE as u64 + 1) as usize,
+        };
+        let offset = match round {
+            2 => LEN - n,
+            3 => 0,
+            _ => rng.below((LEN - n) as u64 + 1) as usize,
+        };
+        d.upload_pinned_at(&copy, &stage, n, &mut dst, offset)
+            .unwrap();
+        model[offset..offset + n].copy_from_slice(&rows[..n]);
+    }
+    // n = 0 at the very end is fine.
+    d.upload_pinned_at(&copy, &stage, 0, &mut dst, LEN).unwrap();
+    // Out of range: errors, nothing written.
+    assert_size_mismatch(
+        "n > pinned length",
+        d.upload_pinned_at(&copy, &stage, STAGE + 1, &mut dst, 0),
+    );
+    assert_size_mismatch(
+        "offset + n > length",
+        d.upload_pinned_at(&copy, &stage, 2, &mut dst, LEN - 1),
+    );
+    assert_size_mismatch(
+        "offset > length, n = 0",
+        d.upload_pinned_at(&copy, &stage, 0, &mut dst, LEN + 1),
+    );
+    assert_size_mismatch(
+        "offset + n overflows",
+        d.upload_pinned_at(&copy, &stage, 1, &mut dst, usize::MAX),
+    );
+    let done = d.record_event(&copy).unwrap();
+    d.wait_event(d.stream(), &done).unwrap();
+    d.synchronize(&copy).unwrap();
+    let got = down(d, &dst, LEN);
+    let first_bad = got.iter().zip(&model).position(|(g, w)| g != w);
+    assert_eq!(
+        first_bad,
+        None,
+        "{}: element differs",
+        std::any::type_name::<T>()
+    );
+}
+
+pub(crate) fn upload_pinned_at_offsets<B: Backend>(d: &B) {
+    let mut rng = Rng::new(2);
+    // Element sizes 4, 8 and 1: the byte offset is `offset · size_of::<T>()`.
+    upload_at_case::<B, f32>(d, &mut rng, |r| r.next_f32());
+    upload_at_case::<B, u64>(d, &mut rng, |r| r.next_u64());
+    upload_at_case::<B, u8>(d, &mut rng, |r| r.next_u32() as u8);
+    // A small case by hand, on the compute stream.
+    let mut dst = d.to_device(&[1u32, 2, 3, 4, 5, 6]).unwrap();
+    let mut p = d.alloc_pinned::<u32>(3).unwrap();
+    d.pinned_slice_mut(&mut p).copy_from_slice(&[7, 8, 9]);
+    d.upload_pinned_at(d.stream(), &p, 2, &mut dst, 3).unwrap();
+    assert!(d.upload_pinned_at(d.stream(), &p, 2, &mut dst, 5).is_err());
+    assert_eq!(down(d, &dst, 6), [1, 2, 3, 7, 8, 6]);
 }
 
 pub(crate) fn events_time_forward<B: Backend>(d: &B) {
