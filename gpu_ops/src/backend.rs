@@ -19,6 +19,15 @@
 //!    backend is deterministic except where it says so (atomics in backward
 //!    aggregation sum in any order); sampling and dropout use their own counter-based
 //!    generators, so they agree with the host backend in distribution, not bit by bit.
+//! 5. **Layer-based orchestration.** Two ops let a runtime mix CPU-computed
+//!    embeddings into a device batch without a host round trip:
+//!    [`Backend::sample_hop`] samples a batch one hop at a time from destinations
+//!    already on the device (hop by hop with `derive_seed(seed, l)` it reproduces
+//!    [`Backend::sample`]), with a skip mask for the destinations whose embedding
+//!    comes from a CPU-computed table: they get no neighbors, so the device neither
+//!    gathers nor aggregates their neighborhoods. [`Backend::upload_pinned_at`] copies
+//!    those rows from pinned staging memory into their offset of a device buffer on a
+//!    copy stream.
 
 use std::fmt;
 
