@@ -381,9 +381,10 @@ pub const MAX_PRESAMPLE_EPOCHS: u32 = 1000;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OrchestrationSection {
-    /// `"layer"` (NeutronOrch) or a step-based baseline (`"cpu-sample-cpu-gather"`,
-    /// `"gpu-sample-cpu-gather"`, `"cpu-sample-gpu-gather"`,
-    /// `"gpu-sample-gpu-gather"`).
+    /// `"auto"` (measure the candidates in the first batches and keep the
+    /// fastest), `"layer"` (NeutronOrch) or a step-based baseline
+    /// (`"cpu-sample-cpu-gather"`, `"gpu-sample-cpu-gather"`,
+    /// `"cpu-sample-gpu-gather"`, `"gpu-sample-gpu-gather"`).
     pub policy: String,
     /// Fraction of vertices that are hot, in [0, 1]; 0 disables embedding reuse.
     pub hot_ratio: f64,
@@ -410,7 +411,7 @@ pub struct OrchestrationSection {
 impl Default for OrchestrationSection {
     fn default() -> Self {
         Self {
-            policy: "layer".into(),
+            policy: "auto".into(),
             hot_ratio: 0.0,
             hotness: HotnessKind::Presample,
             presample_epochs: scheduler::DEFAULT_PRESAMPLE_EPOCHS,
@@ -425,11 +426,34 @@ impl Default for OrchestrationSection {
 }
 
 impl OrchestrationSection {
-    /// The parsed policy (an error naming `orchestration.policy` and the five names).
+    /// Whether the policy is `"auto"`.
+    pub fn is_auto(&self) -> bool {
+        self.policy == "auto"
+    }
+
+    /// The parsed policy (an error naming `orchestration.policy` and the accepted
+    /// names); `"auto"` gives the placement it starts from,
+    /// `"gpu-sample-gpu-gather"`.
     pub fn orchestration(&self) -> Result<scheduler::Orchestration> {
+        if self.is_auto() {
+            return Ok(scheduler::Orchestration::GpuSampleGpuGather);
+        }
         self.policy
             .parse::<scheduler::Orchestration>()
-            .map_err(|e| Error::invalid_argument("orchestration.policy", e.to_string()))
+            .map_err(|_| {
+                Error::invalid_argument(
+                    "orchestration.policy",
+                    format!(
+                        "expected \"auto\" or one of {}, found \"{}\"",
+                        scheduler::Orchestration::NAMES
+                            .iter()
+                            .map(|n| format!("\"{n}\""))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        self.policy
+                    ),
+                )
+            })
     }
 
     /// Where sampling and gathering run under the policy (training is on the
@@ -888,7 +912,7 @@ impl TrainConfig {
             0,
             TOML_INT_MAX,
         )?;
-        if o.policy != "layer" {
+        if o.policy != "layer" && !o.is_auto() {
             if o.hot_ratio > 0.0 {
                 return Err(range_err(
                     "orchestration.hot_ratio",
@@ -1303,12 +1327,12 @@ mod tests {
     #[test]
     fn orchestration_section_parses_and_names_bad_values() {
         let c = parse("").unwrap();
-        assert_eq!(c.orchestration.policy, "layer");
+        assert_eq!(c.orchestration.policy, "auto");
         assert_eq!(c.orchestration.hot_ratio, 0.0);
         assert!(!c.orchestration.reuses_embeddings());
         let ops = "[device]\nhost_engine = \"ops\"\n";
         let c = parse(&format!(
-            "{ops}[orchestration]\nhot_ratio = 0.2\nhotness = \"degree\"\nsuper_batch = 2\n\
+            "{ops}[orchestration]\npolicy = \"layer\"\nhot_ratio = 0.2\nhotness = \"degree\"\nsuper_batch = 2\n\
              staleness_bound = 3\non_late = \"compute\"\npresample_epochs = 1"
         ))
         .unwrap();

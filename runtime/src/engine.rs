@@ -19,8 +19,12 @@
 //! The host model's parameters are uploaded at start ([`DeviceModel::from_host`]),
 //! so a device run starts from the same initialization as a host run with the seed.
 
-mod prune;
+mod hot;
 mod step_based;
+
+pub use hot::{HotStaging, HotUse};
+
+use std::sync::Arc;
 
 use cpu_ops::{AdamConfig, Model};
 use gpu_ops::{Backend, CacheStats, DeviceModel, GpuOpsError, TopologyPlacement};
@@ -64,49 +68,58 @@ pub trait Engine: Send {
     /// blocks, ids, feature rows (host gathers and feature-cache misses), labels
     /// and hot rows.
     fn h2d_bytes(&self) -> u64;
+    /// Where [`Engine::train_batch`] samples and gathers from now on
+    /// (`orchestration.policy`'s step-based placements; `policy = "auto"` tries
+    /// them in turn).
+    fn set_placement(&mut self, placement: scheduler::StepBased);
     /// Records [`Engine::train_batch`]'s steps into `tracer` from now on: host
     /// steps as `sample` / `gather` slices on the calling thread's track, device
     /// work as `device sample` / `device step` slices on `acc` (the batch's
     /// host → device bytes on `device step`).
     fn set_tracer(&mut self, tracer: Tracer, acc: TrackId);
 
-    /// Samples the batch of `seeds` (with `seed`) now and keeps it under `key` for
-    /// [`Engine::train_prepared`] (orchestration samples a super-batch ahead).
-    /// Returns the global ids of block 0's destinations (= the bottom layer's
-    /// outputs), in position order.
-    fn prepare_batch(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>>;
-    /// Trains the batch kept under `key` (gather, forward, loss, backward, step)
-    /// with `hot`'s rows replacing layer 0's outputs at its positions (uploaded
-    /// first: the hot-embedding load), then forgets it.
+    /// Layer 0's output width (the width of a hot row).
+    fn hot_width(&self) -> usize;
+    /// A staging buffer for `rows` CPU-computed hot rows (page-locked on a GPU),
+    /// for [`Engine::hot_install`] (`engine/hot.rs`).
+    fn new_staging(&self, rows: usize) -> Result<Box<dyn HotStaging>>;
+    /// Makes hot-row slab `slab` (0 or 1) hold at least `rows` rows and orders
+    /// later installs after every batch enqueued so far (`engine/hot.rs` step 2).
+    fn hot_slab_reserve(&mut self, slab: usize, rows: usize) -> Result<()>;
+    /// Uploads the first `n` rows of `staging` into `slab` from row `row0`,
+    /// asynchronously; batches enqueued later read them (`engine/hot.rs` step 3).
+    fn hot_install(
+        &mut self,
+        slab: usize,
+        row0: usize,
+        n: usize,
+        staging: &mut dyn HotStaging,
+    ) -> Result<()>;
+    /// Samples the layers above the bottom for `seeds` (with `seed`, drawing as
+    /// [`Engine::train_batch`] would) and keeps them under `key` for
+    /// [`Engine::train_prepared`]. Returns the global ids of block 0's
+    /// destinations (= the bottom layer's outputs), in position order.
+    fn prepare_top(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>>;
+    /// Trains the batch kept under `key`: samples its bottom hop (hot positions
+    /// skipped with `hot_backward = "constant"`), gathers, and trains with `hot`'s
+    /// slab rows replacing layer 0's outputs at its positions; then forgets it.
     fn train_prepared(
         &mut self,
         key: u64,
         seeds: &[u32],
         seed: u64,
-        hot: &HostHotRows,
+        hot: &HotUse<'_>,
     ) -> Result<(f64, usize)>;
     /// Forgets every kept batch.
     fn discard_prepared(&mut self);
     /// Layer 0's parameter tensors, copied to the host (publication to the CPU
-    /// side; a download per call on a GPU).
+    /// side; one download per call on a GPU).
     fn layer0_params(&self) -> Result<Vec<Vec<f32>>>;
     /// Evicts `evict`'s rows from the device feature cache, then caches `insert`'s
     /// (user ids; [`Backend::update_cache`]): returns how many entries of `insert`
     /// are cached afterwards. The cache never exceeds its budget: past it, new
     /// rows are left out.
     fn update_cache(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize>;
-}
-
-/// Historical embeddings for one batch, on the host: `positions.len()` rows of
-/// `dim` values, row `i` for block 0's destination `positions[i]`.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct HostHotRows {
-    /// Distinct positions in block 0's destinations.
-    pub positions: Vec<u32>,
-    /// Row-major rows, `positions.len() × dim`.
-    pub rows: Vec<f32>,
-    /// How layer 0's backward treats them (`orchestration.hot_backward`).
-    pub grad: gpu_ops::HotGrad,
 }
 
 /// How to set a [`DeviceEngine`] up.
@@ -129,7 +142,7 @@ pub struct EngineOptions {
 
 /// A dataset and a model on one backend.
 pub struct DeviceEngine<B: Backend> {
-    dev: B,
+    dev: std::sync::Arc<B>,
     graph: B::Graph,
     features: B::Features,
     model: DeviceModel<B>,
@@ -141,11 +154,11 @@ pub struct DeviceEngine<B: Backend> {
     x: Option<B::Buf<f32>>,
     /// The whole graph as one block, for full-graph inference (built on first use).
     full_block: Option<B::Block>,
-    host_csr: (Vec<u64>, Vec<u32>),
-    /// Batches sampled ahead ([`Engine::prepare_batch`]), by key.
-    prepared: std::collections::HashMap<u64, gpu_ops::DeviceBatch<B>>,
-    /// Host copies of the topology and features, when a step runs on the host.
-    host: Option<HostSide>,
+    /// Hot-row slabs, copy stream, reused buffers and batches sampled ahead
+    /// (`engine/hot.rs`).
+    hot: hot::HotDevice<B>,
+    /// The dataset and sampler for steps placed on the host.
+    host: HostSide,
     /// Host → device bytes of training batches so far.
     h2d: u64,
     tracer: Tracer,
@@ -170,7 +183,7 @@ pub fn degree_order(ds: &Dataset) -> Vec<u32> {
 impl<B: Backend> DeviceEngine<B> {
     /// Loads `ds` (topology, features with a cache of the highest-degree rows,
     /// labels) and `model` onto `dev`.
-    pub fn new(dev: B, ds: &Dataset, model: &Model<f32>, opts: EngineOptions) -> Result<Self> {
+    pub fn new(dev: B, ds: &Arc<Dataset>, model: &Model<f32>, opts: EngineOptions) -> Result<Self> {
         let graph = dev
             .load_graph(&ds.graph, opts.topology)
             .map_err(dev_err("loading the topology"))?;
@@ -179,7 +192,7 @@ impl<B: Backend> DeviceEngine<B> {
             .load_features(&ds.features, &order, opts.cache_bytes)
             .map_err(dev_err("loading the features"))?;
         let dm = DeviceModel::from_host(&dev, model, opts.adam).map_err(dev_err("model"))?;
-        let host = HostSide::new(ds, &opts)?;
+        let host = HostSide::new(Arc::clone(ds));
         let tracer = Tracer::disabled();
         Ok(Self {
             host,
@@ -194,10 +207,9 @@ impl<B: Backend> DeviceEngine<B> {
             num_vertices: ds.num_vertices(),
             x: None,
             full_block: None,
-            host_csr: (ds.graph.offsets().to_vec(), ds.graph.indices().to_vec()),
-            prepared: std::collections::HashMap::new(),
+            hot: hot::HotDevice::default(),
             opts,
-            dev,
+            dev: std::sync::Arc::new(dev),
         })
     }
 
@@ -209,39 +221,6 @@ impl<B: Backend> DeviceEngine<B> {
     /// The device model.
     pub fn model(&self) -> &DeviceModel<B> {
         &self.model
-    }
-
-    /// Replaces `batch`'s bottom block by one without the in-edges of the hot
-    /// destinations at `positions` and without the sources only they read
-    /// ([`prune::prune_hot_destinations`]). The block travels to the host and back
-    /// (a device-side filter would avoid the round trip).
-    fn prune_hot(&mut self, batch: &mut gpu_ops::DeviceBatch<B>, positions: &[u32]) -> Result<()> {
-        let (ns, _, _) = self.dev.block_shape(&batch.blocks[0]);
-        let (indptr, indices) = self
-            .dev
-            .block_to_host(&batch.blocks[0])
-            .map_err(dev_err("bottom block"))?;
-        let src = self
-            .dev
-            .to_host(&batch.src_ids[0], ns)
-            .map_err(dev_err("bottom block sources"))?;
-        let (p, x, s) = prune::prune_hot_destinations(&indptr, &indices, &src, positions)
-            .ok_or_else(|| {
-                Error::invalid_argument(
-                    "hot rows",
-                    "internal: a hot position or block index is out of range",
-                )
-            })?;
-        batch.blocks[0] = self
-            .dev
-            .block_from_host(s.len(), &p, &x)
-            .map_err(dev_err("pruned bottom block"))?;
-        batch.src_ids[0] = self
-            .dev
-            .to_device(&s)
-            .map_err(dev_err("pruned bottom block sources"))?;
-        self.h2d += (p.len() * 8 + (x.len() + s.len()) * 4) as u64;
-        Ok(())
     }
 
     /// Gathers the rows of `ids` (on the device, `n` of them) into the reused buffer.
@@ -299,10 +278,10 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     fn full_graph_logits(&mut self) -> Result<Vec<f32>> {
         let n = self.num_vertices;
         if self.full_block.is_none() {
-            let (indptr, indices) = &self.host_csr;
+            let g = &self.host.ds().graph;
             self.full_block = Some(
                 self.dev
-                    .block_from_host(n, indptr, indices)
+                    .block_from_host(n, g.offsets().as_slice(), g.indices().as_slice())
                     .map_err(dev_err("full-graph block"))?,
             );
         }
@@ -381,24 +360,39 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         self.h2d
     }
 
+    fn set_placement(&mut self, placement: scheduler::StepBased) {
+        self.opts.placement = placement;
+    }
+
     fn set_tracer(&mut self, tracer: Tracer, acc: TrackId) {
         self.tracer = tracer;
         self.acc = acc;
     }
 
-    fn prepare_batch(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>> {
-        let batch = self
-            .dev
-            .sample(&self.graph, seeds, &self.opts.fanouts, seed)
-            .map_err(dev_err("sampling"))?;
-        let nd = self.dev.block_shape(&batch.blocks[0]).1;
-        let ids = match batch.src_ids.get(1) {
-            Some(ids) => self.dev.to_host(ids, nd),
-            None => Ok(seeds.to_vec()),
-        }
-        .map_err(dev_err("bottom-layer ids"))?;
-        self.prepared.insert(key, batch);
-        Ok(ids)
+    fn hot_width(&self) -> usize {
+        self.hot_width_op()
+    }
+
+    fn new_staging(&self, rows: usize) -> Result<Box<dyn HotStaging>> {
+        self.new_staging_op(rows)
+    }
+
+    fn hot_slab_reserve(&mut self, slab: usize, rows: usize) -> Result<()> {
+        self.hot_slab_reserve_op(slab, rows)
+    }
+
+    fn hot_install(
+        &mut self,
+        slab: usize,
+        row0: usize,
+        n: usize,
+        staging: &mut dyn HotStaging,
+    ) -> Result<()> {
+        self.hot_install_op(slab, row0, n, staging)
+    }
+
+    fn prepare_top(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>> {
+        self.prepare_top_op(key, seeds, seed)
     }
 
     fn train_prepared(
@@ -406,54 +400,13 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         key: u64,
         seeds: &[u32],
         seed: u64,
-        hot: &HostHotRows,
+        hot: &HotUse<'_>,
     ) -> Result<(f64, usize)> {
-        let mut batch = self.prepared.remove(&key).ok_or_else(|| {
-            Error::invalid_argument(
-                "prepared batch",
-                format!("internal: no batch was prepared under key {key}"),
-            )
-        })?;
-        if hot.grad == gpu_ops::HotGrad::Constant && !hot.positions.is_empty() {
-            // Constant historical embeddings: the accelerator needs nothing from the
-            // hot destinations' neighborhoods (with "aggregate" it does: their
-            // gradient flows through its own aggregate).
-            self.prune_hot(&mut batch, &hot.positions)?;
-        }
-        let n_in = self.dev.block_shape(&batch.blocks[0]).0;
-        let x = self.gather_counted(&batch.src_ids[0], n_in)?;
-        self.h2d += ((seeds.len() + hot.positions.len() + hot.rows.len()) * 4) as u64;
-        let labels = self
-            .dev
-            .to_device(&self.labels_of(seeds))
-            .map_err(dev_err("labels"));
-        let bufs = if hot.positions.is_empty() {
-            Ok(None)
-        } else {
-            self.dev
-                .to_device(&hot.positions)
-                .and_then(|p| Ok(Some((p, self.dev.to_device(&hot.rows)?))))
-                .map_err(dev_err("hot-embedding load"))
-        };
-        let stats = labels.and_then(|labels| {
-            let bufs = bufs?;
-            let rows = bufs.as_ref().map(|(p, r)| gpu_ops::HotRows {
-                positions: p,
-                rows: r,
-                n: hot.positions.len(),
-                grad: hot.grad,
-            });
-            self.model
-                .train_step_hot(&self.dev, &batch.blocks, &x, &labels, seed, rows.as_ref())
-                .map_err(dev_err("training step"))
-        });
-        self.x = Some(x);
-        let stats = stats?;
-        Ok((stats.loss * seeds.len() as f64, stats.correct))
+        self.train_prepared_op(key, seeds, seed, hot)
     }
 
     fn discard_prepared(&mut self) {
-        self.prepared.clear();
+        self.discard_prepared_op();
     }
 
     fn layer0_params(&self) -> Result<Vec<Vec<f32>>> {
@@ -493,7 +446,7 @@ pub struct Chosen {
 /// `host_engine = "ops"`, the host backend.
 pub fn choose_engine(
     device: &DeviceSection,
-    ds: &Dataset,
+    ds: &Arc<Dataset>,
     model: &Model<f32>,
     opts: EngineOptions,
 ) -> Result<Chosen> {

@@ -69,6 +69,7 @@
 //! ```
 
 pub mod atomic;
+pub mod auto;
 pub mod bench;
 pub mod builder;
 pub mod checkpoint;

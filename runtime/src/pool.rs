@@ -79,6 +79,25 @@ fn pinned(builder: rayon::ThreadPoolBuilder) -> Result<ThreadPool> {
     Ok(pool)
 }
 
+/// Binds the calling thread to core `core % cores` (long-lived threads outside the
+/// compute pool, e.g. the hot-row workers, placed after the pool's cores).
+#[cfg(feature = "hwloc")]
+pub(crate) fn pin_current_thread(core: usize) -> Result<()> {
+    let pinner = hwloc::CorePinner::new()?;
+    pinner
+        .bind_current_thread(core)
+        .map_err(|e| Error::invalid_argument("threads.pin", e))
+}
+
+/// Without the `hwloc` feature there is nothing to bind with.
+#[cfg(not(feature = "hwloc"))]
+pub(crate) fn pin_current_thread(_core: usize) -> Result<()> {
+    Err(Error::invalid_argument(
+        "threads.pin",
+        "this build lacks the `hwloc` cargo feature",
+    ))
+}
+
 /// Core binding through hwloc (feature `hwloc`).
 #[cfg(feature = "hwloc")]
 pub mod hwloc {

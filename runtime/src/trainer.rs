@@ -42,6 +42,7 @@ use cpu_ops::{
 
 use rayon::ThreadPool;
 
+use crate::auto::{Calibrator, ProbeStep};
 use crate::checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
 use crate::config::TrainConfig;
 use crate::control::{BatchMetrics, Callback, CancelToken, Control, StopCause};
@@ -50,10 +51,27 @@ use crate::embedding::Embeddings;
 use crate::engine::{choose_engine, Engine, EngineOptions};
 use crate::error::{Error, Result};
 use crate::generate::{generate_sbm, SbmOptions};
+use crate::orchestrate::clock::{wall_clock, SharedClock};
 use crate::orchestrate::pipeline::{BatchDone, EpochEnd, EpochRun};
 use crate::orchestrate::{InjectedFault, OrchestrationStats, Orchestrator};
 use crate::pool::build_pool;
 use crate::trace::{FlowId, SliceGuard, Tracer, TrackId, TrackKind, CACHE_HIT_RATE};
+
+/// `hot_ratio` of the layer-based candidate `policy = "auto"` measures when the
+/// configured one is 0.
+pub const AUTO_HOT_RATIO: f64 = 0.2;
+
+/// The step-based placement of a policy (`"layer"` samples and gathers on the
+/// accelerator).
+fn step_placement(o: scheduler::Orchestration) -> scheduler::StepBased {
+    use scheduler::{Device::Accelerator as Acc, Device::Cpu, Orchestration as O};
+    match o {
+        O::Layer | O::GpuSampleGpuGather => scheduler::StepBased::new(Acc, Acc),
+        O::CpuSampleCpuGather => scheduler::StepBased::new(Cpu, Cpu),
+        O::GpuSampleCpuGather => scheduler::StepBased::new(Acc, Cpu),
+        O::CpuSampleGpuGather => scheduler::StepBased::new(Cpu, Acc),
+    }
+}
 
 /// What one epoch did.
 #[derive(Clone, Debug, PartialEq)]
@@ -171,7 +189,7 @@ fn feature_density(f: &cpu_ops::FeatureMatrix) -> f64 {
 
 /// A model being trained on a dataset.
 pub struct Trainer {
-    ds: Dataset,
+    ds: Arc<Dataset>,
     cfg: TrainConfig,
     model: Model<f32>,
     opt: Adam<f32>,
@@ -203,8 +221,16 @@ pub struct Trainer {
     /// What `[device]` chose, and why.
     device_note: String,
     /// Layer-based orchestration with embedding reuse (`orchestration.hot_ratio >
-    /// 0` and a device engine): epochs run through its pipeline.
+    /// 0` and a device engine, or `policy = "auto"` choosing it): epochs run
+    /// through its pipeline.
     orch: Option<Orchestrator>,
+    /// `policy = "auto"` while it measures (`None` once decided, or when the
+    /// policy is fixed).
+    calibrator: Option<Calibrator>,
+    /// What `policy = "auto"` chose, and why.
+    auto_choice: Option<scheduler::Choice>,
+    /// The clock measurements read.
+    clock: SharedClock,
 }
 
 fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
@@ -273,6 +299,7 @@ impl Trainer {
 
     fn assemble(ds: Dataset, cfg: TrainConfig, pool: Arc<ThreadPool>) -> Result<Self> {
         cfg.validate()?;
+        let ds = Arc::new(ds);
         let mcfg = ModelConfig {
             kind: cfg.model_kind()?,
             in_dim: ds.features.dim(),
@@ -332,7 +359,10 @@ impl Trainer {
                 placement: cfg.orchestration.step_placement()?,
             },
         )?;
-        if chosen.engine.is_none() && cfg.orchestration.policy != "layer" {
+        if chosen.engine.is_none()
+            && cfg.orchestration.policy != "layer"
+            && !cfg.orchestration.is_auto()
+        {
             return Err(Error::invalid_argument(
                 "orchestration.policy",
                 format!(
@@ -345,7 +375,7 @@ impl Trainer {
             match (&chosen.engine, cfg.orchestration.reuses_embeddings()) {
                 (Some(_), true) => Some(Orchestrator::new(
                     &cfg.orchestration,
-                    &ds,
+                    Arc::clone(&ds),
                     &model,
                     &cfg.train_fanouts()?,
                     &train_ids,
@@ -359,10 +389,25 @@ impl Trainer {
                 )),
                 _ => None,
             };
+        let mut orch = orch;
+        if let (Some(o), crate::config::PinPolicy::Cores) = (orch.as_mut(), cfg.threads.pin) {
+            // Hot workers go on the cores after the compute pool's.
+            o.pin_workers_from(Some(pool.current_num_threads()));
+        }
+        let calibrator = match (&chosen.engine, cfg.orchestration.is_auto()) {
+            (Some(_), true) => Some(Calibrator::new(
+                cfg.model.layers >= 2,
+                cfg.orchestration.super_batch,
+            )),
+            _ => None,
+        };
         Ok(Self {
             acc_track: Tracer::disabled().declare_track("acc", TrackKind::Accelerator),
             tracer: Tracer::disabled(),
             orch,
+            calibrator,
+            auto_choice: None,
+            clock: wall_clock(),
             engine: chosen.engine.map(Mutex::new),
             device_note: chosen.note,
             scratch: SamplerScratch::new(ds.num_vertices()),
@@ -708,10 +753,10 @@ impl Trainer {
     /// is [`Error::Cancelled`].
     fn train_batches(&mut self) -> Result<bool> {
         if self.engine.is_some() {
-            let result = if self.orch.is_some() {
-                self.train_batches_orchestrated()
+            let result = if self.calibrator.is_some() {
+                self.train_batches_auto()
             } else {
-                self.train_batches_on_engine()
+                self.train_batches_placed(None)
             };
             let synced = self.sync_from_engine();
             return result.and_then(|stop| synced.map(|()| stop));
@@ -819,6 +864,208 @@ impl Trainer {
         Ok(false)
     }
 
+    /// The remaining batches of the epoch, up to batch `end` (the epoch's end
+    /// when `None`), on the device engine as placed now: through the
+    /// orchestration pipeline when an orchestrator is active, else batch by batch.
+    fn train_batches_placed(&mut self, end: Option<usize>) -> Result<bool> {
+        if self.orch.is_some() {
+            self.train_batches_orchestrated(end, None)
+        } else {
+            self.train_batches_on_engine(end)
+        }
+    }
+
+    /// Number of batches in every epoch.
+    fn batches_per_epoch(&self) -> usize {
+        self.train_ids
+            .len()
+            .div_ceil(self.cfg.train.batch_size.max(1))
+    }
+
+    /// The orchestrator `policy = "auto"` measures the layer-based placement
+    /// with: the configured `hot_ratio`, or [`AUTO_HOT_RATIO`] when it is 0.
+    fn auto_orchestrator(&mut self) -> Result<&mut Orchestrator> {
+        if self.orch.is_none() {
+            let mut o = self.cfg.orchestration.clone();
+            if o.hot_ratio <= 0.0 {
+                o.hot_ratio = AUTO_HOT_RATIO;
+            }
+            let pool = Arc::clone(&self.pool);
+            let (ds, cfg, model, ids) = (&self.ds, &self.cfg, &self.model, &self.train_ids);
+            let mut orch = pool.install(|| {
+                Orchestrator::new(
+                    &o,
+                    Arc::clone(ds),
+                    model,
+                    &cfg.train_fanouts()?,
+                    ids,
+                    cfg.train.batch_size,
+                    cfg.train.seed,
+                    o.cpu_workers,
+                )
+            })?;
+            orch.set_clock(Arc::clone(&self.clock));
+            if self.cfg.threads.pin == crate::config::PinPolicy::Cores {
+                orch.pin_workers_from(Some(self.pool.current_num_threads()));
+            }
+            self.orch = Some(orch);
+        }
+        self.orch
+            .as_mut()
+            .ok_or_else(|| Error::invalid_argument("orchestration", "internal: no orchestrator"))
+    }
+
+    /// `policy = "auto"` (`crate::auto`): runs the calibrator's measurements on
+    /// the epoch's next batches, decides when they are done, and trains the
+    /// rest of the epoch as decided. Measurements that do not fit in what is left
+    /// of the epoch move to the next one (the batches in between train on the
+    /// placement measured last); a layer-based one longer than a whole epoch is
+    /// skipped.
+    fn train_batches_auto(&mut self) -> Result<bool> {
+        let epoch_len = self.batches_per_epoch();
+        while let Some(step) = self.calibrator.as_ref().and_then(Calibrator::next) {
+            let start = self.pos.batch;
+            let need = step.batches();
+            if start + need > epoch_len {
+                if need > epoch_len {
+                    if let Some(c) = self.calibrator.as_mut() {
+                        c.skip(&format!(
+                            "an epoch has {epoch_len} batches, the measurement needs {need}"
+                        ));
+                    }
+                    continue;
+                }
+                // Not enough left in this epoch: finish it as placed now.
+                return self.train_batches_on_engine(None);
+            }
+            match step {
+                ProbeStep::Fixed {
+                    policy,
+                    warm,
+                    measure,
+                } => {
+                    if let Some(e) = self.engine.as_mut().and_then(|e| e.get_mut().ok()) {
+                        e.set_placement(step_placement(policy));
+                    }
+                    if self.train_batches_on_engine(Some(start + warm))? {
+                        return Ok(true);
+                    }
+                    let t0 = self.clock.now();
+                    let stop = self.train_batches_on_engine(Some(start + warm + measure))?;
+                    let secs = (self.clock.now().saturating_sub(t0)).as_secs_f64();
+                    if let Some(c) = self.calibrator.as_mut() {
+                        c.record_fixed(secs / measure as f64)?;
+                    }
+                    if stop {
+                        return Ok(true);
+                    }
+                }
+                ProbeStep::Layer {
+                    split,
+                    warm,
+                    measure,
+                } => {
+                    let orch = self.auto_orchestrator()?;
+                    let hot = orch.hot_count();
+                    let split = split.min(hot);
+                    if let Some(c) = self.calibrator.as_mut() {
+                        c.set_hot(hot);
+                        if hot == 0 {
+                            continue;
+                        }
+                    }
+                    let splits = self
+                        .calibrator
+                        .as_ref()
+                        .map(Calibrator::candidate_splits)
+                        .unwrap_or_default();
+                    let orch = self.auto_orchestrator()?;
+                    orch.set_cpu_split(split)?;
+                    orch.count_splits(splits);
+                    let before = orch.totals().clone();
+                    let workers = orch.workers() as u32;
+                    let stop = self.train_batches_orchestrated(
+                        Some(start + warm + measure),
+                        Some(start + warm),
+                    )?;
+                    let orch = self.auto_orchestrator()?;
+                    let t1 = orch.clock().now().as_secs_f64();
+                    let counts = orch.take_split_counts();
+                    let (t0, at_mark) = orch.last_mark().cloned().ok_or_else(|| {
+                        Error::invalid_argument("orchestration", "internal: no timing mark")
+                    })?;
+                    let after = orch.totals().clone();
+                    // `at_mark` counts from the start of this run; `before`/`after`
+                    // are totals over every run.
+                    let run =
+                        |f: fn(&OrchestrationStats) -> u64| f(&after).saturating_sub(f(&before));
+                    let wait = (after.wait_secs - before.wait_secs - at_mark.wait_secs).max(0.0);
+                    let late = run(|s| s.computed_cold + s.waited)
+                        .saturating_sub(at_mark.computed_cold + at_mark.waited);
+                    let used = run(|s| s.hot_uses).saturating_sub(at_mark.hot_uses);
+                    let per_batch = (t1 - t0).max(0.0) / measure as f64;
+                    let probe = scheduler::LayerProbe {
+                        cpu_split: split,
+                        per_batch_s: per_batch,
+                        acc_per_batch_s: (per_batch - wait / measure as f64).max(0.0),
+                        cpu_busy_s: (after.cpu_busy_secs - before.cpu_busy_secs).max(0.0),
+                        rows_computed: run(|s| s.rows_computed),
+                        entries_read: used + late,
+                        entries_late: late,
+                        workers,
+                    };
+                    if let Some(c) = self.calibrator.as_mut() {
+                        c.record_layer(probe, &counts)?;
+                    }
+                    if stop {
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+        self.decide_auto()?;
+        self.train_batches_placed(None)
+    }
+
+    /// Applies the calibrator's choice: a step-based placement on the engine
+    /// (the orchestrator and its workers go), or the layer-based pipeline at the
+    /// chosen CPU split. Printed when verbose; an instant `auto choice` on the
+    /// trace.
+    fn decide_auto(&mut self) -> Result<()> {
+        let Some(calibrator) = self.calibrator.take() else {
+            return Ok(());
+        };
+        let choice = calibrator.finish()?;
+        if choice.policy == scheduler::Orchestration::Layer {
+            self.auto_orchestrator()?.set_cpu_split(choice.cpu_split)?;
+        } else {
+            self.orch = None;
+            if let Some(e) = self.engine.as_mut().and_then(|e| e.get_mut().ok()) {
+                e.set_placement(step_placement(choice.policy));
+            }
+        }
+        if self.verbose {
+            eprintln!("orchestration.policy = \"auto\": {}", choice.reason);
+        }
+        let (name, split, ms) = (
+            choice.policy.name(),
+            choice.cpu_split,
+            choice.per_batch_s * 1e3,
+        );
+        self.tracer.instant("auto choice", |a| {
+            a.extra.push((format!("policy {name}").into(), ms));
+            a.extra.push(("cpu_split".into(), split as f64));
+        });
+        self.auto_choice = Some(choice);
+        Ok(())
+    }
+
+    /// What `policy = "auto"` chose and why (`None` while it measures, or with a
+    /// fixed policy).
+    pub fn auto_choice(&self) -> Option<&scheduler::Choice> {
+        self.auto_choice.as_ref()
+    }
+
     /// Epoch `epoch`'s seed and its shuffled training vertices, which every batch
     /// loop cuts into `train.batch_size` batches (batch `k` seeded
     /// `derive_seed(base, k)`).
@@ -832,12 +1079,13 @@ impl Trainer {
     /// [`Trainer::train_batches`] on the device engine: each batch is sampled,
     /// gathered and trained by the engine (no host-side overlap is needed: the
     /// engine's ops queue on the device).
-    fn train_batches_on_engine(&mut self) -> Result<bool> {
+    fn train_batches_on_engine(&mut self, end: Option<usize>) -> Result<bool> {
         let t = Instant::now();
         let epoch = self.pos.epoch;
         let (base, order) = self.epoch_order(epoch);
         let batches: Vec<&[u32]> = order.chunks(self.cfg.train.batch_size).collect();
         let total = batches.len();
+        let end = end.unwrap_or(total).min(total);
         let Some(engine) = &self.engine else {
             return Ok(false);
         };
@@ -852,7 +1100,12 @@ impl Trainer {
                 cause,
             })
         };
-        for (k, seeds) in batches.iter().enumerate().skip(pos.batch.min(total)) {
+        for (k, seeds) in batches
+            .iter()
+            .enumerate()
+            .take(end)
+            .skip(pos.batch.min(total))
+        {
             if self.cancel.is_cancelled() {
                 return stopped(pos, k, StopCause::Token);
             }
@@ -892,7 +1145,11 @@ impl Trainer {
     /// [`Trainer::train_batches_on_engine`] through the orchestration pipeline
     /// ([`crate::orchestrate::pipeline`]): same batches, order and seeds; hot
     /// vertices' bottom-layer rows come from the CPU within the staleness bound.
-    fn train_batches_orchestrated(&mut self) -> Result<bool> {
+    fn train_batches_orchestrated(
+        &mut self,
+        end: Option<usize>,
+        mark: Option<usize>,
+    ) -> Result<bool> {
         let t = Instant::now();
         let epoch = self.pos.epoch;
         let (base, order) = self.epoch_order(epoch);
@@ -916,6 +1173,8 @@ impl Trainer {
             ds,
             batches: &batches,
             start: pos.batch.min(total),
+            end: end.unwrap_or(total).min(total),
+            mark,
             base_seed: base,
             epoch,
             tracer,

@@ -29,6 +29,7 @@ fn cfg(extra: &[&str]) -> TrainConfig {
         "data.synthetic.dim=16".into(),
         "device.kind=\"host\"".into(),
         "device.host_engine=\"ops\"".into(),
+        "orchestration.policy=\"layer\"".into(),
         cache,
         "threads.compute=1".into(),
         "orchestration.hot_ratio=0.2".into(),

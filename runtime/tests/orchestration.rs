@@ -25,6 +25,7 @@ fn cfg(extra: &[&str]) -> TrainConfig {
         "data.synthetic.signal=0.4".into(),
         "device.kind=\"host\"".into(),
         "device.host_engine=\"ops\"".into(),
+        "orchestration.policy=\"layer\"".into(),
         "device.cache_bytes=32000".into(),
         "threads.compute=1".into(),
     ];

@@ -12,11 +12,14 @@
 //!   (CPU part / cached part of the hot set), [`SuperBatchPlan`] (hot queues);
 //! - staleness: [`StalenessRule`], [`OnLate`], [`GapHistogram`];
 //! - the monitor: [`Monitor`], [`Observation`], [`MoveEvent`];
+//! - `policy = "auto"`: [`choose`] among measured placements, [`LayerFit`] to
+//!   propose the layer-based split worth measuring;
 //! - simulation: [`CostSource`] ([`CostModel`], [`RandomCosts`], [`Scripted`]),
 //!   [`Workload`], [`simulate`].
 //!
 //! The design and the protocols are in `docs/orchestration.md`.
 
+mod auto;
 mod builder;
 mod cost;
 mod error;
@@ -31,6 +34,9 @@ mod staleness;
 mod task;
 mod workload;
 
+pub use auto::{
+    choose, Choice, LayerFit, LayerProbe, Measured, SplitCounts, DEFAULT_TIE, PREFERENCE,
+};
 pub use builder::{BatchShape, BatchTasks, ChunkTasks, GraphBuilder, ModelShape, SuperBatchTasks};
 pub use cost::{CostModel, CostSource, DeviceRates, RandomCosts, Scripted};
 pub use error::{Result, SchedulerError};

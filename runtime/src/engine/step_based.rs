@@ -19,48 +19,54 @@
 //! work `device sample` / `device step` slices on the accelerator track, so the
 //! trace's busy fractions show where each placement spends its time.
 
-use cpu_ops::{
-    gather_rows, CsrGraph, FeatureMatrix, NeighborSampler, SampledBatch, SamplerScratch,
-};
+use std::sync::Arc;
+
+use cpu_ops::{gather_rows, CsrGraph, NeighborSampler, SampledBatch, SamplerScratch};
 use gpu_ops::Backend;
 use scheduler::Device;
 
-use super::{dev_err, DeviceEngine, EngineOptions};
+use super::{dev_err, DeviceEngine};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::trace::Direction;
 
-/// What the host needs for the steps placed on it.
+/// What the host needs for the steps placed on it: the dataset (shared, not
+/// copied), a sampler and its scratch (made on first host sampling), and the
+/// reused gather buffer.
 pub(crate) struct HostSide {
-    /// Sampler, topology and scratch, when sampling runs on the host.
-    sampling: Option<(NeighborSampler, CsrGraph, SamplerScratch)>,
-    /// Features, when gathering runs on the host.
-    features: Option<FeatureMatrix>,
+    ds: Arc<Dataset>,
+    sampling: Option<(NeighborSampler, SamplerScratch)>,
     /// The reused host gather buffer.
     rows: Vec<f32>,
 }
 
 impl HostSide {
-    /// The host side for `opts.placement` (`None` when both steps run on the
-    /// device). Copies the topology or the features it needs.
-    pub(super) fn new(ds: &Dataset, opts: &EngineOptions) -> Result<Option<Self>> {
-        let host_sample = opts.placement.sample_device() == Device::Cpu;
-        let host_gather = opts.placement.gather_device() == Device::Cpu;
-        if !host_sample && !host_gather {
-            return Ok(None);
-        }
-        let sampling = if host_sample {
-            let s = NeighborSampler::new(opts.fanouts.clone())
-                .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
-            Some((s, ds.graph.clone(), SamplerScratch::new(ds.num_vertices())))
-        } else {
-            None
-        };
-        Ok(Some(Self {
-            sampling,
-            features: host_gather.then(|| ds.features.clone()),
+    /// The host side over `ds`.
+    pub(super) fn new(ds: Arc<Dataset>) -> Self {
+        Self {
+            ds,
+            sampling: None,
             rows: Vec::new(),
-        }))
+        }
+    }
+
+    /// The dataset.
+    pub(super) fn ds(&self) -> &Arc<Dataset> {
+        &self.ds
+    }
+
+    /// The sampler with the training fanouts, made on first use.
+    fn sampler(
+        &mut self,
+        fanouts: &[u32],
+    ) -> Result<(&mut NeighborSampler, &mut SamplerScratch, &CsrGraph)> {
+        if self.sampling.is_none() {
+            let s = NeighborSampler::new(fanouts.to_vec())
+                .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
+            self.sampling = Some((s, SamplerScratch::new(self.ds.num_vertices())));
+        }
+        let (s, scratch) = self.sampling.as_mut().ok_or_else(|| missing("sampler"))?;
+        Ok((s, scratch, &self.ds.graph))
     }
 }
 
@@ -151,9 +157,7 @@ impl<B: Backend> DeviceEngine<B> {
         let mut host_ids: Option<Vec<u32>> = None;
         if host_sample {
             let _s = tracer.slice("sample");
-            let hs = self.host.as_mut().ok_or_else(|| missing("sampler"))?;
-            let (sampler, graph, scratch) =
-                hs.sampling.as_mut().ok_or_else(|| missing("sampler"))?;
+            let (sampler, scratch, graph) = self.host.sampler(&self.opts.fanouts)?;
             let b = sampler
                 .sample(graph, seeds, seed, scratch)
                 .map_err(|e| Error::cpu_ops("sampling", e))?;
@@ -179,8 +183,8 @@ impl<B: Backend> DeviceEngine<B> {
         let mut rows = Vec::new();
         if host_gather {
             let mut g = tracer.slice("gather");
-            let hs = self.host.as_mut().ok_or_else(|| missing("features"))?;
-            let features = hs.features.as_ref().ok_or_else(|| missing("features"))?;
+            let hs = &mut self.host;
+            let features = &hs.ds.features;
             let ids = match (&host_batch, &host_ids) {
                 (Some(b), _) => b.input_ids(),
                 (None, Some(ids)) => ids.as_slice(),
@@ -204,9 +208,7 @@ impl<B: Backend> DeviceEngine<B> {
         };
         let x = if host_gather {
             let x = self.upload_rows(&rows);
-            if let Some(hs) = self.host.as_mut() {
-                hs.rows = rows;
-            }
+            self.host.rows = rows;
             x?
         } else {
             let ids = dev_ids.ok_or_else(|| missing("input ids"))?;

@@ -3,15 +3,13 @@
 //!
 //! # Protocol (one chunk of a super-batch's hot queue)
 //! 1. Read the newest [`Published`] layer-0 weights *once*; their version `e` stamps
-//!    every row of the chunk (staleness step 3).
-//! 2. Mark the chunk's vertices pending at `e` in the [`HotTable`].
-//! 3. Sample one hop from the chunk's vertices (user ids) with the bottom fanout
-//!    (`cpu_ops::NeighborSampler`, seeded per chunk).
-//! 4. Gather the sources' feature rows from host memory.
-//! 5. Apply layer 0 with the snapshot ([`cpu_ops::Model::forward_layer_with`],
-//!    activation included).
-//! 6. Write the rows with version `e` (the table keeps the newer of two writes),
-//!    clear the pending marks, wake waiters.
+//!    the whole chunk (staleness step 3).
+//! 2. Sample one hop from the chunk's vertices (user ids) with the bottom fanout
+//!    (`cpu_ops` sampler semantics, seeded per chunk).
+//! 3. Aggregate and transform straight from the host feature matrix into the
+//!    chunk's staging buffer (the rows the engine uploads): GraphSAGE through the
+//!    fused kernel when available, other models through `gather_rows` +
+//!    [`Model::forward_layer_with`] (activation included).
 
 use std::sync::{Arc, Mutex};
 
@@ -19,8 +17,6 @@ use cpu_ops::{gather_rows, BlockView, Model, ModelInput, NeighborSampler, Sample
 
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
-
-use super::hot_table::HotTable;
 
 /// Layer 0's weights as of one optimizer step.
 #[derive(Debug)]
@@ -54,77 +50,95 @@ impl Published {
         }
     }
 
+    /// Replaces the snapshot whatever its version (a checkpoint was loaded).
+    pub fn reset(&self, snapshot: Snapshot) {
+        *self.newest.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(snapshot);
+    }
+
     /// The newest snapshot.
     pub fn newest(&self) -> Arc<Snapshot> {
         Arc::clone(&self.newest.lock().unwrap_or_else(|p| p.into_inner()))
     }
+
+    /// The newest snapshot's version.
+    pub fn version(&self) -> u64 {
+        self.newest().version
+    }
 }
 
 /// What one CPU worker needs to compute hot rows: the dataset (user ids), a model
-/// of the right shape (for layer 0's spec; its own weights are not used), the
-/// bottom layer's one-hop sampler, and the relabeling's old ids.
-pub struct HotComputer<'a> {
+/// of the right shape (for layer 0's spec; its own weights are not used) and the
+/// bottom layer's one-hop sampler.
+pub struct HotComputer {
     /// The dataset, in user ids.
-    pub ds: &'a Dataset,
+    pub ds: Arc<Dataset>,
     /// A model with the trained model's configuration.
-    pub model: &'a Model<f32>,
+    pub model: Model<f32>,
     /// One hop with the bottom fanout.
     pub sampler: NeighborSampler,
-    /// `old_of_new[relabeled id]` = user id.
-    pub old_of_new: &'a [u32],
 }
 
-impl HotComputer<'_> {
-    /// Computes the rows of `chunk` (relabeled hot ids) with `weights` and writes
-    /// them to `table` (steps 2–6); returns the number of rows written.
-    pub fn compute(
-        &self,
-        chunk: &[u32],
-        weights: &Snapshot,
-        seed: u64,
-        table: &HotTable,
-        scratch: &mut SamplerScratch,
-        buf: &mut Vec<f32>,
-    ) -> Result<usize> {
-        table.set_pending(chunk, Some(weights.version));
-        let rows = self.rows(chunk, weights, seed, scratch, buf);
-        let written = rows.map(|r| table.write(chunk, &r, weights.version));
-        table.set_pending(chunk, None);
-        written
+/// A worker's reusable buffers.
+pub struct HotScratch {
+    sampler: SamplerScratch,
+    gathered: Vec<f32>,
+}
+
+impl HotScratch {
+    /// Buffers for a graph of `num_vertices` vertices.
+    pub fn new(num_vertices: usize) -> Self {
+        Self {
+            sampler: SamplerScratch::new(num_vertices),
+            gathered: Vec::new(),
+        }
+    }
+}
+
+impl HotComputer {
+    /// Layer 0's output width.
+    pub fn width(&self) -> usize {
+        self.model.config().hidden
     }
 
-    fn rows(
+    /// Steps 2–3: the rows of `ids` (user ids) with `weights`, written to
+    /// `out[..ids.len() × width]`.
+    pub fn compute_into(
         &self,
-        chunk: &[u32],
+        ids: &[u32],
         weights: &Snapshot,
         seed: u64,
-        scratch: &mut SamplerScratch,
-        buf: &mut Vec<f32>,
-    ) -> Result<Vec<f32>> {
+        scratch: &mut HotScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
         let kernel = |what: &'static str| move |e| Error::cpu_ops(what, e);
-        let seeds: Vec<u32> = chunk
-            .iter()
-            .map(|&v| {
-                self.old_of_new.get(v as usize).copied().ok_or_else(|| {
-                    Error::invalid_argument(
-                        "hot chunk",
-                        format!("internal: relabeled id {v} past the vertex count"),
-                    )
-                })
-            })
-            .collect::<Result<_>>()?;
+        let need = ids.len() * self.width();
+        if out.len() < need {
+            return Err(Error::invalid_argument(
+                "hot staging",
+                format!(
+                    "internal: {} values for {} rows of {}",
+                    out.len(),
+                    ids.len(),
+                    self.width()
+                ),
+            ));
+        }
         let batch = self
             .sampler
-            .sample(&self.ds.graph, &seeds, seed, scratch)
+            .sample(&self.ds.graph, ids, seed, &mut scratch.sampler)
             .map_err(kernel("hot sampling"))?;
-        let ids = batch.input_ids();
-        buf.resize(ids.len() * self.ds.features.dim(), 0.0);
-        gather_rows(&self.ds.features, ids, buf).map_err(kernel("hot gather"))?;
+        let src = batch.input_ids();
+        let buf = &mut scratch.gathered;
+        buf.resize(src.len() * self.ds.features.dim(), 0.0);
+        gather_rows(&self.ds.features, src, buf).map_err(kernel("hot gather"))?;
         let b = &batch.blocks()[0];
         let view =
             BlockView::new(b.num_src(), b.indptr(), b.indices()).map_err(kernel("hot block"))?;
-        self.model
+        let rows = self
+            .model
             .forward_layer_with(0, &weights.tensors, &view, ModelInput::Dense(buf))
-            .map_err(kernel("hot compute"))
+            .map_err(kernel("hot compute"))?;
+        out[..need].copy_from_slice(&rows[..need]);
+        Ok(())
     }
 }

@@ -46,8 +46,6 @@
 //!    accelerator track with `to_cache` or `to_cpu` (vertices) and `cached_rows`,
 //!    and [`OrchestrationStats`]'s monitor counters.
 
-use std::time::Instant;
-
 use scheduler::{
     Direction, HotSplit, Monitor, MonitorConfig, MoveEvent, Observation, PipelineConfig, Relabeling,
 };
@@ -57,6 +55,7 @@ use crate::engine::{degree_order, Engine};
 use crate::error::{Error, Result};
 use crate::trace::{Direction as TraceDirection, Tracer, TrackId};
 
+use super::clock::Clock;
 use super::pipeline::OrchestrationStats;
 
 /// Bytes of one `f32` feature value.
@@ -97,18 +96,22 @@ pub struct HybridMonitor {
 
 /// Measurements of one super-batch window in progress (step 3).
 pub(crate) struct Window {
-    start: Instant,
+    start_secs: f64,
     wait_secs: f64,
     cpu_busy_secs: f64,
+    late: u64,
+    hot_uses: u64,
 }
 
 impl Window {
-    /// A window starting now, with the epoch's counters so far.
-    pub(crate) fn open(stats: &OrchestrationStats) -> Self {
+    /// A window starting now on `clock`, with the epoch's counters so far.
+    pub(crate) fn open(stats: &OrchestrationStats, clock: &dyn Clock) -> Self {
         Self {
-            start: Instant::now(),
+            start_secs: clock.now().as_secs_f64(),
             wait_secs: stats.wait_secs,
             cpu_busy_secs: stats.cpu_busy_secs,
+            late: stats.computed_cold + stats.waited,
+            hot_uses: stats.hot_uses,
         }
     }
 }
@@ -241,6 +244,7 @@ impl HybridMonitor {
         j: u64,
         num_sb: u64,
         window: &Window,
+        clock: &dyn Clock,
         stats: &mut OrchestrationStats,
         engine: &mut dyn Engine,
         relabeling: &Relabeling,
@@ -252,8 +256,24 @@ impl HybridMonitor {
         if j == 0 || j + 1 >= num_sb {
             return Ok(());
         }
-        let duration = window.start.elapsed().as_secs_f64();
-        let wait = (stats.wait_secs - window.wait_secs).clamp(0.0, duration);
+        let duration = (clock.now().as_secs_f64() - window.start_secs).max(0.0);
+        // Time the accelerator lost to a late CPU: blocked in hot waits
+        // (`on_late = "wait"`), or, with `"compute"`, the share of the window's
+        // hot rows it had to compute itself (late rows / rows the batches read) —
+        // work moved back onto the accelerator by a CPU that did not keep up.
+        let late = (stats.computed_cold + stats.waited).saturating_sub(window.late);
+        let reads = (stats.hot_uses - window.hot_uses) + late;
+        let late_share = if reads == 0 {
+            0.0
+        } else {
+            late as f64 / reads as f64
+        };
+        let blocked = (stats.wait_secs - window.wait_secs).clamp(0.0, duration);
+        let wait = if blocked > 0.0 {
+            blocked
+        } else {
+            (late_share * duration).clamp(0.0, duration)
+        };
         let busy = (stats.cpu_busy_secs - window.cpu_busy_secs).max(0.0);
         let capacity = self.workers as f64 * duration;
         let budget = self.monitor.config().memory_budget_bytes;

@@ -1,69 +1,83 @@
 //! The super-batch pipeline executor: layer-based orchestration of one epoch on a
-//! device [`Engine`] and CPU worker threads (docs/orchestration.md §4, §5, §9).
+//! device [`Engine`] and the persistent CPU workers (docs/orchestration.md §11,
+//! the one description of the protocol; the scheduler's simulator models it).
 //!
-//! # Protocol (one epoch)
+//! # Protocol (one epoch, the accelerator thread)
 //! 1. **Setup** (once per trainer, [`Orchestrator::new`]): score hotness
 //!    (`orchestration.hotness`), build the [`Relabeling`] (hot = relabeled id below
-//!    `hot_count`), an empty [`HotTable`] (it persists across epochs: versions are
-//!    global optimizer steps).
-//! 2. **Publish** the engine's layer-0 weights with their version.
-//! 3. **Workers.** Start `cpu_workers` scoped threads. Each takes jobs from the
-//!    [`JobQueue`] (urgent ones first), reads the newest published weights once,
-//!    computes the chunk ([`HotComputer`]) and writes it to the table. A regular
-//!    job whose super-batch has passed every gate is dropped unstarted.
-//! 4. **Sample ahead.** Super-batch `j`'s batches are sampled on the engine
-//!    ([`Engine::prepare_batch`]) and its hot queue planned
-//!    ([`SuperBatchPlan::new`]) and queued when super-batch `j − D` starts
-//!    (`D = 1`); super-batches `0..=D` at once. So at most `D + 1` super-batches of
-//!    sampled blocks and queued work exist: nothing runs ahead without limit.
-//! 5. **Gate**, per batch `b` (the engine's version): for each CPU-hot bottom
-//!    destination, [`StalenessRule::decide`] on its slot version. `Use`: take the
-//!    row, record the gap. `ComputeCold`: leave the row to the accelerator's own
-//!    layer 0 (counted). `Wait`: vertices that no in-bound task is computing go to
-//!    the CPU as one urgent job; the thread blocks on the table until every late
-//!    vertex is usable (checking the abort flag at least every 50 ms).
-//! 6. **Train** the batch with its rows ([`Engine::train_prepared`]), then publish
-//!    (step 2) the new version.
-//! 7. **Shutdown.** On the last batch, a stop, an error on this thread, or a
-//!    worker's error or panic (caught with `catch_unwind`, stored, abort flag set):
-//!    close the queue, wake every waiter, join the workers (each finishes at most
-//!    its current chunk), forget sampled-ahead batches, and return the first error —
-//!    a worker's before the abort it caused.
+//!    `hot_count`). The workers (`orchestrate/workers.rs`) start on the first
+//!    epoch and live as long as the orchestrator.
+//! 2. **Publish** layer 0's weights with their version at the epoch's start and
+//!    after every super-batch (one download per super-batch, not per batch). A
+//!    chunk of queue `j + 1` starts during super-batch `j` with weights of version
+//!    ≥ `j · N`, so its rows are at most `2N − 1` steps old when used
+//!    ([`PipelineConfig::on_time_gap`] with `D = 1`).
+//! 3. **Launch** super-batch `j` (queues 0 and 1 at the epoch's start, queue
+//!    `j + 1` when `j` starts): sample its batches' top layers on the engine
+//!    ([`Engine::prepare_top`]), plan its queue ([`SuperBatchPlan`]: the CPU-hot
+//!    bottom destinations, deduplicated, hottest first, cut into chunks), reserve
+//!    its slab (`j % 2`) for the queue, record per batch which (position, queue
+//!    index) pairs it reads and which chunks, and queue one job per chunk.
+//! 4. **Install.** At every gate, every report waiting is taken: a chunk of a live
+//!    super-batch computed with newer weights than its slab rows is installed
+//!    ([`Engine::hot_install`]: one asynchronous upload of the chunk, ordered
+//!    before later batches with an event) and becomes *ready* at its version;
+//!    anything else (a dropped job, a chunk of a finished super-batch) only gives
+//!    its staging buffer back.
+//! 5. **Gate**, per batch `b` (the engine's version), per chunk it reads: ready at
+//!    version `e` with `b − e ≤ staleness_bound` is used (every reuse's gap is
+//!    recorded). A late chunk, by `on_late`:
+//!    - `"compute"`: its vertices stay cold in this batch: the accelerator samples,
+//!      gathers and computes them itself (gap 0). Nothing waits.
+//!    - `"wait"`: an urgent job is queued — for a chunk not computed yet, a
+//!      duplicate sharing its claim flag (promotion: whichever starts first
+//!      computes); for a stale one, a recomputation after publishing the current
+//!      weights — and the thread blocks on reports (step 4) until every chunk the
+//!      batch reads is ready within the bound.
+//! 6. **Train** the batch ([`Engine::train_prepared`] with the used positions and
+//!    slab rows), then mark it passed (workers drop regular jobs of super-batches
+//!    every batch of which has passed).
+//! 7. **After the super-batch**: publish (step 2); the hybrid monitor observes.
+//! 8. **End.** At the epoch's end, on a stop or an error, the prepared batches are
+//!    forgotten and every queued job of the epoch becomes droppable; a worker's
+//!    failure is returned as the epoch's error and the workers are restarted on
+//!    the next epoch.
 //!
-//! Trace: `hot compute` slices (with `super_batch`) on `hot worker i` tracks, `train`
-//! slices (with `staleness_gap` = the batch's largest gap) on `acc stream compute`,
-//! a flow from each finished chunk to the first batch that uses its rows, and
-//! instants `hot wait` (vertices awaited) and `compute cold` (late vertices).
+//! Trace (`acc stream compute` track): `launch` slices (with `super_batch`; the
+//! engine's `sample top` inside), `gate`, `hot wait`, `train` (with
+//! `staleness_gap` = the batch's largest gap, the engine's `sample bottom` and
+//! `device step` inside), `publish`; instants `hot install` (rows, bytes host →
+//! device) and `compute cold` (vertices); `hot compute` slices on `hot worker i`
+//! tracks with a flow to the first batch reading their rows.
 
 use std::collections::VecDeque;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
 
-use cpu_ops::{derive_seed, Model, NeighborSampler, SamplerScratch};
+use cpu_ops::{derive_seed, Model, NeighborSampler};
 use scheduler::{
-    Decision, GapHistogram, HotSplit, HotnessPolicy, PipelineConfig, Relabeling, StalenessRule,
-    SuperBatchPlan, VertexClass,
+    GapHistogram, HotSplit, HotnessPolicy, OnLate, PipelineConfig, Relabeling, SuperBatchPlan,
 };
 
 use crate::config::{HotnessKind, OrchestrationSection};
 use crate::control::{CancelToken, StopCause};
 use crate::dataset::Dataset;
-use crate::engine::{Engine, HostHotRows};
+use crate::engine::{Engine, HotUse};
 use crate::error::{Error, Result};
 use crate::trace::{Direction, FlowId, Tracer, TrackId, TrackKind};
 
+use super::clock::{wall_clock, SharedClock};
 use super::hot_compute::{HotComputer, Published, Snapshot};
-use super::hot_table::HotTable;
 use super::monitor::{HybridMonitor, Window};
+use super::workers::{ChunkKey, Done, HotWorkers, Job, Outcome, WorkerShared};
+
+pub use super::workers::InjectedFault;
 
 /// Pipeline depth `D` (NeutronOrch's: the CPU works one super-batch ahead).
 pub const DEPTH: usize = 1;
-/// Largest number of vertices per CPU job.
-pub const HOT_CHUNK: usize = 256;
-/// How often a blocked thread checks the abort flag.
-const POLL: Duration = Duration::from_millis(50);
+/// Largest number of vertices per CPU job (one upload per chunk).
+pub const HOT_CHUNK: usize = 1024;
 
 /// What orchestration did, summed over the epochs it ran.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -72,13 +86,13 @@ pub struct OrchestrationStats {
     pub gaps: GapHistogram,
     /// Reused embeddings (= `gaps.total()`).
     pub hot_uses: u64,
-    /// Late vertices a batch waited for (`on_late = "wait"`).
+    /// Late hot vertices a batch waited for (`on_late = "wait"`).
     pub waited: u64,
     /// Batches that waited.
     pub wait_batches: u64,
-    /// Seconds the accelerator thread spent waiting for hot embeddings.
+    /// Seconds the accelerator thread spent waiting for hot rows.
     pub wait_secs: f64,
-    /// Late vertices computed on the accelerator (`on_late = "compute"`).
+    /// Late hot vertices left to the accelerator (`on_late = "compute"`).
     pub computed_cold: u64,
     /// Urgent CPU jobs sent by waiting batches.
     pub urgent_jobs: u64,
@@ -88,6 +102,9 @@ pub struct OrchestrationStats {
     pub dropped_jobs: u64,
     /// Hot rows computed by the CPU.
     pub rows_computed: u64,
+    /// Hot rows uploaded to the device (once per computed chunk of a live
+    /// super-batch).
+    pub rows_installed: u64,
     /// Worker-seconds spent computing hot rows.
     pub cpu_busy_secs: f64,
     /// Hot vertices (relabeled ids below this are hot).
@@ -121,6 +138,7 @@ impl OrchestrationStats {
         self.jobs += other.jobs;
         self.dropped_jobs += other.dropped_jobs;
         self.rows_computed += other.rows_computed;
+        self.rows_installed += other.rows_installed;
         self.cpu_busy_secs += other.cpu_busy_secs;
         self.hot_count = self.hot_count.max(other.hot_count);
         self.monitor |= other.monitor;
@@ -146,8 +164,10 @@ impl OrchestrationStats {
             .mean()
             .map_or_else(|| "-".into(), |m| format!("{m:.2}"));
         let mut line = format!(
-            "hot: {} reused (gap max {max}, mean {mean}), {} waited ({:.3} s), {} computed cold, {} CPU jobs ({} urgent, {} dropped)",
+            "hot: {} reused (gap max {max}, mean {mean}), {} rows computed, {} installed, {} waited ({:.3} s), {} computed cold, {} CPU jobs ({} urgent, {} dropped)",
             self.hot_uses,
+            self.rows_computed,
+            self.rows_installed,
             self.waited,
             self.wait_secs,
             self.computed_cold,
@@ -170,121 +190,20 @@ impl OrchestrationStats {
     }
 }
 
-/// A fault injected into a CPU worker (tests of the shutdown protocol).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InjectedFault {
-    /// The worker returns an error after this many jobs.
-    ErrorAfter(u64),
-    /// The worker panics after this many jobs.
-    PanicAfter(u64),
-    /// The worker sleeps this long per vertex of every chunk, counted as busy
-    /// time (a slow CPU, for tests of the hybrid monitor).
-    SlowCpu(Duration),
-}
-
-/// One CPU job: a chunk of a hot queue.
-struct Job {
-    super_batch: u64,
-    ids: Vec<u32>,
-    /// Global index of the last batch of its super-batch (drop once it passed).
-    last_batch: u64,
-    urgent: bool,
-    seed: u64,
-    flow: FlowId,
-    done: Arc<AtomicBool>,
-}
-
-/// The CPU jobs: a deque (urgent jobs at the front) behind a mutex, closed at
-/// shutdown.
-struct JobQueue {
-    inner: Mutex<(VecDeque<Job>, bool)>,
-    ready: Condvar,
-}
-
-impl JobQueue {
-    fn new() -> Self {
-        Self {
-            inner: Mutex::new((VecDeque::new(), false)),
-            ready: Condvar::new(),
-        }
-    }
-
-    fn push(&self, job: Job) {
-        let mut q = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if job.urgent {
-            q.0.push_front(job);
-        } else {
-            q.0.push_back(job);
-        }
-        self.ready.notify_one();
-    }
-
-    fn close(&self) {
-        let mut q = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        q.1 = true;
-        q.0.clear();
-        self.ready.notify_all();
-    }
-
-    /// The next job; `None` once closed or aborted.
-    fn pop(&self, abort: &AtomicBool) -> Option<Job> {
-        let mut q = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if q.1 || abort.load(Ordering::Acquire) {
-                return None;
-            }
-            if let Some(j) = q.0.pop_front() {
-                return Some(j);
-            }
-            q = self
-                .ready
-                .wait_timeout(q, POLL)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
-}
-
-/// State shared by the accelerator thread and the workers for one epoch.
-struct Shared<'a> {
-    table: &'a HotTable,
-    published: Published,
-    queue: JobQueue,
-    abort: AtomicBool,
-    failure: Mutex<Option<Error>>,
-    /// Global index + 1 of the last batch past its gate.
-    passed: AtomicU64,
-    stats: Mutex<OrchestrationStats>,
-}
-
-impl Shared<'_> {
-    fn fail(&self, e: Error) {
-        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-        if f.is_none() {
-            *f = Some(e);
-        }
-        drop(f);
-        self.abort.store(true, Ordering::Release);
-        self.queue.close();
-        self.table.bump();
-    }
-
-    fn take_failure(&self) -> Option<Error> {
-        self.failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-    }
-}
-
 /// The inputs of one epoch.
 pub(crate) struct EpochRun<'a> {
     /// The dataset (user ids).
-    pub ds: &'a Dataset,
+    pub ds: &'a Arc<Dataset>,
     /// The epoch's batches (seeds), in the trainer's order.
     pub batches: &'a [&'a [u32]],
     /// First batch to train (after an interruption).
     pub start: usize,
+    /// One past the last batch to train (`batches.len()` for the whole epoch;
+    /// less while `policy = "auto"` measures).
+    pub end: usize,
+    /// Record the clock and the statistics when this batch starts
+    /// ([`Orchestrator::last_mark`]).
+    pub mark: Option<usize>,
     /// Batch `k` samples with `derive_seed(base_seed, k)`.
     pub base_seed: u64,
     /// The epoch index.
@@ -303,7 +222,7 @@ pub(crate) struct BatchDone {
     pub loss_sum: f64,
     /// Correct predictions.
     pub correct: usize,
-    /// Seconds from gate to publication.
+    /// Seconds from gate to the end of its step.
     pub seconds: f64,
     /// The version after its step.
     pub version: u64,
@@ -318,27 +237,6 @@ pub(crate) enum EpochEnd {
     Stopped(usize, StopCause),
 }
 
-/// Layer-based orchestration for one trainer: the hot set, the table, the rule.
-pub struct Orchestrator {
-    relabeling: Relabeling,
-    split: HotSplit,
-    table: HotTable,
-    rule: StalenessRule,
-    /// `orchestration.hot_backward`.
-    hot_grad: gpu_ops::HotGrad,
-    pipeline: PipelineConfig,
-    workers: usize,
-    bottom_fanout: u32,
-    model: Model<f32>,
-    totals: OrchestrationStats,
-    last_epoch: Option<OrchestrationStats>,
-    fault: Option<InjectedFault>,
-    /// `orchestration.monitor`.
-    use_monitor: bool,
-    /// The hybrid monitor, built on the first epoch (it needs the engine's cache).
-    monitor: Option<HybridMonitor>,
-}
-
 fn sched(context: &'static str) -> impl Fn(scheduler::SchedulerError) -> Error {
     move |source| Error::Scheduler {
         context: context.into(),
@@ -346,13 +244,49 @@ fn sched(context: &'static str) -> impl Fn(scheduler::SchedulerError) -> Error {
     }
 }
 
+/// Layer-based orchestration for one trainer: the hot set, the rule, the workers.
+pub struct Orchestrator {
+    relabeling: Relabeling,
+    split: HotSplit,
+    bound: u64,
+    on_late: OnLate,
+    /// `orchestration.hot_backward`.
+    hot_grad: gpu_ops::HotGrad,
+    pipeline: PipelineConfig,
+    workers_wanted: usize,
+    bottom_fanout: u32,
+    model: Model<f32>,
+    ds: Arc<Dataset>,
+    totals: OrchestrationStats,
+    last_epoch: Option<OrchestrationStats>,
+    fault: Option<InjectedFault>,
+    /// `orchestration.monitor`.
+    use_monitor: bool,
+    /// The hybrid monitor, built on the first epoch (it needs the engine's cache).
+    monitor: Option<HybridMonitor>,
+    workers: Option<HotWorkers>,
+    /// First core for the workers when pinning (`threads.pin = "cores"`).
+    pin_from: Option<usize>,
+    clock: SharedClock,
+    /// The next global super-batch index (never reused, across epochs).
+    next_super_batch: u64,
+    /// Global super-batches below this are finished: their jobs are droppable.
+    min_live: Arc<AtomicU64>,
+    /// Candidate splits whose counts launches accumulate (`policy = "auto"`).
+    count_splits: Vec<u32>,
+    /// Per candidate split: (rows queued, hot positions), and batches launched.
+    split_counts: (Vec<(u64, u64)>, u64),
+    /// Clock seconds and statistics when the marked batch started.
+    mark: Option<(f64, OrchestrationStats)>,
+}
+
 impl Orchestrator {
     /// Step 1: scores hotness over `train_ids` with the training `fanouts` and
-    /// `batch_size`, relabels, and sizes the table for layer 0's output width.
+    /// `batch_size`, relabels.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: &OrchestrationSection,
-        ds: &Dataset,
+        ds: Arc<Dataset>,
         model: &Model<f32>,
         fanouts: &[u32],
         train_ids: &[u32],
@@ -377,19 +311,19 @@ impl Orchestrator {
         let pipeline = PipelineConfig::new(cfg.super_batch, DEPTH, HOT_CHUNK)
             .and_then(|p| p.with_min_chunks(cpu_workers.max(1)))
             .map_err(sched("orchestration.super_batch"))?;
-        let width = model.config().hidden;
         let bottom_fanout = *fanouts.first().ok_or_else(|| {
             Error::invalid_argument("train.fanouts", "orchestration needs at least one layer")
         })?;
         Ok(Self {
             split: HotSplit::all_cpu(hot),
-            table: HotTable::new(hot as usize, width),
-            rule: StalenessRule::new(cfg.staleness_bound, cfg.on_late.to_scheduler()),
+            bound: cfg.staleness_bound,
+            on_late: cfg.on_late.to_scheduler(),
             hot_grad: cfg.hot_backward.to_device(),
             pipeline,
-            workers: cpu_workers.max(1),
+            workers_wanted: cpu_workers.max(1),
             bottom_fanout,
             model: model.clone(),
+            ds,
             relabeling,
             totals: OrchestrationStats {
                 hot_count: hot,
@@ -399,6 +333,14 @@ impl Orchestrator {
             fault: None,
             use_monitor: cfg.monitor,
             monitor: None,
+            workers: None,
+            pin_from: None,
+            clock: wall_clock(),
+            next_super_batch: 0,
+            min_live: Arc::new(AtomicU64::new(0)),
+            count_splits: Vec::new(),
+            split_counts: (Vec::new(), 0),
+            mark: None,
         })
     }
 
@@ -417,9 +359,120 @@ impl Orchestrator {
         self.last_epoch.as_ref()
     }
 
-    /// Injects a fault into the CPU workers of later epochs (tests).
+    /// Hot vertices (relabeled ids below this).
+    pub fn hot_count(&self) -> u32 {
+        self.split.hot()
+    }
+
+    /// The CPU computes hot ids `0..cpu` from the next epoch run on (the rest of
+    /// the hot set is treated as cold); clamped to the hot set.
+    pub fn set_cpu_split(&mut self, cpu: u32) -> Result<()> {
+        let hot = self.split.hot();
+        self.split = HotSplit::new(hot, cpu.min(hot)).map_err(sched("orchestration CPU split"))?;
+        Ok(())
+    }
+
+    /// The CPU's share of the hot set now.
+    pub fn cpu_split(&self) -> u32 {
+        self.split.cpu()
+    }
+
+    /// Starts counting, for each of `splits`, the rows the CPU would compute and
+    /// the positions the accelerator would skip in every launched batch.
+    pub fn count_splits(&mut self, splits: Vec<u32>) {
+        self.split_counts = (vec![(0, 0); splits.len()], 0);
+        self.count_splits = splits;
+    }
+
+    /// The counts since [`Orchestrator::count_splits`], per batch; stops counting.
+    pub fn take_split_counts(&mut self) -> Vec<scheduler::SplitCounts> {
+        let (sums, batches) = std::mem::take(&mut self.split_counts);
+        let n = batches.max(1) as f64;
+        let out = self
+            .count_splits
+            .iter()
+            .zip(sums)
+            .map(|(&split, (rows, entries))| scheduler::SplitCounts {
+                split,
+                rows_per_batch: rows as f64 / n,
+                entries_per_batch: entries as f64 / n,
+            })
+            .collect();
+        self.count_splits.clear();
+        out
+    }
+
+    /// Clock seconds and statistics when the last run's marked batch started
+    /// ([`EpochRun::mark`]).
+    pub(crate) fn last_mark(&self) -> Option<&(f64, OrchestrationStats)> {
+        self.mark.as_ref()
+    }
+
+    /// The clock the measurements read.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    /// CPU workers.
+    pub fn workers(&self) -> usize {
+        self.workers_wanted
+    }
+
+    /// Injects a fault into the CPU workers from now on (tests).
     pub fn inject_fault(&mut self, fault: Option<InjectedFault>) {
         self.fault = fault;
+        if let Some(w) = &self.workers {
+            *w.shared().fault.lock().unwrap_or_else(|p| p.into_inner()) = fault;
+        }
+    }
+
+    /// Pins the workers to cores `first..` (after the compute pool's) from their
+    /// next start.
+    pub(crate) fn pin_workers_from(&mut self, first: Option<usize>) {
+        self.pin_from = first;
+    }
+
+    /// Replaces the clock the measurements read (tests inject a manual one).
+    pub fn set_clock(&mut self, clock: SharedClock) {
+        self.clock = clock;
+        self.workers = None;
+    }
+
+    /// The workers, started if needed (step 1).
+    fn ensure_workers(&mut self, engine: &dyn Engine, tracer: &Tracer) -> Result<()> {
+        if self.workers.is_none() {
+            let sampler = NeighborSampler::new(vec![self.bottom_fanout])
+                .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
+            let computer = HotComputer {
+                ds: Arc::clone(&self.ds),
+                model: self.model.clone(),
+                sampler,
+            };
+            let shared = Arc::new(WorkerShared {
+                published: Published::new(Snapshot {
+                    version: engine.version(),
+                    tensors: engine.layer0_params()?,
+                }),
+                passed: AtomicU64::new(0),
+                min_live: Arc::clone(&self.min_live),
+                fault: Mutex::new(self.fault),
+                clock: Arc::clone(&self.clock),
+                tracer: Mutex::new((Tracer::disabled(), Vec::new())),
+            });
+            let chunk = self.pipeline.hot_chunk();
+            self.workers = Some(HotWorkers::start(
+                self.workers_wanted,
+                computer,
+                shared,
+                chunk,
+                |rows| engine.new_staging(rows),
+                self.pin_from,
+            )?);
+        }
+        if let Some(w) = self.workers.as_mut() {
+            w.set_tracer(tracer);
+        }
+        Ok(())
     }
 
     /// Runs batches `run.start..` of an epoch through the pipeline (module doc);
@@ -432,551 +485,649 @@ impl Orchestrator {
     ) -> Result<EpochEnd> {
         let tracer = run.tracer;
         let acc_track = tracer.declare_track("acc stream compute", TrackKind::Accelerator);
-        let worker_tracks: Vec<TrackId> = (0..self.workers)
-            .map(|i| tracer.declare_track(format!("hot worker {i}"), TrackKind::Cpu))
-            .collect();
-        let published = Published::new(Snapshot {
-            version: engine.version(),
-            tensors: engine.layer0_params()?,
-        });
-        let shared = Shared {
-            table: &self.table,
-            published,
-            queue: JobQueue::new(),
-            abort: AtomicBool::new(false),
-            failure: Mutex::new(None),
-            passed: AtomicU64::new(0),
-            stats: Mutex::new(OrchestrationStats {
-                hot_count: self.split.hot(),
-                ..OrchestrationStats::default()
-            }),
-        };
-        let old_of_new = self.relabeling.permutation().old_of_new();
-        let bottom_sampler = NeighborSampler::new(vec![self.bottom_fanout])
-            .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
+        self.ensure_workers(&*engine, tracer)?;
         if self.use_monitor && self.monitor.is_none() {
             self.monitor = Some(HybridMonitor::new(
                 &*engine,
                 run.ds,
                 self.pipeline,
                 self.split.hot(),
-                self.workers,
+                self.workers_wanted,
             )?);
         }
-        let acc = Accelerator {
-            rule: self.rule,
+        let Some(workers) = self.workers.as_ref() else {
+            return Err(Error::invalid_argument(
+                "orchestration",
+                "internal: workers not started",
+            ));
+        };
+        // Step 2 at the epoch's start (a checkpoint may have moved the weights back).
+        workers
+            .shared()
+            .passed
+            .store(engine.version(), Ordering::Release);
+        workers.shared().published.reset(Snapshot {
+            version: engine.version(),
+            tensors: engine.layer0_params()?,
+        });
+        let mut acc = Accelerator {
+            bound: self.bound,
+            on_late: self.on_late,
             pipeline: self.pipeline,
             split: self.split,
             relabeling: &self.relabeling,
             run,
-            shared: &shared,
+            workers,
             acc_track,
             hot_grad: self.hot_grad,
+            clock: Arc::clone(&self.clock),
+            stats: OrchestrationStats {
+                hot_count: self.split.hot(),
+                ..OrchestrationStats::default()
+            },
+            next_sb: self.next_super_batch,
+            urgent_seq: 0,
+            count_splits: &self.count_splits,
+            split_counts: std::mem::take(&mut self.split_counts),
+            mark: None,
         };
-        let result = std::thread::scope(|scope| {
-            for (i, &track) in worker_tracks.iter().enumerate() {
-                let computer = HotComputer {
-                    ds: run.ds,
-                    model: &self.model,
-                    sampler: bottom_sampler.clone(),
-                    old_of_new,
-                };
-                let shared = &shared;
-                let fault = self.fault;
-                std::thread::Builder::new()
-                    .name(format!("tandem-hot-{i}"))
-                    .spawn_scoped(scope, move || {
-                        let r = catch_unwind(AssertUnwindSafe(|| {
-                            worker(i, &computer, shared, tracer, track, fault)
-                        }));
-                        let err = match r {
-                            Ok(Ok(())) => return,
-                            Ok(Err(e)) => e,
-                            Err(panic) => Error::Worker {
-                                worker: format!("hot worker {i}"),
-                                what: format!("panicked: {}", panic_message(&*panic)),
-                            },
-                        };
-                        shared.fail(err);
-                    })
-                    .map_err(|e| Error::Worker {
-                        worker: format!("hot worker {i}"),
-                        what: format!("could not start: {e}"),
-                    })?;
-            }
-            let r = acc.run(engine, on_batch, self.monitor.as_mut());
-            if let Err(e) = &r {
-                if !matches!(e, Error::Worker { .. }) {
-                    shared.abort.store(true, Ordering::Release);
-                }
-            }
-            shared.queue.close();
-            shared.table.bump();
-            r
-        });
+        let result = acc.run(engine, on_batch, self.monitor.as_mut());
+        self.next_super_batch = acc.next_sb;
+        self.split_counts = std::mem::take(&mut acc.split_counts);
+        self.mark = acc.mark.take();
+        // Step 8: nothing queued for this epoch is worth computing any more.
+        self.min_live
+            .store(self.next_super_batch, Ordering::Release);
+        let stats = std::mem::take(&mut acc.stats);
+        drop(acc);
         engine.discard_prepared();
-        let stats = shared.stats.into_inner().unwrap_or_else(|p| p.into_inner());
         self.totals.merge(&stats);
         self.last_epoch = Some(stats);
-        let failure = shared
-            .failure
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner());
-        match (failure, result) {
-            (Some(e), _) => Err(e),
-            (None, r) => r,
+        if matches!(&result, Err(Error::Worker { .. })) {
+            // A worker failed: start a fresh set next epoch.
+            self.workers = None;
         }
+        result
     }
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string panic payload".into())
+/// Where a chunk stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChunkState {
+    /// Queued or being computed.
+    Pending,
+    /// Its rows are in the slab, computed with weights of this version.
+    Ready(u64),
 }
 
-/// Step 3: one CPU worker's loop.
-fn worker(
-    index: usize,
-    computer: &HotComputer<'_>,
-    shared: &Shared<'_>,
-    tracer: &Tracer,
-    track: TrackId,
-    fault: Option<InjectedFault>,
-) -> Result<()> {
-    let mut scratch = SamplerScratch::new(computer.ds.num_vertices());
-    let mut buf = Vec::new();
-    let mut done = 0u64;
-    // One thread: the worker's kernels must not queue behind the accelerator
-    // thread's rayon work (on the host backend both are CPU threads).
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .map_err(|e| Error::Worker {
-            worker: format!("hot worker {index}"),
-            what: format!("could not build its thread pool: {e}"),
-        })?;
-    while let Some(job) = shared.queue.pop(&shared.abort) {
-        if !job.urgent && job.last_batch < shared.passed.load(Ordering::Acquire) {
-            shared.lock_stats().dropped_jobs += 1;
-            continue;
-        }
-        match fault {
-            Some(InjectedFault::ErrorAfter(n)) if done >= n => {
-                return Err(Error::Worker {
-                    worker: format!("hot worker {index}"),
-                    what: "injected failure".into(),
-                });
-            }
-            Some(InjectedFault::PanicAfter(n)) if done >= n => {
-                panic!("injected panic in hot worker {index}");
-            }
-            _ => {}
-        }
-        let t = Instant::now();
-        let weights = shared.published.newest();
-        let mut slice = tracer
-            .slice_on(track, "hot compute")
-            .super_batch(job.super_batch);
-        slice.flow_out(job.flow);
-        if let Some(InjectedFault::SlowCpu(per_vertex)) = fault {
-            std::thread::sleep(per_vertex.saturating_mul(job.ids.len() as u32));
-        }
-        let rows = pool.install(|| {
-            computer.compute(
-                &job.ids,
-                &weights,
-                job.seed,
-                shared.table,
-                &mut scratch,
-                &mut buf,
-            )
-        })?;
-        drop(slice);
-        job.done.store(true, Ordering::Release);
-        done += 1;
-        let mut s = shared.lock_stats();
-        s.jobs += 1;
-        s.rows_computed += rows as u64;
-        s.cpu_busy_secs += t.elapsed().as_secs_f64();
-    }
-    Ok(())
+/// One chunk of a launched super-batch's queue.
+struct Chunk {
+    /// Queue positions (= slab rows).
+    range: Range<u32>,
+    /// User ids of the queue positions.
+    ids: Arc<[u32]>,
+    state: ChunkState,
+    claim: Arc<AtomicBool>,
+    flow: FlowId,
+    flow_used: bool,
+    /// An urgent job for it is queued or running.
+    urgent: bool,
 }
 
-impl Shared<'_> {
-    fn lock_stats(&self) -> std::sync::MutexGuard<'_, OrchestrationStats> {
-        self.stats.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// A super-batch whose top layers are sampled and whose queue is out (step 3).
+struct Launched {
+    /// Global super-batch index.
+    g: u64,
+    /// Local super-batch index in the epoch.
+    j: u64,
+    slab: usize,
+    /// Batch indices in the epoch.
+    batches: Range<usize>,
+    /// Per batch: (position among block 0's destinations, queue index) of its
+    /// CPU-hot bottom destinations.
+    entries: Vec<Vec<(u32, u32)>>,
+    /// Per batch: the chunks it reads, sorted.
+    reads: Vec<Vec<u32>>,
+    /// Chunk of each queue index.
+    chunk_of: Vec<u32>,
+    chunks: Vec<Chunk>,
 }
 
-/// A super-batch sampled ahead: per batch, block 0's destinations (relabeled),
-/// and per queue chunk its flow and completion flag.
-struct Ahead {
-    plan: SuperBatchPlan,
-    bottom: Vec<Vec<u32>>,
-    chunks: Vec<(Vec<u32>, FlowId, Arc<AtomicBool>, bool)>,
+/// What a batch's gate let through (step 5).
+struct Gated {
+    /// Positions among block 0's destinations that take slab rows.
+    positions: Vec<u32>,
+    /// The slab row of each position.
+    rows: Vec<u32>,
+    /// The largest gap used.
+    max_gap: Option<u64>,
+    /// Flows of chunks first read by this batch.
+    flows: Vec<FlowId>,
 }
 
-/// The accelerator thread's side (steps 4–6).
+/// The accelerator thread's side (steps 2–7).
 struct Accelerator<'a> {
-    rule: StalenessRule,
+    bound: u64,
+    on_late: OnLate,
     pipeline: PipelineConfig,
     split: HotSplit,
     relabeling: &'a Relabeling,
     run: &'a EpochRun<'a>,
-    shared: &'a Shared<'a>,
+    workers: &'a HotWorkers,
     acc_track: TrackId,
-    /// `orchestration.hot_backward`.
     hot_grad: gpu_ops::HotGrad,
+    clock: SharedClock,
+    stats: OrchestrationStats,
+    next_sb: u64,
+    urgent_seq: u64,
+    count_splits: &'a [u32],
+    split_counts: (Vec<(u64, u64)>, u64),
+    mark: Option<(f64, OrchestrationStats)>,
 }
 
 impl Accelerator<'_> {
-    fn check_abort(&self) -> Result<()> {
-        if self.shared.abort.load(Ordering::Acquire) {
-            return Err(self.shared.take_failure().unwrap_or_else(|| Error::Worker {
-                worker: "pipeline".into(),
-                what: "aborted".into(),
-            }));
+    fn publish(&self, engine: &dyn Engine) -> Result<()> {
+        let published = &self.workers.shared().published;
+        if published.version() == engine.version() {
+            return Ok(());
         }
+        let _s = self.run.tracer.slice_on(self.acc_track, "publish");
+        published.publish(Snapshot {
+            version: engine.version(),
+            tensors: engine.layer0_params()?,
+        });
         Ok(())
     }
 
-    /// Step 4 for super-batch `j` (local index; batches from `run.start`).
-    fn launch(&self, engine: &mut dyn Engine, j: u64, v0: u64, split: HotSplit) -> Result<Ahead> {
+    /// Step 3 for local super-batch `j` (batches from `run.start`).
+    fn launch(&mut self, engine: &mut dyn Engine, j: u64, split: HotSplit) -> Result<Launched> {
         let run = self.run;
+        let g = self.next_sb + j;
+        let mut slice = run
+            .tracer
+            .slice_on(self.acc_track, "launch")
+            .epoch(run.epoch as u64)
+            .super_batch(j);
         let n = self.pipeline.batches_per_super_batch();
-        let total = run.batches.len();
+        let total = run.end.min(run.batches.len());
         let first = run.start + j as usize * n;
         let last = (first + n).min(total);
-        let mut bottom = Vec::with_capacity(last - first);
+        let mut bottom: Vec<Vec<u32>> = Vec::with_capacity(last - first);
         for k in first..last {
-            let ids = engine.prepare_batch(
+            let ids = engine.prepare_top(
                 k as u64,
                 run.batches[k],
                 derive_seed(run.base_seed, k as u64),
             )?;
             bottom.push(ids.iter().map(|&v| self.relabeling.new_id(v)).collect());
         }
-        let first_global = v0 + (first - run.start) as u64;
-        let plan = SuperBatchPlan::new(j, first_global, split, &bottom);
-        let mut chunks = Vec::new();
-        for (c, (_, ids)) in plan.chunks(&self.pipeline).enumerate() {
-            let flow = run.tracer.flow("hot compute→train");
-            let done = Arc::new(AtomicBool::new(false));
-            self.shared.queue.push(Job {
-                super_batch: j,
-                ids: ids.to_vec(),
-                last_batch: plan.batches.end.saturating_sub(1),
-                urgent: false,
-                seed: derive_seed(derive_seed(run.base_seed, 5_000_000 + j), c as u64),
-                flow,
-                done: Arc::clone(&done),
-            });
-            chunks.push((ids.to_vec(), flow, done, false));
+        if !self.count_splits.is_empty() {
+            // `policy = "auto"`: what each candidate split would cost here.
+            let mut all: Vec<u32> = bottom.iter().flatten().copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            let (sums, batches) = &mut self.split_counts;
+            sums.resize(self.count_splits.len(), (0, 0));
+            *batches += bottom.len() as u64;
+            for (i, &c) in self.count_splits.iter().enumerate() {
+                sums[i].0 += all.partition_point(|&v| v < c) as u64;
+                sums[i].1 += bottom
+                    .iter()
+                    .map(|b| b.iter().filter(|&&v| v < c).count() as u64)
+                    .sum::<u64>();
+            }
         }
-        Ok(Ahead {
-            plan,
-            bottom,
+        let plan = SuperBatchPlan::new(j, first as u64, split, &bottom);
+        let queue = &plan.queue;
+        let slab = (g % 2) as usize;
+        engine.hot_slab_reserve(slab, queue.len())?;
+        // Queue index of each CPU-hot vertex: the queue is sorted, so a binary
+        // search per bottom destination.
+        let mut chunks = Vec::new();
+        let mut chunk_of = vec![0u32; queue.len()];
+        for (c, (range, ids)) in plan.chunks(&self.pipeline).enumerate() {
+            let user: Arc<[u32]> = ids.iter().map(|&r| self.relabeling.old_id(r)).collect();
+            for q in range.clone() {
+                chunk_of[q] = c as u32;
+            }
+            let chunk = Chunk {
+                range: range.start as u32..range.end as u32,
+                ids: user,
+                state: ChunkState::Pending,
+                claim: Arc::new(AtomicBool::new(false)),
+                flow: run.tracer.flow("hot compute→train"),
+                flow_used: false,
+                urgent: false,
+            };
+            self.workers.push(Job {
+                key: ChunkKey {
+                    super_batch: g,
+                    chunk: c as u32,
+                },
+                ids: Arc::clone(&chunk.ids),
+                last_batch: (last - 1) as u64,
+                seed: derive_seed(derive_seed(run.base_seed, 5_000_000 + j), c as u64),
+                urgent: false,
+                claim: Arc::clone(&chunk.claim),
+                flow: chunk.flow,
+            })?;
+            chunks.push(chunk);
+        }
+        let mut entries = Vec::with_capacity(bottom.len());
+        let mut reads = Vec::with_capacity(bottom.len());
+        for b in &bottom {
+            let mut e = Vec::new();
+            let mut r: Vec<u32> = Vec::new();
+            for (p, &v) in b.iter().enumerate() {
+                if v >= split.cpu() {
+                    continue;
+                }
+                let q = queue.binary_search(&v).map_err(|_| {
+                    Error::invalid_argument(
+                        "orchestration",
+                        format!("internal: CPU-hot vertex {v} missing from its queue"),
+                    )
+                })? as u32;
+                e.push((p as u32, q));
+                r.push(chunk_of[q as usize]);
+            }
+            r.sort_unstable();
+            r.dedup();
+            entries.push(e);
+            reads.push(r);
+        }
+        slice.set_bytes((queue.len() * 4) as u64);
+        Ok(Launched {
+            g,
+            j,
+            slab,
+            batches: first..last,
+            entries,
+            reads,
+            chunk_of,
             chunks,
         })
     }
 
-    /// Steps 4–6 for every super-batch of the epoch, with the hybrid monitor's
+    /// Step 4 for one report.
+    fn handle(
+        &mut self,
+        engine: &mut dyn Engine,
+        live: &mut VecDeque<Launched>,
+        d: Done,
+    ) -> Result<()> {
+        self.stats.cpu_busy_secs += d.busy_secs;
+        match d.outcome {
+            Outcome::Failed(e) => Err(e),
+            Outcome::Dropped => {
+                self.stats.dropped_jobs += 1;
+                Ok(())
+            }
+            Outcome::Rows {
+                version,
+                rows,
+                mut staging,
+            } => {
+                self.stats.jobs += 1;
+                self.stats.rows_computed += rows as u64;
+                let target = live
+                    .iter_mut()
+                    .find(|l| l.g == d.key.super_batch)
+                    .and_then(|l| {
+                        let slab = l.slab;
+                        l.chunks.get_mut(d.key.chunk as usize).map(|c| (slab, c))
+                    });
+                let result = match target {
+                    Some((slab, c))
+                        if matches!(c.state, ChunkState::Pending)
+                            || matches!(c.state, ChunkState::Ready(e) if e < version) =>
+                    {
+                        let n = c.range.len();
+                        let r = engine.hot_install(slab, c.range.start as usize, n, &mut *staging);
+                        if r.is_ok() {
+                            c.state = ChunkState::Ready(version);
+                            c.urgent = false;
+                            self.stats.rows_installed += n as u64;
+                            let bytes = (n * engine.hot_width() * 4) as u64;
+                            self.run
+                                .tracer
+                                .instant_on(self.acc_track, "hot install", |a| {
+                                    a.super_batch = Some(d.key.super_batch);
+                                    a.bytes = Some(bytes);
+                                    a.direction = Some(Direction::HostToDevice);
+                                    a.extra.push(("rows".into(), n as f64));
+                                    a.extra.push(("version".into(), version as f64));
+                                });
+                        }
+                        r
+                    }
+                    _ => Ok(()),
+                };
+                self.workers.recycle(staging);
+                result
+            }
+        }
+    }
+
+    /// Step 4: every report waiting.
+    fn drain(&mut self, engine: &mut dyn Engine, live: &mut VecDeque<Launched>) -> Result<()> {
+        while let Some(d) = self.workers.try_done() {
+            self.handle(engine, live, d)?;
+        }
+        Ok(())
+    }
+
+    /// Whether chunk `c` is usable at batch version `b`.
+    fn usable(&self, state: ChunkState, b: u64) -> bool {
+        matches!(state, ChunkState::Ready(e) if e <= b && b - e <= self.bound)
+    }
+
+    /// Step 5, `"wait"`: queues urgent work for the late chunks of batch `i` of
+    /// `live[0]`.
+    fn send_urgent(
+        &mut self,
+        engine: &dyn Engine,
+        sb: &mut Launched,
+        late: &[u32],
+        b: u64,
+    ) -> Result<()> {
+        let oldest = b.saturating_sub(self.bound);
+        for &c in late {
+            let chunk = &mut sb.chunks[c as usize];
+            if chunk.urgent {
+                continue;
+            }
+            let recompute = matches!(chunk.state, ChunkState::Ready(e) if e < oldest);
+            if recompute {
+                // The recomputation must read weights of version ≥ b − bound.
+                if self.workers.shared().published.version() < oldest {
+                    self.publish(engine)?;
+                }
+                chunk.claim = Arc::new(AtomicBool::new(false));
+            }
+            self.urgent_seq += 1;
+            self.stats.urgent_jobs += 1;
+            chunk.urgent = true;
+            self.workers.push(Job {
+                key: ChunkKey {
+                    super_batch: sb.g,
+                    chunk: c,
+                },
+                ids: Arc::clone(&chunk.ids),
+                last_batch: b,
+                seed: derive_seed(derive_seed(self.run.base_seed, 6_000_000), self.urgent_seq),
+                urgent: true,
+                claim: Arc::clone(&chunk.claim),
+                flow: FlowId::NONE,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Step 5 for batch `i` of `live[0]` at version `b`.
+    fn gate(
+        &mut self,
+        engine: &mut dyn Engine,
+        live: &mut VecDeque<Launched>,
+        i: usize,
+        b: u64,
+    ) -> Result<Gated> {
+        let _gate = self.run.tracer.slice_on(self.acc_track, "gate").batch(b);
+        self.drain(engine, live)?;
+        let late: Vec<u32> = {
+            let sb = &live[0];
+            sb.reads[i]
+                .iter()
+                .copied()
+                .filter(|&c| !self.usable(sb.chunks[c as usize].state, b))
+                .collect()
+        };
+        let mut skip = vec![false; live[0].chunks.len()];
+        if !late.is_empty() {
+            let late_rows: u64 = {
+                let sb = &live[0];
+                sb.entries[i]
+                    .iter()
+                    .filter(|(_, q)| late.binary_search(&sb.chunk_of[*q as usize]).is_ok())
+                    .count() as u64
+            };
+            match self.on_late {
+                OnLate::Compute => {
+                    self.stats.computed_cold += late_rows;
+                    self.run
+                        .tracer
+                        .instant_on(self.acc_track, "compute cold", |a| {
+                            a.batch = Some(b);
+                            a.extra.push(("vertices".into(), late_rows as f64));
+                        });
+                    for &c in &late {
+                        skip[c as usize] = true;
+                    }
+                }
+                OnLate::Wait => {
+                    let t = self.clock.now();
+                    let mut waiting = self
+                        .run
+                        .tracer
+                        .slice_on(self.acc_track, "hot wait")
+                        .batch(b);
+                    waiting.set_bytes(late_rows);
+                    loop {
+                        let still: Vec<u32> = late
+                            .iter()
+                            .copied()
+                            .filter(|&c| !self.usable(live[0].chunks[c as usize].state, b))
+                            .collect();
+                        if still.is_empty() {
+                            break;
+                        }
+                        let mut sb = live.pop_front().ok_or_else(|| {
+                            Error::invalid_argument(
+                                "orchestration",
+                                "internal: no live super-batch",
+                            )
+                        })?;
+                        let sent = self.send_urgent(&*engine, &mut sb, &still, b);
+                        live.push_front(sb);
+                        sent?;
+                        let d = self.workers.wait_done()?;
+                        self.handle(engine, live, d)?;
+                        self.drain(engine, live)?;
+                    }
+                    drop(waiting);
+                    self.stats.waited += late_rows;
+                    self.stats.wait_batches += 1;
+                    self.stats.wait_secs += (self.clock.now().saturating_sub(t)).as_secs_f64();
+                }
+            }
+        }
+        let sb = &mut live[0];
+        let mut positions = Vec::with_capacity(sb.entries[i].len());
+        let mut rows = Vec::with_capacity(sb.entries[i].len());
+        let mut gaps = GapHistogram::new();
+        let mut max_gap = None;
+        for &(p, q) in &sb.entries[i] {
+            let c = sb.chunk_of[q as usize] as usize;
+            if skip[c] {
+                continue;
+            }
+            let ChunkState::Ready(e) = sb.chunks[c].state else {
+                return Err(Error::invalid_argument(
+                    "orchestration",
+                    format!("internal: chunk {c} passed the gate without rows"),
+                ));
+            };
+            if e > b || b - e > self.bound {
+                return Err(Error::invalid_argument(
+                    "orchestration",
+                    format!(
+                        "internal: a row of version {e} at batch version {b} (bound {})",
+                        self.bound
+                    ),
+                ));
+            }
+            gaps.record(b - e);
+            max_gap = max_gap.max(Some(b - e));
+            positions.push(p);
+            rows.push(q);
+        }
+        let mut flows = Vec::new();
+        for &c in &sb.reads[i] {
+            let chunk = &mut sb.chunks[c as usize];
+            if !skip[c as usize] && !chunk.flow_used {
+                chunk.flow_used = true;
+                flows.push(chunk.flow);
+            }
+        }
+        self.stats.hot_uses += gaps.total();
+        self.stats.gaps.merge(&gaps);
+        Ok(Gated {
+            positions,
+            rows,
+            max_gap,
+            flows,
+        })
+    }
+
+    /// Steps 2–7 for every super-batch of the epoch, with the hybrid monitor's
     /// steps (`orchestrate::monitor`) around each super-batch when it runs.
     fn run(
-        &self,
+        &mut self,
         engine: &mut dyn Engine,
         on_batch: &mut dyn FnMut(&BatchDone) -> bool,
         mut monitor: Option<&mut HybridMonitor>,
     ) -> Result<EpochEnd> {
         let run = self.run;
-        let total = run.batches.len();
+        let total = run.end.min(run.batches.len());
+        let epoch_len = run.batches.len();
         if run.start >= total {
             return Ok(EpochEnd::Finished(false));
         }
         let n = self.pipeline.batches_per_super_batch();
         let num_sb = (total - run.start).div_ceil(n) as u64;
         let base = monitor.as_deref_mut().map_or(0, |m| m.start_epoch(num_sb));
+        let default_split = self.split;
         let split_for = |m: &Option<&mut HybridMonitor>, j: u64| {
-            m.as_deref().map_or(self.split, |m| m.split_for(base + j))
+            m.as_deref()
+                .map_or(default_split, |m| m.split_for(base + j))
         };
         let v0 = engine.version();
-        let mut ahead: VecDeque<Ahead> = VecDeque::new();
-        for j in 0..=(DEPTH as u64).min(num_sb - 1) {
-            let split = split_for(&monitor, j);
-            ahead.push_back(self.launch(engine, j, v0, split)?);
-        }
-        let mut urgent_seq = 0u64;
-        let mut window = Window::open(&self.shared.lock_stats());
-        for j in 0..num_sb {
-            if let Some(m) = monitor.as_deref_mut() {
-                m.begin_super_batch(base + j, engine, self.relabeling)?;
+        let mut live: VecDeque<Launched> = VecDeque::new();
+        let result = (|| -> Result<EpochEnd> {
+            for j in 0..=(DEPTH as u64).min(num_sb - 1) {
+                let split = split_for(&monitor, j);
+                let l = self.launch(engine, j, split)?;
+                live.push_back(l);
             }
-            if j > 0 && j + (DEPTH as u64) < num_sb {
-                let split = split_for(&monitor, j + DEPTH as u64);
-                let next = self.launch(engine, j + DEPTH as u64, v0, split)?;
-                ahead.push_back(next);
-            }
-            let mut sb = ahead.pop_front().ok_or_else(|| Error::Worker {
-                worker: "pipeline".into(),
-                what: format!("internal: super-batch {j} was not sampled ahead"),
-            })?;
-            for (i, b) in sb.plan.batches.clone().enumerate() {
-                let k = run.start + (b - v0) as usize;
-                if run.cancel.is_cancelled() {
-                    return Ok(EpochEnd::Stopped(k, StopCause::Token));
+            let mut window = Window::open(&self.stats, &*self.clock);
+            for j in 0..num_sb {
+                if let Some(m) = monitor.as_deref_mut() {
+                    m.begin_super_batch(base + j, engine, self.relabeling)?;
                 }
-                self.check_abort()?;
-                if engine.version() != b {
-                    return Err(Error::invalid_argument(
-                        "orchestration",
-                        format!("internal: batch {b} runs at version {}", engine.version()),
-                    ));
+                if j > 0 && j + (DEPTH as u64) < num_sb {
+                    let split = split_for(&monitor, j + DEPTH as u64);
+                    let l = self.launch(engine, j + DEPTH as u64, split)?;
+                    live.push_back(l);
                 }
-                let t = Instant::now();
-                let (hot, max_gap, late) =
-                    self.gate(&mut sb, i, b, &mut urgent_seq, engine.version())?;
-                self.shared.passed.store(b + 1, Ordering::Release);
-                let mut slice = run
-                    .tracer
-                    .slice_on(self.acc_track, "train")
-                    .epoch(run.epoch as u64)
-                    .batch(k as u64)
-                    .super_batch(j);
-                if let Some(g) = max_gap {
-                    slice.set_staleness_gap(g);
+                if live.front().map(|l| l.j) != Some(j) {
+                    return Err(Error::Worker {
+                        worker: "pipeline".into(),
+                        what: format!("internal: super-batch {j} was not launched"),
+                    });
                 }
-                for flow in late {
-                    slice.flow_in(flow);
-                }
-                let seeds = run.batches[k];
-                let h2d_before = engine.h2d_bytes();
-                let (loss_sum, correct) = engine.train_prepared(
-                    k as u64,
-                    seeds,
-                    derive_seed(run.base_seed, k as u64),
-                    &hot,
-                )?;
-                // Cache misses, the pruned block, labels and hot rows crossed the bus.
-                slice.set_transfer(
-                    Direction::HostToDevice,
-                    engine.h2d_bytes().saturating_sub(h2d_before),
-                );
-                self.shared.published.publish(Snapshot {
-                    version: engine.version(),
-                    tensors: engine.layer0_params()?,
-                });
-                drop(slice);
-                let done = BatchDone {
-                    k,
-                    loss_sum,
-                    correct,
-                    seconds: t.elapsed().as_secs_f64(),
-                    version: engine.version(),
-                };
-                if on_batch(&done) {
-                    if k + 1 < total {
-                        return Ok(EpochEnd::Stopped(k + 1, StopCause::Callback));
+                let batches = live[0].batches.clone();
+                for (i, k) in batches.enumerate() {
+                    if run.cancel.is_cancelled() {
+                        return Ok(EpochEnd::Stopped(k, StopCause::Token));
                     }
-                    return Ok(EpochEnd::Finished(true));
-                }
-            }
-            if let Some(m) = monitor.as_deref_mut() {
-                let mut stats = self.shared.lock_stats();
-                m.end_super_batch(
-                    base + j,
-                    j,
-                    num_sb,
-                    &window,
-                    &mut stats,
-                    engine,
-                    self.relabeling,
-                    run.tracer,
-                    self.acc_track,
-                )?;
-                window = Window::open(&stats);
-            }
-        }
-        Ok(EpochEnd::Finished(false))
-    }
-
-    /// Step 5 for batch `i` of super-batch `sb` at version `b`: the rows to use,
-    /// the largest gap, and the flows of chunks first used here.
-    fn gate(
-        &self,
-        sb: &mut Ahead,
-        i: usize,
-        b: u64,
-        urgent_seq: &mut u64,
-        current: u64,
-    ) -> Result<(HostHotRows, Option<u64>, Vec<FlowId>)> {
-        let table = self.shared.table;
-        let bottom = &sb.bottom[i];
-        let hot: Vec<(u32, u32)> = bottom
-            .iter()
-            .enumerate()
-            .filter(|(_, &v)| sb.plan.split.class(v) == VertexClass::CpuHot)
-            .map(|(p, &v)| (p as u32, v))
-            .collect();
-        let mut late = Vec::new();
-        for &(_, v) in &hot {
-            match self
-                .rule
-                .decide(table.version(v), current)
-                .map_err(sched("staleness gate"))?
-            {
-                Decision::Use { .. } => {}
-                Decision::Wait { .. } | Decision::ComputeCold { .. } => late.push(v),
-            }
-        }
-        let mut skip: Vec<u32> = Vec::new();
-        if !late.is_empty() {
-            match self.rule.on_late() {
-                scheduler::OnLate::Compute => {
-                    self.shared.lock_stats().computed_cold += late.len() as u64;
-                    let n = late.len();
-                    self.run
+                    let b = engine.version();
+                    if b != v0 + (k - run.start) as u64 {
+                        return Err(Error::invalid_argument(
+                            "orchestration",
+                            format!("internal: batch {k} runs at version {b}"),
+                        ));
+                    }
+                    let t = self.clock.now();
+                    if run.mark == Some(k) {
+                        self.mark = Some((t.as_secs_f64(), self.stats.clone()));
+                    }
+                    let Gated {
+                        positions,
+                        rows,
+                        max_gap,
+                        flows,
+                    } = self.gate(engine, &mut live, i, b)?;
+                    let mut slice = run
                         .tracer
-                        .instant_on(self.acc_track, "compute cold", |a| {
-                            a.batch = Some(b);
-                            a.extra.push(("vertices".into(), n as f64));
-                        });
-                    skip = late;
-                    skip.sort_unstable();
+                        .slice_on(self.acc_track, "train")
+                        .epoch(run.epoch as u64)
+                        .batch(k as u64)
+                        .super_batch(j);
+                    if let Some(g) = max_gap {
+                        slice.set_staleness_gap(g);
+                    }
+                    for flow in flows {
+                        slice.flow_in(flow);
+                    }
+                    let h2d_before = engine.h2d_bytes();
+                    let (loss_sum, correct) = engine.train_prepared(
+                        k as u64,
+                        run.batches[k],
+                        derive_seed(run.base_seed, k as u64),
+                        &HotUse {
+                            slab: live[0].slab,
+                            positions: &positions,
+                            rows: &rows,
+                            grad: self.hot_grad,
+                        },
+                    )?;
+                    slice.set_transfer(
+                        Direction::HostToDevice,
+                        engine.h2d_bytes().saturating_sub(h2d_before),
+                    );
+                    drop(slice);
+                    self.workers.shared().passed.store(b + 1, Ordering::Release);
+                    let done = BatchDone {
+                        k,
+                        loss_sum,
+                        correct,
+                        seconds: (self.clock.now().saturating_sub(t)).as_secs_f64(),
+                        version: engine.version(),
+                    };
+                    if on_batch(&done) {
+                        if k + 1 < epoch_len {
+                            return Ok(EpochEnd::Stopped(k + 1, StopCause::Callback));
+                        }
+                        return Ok(EpochEnd::Finished(true));
+                    }
                 }
-                scheduler::OnLate::Wait => self.wait(&late, b, urgent_seq)?,
-            }
-        }
-        let mut rows = HostHotRows {
-            grad: self.hot_grad,
-            ..HostHotRows::default()
-        };
-        rows.rows.reserve(hot.len() * table.dim());
-        let mut max_gap = None;
-        let mut gaps = GapHistogram::new();
-        for &(p, v) in &hot {
-            if skip.binary_search(&v).is_ok() {
-                continue;
-            }
-            let e = table.read_into(v, &mut rows.rows).ok_or_else(|| {
-                Error::invalid_argument(
-                    "orchestration",
-                    format!("internal: hot vertex {v} passed the gate without a row"),
-                )
-            })?;
-            if e > current || current - e > self.rule.bound() {
-                return Err(Error::invalid_argument(
-                    "orchestration",
-                    format!(
-                        "internal: hot vertex {v} has version {e} at batch version {current} (bound {})",
-                        self.rule.bound()
-                    ),
-                ));
-            }
-            let gap = current - e;
-            gaps.record(gap);
-            max_gap = max_gap.max(Some(gap));
-            rows.positions.push(p);
-        }
-        let mut s = self.shared.lock_stats();
-        s.hot_uses += gaps.total();
-        s.gaps.merge(&gaps);
-        drop(s);
-        // Flows from finished chunks of this super-batch first used here.
-        let mut flows = Vec::new();
-        let used: &[u32] = &sb.plan.batch_hot[i];
-        for (ids, flow, done, consumed) in &mut sb.chunks {
-            if *consumed || !done.load(Ordering::Acquire) {
-                continue;
-            }
-            if ids.iter().any(|v| used.binary_search(v).is_ok()) {
-                *consumed = true;
-                flows.push(*flow);
-            }
-        }
-        Ok((rows, max_gap, flows))
-    }
-
-    /// Step 5, `"wait"`: urgent job for late vertices no in-bound task computes,
-    /// then block until all are usable (or abort).
-    fn wait(&self, late: &[u32], b: u64, urgent_seq: &mut u64) -> Result<()> {
-        let table = self.shared.table;
-        let oldest = self.rule.oldest_usable(b);
-        let urgent: Vec<u32> = late
-            .iter()
-            .copied()
-            .filter(|&v| table.pending(v).is_none_or(|e| e < oldest))
-            .collect();
-        let t = Instant::now();
-        let n = late.len();
-        self.run.tracer.instant_on(self.acc_track, "hot wait", |a| {
-            a.batch = Some(b);
-            a.extra.push(("vertices".into(), n as f64));
-            a.extra.push(("urgent".into(), urgent.len() as f64));
-        });
-        if !urgent.is_empty() {
-            *urgent_seq += 1;
-            self.shared.queue.push(Job {
-                super_batch: u64::MAX,
-                ids: urgent,
-                last_batch: b,
-                urgent: true,
-                seed: derive_seed(derive_seed(self.run.base_seed, 6_000_000), *urgent_seq),
-                flow: FlowId::NONE,
-                done: Arc::new(AtomicBool::new(false)),
-            });
-        }
-        let mut _wait = self
-            .run
-            .tracer
-            .slice_on(self.acc_track, "hot wait")
-            .batch(b);
-        loop {
-            self.check_abort()?;
-            let g = table.generation();
-            let mut missing = Vec::new();
-            for &v in late {
-                if !self
-                    .rule
-                    .decide(table.version(v), b)
-                    .map_err(sched("staleness gate"))?
-                    .is_use()
-                {
-                    missing.push(v);
+                live.pop_front();
+                self.publish(&*engine)?;
+                if let Some(m) = monitor.as_deref_mut() {
+                    m.end_super_batch(
+                        base + j,
+                        j,
+                        num_sb,
+                        &window,
+                        &*self.clock,
+                        &mut self.stats,
+                        engine,
+                        self.relabeling,
+                        run.tracer,
+                        self.acc_track,
+                    )?;
+                    window = Window::open(&self.stats, &*self.clock);
                 }
             }
-            if missing.is_empty() {
-                break;
-            }
-            // A pending task that finished without a usable row (it was dropped
-            // or started too early): ask again.
-            let orphans: Vec<u32> = missing
-                .iter()
-                .copied()
-                .filter(|&v| table.pending(v).is_none())
-                .collect();
-            if !orphans.is_empty() && t.elapsed() > POLL * 4 {
-                *urgent_seq += 1;
-                self.shared.queue.push(Job {
-                    super_batch: u64::MAX,
-                    ids: orphans,
-                    last_batch: b,
-                    urgent: true,
-                    seed: derive_seed(derive_seed(self.run.base_seed, 6_000_000), *urgent_seq),
-                    flow: FlowId::NONE,
-                    done: Arc::new(AtomicBool::new(false)),
-                });
-            }
-            table.wait_for_change(g, POLL);
+            Ok(EpochEnd::Finished(false))
+        })();
+        // Reports that already arrived give their staging buffers back now.
+        let drained = self.drain(engine, &mut VecDeque::new());
+        self.next_sb += num_sb;
+        match (result, drained) {
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(e)) => Err(e),
+            (Ok(r), Ok(())) => Ok(r),
         }
-        let mut s = self.shared.lock_stats();
-        s.waited += late.len() as u64;
-        s.wait_batches += 1;
-        s.wait_secs += t.elapsed().as_secs_f64();
-        if *urgent_seq > 0 {
-            s.urgent_jobs = *urgent_seq;
-        }
-        Ok(())
     }
 }

@@ -1,0 +1,452 @@
+//! The accelerator's side of layer-based orchestration (docs/orchestration.md
+//! §11): the device hot-row slabs, their uploads, and a batch trained with hot
+//! rows read from a slab.
+//!
+//! # Protocol
+//! 1. **Sample the top a super-batch ahead** ([`Engine::prepare_top`]): the layers
+//!    above the bottom hop by hop ([`Backend::sample_hop`] with
+//!    `derive_seed(seed, l)`, exactly as [`Backend::sample`] draws them), kept under
+//!    the batch's key; the bottom layer's destinations (block 1's sources) go to
+//!    the host so the orchestrator can plan the CPU's queue. One download per
+//!    batch, made a super-batch before the batch trains.
+//! 2. **Slabs.** Two device buffers of `rows × width` (`width` = layer 0's output
+//!    width). Super-batch `j` reads slab `j % 2` while the CPU's rows for `j + 1`
+//!    go into the other. [`Engine::hot_slab_reserve`] (called when the queue of
+//!    `j + 1` is planned, after every batch of `j − 1` was enqueued) grows the slab
+//!    if needed and makes the copy stream wait for the compute stream's work so
+//!    far, so no upload overwrites rows a queued batch of `j − 1` still reads.
+//! 3. **Install** ([`Engine::hot_install`]): a finished CPU chunk's rows go from
+//!    its [`HotStaging`] buffer (page-locked on CUDA) into the slab at the chunk's
+//!    first queue position, asynchronously on the copy stream; an event recorded
+//!    after the copy is waited for by the compute stream, so every batch enqueued
+//!    later reads the rows (a GPU-side wait: the host thread does not block). The
+//!    staging buffer's host view waits for the copy before it can be rewritten.
+//! 4. **Train** ([`Engine::train_prepared`]) with a [`HotUse`]: upload the
+//!    batch's hot positions and slab rows (8 bytes per hot destination) and the
+//!    skip mask (1 byte per bottom destination) into reused buffers; sample the
+//!    bottom hop with the hot destinations skipped (`hot_backward = "constant"`:
+//!    the accelerator neither gathers nor aggregates their neighborhoods — no
+//!    host round trip); gather the remaining inputs through the feature cache;
+//!    select the hot rows from the slab on the device; forward with them in
+//!    place of layer 0's outputs; loss, backward, step. With `"aggregate"`
+//!    nothing is skipped (the hot rows' gradient flows through the accelerator's
+//!    own aggregate of their neighborhoods).
+//!
+//! Device buffers of steps 2–4 are kept and grown on demand, so the steady state
+//! allocates only what the model's own ops allocate.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use cpu_ops::derive_seed;
+use gpu_ops::{Backend, HotGrad, HotRows};
+
+use super::{dev_err, DeviceEngine};
+use crate::error::{Error, Result};
+use crate::trace::Direction;
+
+/// Host memory for CPU-computed hot rows that [`super::Engine::hot_install`]
+/// uploads: page-locked on CUDA (so the upload is asynchronous), plain memory on
+/// the host backend.
+pub trait HotStaging: Send {
+    /// Rows it holds (each [`super::Engine::hot_width`] values).
+    fn capacity_rows(&self) -> usize;
+    /// The host view, `capacity_rows × width` values. Waits until no upload still
+    /// reads the buffer.
+    fn rows_mut(&mut self) -> &mut [f32];
+    /// The concrete type, for the engine that made it.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A [`HotStaging`] of a [`DeviceEngine`] on backend `B`.
+pub(crate) struct Staging<B: Backend> {
+    dev: Arc<B>,
+    buf: B::Pinned<f32>,
+    rows: usize,
+}
+
+impl<B: Backend> HotStaging for Staging<B> {
+    fn capacity_rows(&self) -> usize {
+        self.rows
+    }
+
+    fn rows_mut(&mut self) -> &mut [f32] {
+        self.dev.pinned_slice_mut(&mut self.buf)
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// Which hot rows a batch uses (step 4): `positions[i]` (a position among block
+/// 0's destinations) takes row `rows[i]` of slab `slab`.
+#[derive(Clone, Copy, Debug)]
+pub struct HotUse<'a> {
+    /// The slab (`super-batch % 2`).
+    pub slab: usize,
+    /// Distinct positions among block 0's destinations.
+    pub positions: &'a [u32],
+    /// Slab row of each position.
+    pub rows: &'a [u32],
+    /// How layer 0's backward treats the hot rows.
+    pub grad: HotGrad,
+}
+
+/// A batch whose top layers were sampled ahead (step 1).
+pub(crate) struct PreparedTop<B: Backend> {
+    /// Blocks `1..L` (bottom first).
+    blocks: Vec<B::Block>,
+    /// Sources of blocks `1..L`; `src[0]` are block 0's destinations.
+    src: Vec<B::Buf<u32>>,
+    /// Number of block 0's destinations.
+    num_bottom: usize,
+}
+
+/// The engine's device state for hot rows (steps 2–4).
+pub(crate) struct HotDevice<B: Backend> {
+    slabs: [Option<B::Buf<f32>>; 2],
+    slab_rows: [usize; 2],
+    copy: Option<B::Stream>,
+    positions: Option<B::Buf<u32>>,
+    rows_idx: Option<B::Buf<u32>>,
+    mask: Option<B::Buf<u8>>,
+    rows: Option<B::Buf<f32>>,
+    labels: Option<B::Buf<u32>>,
+    seeds: Option<B::Buf<u32>>,
+    prepared: std::collections::HashMap<u64, PreparedTop<B>>,
+}
+
+impl<B: Backend> Default for HotDevice<B> {
+    fn default() -> Self {
+        Self {
+            slabs: [None, None],
+            slab_rows: [0, 0],
+            copy: None,
+            positions: None,
+            rows_idx: None,
+            mask: None,
+            rows: None,
+            labels: None,
+            seeds: None,
+            prepared: std::collections::HashMap::new(),
+        }
+    }
+}
+
+/// `buf` with room for `n` elements: the old one when it is long enough, else a
+/// new one (a quarter larger, so slowly growing sizes do not reallocate per call).
+fn reserve<B: Backend, T: gpu_ops::Elem>(
+    dev: &B,
+    buf: &mut Option<B::Buf<T>>,
+    n: usize,
+    what: &'static str,
+) -> Result<()> {
+    if buf.as_ref().is_some_and(|b| dev.len(b) >= n) {
+        return Ok(());
+    }
+    *buf = Some(dev.alloc(n + n / 4).map_err(dev_err(what))?);
+    Ok(())
+}
+
+/// Uploads `src` into the reused buffer `buf` (grown when needed).
+fn upload_into<B: Backend, T: gpu_ops::Elem>(
+    dev: &B,
+    buf: &mut Option<B::Buf<T>>,
+    src: &[T],
+    what: &'static str,
+) -> Result<()> {
+    reserve(dev, buf, src.len().max(1), what)?;
+    let b = buf.as_mut().ok_or_else(|| internal(what))?;
+    dev.upload(dev.stream(), src, b).map_err(dev_err(what))
+}
+
+fn internal(what: &str) -> Error {
+    Error::invalid_argument("orchestration", format!("internal: {what} missing"))
+}
+
+impl<B: Backend> DeviceEngine<B> {
+    /// Layer 0's output width.
+    pub(super) fn hot_width_op(&self) -> usize {
+        self.model.layer_out_dim(0).unwrap_or(0)
+    }
+
+    pub(super) fn new_staging_op(&self, rows: usize) -> Result<Box<dyn HotStaging>> {
+        let n = rows
+            .checked_mul(self.hot_width_op())
+            .ok_or_else(|| Error::invalid_argument("hot staging", "size overflows"))?;
+        let buf = self
+            .dev
+            .alloc_pinned::<f32>(n)
+            .map_err(dev_err("hot-row staging (pinned host memory)"))?;
+        Ok(Box::new(Staging {
+            dev: Arc::clone(&self.dev),
+            buf,
+            rows,
+        }))
+    }
+
+    /// Step 2.
+    pub(super) fn hot_slab_reserve_op(&mut self, slab: usize, rows: usize) -> Result<()> {
+        if slab > 1 {
+            return Err(Error::invalid_argument(
+                "hot slab",
+                format!("internal: slab {slab} (there are 2)"),
+            ));
+        }
+        let width = self.hot_width_op();
+        let dev = Arc::clone(&self.dev);
+        if self.hot.copy.is_none() {
+            self.hot.copy = Some(dev.new_stream().map_err(dev_err("copy stream"))?);
+        }
+        if self.hot.slab_rows[slab] < rows {
+            let cap = rows + rows / 4;
+            self.hot.slabs[slab] = Some(
+                dev.alloc(cap.max(1) * width)
+                    .map_err(dev_err("hot-row slab"))?,
+            );
+            self.hot.slab_rows[slab] = cap;
+        }
+        // Later uploads wait for every batch enqueued so far (which may still read
+        // this slab's previous rows).
+        let ev = dev
+            .record_event(dev.stream())
+            .map_err(dev_err("hot slab event"))?;
+        let copy = self
+            .hot
+            .copy
+            .as_ref()
+            .ok_or_else(|| internal("copy stream"))?;
+        dev.wait_event(copy, &ev)
+            .map_err(dev_err("hot slab event"))?;
+        Ok(())
+    }
+
+    /// Step 3.
+    pub(super) fn hot_install_op(
+        &mut self,
+        slab: usize,
+        row0: usize,
+        n: usize,
+        staging: &mut dyn HotStaging,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let width = self.hot_width_op();
+        let st = staging
+            .as_any_mut()
+            .downcast_mut::<Staging<B>>()
+            .ok_or_else(|| internal("a staging buffer of this engine"))?;
+        if n > st.rows {
+            return Err(Error::invalid_argument(
+                "hot install",
+                format!("internal: {n} rows from a staging buffer of {}", st.rows),
+            ));
+        }
+        if slab > 1 || row0 + n > self.hot.slab_rows[slab] {
+            return Err(Error::invalid_argument(
+                "hot install",
+                format!(
+                    "internal: rows {row0}..{} of slab {slab} ({} rows reserved)",
+                    row0 + n,
+                    self.hot.slab_rows.get(slab).copied().unwrap_or(0)
+                ),
+            ));
+        }
+        let dev = Arc::clone(&self.dev);
+        let copy = self
+            .hot
+            .copy
+            .as_ref()
+            .ok_or_else(|| internal("copy stream"))?;
+        let dst = self.hot.slabs[slab]
+            .as_mut()
+            .ok_or_else(|| internal("hot slab"))?;
+        dev.upload_pinned_at(copy, &st.buf, n * width, dst, row0 * width)
+            .map_err(dev_err("uploading hot rows"))?;
+        let ev = dev
+            .record_event(copy)
+            .map_err(dev_err("hot install event"))?;
+        dev.wait_event(dev.stream(), &ev)
+            .map_err(dev_err("hot install event"))?;
+        self.h2d += (n * width * 4) as u64;
+        Ok(())
+    }
+
+    /// Step 1.
+    pub(super) fn prepare_top_op(
+        &mut self,
+        key: u64,
+        seeds: &[u32],
+        seed: u64,
+    ) -> Result<Vec<u32>> {
+        let fanouts = self.opts.fanouts.clone();
+        if fanouts.len() < 2 {
+            return Err(Error::invalid_argument(
+                "orchestration.hot_ratio",
+                "embedding reuse needs at least two layers",
+            ));
+        }
+        let _s = self.tracer.slice_on(self.acc, "sample top");
+        let dev = Arc::clone(&self.dev);
+        upload_into(&*dev, &mut self.hot.seeds, seeds, "seeds")?;
+        self.h2d += (seeds.len() * 4) as u64;
+        let mut blocks_rev = Vec::with_capacity(fanouts.len() - 1);
+        let mut src_rev: Vec<B::Buf<u32>> = Vec::with_capacity(fanouts.len() - 1);
+        let mut n = seeds.len();
+        for l in (1..fanouts.len()).rev() {
+            let frontier = match src_rev.last() {
+                Some(s) => s,
+                None => self.hot.seeds.as_ref().ok_or_else(|| internal("seeds"))?,
+            };
+            let (block, src, ns) = dev
+                .sample_hop(
+                    &self.graph,
+                    frontier,
+                    n,
+                    fanouts[l],
+                    derive_seed(seed, l as u64),
+                    None,
+                )
+                .map_err(dev_err("sampling"))?;
+            blocks_rev.push(block);
+            src_rev.push(src);
+            n = ns;
+        }
+        blocks_rev.reverse();
+        src_rev.reverse();
+        let bottom = dev
+            .to_host(&src_rev[0], n)
+            .map_err(dev_err("bottom-layer ids"))?;
+        self.hot.prepared.insert(
+            key,
+            PreparedTop {
+                blocks: blocks_rev,
+                src: src_rev,
+                num_bottom: n,
+            },
+        );
+        Ok(bottom)
+    }
+
+    pub(super) fn discard_prepared_op(&mut self) {
+        self.hot.prepared.clear();
+    }
+
+    /// Step 4.
+    pub(super) fn train_prepared_op(
+        &mut self,
+        key: u64,
+        seeds: &[u32],
+        seed: u64,
+        hot: &HotUse<'_>,
+    ) -> Result<(f64, usize)> {
+        let top = self.hot.prepared.remove(&key).ok_or_else(|| {
+            Error::invalid_argument(
+                "prepared batch",
+                format!("internal: no batch was prepared under key {key}"),
+            )
+        })?;
+        let n_hot = hot.positions.len();
+        if hot.rows.len() != n_hot {
+            return Err(Error::invalid_argument(
+                "hot rows",
+                format!(
+                    "internal: {n_hot} positions but {} slab rows",
+                    hot.rows.len()
+                ),
+            ));
+        }
+        let nd = top.num_bottom;
+        if let Some(&p) = hot.positions.iter().find(|&&p| p as usize >= nd) {
+            return Err(Error::invalid_argument(
+                "hot rows",
+                format!("internal: position {p} past the {nd} bottom destinations"),
+            ));
+        }
+        let slab_rows = self.hot.slab_rows.get(hot.slab).copied().unwrap_or(0);
+        if let Some(&r) = hot.rows.iter().find(|&&r| r as usize >= slab_rows) {
+            return Err(Error::invalid_argument(
+                "hot rows",
+                format!("internal: slab row {r} past the {slab_rows} reserved"),
+            ));
+        }
+        let tracer = self.tracer.clone();
+        let acc = self.acc;
+        let start = self.h2d;
+        let dev = Arc::clone(&self.dev);
+        let width = self.hot_width_op();
+        let mut step = tracer.slice_on(acc, "device step");
+        // Positions, slab rows and the skip mask.
+        let skip = n_hot > 0 && hot.grad == HotGrad::Constant;
+        if n_hot > 0 {
+            upload_into(
+                &*dev,
+                &mut self.hot.positions,
+                hot.positions,
+                "hot positions",
+            )?;
+            upload_into(&*dev, &mut self.hot.rows_idx, hot.rows, "hot slab rows")?;
+            self.h2d += (n_hot * 8) as u64;
+        }
+        if skip {
+            let mut mask = vec![0u8; nd];
+            for &p in hot.positions {
+                mask[p as usize] = 1;
+            }
+            upload_into(&*dev, &mut self.hot.mask, &mask, "hot skip mask")?;
+            self.h2d += nd as u64;
+        }
+        // The bottom hop, hot destinations skipped.
+        let bottom_dst = top.src.first().ok_or_else(|| internal("bottom ids"))?;
+        let (block0, src0, ns0) = {
+            let _s = tracer.slice_on(acc, "sample bottom");
+            dev.sample_hop(
+                &self.graph,
+                bottom_dst,
+                nd,
+                self.opts.fanouts[0],
+                derive_seed(seed, 0),
+                if skip { self.hot.mask.as_ref() } else { None },
+            )
+            .map_err(dev_err("sampling the bottom hop"))?
+        };
+        let x = self.gather_counted(&src0, ns0)?;
+        let mut blocks = Vec::with_capacity(top.blocks.len() + 1);
+        blocks.push(block0);
+        blocks.extend(top.blocks);
+        let labels = self.labels_of(seeds);
+        self.h2d += (labels.len() * 4) as u64;
+        let result = (|| -> Result<gpu_ops::LossStats> {
+            upload_into(&*dev, &mut self.hot.labels, &labels, "labels")?;
+            if n_hot > 0 {
+                reserve(&*dev, &mut self.hot.rows, n_hot * width, "hot rows")?;
+                let slab = self.hot.slabs[hot.slab]
+                    .as_ref()
+                    .ok_or_else(|| internal("hot slab"))?;
+                let idx = self.hot.rows_idx.as_ref().ok_or_else(|| internal("rows"))?;
+                let out = self.hot.rows.as_mut().ok_or_else(|| internal("rows"))?;
+                dev.index_select_rows(slab, width, idx, n_hot, out)
+                    .map_err(dev_err("selecting hot rows"))?;
+            }
+            let labels = self.hot.labels.as_ref().ok_or_else(|| internal("labels"))?;
+            let rows = match (n_hot > 0, &self.hot.positions, &self.hot.rows) {
+                (true, Some(p), Some(r)) => Some(HotRows {
+                    positions: p,
+                    rows: r,
+                    n: n_hot,
+                    grad: hot.grad,
+                }),
+                _ => None,
+            };
+            self.model
+                .train_step_hot(&*dev, &blocks, &x, labels, seed, rows.as_ref())
+                .map_err(dev_err("training step"))
+        })();
+        self.x = Some(x);
+        step.set_transfer(Direction::HostToDevice, self.h2d - start);
+        let stats = result?;
+        Ok((stats.loss * seeds.len() as f64, stats.correct))
+    }
+}
