@@ -63,7 +63,14 @@ fn observed_gap_never_exceeds_the_bound() {
             ]));
             let o = stats(&t);
             let what = format!("on_late {on_late}, bound {bound}: {}", o.summary());
-            assert!(o.hot_uses > 0 || bound == 0, "{what}");
+            // Rows of queue j + 1 are computed while super-batch j trains, so with
+            // "compute" (never wait) only a bound of at least the on-time gap
+            // (2 super-batches − 1 = 7 here) leaves rows to reuse.
+            let reuse_expected = match on_late {
+                "wait" => bound > 0,
+                _ => bound >= 7,
+            };
+            assert!(o.hot_uses > 0 || !reuse_expected, "{what}");
             assert!(o.gaps.max().unwrap_or(0) <= bound, "{what}");
             assert_eq!(o.gaps.total(), o.hot_uses, "{what}");
             // Every epoch reports its own numbers.

@@ -11,7 +11,9 @@
 //!    after every super-batch (one download per super-batch, not per batch). A
 //!    chunk of queue `j + 1` starts during super-batch `j` with weights of version
 //!    ≥ `j · N`, so its rows are at most `2N − 1` steps old when used
-//!    ([`PipelineConfig::on_time_gap`] with `D = 1`).
+//!    ([`PipelineConfig::on_time_gap`] with `D = 1`). With a `staleness_bound`
+//!    below that gap, weights are published after every batch instead (rows of
+//!    chunks started later are then fresher; fewer are late).
 //! 3. **Launch** super-batch `j` (queues 0 and 1 at the epoch's start, queue
 //!    `j + 1` when `j` starts): sample its batches' top layers on the engine
 //!    ([`Engine::prepare_top`]), plan its queue ([`SuperBatchPlan`]: the CPU-hot

@@ -216,7 +216,18 @@ impl HotWorkers {
         tx.as_ref()
             .ok_or_else(stopped)?
             .send(job)
-            .map_err(|_| stopped())
+            .map_err(|_| self.why_stopped())
+    }
+
+    /// The error that stopped the workers: a failure report still waiting, or
+    /// "every worker has stopped".
+    fn why_stopped(&self) -> Error {
+        while let Ok(d) = self.done.try_recv() {
+            if let Outcome::Failed(e) = d.outcome {
+                return e;
+            }
+        }
+        stopped()
     }
 
     /// The next report, if one is waiting.
@@ -226,7 +237,7 @@ impl HotWorkers {
 
     /// Blocks for the next report.
     pub(crate) fn wait_done(&self) -> Result<Done> {
-        self.done.recv().map_err(|_| stopped())
+        self.done.recv().map_err(|_| self.why_stopped())
     }
 
     /// Gives a staging buffer back to the free list.
