@@ -481,3 +481,87 @@ fn bench_orchestration_prints_one_row_per_policy() {
         assert_eq!(r.split_whitespace().count(), 8, "{r}");
     }
 }
+
+#[test]
+fn bench_orchestration_regimes_prints_every_regime_and_policy() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let json = d.path().join("regimes.jsonl");
+    let out = ok(&[
+        "bench",
+        "orchestration",
+        "--regimes",
+        "--vertices",
+        "2000",
+        "--edges",
+        "10000",
+        "--classes",
+        "4",
+        "--dims",
+        "8,16",
+        "--cache-fractions",
+        "1,0",
+        "--epochs",
+        "1",
+        "--set",
+        "model.hidden=16",
+        "--set",
+        "train.batch_size=256",
+        "--set",
+        "train.fanouts=[5,5]",
+        "--set",
+        "device.kind=host",
+        "--json",
+        s(&json),
+    ]);
+    assert!(out.contains("host_engine = \"ops\""), "{out}");
+    let policies = [
+        "layer",
+        "cpu-sample-cpu-gather",
+        "gpu-sample-cpu-gather",
+        "cpu-sample-gpu-gather",
+        "gpu-sample-gpu-gather",
+    ];
+    for dim in ["8", "16"] {
+        for cache in ["100%", "0%"] {
+            for p in policies {
+                let n = out
+                    .lines()
+                    .filter(|l| l.split_whitespace().take(3).eq([dim, cache, p]))
+                    .count();
+                assert_eq!(n, 1, "dim {dim}, cache {cache}, {p}:\n{out}");
+            }
+            let verdict = format!("-> dim {dim}, cache {cache} ");
+            assert!(out.contains(&verdict), "{verdict}:\n{out}");
+        }
+    }
+    // The target applies to the two regimes with an empty cache.
+    assert!(out.contains(" of 2 regimes"), "{out}");
+    let text = std::fs::read_to_string(&json).expect("json written");
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(rows.len(), 2 * 2 * policies.len());
+    assert_eq!(rows[0]["policy"], "layer");
+    assert_eq!(rows[0]["cache_bytes"], 2000 * 8 * 4);
+    assert_eq!(rows.last().expect("rows")["cache_bytes"], 0);
+}
+
+#[test]
+fn bench_orchestration_regimes_bad_values_name_the_flag() {
+    for (flag, value) in [
+        ("--dims", "8,x"),
+        ("--dims", "0"),
+        ("--dims", "-8"),
+        ("--cache-fractions", "1,1.5"),
+        ("--cache-fractions", "-0.1"),
+        ("--cache-fractions", "half"),
+    ] {
+        let e = err(&["bench", "orchestration", "--regimes", flag, value]);
+        assert!(e.contains(flag), "{flag} {value}: {e}");
+        assert_eq!(e.trim_end().lines().count(), 1, "one line: {e}");
+    }
+    // The regime options need `--regimes`.
+    let e = err(&["bench", "orchestration", "--dims", "8"]);
+    assert!(e.contains("--regimes"), "{e}");
+}

@@ -7,7 +7,10 @@
 //! - [`backend::bench_backend`]: sampling, cached/uncached gather and GEMM on an
 //!   accelerator backend, next to a device-to-device copy;
 //! - [`orchestration::bench_orchestration`]: one training config under the five
-//!   placements (epoch time, busy fractions, host → device bytes, accuracy).
+//!   placements (epoch time, busy fractions, host → device bytes, accuracy);
+//! - [`regimes::bench_regimes`]: the placements across device-cache sizes and
+//!   feature widths on generated R-MAT graphs, with layer-based's speed-up over
+//!   the best step-based placement per regime.
 //!
 //! They time real work on the caller's data, on rayon's current pool, and return a
 //! report whose `Display` is a short table. Nothing is printed while they run.
@@ -17,6 +20,7 @@ pub mod backend;
 mod gather;
 pub mod gemm;
 pub mod orchestration;
+pub mod regimes;
 mod sample;
 
 pub use gather::{bench_gather, CopyStats, GatherReport};

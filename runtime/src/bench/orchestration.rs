@@ -11,12 +11,17 @@
 //!    one when there is one), the accelerator and CPU busy fractions of the run's
 //!    trace, the engine's host → device bytes per epoch, and the test accuracy at
 //!    the best validation epoch.
+//!
+//! The steps are functions of their own ([`bench_base_config`], [`policy_config`],
+//! [`measure_policy`]) so that [`super::regimes`] runs the same measurement on
+//! generated datasets across cache sizes and feature widths.
 
 use std::fmt;
 
 use scheduler::Orchestration;
 
 use crate::config::{DeviceKind, HostEngine, TrainConfig};
+use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::trace::{fmt_bytes, summarize, Tracer};
 use crate::trainer::test_at_best_val;
@@ -67,12 +72,14 @@ fn resolves_to_host(cfg: &TrainConfig) -> bool {
     }
 }
 
-/// Trains `cfg` (with `epochs` epochs when given) under every policy and measures
-/// each run; see the module doc.
-pub fn bench_orchestration(
+/// The config every policy run starts from (module doc, step 1): `cfg` with
+/// `train.epochs = epochs` when given (0 is an error naming `--epochs`), and
+/// `device.host_engine = "ops"` when the device resolves to the host with the
+/// native engine. Returns it with the notes saying what was changed.
+pub fn bench_base_config(
     cfg: &TrainConfig,
     epochs: Option<usize>,
-) -> Result<OrchestrationReport> {
+) -> Result<(TrainConfig, Vec<String>)> {
     let mut base = cfg.clone();
     if let Some(e) = epochs {
         if e == 0 {
@@ -92,43 +99,102 @@ pub fn bench_orchestration(
                 .to_string(),
         );
     }
-    let layer_ratio = if base.orchestration.hot_ratio > 0.0 {
+    Ok((base, notes))
+}
+
+/// `hot_ratio` of the `"layer"` runs: the config's, or
+/// [`DEFAULT_LAYER_HOT_RATIO`] when it is 0.
+pub fn layer_hot_ratio(base: &TrainConfig) -> f64 {
+    if base.orchestration.hot_ratio > 0.0 {
         base.orchestration.hot_ratio
     } else {
         DEFAULT_LAYER_HOT_RATIO
+    }
+}
+
+/// Whether `policy` is one of the four step-based placements (no embedding
+/// reuse), the baselines a regime's ratios are taken against.
+pub fn is_step_based(policy: Orchestration) -> bool {
+    matches!(
+        policy,
+        Orchestration::CpuSampleCpuGather
+            | Orchestration::GpuSampleCpuGather
+            | Orchestration::CpuSampleGpuGather
+            | Orchestration::GpuSampleGpuGather
+    )
+}
+
+/// `base` set to run `policy` (module doc, step 2): step-based policies with
+/// `hot_ratio = 0`, the others with [`layer_hot_ratio`].
+pub fn policy_config(base: &TrainConfig, policy: Orchestration) -> TrainConfig {
+    let mut c = base.clone();
+    c.orchestration.policy = policy.name().to_string();
+    c.orchestration.hot_ratio = if is_step_based(policy) {
+        0.0
+    } else {
+        layer_hot_ratio(base)
     };
+    c
+}
+
+/// One measured run: the row, and the trainer's device note.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyRun {
+    /// The measurements (module doc, step 3).
+    pub row: PolicyRow,
+    /// [`crate::Trainer::device_note`] of the run.
+    pub device: String,
+}
+
+/// Trains `cfg` once, traced, on `dataset` (or what `cfg.data` names when
+/// `None`) and measures the run (module doc, step 3). The row is named after
+/// `cfg.orchestration.policy`.
+pub fn measure_policy(cfg: TrainConfig, dataset: Option<Dataset>) -> Result<PolicyRun> {
+    let policy = cfg.orchestration.orchestration()?;
+    let mut builder = TrainerBuilder::new(cfg);
+    if let Some(ds) = dataset {
+        builder = builder.dataset(ds);
+    }
+    let mut trainer = builder.build()?;
+    let tracer = Tracer::new();
+    trainer.set_tracer(tracer.clone());
+    let stats = trainer.fit()?;
+    let summary = summarize(&tracer.collect());
+    let timed: Vec<f64> = stats.iter().skip(1).map(|s| s.train_secs).collect();
+    let timed = if timed.is_empty() {
+        stats.iter().map(|s| s.train_secs).collect()
+    } else {
+        timed
+    };
+    let wall = summary.wall.max(1) as f64;
+    let row = PolicyRow {
+        policy: policy.name(),
+        hot_ratio: trainer.config().orchestration.hot_ratio,
+        epoch_secs: timed.iter().sum::<f64>() / timed.len().max(1) as f64,
+        acc_busy: summary.acc_busy.unwrap_or(0) as f64 / wall,
+        cpu_busy: summary.cpu_busy as f64 / wall,
+        h2d_per_epoch: trainer.h2d_bytes().unwrap_or(0) / stats.len().max(1) as u64,
+        test_acc: test_at_best_val(&stats).map(|(_, t)| t),
+    };
+    Ok(PolicyRun {
+        row,
+        device: trainer.device_note().to_string(),
+    })
+}
+
+/// Trains `cfg` (with `epochs` epochs when given) under every policy and measures
+/// each run; see the module doc.
+pub fn bench_orchestration(
+    cfg: &TrainConfig,
+    epochs: Option<usize>,
+) -> Result<OrchestrationReport> {
+    let (base, notes) = bench_base_config(cfg, epochs)?;
     let mut rows = Vec::new();
     let mut device = String::new();
     for policy in Orchestration::ALL {
-        let mut c = base.clone();
-        c.orchestration.policy = policy.name().to_string();
-        c.orchestration.hot_ratio = if policy == Orchestration::Layer {
-            layer_ratio
-        } else {
-            0.0
-        };
-        let mut trainer = TrainerBuilder::new(c).build()?;
-        device = trainer.device_note().to_string();
-        let tracer = Tracer::new();
-        trainer.set_tracer(tracer.clone());
-        let stats = trainer.fit()?;
-        let summary = summarize(&tracer.collect());
-        let timed: Vec<f64> = stats.iter().skip(1).map(|s| s.train_secs).collect();
-        let timed = if timed.is_empty() {
-            stats.iter().map(|s| s.train_secs).collect()
-        } else {
-            timed
-        };
-        let wall = summary.wall.max(1) as f64;
-        rows.push(PolicyRow {
-            policy: policy.name(),
-            hot_ratio: trainer.config().orchestration.hot_ratio,
-            epoch_secs: timed.iter().sum::<f64>() / timed.len().max(1) as f64,
-            acc_busy: summary.acc_busy.unwrap_or(0) as f64 / wall,
-            cpu_busy: summary.cpu_busy as f64 / wall,
-            h2d_per_epoch: trainer.h2d_bytes().unwrap_or(0) / stats.len().max(1) as u64,
-            test_acc: test_at_best_val(&stats).map(|(_, t)| t),
-        });
+        let run = measure_policy(policy_config(&base, policy), None)?;
+        device = run.device;
+        rows.push(run.row);
     }
     Ok(OrchestrationReport {
         device,

@@ -13,6 +13,7 @@ use crate::bench::aggregate::bench_aggregate;
 use crate::bench::backend::{bench_backend, BackendBenchOptions};
 use crate::bench::gemm::{bench_gemm, GemmShape, LAYER_SHAPES};
 use crate::bench::orchestration::bench_orchestration;
+use crate::bench::regimes::{bench_regimes, fmt_percent, RegimeOptions};
 use crate::bench::{bench_gather, bench_sample};
 use crate::config::{env_overrides, Override, TrainConfig};
 use crate::dataset::{open_dataset, SplitSpec, Verify};
@@ -35,13 +36,16 @@ pub(super) enum BenchCmd {
     Backend(BackendArgs),
     /// One training config under the five placements (`orchestration.policy`):
     /// epoch time, accelerator and CPU busy fractions, host→device bytes per
-    /// epoch, test accuracy at the best validation epoch.
+    /// epoch, test accuracy at the best validation epoch. With `--regimes`: the
+    /// same across feature widths × device-cache fractions on generated R-MAT
+    /// graphs, with layer-based's speed-up over the best step-based placement.
     Orchestration(OrchestrationArgs),
 }
 
 #[derive(Debug, Args)]
 pub(super) struct OrchestrationArgs {
-    /// TOML configuration file (default: the built-in synthetic dataset).
+    /// TOML configuration file (default: the built-in synthetic dataset; with
+    /// `--regimes`, the built-in config on a generated R-MAT graph).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override a configuration key, e.g. `--set train.batch_size=256` (repeatable).
@@ -51,9 +55,100 @@ pub(super) struct OrchestrationArgs {
     /// keeps the run short).
     #[arg(long, default_value_t = 2)]
     epochs: usize,
+    #[command(flatten)]
+    regimes: RegimeArgs,
+}
+
+/// `--regimes` and its options (ignored without it).
+#[derive(Debug, Args)]
+struct RegimeArgs {
+    /// Compare the placements across feature widths × device-cache fractions, on
+    /// an R-MAT graph generated in memory (the config's `[data]` is not used).
+    #[arg(long)]
+    regimes: bool,
+    /// Feature widths, comma-separated.
+    #[arg(
+        long,
+        default_value = "100,512",
+        requires = "regimes",
+        allow_hyphen_values = true
+    )]
+    dims: String,
+    /// Fractions of the feature bytes (vertices × dim × 4) the device cache holds,
+    /// comma-separated, each in [0, 1] (1: every row fits).
+    #[arg(
+        long,
+        default_value = "1,0.2,0.05,0",
+        requires = "regimes",
+        allow_hyphen_values = true
+    )]
+    cache_fractions: String,
+    /// Vertices of the generated graph.
+    #[arg(long, default_value_t = 20_000, requires = "regimes")]
+    vertices: usize,
+    /// Undirected edges drawn for the generated graph (stored twice, repeats dropped).
+    #[arg(long, default_value_t = 200_000, requires = "regimes")]
+    edges: usize,
+    /// Classes of the generated graph.
+    #[arg(long, default_value_t = 16, requires = "regimes")]
+    classes: u32,
+    /// Split as TRAIN,VAL,TEST; each `N/class`, a fraction, or `rest`.
+    #[arg(long, default_value = "0.6,0.2,rest", requires = "regimes")]
+    split: SplitSpec,
+    /// Seed of the generated graph (the same for every width).
+    #[arg(long, default_value_t = 0, requires = "regimes")]
+    seed: u64,
+    /// Also write the table as JSON lines here (atomically).
+    #[arg(long, requires = "regimes")]
+    json: Option<PathBuf>,
+}
+
+/// A comma-separated list parsed item by item; errors name `flag`.
+fn parse_list<T: std::str::FromStr>(flag: &str, s: &str, what: &str) -> Result<Vec<T>> {
+    s.split(',')
+        .map(|t| {
+            let t = t.trim();
+            t.parse::<T>()
+                .map_err(|_| Error::invalid_argument(flag, format!("`{t}` in `{s}` is not {what}")))
+        })
+        .collect()
+}
+
+impl RegimeArgs {
+    /// The bench's options; malformed or out-of-range lists are errors naming
+    /// `--dims` or `--cache-fractions`.
+    fn options(&self, epochs: usize) -> Result<RegimeOptions> {
+        let opts = RegimeOptions {
+            dims: parse_list("--dims", &self.dims, "a positive integer")?,
+            cache_fractions: parse_list(
+                "--cache-fractions",
+                &self.cache_fractions,
+                "a number in [0, 1]",
+            )?,
+            graph: RmatOptions {
+                num_vertices: self.vertices,
+                num_edges: self.edges,
+                num_classes: self.classes,
+                // `tandem generate rmat`'s default, so a graph matches one it writes.
+                signal: 0.5,
+                split: self.split,
+                seed: self.seed,
+                ..RmatOptions::default()
+            },
+            epochs,
+        };
+        opts.validate()?;
+        Ok(opts)
+    }
 }
 
 fn run_orchestration(a: &OrchestrationArgs) -> Result<()> {
+    // Flag values are checked before any config file is read or anything runs.
+    let regimes = if a.regimes.regimes {
+        Some(a.regimes.options(a.epochs)?)
+    } else {
+        None
+    };
     let mut layers = env_overrides(std::env::vars_os())?;
     for o in &a.overrides {
         layers.push(Override::from_set(o)?);
@@ -62,7 +157,23 @@ fn run_orchestration(a: &OrchestrationArgs) -> Result<()> {
         Some(p) => TrainConfig::load_layered(p, &layers)?,
         None => TrainConfig::from_layers("", "built-in defaults".as_ref(), &layers)?,
     };
-    print!("{}", bench_orchestration(&cfg, Some(a.epochs))?);
+    let Some(opts) = regimes else {
+        print!("{}", bench_orchestration(&cfg, Some(a.epochs))?);
+        return Ok(());
+    };
+    let report = bench_regimes(&cfg, &opts, |dim, fraction, r| {
+        eprintln!(
+            "dim {dim}, cache {}: {} {:.3} s/epoch",
+            fmt_percent(fraction),
+            r.policy,
+            r.epoch_secs
+        );
+    })?;
+    print!("{report}");
+    if let Some(path) = &a.regimes.json {
+        report.write_json(path)?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
 }
 

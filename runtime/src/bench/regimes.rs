@@ -1,0 +1,601 @@
+//! `tandem bench orchestration --regimes`: the placements compared across
+//! device-cache sizes and feature widths, to check where layer-based orchestration
+//! beats the step-based baselines.
+//!
+//! 1. A regime is a feature width `dim` and a cache fraction `f`: the device cache
+//!    gets `ceil(f × vertices × dim × 4)` bytes ([`cache_bytes`]), so `f = 1` holds
+//!    every feature row and `f = 0` none.
+//! 2. Per width, one R-MAT graph is generated in memory ([`generate_rmat`]) from
+//!    the same options and seed, so graph, labels and split are the same for every
+//!    width; only the feature columns differ.
+//! 3. The config is prepared as in [`bench_orchestration`](super::orchestration::bench_orchestration)
+//!    ([`bench_base_config`]: epochs, `host_engine = "ops"` on the host); each
+//!    regime trains every policy of [`REGIME_POLICIES`] on a copy of the dataset
+//!    with [`measure_policy`] (step-based ones with `hot_ratio = 0`, the others
+//!    with [`layer_hot_ratio`]).
+//! 4. Per regime, the best step-based policy is the fastest of the four; every row
+//!    gets `best / this` (above 1: faster than it), and the regime a verdict on the
+//!    target ([`Verdict`]): where the cache holds at most 20% of the features,
+//!    `"layer"` is at least 1.3× as fast as the best step-based policy with a test
+//!    accuracy at most 1 point below that policy's.
+
+use std::fmt;
+use std::io::Write;
+use std::path::Path;
+
+use scheduler::Orchestration;
+
+use super::orchestration::{
+    bench_base_config, is_step_based, layer_hot_ratio, measure_policy, policy_config, PolicyRow,
+};
+use crate::atomic::write_file_atomically;
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::generate::{generate_rmat, RmatOptions};
+use crate::trace::fmt_bytes;
+
+/// The policies each regime trains, in table order. A new policy (such as
+/// `"auto"`) is one line here; step-based ones are recognised by
+/// [`is_step_based`], anything else runs with the layer `hot_ratio`.
+pub const REGIME_POLICIES: &[Orchestration] = &[
+    Orchestration::Layer,
+    Orchestration::CpuSampleCpuGather,
+    Orchestration::GpuSampleCpuGather,
+    Orchestration::CpuSampleGpuGather,
+    Orchestration::GpuSampleGpuGather,
+];
+
+/// The target applies to regimes whose cache holds at most this fraction of the
+/// features.
+pub const TARGET_MAX_CACHE_FRACTION: f64 = 0.2;
+/// Speed-up of `"layer"` over the best step-based policy the target asks for.
+pub const TARGET_SPEEDUP: f64 = 1.3;
+/// How far (as a fraction, 0.01 = 1 point) `"layer"`'s test accuracy may fall
+/// below the best step-based policy's.
+pub const TARGET_ACC_DROP: f64 = 0.01;
+
+/// What [`bench_regimes`] runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegimeOptions {
+    /// Feature widths, in table order (each ≥ 1).
+    pub dims: Vec<usize>,
+    /// Fractions of the feature bytes the device cache holds, in table order
+    /// (each in `[0, 1]`).
+    pub cache_fractions: Vec<f64>,
+    /// The generated graph; `feature_dim` is replaced by each width.
+    pub graph: RmatOptions,
+    /// Epochs per run (replaces `train.epochs`; ≥ 1).
+    pub epochs: usize,
+}
+
+impl RegimeOptions {
+    /// Checks the widths and fractions; errors name `--dims` or
+    /// `--cache-fractions`.
+    pub fn validate(&self) -> Result<()> {
+        if self.dims.is_empty() {
+            return Err(Error::invalid_argument(
+                "--dims",
+                "expected at least one width",
+            ));
+        }
+        if self.dims.contains(&0) {
+            return Err(Error::invalid_argument(
+                "--dims",
+                "a feature width of 0; expected positive integers",
+            ));
+        }
+        if self.cache_fractions.is_empty() {
+            return Err(Error::invalid_argument(
+                "--cache-fractions",
+                "expected at least one fraction",
+            ));
+        }
+        if let Some(f) = self
+            .cache_fractions
+            .iter()
+            .find(|f| !(0.0..=1.0).contains(*f))
+        {
+            return Err(Error::invalid_argument(
+                "--cache-fractions",
+                format!("{f} is outside [0, 1]"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Device-cache bytes of a regime: `ceil(fraction × vertices × dim × 4)`, at most
+/// the feature bytes.
+pub fn cache_bytes(vertices: usize, dim: usize, fraction: f64) -> u64 {
+    let bytes = (vertices as u64)
+        .saturating_mul(dim as u64)
+        .saturating_mul(4);
+    ((fraction * bytes as f64).ceil() as u64).min(bytes)
+}
+
+/// One regime's runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Regime {
+    /// Feature width.
+    pub dim: usize,
+    /// Fraction of the feature bytes the cache holds.
+    pub cache_fraction: f64,
+    /// `device.cache_bytes` of the runs ([`cache_bytes`]).
+    pub cache_bytes: u64,
+    /// One row per policy, in [`REGIME_POLICIES`]' order.
+    pub rows: Vec<PolicyRow>,
+}
+
+/// A regime's comparison of `"layer"` with the best step-based policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    /// The fastest step-based policy and its epoch seconds (`None`: no step-based row).
+    pub best_step: Option<(&'static str, f64)>,
+    /// Best step-based epoch seconds over `"layer"`'s (`None`: a row is missing).
+    pub layer_speedup: Option<f64>,
+    /// `"layer"`'s test accuracy minus the best step-based policy's (`None`: a row
+    /// or an accuracy is missing).
+    pub layer_acc_gap: Option<f64>,
+    /// Whether the target applies (cache fraction ≤ [`TARGET_MAX_CACHE_FRACTION`]).
+    pub applies: bool,
+    /// Whether the target holds: `None` where it does not apply or a number is
+    /// missing.
+    pub holds: Option<bool>,
+}
+
+/// The row's policy as an [`Orchestration`] (`None` for a name that is not one).
+fn policy_of(row: &PolicyRow) -> Option<Orchestration> {
+    row.policy.parse().ok()
+}
+
+impl Regime {
+    /// The fastest step-based row.
+    pub fn best_step_based(&self) -> Option<&PolicyRow> {
+        self.rows
+            .iter()
+            .filter(|r| policy_of(r).is_some_and(is_step_based))
+            .min_by(|a, b| a.epoch_secs.total_cmp(&b.epoch_secs))
+    }
+
+    /// `best / row` epoch seconds against [`Regime::best_step_based`] (above 1:
+    /// `row` is faster); `None` without a step-based row.
+    pub fn ratio(&self, row: &PolicyRow) -> Option<f64> {
+        Some(self.best_step_based()?.epoch_secs / row.epoch_secs)
+    }
+
+    /// The `"layer"` row.
+    pub fn layer(&self) -> Option<&PolicyRow> {
+        self.rows
+            .iter()
+            .find(|r| policy_of(r) == Some(Orchestration::Layer))
+    }
+
+    /// The regime's verdict on the target (module doc, step 4).
+    pub fn verdict(&self) -> Verdict {
+        let best = self.best_step_based();
+        let layer = self.layer();
+        let layer_speedup = match (best, layer) {
+            (Some(b), Some(l)) => Some(b.epoch_secs / l.epoch_secs),
+            _ => None,
+        };
+        let layer_acc_gap = match (
+            best.and_then(|b| b.test_acc),
+            layer.and_then(|l| l.test_acc),
+        ) {
+            (Some(b), Some(l)) => Some(l - b),
+            _ => None,
+        };
+        let applies = self.cache_fraction <= TARGET_MAX_CACHE_FRACTION;
+        let holds = match (applies, layer_speedup, layer_acc_gap) {
+            (true, Some(s), Some(g)) => Some(s >= TARGET_SPEEDUP && g >= -TARGET_ACC_DROP - 1e-12),
+            _ => None,
+        };
+        Verdict {
+            best_step: best.map(|b| (b.policy, b.epoch_secs)),
+            layer_speedup,
+            layer_acc_gap,
+            applies,
+            holds,
+        }
+    }
+}
+
+/// The table of [`bench_regimes`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegimesReport {
+    /// The device engine the runs used.
+    pub device: String,
+    /// What the bench changed in the config, if anything.
+    pub notes: Vec<String>,
+    /// Epochs per run.
+    pub epochs: usize,
+    /// `hot_ratio` of the non-step-based runs.
+    pub layer_hot_ratio: f64,
+    /// The graph: vertices, stored (directed) edges, classes, training vertices.
+    pub graph: GraphSize,
+    /// One entry per (width, fraction), widths outermost.
+    pub regimes: Vec<Regime>,
+}
+
+/// Sizes of the generated graph, for the report header.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GraphSize {
+    /// Vertices.
+    pub vertices: usize,
+    /// Stored (directed) edges.
+    pub stored_edges: usize,
+    /// Classes.
+    pub classes: u32,
+    /// Training vertices.
+    pub train: usize,
+}
+
+/// Trains every policy of [`REGIME_POLICIES`] in every regime of `opts` (see the
+/// module doc) and measures each run; `on_row` sees each row as it is measured
+/// (width, cache fraction, row), for progress output.
+pub fn bench_regimes(
+    cfg: &TrainConfig,
+    opts: &RegimeOptions,
+    mut on_row: impl FnMut(usize, f64, &PolicyRow),
+) -> Result<RegimesReport> {
+    opts.validate()?;
+    let (base, notes) = bench_base_config(cfg, Some(opts.epochs))?;
+    let mut report = RegimesReport {
+        device: String::new(),
+        notes,
+        epochs: base.train.epochs,
+        layer_hot_ratio: layer_hot_ratio(&base),
+        graph: GraphSize::default(),
+        regimes: Vec::new(),
+    };
+    for &dim in &opts.dims {
+        let ds = generate_rmat(&RmatOptions {
+            feature_dim: dim,
+            ..opts.graph
+        })?;
+        report.graph = GraphSize {
+            vertices: ds.num_vertices(),
+            stored_edges: ds.graph.num_edges(),
+            classes: ds.num_classes,
+            train: ds.train_mask.iter().filter(|&&m| m != 0).count(),
+        };
+        for &fraction in &opts.cache_fractions {
+            let bytes = cache_bytes(ds.num_vertices(), dim, fraction);
+            let mut regime = Regime {
+                dim,
+                cache_fraction: fraction,
+                cache_bytes: bytes,
+                rows: Vec::with_capacity(REGIME_POLICIES.len()),
+            };
+            for &policy in REGIME_POLICIES {
+                let mut c = policy_config(&base, policy);
+                c.device.cache_bytes = bytes;
+                let run = measure_policy(c, Some(ds.clone()))?;
+                on_row(dim, fraction, &run.row);
+                report.device = run.device;
+                regime.rows.push(run.row);
+            }
+            report.regimes.push(regime);
+        }
+    }
+    Ok(report)
+}
+
+impl RegimesReport {
+    /// The verdicts of the regimes the target applies to: (holding, applying).
+    pub fn target_count(&self) -> (usize, usize) {
+        let v: Vec<Verdict> = self
+            .regimes
+            .iter()
+            .map(Regime::verdict)
+            .filter(|v| v.applies)
+            .collect();
+        (v.iter().filter(|v| v.holds == Some(true)).count(), v.len())
+    }
+
+    /// One JSON object per row (regime fields, the row's measurements, its ratio
+    /// and the regime's best step-based policy), newline-terminated.
+    pub fn json_lines(&self) -> String {
+        let mut out = String::new();
+        for g in &self.regimes {
+            let best = g.best_step_based().map(|b| b.policy);
+            for r in &g.rows {
+                let v = serde_json::json!({
+                    "dim": g.dim,
+                    "cache_fraction": g.cache_fraction,
+                    "cache_bytes": g.cache_bytes,
+                    "policy": r.policy,
+                    "hot_ratio": r.hot_ratio,
+                    "epoch_secs": r.epoch_secs,
+                    "vs_best_step_based": g.ratio(r),
+                    "best_step_based": best,
+                    "acc_busy": r.acc_busy,
+                    "cpu_busy": r.cpu_busy,
+                    "h2d_per_epoch": r.h2d_per_epoch,
+                    "test_acc": r.test_acc,
+                    "epochs": self.epochs,
+                    "device": self.device,
+                });
+                out.push_str(&v.to_string());
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Writes [`RegimesReport::json_lines`] to `path` atomically.
+    pub fn write_json(&self, path: &Path) -> Result<()> {
+        let text = self.json_lines();
+        write_file_atomically(path, |w| {
+            w.write_all(text.as_bytes()).map_err(|e| Error::io(path, e))
+        })
+    }
+}
+
+/// `0.2` → `"20%"`, `0.005` → `"0.5%"`.
+pub(crate) fn fmt_percent(fraction: f64) -> String {
+    let p = fraction * 100.0;
+    if (p - p.round()).abs() < 1e-9 {
+        format!("{p:.0}%")
+    } else {
+        format!("{p:.1}%")
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.best_step {
+            Some((name, secs)) => write!(f, "best step-based {name} ({secs:.3} s/epoch)")?,
+            None => write!(f, "no step-based run")?,
+        }
+        match self.layer_speedup {
+            Some(s) => write!(f, "; layer {s:.2}× of it")?,
+            None => write!(f, "; no layer run")?,
+        }
+        if let Some(g) = self.layer_acc_gap {
+            write!(f, ", test acc {:+.1} points", g * 100.0)?;
+        }
+        let target = format!(
+            "target (layer ≥ {TARGET_SPEEDUP:.1}×, acc within {:.0} point)",
+            TARGET_ACC_DROP * 100.0
+        );
+        match (self.applies, self.holds) {
+            (false, _) => write!(
+                f,
+                "; {target} not checked (cache above {})",
+                fmt_percent(TARGET_MAX_CACHE_FRACTION)
+            ),
+            (true, Some(true)) => write!(f, "; {target} HOLDS"),
+            (true, Some(false)) => write!(f, "; {target} does not hold"),
+            (true, None) => write!(f, "; {target} unknown (a number is missing)"),
+        }
+    }
+}
+
+impl fmt::Display for RegimesReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for n in &self.notes {
+            writeln!(f, "note: {n}")?;
+        }
+        let g = &self.graph;
+        writeln!(
+            f,
+            "{}; R-MAT {} vertices, {} stored edges, {} classes, {} training vertices; \
+             {} epoch{} per run; layer hot_ratio {:.2}",
+            self.device,
+            g.vertices,
+            g.stored_edges,
+            g.classes,
+            g.train,
+            self.epochs,
+            if self.epochs == 1 { "" } else { "s" },
+            self.layer_hot_ratio
+        )?;
+        writeln!(
+            f,
+            "{:>5} {:>6} {:<22} {:>9} {:>8} {:>8} {:>8} {:>12} {:>9}",
+            "dim",
+            "cache",
+            "policy",
+            "epoch s",
+            "vs best",
+            "acc busy",
+            "cpu busy",
+            "h2d/epoch",
+            "test acc"
+        )?;
+        for regime in &self.regimes {
+            for r in &regime.rows {
+                let ratio = regime
+                    .ratio(r)
+                    .filter(|x| x.is_finite())
+                    .map_or_else(|| "-".into(), |x| format!("{x:.2}×"));
+                writeln!(
+                    f,
+                    "{:>5} {:>6} {:<22} {:>9.3} {:>8} {:>7.1}% {:>7.1}% {:>12} {:>9}",
+                    regime.dim,
+                    fmt_percent(regime.cache_fraction),
+                    r.policy,
+                    r.epoch_secs,
+                    ratio,
+                    r.acc_busy * 100.0,
+                    r.cpu_busy * 100.0,
+                    fmt_bytes(r.h2d_per_epoch),
+                    r.test_acc.map_or_else(|| "-".into(), |a| format!("{a:.4}")),
+                )?;
+            }
+            writeln!(
+                f,
+                "  -> dim {}, cache {} ({}): {}",
+                regime.dim,
+                fmt_percent(regime.cache_fraction),
+                fmt_bytes(regime.cache_bytes),
+                regime.verdict()
+            )?;
+        }
+        let (holds, applies) = self.target_count();
+        write!(
+            f,
+            "target (layer ≥ {TARGET_SPEEDUP:.1}× the best step-based policy at cache ≤ {}, \
+             test acc within {:.0} point): ",
+            fmt_percent(TARGET_MAX_CACHE_FRACTION),
+            TARGET_ACC_DROP * 100.0
+        )?;
+        if applies == 0 {
+            writeln!(f, "no regime with cache ≤ 20% was run")
+        } else {
+            writeln!(f, "holds in {holds} of {applies} regimes")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(policy: &'static str, secs: f64, acc: Option<f64>) -> PolicyRow {
+        PolicyRow {
+            policy,
+            hot_ratio: if policy == "layer" { 0.2 } else { 0.0 },
+            epoch_secs: secs,
+            acc_busy: 0.5,
+            cpu_busy: 0.5,
+            h2d_per_epoch: 1 << 20,
+            test_acc: acc,
+        }
+    }
+
+    fn regime(fraction: f64, layer: (f64, f64), step: [(f64, f64); 4]) -> Regime {
+        let mut rows = vec![row("layer", layer.0, Some(layer.1))];
+        for (name, (s, a)) in Orchestration::NAMES[1..].iter().zip(step) {
+            rows.push(row(name, s, Some(a)));
+        }
+        Regime {
+            dim: 8,
+            cache_fraction: fraction,
+            cache_bytes: cache_bytes(100, 8, fraction),
+            rows,
+        }
+    }
+
+    #[test]
+    fn every_policy_is_in_each_regime() {
+        for o in Orchestration::ALL {
+            assert!(
+                REGIME_POLICIES.contains(&o),
+                "{o} missing from REGIME_POLICIES"
+            );
+        }
+        // "auto" joins when it parses.
+        assert_eq!(
+            "auto".parse::<Orchestration>().is_ok(),
+            REGIME_POLICIES.iter().any(|o| o.name() == "auto")
+        );
+    }
+
+    #[test]
+    fn cache_bytes_round_up_and_stay_within_the_features() {
+        // 2000 × 16 × 4 = 128000 bytes.
+        assert_eq!(cache_bytes(2000, 16, 1.0), 128_000);
+        assert_eq!(cache_bytes(2000, 16, 0.0), 0);
+        assert_eq!(cache_bytes(2000, 16, 0.2), 25_600);
+        assert_eq!(cache_bytes(2000, 16, 0.05), 6_400);
+        // 3 × 1 × 4 = 12 bytes; 0.1 of them is 1.2 → 2.
+        assert_eq!(cache_bytes(3, 1, 0.1), 2);
+        assert_eq!(cache_bytes(2_400_000, 512, 0.05), 245_760_000);
+        assert_eq!(cache_bytes(2_400_000, 100, 1.0), 960_000_000);
+    }
+
+    #[test]
+    fn ratios_best_step_based_and_verdicts() {
+        // Layer 2 s; best step-based is the third at 3 s.
+        let g = regime(
+            0.05,
+            (2.0, 0.90),
+            [(6.0, 0.905), (4.0, 0.91), (3.0, 0.905), (5.0, 0.9)],
+        );
+        let best = g.best_step_based().unwrap();
+        assert_eq!(best.policy, "cpu-sample-gpu-gather");
+        assert_eq!(g.ratio(&g.rows[0]), Some(1.5));
+        assert_eq!(g.ratio(best), Some(1.0));
+        assert_eq!(g.ratio(&g.rows[1]), Some(0.5));
+        let v = g.verdict();
+        assert_eq!(v.best_step, Some(("cpu-sample-gpu-gather", 3.0)));
+        assert_eq!(v.layer_speedup, Some(1.5));
+        assert!((v.layer_acc_gap.unwrap() + 0.005).abs() < 1e-12);
+        assert!(v.applies);
+        assert_eq!(v.holds, Some(true));
+        assert!(v.to_string().contains("HOLDS"), "{v}");
+
+        // Fast enough but 1.5 points less accurate: does not hold.
+        let g = regime(0.2, (2.0, 0.89), [(3.0, 0.905); 4]);
+        assert_eq!(g.verdict().holds, Some(false));
+        // Exactly 1 point less and exactly 1.3×: holds (both bounds inclusive).
+        let g = regime(0.2, (1.0, 0.895), [(1.3, 0.905); 4]);
+        assert!(g.verdict().layer_speedup.unwrap() >= TARGET_SPEEDUP - 1e-12);
+        assert_eq!(g.verdict().holds, Some(true));
+        // Accurate but slower: does not hold.
+        let g = regime(0.0, (4.0, 0.95), [(3.0, 0.9); 4]);
+        assert_eq!(g.verdict().holds, Some(false));
+        // A big cache: the target does not apply, whatever the numbers.
+        let g = regime(1.0, (1.0, 0.95), [(3.0, 0.9); 4]);
+        let v = g.verdict();
+        assert!(!v.applies);
+        assert_eq!(v.holds, None);
+        assert_eq!(v.layer_speedup, Some(3.0));
+        // No accuracy (never evaluated): unknown.
+        let mut g = regime(0.05, (1.0, 0.9), [(3.0, 0.9); 4]);
+        g.rows[0].test_acc = None;
+        assert_eq!(g.verdict().holds, None);
+        assert_eq!(g.verdict().layer_acc_gap, None);
+
+        let report = RegimesReport {
+            device: "test".into(),
+            notes: vec![],
+            epochs: 2,
+            layer_hot_ratio: 0.2,
+            graph: GraphSize::default(),
+            regimes: vec![
+                regime(1.0, (1.0, 0.9), [(3.0, 0.9); 4]),
+                regime(0.2, (1.0, 0.9), [(3.0, 0.9); 4]),
+                regime(0.05, (4.0, 0.9), [(3.0, 0.9); 4]),
+            ],
+        };
+        assert_eq!(report.target_count(), (1, 2));
+        let text = report.to_string();
+        assert!(text.contains("holds in 1 of 2 regimes"), "{text}");
+        assert_eq!(text.lines().filter(|l| l.contains("-> dim 8")).count(), 3);
+        let lines = report.json_lines();
+        assert_eq!(lines.lines().count(), 15);
+        let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+        assert_eq!(first["policy"], "layer");
+        assert_eq!(first["vs_best_step_based"], 3.0);
+        assert_eq!(first["cache_bytes"], 3200);
+    }
+
+    #[test]
+    fn bad_widths_and_fractions_name_the_flag() {
+        let ok = RegimeOptions {
+            dims: vec![8],
+            cache_fractions: vec![1.0, 0.0],
+            graph: RmatOptions::default(),
+            epochs: 1,
+        };
+        ok.validate().unwrap();
+        let bad = |dims: Vec<usize>, fr: Vec<f64>| {
+            RegimeOptions {
+                dims,
+                cache_fractions: fr,
+                ..ok.clone()
+            }
+            .validate()
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(bad(vec![0], vec![1.0]).contains("--dims"));
+        assert!(bad(vec![], vec![1.0]).contains("--dims"));
+        assert!(bad(vec![8], vec![1.5]).contains("--cache-fractions"));
+        assert!(bad(vec![8], vec![f64::NAN]).contains("--cache-fractions"));
+        assert!(bad(vec![8], vec![-0.1]).contains("--cache-fractions"));
+    }
+}
