@@ -201,6 +201,7 @@ mod tests {
             batches: 2,
             steps: 2,
             orchestration: None,
+            calibrating: false,
         };
         assert_eq!(b.on_epoch(&stats), Control::Continue);
         assert_eq!(seen.load(Ordering::Relaxed), 6);

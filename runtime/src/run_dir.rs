@@ -185,6 +185,7 @@ mod tests {
             batches: 4,
             steps: 4 * (epoch as u64 + 1),
             orchestration: None,
+            calibrating: false,
         }
     }
 

@@ -97,6 +97,8 @@ pub struct EpochStats {
     /// What layer-based orchestration did this epoch (`None` without embedding
     /// reuse): staleness gaps, waits, vertices computed cold, CPU jobs.
     pub orchestration: Option<OrchestrationStats>,
+    /// `policy = "auto"` was still measuring placements during this epoch.
+    pub calibrating: bool,
 }
 
 /// Loads the configured dataset, or generates the built-in synthetic one.
@@ -699,6 +701,7 @@ impl Trainer {
     fn train_epoch_here(&mut self) -> Result<EpochStats> {
         self.stop_requested = false;
         self.embeddings = None;
+        let calibrating = self.calibrator.is_some();
         let stop_at_end = self.train_batches()?;
         let pos = std::mem::take(&mut self.pos);
         let e = pos.epoch;
@@ -724,6 +727,7 @@ impl Trainer {
             batches: pos.batch,
             steps: self.steps(),
             orchestration: self.orch.as_ref().and_then(|o| o.last_epoch().cloned()),
+            calibrating,
         };
         if self.verbose {
             let acc = |a: Option<f64>| a.map_or_else(|| "-".into(), |x| format!("{x:.4}"));

@@ -30,6 +30,45 @@ use crate::TrainerBuilder;
 /// `hot_ratio` of the `"layer"` row when the config's is 0.
 pub const DEFAULT_LAYER_HOT_RATIO: f64 = 0.2;
 
+/// A policy the benches train: a fixed placement, or `"auto"` (which measures
+/// them in its first batches and keeps the fastest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchPolicy {
+    /// One of the five placements.
+    Fixed(Orchestration),
+    /// `orchestration.policy = "auto"`.
+    Auto,
+}
+
+impl BenchPolicy {
+    /// Every policy the benches train, in table order: the five placements, then
+    /// `"auto"`.
+    pub const ALL: [BenchPolicy; 6] = [
+        BenchPolicy::Fixed(Orchestration::Layer),
+        BenchPolicy::Fixed(Orchestration::CpuSampleCpuGather),
+        BenchPolicy::Fixed(Orchestration::GpuSampleCpuGather),
+        BenchPolicy::Fixed(Orchestration::CpuSampleGpuGather),
+        BenchPolicy::Fixed(Orchestration::GpuSampleGpuGather),
+        BenchPolicy::Auto,
+    ];
+
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fixed(o) => o.name(),
+            Self::Auto => "auto",
+        }
+    }
+
+    /// The policy a row names (`None` for an unknown name).
+    pub fn of_name(name: &str) -> Option<Self> {
+        if name == "auto" {
+            return Some(Self::Auto);
+        }
+        name.parse().ok().map(Self::Fixed)
+    }
+}
+
 /// One policy's row of the table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PolicyRow {
@@ -47,6 +86,8 @@ pub struct PolicyRow {
     pub h2d_per_epoch: u64,
     /// Test accuracy at the best validation epoch (`None`: never evaluated).
     pub test_acc: Option<f64>,
+    /// `"auto"`: what it chose (the placement, and the CPU split for `"layer"`).
+    pub chose: Option<String>,
 }
 
 /// The table of [`bench_orchestration`].
@@ -58,7 +99,7 @@ pub struct OrchestrationReport {
     pub notes: Vec<String>,
     /// Epochs per run.
     pub epochs: usize,
-    /// One row per policy, in [`Orchestration::ALL`]'s order.
+    /// One row per policy, in [`BenchPolicy::ALL`]'s order.
     pub rows: Vec<PolicyRow>,
 }
 
@@ -114,19 +155,22 @@ pub fn layer_hot_ratio(base: &TrainConfig) -> f64 {
 
 /// Whether `policy` is one of the four step-based placements (no embedding
 /// reuse), the baselines a regime's ratios are taken against.
-pub fn is_step_based(policy: Orchestration) -> bool {
+pub fn is_step_based(policy: BenchPolicy) -> bool {
     matches!(
         policy,
-        Orchestration::CpuSampleCpuGather
-            | Orchestration::GpuSampleCpuGather
-            | Orchestration::CpuSampleGpuGather
-            | Orchestration::GpuSampleGpuGather
+        BenchPolicy::Fixed(
+            Orchestration::CpuSampleCpuGather
+                | Orchestration::GpuSampleCpuGather
+                | Orchestration::CpuSampleGpuGather
+                | Orchestration::GpuSampleGpuGather
+        )
     )
 }
 
 /// `base` set to run `policy` (module doc, step 2): step-based policies with
-/// `hot_ratio = 0`, the others with [`layer_hot_ratio`].
-pub fn policy_config(base: &TrainConfig, policy: Orchestration) -> TrainConfig {
+/// `hot_ratio = 0`, the others (`"layer"`, and `"auto"`'s layer-based candidate)
+/// with [`layer_hot_ratio`].
+pub fn policy_config(base: &TrainConfig, policy: BenchPolicy) -> TrainConfig {
     let mut c = base.clone();
     c.orchestration.policy = policy.name().to_string();
     c.orchestration.hot_ratio = if is_step_based(policy) {
@@ -150,7 +194,11 @@ pub struct PolicyRun {
 /// `None`) and measures the run (module doc, step 3). The row is named after
 /// `cfg.orchestration.policy`.
 pub fn measure_policy(cfg: TrainConfig, dataset: Option<Dataset>) -> Result<PolicyRun> {
-    let policy = cfg.orchestration.orchestration()?;
+    let policy = if cfg.orchestration.is_auto() {
+        BenchPolicy::Auto
+    } else {
+        BenchPolicy::Fixed(cfg.orchestration.orchestration()?)
+    };
     let mut builder = TrainerBuilder::new(cfg);
     if let Some(ds) = dataset {
         builder = builder.dataset(ds);
@@ -160,7 +208,13 @@ pub fn measure_policy(cfg: TrainConfig, dataset: Option<Dataset>) -> Result<Poli
     trainer.set_tracer(tracer.clone());
     let stats = trainer.fit()?;
     let summary = summarize(&tracer.collect());
-    let timed: Vec<f64> = stats.iter().skip(1).map(|s| s.train_secs).collect();
+    // The epochs after the first, and after `"auto"` finished measuring.
+    let timed: Vec<f64> = stats
+        .iter()
+        .skip(1)
+        .filter(|s| !s.calibrating)
+        .map(|s| s.train_secs)
+        .collect();
     let timed = if timed.is_empty() {
         stats.iter().map(|s| s.train_secs).collect()
     } else {
@@ -175,6 +229,13 @@ pub fn measure_policy(cfg: TrainConfig, dataset: Option<Dataset>) -> Result<Poli
         cpu_busy: summary.cpu_busy as f64 / wall,
         h2d_per_epoch: trainer.h2d_bytes().unwrap_or(0) / stats.len().max(1) as u64,
         test_acc: test_at_best_val(&stats).map(|(_, t)| t),
+        chose: trainer.auto_choice().map(|c| {
+            if c.policy == Orchestration::Layer {
+                format!("layer (cpu split {})", c.cpu_split)
+            } else {
+                c.policy.name().to_string()
+            }
+        }),
     };
     Ok(PolicyRun {
         row,
@@ -191,7 +252,7 @@ pub fn bench_orchestration(
     let (base, notes) = bench_base_config(cfg, epochs)?;
     let mut rows = Vec::new();
     let mut device = String::new();
-    for policy in Orchestration::ALL {
+    for policy in BenchPolicy::ALL {
         let run = measure_policy(policy_config(&base, policy), None)?;
         device = run.device;
         rows.push(run.row);
@@ -227,6 +288,11 @@ impl fmt::Display for OrchestrationReport {
                 fmt_bytes(r.h2d_per_epoch),
                 r.test_acc.map_or_else(|| "-".into(), |a| format!("{a:.4}")),
             )?;
+        }
+        for r in &self.rows {
+            if let Some(c) = &r.chose {
+                writeln!(f, "auto chose {c}")?;
+            }
         }
         Ok(())
     }

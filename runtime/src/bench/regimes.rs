@@ -26,7 +26,8 @@ use std::path::Path;
 use scheduler::Orchestration;
 
 use super::orchestration::{
-    bench_base_config, is_step_based, layer_hot_ratio, measure_policy, policy_config, PolicyRow,
+    bench_base_config, is_step_based, layer_hot_ratio, measure_policy, policy_config, BenchPolicy,
+    PolicyRow,
 };
 use crate::atomic::write_file_atomically;
 use crate::config::TrainConfig;
@@ -34,16 +35,14 @@ use crate::error::{Error, Result};
 use crate::generate::{generate_rmat, RmatOptions};
 use crate::trace::fmt_bytes;
 
-/// The policies each regime trains, in table order. A new policy (such as
-/// `"auto"`) is one line here; step-based ones are recognised by
-/// [`is_step_based`], anything else runs with the layer `hot_ratio`.
-pub const REGIME_POLICIES: &[Orchestration] = &[
-    Orchestration::Layer,
-    Orchestration::CpuSampleCpuGather,
-    Orchestration::GpuSampleCpuGather,
-    Orchestration::CpuSampleGpuGather,
-    Orchestration::GpuSampleGpuGather,
-];
+/// The policies each regime trains, in table order. A new policy is one line
+/// here; step-based ones are recognised by [`is_step_based`], anything else runs
+/// with the layer `hot_ratio` (`"auto"`: its layer-based candidate's).
+pub const REGIME_POLICIES: &[BenchPolicy] = &BenchPolicy::ALL;
+
+/// `"auto"` is on target in a regime when its epoch time is within this fraction
+/// of the best fixed policy's.
+pub const AUTO_TARGET: f64 = 0.05;
 
 /// The target applies to regimes whose cache holds at most this fraction of the
 /// features.
@@ -141,11 +140,16 @@ pub struct Verdict {
     /// Whether the target holds: `None` where it does not apply or a number is
     /// missing.
     pub holds: Option<bool>,
+    /// The fastest fixed policy (the five placements) and its epoch seconds.
+    pub best_fixed: Option<(&'static str, f64)>,
+    /// `"auto"`'s epoch seconds over the best fixed policy's (`None`: no auto
+    /// row), and what it chose.
+    pub auto: Option<(f64, Option<String>)>,
 }
 
-/// The row's policy as an [`Orchestration`] (`None` for a name that is not one).
-fn policy_of(row: &PolicyRow) -> Option<Orchestration> {
-    row.policy.parse().ok()
+/// The row's policy (`None` for a name that is not one).
+fn policy_of(row: &PolicyRow) -> Option<BenchPolicy> {
+    BenchPolicy::of_name(row.policy)
 }
 
 impl Regime {
@@ -167,7 +171,15 @@ impl Regime {
     pub fn layer(&self) -> Option<&PolicyRow> {
         self.rows
             .iter()
-            .find(|r| policy_of(r) == Some(Orchestration::Layer))
+            .find(|r| policy_of(r) == Some(BenchPolicy::Fixed(Orchestration::Layer)))
+    }
+
+    /// The fastest row of a fixed policy (not `"auto"`).
+    pub fn best_fixed(&self) -> Option<&PolicyRow> {
+        self.rows
+            .iter()
+            .filter(|r| matches!(policy_of(r), Some(BenchPolicy::Fixed(_))))
+            .min_by(|a, b| a.epoch_secs.total_cmp(&b.epoch_secs))
     }
 
     /// The regime's verdict on the target (module doc, step 4).
@@ -190,12 +202,20 @@ impl Regime {
             (true, Some(s), Some(g)) => Some(s >= TARGET_SPEEDUP && g >= -TARGET_ACC_DROP - 1e-12),
             _ => None,
         };
+        let best_fixed = self.best_fixed();
+        let auto = self
+            .rows
+            .iter()
+            .find(|r| policy_of(r) == Some(BenchPolicy::Auto))
+            .and_then(|a| best_fixed.map(|b| (a.epoch_secs / b.epoch_secs, a.chose.clone())));
         Verdict {
             best_step: best.map(|b| (b.policy, b.epoch_secs)),
             layer_speedup,
             layer_acc_gap,
             applies,
             holds,
+            best_fixed: best_fixed.map(|b| (b.policy, b.epoch_secs)),
+            auto,
         }
     }
 }
@@ -368,7 +388,20 @@ impl fmt::Display for Verdict {
             (true, Some(true)) => write!(f, "; {target} HOLDS"),
             (true, Some(false)) => write!(f, "; {target} does not hold"),
             (true, None) => write!(f, "; {target} unknown (a number is missing)"),
+        }?;
+        if let (Some((ratio, chose)), Some((best, _))) = (&self.auto, self.best_fixed) {
+            write!(
+                f,
+                "; auto ({}) {ratio:.2}× the time of the best fixed policy ({best}): {}",
+                chose.as_deref().unwrap_or("no choice"),
+                if *ratio <= 1.0 + AUTO_TARGET {
+                    "within 5%"
+                } else {
+                    "NOT within 5%"
+                }
+            )?;
         }
+        Ok(())
     }
 }
 
@@ -442,10 +475,25 @@ impl fmt::Display for RegimesReport {
             TARGET_ACC_DROP * 100.0
         )?;
         if applies == 0 {
-            writeln!(f, "no regime with cache ≤ 20% was run")
+            writeln!(f, "no regime with cache ≤ 20% was run")?;
         } else {
-            writeln!(f, "holds in {holds} of {applies} regimes")
+            writeln!(f, "holds in {holds} of {applies} regimes")?;
         }
+        let autos: Vec<f64> = self
+            .regimes
+            .iter()
+            .filter_map(|g| g.verdict().auto.map(|a| a.0))
+            .collect();
+        if !autos.is_empty() {
+            writeln!(
+                f,
+                "auto within {:.0}% of the best fixed policy: {} of {} regimes",
+                AUTO_TARGET * 100.0,
+                autos.iter().filter(|&&r| r <= 1.0 + AUTO_TARGET).count(),
+                autos.len()
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -458,6 +506,7 @@ mod tests {
             policy,
             hot_ratio: if policy == "layer" { 0.2 } else { 0.0 },
             epoch_secs: secs,
+            chose: None,
             acc_busy: 0.5,
             cpu_busy: 0.5,
             h2d_per_epoch: 1 << 20,
@@ -482,15 +531,11 @@ mod tests {
     fn every_policy_is_in_each_regime() {
         for o in Orchestration::ALL {
             assert!(
-                REGIME_POLICIES.contains(&o),
+                REGIME_POLICIES.contains(&BenchPolicy::Fixed(o)),
                 "{o} missing from REGIME_POLICIES"
             );
         }
-        // "auto" joins when it parses.
-        assert_eq!(
-            "auto".parse::<Orchestration>().is_ok(),
-            REGIME_POLICIES.iter().any(|o| o.name() == "auto")
-        );
+        assert!(REGIME_POLICIES.contains(&BenchPolicy::Auto));
     }
 
     #[test]

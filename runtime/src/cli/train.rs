@@ -221,6 +221,12 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
         if let Some(o) = &s.orchestration {
             println!("        {}", o.summary());
         }
+        if s.calibrating {
+            match trainer.auto_choice() {
+                Some(c) => println!("        orchestration.policy = \"auto\" chose {}", c.reason),
+                None => println!("        orchestration.policy = \"auto\": still measuring"),
+            }
+        }
         if let Some(run) = &mut run_dir {
             run.record(&s)?;
             let done = trainer.epoch();

@@ -532,6 +532,7 @@ impl Orchestrator {
             count_splits: &self.count_splits,
             split_counts: std::mem::take(&mut self.split_counts),
             mark: None,
+            v0: engine.version(),
         };
         let result = acc.run(engine, on_batch, self.monitor.as_mut());
         self.next_super_batch = acc.next_sb;
@@ -625,6 +626,8 @@ struct Accelerator<'a> {
     count_splits: &'a [u32],
     split_counts: (Vec<(u64, u64)>, u64),
     mark: Option<(f64, OrchestrationStats)>,
+    /// The engine's version when the run started (batch `start` trains at it).
+    v0: u64,
 }
 
 impl Accelerator<'_> {
@@ -679,7 +682,9 @@ impl Accelerator<'_> {
                     .sum::<u64>();
             }
         }
-        let plan = SuperBatchPlan::new(j, first as u64, split, &bottom);
+        // Batch `k` of the epoch trains at version `v0 + (k − start)`.
+        let global = |k: usize| self.v0 + (k - run.start) as u64;
+        let plan = SuperBatchPlan::new(j, global(first), split, &bottom);
         let queue = &plan.queue;
         let slab = (g % 2) as usize;
         engine.hot_slab_reserve(slab, queue.len())?;
@@ -707,7 +712,7 @@ impl Accelerator<'_> {
                     chunk: c as u32,
                 },
                 ids: Arc::clone(&chunk.ids),
-                last_batch: (last - 1) as u64,
+                last_batch: global(last - 1),
                 seed: derive_seed(derive_seed(run.base_seed, 5_000_000 + j), c as u64),
                 urgent: false,
                 claim: Arc::clone(&chunk.claim),
@@ -1014,6 +1019,7 @@ impl Accelerator<'_> {
                 .map_or(default_split, |m| m.split_for(base + j))
         };
         let v0 = engine.version();
+        self.v0 = v0;
         let mut live: VecDeque<Launched> = VecDeque::new();
         let result = (|| -> Result<EpochEnd> {
             for j in 0..=(DEPTH as u64).min(num_sb - 1) {
