@@ -117,6 +117,82 @@ impl CacheStats {
     }
 }
 
+/// Host↔device copies made through a backend (per instance, since it was made):
+/// uploads (including blocks built from host CSR), downloads (including
+/// `block_to_host`), and host-blocking synchronizations (the host backend counts
+/// downloads and [`Backend::synchronize`]; CUDA every stream synchronization,
+/// including those inside ops that read a count or a loss back).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    /// Host → device copies.
+    pub uploads: u64,
+    /// Bytes they moved.
+    pub upload_bytes: u64,
+    /// Device → host copies.
+    pub downloads: u64,
+    /// Bytes they moved.
+    pub download_bytes: u64,
+    /// Times the host waited for the device.
+    pub syncs: u64,
+}
+
+impl TransferStats {
+    /// `self − earlier`, field by field (saturating).
+    pub fn since(&self, earlier: &TransferStats) -> TransferStats {
+        TransferStats {
+            uploads: self.uploads.saturating_sub(earlier.uploads),
+            upload_bytes: self.upload_bytes.saturating_sub(earlier.upload_bytes),
+            downloads: self.downloads.saturating_sub(earlier.downloads),
+            download_bytes: self.download_bytes.saturating_sub(earlier.download_bytes),
+            syncs: self.syncs.saturating_sub(earlier.syncs),
+        }
+    }
+}
+
+/// The counters behind [`TransferStats`], shared by the backends (lock-free).
+#[derive(Debug, Default)]
+pub(crate) struct TransferCounter {
+    uploads: std::sync::atomic::AtomicU64,
+    upload_bytes: std::sync::atomic::AtomicU64,
+    downloads: std::sync::atomic::AtomicU64,
+    download_bytes: std::sync::atomic::AtomicU64,
+    syncs: std::sync::atomic::AtomicU64,
+}
+
+impl TransferCounter {
+    /// Counts one upload of `bytes`.
+    pub(crate) fn upload(&self, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.uploads.fetch_add(1, Relaxed);
+        self.upload_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Counts one download of `bytes`.
+    pub(crate) fn download(&self, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.downloads.fetch_add(1, Relaxed);
+        self.download_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Counts one host-blocking synchronization.
+    pub(crate) fn sync(&self) {
+        self.syncs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The counts so far.
+    pub(crate) fn get(&self) -> TransferStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        TransferStats {
+            uploads: self.uploads.load(Relaxed),
+            upload_bytes: self.upload_bytes.load(Relaxed),
+            downloads: self.downloads.load(Relaxed),
+            download_bytes: self.download_bytes.load(Relaxed),
+            syncs: self.syncs.load(Relaxed),
+        }
+    }
+}
+
 /// Adam's hyper-parameters and step for one [`Backend::adam_step`] (PyTorch's
 /// `Adam` with L2 weight decay: `g ← g + λθ`, bias-corrected moments).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -209,6 +285,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn describe(&self) -> String;
     /// Free and total device memory.
     fn memory_info(&self) -> Result<MemoryInfo>;
+    /// Copies and synchronizations so far ([`TransferStats`]).
+    fn transfer_stats(&self) -> TransferStats;
 
     // ---- streams and events ---------------------------------------------------
     /// The compute stream every op runs on.

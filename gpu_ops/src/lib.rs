@@ -16,7 +16,7 @@ mod model;
 
 pub use backend::{
     AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev, GatSaved, LossStats,
-    MemoryInfo, TopologyPlacement,
+    MemoryInfo, TopologyPlacement, TransferStats,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
 pub use cuda::{AllocatorStats, CudaBackend};

@@ -64,6 +64,9 @@ pub trait Engine: Send {
     fn version(&self) -> u64;
     /// Feature-cache statistics since the start (or the last reset).
     fn cache_stats(&self) -> CacheStats;
+    /// Copies and synchronizations of the backend so far (training, evaluation
+    /// and setup alike).
+    fn transfer_stats(&self) -> gpu_ops::TransferStats;
     /// Bytes training batches moved host → device since the start: uploaded
     /// blocks, ids, feature rows (host gathers and feature-cache misses), labels
     /// and hot rows.
@@ -358,6 +361,10 @@ impl<B: Backend> Engine for DeviceEngine<B> {
 
     fn h2d_bytes(&self) -> u64 {
         self.h2d
+    }
+
+    fn transfer_stats(&self) -> gpu_ops::TransferStats {
+        self.dev.transfer_stats()
     }
 
     fn set_placement(&mut self, placement: scheduler::StepBased) {

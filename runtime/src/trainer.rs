@@ -521,6 +521,13 @@ impl Trainer {
         e.lock().ok().map(|e| e.h2d_bytes())
     }
 
+    /// The device backend's copies and synchronizations so far (`None` on the
+    /// native host path).
+    pub fn transfer_stats(&self) -> Option<gpu_ops::TransferStats> {
+        let e = self.engine.as_ref()?;
+        e.lock().ok().map(|e| e.transfer_stats())
+    }
+
     /// What layer-based orchestration did in the last epoch (`None` without
     /// embedding reuse).
     pub fn orchestration_stats(&self) -> Option<&OrchestrationStats> {

@@ -297,3 +297,39 @@ fn fresh_hot_rows_give_the_first_batch_the_no_reuse_loss() {
         "first-batch loss: no reuse {plain} vs fresh hot rows {reuse}"
     );
 }
+
+/// The layer path's host↔device copies per batch are fixed and small: the
+/// bottom hop is sampled on the device with hot destinations skipped (no block
+/// goes to the host and back), hot rows go up once per computed chunk, and the
+/// layer-0 weights come down once per super-batch.
+#[test]
+fn the_layer_path_copies_a_fixed_few_things_per_batch() {
+    let mut t = trainer(cfg(&[
+        "orchestration.hot_ratio=0.2",
+        "orchestration.super_batch=4",
+        "orchestration.staleness_bound=7",
+        "train.epochs=3",
+        "train.eval_every=0",
+    ]));
+    t.train_epoch().expect("epoch 0");
+    let before = t.transfer_stats().expect("device engine");
+    let jobs_before = stats(&t).jobs;
+    let s = t.train_epoch().expect("epoch 1");
+    let d = t.transfer_stats().expect("device engine").since(&before);
+    let installs = stats(&t).jobs - jobs_before;
+    let batches = s.batches as u64;
+    let super_batches = batches.div_ceil(4);
+    // SAGE's layer 0 has three tensors: one publication is three downloads.
+    let publications = super_batches + 1;
+    let what = format!("{d:?}, {batches} batches, {installs} chunks installed");
+    assert!(installs > 0, "{what}");
+    // Per batch: the bottom-layer ids (sampled a super-batch ahead). Per epoch:
+    // the trainer's copy of the 6 parameter tensors and their 12 Adam moments.
+    assert!(d.downloads <= batches + 3 * publications + 18, "{what}");
+    // Per batch: seeds, hot positions, slab rows, skip mask, labels; per chunk:
+    // its rows.
+    assert!(d.uploads <= 5 * batches + installs, "{what}");
+    // Nothing else crosses: the old path also sent the bottom block down and up.
+    let row_bytes = 32 * 4;
+    assert!(d.upload_bytes >= installs * row_bytes, "{what}");
+}

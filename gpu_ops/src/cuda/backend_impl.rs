@@ -38,6 +38,10 @@ impl Backend for CudaBackend {
         self.memory()
     }
 
+    fn transfer_stats(&self) -> crate::backend::TransferStats {
+        self.transfers.get()
+    }
+
     fn stream(&self) -> &CudaStreamHandle {
         &self.compute
     }
@@ -94,6 +98,7 @@ impl Backend for CudaBackend {
         src: &[T],
         dst: &mut CudaBuf<T>,
     ) -> Result<()> {
+        self.transfers.upload(std::mem::size_of_val(src));
         self.upload_slice(stream, src, dst)
     }
 
@@ -103,6 +108,7 @@ impl Backend for CudaBackend {
         src: &CudaPinned<T>,
         dst: &mut CudaBuf<T>,
     ) -> Result<()> {
+        self.transfers.upload(src.len() * std::mem::size_of::<T>());
         self.upload_from_pinned(stream, src, dst)
     }
 
@@ -114,6 +120,7 @@ impl Backend for CudaBackend {
         dst: &mut CudaBuf<T>,
         offset: usize,
     ) -> Result<()> {
+        self.transfers.upload(n * std::mem::size_of::<T>());
         self.upload_from_pinned_at(stream, src, n, dst, offset)
     }
 
@@ -123,6 +130,7 @@ impl Backend for CudaBackend {
         src: &CudaBuf<T>,
         dst: &mut [T],
     ) -> Result<()> {
+        self.transfers.download(std::mem::size_of_val(dst));
         self.download_slice(stream, src, dst)
     }
 
@@ -183,6 +191,8 @@ impl Backend for CudaBackend {
         indptr: &[u64],
         indices: &[u32],
     ) -> Result<CudaBlock> {
+        self.transfers
+            .upload(std::mem::size_of_val(indptr) + std::mem::size_of_val(indices));
         self.block_from_host_op(num_src, indptr, indices)
     }
 

@@ -178,6 +178,8 @@ pub struct CudaBackend {
     pub(crate) compute: CudaStreamHandle,
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) info: DeviceInfo,
+    /// Copies and synchronizations of this instance.
+    pub(crate) transfers: crate::backend::TransferCounter,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -270,6 +272,7 @@ impl CudaBackend {
             compute: CudaStreamHandle { inner: compute },
             ctx,
             info,
+            transfers: crate::backend::TransferCounter::default(),
         })
     }
 
@@ -370,6 +373,7 @@ impl CudaBackend {
     /// Synchronizes the compute stream, then returns a deferred error or a device
     /// fault if there is one (clearing it).
     pub(crate) fn sync_compute(&self) -> Result<()> {
+        self.transfers.sync();
         self.bind()?;
         self.compute
             .inner
@@ -454,6 +458,7 @@ impl CudaBackend {
         if self.is_compute(stream) {
             return self.sync_compute();
         }
+        self.transfers.sync();
         self.bind()?;
         stream
             .inner

@@ -92,6 +92,9 @@ impl Backend for CudaBackend {
     fn memory_info(&self) -> Result<MemoryInfo> {
         match self.never {}
     }
+    fn transfer_stats(&self) -> crate::backend::TransferStats {
+        match self.never {}
+    }
     fn stream(&self) -> &Never {
         match self.never {}
     }

@@ -42,6 +42,7 @@ pub struct HostBackend {
     simd: Simd,
     compute: HostStream,
     next_stream: AtomicU64,
+    transfers: crate::backend::TransferCounter,
 }
 
 impl HostBackend {
@@ -56,6 +57,7 @@ impl HostBackend {
             simd,
             compute: HostStream::new(0),
             next_stream: AtomicU64::new(1),
+            transfers: crate::backend::TransferCounter::default(),
         }
     }
 
@@ -102,6 +104,10 @@ impl Backend for HostBackend {
         memory::memory_info()
     }
 
+    fn transfer_stats(&self) -> crate::backend::TransferStats {
+        self.transfers.get()
+    }
+
     // ---- streams and events ---------------------------------------------------
     fn stream(&self) -> &HostStream {
         &self.compute
@@ -127,6 +133,7 @@ impl Backend for HostBackend {
     }
 
     fn synchronize(&self, _stream: &HostStream) -> Result<()> {
+        self.transfers.sync();
         Ok(())
     }
 
@@ -152,7 +159,9 @@ impl Backend for HostBackend {
     }
 
     fn upload<T: Elem>(&self, _stream: &HostStream, src: &[T], dst: &mut HostBuf<T>) -> Result<()> {
-        memory::upload(src, dst)
+        memory::upload(src, dst)?;
+        self.transfers.upload(std::mem::size_of_val(src));
+        Ok(())
     }
 
     fn upload_pinned<T: Elem>(
@@ -161,7 +170,9 @@ impl Backend for HostBackend {
         src: &HostBuf<T>,
         dst: &mut HostBuf<T>,
     ) -> Result<()> {
-        memory::upload(src, dst)
+        memory::upload(src, dst)?;
+        self.transfers.upload(std::mem::size_of_val(src.as_slice()));
+        Ok(())
     }
 
     fn upload_pinned_at<T: Elem>(
@@ -172,7 +183,9 @@ impl Backend for HostBackend {
         dst: &mut HostBuf<T>,
         offset: usize,
     ) -> Result<()> {
-        memory::upload_at(src, n, dst, offset)
+        memory::upload_at(src, n, dst, offset)?;
+        self.transfers.upload(n * std::mem::size_of::<T>());
+        Ok(())
     }
 
     fn download<T: Elem>(
@@ -181,7 +194,10 @@ impl Backend for HostBackend {
         src: &HostBuf<T>,
         dst: &mut [T],
     ) -> Result<()> {
-        memory::download(src, dst)
+        memory::download(src, dst)?;
+        self.transfers.download(std::mem::size_of_val(dst));
+        self.transfers.sync();
+        Ok(())
     }
 
     fn copy<T: Elem>(&self, src: &HostBuf<T>, dst: &mut HostBuf<T>, len: usize) -> Result<()> {
@@ -237,7 +253,10 @@ impl Backend for HostBackend {
         indptr: &[u64],
         indices: &[u32],
     ) -> Result<HostBlock> {
-        HostBlock::new(num_src, indptr.to_vec(), indices.to_vec())
+        let b = HostBlock::new(num_src, indptr.to_vec(), indices.to_vec())?;
+        self.transfers
+            .upload(std::mem::size_of_val(indptr) + std::mem::size_of_val(indices));
+        Ok(b)
     }
 
     fn add_self_loops(&self, block: &HostBlock) -> Result<HostBlock> {
@@ -245,7 +264,10 @@ impl Backend for HostBackend {
     }
 
     fn block_to_host(&self, block: &HostBlock) -> Result<(Vec<u64>, Vec<u32>)> {
-        Ok((block.indptr().to_vec(), block.indices().to_vec()))
+        let out = (block.indptr().to_vec(), block.indices().to_vec());
+        self.transfers.download(out.0.len() * 8 + out.1.len() * 4);
+        self.transfers.sync();
+        Ok(out)
     }
 
     fn block_shape(&self, block: &HostBlock) -> (usize, usize, usize) {
