@@ -395,3 +395,223 @@ impl HybridMonitor {
         Ok(cached)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The monitor's run-time steps on scripted windows: time comes from a
+    //! [`ManualClock`] and the window's waits and CPU time from scripted counters,
+    //! so every decision is deterministic (no sleeps, no wall clock).
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use cpu_ops::{Model, ModelConfig, ModelKind};
+    use gpu_ops::{HostBackend, TopologyPlacement};
+
+    use super::*;
+    use crate::engine::{DeviceEngine, EngineOptions};
+    use crate::generate::{generate_sbm, SbmOptions};
+    use crate::orchestrate::clock::ManualClock;
+
+    const HOT: u32 = 400;
+    const DIM: usize = 16;
+    /// Room for 1,000 feature rows.
+    const CACHE: usize = 1000 * DIM * 4;
+
+    struct Rig {
+        engine: Box<dyn Engine>,
+        ds: Arc<Dataset>,
+        relabeling: Relabeling,
+        clock: ManualClock,
+        stats: OrchestrationStats,
+        monitor: HybridMonitor,
+        moves: Vec<(u64, Direction)>,
+    }
+
+    fn rig() -> Rig {
+        let ds = Arc::new(
+            generate_sbm(&SbmOptions {
+                num_vertices: 4000,
+                num_edges: 20_000,
+                num_classes: 4,
+                feature_dim: DIM,
+                ..SbmOptions::default()
+            })
+            .unwrap(),
+        );
+        let model = Model::new(
+            &ModelConfig {
+                kind: ModelKind::Sage,
+                in_dim: DIM,
+                hidden: 8,
+                num_classes: 4,
+                num_layers: 2,
+                heads: 1,
+                dropout: 0.0,
+            },
+            1,
+        )
+        .unwrap();
+        let engine = DeviceEngine::new(
+            HostBackend::new(),
+            &ds,
+            &model,
+            EngineOptions {
+                fanouts: vec![5, 5],
+                eval_fanouts: vec![5, 5],
+                cache_bytes: CACHE,
+                topology: TopologyPlacement::Device,
+                adam: cpu_ops::AdamConfig::default(),
+                placement: scheduler::StepBased::new(
+                    scheduler::Device::Accelerator,
+                    scheduler::Device::Accelerator,
+                ),
+            },
+        )
+        .unwrap();
+        let scores = scheduler::degree_scores(&ds.graph);
+        let relabeling = Relabeling::by_score(&scores, HOT as f64 / 4000.0).unwrap();
+        assert_eq!(relabeling.hot_count(), HOT);
+        let pipeline = PipelineConfig::new(2, 1, 256).unwrap();
+        let monitor = HybridMonitor::new(&engine, &ds, pipeline, HOT, 2).unwrap();
+        Rig {
+            engine: Box::new(engine),
+            ds,
+            relabeling,
+            clock: ManualClock::new(),
+            stats: OrchestrationStats::default(),
+            monitor,
+            moves: Vec::new(),
+        }
+    }
+
+    impl Rig {
+        /// One epoch of `n` super-batches of 10 ms each in which the accelerator
+        /// is blocked `wait_ms` per super-batch and the 2 CPU workers are busy
+        /// `busy_ms` worker-milliseconds.
+        fn epoch(&mut self, n: u64, wait_ms: f64, busy_ms: f64) {
+            let base = self.monitor.start_epoch(n);
+            let tracer = Tracer::disabled();
+            let track = tracer.declare_track("acc", crate::trace::TrackKind::Accelerator);
+            for j in 0..n {
+                self.monitor
+                    .begin_super_batch(base + j, &mut *self.engine, &self.relabeling)
+                    .unwrap();
+                let w = Window::open(&self.stats, &self.clock);
+                self.clock.advance(Duration::from_millis(10));
+                self.stats.wait_secs += wait_ms * 1e-3;
+                self.stats.cpu_busy_secs += busy_ms * 1e-3;
+                let before = (
+                    self.stats.monitor_moves_to_cache,
+                    self.stats.monitor_moves_to_cpu,
+                );
+                self.monitor
+                    .end_super_batch(
+                        base + j,
+                        j,
+                        n,
+                        &w,
+                        &self.clock,
+                        &mut self.stats,
+                        &mut *self.engine,
+                        &self.relabeling,
+                        &tracer,
+                        track,
+                    )
+                    .unwrap();
+                if self.stats.monitor_moves_to_cache > before.0 {
+                    self.moves.push((base + j, Direction::ToCache));
+                }
+                if self.stats.monitor_moves_to_cpu > before.1 {
+                    self.moves.push((base + j, Direction::ToCpu));
+                }
+                let cache = self.engine.cache_stats();
+                assert!(cache.cached_bytes <= CACHE, "{cache:?}");
+            }
+        }
+
+        fn cpu_split(&self) -> u32 {
+            self.monitor.split_for(self.monitor.next_super_batch).cpu()
+        }
+
+        fn reversals(&self) -> usize {
+            self.moves.windows(2).filter(|w| w[0].1 != w[1].1).count()
+        }
+    }
+
+    #[test]
+    fn a_waiting_accelerator_moves_hot_vertices_to_the_cache_and_back_when_the_cpu_idles() {
+        let mut r = rig();
+        assert_eq!(r.cpu_split(), HOT);
+        // The CPU is the bottleneck: the accelerator waits 40% of every window.
+        r.epoch(12, 4.0, 20.0);
+        let shed = r.cpu_split();
+        assert!(shed < HOT, "no move to the cache: {:?}", r.moves);
+        assert_eq!(r.moves[0].1, Direction::ToCache);
+        // Within the first observed windows (warm-up and smoothing allow 3).
+        assert!(
+            r.moves[0].0 <= 3,
+            "first move after super-batch {}",
+            r.moves[0].0
+        );
+        assert!(r.stats.monitor_cached_rows > 0);
+        assert!(r.monitor.cached_rows() as usize <= r.engine.cache_stats().cached_rows);
+        // Then the CPU keeps up easily: no waits, 90% idle. Vertices come back.
+        r.epoch(20, 0.0, 2.0);
+        assert!(r.cpu_split() > shed, "no move back: {:?}", r.moves);
+        assert!(r.moves.iter().any(|m| m.1 == Direction::ToCpu));
+        let _ = &r.ds;
+    }
+
+    #[test]
+    fn a_steady_load_settles_without_oscillating() {
+        let mut r = rig();
+        // A CPU moderately too slow, then exactly on time (waits within the dead
+        // band, CPU busy): after the first corrections the split stays put.
+        r.epoch(10, 2.0, 19.0);
+        let settled_moves = r.moves.len();
+        r.epoch(30, 0.05, 19.0);
+        assert!(r.reversals() <= 2, "{:?}", r.moves);
+        assert!(
+            r.moves.len() <= settled_moves + 2,
+            "still moving under a steady load: {:?}",
+            r.moves
+        );
+    }
+
+    #[test]
+    fn a_late_cpu_under_compute_counts_as_lost_accelerator_time() {
+        let mut r = rig();
+        // `on_late = "compute"`: nothing waits, but half the hot rows the batches
+        // read were late and computed by the accelerator. That is the signal.
+        let base = r.monitor.start_epoch(8);
+        let tracer = Tracer::disabled();
+        let track = tracer.declare_track("acc", crate::trace::TrackKind::Accelerator);
+        for j in 0..8 {
+            r.monitor
+                .begin_super_batch(base + j, &mut *r.engine, &r.relabeling)
+                .unwrap();
+            let w = Window::open(&r.stats, &r.clock);
+            r.clock.advance(Duration::from_millis(10));
+            r.stats.hot_uses += 500;
+            r.stats.computed_cold += 500;
+            r.stats.cpu_busy_secs += 0.02;
+            r.monitor
+                .end_super_batch(
+                    base + j,
+                    j,
+                    8,
+                    &w,
+                    &r.clock,
+                    &mut r.stats,
+                    &mut *r.engine,
+                    &r.relabeling,
+                    &tracer,
+                    track,
+                )
+                .unwrap();
+        }
+        assert!(r.stats.monitor_moves_to_cache > 0, "{}", r.stats.summary());
+        assert!(r.cpu_split() < HOT);
+    }
+}
