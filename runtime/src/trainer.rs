@@ -567,6 +567,9 @@ impl Trainer {
                 e.set_tracer(tracer.clone(), self.acc_track);
             }
         }
+        if let Some(o) = self.orch.as_mut() {
+            o.set_tracer(&tracer);
+        }
         self.tracer = tracer;
     }
 
@@ -916,6 +919,7 @@ impl Trainer {
                 )
             })?;
             orch.set_clock(Arc::clone(&self.clock));
+            orch.set_tracer(&self.tracer);
             if self.cfg.threads.pin == crate::config::PinPolicy::Cores {
                 orch.pin_workers_from(Some(self.pool.current_num_threads()));
             }
@@ -1174,6 +1178,7 @@ impl Trainer {
             callbacks,
             cancel,
             tracer,
+            acc_track,
             ..
         } = self;
         let (Some(engine), Some(orch)) = (engine.as_ref(), orch.as_mut()) else {
@@ -1186,6 +1191,7 @@ impl Trainer {
             start: pos.batch.min(total),
             end: end.unwrap_or(total).min(total),
             mark,
+            acc_track: *acc_track,
             base_seed: base,
             epoch,
             tracer,

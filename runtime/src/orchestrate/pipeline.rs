@@ -212,6 +212,8 @@ pub(crate) struct EpochRun<'a> {
     pub epoch: usize,
     /// Where slices go.
     pub tracer: &'a Tracer,
+    /// The accelerator's track in `tracer`.
+    pub acc_track: TrackId,
     /// Checked before every batch.
     pub cancel: &'a CancelToken,
 }
@@ -274,6 +276,8 @@ pub struct Orchestrator {
     next_super_batch: u64,
     /// Global super-batches below this are finished: their jobs are droppable.
     min_live: Arc<AtomicU64>,
+    /// Where the workers' slices go, one track per worker.
+    trace: (Tracer, Vec<TrackId>),
     /// Candidate splits whose counts launches accumulate (`policy = "auto"`).
     count_splits: Vec<u32>,
     /// Per candidate split: (rows queued, hot positions), and batches launched.
@@ -340,6 +344,7 @@ impl Orchestrator {
             clock: wall_clock(),
             next_super_batch: 0,
             min_live: Arc::new(AtomicU64::new(0)),
+            trace: (Tracer::disabled(), Vec::new()),
             count_splits: Vec::new(),
             split_counts: (Vec::new(), 0),
             mark: None,
@@ -434,6 +439,18 @@ impl Orchestrator {
         self.pin_from = first;
     }
 
+    /// Records the workers' `hot compute` slices into `tracer` from now on, on one
+    /// `hot worker i` track each (declared once per tracer).
+    pub fn set_tracer(&mut self, tracer: &Tracer) {
+        let tracks: Vec<TrackId> = (0..self.workers_wanted)
+            .map(|i| tracer.declare_track(format!("hot worker {i}"), TrackKind::Cpu))
+            .collect();
+        if let Some(w) = &self.workers {
+            w.set_trace(tracer, &tracks);
+        }
+        self.trace = (tracer.clone(), tracks);
+    }
+
     /// Replaces the clock the measurements read (tests inject a manual one).
     pub fn set_clock(&mut self, clock: SharedClock) {
         self.clock = clock;
@@ -441,7 +458,7 @@ impl Orchestrator {
     }
 
     /// The workers, started if needed (step 1).
-    fn ensure_workers(&mut self, engine: &dyn Engine, tracer: &Tracer) -> Result<()> {
+    fn ensure_workers(&mut self, engine: &dyn Engine) -> Result<()> {
         if self.workers.is_none() {
             let sampler = NeighborSampler::new(vec![self.bottom_fanout])
                 .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
@@ -459,7 +476,7 @@ impl Orchestrator {
                 min_live: Arc::clone(&self.min_live),
                 fault: Mutex::new(self.fault),
                 clock: Arc::clone(&self.clock),
-                tracer: Mutex::new((Tracer::disabled(), Vec::new())),
+                tracer: Mutex::new(self.trace.clone()),
             });
             let chunk = self.pipeline.hot_chunk();
             self.workers = Some(HotWorkers::start(
@@ -470,9 +487,6 @@ impl Orchestrator {
                 |rows| engine.new_staging(rows),
                 self.pin_from,
             )?);
-        }
-        if let Some(w) = self.workers.as_mut() {
-            w.set_tracer(tracer);
         }
         Ok(())
     }
@@ -485,9 +499,8 @@ impl Orchestrator {
         run: &EpochRun<'_>,
         on_batch: &mut dyn FnMut(&BatchDone) -> bool,
     ) -> Result<EpochEnd> {
-        let tracer = run.tracer;
-        let acc_track = tracer.declare_track("acc stream compute", TrackKind::Accelerator);
-        self.ensure_workers(&*engine, tracer)?;
+        let acc_track = run.acc_track;
+        self.ensure_workers(&*engine)?;
         if self.use_monitor && self.monitor.is_none() {
             self.monitor = Some(HybridMonitor::new(
                 &*engine,

@@ -33,7 +33,7 @@ use crossbeam_channel::{select, unbounded, Receiver, Sender};
 
 use crate::engine::HotStaging;
 use crate::error::{Error, Result};
-use crate::trace::{FlowId, Tracer, TrackId, TrackKind};
+use crate::trace::{FlowId, Tracer, TrackId};
 
 use super::clock::SharedClock;
 use super::hot_compute::{HotComputer, HotScratch, Published};
@@ -121,7 +121,6 @@ pub(crate) struct HotWorkers {
     free: Sender<Box<dyn HotStaging>>,
     shared: Arc<WorkerShared>,
     handles: Vec<JoinHandle<()>>,
-    count: usize,
 }
 
 /// Worker `i`'s loop input.
@@ -189,7 +188,6 @@ impl HotWorkers {
             free: free_tx,
             shared,
             handles,
-            count,
         })
     }
 
@@ -198,12 +196,10 @@ impl HotWorkers {
         &self.shared
     }
 
-    /// Routes the workers' slices to `tracer` (one track per worker).
-    pub(crate) fn set_tracer(&mut self, tracer: &Tracer) {
-        let tracks = (0..self.count)
-            .map(|i| tracer.declare_track(format!("hot worker {i}"), TrackKind::Cpu))
-            .collect();
-        *self.shared.tracer.lock().unwrap_or_else(|p| p.into_inner()) = (tracer.clone(), tracks);
+    /// Routes the workers' slices to `tracer`, worker `i` on `tracks[i]`.
+    pub(crate) fn set_trace(&self, tracer: &Tracer, tracks: &[TrackId]) {
+        *self.shared.tracer.lock().unwrap_or_else(|p| p.into_inner()) =
+            (tracer.clone(), tracks.to_vec());
     }
 
     /// Queues a job (step 2).
