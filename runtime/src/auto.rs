@@ -152,6 +152,45 @@ impl Calibrator {
         v
     }
 
+    /// Shrinks the measurements to epochs of `epoch_len` batches (a measurement
+    /// never spans two epochs): a step-based one keeps at least one timed batch
+    /// (and its warm-up batch when there is room); a layer-based one needs its
+    /// fill super-batch and one timed batch, else it is skipped with a note.
+    pub fn fit_to_epoch(&mut self, epoch_len: usize) {
+        let mut notes = Vec::new();
+        self.steps.retain_mut(|s| match s {
+            ProbeStep::Fixed { warm, measure, .. } => {
+                if *warm + *measure > epoch_len {
+                    *warm = (*warm).min(epoch_len.saturating_sub(1));
+                    *measure = epoch_len.saturating_sub(*warm).max(1);
+                }
+                true
+            }
+            ProbeStep::Layer { warm, measure, .. } => {
+                if *warm + *measure <= epoch_len {
+                    return true;
+                }
+                if epoch_len > *warm {
+                    *measure = epoch_len - *warm;
+                    return true;
+                }
+                notes.push(format!(
+                    "skipped the layer-based measurement: an epoch has {epoch_len} batches, \
+                     it needs more than one super-batch ({warm})"
+                ));
+                false
+            }
+        });
+        self.notes.extend(notes);
+    }
+
+    /// The fastest measurement so far (`None` before the first).
+    pub fn best_so_far(&self) -> Option<&Measured> {
+        self.measured
+            .iter()
+            .min_by(|a, b| a.per_batch_s.total_cmp(&b.per_batch_s))
+    }
+
     /// The next measurement, if any remain.
     pub fn next(&self) -> Option<ProbeStep> {
         self.steps.front().copied()
@@ -243,8 +282,17 @@ impl Calibrator {
         Ok(())
     }
 
-    /// Step 4: the choice among the measured candidates, with every note.
+    /// Step 4: the choice among the measured candidates, with every note. With
+    /// nothing measured (no batch to measure on), `gpu-sample-gpu-gather`.
     pub fn finish(&self) -> Result<Choice> {
+        if self.measured.is_empty() {
+            return Ok(Choice {
+                policy: Orchestration::GpuSampleGpuGather,
+                cpu_split: 0,
+                per_batch_s: 0.0,
+                reason: "gpu-sample-gpu-gather (nothing could be measured)".into(),
+            });
+        }
         let mut c = choose(&self.measured, DEFAULT_TIE).map_err(|source| Error::Scheduler {
             context: "orchestration.policy = \"auto\"".into(),
             source,
@@ -389,6 +437,41 @@ mod tests {
         assert!(c.done());
         assert_eq!(c.finish().unwrap().policy, O::CpuSampleGpuGather);
         assert!(c.record_fixed(1.0).is_err());
+    }
+
+    #[test]
+    fn measurements_shrink_to_short_epochs() {
+        let mut c = Calibrator::new(true, 4);
+        c.fit_to_epoch(3);
+        assert_eq!(
+            c.next(),
+            Some(ProbeStep::Fixed {
+                policy: O::GpuSampleGpuGather,
+                warm: 1,
+                measure: 2
+            })
+        );
+        // The layer-based step needs its fill super-batch (4) and one more.
+        assert_eq!(c.steps.len(), 4);
+        assert!(c.notes[0].contains("layer-based"), "{:?}", c.notes);
+        let mut c = Calibrator::new(true, 4);
+        c.fit_to_epoch(1);
+        assert_eq!(
+            c.next(),
+            Some(ProbeStep::Fixed {
+                policy: O::GpuSampleGpuGather,
+                warm: 0,
+                measure: 1
+            })
+        );
+        let mut c = Calibrator::new(true, 4);
+        c.fit_to_epoch(7);
+        assert_eq!(c.steps.back().map(ProbeStep::batches), Some(7));
+        // Nothing measured: the all-accelerator placement.
+        let c = Calibrator::new(false, 4);
+        let ch = c.finish().unwrap();
+        assert_eq!(ch.policy, O::GpuSampleGpuGather);
+        assert!(c.best_so_far().is_none());
     }
 
     #[test]

@@ -938,6 +938,9 @@ impl Trainer {
     /// skipped.
     fn train_batches_auto(&mut self) -> Result<bool> {
         let epoch_len = self.batches_per_epoch();
+        if let Some(c) = self.calibrator.as_mut() {
+            c.fit_to_epoch(epoch_len);
+        }
         while let Some(step) = self.calibrator.as_ref().and_then(Calibrator::next) {
             let start = self.pos.batch;
             let need = step.batches();
@@ -950,7 +953,18 @@ impl Trainer {
                     }
                     continue;
                 }
-                // Not enough left in this epoch: finish it as placed now.
+                // Not enough left in this epoch: finish it on the best placement
+                // measured so far (the all-accelerator one before any).
+                let best = self
+                    .calibrator
+                    .as_ref()
+                    .and_then(Calibrator::best_so_far)
+                    .map(|m| m.policy)
+                    .filter(|&p| p != scheduler::Orchestration::Layer)
+                    .unwrap_or(scheduler::Orchestration::GpuSampleGpuGather);
+                if let Some(e) = self.engine.as_mut().and_then(|e| e.get_mut().ok()) {
+                    e.set_placement(step_placement(best));
+                }
                 return self.train_batches_on_engine(None);
             }
             match step {

@@ -471,12 +471,13 @@ fn bench_orchestration_prints_one_row_per_policy() {
         "gpu-sample-cpu-gather",
         "cpu-sample-gpu-gather",
         "gpu-sample-gpu-gather",
+        "auto ",
     ];
     let rows: Vec<&str> = out
         .lines()
         .filter(|l| names.iter().any(|n| l.starts_with(n)))
         .collect();
-    assert_eq!(rows.len(), 5, "{out}");
+    assert_eq!(rows.len(), 6, "{out}");
     for r in rows {
         assert_eq!(r.split_whitespace().count(), 8, "{r}");
     }
@@ -520,6 +521,7 @@ fn bench_orchestration_regimes_prints_every_regime_and_policy() {
         "gpu-sample-cpu-gather",
         "cpu-sample-gpu-gather",
         "gpu-sample-gpu-gather",
+        "auto",
     ];
     for dim in ["8", "16"] {
         for cache in ["100%", "0%"] {

@@ -291,7 +291,7 @@ impl fmt::Display for OrchestrationReport {
         }
         for r in &self.rows {
             if let Some(c) = &r.chose {
-                writeln!(f, "auto chose {c}")?;
+                writeln!(f, "  (auto chose {c})")?;
             }
         }
         Ok(())
