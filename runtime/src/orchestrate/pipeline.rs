@@ -1091,6 +1091,7 @@ impl Accelerator<'_> {
                         slice.flow_in(flow);
                     }
                     let h2d_before = engine.h2d_bytes();
+                    let copies_before = engine.transfer_stats();
                     let (loss_sum, correct) = engine.train_prepared(
                         k as u64,
                         run.batches[k],
@@ -1106,6 +1107,15 @@ impl Accelerator<'_> {
                         Direction::HostToDevice,
                         engine.h2d_bytes().saturating_sub(h2d_before),
                     );
+                    // What crossed between host and device in the batch's step (the
+                    // gate's installs and the launch's downloads are not in it).
+                    let copies = engine.transfer_stats().since(&copies_before);
+                    if let Some(a) = slice.args_mut() {
+                        a.extra.push(("uploads".into(), copies.uploads as f64));
+                        a.extra.push(("downloads".into(), copies.downloads as f64));
+                        a.extra.push(("host_syncs".into(), copies.syncs as f64));
+                        a.extra.push(("hot_rows".into(), positions.len() as f64));
+                    }
                     drop(slice);
                     self.workers.shared().passed.store(b + 1, Ordering::Release);
                     let done = BatchDone {
