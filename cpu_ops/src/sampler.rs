@@ -534,18 +534,43 @@ fn sample_chunk(
         }
         let row = &indices[start as usize..end as usize];
         let k = row.len().min(fanout);
-        let o = &mut out[pos..pos + k];
+        draw_neighbors(row, d, layer_seed, &mut out[pos..pos + k], &mut set);
         pos += k;
-        if k == row.len() {
-            o.copy_from_slice(row);
-        } else {
-            let mut rng = Rng::for_stream(layer_seed, d as u64);
-            if row.len() <= BITMAP_MAX_DEGREE {
-                sample_bitmap(row, &mut rng, o);
-            } else {
-                sample_sparse(row, &mut rng, o, &mut set);
-            }
-        }
+    }
+}
+
+/// Draws the sampled neighbors of destination `dst`, whose graph row is `row`, into
+/// `out` (step 3 for one destination), where `out.len()` is `min(fanout, row.len())`:
+/// the whole row when it fits, else `out.len()` entries at distinct uniformly chosen
+/// positions, in row order, drawn with `Rng::for_stream(layer_seed, dst)`.
+///
+/// This is the one definition of a destination's sample: the layered sampler and the
+/// fused hot-vertex kernel ([`crate::hot_layer`]) both call it, so they agree on every
+/// draw. `set` is reusable state of the draws from long rows.
+///
+/// Panics if `out.len() > row.len()`.
+pub(crate) fn draw_neighbors(
+    row: &[u32],
+    dst: u32,
+    layer_seed: u64,
+    out: &mut [u32],
+    set: &mut PositionSet,
+) {
+    assert!(
+        out.len() <= row.len(),
+        "draw_neighbors: {} draws from a row of {}",
+        out.len(),
+        row.len()
+    );
+    if out.len() == row.len() {
+        out.copy_from_slice(row);
+        return;
+    }
+    let mut rng = Rng::for_stream(layer_seed, dst as u64);
+    if row.len() <= BITMAP_MAX_DEGREE {
+        sample_bitmap(row, &mut rng, out);
+    } else {
+        sample_sparse(row, &mut rng, out, set);
     }
 }
 
@@ -602,9 +627,10 @@ fn sample_sparse(row: &[u32], rng: &mut Rng, out: &mut [u32], set: &mut Position
 }
 
 /// A small open-addressing set of row positions (stored `+ 1`, 0 is empty), with the
-/// positions also kept in insertion order.
-#[derive(Default)]
-struct PositionSet {
+/// positions also kept in insertion order: the reusable state of
+/// [`draw_neighbors`] on rows longer than `BITMAP_MAX_DEGREE`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PositionSet {
     table: Vec<u64>,
     chosen: Vec<u64>,
     shift: u32,
