@@ -3,11 +3,12 @@
 //!
 //! In layer-based orchestration the CPU workers compute the bottom-layer output rows
 //! of "hot" vertices from the features in host memory. Done with the generic pieces
-//! (one-hop [`NeighborSampler`](crate::NeighborSampler), [`gather_rows`](crate::gather_rows) of every
-//! source, then [`Model::forward_layer_with`](crate::Model::forward_layer_with)) it
-//! copies every source row once and, when `d_in > d_out`, multiplies every *source*
-//! row by `W_neigh` (project first), about `fanout + 1` times the work of the
-//! destinations. [`SageHotKernel`] computes, for each destination `i`,
+//! (one-hop [`NeighborSampler`](crate::NeighborSampler),
+//! [`gather_rows`](crate::gather_rows) of every source, then
+//! [`Model::forward_layer_with`](crate::Model::forward_layer_with)) it copies every
+//! source row once and, when `d_in > d_out`, multiplies every *source* row by
+//! `W_neigh` (project first), about `fanout + 1` times the work of the destinations.
+//! [`SageHotKernel`] computes, for each destination `i`,
 //!
 //! ```text
 //! out_i = act(x_i·W_self + mean_{j ∈ N(i)} x_j·W_neigh + b)
@@ -23,8 +24,10 @@
 //! 2. **Draw.** For every destination `d`, its sampled neighbors: exactly the draw of
 //!    a one-layer `NeighborSampler::new(vec![fanout]).sample(graph, dst, seed, ..)`
 //!    (the shared `sampler::draw_neighbors` with `Rng::for_stream(derive_seed(seed,
-//!    0), d)`), appended to one index stream `[d₀, N(d₀).., d₁, N(d₁).., ..]`. The
-//!    loop prefetches the graph's offsets and rows a few destinations ahead.
+//!    0), d)`), appended to one index stream `[d₀, N(d₀).., d₁, N(d₁).., ..]`. A
+//!    hot vertex's row is long and its sampled entries are scattered over it, so the
+//!    loop first draws a destination's *positions* and prefetches the lines they
+//!    fall on, then reads the ids a few destinations later (`SageHotKernel::draw`).
 //! 3. For each block of `block_rows` destinations:
 //!    1. **Aggregate.** Row `r` of the block buffer `A` (`rows × 2·d_in`) becomes
 //!       `[x_d | mean N(d)]`: two [`SimdOps::gather_sum`] calls on the stream (the
@@ -34,10 +37,12 @@
 //!    2. **Project.** `out[block] = A · [W_self; W_neigh]` with the crate's packed
 //!       GEMM on the calling thread, written straight into the caller's rows.
 //!    3. **Epilogue.** `out[block] += b`, then ReLU when asked, while the block is
-//!       still in L2.
+//!       still in L2. (So `out` is read back once: it may be pinned host memory, but
+//!       should not be write-combined.)
 //!
-//! The block is sized so that `A` takes about `BLOCK_BYTES` = 256 KiB (it is written by the
-//! aggregation and read back by the GEMM's packing, so it should stay in L2). The
+//! The block is sized so that `A` takes about `BLOCK_BYTES` = 256 KiB (it is written
+//! by the aggregation and read back by the GEMM's packing, so it should stay in L2;
+//! 256 rows at `d_in = 100`, 64 at 512). The
 //! stacked weights, the index stream, the block buffer and the draw state live in the
 //! kernel and are reused: once they have grown to a call's size, a steady stream of
 //! calls allocates nothing of its own (the GEMM engine, `matrixmultiply`, still
@@ -60,7 +65,7 @@ use crate::gather::prefetch;
 use crate::graph::CsrGraph;
 use crate::matmul::{matmul_serial, Accumulate, MatMut, MatRef};
 use crate::rng::derive_seed;
-use crate::sampler::{draw_neighbors, PositionSet};
+use crate::sampler::{draw_neighbors, draw_positions, PositionSet};
 use crate::simd::{GatherRows, Simd, SimdOps};
 
 /// Target size of the block buffer `A` (`rows × 2·d_in` `f32`): well inside a
@@ -71,9 +76,13 @@ const BLOCK_ROW_STEP: usize = 16;
 /// ... between these bounds.
 const MIN_BLOCK_ROWS: usize = 16;
 const MAX_BLOCK_ROWS: usize = 256;
-/// How many destinations ahead the draw loop prefetches a graph row (and twice as
-/// far ahead, the row's offset).
-const ROW_PREFETCH: usize = 8;
+/// How many destinations stage A of the draw runs ahead of stage B (and the offsets
+/// prefetch ahead of stage A).
+const DRAW_AHEAD: usize = 4;
+/// Neighbor ids per cache line.
+const LINE_IDS: usize = 64 / std::mem::size_of::<u32>();
+/// Lines prefetched of a row taken whole (the hardware prefetcher follows).
+const ALL_PREFETCH_LINES: usize = 4;
 
 /// Time spent in each phase of [`SageHotKernel::compute_profiled`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -120,6 +129,8 @@ pub struct SageHotKernel {
     block: Vec<f32>,
     /// State of the draws from long rows.
     draw_set: PositionSet,
+    /// Per destination, what stage B of the draw has left to do.
+    pending: Vec<Pending>,
 }
 
 /// The default block rows for a layer of input width `d_in` (module doc).
@@ -170,6 +181,7 @@ impl SageHotKernel {
             starts: Vec::new(),
             block: Vec::new(),
             draw_set: PositionSet::default(),
+            pending: Vec::new(),
         };
         k.set_weights(tensors)?;
         Ok(k)
@@ -383,7 +395,9 @@ impl SageHotKernel {
         let (d_in, d_out) = (self.d_in, self.d_out);
         let width = 2 * d_in;
         let rows = self.block_rows.min(dst.len()).max(1);
-        self.block.resize(rows * width, 0.0);
+        if self.block.len() < rows * width {
+            self.block.resize(rows * width, 0.0);
+        }
         let src = GatherRows {
             data: features.as_slice(),
             dim: d_in,
@@ -435,37 +449,97 @@ impl SageHotKernel {
     }
 
     /// Step 2: fills `stream` and `starts` for checked destinations.
+    ///
+    /// A two-stage software pipeline, because a hot vertex's row is long and its
+    /// sampled entries are scattered over it: stage A draws destination `i`'s row
+    /// positions ([`draw_positions`], pure arithmetic on the row length) into its
+    /// slots and prefetches the lines they point at; stage B, `DRAW_AHEAD`
+    /// destinations later, replaces each position by the neighbor id stored there.
+    /// The offsets are prefetched `DRAW_AHEAD` destinations before stage A.
     fn draw(&mut self, graph: &CsrGraph, dst: &[u32], fanout: usize, layer_seed: u64) {
         let offsets = graph.offsets().as_slice();
         let indices = graph.indices().as_slice();
         self.stream.clear();
         self.starts.clear();
-        for (i, &d) in dst.iter().enumerate() {
-            if let Some(&ahead) = dst.get(i + 2 * ROW_PREFETCH) {
+        self.pending.clear();
+        for i in 0..dst.len() + DRAW_AHEAD {
+            if let Some(&ahead) = dst.get(i + DRAW_AHEAD) {
                 prefetch(&offsets[ahead as usize]);
             }
-            if let Some(&ahead) = dst.get(i + ROW_PREFETCH) {
-                if let Some(first) = indices.get(offsets[ahead as usize] as usize) {
-                    prefetch(first);
+            // Stage A.
+            if let Some(&d) = dst.get(i) {
+                let (start, end) = (
+                    offsets[d as usize] as usize,
+                    offsets[d as usize + 1] as usize,
+                );
+                let n = end - start;
+                let k = n.min(fanout);
+                self.starts.push(self.stream.len());
+                self.stream.push(d);
+                let at = self.stream.len();
+                self.stream.resize(at + k, 0);
+                let slots = &mut self.stream[at..];
+                let pending = if k == n {
+                    // Take the whole row: prefetch its first lines, copy in stage B.
+                    for id in indices[start..end]
+                        .iter()
+                        .step_by(LINE_IDS)
+                        .take(ALL_PREFETCH_LINES)
+                    {
+                        prefetch(id);
+                    }
+                    Pending::All(start)
+                } else if n - 1 <= u32::MAX as usize {
+                    draw_positions(n, d, layer_seed, slots, &mut self.draw_set);
+                    let mut last_line = usize::MAX;
+                    for &p in slots.iter() {
+                        let e = start + p as usize;
+                        if e / LINE_IDS != last_line {
+                            last_line = e / LINE_IDS;
+                            prefetch(&indices[e]);
+                        }
+                    }
+                    Pending::Positions(start)
+                } else {
+                    // Positions past u32 (a row of over 2³² entries): draw directly.
+                    let row = &indices[start..end];
+                    draw_neighbors(row, d, layer_seed, slots, &mut self.draw_set);
+                    Pending::Done
+                };
+                self.pending.push(pending);
+            }
+            // Stage B.
+            if let Some(j) = i.checked_sub(DRAW_AHEAD) {
+                let lo = self.starts[j] + 1;
+                let hi = self.starts.get(j + 1).copied().unwrap_or(self.stream.len());
+                let slots = &mut self.stream[lo..hi];
+                match self.pending[j] {
+                    Pending::Positions(start) => {
+                        for s in slots.iter_mut() {
+                            *s = indices[start + *s as usize];
+                        }
+                    }
+                    Pending::All(start) => {
+                        slots.copy_from_slice(&indices[start..start + slots.len()])
+                    }
+                    Pending::Done => {}
                 }
             }
-            let d_us = d as usize;
-            let row = &indices[offsets[d_us] as usize..offsets[d_us + 1] as usize];
-            let k = row.len().min(fanout);
-            self.starts.push(self.stream.len());
-            self.stream.push(d);
-            let at = self.stream.len();
-            self.stream.resize(at + k, 0);
-            draw_neighbors(
-                row,
-                d,
-                layer_seed,
-                &mut self.stream[at..],
-                &mut self.draw_set,
-            );
         }
         self.starts.push(self.stream.len());
     }
+}
+
+/// What stage B of the draw still has to do for one destination.
+#[derive(Clone, Copy, Debug)]
+enum Pending {
+    /// Its slots hold row positions; the row starts at this entry of the graph's
+    /// indices.
+    Positions(usize),
+    /// It takes its whole row, which starts here.
+    All(usize),
+    /// Its slots hold the neighbor ids already.
+    Done,
 }
 
 #[cfg(test)]
