@@ -40,9 +40,9 @@
 //!       still in L2. (So `out` is read back once: it may be pinned host memory, but
 //!       should not be write-combined.)
 //!
-//! The block is sized so that `A` takes about `BLOCK_BYTES` = 256 KiB (it is written
+//! The block is sized so that `A` takes about `BLOCK_BYTES` = 512 KiB (it is written
 //! by the aggregation and read back by the GEMM's packing, so it should stay in L2;
-//! 256 rows at `d_in = 100`, 64 at 512). The
+//! 256 rows at `d_in = 100`, 128 at 512). The
 //! stacked weights, the index stream, the block buffer and the draw state live in the
 //! kernel and are reused: once they have grown to a call's size, a steady stream of
 //! calls allocates nothing of its own (the GEMM engine, `matrixmultiply`, still
@@ -68,9 +68,12 @@ use crate::rng::derive_seed;
 use crate::sampler::{draw_neighbors, draw_positions, PositionSet};
 use crate::simd::{GatherRows, Simd, SimdOps};
 
-/// Target size of the block buffer `A` (`rows × 2·d_in` `f32`): well inside a
-/// core's L2, next to the output block and a slab of the packed weights.
-const BLOCK_BYTES: usize = 256 << 10;
+/// Target size of the block buffer `A` (`rows × 2·d_in` `f32`): half a core's L2
+/// on the Zen 5 dev box. Measured with `tandem bench hot` (1 thread, hidden 256):
+/// at `d_in = 512`, 128 and 256 rows were equal within noise and 32–64 rows 10–20%
+/// slower (the GEMM's efficiency grows with `m`); at `d_in = 100`, 32–256 rows were
+/// all within noise.
+const BLOCK_BYTES: usize = 512 << 10;
 /// Block rows are a multiple of this (the GEMM's 16-row micro-kernel) ...
 const BLOCK_ROW_STEP: usize = 16;
 /// ... between these bounds.
@@ -233,7 +236,7 @@ impl SageHotKernel {
     }
 
     /// Sets the destinations per block (step 3; the default keeps the block buffer
-    /// near 256 KiB). Fails with [`CpuOpsError::InvalidArgument`] for 0.
+    /// near 512 KiB). Fails with [`CpuOpsError::InvalidArgument`] for 0.
     pub fn set_block_rows(&mut self, rows: usize) -> Result<()> {
         if rows == 0 {
             return Err(CpuOpsError::InvalidArgument {
