@@ -18,7 +18,9 @@
 //! - [`SparseRows`]: CSR input rows with the sparse products `X·W` and `Xᵀ·G` of a
 //!   sparse layer-0 input;
 //! - [`model`]: GCN, GraphSAGE and GAT models on blocks ([`Model`], [`Forward`]),
-//!   forward and hand-written backward.
+//!   forward and hand-written backward;
+//! - [`hot_layer`]: [`SageHotKernel`], GraphSAGE-mean layer 0 for a list of
+//!   destinations fused from sampling to output rows (hot vertices computed on CPU).
 //!
 //! No devices and no thread policy beyond rayon's global pool live here.
 
@@ -31,6 +33,7 @@ mod error;
 mod features;
 pub mod gather;
 mod graph;
+pub mod hot_layer;
 mod loss;
 mod matmul;
 pub mod model;
@@ -58,6 +61,7 @@ pub use error::{CpuOpsError, Result};
 pub use features::FeatureMatrix;
 pub use gather::{gather_rows, gather_rows_into_vec};
 pub use graph::{BuildOptions, CsrGraph};
+pub use hot_layer::{HotProfile, SageHotKernel};
 pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
 pub use matmul::{
     gemm, gemm_reference, matmul, matmul_nt, matmul_tn, Accumulate, MatMut, MatRef, Transpose,

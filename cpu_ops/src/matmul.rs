@@ -349,6 +349,55 @@ pub fn gemm<T: Real>(
     }
 }
 
+/// `C (+)= A · B` in `f32` on the calling thread: one packed `matrixmultiply` GEMM
+/// (the engine of [`gemm`]), never cut into rayon tiles. For kernels that are
+/// themselves one task per worker, such as the fused hot-vertex layer
+/// ([`crate::hot_layer`]), where tiles would only add scheduling and steal the other
+/// workers' cores. Same checks and errors as [`matmul`].
+pub(crate) fn matmul_serial(
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+    c: MatMut<'_, f32>,
+    acc: Accumulate,
+) -> Result<()> {
+    let (m, k, n) = product_shape(&a, Transpose::No, &b, Transpose::No, c.rows, c.cols)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if acc == Accumulate::No {
+            c.data.fill(0.0);
+        }
+        return Ok(());
+    }
+    let beta = match acc {
+        Accumulate::No => 0.0,
+        Accumulate::Yes => 1.0,
+    };
+    // SAFETY: `product_shape` and the views' constructors established that A, B and
+    // C hold m×k, k×n and m×n row-major values, so with these strides every access
+    // of the product is in bounds; C does not alias A or B (`&mut` borrow).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.data.as_ptr(),
+            k as isize,
+            1,
+            b.data.as_ptr(),
+            n as isize,
+            1,
+            beta,
+            c.data.as_mut_ptr(),
+            n as isize,
+            1,
+        )
+    };
+    Ok(())
+}
+
 /// The plain triple-loop `C (+)= op(A) · op(B)`: the reference every GEMM path is
 /// tested against (and what the GPU kernels' parity tests compare with). Same
 /// contract and errors as [`gemm`]; sums in `T` in index order.
@@ -600,6 +649,55 @@ mod tests {
         assert_eq!(c, [26.0, 30.0, 38.0, 44.0]);
         matmul_nt(a, b, MatMut::new(&mut c, 2, 2).unwrap(), Accumulate::Yes).unwrap();
         assert_eq!(c, [26.0 + 17.0, 30.0 + 23.0, 38.0 + 39.0, 44.0 + 53.0]);
+    }
+
+    #[test]
+    fn serial_matches_reference_on_odd_shapes() {
+        let mut rng = Rng::new(6);
+        for (m, k, n) in SHAPES
+            .into_iter()
+            .chain([(64, 200, 256), (0, 3, 2), (2, 0, 3)])
+        {
+            let a_data = random::<f32>(&mut rng, m * k);
+            let b_data = random::<f32>(&mut rng, k * n);
+            let a = MatRef::new(&a_data, m, k).unwrap();
+            let b = MatRef::new(&b_data, k, n).unwrap();
+            for acc in [Accumulate::No, Accumulate::Yes] {
+                let init = random::<f32>(&mut rng, m * n);
+                let mut want = init.clone();
+                let mut got = if acc == Accumulate::No {
+                    vec![f32::NAN; m * n]
+                } else {
+                    init
+                };
+                gemm_reference(
+                    a,
+                    Transpose::No,
+                    b,
+                    Transpose::No,
+                    MatMut::new(&mut want, m, n).unwrap(),
+                    acc,
+                )
+                .unwrap();
+                matmul_serial(a, b, MatMut::new(&mut got, m, n).unwrap(), acc).unwrap();
+                for (idx, (w, g)) in want.iter().zip(&got).enumerate() {
+                    let bound = 1e-5 * (1.0 + (k as f32).sqrt()) * (1.0 + w.abs());
+                    assert!((w - g).abs() <= bound, "{m}x{k}x{n} {acc:?} at {idx}");
+                }
+            }
+        }
+        let x = [0.0f32; 12];
+        let mut y = [0.0f32; 12];
+        let a34 = MatRef::new(&x, 3, 4).unwrap();
+        let r = matmul_serial(a34, a34, MatMut::new(&mut y, 3, 4).unwrap(), Accumulate::No);
+        assert!(matches!(
+            r,
+            Err(CpuOpsError::SizeMismatch {
+                expected: 4,
+                found: 3,
+                ..
+            })
+        ));
     }
 
     #[test]

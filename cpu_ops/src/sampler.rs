@@ -634,27 +634,87 @@ fn sample_chunk(
         }
         let row = &indices[start as usize..end as usize];
         let k = row.len().min(fanout);
-        let o = &mut out[pos..pos + k];
+        draw_neighbors(row, d, layer_seed, &mut out[pos..pos + k], &mut set);
         pos += k;
-        if k == row.len() {
-            o.copy_from_slice(row);
-        } else {
-            let mut rng = Rng::for_stream(layer_seed, d as u64);
-            if row.len() <= BITMAP_MAX_DEGREE {
-                sample_bitmap(row, &mut rng, o);
-            } else {
-                sample_sparse(row, &mut rng, o, &mut set);
-            }
-        }
     }
 }
 
-/// Fills `out` with `out.len() < row.len() <= BITMAP_MAX_DEGREE` entries of `row` at
-/// distinct uniformly chosen positions, in row order (Floyd's algorithm on a bitmap;
-/// when more than half the row is taken, the left-out positions are drawn instead).
-fn sample_bitmap(row: &[u32], rng: &mut Rng, out: &mut [u32]) {
-    let n = row.len();
+/// Draws the sampled neighbors of destination `dst`, whose graph row is `row`, into
+/// `out` (step 3 for one destination), where `out.len()` is `min(fanout, row.len())`:
+/// the whole row when it fits, else `out.len()` entries at distinct uniformly chosen
+/// positions, in row order, drawn with `Rng::for_stream(layer_seed, dst)`.
+///
+/// This is the one definition of a destination's sample: the layered sampler and the
+/// fused hot-vertex kernel ([`crate::hot_layer`], through [`draw_positions`]) both
+/// use it, so they agree on every draw. `set` is reusable state of the draws from
+/// long rows.
+///
+/// Panics if `out.len() > row.len()`.
+pub(crate) fn draw_neighbors(
+    row: &[u32],
+    dst: u32,
+    layer_seed: u64,
+    out: &mut [u32],
+    set: &mut PositionSet,
+) {
+    assert!(
+        out.len() <= row.len(),
+        "draw_neighbors: {} draws from a row of {}",
+        out.len(),
+        row.len()
+    );
+    if out.len() == row.len() {
+        out.copy_from_slice(row);
+        return;
+    }
     let k = out.len();
+    draw(row.len(), k, dst, layer_seed, set, |o, p| out[o] = row[p]);
+}
+
+/// The row positions behind [`draw_neighbors`] when it draws (`out.len() < n`, `n`
+/// the row's length): `out[o]` is the position in the row of the `o`-th sampled
+/// neighbor, ascending, so `row[out[o]]` is what `draw_neighbors` writes. For callers
+/// that prefetch the sampled entries of a long row before reading them.
+///
+/// Panics unless `out.len() < n` and every position fits `u32` (`n ≤ 2³²`).
+pub(crate) fn draw_positions(
+    n: usize,
+    dst: u32,
+    layer_seed: u64,
+    out: &mut [u32],
+    set: &mut PositionSet,
+) {
+    assert!(
+        out.len() < n && n - 1 <= u32::MAX as usize,
+        "draw_positions: {} draws from a row of {n}",
+        out.len()
+    );
+    let k = out.len();
+    draw(n, k, dst, layer_seed, set, |o, p| out[o] = p as u32);
+}
+
+/// Draws `k < n` distinct positions of a row of `n` entries with `dst`'s generator
+/// and hands them to `emit(o, position)` in ascending order, `o = 0..k`.
+fn draw(
+    n: usize,
+    k: usize,
+    dst: u32,
+    layer_seed: u64,
+    set: &mut PositionSet,
+    emit: impl FnMut(usize, usize),
+) {
+    let mut rng = Rng::for_stream(layer_seed, dst as u64);
+    if n <= BITMAP_MAX_DEGREE {
+        sample_bitmap(n, k, &mut rng, emit);
+    } else {
+        sample_sparse(n, k, &mut rng, set, emit);
+    }
+}
+
+/// Emits `k < n <= BITMAP_MAX_DEGREE` distinct uniformly chosen positions of a row of
+/// `n`, ascending (Floyd's algorithm on a bitmap; when more than half the row is
+/// taken, the left-out positions are drawn instead).
+fn sample_bitmap(n: usize, k: usize, rng: &mut Rng, mut emit: impl FnMut(usize, usize)) {
     let complement = 2 * k > n;
     let m = if complement { n - k } else { k };
     let mut bits = [0u64; BITMAP_MAX_DEGREE / 64];
@@ -675,7 +735,7 @@ fn sample_bitmap(row: &[u32], rng: &mut Rng, out: &mut [u32]) {
             word &= (1u64 << (n % 64)) - 1;
         }
         while word != 0 {
-            out[o] = row[w * 64 + word.trailing_zeros() as usize];
+            emit(o, w * 64 + word.trailing_zeros() as usize);
             o += 1;
             word &= word - 1;
         }
@@ -683,11 +743,16 @@ fn sample_bitmap(row: &[u32], rng: &mut Rng, out: &mut [u32]) {
     debug_assert_eq!(o, k);
 }
 
-/// Fills `out` with `out.len() < row.len()` entries of a long `row` at distinct
-/// uniformly chosen positions, in row order (Floyd's algorithm on a hash set).
-fn sample_sparse(row: &[u32], rng: &mut Rng, out: &mut [u32], set: &mut PositionSet) {
-    let n = row.len() as u64;
-    let k = out.len();
+/// Emits `k < n` distinct uniformly chosen positions of a long row of `n`, ascending
+/// (Floyd's algorithm on a hash set).
+fn sample_sparse(
+    n: usize,
+    k: usize,
+    rng: &mut Rng,
+    set: &mut PositionSet,
+    mut emit: impl FnMut(usize, usize),
+) {
+    let n = n as u64;
     set.reset(k);
     for j in n - k as u64..n {
         let t = rng.below(j + 1);
@@ -696,15 +761,16 @@ fn sample_sparse(row: &[u32], rng: &mut Rng, out: &mut [u32], set: &mut Position
         }
     }
     set.chosen.sort_unstable();
-    for (o, &p) in out.iter_mut().zip(&set.chosen) {
-        *o = row[p as usize];
+    for (o, &p) in set.chosen.iter().enumerate() {
+        emit(o, p as usize);
     }
 }
 
 /// A small open-addressing set of row positions (stored `+ 1`, 0 is empty), with the
-/// positions also kept in insertion order.
-#[derive(Default)]
-struct PositionSet {
+/// positions also kept in insertion order: the reusable state of
+/// [`draw_neighbors`] on rows longer than `BITMAP_MAX_DEGREE`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PositionSet {
     table: Vec<u64>,
     chosen: Vec<u64>,
     shift: u32,
@@ -1276,6 +1342,27 @@ mod tests {
             min > 0.5 * expected,
             "a neighbor is starved: {min} vs {expected}"
         );
+    }
+
+    #[test]
+    fn positions_are_the_drawn_neighbors() {
+        let mut set = PositionSet::default();
+        let mut r = Rng::new(4);
+        for n in [2, 3, 63, 64, 65, 200, 4096, 4097, 9000] {
+            let row: Vec<u32> = (0..n).map(|_| r.next_u32()).collect();
+            for k in [1, n / 3, n / 2 + 1, n - 1] {
+                let k = k.clamp(1, n - 1);
+                for dst in [0, 7, 123_456] {
+                    let mut ids = vec![0; k];
+                    draw_neighbors(&row, dst, 99, &mut ids, &mut set);
+                    let mut pos = vec![0; k];
+                    draw_positions(n, dst, 99, &mut pos, &mut set);
+                    assert!(pos.windows(2).all(|w| w[0] < w[1]), "n {n} k {k}");
+                    let mapped: Vec<u32> = pos.iter().map(|&p| row[p as usize]).collect();
+                    assert_eq!(mapped, ids, "n {n} k {k} dst {dst}");
+                }
+            }
+        }
     }
 
     #[test]

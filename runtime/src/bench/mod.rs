@@ -6,6 +6,8 @@
 //!   measured in the same run (a plain parallel row copy and a streaming memcpy);
 //! - [`backend::bench_backend`]: sampling, cached/uncached gather and GEMM on an
 //!   accelerator backend, next to a device-to-device copy;
+//! - [`hot::bench_hot`]: hot vertices' layer-0 rows, the generic sample + gather +
+//!   layer path against the fused [`cpu_ops::SageHotKernel`], per worker;
 //! - [`orchestration::bench_orchestration`]: one training config under the five
 //!   placements (epoch time, busy fractions, host → device bytes, accuracy);
 //! - [`regimes::bench_regimes`]: the placements across device-cache sizes and
@@ -19,6 +21,7 @@ pub mod aggregate;
 pub mod backend;
 mod gather;
 pub mod gemm;
+pub mod hot;
 pub mod orchestration;
 pub mod regimes;
 mod sample;

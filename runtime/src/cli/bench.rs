@@ -1,4 +1,4 @@
-//! `tandem bench sample | gather | aggregate | gemm | backend | orchestration`: throughput against a reference measured in the
+//! `tandem bench sample | gather | aggregate | gemm | backend | hot | orchestration`: throughput against a reference measured in the
 //! same run. Numbers and their interpretation live in `docs/performance.md`.
 
 use std::path::PathBuf;
@@ -12,6 +12,7 @@ use super::{parse_fanouts, Fanouts};
 use crate::bench::aggregate::bench_aggregate;
 use crate::bench::backend::{bench_backend, BackendBenchOptions};
 use crate::bench::gemm::{bench_gemm, GemmShape, LAYER_SHAPES};
+use crate::bench::hot::{bench_hot, HotBenchOptions};
 use crate::bench::orchestration::bench_orchestration;
 use crate::bench::regimes::{bench_regimes, fmt_percent, RegimeOptions};
 use crate::bench::{bench_gather, bench_sample};
@@ -34,6 +35,9 @@ pub(super) enum BenchCmd {
     /// GB/s (device cache hits and host reads) next to a device-to-device copy,
     /// GEMM GFLOP/s.
     Backend(BackendArgs),
+    /// Hot vertices' SAGE layer-0 rows on the CPU: the generic sample + gather +
+    /// layer path against the fused kernel (µs/row, GB/s, GFLOP/s, speed-up).
+    Hot(HotArgs),
     /// One training config under the five placements (`orchestration.policy`):
     /// epoch time, accelerator and CPU busy fractions, host→device bytes per
     /// epoch, test accuracy at the best validation epoch. With `--regimes`: the
@@ -218,6 +222,75 @@ pub(super) struct BackendArgs {
     /// Seed of the generated data and of the batches.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct HotArgs {
+    /// Vertices of the generated R-MAT graph.
+    #[arg(long, default_value_t = 1_000_000)]
+    vertices: usize,
+    /// Undirected edges of the generated graph (stored twice).
+    #[arg(long, default_value_t = 15_000_000)]
+    edges: usize,
+    /// Feature columns (f32): layer 0's input width.
+    #[arg(long, default_value_t = 100)]
+    dim: usize,
+    /// Layer 0's output width.
+    #[arg(long, default_value_t = 256)]
+    hidden: usize,
+    /// Bottom-layer fanout.
+    #[arg(long, default_value_t = 25)]
+    fanout: u32,
+    /// Hot destinations: the highest-degree vertices.
+    #[arg(long, default_value_t = 20_000)]
+    rows: usize,
+    /// Destinations per worker task (the orchestrator's hot chunk).
+    #[arg(long, default_value_t = 256)]
+    chunk: usize,
+    /// Worker threads (1: one worker's throughput).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Destinations per GEMM block of the fused kernel (default: sized for L2).
+    #[arg(long)]
+    block_rows: Option<usize>,
+    /// Timed repetitions.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Seed of the generated data, the model and the sampling.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn run_hot(a: &HotArgs) -> Result<()> {
+    let t = Instant::now();
+    let ds = generate_rmat(&RmatOptions {
+        num_vertices: a.vertices,
+        num_edges: a.edges,
+        num_classes: 1,
+        feature_dim: a.dim,
+        split: SplitSpec::default(),
+        seed: a.seed,
+        ..RmatOptions::default()
+    })?;
+    println!(
+        "graph: {} vertices, {} stored edges, {} features/vertex (ready in {:.1} s)",
+        ds.num_vertices(),
+        ds.graph.num_edges(),
+        ds.features.dim(),
+        t.elapsed().as_secs_f64()
+    );
+    let o = HotBenchOptions {
+        hidden: a.hidden,
+        fanout: a.fanout,
+        rows: a.rows,
+        chunk: a.chunk,
+        threads: a.threads,
+        reps: a.reps,
+        block_rows: a.block_rows,
+        seed: a.seed,
+    };
+    println!("{}", bench_hot(&ds.graph, &ds.features, &o)?);
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -409,6 +482,7 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
             println!("threads: {}\n{report}", rayon::current_num_threads());
         }
         BenchCmd::Backend(a) => run_backend(&a)?,
+        BenchCmd::Hot(a) => run_hot(&a)?,
         BenchCmd::Orchestration(a) => run_orchestration(&a)?,
         BenchCmd::Gemm(a) => {
             set_threads(a.pool.threads)?;

@@ -1,0 +1,443 @@
+//! `tandem bench hot`: hot vertices' layer-0 rows on the CPU, the generic path
+//! against the fused kernel, timed side by side in the same run.
+//!
+//! The destinations are the `rows` highest-degree vertices of the graph (the ones
+//! layer-based orchestration keeps hot), cut into chunks of `chunk` as the CPU
+//! workers take them, and the layer is GraphSAGE-mean `dim → hidden` with ReLU
+//! (layer 0 of a 2-layer model). Each repetition times, in alternating order:
+//!
+//! 1. **old**: what `runtime::orchestrate::hot_compute` does per chunk: one-hop
+//!    [`NeighborSampler::sample`], [`gather_rows`] of every source,
+//!    [`Model::forward_layer_with`]`(0, ..)` (which projects every source when
+//!    `dim > hidden`), and a copy into the output rows;
+//! 2. **fused**: [`SageHotKernel::compute_profiled`] writing into the output rows.
+//!
+//! Both run on a pool of `threads` threads, one chunk per task (so `threads = 1`
+//! gives one worker's throughput). Reported per path: µs per row per worker, rows/s,
+//! GB/s of feature bytes (sampled neighbors + self, `dim · 4` each: the bytes the
+//! layer needs, whatever a path actually copies) and GFLOP/s of the layer's GEMM
+//! (`2 · rows · 2·dim · hidden`, the aggregate-first count, for both paths), then the
+//! fused kernel's phases (draw, aggregate, project) with the aggregate phase's GB/s
+//! and the project phase's GFLOP/s next to the FMA peak of `threads` cores measured
+//! in the same run: whichever phase dominates says whether memory or FLOPs bound it.
+//! The two paths' outputs are compared once (largest relative difference).
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cpu_ops::{
+    gather_rows, BlockView, CsrGraph, FeatureMatrix, HotProfile, Model, ModelConfig, ModelInput,
+    ModelKind, NeighborSampler, SageHotKernel, SamplerScratch,
+};
+use rayon::prelude::*;
+
+use super::gemm::{fma_peak, FmaPeak};
+use super::{median, per_second};
+use crate::error::{Error, Result};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct HotBenchOptions {
+    /// Output width of layer 0.
+    pub hidden: usize,
+    /// Bottom-layer fanout.
+    pub fanout: u32,
+    /// Hot destinations (the highest-degree vertices).
+    pub rows: usize,
+    /// Destinations per worker task (the orchestrator's hot chunk).
+    pub chunk: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// Timed repetitions (after one warm-up).
+    pub reps: usize,
+    /// Destinations per GEMM block of the fused kernel (`None`: its default).
+    pub block_rows: Option<usize>,
+    /// Seed of the model and of the sampling.
+    pub seed: u64,
+}
+
+/// One path's times.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PathTiming {
+    /// Fastest repetition.
+    pub best: Duration,
+    /// Median repetition.
+    pub median: Duration,
+}
+
+/// What [`bench_hot`] measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HotReport {
+    /// Feature columns (`d_in`).
+    pub dim: usize,
+    /// `d_out`.
+    pub hidden: usize,
+    /// Fanout.
+    pub fanout: u32,
+    /// Destinations.
+    pub rows: usize,
+    /// Smallest degree among them.
+    pub min_degree: usize,
+    /// Destinations per task.
+    pub chunk: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// Timed repetitions.
+    pub reps: usize,
+    /// The fused kernel's block rows and SIMD level.
+    pub block_rows: usize,
+    /// The SIMD level of the fused kernel's aggregation.
+    pub simd: &'static str,
+    /// Feature bytes the layer needs: `(sampled neighbors + rows) · dim · 4`.
+    pub feature_bytes: u64,
+    /// GEMM FLOPs of the layer, aggregate first: `2 · rows · 2·dim · hidden`.
+    pub flops: f64,
+    /// The generic path.
+    pub old: PathTiming,
+    /// The fused kernel.
+    pub fused: PathTiming,
+    /// The fused kernel's phases in its best repetition, summed over workers.
+    pub phases: HotProfile,
+    /// FMA peak of `threads` cores.
+    pub peak: FmaPeak,
+    /// Largest `|fused − old| / (1 + |old|)` over the output.
+    pub max_rel_diff: f64,
+}
+
+impl HotReport {
+    fn line(&self, f: &mut fmt::Formatter<'_>, name: &str, t: &PathTiming) -> fmt::Result {
+        let us_per_row = t.best.as_secs_f64() * 1e6 * self.threads as f64 / self.rows.max(1) as f64;
+        writeln!(
+            f,
+            "{:<8} {:>10.3} {:>10.3} {:>12.0} {:>8.2} {:>9.1}",
+            name,
+            us_per_row,
+            t.median.as_secs_f64() * 1e6 * self.threads as f64 / self.rows.max(1) as f64,
+            per_second(self.rows as f64, t.best),
+            per_second(self.feature_bytes as f64, t.best) / 1e9,
+            per_second(self.flops, t.best) / 1e9,
+        )
+    }
+}
+
+impl fmt::Display for HotReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "SAGE layer 0, {} → {} with ReLU, fanout {}, {} hot rows (degree ≥ {}), \
+             chunks of {}, {} thread(s), best / median of {}",
+            self.dim,
+            self.hidden,
+            self.fanout,
+            self.rows,
+            self.min_degree,
+            self.chunk,
+            self.threads,
+            self.reps
+        )?;
+        writeln!(
+            f,
+            "per row: {:.1} KB of features, {:.3} MFLOP of GEMM",
+            self.feature_bytes as f64 / self.rows.max(1) as f64 / 1e3,
+            self.flops / self.rows.max(1) as f64 / 1e6
+        )?;
+        writeln!(
+            f,
+            "{:<8} {:>10} {:>10} {:>12} {:>8} {:>9}",
+            "path", "µs/row", "med µs/row", "rows/s", "GB/s", "GFLOP/s"
+        )?;
+        self.line(f, "old", &self.old)?;
+        self.line(f, "fused", &self.fused)?;
+        writeln!(
+            f,
+            "speed-up fused vs old: {:.2}× (best), {:.2}× (median)",
+            self.old.best.as_secs_f64() / self.fused.best.as_secs_f64().max(1e-12),
+            self.old.median.as_secs_f64() / self.fused.median.as_secs_f64().max(1e-12)
+        )?;
+        let p = &self.phases;
+        let total = p.total().as_secs_f64().max(1e-12);
+        let share = |d: Duration| 100.0 * d.as_secs_f64() / total;
+        writeln!(
+            f,
+            "fused phases (worker time, block rows {}, aggregation {}): draw {:.0}%, \
+             aggregate {:.0}% at {:.2} GB/s, project {:.0}% at {:.1} GFLOP/s \
+             ({:.0}% of the {}-core {} FMA peak {:.1})",
+            self.block_rows,
+            self.simd,
+            share(p.draw),
+            share(p.aggregate),
+            per_second(self.feature_bytes as f64, p.aggregate) / 1e9,
+            share(p.project),
+            per_second(self.flops, p.project) / 1e9 * self.threads as f64,
+            100.0 * per_second(self.flops, p.project) / 1e9 * self.threads as f64
+                / self.peak.gflops.max(1e-9),
+            self.threads,
+            self.peak.isa,
+            self.peak.gflops
+        )?;
+        write!(
+            f,
+            "outputs agree: max |fused − old| / (1 + |old|) = {:.1e}",
+            self.max_rel_diff
+        )
+    }
+}
+
+/// The `rows` highest-degree vertices, highest first (ties by id).
+fn hottest(graph: &CsrGraph, rows: usize) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..graph.num_vertices() as u32).collect();
+    let key = |v: &u32| (std::cmp::Reverse(graph.degree(*v)), *v);
+    if rows < ids.len() {
+        ids.select_nth_unstable_by_key(rows, key);
+        ids.truncate(rows);
+    }
+    ids.sort_unstable_by_key(key);
+    ids
+}
+
+/// One worker thread's reusable state for both paths.
+struct Worker {
+    scratch: SamplerScratch,
+    buf: Vec<f32>,
+    kernel: SageHotKernel,
+}
+
+/// The generic path over one chunk, into its output rows.
+#[allow(clippy::too_many_arguments)]
+fn old_chunk(
+    graph: &CsrGraph,
+    features: &FeatureMatrix,
+    model: &Model,
+    sampler: &NeighborSampler,
+    chunk: &[u32],
+    seed: u64,
+    scratch: &mut SamplerScratch,
+    buf: &mut Vec<f32>,
+    out: &mut [f32],
+) -> std::result::Result<(), cpu_ops::CpuOpsError> {
+    let batch = sampler.sample(graph, chunk, seed, scratch)?;
+    let ids = batch.input_ids();
+    buf.resize(ids.len() * features.dim(), 0.0);
+    gather_rows(features, ids, buf)?;
+    let b = &batch.blocks()[0];
+    let view = BlockView::new(b.num_src(), b.indptr(), b.indices())?;
+    let tensors = model.layer_params(0)?;
+    let rows = model.forward_layer_with(0, tensors, &view, ModelInput::Dense(buf))?;
+    out.copy_from_slice(&rows);
+    Ok(())
+}
+
+/// Times the generic path and the fused kernel on the hottest `o.rows` vertices of
+/// `graph` (module doc). Runs on a pool of `o.threads` threads of its own.
+pub fn bench_hot(
+    graph: &CsrGraph,
+    features: &FeatureMatrix,
+    o: &HotBenchOptions,
+) -> Result<HotReport> {
+    let bad = |name: &str, reason: &str| Err(Error::invalid_argument(name, reason));
+    if o.rows == 0 || o.rows > graph.num_vertices() {
+        return bad("--rows", "expected 1 ..= the number of vertices");
+    }
+    if o.chunk == 0 || o.threads == 0 || o.reps == 0 || o.hidden == 0 {
+        return bad(
+            "--chunk/--threads/--reps/--hidden",
+            "expected at least 1 each",
+        );
+    }
+    let kernel_err = |what: &'static str| move |e| Error::cpu_ops(what, e);
+    let dim = features.dim();
+    let cfg = ModelConfig {
+        kind: ModelKind::Sage,
+        in_dim: dim,
+        hidden: o.hidden,
+        num_classes: 16,
+        num_layers: 2,
+        heads: 1,
+        dropout: 0.0,
+    };
+    let model = Model::<f32>::new(&cfg, o.seed).map_err(kernel_err("hot bench model"))?;
+    let tensors = model
+        .layer_params(0)
+        .map_err(kernel_err("hot bench model"))?;
+    let mut kernel =
+        SageHotKernel::new(tensors, dim, o.hidden).map_err(kernel_err("hot kernel weights"))?;
+    if let Some(r) = o.block_rows {
+        kernel
+            .set_block_rows(r)
+            .map_err(kernel_err("--block-rows"))?;
+    }
+    let sampler = NeighborSampler::new(vec![o.fanout]).map_err(kernel_err("--fanout"))?;
+    let dst = hottest(graph, o.rows);
+    let min_degree = dst.last().map_or(0, |&v| graph.degree(v));
+    let sampled: u64 = dst
+        .iter()
+        .map(|&v| graph.degree(v).min(o.fanout as usize) as u64 + 1)
+        .sum();
+    let feature_bytes = sampled * dim as u64 * 4;
+    let flops = 2.0 * o.rows as f64 * 2.0 * dim as f64 * o.hidden as f64;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(o.threads)
+        .build()
+        .map_err(|e| Error::invalid_argument("--threads", e.to_string()))?;
+    let n = graph.num_vertices();
+    let d_out = o.hidden;
+    let chunk_seed = |c: usize| o.seed.wrapping_add(c as u64);
+
+    // Per-worker state lives across repetitions, as a CPU worker's does, so no
+    // timed run pays for first-touch allocations.
+    let workers: Vec<Mutex<Worker>> = (0..o.threads)
+        .map(|_| {
+            Mutex::new(Worker {
+                scratch: SamplerScratch::new(n),
+                buf: Vec::new(),
+                kernel: kernel.clone(),
+            })
+        })
+        .collect();
+    let worker = || {
+        let i = rayon::current_thread_index().unwrap_or(0) % workers.len();
+        workers[i].lock().unwrap_or_else(|p| p.into_inner())
+    };
+    let run_old = |out: &mut [f32]| -> Result<Duration> {
+        let t = Instant::now();
+        out.par_chunks_mut(o.chunk * d_out)
+            .zip(dst.par_chunks(o.chunk))
+            .enumerate()
+            .try_for_each(|(c, (out, chunk))| {
+                let w = &mut *worker();
+                old_chunk(
+                    graph,
+                    features,
+                    &model,
+                    &sampler,
+                    chunk,
+                    chunk_seed(c),
+                    &mut w.scratch,
+                    &mut w.buf,
+                    out,
+                )
+            })
+            .map_err(kernel_err("old hot path"))?;
+        Ok(t.elapsed())
+    };
+    let run_fused = |out: &mut [f32]| -> Result<(Duration, HotProfile)> {
+        let t = Instant::now();
+        let profiles = out
+            .par_chunks_mut(o.chunk * d_out)
+            .zip(dst.par_chunks(o.chunk))
+            .enumerate()
+            .map(|(c, (out, chunk))| {
+                worker().kernel.compute_profiled(
+                    graph,
+                    features,
+                    chunk,
+                    o.fanout,
+                    chunk_seed(c),
+                    true,
+                    out,
+                )
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(kernel_err("fused hot kernel"))?;
+        let elapsed = t.elapsed();
+        let mut sum = HotProfile::default();
+        for p in &profiles {
+            sum.add(p);
+        }
+        Ok((elapsed, sum))
+    };
+
+    pool.install(|| -> Result<HotReport> {
+        let peak = fma_peak();
+        let mut old_out = vec![0f32; o.rows * d_out];
+        let mut fused_out = vec![0f32; o.rows * d_out];
+        // Warm-up, and the one comparison of the outputs.
+        run_old(&mut old_out)?;
+        run_fused(&mut fused_out)?;
+        let max_rel_diff = old_out
+            .iter()
+            .zip(&fused_out)
+            .map(|(&a, &b)| ((a - b).abs() / (1.0 + a.abs())) as f64)
+            .fold(0.0, f64::max);
+        let (mut old_times, mut fused_times) = (Vec::new(), Vec::new());
+        let mut best_phases: Option<(Duration, HotProfile)> = None;
+        for rep in 0..o.reps {
+            let mut fused = || -> Result<()> {
+                let (t, p) = run_fused(&mut fused_out)?;
+                fused_times.push(t);
+                if best_phases.is_none_or(|(b, _)| t < b) {
+                    best_phases = Some((t, p));
+                }
+                Ok(())
+            };
+            if rep % 2 == 0 {
+                old_times.push(run_old(&mut old_out)?);
+                fused()?;
+            } else {
+                fused()?;
+                old_times.push(run_old(&mut old_out)?);
+            }
+        }
+        let timing = |t: &[Duration]| PathTiming {
+            best: t.iter().copied().min().unwrap_or_default(),
+            median: median(t),
+        };
+        Ok(HotReport {
+            dim,
+            hidden: o.hidden,
+            fanout: o.fanout,
+            rows: o.rows,
+            min_degree,
+            chunk: o.chunk,
+            threads: o.threads,
+            reps: o.reps,
+            block_rows: kernel.block_rows(),
+            simd: kernel.simd().level().name(),
+            feature_bytes,
+            flops,
+            old: timing(&old_times),
+            fused: timing(&fused_times),
+            phases: best_phases.map(|(_, p)| p).unwrap_or_default(),
+            peak,
+            max_rel_diff,
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use cpu_ops::{BuildOptions, Rng};
+
+    use super::*;
+
+    #[test]
+    fn small_run_agrees_and_reports() {
+        let n = 3000;
+        let mut r = Rng::new(1);
+        let edges: Vec<(u32, u32)> = (0..30_000)
+            .map(|_| (r.below(n as u64) as u32, r.below(n as u64 / 4) as u32))
+            .collect();
+        let g = CsrGraph::from_edges(n, &edges, BuildOptions::UNDIRECTED).unwrap();
+        let data: Vec<f32> = (0..n * 24).map(|_| r.next_f32() - 0.5).collect();
+        let f = FeatureMatrix::new(data.into(), n, 24).unwrap();
+        let o = HotBenchOptions {
+            hidden: 16,
+            fanout: 10,
+            rows: 700,
+            chunk: 256,
+            threads: 2,
+            reps: 1,
+            block_rows: Some(32),
+            seed: 3,
+        };
+        let report = bench_hot(&g, &f, &o).unwrap();
+        assert!(report.max_rel_diff < 1e-4, "{report}");
+        assert_eq!(report.block_rows, 32);
+        let hot = hottest(&g, 700);
+        assert!(hot.windows(2).all(|w| g.degree(w[0]) >= g.degree(w[1])));
+        assert_eq!(report.min_degree, g.degree(hot[699]));
+        assert!(report.to_string().contains("speed-up fused vs old"));
+        assert!(bench_hot(&g, &f, &HotBenchOptions { rows: 0, ..o }).is_err());
+    }
+}
