@@ -229,6 +229,7 @@ fn wordnet_reuse_keeps_accuracy() {
             "train.lr=0.01".into(),
             "device.kind=\"host\"".into(),
             "device.host_engine=\"ops\"".into(),
+            "orchestration.policy=\"layer\"".into(),
         ];
         sets.extend(extra.iter().map(|s| s.to_string()));
         let c = TrainConfig::from_toml_with_overrides("", Path::new("wn"), &sets).expect("cfg");

@@ -13,7 +13,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use cpu_ops::{gather_rows, BlockView, Model, ModelInput, NeighborSampler, SamplerScratch};
+use cpu_ops::{
+    gather_rows, BlockView, Model, ModelInput, ModelKind, NeighborSampler, SageHotKernel,
+    SamplerScratch,
+};
 
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
@@ -78,10 +81,12 @@ pub struct HotComputer {
     pub sampler: NeighborSampler,
 }
 
-/// A worker's reusable buffers.
+/// A worker's reusable buffers, and its fused GraphSAGE kernel with the weights
+/// of the version it last computed with.
 pub struct HotScratch {
     sampler: SamplerScratch,
     gathered: Vec<f32>,
+    sage: Option<(u64, SageHotKernel)>,
 }
 
 impl HotScratch {
@@ -90,6 +95,7 @@ impl HotScratch {
         Self {
             sampler: SamplerScratch::new(num_vertices),
             gathered: Vec::new(),
+            sage: None,
         }
     }
 }
@@ -123,6 +129,9 @@ impl HotComputer {
                 ),
             ));
         }
+        if self.model.config().kind == ModelKind::Sage {
+            return self.compute_sage(ids, weights, seed, scratch, &mut out[..need]);
+        }
         let batch = self
             .sampler
             .sample(&self.ds.graph, ids, seed, &mut scratch.sampler)
@@ -140,5 +149,50 @@ impl HotComputer {
             .map_err(kernel("hot compute"))?;
         out[..need].copy_from_slice(&rows[..need]);
         Ok(())
+    }
+
+    /// GraphSAGE's layer 0 through the fused kernel: neighbors drawn as the
+    /// sampler draws them, their rows averaged straight from the feature matrix,
+    /// one GEMM against the stacked weights, bias and ReLU (`cpu_ops::hot_layer`).
+    fn compute_sage(
+        &self,
+        ids: &[u32],
+        weights: &Snapshot,
+        seed: u64,
+        scratch: &mut HotScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let kernel = |what: &'static str| move |e| Error::cpu_ops(what, e);
+        let d_in = self.ds.features.dim();
+        let d_out = self.width();
+        let fresh = match &mut scratch.sage {
+            Some((v, k)) if *v == weights.version => k,
+            Some((v, k)) => {
+                k.set_weights(&weights.tensors)
+                    .map_err(kernel("hot kernel weights"))?;
+                *v = weights.version;
+                k
+            }
+            slot @ None => {
+                let k = SageHotKernel::new(&weights.tensors, d_in, d_out)
+                    .map_err(kernel("hot kernel weights"))?;
+                &mut slot.insert((weights.version, k)).1
+            }
+        };
+        let fanout = self.sampler.fanouts().first().copied().ok_or_else(|| {
+            Error::invalid_argument("train.fanouts", "orchestration needs a bottom fanout")
+        })?;
+        // Layer 0 is below the top (orchestration needs two layers): ReLU.
+        fresh
+            .compute(
+                &self.ds.graph,
+                &self.ds.features,
+                ids,
+                fanout,
+                seed,
+                true,
+                out,
+            )
+            .map_err(kernel("hot compute"))
     }
 }
