@@ -28,6 +28,7 @@ pub struct TrainerBuilder {
     callbacks: Vec<Box<dyn Callback>>,
     cancel: Option<CancelToken>,
     verbose: bool,
+    checkpoint: Option<std::path::PathBuf>,
 }
 
 impl TrainerBuilder {
@@ -39,6 +40,7 @@ impl TrainerBuilder {
             callbacks: Vec::new(),
             cancel: None,
             verbose: false,
+            checkpoint: None,
         }
     }
 
@@ -90,6 +92,13 @@ impl TrainerBuilder {
         self
     }
 
+    /// Where [`Trainer::fit`] writes checkpoints: every `train.checkpoint_every`
+    /// epochs, on a cancel and at the end (default: nowhere).
+    pub fn checkpoint_to(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.checkpoint = Some(path.into());
+        self
+    }
+
     /// The configuration the trainer will use.
     pub fn config(&self) -> &TrainConfig {
         &self.cfg
@@ -103,6 +112,7 @@ impl TrainerBuilder {
             callbacks,
             cancel,
             verbose,
+            checkpoint,
         } = self;
         cfg.validate()?;
         let pool = Arc::new(build_pool(cfg.compute_threads(), cfg.threads.pin)?);
@@ -124,6 +134,7 @@ impl TrainerBuilder {
             trainer.set_cancel_token(token);
         }
         trainer.set_verbose(verbose);
+        trainer.set_checkpoint_path(checkpoint);
         if verbose {
             let c = trainer.config();
             eprintln!(

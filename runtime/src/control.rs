@@ -202,6 +202,7 @@ mod tests {
             steps: 2,
             orchestration: None,
             calibrating: false,
+            auto_choice: None,
         };
         assert_eq!(b.on_epoch(&stats), Control::Continue);
         assert_eq!(seen.load(Ordering::Relaxed), 6);

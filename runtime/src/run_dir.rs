@@ -186,6 +186,7 @@ mod tests {
             steps: 4 * (epoch as u64 + 1),
             orchestration: None,
             calibrating: false,
+            auto_choice: None,
         }
     }
 

@@ -99,6 +99,8 @@ pub struct EpochStats {
     pub orchestration: Option<OrchestrationStats>,
     /// `policy = "auto"` was still measuring placements during this epoch.
     pub calibrating: bool,
+    /// What `policy = "auto"` chose, and why, in the epoch it decided.
+    pub auto_choice: Option<String>,
 }
 
 /// Loads the configured dataset, or generates the built-in synthetic one.
@@ -233,6 +235,8 @@ pub struct Trainer {
     auto_choice: Option<scheduler::Choice>,
     /// The clock measurements read.
     clock: SharedClock,
+    /// Where `fit` writes checkpoints.
+    checkpoint_path: Option<std::path::PathBuf>,
 }
 
 fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
@@ -410,6 +414,7 @@ impl Trainer {
             calibrator,
             auto_choice: None,
             clock: wall_clock(),
+            checkpoint_path: None,
             engine: chosen.engine.map(Mutex::new),
             device_note: chosen.note,
             scratch: SamplerScratch::new(ds.num_vertices()),
@@ -738,6 +743,10 @@ impl Trainer {
             steps: self.steps(),
             orchestration: self.orch.as_ref().and_then(|o| o.last_epoch().cloned()),
             calibrating,
+            auto_choice: match (calibrating, &self.auto_choice) {
+                (true, Some(c)) => Some(c.reason.clone()),
+                _ => None,
+            },
         };
         if self.verbose {
             let acc = |a: Option<f64>| a.map_or_else(|| "-".into(), |x| format!("{x:.4}"));
@@ -1535,8 +1544,14 @@ impl Trainer {
     /// statistics of the epochs it trained. Callbacks see every batch and epoch; a
     /// callback's stop ends `fit` early with `Ok` (see [`crate::control`]); a
     /// cancelled token is [`Error::Cancelled`].
+    ///
+    /// With a checkpoint path ([`Trainer::set_checkpoint_path`]) it also writes a
+    /// checkpoint every `train.checkpoint_every` epochs (before the last), when a
+    /// cancel stops it (the position inside the epoch, for a bit-exact resume),
+    /// and at the end.
     pub fn fit(&mut self) -> Result<Vec<EpochStats>> {
         let mut all = Vec::new();
+        let every = self.cfg.train.checkpoint_every;
         while self.pos.epoch < self.cfg.train.epochs {
             match self.train_epoch() {
                 Ok(s) => all.push(s),
@@ -1544,13 +1559,38 @@ impl Trainer {
                     cause: StopCause::Callback,
                     ..
                 }) => break,
+                Err(e @ Error::Cancelled { .. }) => {
+                    if let Some(p) = self.checkpoint_path.clone() {
+                        self.save_checkpoint(&p)?;
+                    }
+                    return Err(e);
+                }
                 Err(e) => return Err(e),
             }
             if self.stop_requested {
                 break;
             }
+            let done = self.pos.epoch;
+            if let Some(p) = self.checkpoint_path.clone() {
+                if done < self.cfg.train.epochs && every > 0 && done.is_multiple_of(every) {
+                    self.save_checkpoint(&p)?;
+                }
+            }
+        }
+        if let Some(p) = self.checkpoint_path.clone() {
+            self.save_checkpoint(&p)?;
         }
         Ok(all)
+    }
+
+    /// Where [`Trainer::fit`] writes its checkpoints (`None`: nowhere).
+    pub fn set_checkpoint_path(&mut self, path: Option<std::path::PathBuf>) {
+        self.checkpoint_path = path;
+    }
+
+    /// Where [`Trainer::fit`] writes its checkpoints.
+    pub fn checkpoint_path(&self) -> Option<&Path> {
+        self.checkpoint_path.as_deref()
     }
 }
 

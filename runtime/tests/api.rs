@@ -508,3 +508,22 @@ fn pinned_trainer_trains_exactly_like_an_unpinned_one() {
     );
     assert_eq!(params(&pinned), params(&free));
 }
+
+#[test]
+fn fit_writes_its_checkpoints_where_the_builder_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("run.tck");
+    let mut t = TrainerBuilder::from_toml(
+        &toml("").replace("[train]\n", "[train]\ncheckpoint_every = 1\n"),
+    )
+    .expect("config")
+    .checkpoint_to(&path)
+    .build()
+    .expect("trainer");
+    assert_eq!(t.checkpoint_path(), Some(path.as_path()));
+    t.fit().expect("fit");
+    // The last one is written at the end: it resumes at the last epoch.
+    let c = Checkpoint::read(&path).expect("checkpoint");
+    assert_eq!(c.position.epoch, 3);
+    assert_eq!(c.steps, t.steps());
+}

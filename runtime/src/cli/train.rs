@@ -10,6 +10,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use clap::Args;
@@ -168,7 +169,7 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
             trainer.steps()
         );
     }
-    let mut run_dir = match &a.out {
+    let run_dir = match &a.out {
         Some(dir) => Some(RunDir::create(
             dir,
             trainer.config(),
@@ -176,74 +177,51 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
         )?),
         None => None,
     };
-    let (epochs, every) = (
-        trainer.config().train.epochs,
-        trainer.config().train.checkpoint_every,
-    );
+    let epochs = trainer.config().train.epochs;
     if trainer.epoch() >= epochs {
         println!(
             "nothing to train: already at epoch {} of train.epochs = {epochs}",
             trainer.epoch()
         );
     }
+    // `fit` writes the checkpoints (every `train.checkpoint_every` epochs, on
+    // Ctrl-C and at the end); the callback prints each epoch and records it.
+    let checkpoint = run_dir.as_ref().map(RunDir::checkpoint_path);
+    let out_dir = run_dir.as_ref().map(|r| r.path().to_path_buf());
+    trainer.set_checkpoint_path(checkpoint.clone());
+    let failed: Arc<Mutex<Option<Error>>> = Arc::default();
+    trainer.add_callback(Box::new(EpochLines {
+        run_dir,
+        failed: Arc::clone(&failed),
+    }));
     println!("epoch   loss     train    val      test     train s  eval s");
-    let mut stats: Vec<EpochStats> = Vec::new();
-    while trainer.epoch() < epochs {
-        let s = match trainer.train_epoch() {
-            Ok(s) => s,
-            Err(e @ Error::Cancelled { .. }) => {
-                if let Some(run) = &run_dir {
-                    let path = run.checkpoint_path();
-                    trainer.save_checkpoint(&path)?;
-                    eprintln!(
-                        "interrupted: checkpoint at epoch {}, batch {} written to {}; \
-                         continue with --resume {}",
-                        trainer.epoch(),
-                        trainer.batch_in_epoch(),
-                        path.display(),
-                        path.display()
-                    );
-                }
-                return Err(e);
-            }
-            Err(e) => return Err(e),
-        };
-        println!(
-            "{:>5}   {:.4}   {:.4}   {}   {}   {:>7.2}  {:>6.2}",
-            s.epoch,
-            s.loss,
-            s.train_acc,
-            fmt_acc(s.val_acc),
-            fmt_acc(s.test_acc),
-            s.train_secs,
-            s.eval_secs
-        );
-        if let Some(o) = &s.orchestration {
-            println!("        {}", o.summary());
-        }
-        if s.calibrating {
-            match trainer.auto_choice() {
-                Some(c) => println!("        orchestration.policy = \"auto\" chose {}", c.reason),
-                None => println!("        orchestration.policy = \"auto\": still measuring"),
-            }
-        }
-        if let Some(run) = &mut run_dir {
-            run.record(&s)?;
-            let done = trainer.epoch();
-            if done < epochs && every > 0 && done.is_multiple_of(every) {
-                trainer.save_checkpoint(&run.checkpoint_path())?;
-            }
-        }
-        stats.push(s);
+    let result = trainer.fit();
+    if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
     }
-    if let Some(run) = &run_dir {
-        let path = run.checkpoint_path();
-        trainer.save_checkpoint(&path)?;
+    let stats = match result {
+        Ok(stats) => stats,
+        Err(e @ Error::Cancelled { .. }) => {
+            if let Some(path) = &checkpoint {
+                eprintln!(
+                    "interrupted: checkpoint at epoch {}, batch {} written to {}; \
+                     continue with --resume {}",
+                    trainer.epoch(),
+                    trainer.batch_in_epoch(),
+                    path.display(),
+                    path.display()
+                );
+            }
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    if let Some(dir) = &out_dir {
         println!(
             "wrote {}, metrics.jsonl and {} to {}",
             crate::run_dir::CONFIG_FILE,
             crate::run_dir::CHECKPOINT_FILE,
-            run.path().display()
+            dir.display()
         );
     }
     let mean_train = if stats.len() > 1 {
@@ -258,6 +236,45 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Prints one line per epoch (with orchestration's and `"auto"`'s lines) and
+/// records it in the run directory; a failed write stops training and is
+/// reported after `fit` returns.
+struct EpochLines {
+    run_dir: Option<RunDir>,
+    failed: Arc<Mutex<Option<Error>>>,
+}
+
+impl Callback for EpochLines {
+    fn on_epoch(&mut self, s: &EpochStats) -> Control {
+        println!(
+            "{:>5}   {:.4}   {:.4}   {}   {}   {:>7.2}  {:>6.2}",
+            s.epoch,
+            s.loss,
+            s.train_acc,
+            fmt_acc(s.val_acc),
+            fmt_acc(s.test_acc),
+            s.train_secs,
+            s.eval_secs
+        );
+        if let Some(o) = &s.orchestration {
+            println!("        {}", o.summary());
+        }
+        if s.calibrating {
+            match &s.auto_choice {
+                Some(reason) => println!("        orchestration.policy = \"auto\" chose {reason}"),
+                None => println!("        orchestration.policy = \"auto\": still measuring"),
+            }
+        }
+        if let Some(run) = &mut self.run_dir {
+            if let Err(e) = run.record(s) {
+                *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                return Control::Stop;
+            }
+        }
+        Control::Continue
+    }
 }
 
 fn progress_total(stats: &[EpochStats]) -> f64 {
