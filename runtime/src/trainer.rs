@@ -775,116 +775,16 @@ impl Trainer {
     /// callback asked to stop after the last batch; a cancel or a stop before it
     /// is [`Error::Cancelled`].
     fn train_batches(&mut self) -> Result<bool> {
-        if self.engine.is_some() {
-            let result = if self.calibrator.is_some() {
-                self.train_batches_auto()
-            } else {
-                self.train_batches_placed(None)
-            };
-            let synced = self.sync_from_engine();
-            return result.and_then(|stop| synced.map(|()| stop));
+        if self.engine.is_none() {
+            return self.train_batches_direct(None);
         }
-        let t = Instant::now();
-        let epoch = self.pos.epoch;
-        let (base, order) = self.epoch_order(epoch);
-        let batches: Vec<Vec<u32>> = order
-            .chunks(self.cfg.train.batch_size)
-            .map(<[u32]>::to_vec)
-            .collect();
-        let total = batches.len();
-        let Self {
-            ds,
-            model,
-            opt,
-            sampler,
-            scratch,
-            sparse,
-            pos,
-            callbacks,
-            cancel,
-            tracer,
-            ..
-        } = self;
-        let tracer = &*tracer;
-        let start = pos.batch.min(total);
-        let stopped = |pos: &mut Position, k: usize, cause: StopCause| {
-            pos.train_secs += t.elapsed().as_secs_f64();
-            Err(Error::Cancelled {
-                epoch,
-                batch: k,
-                cause,
-            })
+        let result = if self.calibrator.is_some() {
+            self.train_batches_auto()
+        } else {
+            self.train_batches_placed(None)
         };
-        if start == total {
-            return Ok(false);
-        }
-        if cancel.is_cancelled() {
-            return stopped(pos, start, StopCause::Token);
-        }
-        let sparse = sparse.as_ref();
-        let mut next = Some(Self::prepare(
-            ds,
-            sparse,
-            sampler,
-            scratch,
-            batches[start].clone(),
-            derive_seed(base, start as u64),
-            Vec::new(),
-            Probe::new(tracer, epoch, start),
-        )?);
-        let mut spare: Vec<f32> = Vec::new();
-        for k in start..total {
-            if k > start && cancel.is_cancelled() {
-                return stopped(pos, k, StopCause::Token);
-            }
-            let tb = Instant::now();
-            let cur = next.take().ok_or_else(|| Error::InvalidDataset {
-                what: "internal: batch pipeline lost a batch".into(),
-            })?;
-            let upcoming = batches.get(k + 1).cloned();
-            let buf = std::mem::take(&mut spare);
-            let (prepared, step) = rayon::join(
-                || {
-                    upcoming
-                        .map(|s| {
-                            let seed = derive_seed(base, k as u64 + 1);
-                            let probe = Probe::new(tracer, epoch, k + 1);
-                            Self::prepare(ds, sparse, sampler, scratch, s, seed, buf, probe)
-                        })
-                        .transpose()
-                },
-                || Self::compute(ds, model, opt, &cur),
-            );
-            let (l, c) = step?;
-            next = prepared?;
-            let n = cur.seeds.len();
-            if let Inputs::Dense(v) = cur.x {
-                spare = v;
-            }
-            let stop = finish_batch(
-                pos,
-                callbacks,
-                Trained {
-                    epoch,
-                    batch: k,
-                    batches: total,
-                    size: n,
-                    loss_sum: l,
-                    correct: c,
-                    seconds: tb.elapsed().as_secs_f64(),
-                    step: opt.version(),
-                },
-            );
-            if stop {
-                if k + 1 < total {
-                    return stopped(pos, k + 1, StopCause::Callback);
-                }
-                pos.train_secs += t.elapsed().as_secs_f64();
-                return Ok(true);
-            }
-        }
-        pos.train_secs += t.elapsed().as_secs_f64();
-        Ok(false)
+        let synced = self.sync_from_engine();
+        result.and_then(|stop| synced.map(|()| stop))
     }
 
     /// The remaining batches of the epoch, up to batch `end` (the epoch's end
@@ -894,7 +794,7 @@ impl Trainer {
         if self.orch.is_some() {
             self.train_batches_orchestrated(end, None)
         } else {
-            self.train_batches_on_engine(end)
+            self.train_batches_direct(end)
         }
     }
 
@@ -974,7 +874,7 @@ impl Trainer {
                 if let Some(e) = self.engine.as_mut().and_then(|e| e.get_mut().ok()) {
                     e.set_placement(step_placement(best));
                 }
-                return self.train_batches_on_engine(None);
+                return self.train_batches_direct(None);
             }
             match step {
                 ProbeStep::Fixed {
@@ -985,11 +885,11 @@ impl Trainer {
                     if let Some(e) = self.engine.as_mut().and_then(|e| e.get_mut().ok()) {
                         e.set_placement(step_placement(policy));
                     }
-                    if self.train_batches_on_engine(Some(start + warm))? {
+                    if self.train_batches_direct(Some(start + warm))? {
                         return Ok(true);
                     }
                     let t0 = self.clock.now();
-                    let stop = self.train_batches_on_engine(Some(start + warm + measure))?;
+                    let stop = self.train_batches_direct(Some(start + warm + measure))?;
                     let secs = (self.clock.now().saturating_sub(t0)).as_secs_f64();
                     if let Some(c) = self.calibrator.as_mut() {
                         c.record_fixed(secs / measure as f64)?;
@@ -1114,22 +1014,42 @@ impl Trainer {
         (base, order)
     }
 
-    /// [`Trainer::train_batches`] on the device engine: each batch is sampled,
-    /// gathered and trained by the engine (no host-side overlap is needed: the
-    /// engine's ops queue on the device).
-    fn train_batches_on_engine(&mut self, end: Option<usize>) -> Result<bool> {
+    /// The one batch loop of [`Trainer::train_batches`] (the orchestration
+    /// pipeline, `orchestrate/pipeline.rs`, runs its own super-batch loop and
+    /// shares [`finish_batch`]): batches `pos.batch..end` of the epoch in
+    /// progress (`end` = the epoch's end when `None`), each trained by a runner
+    /// that returns (loss × rows, correct, optimizer steps after it):
+    /// - with a device engine, [`Engine::train_batch`] (sampling, gathering and
+    ///   the step where the engine's placement says; its ops queue on the device);
+    /// - on the native host path, the `cpu_ops` model: preparing (sampling and
+    ///   gathering) batch `k + 1` runs concurrently with computing batch `k`
+    ///   (`rayon::join`), so sampling and gather hide behind the dense math.
+    ///
+    /// Checks the cancel token before every batch; a callback's stop ends the
+    /// loop after its batch.
+    fn train_batches_direct(&mut self, end: Option<usize>) -> Result<bool> {
         let t = Instant::now();
         let epoch = self.pos.epoch;
         let (base, order) = self.epoch_order(epoch);
         let batches: Vec<&[u32]> = order.chunks(self.cfg.train.batch_size).collect();
         let total = batches.len();
         let end = end.unwrap_or(total).min(total);
-        let Some(engine) = &self.engine else {
-            return Ok(false);
-        };
-        let mut engine = engine.lock().map_err(|_| poisoned())?;
-        let pos = &mut self.pos;
-        let tracer = &self.tracer;
+        let Self {
+            ds,
+            model,
+            opt,
+            sampler,
+            scratch,
+            sparse,
+            pos,
+            callbacks,
+            cancel,
+            tracer,
+            engine,
+            ..
+        } = self;
+        let tracer = &*tracer;
+        let start = pos.batch.min(total);
         let stopped = |pos: &mut Position, k: usize, cause: StopCause| {
             pos.train_secs += t.elapsed().as_secs_f64();
             Err(Error::Cancelled {
@@ -1138,25 +1058,80 @@ impl Trainer {
                 cause,
             })
         };
-        for (k, seeds) in batches
-            .iter()
-            .enumerate()
-            .take(end)
-            .skip(pos.batch.min(total))
-        {
-            if self.cancel.is_cancelled() {
+        let batches = &batches;
+        type Runner<'r> = Box<dyn FnMut(usize) -> Result<(f64, usize, u64)> + 'r>;
+        let mut runner: Runner<'_> = match engine.as_ref() {
+            Some(e) => {
+                let mut e = e.lock().map_err(|_| poisoned())?;
+                Box::new(move |k| {
+                    // The engine records the batch's sample / gather / device-step
+                    // slices (with its host → device bytes) into its tracer.
+                    let (l, c) = e.train_batch(batches[k], derive_seed(base, k as u64))?;
+                    if tracer.is_enabled() {
+                        tracer.counter(CACHE_HIT_RATE, e.cache_stats().hit_rate());
+                    }
+                    Ok((l, c, e.version()))
+                })
+            }
+            None => {
+                let sparse = sparse.as_ref();
+                let mut next: Option<Prepared<'_>> = None;
+                let mut spare: Vec<f32> = Vec::new();
+                Box::new(move |k| {
+                    let cur = match next.take() {
+                        Some(p) if p.probe.batch == k as u64 => p,
+                        _ => Self::prepare(
+                            ds,
+                            sparse,
+                            sampler,
+                            scratch,
+                            batches[k].to_vec(),
+                            derive_seed(base, k as u64),
+                            std::mem::take(&mut spare),
+                            Probe::new(tracer, epoch, k),
+                        )?,
+                    };
+                    let upcoming = batches.get(k + 1).filter(|_| k + 1 < end);
+                    let buf = std::mem::take(&mut spare);
+                    let (prepared, step) = rayon::join(
+                        || {
+                            upcoming
+                                .map(|s| {
+                                    let seed = derive_seed(base, k as u64 + 1);
+                                    let probe = Probe::new(tracer, epoch, k + 1);
+                                    Self::prepare(
+                                        ds,
+                                        sparse,
+                                        sampler,
+                                        scratch,
+                                        s.to_vec(),
+                                        seed,
+                                        buf,
+                                        probe,
+                                    )
+                                })
+                                .transpose()
+                        },
+                        || Self::compute(ds, model, opt, &cur),
+                    );
+                    let (l, c) = step?;
+                    next = prepared?;
+                    if let Inputs::Dense(v) = cur.x {
+                        spare = v;
+                    }
+                    Ok((l, c, opt.version()))
+                })
+            }
+        };
+        for (k, seeds) in batches.iter().enumerate().take(end).skip(start) {
+            if cancel.is_cancelled() {
                 return stopped(pos, k, StopCause::Token);
             }
             let tb = Instant::now();
-            // The engine records the batch's sample / gather / device-step slices
-            // (with its host → device bytes) into the tracer set on it.
-            let (l, c) = engine.train_batch(seeds, derive_seed(base, k as u64))?;
-            if tracer.is_enabled() {
-                tracer.counter(CACHE_HIT_RATE, engine.cache_stats().hit_rate());
-            }
+            let (l, c, step) = runner(k)?;
             let stop = finish_batch(
                 pos,
-                &mut self.callbacks,
+                callbacks,
                 Trained {
                     epoch,
                     batch: k,
@@ -1165,7 +1140,7 @@ impl Trainer {
                     loss_sum: l,
                     correct: c,
                     seconds: tb.elapsed().as_secs_f64(),
-                    step: engine.version(),
+                    step,
                 },
             );
             if stop {
@@ -1180,7 +1155,7 @@ impl Trainer {
         Ok(false)
     }
 
-    /// [`Trainer::train_batches_on_engine`] through the orchestration pipeline
+    /// [`Trainer::train_batches_direct`] through the orchestration pipeline
     /// ([`crate::orchestrate::pipeline`]): same batches, order and seeds; hot
     /// vertices' bottom-layer rows come from the CPU within the staleness bound.
     fn train_batches_orchestrated(

@@ -41,7 +41,8 @@ fn cfg(extra: &[&str]) -> TrainConfig {
 #[test]
 fn every_policy_trains_to_the_device_path_accuracy_and_host_gathers_move_more_bytes() {
     let report = bench_orchestration(&cfg(&[]), None).expect("bench");
-    assert_eq!(report.rows.len(), 5);
+    // The five placements and "auto".
+    assert_eq!(report.rows.len(), 6);
     let row = |name: &str| {
         report
             .rows
