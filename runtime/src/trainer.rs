@@ -975,7 +975,11 @@ impl Trainer {
         };
         let choice = calibrator.finish()?;
         if choice.policy == scheduler::Orchestration::Layer {
-            self.auto_orchestrator()?.set_cpu_split(choice.cpu_split)?;
+            // The monitor keeps correcting the split from what the accelerator
+            // actually loses to the CPU (late rows, waits).
+            let o = self.auto_orchestrator()?;
+            o.set_cpu_split(choice.cpu_split)?;
+            o.enable_monitor();
         } else {
             self.orch = None;
             if let Some(e) = self.engine.as_mut().and_then(|e| e.get_mut().ok()) {

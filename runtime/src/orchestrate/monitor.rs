@@ -117,13 +117,14 @@ impl Window {
 }
 
 impl HybridMonitor {
-    /// Step 1: a monitor for `hot` hot vertices on `engine`'s feature cache, all of
-    /// them on the CPU at first.
+    /// Step 1: a monitor for the hot set of `split` on `engine`'s feature cache,
+    /// starting from `split` (all of it on the CPU, or the split `policy =
+    /// "auto"` chose).
     pub fn new(
         engine: &dyn Engine,
         ds: &Dataset,
         pipeline: PipelineConfig,
-        hot: u32,
+        split: HotSplit,
         workers: usize,
     ) -> Result<Self> {
         let sched = |source| Error::Scheduler {
@@ -147,8 +148,7 @@ impl HybridMonitor {
             owner[v as usize] = Owner::Filler;
         }
         let cfg = MonitorConfig::with_budget(capacity_rows * row_bytes);
-        let monitor =
-            Monitor::new(cfg, pipeline, HotSplit::all_cpu(hot), row_bytes).map_err(sched)?;
+        let monitor = Monitor::new(cfg, pipeline, split, row_bytes).map_err(sched)?;
         Ok(Self {
             monitor,
             workers: workers.max(1) as u32,
@@ -473,7 +473,8 @@ mod tests {
         let relabeling = Relabeling::by_score(&scores, HOT as f64 / 4000.0).unwrap();
         assert_eq!(relabeling.hot_count(), HOT);
         let pipeline = PipelineConfig::new(2, 1, 256).unwrap();
-        let monitor = HybridMonitor::new(&engine, &ds, pipeline, HOT, 2).unwrap();
+        let monitor =
+            HybridMonitor::new(&engine, &ds, pipeline, HotSplit::all_cpu(HOT), 2).unwrap();
         Rig {
             engine: Box::new(engine),
             ds,

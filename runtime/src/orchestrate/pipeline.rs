@@ -424,6 +424,12 @@ impl Orchestrator {
         &self.clock
     }
 
+    /// Turns the hybrid monitor on from the next epoch (starting from the
+    /// current split), as `orchestration.monitor = true` does from the start.
+    pub fn enable_monitor(&mut self) {
+        self.use_monitor = true;
+    }
+
     /// CPU workers.
     pub fn workers(&self) -> usize {
         self.workers_wanted
@@ -510,7 +516,7 @@ impl Orchestrator {
                 &*engine,
                 run.ds,
                 self.pipeline,
-                self.split.hot(),
+                self.split,
                 self.workers_wanted,
             )?);
         }
