@@ -13,9 +13,8 @@
 //!    runs at version `b`).
 //! 5. `Backward(b)` ← `Forward(b)`; `OptimizerStep(b)` ← `Backward(b)`;
 //!    `PublishWeights(b)` ← `OptimizerStep(b)`.
-//! 6. `HotSample(j, c)` ← every `SampleTop` of `j` (the queue is known only once
-//!    they are sampled) and the gate of step 1; `HotGather(j, c)` ← `HotSample(j, c)`;
-//!    `HotCompute(j, c)` ← `HotGather(j, c)`.
+//! 6. `HotCompute(j, c)` ← every `SampleTop` of `j` (the queue is known only once
+//!    they are sampled) and the gate of step 1.
 //!
 //! # Priorities
 //! `priority = 16 · (anchor + 1) + rank(kind)`, where the anchor is the batch the
@@ -194,10 +193,6 @@ pub struct ChunkTasks {
     pub chunk: u32,
     /// Positions of its vertices in the plan's queue.
     pub range: std::ops::Range<usize>,
-    /// [`TaskKind::HotSample`].
-    pub sample: usize,
-    /// [`TaskKind::HotGather`].
-    pub gather: usize,
     /// [`TaskKind::HotCompute`].
     pub compute: usize,
 }
@@ -432,37 +427,19 @@ impl<'p> GraphBuilder<'p> {
         let mut chunks = Vec::new();
         let pipeline = self.pipeline;
         for (c, (range, verts)) in plan.chunks(&pipeline).enumerate() {
-            let k = verts.len() as u64;
-            let (se, ge, ce) = hot_chunk_estimates(&m, k);
-            let layer = LayerSpan::one(0);
-            let ci = Some(c as u32);
-            let p = Some(chunk_priority);
-            let sample = self.push(
-                TaskKind::HotSample,
-                None,
-                j,
-                ci,
-                layer,
-                chunk_deps.clone(),
-                se,
-                p,
-            )?;
-            let gather = self.push(TaskKind::HotGather, None, j, ci, layer, vec![sample], ge, p)?;
             let compute = self.push(
                 TaskKind::HotCompute,
                 None,
                 j,
-                ci,
-                layer,
-                vec![gather],
-                ce,
-                p,
+                Some(c as u32),
+                LayerSpan::one(0),
+                chunk_deps.clone(),
+                hot_chunk_estimate(&m, verts.len() as u64),
+                Some(chunk_priority),
             )?;
             chunks.push(ChunkTasks {
                 chunk: c as u32,
                 range,
-                sample,
-                gather,
                 compute,
             });
         }
@@ -547,6 +524,7 @@ fn sample_estimate(s: &BatchShape) -> Estimate {
     Estimate {
         vertices,
         edges,
+        sampled_edges: edges,
         mem_bytes: 12 * edges + 8 * vertices,
         out_bytes: 4 * edges + 12 * vertices + 4 * s.cold_inputs,
         ..Estimate::default()
@@ -632,34 +610,23 @@ fn publish_estimate(m: &ModelShape) -> Estimate {
     }
 }
 
-/// Sample, gather and compute estimates of a hot chunk of `k` vertices.
-pub(crate) fn hot_chunk_estimates(m: &ModelShape, k: u64) -> (Estimate, Estimate, Estimate) {
+/// The estimate of a hot chunk of `k` vertices: one CPU job that samples one hop
+/// with the bottom fanout, reads the neighbors' input features from host memory
+/// and runs the bottom layer (the runtime's `HotComputer::compute_into`).
+pub(crate) fn hot_chunk_estimate(m: &ModelShape, k: u64) -> Estimate {
     let edges = k * m.bottom_fanout as u64;
     let row = m.feature_row_bytes();
     let (f, h) = (m.feature_dim as f64, m.hidden as f64);
-    let sample = Estimate {
+    Estimate {
         vertices: k,
         edges,
-        mem_bytes: 12 * edges + 8 * k,
-        out_bytes: 4 * edges + 12 * k,
-        ..Estimate::default()
-    };
-    let gather = Estimate {
-        vertices: edges + k,
-        mem_bytes: 2 * row * (edges + k),
-        out_bytes: row * (edges + k),
+        sampled_edges: edges,
+        flops: edges as f64 * f + 2.0 * k as f64 * f * h,
+        mem_bytes: (12 * edges + 8 * k) + 3 * row * (edges + k) + m.hot_row_bytes() * k,
+        out_bytes: m.hot_row_bytes() * k,
         host_read_bytes: row * (edges + k),
         ..Estimate::default()
-    };
-    let compute = Estimate {
-        vertices: k,
-        edges,
-        flops: edges as f64 * f + 2.0 * k as f64 * f * h,
-        mem_bytes: row * (edges + k) + m.hot_row_bytes() * k,
-        out_bytes: m.hot_row_bytes() * k,
-        ..Estimate::default()
-    };
-    (sample, gather, compute)
+    }
 }
 
 /// Gather and compute estimates for `k` late vertices computed cold in one batch
@@ -745,8 +712,10 @@ mod tests {
         let g = b.graph();
         // Queue 0 and 1 have no gate; queue 2 waits for super-batch 0's last publish.
         let last_pub0 = sbs[0].batches[1].publish;
-        assert!(!g.tasks()[sbs[1].chunks[0].sample].deps.contains(&last_pub0));
-        let c2 = &g.tasks()[sbs[2].chunks[0].sample];
+        assert!(!g.tasks()[sbs[1].chunks[0].compute]
+            .deps
+            .contains(&last_pub0));
+        let c2 = &g.tasks()[sbs[2].chunks[0].compute];
         assert!(c2.deps.contains(&last_pub0));
         assert!(c2.deps.contains(&sbs[2].batches[0].sample));
         assert!(c2.deps.contains(&sbs[2].batches[1].sample));
@@ -766,7 +735,7 @@ mod tests {
         assert!(p(sbs[2].batches[1].sample) < p(sbs[1].batches[0].cold_gather));
         assert!(p(sbs[2].batches[0].sample) > p(sbs[0].batches[1].publish));
         // Hot chunks follow the sampling they need.
-        assert!(p(sbs[2].chunks[0].sample) >= p(sbs[2].batches[1].sample));
+        assert!(p(sbs[2].chunks[0].compute) >= p(sbs[2].batches[1].sample));
         g.topological_order().unwrap();
         // PCIe: hot embeddings are read by the accelerator on first use only.
         let hl0 = &g.tasks()[sbs[0].batches[0].hot_load];

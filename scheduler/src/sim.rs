@@ -25,7 +25,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use crate::builder::{hot_chunk_estimates, late_cold_estimates, GraphBuilder, ModelShape};
+use crate::builder::{hot_chunk_estimate, late_cold_estimates, GraphBuilder, ModelShape};
 use crate::cost::CostSource;
 use crate::error::{invalid, Result, SchedulerError};
 use crate::monitor::{Monitor, MonitorConfig, MoveEvent, Observation};
@@ -324,12 +324,10 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
         let tasks = self.builder.push_super_batch(&plan, &shapes)?;
         self.register(first, Info::Batch);
         for c in &tasks.chunks {
-            for id in [c.sample, c.gather, c.compute] {
-                self.info[id] = Info::Chunk {
-                    sb: j,
-                    range: c.range.clone(),
-                };
-            }
+            self.info[c.compute] = Info::Chunk {
+                sb: j,
+                range: c.range.clone(),
+            };
         }
         if let Some(last) = tasks.batches.last() {
             self.last_publish.push(last.publish);
@@ -601,42 +599,23 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
         (!self.started[chunk.compute]).then_some(chunk.compute)
     }
 
-    /// Gives a queued chunk (its sample, gather and compute) priority 0.
+    /// Gives a queued chunk's computation priority 0.
     fn promote(&mut self, compute: usize) {
-        let chain: Vec<usize> = std::iter::successors(Some(compute), |&id| {
-            let t = &self.builder.graph().tasks()[id];
-            t.deps
-                .iter()
-                .copied()
-                .find(|&d| self.builder.graph().tasks()[d].kind.is_hot_chunk())
-        })
-        .collect();
-        for id in chain {
-            if self.started[id] || self.promoted[id] {
-                continue;
-            }
-            self.promoted[id] = true;
-            if self.missing[id] == 0 {
-                // The stale entry with the old priority is skipped when popped.
-                self.cpu_ready.push(Reverse((0, id)));
-            }
+        if self.started[compute] || self.promoted[compute] {
+            return;
+        }
+        self.promoted[compute] = true;
+        if self.missing[compute] == 0 {
+            // The stale entry with the old priority is skipped when popped.
+            self.cpu_ready.push(Reverse((0, compute)));
         }
     }
 
-    /// Urgent sample → gather → compute for `verts`, priority 0. Returns the compute.
+    /// An urgent computation of `verts`, priority 0. Returns its id.
     fn push_urgent(&mut self, b: u64, sb: u64, verts: Vec<u32>) -> Result<usize> {
-        let (se, ge, ce) = hot_chunk_estimates(&self.cfg.model, verts.len() as u64);
-        let info = Info::Urgent { verts };
-        let mut prev: Option<usize> = None;
-        for (kind, est) in [
-            (TaskKind::HotSample, se),
-            (TaskKind::HotGather, ge),
-            (TaskKind::HotCompute, ce),
-        ] {
-            let task = self.dynamic_task(kind, b, sb, prev.into_iter().collect(), est, 0);
-            prev = Some(self.push_dynamic(task, info.clone())?);
-        }
-        prev.ok_or_else(|| invalid("urgent task", "three tasks", 0))
+        let est = hot_chunk_estimate(&self.cfg.model, verts.len() as u64);
+        let task = self.dynamic_task(TaskKind::HotCompute, b, sb, vec![], est, 0);
+        self.push_dynamic(task, Info::Urgent { verts })
     }
 
     /// `on_late = "compute"`: the late vertices become cold work of batch `b`,

@@ -6,9 +6,7 @@
 //! | kind | scope | what it does |
 //! |---|---|---|
 //! | [`TaskKind::SampleTop`] | batch | samples the layers above the bottom, and the bottom hop of the *cold* destinations (hot ones are skipped) |
-//! | [`TaskKind::HotSample`] | hot chunk | samples one hop for a chunk of the super-batch's hot queue |
-//! | [`TaskKind::HotGather`] | hot chunk | reads the input features of that chunk's sampled neighbors |
-//! | [`TaskKind::HotCompute`] | hot chunk | bottom-layer forward for the chunk with the newest published weights → versioned historical embeddings |
+//! | [`TaskKind::HotCompute`] | hot chunk | one CPU job: samples one hop for a chunk of the super-batch's hot queue, reads its neighbors' input features, and runs the bottom layer with the newest published weights → versioned historical embeddings |
 //! | [`TaskKind::HotLoad`] | batch | brings the batch's hot embeddings to the accelerator; the staleness rule gates it |
 //! | [`TaskKind::ColdGather`] | batch | gathers the cold destinations' input features (device cache or host) |
 //! | [`TaskKind::ColdCompute`] | batch | bottom-layer forward for the cold destinations |
@@ -16,6 +14,14 @@
 //! | [`TaskKind::Backward`] | batch | every layer's gradients (the bottom layer's included, NeutronOrch moves it to the accelerator) |
 //! | [`TaskKind::OptimizerStep`] | batch | applies the gradients: the weight version goes from `b` to `b + 1` |
 //! | [`TaskKind::PublishWeights`] | batch | copies the new bottom-layer weights to the CPU side |
+//!
+//! A hot chunk is *one* task, as it is one job in the runtime (`runtime/src/
+//! orchestrate/workers.rs`, step 4): one worker samples, gathers and computes the
+//! chunk with one read of the published weights. Three tasks (sample, gather,
+//! compute) would let the simulated workers interleave chunks — a worker freed by
+//! one chunk's sampling taking another chunk's — which the runtime never does, so
+//! chunk latency and CPU occupancy would not be the runtime's, and a promotion
+//! would have to move a chain instead of a job.
 //!
 //! A task's device comes from a [`crate::Placement`] (the graph is built by
 //! [`crate::GraphBuilder`]); its dependencies are
@@ -66,11 +72,8 @@ impl fmt::Display for Device {
 pub enum TaskKind {
     /// Sample the upper layers and the cold destinations' bottom hop.
     SampleTop,
-    /// One-hop sampling for a chunk of the hot queue.
-    HotSample,
-    /// Feature reads for a hot chunk's sampled neighbors.
-    HotGather,
-    /// Bottom-layer forward of a hot chunk (historical embeddings).
+    /// One hot chunk end to end on one worker: one-hop sampling, feature reads
+    /// and the bottom-layer forward (historical embeddings).
     HotCompute,
     /// Hot embeddings to the accelerator (the staleness gate).
     HotLoad,
@@ -90,9 +93,7 @@ pub enum TaskKind {
 
 impl TaskKind {
     /// Every kind, in the order of one batch's program.
-    pub const ALL: [TaskKind; 11] = [
-        Self::HotSample,
-        Self::HotGather,
+    pub const ALL: [TaskKind; 9] = [
         Self::HotCompute,
         Self::SampleTop,
         Self::ColdGather,
@@ -108,8 +109,6 @@ impl TaskKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::SampleTop => "sample_top",
-            Self::HotSample => "hot_sample",
-            Self::HotGather => "hot_gather",
             Self::HotCompute => "hot_compute",
             Self::HotLoad => "hot_load",
             Self::ColdGather => "cold_gather",
@@ -125,15 +124,15 @@ impl TaskKind {
     /// (compute and weight movement). Step-based placements map by this.
     pub fn step(self) -> Step {
         match self {
-            Self::SampleTop | Self::HotSample => Step::Sample,
-            Self::HotGather | Self::ColdGather => Step::Gather,
+            Self::SampleTop => Step::Sample,
+            Self::ColdGather => Step::Gather,
             _ => Step::Train,
         }
     }
 
     /// Whether the task works on a super-batch's hot queue (rather than a batch).
     pub fn is_hot_chunk(self) -> bool {
-        matches!(self, Self::HotSample | Self::HotGather | Self::HotCompute)
+        matches!(self, Self::HotCompute)
     }
 
     /// Position within a batch's (or chunk's) program, for priorities.
@@ -188,8 +187,10 @@ impl LayerSpan {
 pub struct Estimate {
     /// Vertices it handles (destinations computed, rows gathered, seeds sampled).
     pub vertices: u64,
-    /// Neighbor entries it samples or aggregates over.
+    /// Neighbor entries it aggregates over (or samples).
     pub edges: u64,
+    /// Neighbor entries it samples (charged at the device's sampling rate).
+    pub sampled_edges: u64,
     /// Floating-point operations.
     pub flops: f64,
     /// Bytes it reads and writes in the memory of its own device.
@@ -422,10 +423,10 @@ mod tests {
     #[test]
     fn kinds_map_to_steps() {
         assert_eq!(TaskKind::SampleTop.step(), Step::Sample);
-        assert_eq!(TaskKind::HotGather.step(), Step::Gather);
+        assert_eq!(TaskKind::ColdGather.step(), Step::Gather);
         assert_eq!(TaskKind::HotCompute.step(), Step::Train);
-        assert!(TaskKind::HotSample.is_hot_chunk() && !TaskKind::HotLoad.is_hot_chunk());
+        assert!(TaskKind::HotCompute.is_hot_chunk() && !TaskKind::HotLoad.is_hot_chunk());
         let ranks: Vec<u64> = TaskKind::ALL.iter().map(|k| k.rank()).collect();
-        assert_eq!(ranks, (0..11).collect::<Vec<_>>());
+        assert_eq!(ranks, (0..9).collect::<Vec<_>>());
     }
 }

@@ -24,7 +24,7 @@ impl Placement for LayerBased {
 
     fn device(&self, kind: TaskKind) -> Device {
         match kind {
-            TaskKind::HotSample | TaskKind::HotGather | TaskKind::HotCompute => Device::Cpu,
+            TaskKind::HotCompute => Device::Cpu,
             TaskKind::SampleTop
             | TaskKind::HotLoad
             | TaskKind::ColdGather
