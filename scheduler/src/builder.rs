@@ -34,7 +34,8 @@
 //!    bottom destinations stay cold. Without a CPU part in the plan there is
 //!    nothing to decide (the step-based placements): no edge from the gate, and
 //!    the bottom hop is sampled with the top. `ColdGather(b)` ← `SampleBottom(b)`;
-//!    `ColdCompute(b)` ← `ColdGather(b)`.
+//!    `ColdCompute(b)` ← `ColdGather(b)`, `SampleBottom(b)` (it aggregates over
+//!    the bottom block).
 //! 6. `Forward(b)` ← `ColdCompute(b)`, `HotLoad(b)`, `OptimizerStep(b − 1)` (it
 //!    runs at version `b`); `Backward(b)` ← `Forward(b)`; `OptimizerStep(b)` ←
 //!    `Backward(b)`.
@@ -480,7 +481,7 @@ impl<'p> GraphBuilder<'p> {
                 j,
                 None,
                 LayerSpan::one(0),
-                vec![cold_gather],
+                vec![cold_gather, sample_bottom],
                 cold_compute_estimate(&m, s),
                 None,
             )?;
@@ -923,7 +924,10 @@ mod tests {
         assert_eq!(t(b3.hot_load).deps, vec![b3.sample]);
         assert_eq!(t(b3.sample_bottom).deps, vec![b3.sample, b3.hot_load]);
         assert_eq!(t(b3.cold_gather).deps, vec![b3.sample_bottom]);
-        assert_eq!(t(b3.cold_compute).deps, vec![b3.cold_gather]);
+        assert_eq!(
+            t(b3.cold_compute).deps,
+            vec![b3.cold_gather, b3.sample_bottom]
+        );
         // Forward of batch 3 runs at version 3: after step 2.
         assert!(t(b3.forward).deps.contains(&sbs[1].batches[0].step));
         // Queue of super-batch 1: vertices {0, 1, 2} in chunks of 2.

@@ -250,6 +250,8 @@ pub struct Task {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TaskGraph {
     tasks: Vec<Task>,
+    /// Per task, the tasks that depend on it, ascending.
+    users: Vec<Vec<usize>>,
 }
 
 impl TaskGraph {
@@ -267,7 +269,11 @@ impl TaskGraph {
             return Err(SchedulerError::BadDependency { task: id, dep });
         }
         task.id = id;
+        for &d in &task.deps {
+            self.users[d].push(id);
+        }
         self.tasks.push(task);
+        self.users.push(Vec::new());
         Ok(id)
     }
 
@@ -288,7 +294,13 @@ impl TaskGraph {
                 return Err(SchedulerError::BadDependency { task: i, dep });
             }
         }
-        Ok(Self { tasks })
+        let mut users = vec![Vec::new(); n];
+        for t in &tasks {
+            for &d in &t.deps {
+                users[d].push(t.id);
+            }
+        }
+        Ok(Self { tasks, users })
     }
 
     /// The tasks, by id.
@@ -356,7 +368,8 @@ impl TaskGraph {
 
     /// Bytes task `id` moves over PCIe under the current placement: its host reads
     /// and writes when it runs on the accelerator, plus the results of its
-    /// dependencies that ran on the other device.
+    /// dependencies that ran on the other device — each result crosses once, with
+    /// its first user (lowest id) on this device.
     ///
     /// So a hot chunk's rows cross once, at its [`TaskKind::HotInstall`] (the
     /// result of its [`TaskKind::HotCompute`] on the CPU), and a
@@ -375,11 +388,17 @@ impl TaskGraph {
         if t.kind == TaskKind::HotCompute {
             return own;
         }
+        let first_here = |d: usize| {
+            self.users[d]
+                .iter()
+                .find(|&&u| self.tasks[u].device == t.device)
+                .is_some_and(|&u| u == id)
+        };
         own + t
             .deps
             .iter()
             .filter_map(|&d| self.tasks.get(d))
-            .filter(|d| d.device != t.device)
+            .filter(|d| d.device != t.device && first_here(d.id))
             .map(|d| d.est.out_bytes)
             .sum::<u64>()
     }
@@ -447,6 +466,9 @@ mod tests {
         assert_eq!(g.pcie_bytes(s), 0);
         assert_eq!(g.pcie_bytes(c), 105);
         assert_eq!(g.pcie_bytes(99), 0);
+        // A result crosses once: a second user on the same device reads the copy.
+        let f = g.push(task(TaskKind::Forward, vec![s, c])).unwrap();
+        assert_eq!(g.pcie_bytes(f), 0);
         // A hot chunk: the computation's edges carry nothing (it reads host data);
         // its rows cross once, into the install.
         let mut hc = task(TaskKind::HotCompute, vec![c]);
