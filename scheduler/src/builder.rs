@@ -1,35 +1,82 @@
 //! Building the task graph: super-batch plans and batch shapes → tasks with
 //! devices, dependencies, priorities and size estimates.
 //!
+//! The graph models what the runtime executes. The protocol itself is described
+//! once, in the numbered steps of `runtime/src/orchestrate/pipeline.rs` ("runtime
+//! step n" below); "engine step n" are those of `runtime/src/engine/hot.rs`,
+//! "workers step n" those of `runtime/src/orchestrate/workers.rs`. Each task is
+//! one piece of that work:
+//!
+//! | task | in the runtime |
+//! |---|---|
+//! | `SampleTop(b)` | runtime step 3: `Engine::prepare_top` (engine step 1), a super-batch ahead |
+//! | `HotCompute(j, c)` | one CPU job (workers step 4: sample, gather, compute on one worker) |
+//! | `HotInstall(j, c)` | runtime step 4: `Engine::hot_install` (engine step 3) at the first gate after the job's report |
+//! | `HotLoad(b)` | runtime step 5, the gate; then the upload of the used positions and slab rows and the rows' selection (engine step 4) |
+//! | `SampleBottom(b)`, `ColdGather(b)`, `ColdCompute(b)`, `Forward(b)`, `Backward(b)`, `OptimizerStep(b)` | runtime step 6: `Engine::train_prepared` (engine step 4) |
+//! | `PublishWeights(b)` | runtime steps 2 and 7 |
+//!
 //! # Dependencies (finish-to-start)
 //! For batch `b` of super-batch `j`, and chunk `c` of the queue of `j`:
 //!
-//! 1. `SampleTop(b)` ← `PublishWeights(last batch of j - D - 1)` (pipeline step 5:
-//!    the batches of `j` are sampled while `j - D` trains; none for `j <= D`).
-//! 2. `ColdGather(b)` ← `SampleTop(b)`; `ColdCompute(b)` ← `ColdGather(b)`.
-//! 3. `HotLoad(b)` ← `SampleTop(b)` (it needs the list of its hot vertices; the
-//!    embeddings themselves are the staleness rule's business, not an edge).
-//! 4. `Forward(b)` ← `ColdCompute(b)`, `HotLoad(b)`, `OptimizerStep(b - 1)` (it
-//!    runs at version `b`).
-//! 5. `Backward(b)` ← `Forward(b)`; `OptimizerStep(b)` ← `Backward(b)`;
-//!    `PublishWeights(b)` ← `OptimizerStep(b)`.
-//! 6. `HotSample(j, c)` ← every `SampleTop` of `j` (the queue is known only once
-//!    they are sampled) and the gate of step 1; `HotGather(j, c)` ← `HotSample(j, c)`;
-//!    `HotCompute(j, c)` ← `HotGather(j, c)`.
+//! 1. `SampleTop(b)` ← `PublishWeights(last batch of j − D − 1)` (runtime step 3:
+//!    `j` is launched when `j − D` starts, after `j − D − 1`'s publication; no
+//!    edge for `j ≤ D`, launched at the start).
+//! 2. `HotCompute(j, c)` ← every `SampleTop` of `j` (the queue is planned from
+//!    their bottom destinations) and the edge of 1.
+//! 3. `HotInstall(j, c)` ← `HotCompute(j, c)`. When it runs, and whether at all,
+//!    is decided at run time: at the first gate after the computation finished,
+//!    if its rows are newer than the slab's (runtime step 4; the simulator).
+//! 4. `HotLoad(b)` ← `SampleTop(b)`. Which installed chunks it reads is the
+//!    staleness rule's decision at run time, per chunk (runtime step 5), not an
+//!    edge.
+//! 5. `SampleBottom(b)` ← `SampleTop(b)`, `HotLoad(b)`: the gate decides which
+//!    bottom destinations stay cold. Without a CPU part in the plan there is
+//!    nothing to decide (the step-based placements): no edge from the gate, and
+//!    the bottom hop is sampled with the top. `ColdGather(b)` ← `SampleBottom(b)`;
+//!    `ColdCompute(b)` ← `ColdGather(b)`, `SampleBottom(b)` (it aggregates over
+//!    the bottom block).
+//! 6. `Forward(b)` ← `ColdCompute(b)`, `HotLoad(b)`, `OptimizerStep(b − 1)` (it
+//!    runs at version `b`); `Backward(b)` ← `Forward(b)`; `OptimizerStep(b)` ←
+//!    `Backward(b)`.
+//! 7. `PublishWeights(b)` ← `OptimizerStep(b)`, after the last batch of every
+//!    super-batch, and after every batch under [`Publication::EveryBatch`]
+//!    (runtime step 2).
 //!
 //! # Priorities
 //! `priority = 16 · (anchor + 1) + rank(kind)`, where the anchor is the batch the
 //! task serves, except for work done one pipeline stage ahead on the accelerator's
-//! in-order stream (sampling of `j` is anchored at the first batch of `j - D`, so
-//! the stream samples a super-batch ahead before training), and for hot chunks,
-//! always anchored at the first batch of `j - D` with `SampleTop`'s rank (so they
-//! follow the sampling they depend on). Urgent work the runtime creates at the
-//! gate uses priority 0.
+//! in-order stream (sampling of `j` is anchored at the first batch of `j − D`, so
+//! the stream samples a super-batch ahead before that batch's gate, as runtime
+//! step 3 launches `j` before training `j − D`), and for hot chunks, always
+//! anchored at the first batch of `j − D` with `SampleTop`'s rank (so they follow
+//! the sampling they depend on). Work the runtime creates or schedules at a gate
+//! (installs, urgent jobs, a publication for them) runs at priority 0.
+//!
+//! # Estimates and PCIe
+//! With `hot_backward = "constant"` (the runtime's default), per task, and what
+//! [`TaskGraph::pcie_bytes`] counts under the layer-based placement:
+//! - `SampleTop`: the upper layers' edges; the bottom destinations' ids (4 B
+//!   each) go to the host to plan the queue.
+//! - `HotCompute`: `k · fanout` sampled edges, `k · (fanout + 1)` feature rows
+//!   read from host memory, the bottom layer's flops; its result is `k` rows of
+//!   [`ModelShape::hot_row_bytes`] in host staging. No PCIe.
+//! - `HotInstall`: those rows, host → device, once per installed computation.
+//! - `HotLoad`: 8 B per hot position used (position and slab row); the rows are
+//!   selected on the device.
+//! - `SampleBottom`: the cold destinations' edges; a skip mask of 1 B per bottom
+//!   destination when some are hot.
+//! - `ColdGather`: the cold inputs' rows the device cache does not hold.
+//! - `PublishWeights`: layer 0's weights, device → host.
+//!
+//! A gate that leaves late vertices cold (`on_late = "compute"`) remakes the
+//! estimates of the batch's `HotLoad`, `SampleBottom`, `ColdGather` and
+//! `ColdCompute` ([`GraphBuilder`]'s `leave_cold`, from the simulator).
 
 use cpu_ops::SampledBatch;
 
 use crate::error::{invalid, Result, SchedulerError};
-use crate::pipeline::{HotSplit, PipelineConfig, SuperBatchPlan, VertexClass};
+use crate::pipeline::{HotSplit, PipelineConfig, Publication, SuperBatchPlan, VertexClass};
 use crate::placement::Placement;
 use crate::task::{Device, Estimate, LayerSpan, Task, TaskGraph, TaskKind};
 
@@ -84,11 +131,12 @@ impl ModelShape {
         F32 * self.feature_dim as u64
     }
 
-    /// Bytes of one hot vertex shipped to the accelerator: its embedding and its
-    /// aggregated input (which the bottom layer's backward on the accelerator
-    /// needs, NeutronOrch §4.1.1).
+    /// Bytes of one hot row: layer 0's output for one vertex, as the CPU writes
+    /// it to staging and the install uploads it into the slab (the runtime's
+    /// `Engine::hot_width` values; with `hot_backward = "constant"` nothing else
+    /// of a hot vertex crosses PCIe).
     pub fn hot_row_bytes(&self) -> u64 {
-        F32 * (self.feature_dim as u64 + self.hidden as u64)
+        F32 * self.hidden as u64
     }
 
     /// Bytes of the bottom layer's weights (what is published).
@@ -164,6 +212,23 @@ impl BatchShape {
     }
 }
 
+impl BatchShape {
+    /// This shape with `k` of its CPU-hot destinations computed by the accelerator
+    /// instead: each adds `bottom_fanout` sampled edges and `bottom_fanout + 1`
+    /// inputs read from host memory (the workload's approximation).
+    pub fn with_cold(&self, k: u64, bottom_fanout: u32) -> Self {
+        let k = k.min(self.hot);
+        let fan = bottom_fanout as u64;
+        Self {
+            hot: self.hot - k,
+            cold_dst: self.cold_dst + k,
+            cold_edges: self.cold_edges + k * fan,
+            cold_inputs: self.cold_inputs + k * (fan + 1),
+            ..*self
+        }
+    }
+}
+
 /// The ids of one batch's tasks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchTasks {
@@ -171,6 +236,8 @@ pub struct BatchTasks {
     pub batch: u64,
     /// [`TaskKind::SampleTop`].
     pub sample: usize,
+    /// [`TaskKind::SampleBottom`].
+    pub sample_bottom: usize,
     /// [`TaskKind::ColdGather`].
     pub cold_gather: usize,
     /// [`TaskKind::ColdCompute`].
@@ -183,8 +250,11 @@ pub struct BatchTasks {
     pub backward: usize,
     /// [`TaskKind::OptimizerStep`].
     pub step: usize,
-    /// [`TaskKind::PublishWeights`].
-    pub publish: usize,
+    /// [`TaskKind::PublishWeights`] after its step, if it publishes
+    /// ([`Publication`]; the last batch of a super-batch always does).
+    pub publish: Option<usize>,
+    /// The shape its estimates were made from.
+    pub shape: BatchShape,
 }
 
 /// The ids of one hot chunk's tasks.
@@ -194,12 +264,10 @@ pub struct ChunkTasks {
     pub chunk: u32,
     /// Positions of its vertices in the plan's queue.
     pub range: std::ops::Range<usize>,
-    /// [`TaskKind::HotSample`].
-    pub sample: usize,
-    /// [`TaskKind::HotGather`].
-    pub gather: usize,
     /// [`TaskKind::HotCompute`].
     pub compute: usize,
+    /// [`TaskKind::HotInstall`].
+    pub install: usize,
 }
 
 /// The tasks one super-batch added.
@@ -211,6 +279,9 @@ pub struct SuperBatchTasks {
     pub batches: Vec<BatchTasks>,
     /// Its queue's chunks, hottest first.
     pub chunks: Vec<ChunkTasks>,
+    /// The [`TaskKind::PublishWeights`] after its last batch (the one queue
+    /// `j + D + 1` waits for).
+    pub publish: usize,
 }
 
 /// Appends super-batches to a growing [`TaskGraph`] under one placement.
@@ -219,6 +290,7 @@ pub struct GraphBuilder<'p> {
     model: ModelShape,
     pipeline: PipelineConfig,
     placement: &'p dyn Placement,
+    publication: Publication,
     graph: TaskGraph,
     next_super_batch: u64,
     next_batch: u64,
@@ -228,18 +300,32 @@ pub struct GraphBuilder<'p> {
 }
 
 impl<'p> GraphBuilder<'p> {
-    /// An empty builder.
+    /// An empty builder that publishes after every super-batch (see
+    /// [`GraphBuilder::with_publication`]).
     pub fn new(model: ModelShape, pipeline: PipelineConfig, placement: &'p dyn Placement) -> Self {
         Self {
             model,
             pipeline,
             placement,
+            publication: Publication::EverySuperBatch,
             graph: TaskGraph::new(),
             next_super_batch: 0,
             next_batch: 0,
             last_publish: Vec::new(),
             last_step: None,
         }
+    }
+
+    /// Publishes as `publication` says from the next super-batch on
+    /// ([`Publication::for_bound`] gives the runtime's choice).
+    pub fn with_publication(mut self, publication: Publication) -> Self {
+        self.publication = publication;
+        self
+    }
+
+    /// When weights are published.
+    pub fn publication(&self) -> Publication {
+        self.publication
     }
 
     /// The graph so far.
@@ -270,6 +356,16 @@ impl<'p> GraphBuilder<'p> {
             b
         };
         SLOTS * (anchor + 1) + kind.rank()
+    }
+
+    /// The priority of `SampleBottom(b)` on `device`: after the gate of `b`, or,
+    /// when no gate decides anything (no CPU part), with the top, a stage ahead.
+    fn sample_bottom_priority(&self, b: u64, device: Device, gated: bool) -> u64 {
+        let kind = TaskKind::SampleBottom;
+        if gated || device != Device::Accelerator {
+            return self.batch_priority(kind, b, device);
+        }
+        SLOTS * (self.lead_batch(self.pipeline.super_batch_of(b)) + 1) + kind.rank()
     }
 
     /// The first batch of the super-batch during which `j` is prepared.
@@ -332,31 +428,11 @@ impl<'p> GraphBuilder<'p> {
                 j,
                 None,
                 LayerSpan {
-                    first: 0,
+                    first: 1.min(top),
                     last: top,
                 },
                 gate.clone(),
-                sample_estimate(s),
-                None,
-            )?;
-            let cold_gather = self.push(
-                TaskKind::ColdGather,
-                Some(b),
-                j,
-                None,
-                LayerSpan::one(0),
-                vec![sample],
-                gather_estimate(&m, s),
-                None,
-            )?;
-            let cold_compute = self.push(
-                TaskKind::ColdCompute,
-                Some(b),
-                j,
-                None,
-                LayerSpan::one(0),
-                vec![cold_gather],
-                cold_compute_estimate(&m, s),
+                sample_top_estimate(s),
                 None,
             )?;
             let hot_load = self.push(
@@ -366,7 +442,47 @@ impl<'p> GraphBuilder<'p> {
                 None,
                 LayerSpan::one(0),
                 vec![sample],
-                hot_load_estimate(&m, s, plan.first_use[k] as u64),
+                hot_load_estimate(&m, s),
+                None,
+            )?;
+            // The gate decides which bottom destinations stay cold, so the bottom
+            // hop is sampled after it — when there is a CPU part to decide about;
+            // without one the batch is sampled whole, a stage ahead.
+            let gated = plan.split.cpu() > 0;
+            let mut bdeps = vec![sample];
+            if gated {
+                bdeps.push(hot_load);
+            }
+            let device = self.placement.device(TaskKind::SampleBottom);
+            let priority = self.sample_bottom_priority(b, device, gated);
+            let sample_bottom = self.push(
+                TaskKind::SampleBottom,
+                Some(b),
+                j,
+                None,
+                LayerSpan::one(0),
+                bdeps,
+                sample_bottom_estimate(s),
+                Some(priority),
+            )?;
+            let cold_gather = self.push(
+                TaskKind::ColdGather,
+                Some(b),
+                j,
+                None,
+                LayerSpan::one(0),
+                vec![sample_bottom],
+                gather_estimate(&m, s),
+                None,
+            )?;
+            let cold_compute = self.push(
+                TaskKind::ColdCompute,
+                Some(b),
+                j,
+                None,
+                LayerSpan::one(0),
+                vec![cold_gather, sample_bottom],
+                cold_compute_estimate(&m, s),
                 None,
             )?;
             let mut fdeps = vec![cold_compute, hot_load];
@@ -402,20 +518,25 @@ impl<'p> GraphBuilder<'p> {
                 step_estimate(&m),
                 None,
             )?;
-            let publish = self.push(
-                TaskKind::PublishWeights,
-                Some(b),
-                j,
-                None,
-                LayerSpan::one(0),
-                vec![step],
-                publish_estimate(&m),
-                None,
-            )?;
+            let publish = if self.publication.publishes_after(k, shapes.len()) {
+                Some(self.push(
+                    TaskKind::PublishWeights,
+                    Some(b),
+                    j,
+                    None,
+                    LayerSpan::one(0),
+                    vec![step],
+                    publish_estimate(&m),
+                    None,
+                )?)
+            } else {
+                None
+            };
             self.last_step = Some(step);
             batches.push(BatchTasks {
                 batch: b,
                 sample,
+                sample_bottom,
                 cold_gather,
                 cold_compute,
                 hot_load,
@@ -423,6 +544,7 @@ impl<'p> GraphBuilder<'p> {
                 backward,
                 step,
                 publish,
+                shape: *s,
             });
         }
         // Hot chunks: after all of this super-batch's sampling, and the gate.
@@ -433,55 +555,74 @@ impl<'p> GraphBuilder<'p> {
         let pipeline = self.pipeline;
         for (c, (range, verts)) in plan.chunks(&pipeline).enumerate() {
             let k = verts.len() as u64;
-            let (se, ge, ce) = hot_chunk_estimates(&m, k);
-            let layer = LayerSpan::one(0);
-            let ci = Some(c as u32);
-            let p = Some(chunk_priority);
-            let sample = self.push(
-                TaskKind::HotSample,
-                None,
-                j,
-                ci,
-                layer,
-                chunk_deps.clone(),
-                se,
-                p,
-            )?;
-            let gather = self.push(TaskKind::HotGather, None, j, ci, layer, vec![sample], ge, p)?;
             let compute = self.push(
                 TaskKind::HotCompute,
                 None,
                 j,
-                ci,
-                layer,
-                vec![gather],
-                ce,
-                p,
+                Some(c as u32),
+                LayerSpan::one(0),
+                chunk_deps.clone(),
+                hot_chunk_estimate(&m, k),
+                Some(chunk_priority),
+            )?;
+            let install = self.push(
+                TaskKind::HotInstall,
+                None,
+                j,
+                Some(c as u32),
+                LayerSpan::one(0),
+                vec![compute],
+                hot_install_estimate(&m, k),
+                Some(chunk_priority),
             )?;
             chunks.push(ChunkTasks {
                 chunk: c as u32,
                 range,
-                sample,
-                gather,
                 compute,
+                install,
             });
         }
-        if let Some(last) = batches.last() {
-            self.last_publish.push(last.publish);
-        }
+        let publish = batches
+            .last()
+            .and_then(|t| t.publish)
+            .ok_or_else(|| invalid("plan.batches", "a publication after the last batch", j))?;
+        self.last_publish.push(publish);
         self.next_super_batch += 1;
         self.next_batch = plan.batches.end;
         Ok(SuperBatchTasks {
             index: j,
             batches,
             chunks,
+            publish,
         })
     }
 
-    /// Appends a task the runtime created while running (urgent hot work, late
-    /// cold work); its dependencies must be existing tasks.
+    /// Appends a task the runtime created while running (urgent hot work); its
+    /// dependencies must be existing tasks.
     pub(crate) fn push_dynamic(&mut self, task: Task) -> Result<usize> {
         self.graph.push(task)
+    }
+
+    /// The gate of batch `t` left `late` of its hot destinations cold
+    /// (`on_late = "compute"`): the accelerator samples, gathers and computes them
+    /// itself, so its bottom-hop tasks grow (their estimates are remade from the
+    /// shape with `late` hot destinations moved to the cold side).
+    pub(crate) fn leave_cold(&mut self, t: &BatchTasks, late: u64) -> Result<()> {
+        let m = self.model;
+        let s = t.shape.with_cold(late.min(t.shape.hot), m.bottom_fanout);
+        for (id, est) in [
+            (t.hot_load, hot_load_estimate(&m, &s)),
+            (t.sample_bottom, sample_bottom_estimate(&s)),
+            (t.cold_gather, gather_estimate(&m, &s)),
+            (t.cold_compute, cold_compute_estimate(&m, &s)),
+        ] {
+            let task = self
+                .graph
+                .get_mut(id)
+                .ok_or_else(|| invalid("batch task", "a task of the graph", id))?;
+            task.est = est;
+        }
+        Ok(())
     }
 
     fn check(&self, plan: &SuperBatchPlan, shapes: &[BatchShape]) -> Result<()> {
@@ -541,14 +682,37 @@ impl<'p> GraphBuilder<'p> {
     }
 }
 
-fn sample_estimate(s: &BatchShape) -> Estimate {
-    let edges = s.upper_edges + s.cold_edges;
-    let vertices = s.seeds + s.upper_dst + s.cold_dst;
+/// The layers above the bottom; the result is their blocks and the bottom
+/// destinations (the sources of the lowest of them), whose ids go to the host
+/// to plan the hot queue.
+fn sample_top_estimate(s: &BatchShape) -> Estimate {
+    let edges = s.upper_edges;
+    let vertices = s.seeds + s.upper_dst;
+    let bottom_ids = 4 * (s.hot + s.cold_dst);
     Estimate {
         vertices,
         edges,
+        sampled_edges: edges,
         mem_bytes: 12 * edges + 8 * vertices,
-        out_bytes: 4 * edges + 12 * vertices + 4 * s.cold_inputs,
+        out_bytes: 4 * edges + 12 * vertices + bottom_ids,
+        host_write_bytes: bottom_ids,
+        ..Estimate::default()
+    }
+}
+
+/// The bottom hop of the cold destinations; the result is the bottom block and its
+/// input ids. With hot destinations to skip, a mask of one byte per bottom
+/// destination goes to the device first.
+fn sample_bottom_estimate(s: &BatchShape) -> Estimate {
+    let edges = s.cold_edges;
+    let mask = if s.hot > 0 { s.hot + s.cold_dst } else { 0 };
+    Estimate {
+        vertices: s.cold_dst,
+        edges,
+        sampled_edges: edges,
+        mem_bytes: 12 * edges + 8 * s.cold_dst,
+        out_bytes: 4 * edges + 12 * s.cold_dst + 4 * s.cold_inputs,
+        host_read_bytes: mask,
         ..Estimate::default()
     }
 }
@@ -577,12 +741,15 @@ fn cold_compute_estimate(m: &ModelShape, s: &BatchShape) -> Estimate {
     }
 }
 
-fn hot_load_estimate(m: &ModelShape, s: &BatchShape, first_use: u64) -> Estimate {
+fn hot_load_estimate(m: &ModelShape, s: &BatchShape) -> Estimate {
+    // The rows are in the slab already (HotInstall): per hot position only the
+    // position and its slab row (2 × u32) go up; the rows are selected on the
+    // device.
     Estimate {
         vertices: s.hot,
-        mem_bytes: m.hot_row_bytes() * s.hot,
-        out_bytes: F32 * m.hidden as u64 * s.hot,
-        host_read_bytes: m.hot_row_bytes() * first_use,
+        mem_bytes: 2 * m.hot_row_bytes() * s.hot,
+        out_bytes: m.hot_row_bytes() * s.hot,
+        host_read_bytes: 8 * s.hot,
         ..Estimate::default()
     }
 }
@@ -622,56 +789,45 @@ fn step_estimate(m: &ModelShape) -> Estimate {
     }
 }
 
-fn publish_estimate(m: &ModelShape) -> Estimate {
+/// The bottom layer's weights go to host memory: their bytes are counted as the
+/// task's host writes (its result is already where its readers are).
+pub(crate) fn publish_estimate(m: &ModelShape) -> Estimate {
     let w = m.bottom_weight_bytes();
     Estimate {
         mem_bytes: w,
-        out_bytes: w,
         host_write_bytes: w,
         ..Estimate::default()
     }
 }
 
-/// Sample, gather and compute estimates of a hot chunk of `k` vertices.
-pub(crate) fn hot_chunk_estimates(m: &ModelShape, k: u64) -> (Estimate, Estimate, Estimate) {
+/// The estimate of a hot chunk of `k` vertices: one CPU job that samples one hop
+/// with the bottom fanout, reads the neighbors' input features from host memory
+/// and runs the bottom layer (the runtime's `HotComputer::compute_into`).
+pub(crate) fn hot_chunk_estimate(m: &ModelShape, k: u64) -> Estimate {
     let edges = k * m.bottom_fanout as u64;
     let row = m.feature_row_bytes();
     let (f, h) = (m.feature_dim as f64, m.hidden as f64);
-    let sample = Estimate {
+    Estimate {
         vertices: k,
         edges,
-        mem_bytes: 12 * edges + 8 * k,
-        out_bytes: 4 * edges + 12 * k,
-        ..Estimate::default()
-    };
-    let gather = Estimate {
-        vertices: edges + k,
-        mem_bytes: 2 * row * (edges + k),
-        out_bytes: row * (edges + k),
+        sampled_edges: edges,
+        flops: edges as f64 * f + 2.0 * k as f64 * f * h,
+        mem_bytes: (12 * edges + 8 * k) + 3 * row * (edges + k) + m.hot_row_bytes() * k,
+        out_bytes: m.hot_row_bytes() * k,
         host_read_bytes: row * (edges + k),
         ..Estimate::default()
-    };
-    let compute = Estimate {
-        vertices: k,
-        edges,
-        flops: edges as f64 * f + 2.0 * k as f64 * f * h,
-        mem_bytes: row * (edges + k) + m.hot_row_bytes() * k,
-        out_bytes: m.hot_row_bytes() * k,
-        ..Estimate::default()
-    };
-    (sample, gather, compute)
+    }
 }
 
-/// Gather and compute estimates for `k` late vertices computed cold in one batch
-/// (`on_late = "compute"`): each brings `bottom_fanout` inputs from host memory.
-pub(crate) fn late_cold_estimates(m: &ModelShape, k: u64) -> (Estimate, Estimate) {
-    let s = BatchShape {
-        cold_dst: k,
-        cold_edges: k * m.bottom_fanout as u64,
-        cold_inputs: k * (m.bottom_fanout as u64 + 1),
-        ..BatchShape::default()
-    };
-    (gather_estimate(m, &s), cold_compute_estimate(m, &s))
+/// The install of a chunk of `k` rows into the device slab. Its PCIe bytes are
+/// the rows its [`TaskKind::HotCompute`] wrote (that task's result, counted on the
+/// edge when the computation ran on the other device: `k × hot_row_bytes`).
+pub(crate) fn hot_install_estimate(m: &ModelShape, k: u64) -> Estimate {
+    Estimate {
+        vertices: k,
+        mem_bytes: m.hot_row_bytes() * k,
+        ..Estimate::default()
+    }
 }
 
 #[cfg(test)]
@@ -743,36 +899,121 @@ mod tests {
             sbs.push(b.push_super_batch(&plan, &shapes).unwrap());
         }
         let g = b.graph();
-        // Queue 0 and 1 have no gate; queue 2 waits for super-batch 0's last publish.
-        let last_pub0 = sbs[0].batches[1].publish;
-        assert!(!g.tasks()[sbs[1].chunks[0].sample].deps.contains(&last_pub0));
-        let c2 = &g.tasks()[sbs[2].chunks[0].sample];
-        assert!(c2.deps.contains(&last_pub0));
+        let t = |id: usize| &g.tasks()[id];
+        // Queue 0 and 1 have no gate; queue 2 waits for super-batch 0's publication.
+        let pub0 = sbs[0].publish;
+        assert_eq!(sbs[0].batches[1].publish, Some(pub0));
+        assert_eq!(
+            sbs[0].batches[0].publish, None,
+            "one publication per super-batch"
+        );
+        assert!(!t(sbs[1].chunks[0].compute).deps.contains(&pub0));
+        let c2 = t(sbs[2].chunks[0].compute);
+        assert!(c2.deps.contains(&pub0));
         assert!(c2.deps.contains(&sbs[2].batches[0].sample));
         assert!(c2.deps.contains(&sbs[2].batches[1].sample));
-        assert!(g.tasks()[sbs[2].batches[0].sample]
-            .deps
-            .contains(&last_pub0));
+        assert!(t(sbs[2].batches[0].sample).deps.contains(&pub0));
+        // The install follows its chunk's computation.
+        assert_eq!(
+            t(sbs[2].chunks[0].install).deps,
+            vec![sbs[2].chunks[0].compute]
+        );
+        // A batch: top sampled ahead, then the gate, then the bottom hop, gather,
+        // compute of what the gate left cold.
+        let b3 = &sbs[1].batches[1];
+        assert_eq!(t(b3.hot_load).deps, vec![b3.sample]);
+        assert_eq!(t(b3.sample_bottom).deps, vec![b3.sample, b3.hot_load]);
+        assert_eq!(t(b3.cold_gather).deps, vec![b3.sample_bottom]);
+        assert_eq!(
+            t(b3.cold_compute).deps,
+            vec![b3.cold_gather, b3.sample_bottom]
+        );
         // Forward of batch 3 runs at version 3: after step 2.
-        let f3 = &g.tasks()[sbs[1].batches[1].forward];
-        assert!(f3.deps.contains(&sbs[1].batches[0].step));
+        assert!(t(b3.forward).deps.contains(&sbs[1].batches[0].step));
         // Queue of super-batch 1: vertices {0, 1, 2} in chunks of 2.
         assert_eq!(sbs[1].chunks.len(), 2);
         assert_eq!(sbs[1].chunks[0].range, 0..2);
         assert_eq!(sbs[1].chunks[1].range, 2..3);
         // Sampling of super-batch 2 comes before training super-batch 1 on the
-        // accelerator's stream, and after super-batch 0's training.
+        // accelerator's stream, and after super-batch 0's training; the gate
+        // comes before the bottom hop.
         let p = |id: usize| g.tasks()[id].priority;
-        assert!(p(sbs[2].batches[1].sample) < p(sbs[1].batches[0].cold_gather));
-        assert!(p(sbs[2].batches[0].sample) > p(sbs[0].batches[1].publish));
+        assert!(p(sbs[2].batches[1].sample) < p(sbs[1].batches[0].hot_load));
+        assert!(p(sbs[2].batches[0].sample) > p(pub0));
+        assert!(p(b3.hot_load) < p(b3.sample_bottom));
         // Hot chunks follow the sampling they need.
-        assert!(p(sbs[2].chunks[0].sample) >= p(sbs[2].batches[1].sample));
+        assert!(p(sbs[2].chunks[0].compute) >= p(sbs[2].batches[1].sample));
         g.topological_order().unwrap();
-        // PCIe: hot embeddings are read by the accelerator on first use only.
-        let hl0 = &g.tasks()[sbs[0].batches[0].hot_load];
-        assert_eq!(hl0.est.host_read_bytes, 2 * m.hot_row_bytes());
-        let hl1 = &g.tasks()[sbs[0].batches[1].hot_load];
-        assert_eq!(hl1.est.host_read_bytes, m.hot_row_bytes());
+        // PCIe: a chunk's rows go up once, with its install; a batch's hot load
+        // moves 8 bytes per hot position; the computation itself moves nothing.
+        let chunk = &sbs[1].chunks[0];
+        assert_eq!(g.pcie_bytes(chunk.install), 2 * 4 * m.hidden as u64);
+        assert_eq!(g.pcie_bytes(chunk.compute), 0);
+        let b0 = &sbs[0].batches[0];
+        assert_eq!(b0.shape.hot, 2);
+        assert_eq!(g.pcie_bytes(b0.hot_load), 16);
+        // The skip mask, one byte per bottom destination.
+        assert_eq!(g.pcie_bytes(b0.sample_bottom), 4);
+        assert_eq!(g.pcie_bytes(pub0), m.bottom_weight_bytes());
+        // The bottom destinations' ids go to the host to plan the queue.
+        assert_eq!(g.pcie_bytes(b0.sample), 4 * 4);
+    }
+
+    #[test]
+    fn publication_every_batch_adds_one_per_batch() {
+        let m = ModelShape::new(16, 8, 2, 5).unwrap();
+        let pipe = PipelineConfig::new(3, 1, 2).unwrap();
+        let layer = Orchestration::Layer.placement();
+        let mut b =
+            GraphBuilder::new(m, pipe, layer.as_ref()).with_publication(Publication::EveryBatch);
+        assert_eq!(b.publication(), Publication::EveryBatch);
+        let split = HotSplit::all_cpu(4);
+        let mut sbs = Vec::new();
+        for j in 0..3 {
+            let (plan, shapes) = plan_and_shapes(j, 3, split);
+            sbs.push(b.push_super_batch(&plan, &shapes).unwrap());
+        }
+        let g = b.graph();
+        for t in sbs.iter().flat_map(|s| &s.batches) {
+            let publish = t.publish.unwrap();
+            assert_eq!(g.tasks()[publish].deps, vec![t.step]);
+        }
+        // Queue 2 still waits for the last publication of super-batch 0.
+        assert_eq!(sbs[0].publish, sbs[0].batches[2].publish.unwrap());
+        assert!(g.tasks()[sbs[2].chunks[0].compute]
+            .deps
+            .contains(&sbs[0].publish));
+    }
+
+    #[test]
+    fn late_vertices_left_cold_grow_the_bottom_hop() {
+        let m = ModelShape::new(16, 8, 2, 5).unwrap();
+        let pipe = PipelineConfig::new(2, 1, 2).unwrap();
+        let layer = Orchestration::Layer.placement();
+        let mut b = GraphBuilder::new(m, pipe, layer.as_ref());
+        let (plan, shapes) = plan_and_shapes(0, 2, HotSplit::all_cpu(4));
+        let sb = b.push_super_batch(&plan, &shapes).unwrap();
+        let t = sb.batches[0];
+        let est = |b: &GraphBuilder, id: usize| b.graph().tasks()[id].est;
+        let (hl, sbot, cg) = (
+            est(&b, t.hot_load),
+            est(&b, t.sample_bottom),
+            est(&b, t.cold_gather),
+        );
+        b.leave_cold(&t, 1).unwrap();
+        let after = |id: usize| est(&b, id);
+        assert_eq!(after(t.hot_load).vertices, hl.vertices - 1);
+        assert_eq!(after(t.hot_load).host_read_bytes, hl.host_read_bytes - 8);
+        assert_eq!(after(t.sample_bottom).sampled_edges, sbot.sampled_edges + 5);
+        assert_eq!(after(t.cold_gather).vertices, cg.vertices + 6);
+        assert_eq!(
+            after(t.cold_gather).host_read_bytes,
+            cg.host_read_bytes + 6 * m.feature_row_bytes()
+        );
+        // Every hot vertex late: no positions, no mask.
+        b.leave_cold(&t, 2).unwrap();
+        assert_eq!(est(&b, t.hot_load).host_read_bytes, 0);
+        assert_eq!(est(&b, t.sample_bottom).host_read_bytes, 0);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 use cpu_ops::Rng;
 
 use crate::error::{invalid, Result};
-use crate::task::{Device, Task, TaskKind};
+use crate::task::{Device, Task};
 
 /// Durations of tasks.
 pub trait CostSource {
@@ -68,14 +68,10 @@ impl DeviceRates {
     /// Seconds for the work of `task` on this device (PCIe excluded).
     fn seconds(&self, task: &Task) -> f64 {
         let e = &task.est;
-        let sampling = match task.kind {
-            TaskKind::SampleTop | TaskKind::HotSample => e.edges as f64 / self.sample_edges_per_s,
-            _ => 0.0,
-        };
         self.task_overhead_s
             + e.flops / self.flops_per_s
             + e.mem_bytes as f64 / self.mem_bytes_per_s
-            + sampling
+            + e.sampled_edges as f64 / self.sample_edges_per_s
     }
 }
 
@@ -227,7 +223,7 @@ impl<F> std::fmt::Debug for Scripted<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::{Estimate, LayerSpan};
+    use crate::task::{Estimate, LayerSpan, TaskKind};
 
     fn task(kind: TaskKind, device: Device, est: Estimate) -> Task {
         Task {
@@ -266,14 +262,19 @@ mod tests {
             flops: 20.0,
             mem_bytes: 200,
             edges: 10,
+            sampled_edges: 10,
             ..Estimate::default()
         };
         let t = task(TaskKind::SampleTop, Device::Cpu, est);
         assert!((m.seconds(&t, 100) - (1.0 + 2.0 + 2.0 + 2.0 + 2.0)).abs() < 1e-12);
-        // Edges cost sampling time only in sampling tasks.
-        let t = task(TaskKind::ColdCompute, Device::Cpu, est);
+        // Only sampled edges cost sampling time (aggregated ones do not).
+        let aggregated = Estimate {
+            sampled_edges: 0,
+            ..est
+        };
+        let t = task(TaskKind::ColdCompute, Device::Cpu, aggregated);
         assert!((m.seconds(&t, 0) - 5.0).abs() < 1e-12);
-        let t = task(TaskKind::ColdCompute, Device::Accelerator, est);
+        let t = task(TaskKind::ColdCompute, Device::Accelerator, aggregated);
         assert!((m.seconds(&t, 0) - 0.22).abs() < 1e-12);
         let mut bad = m;
         bad.accelerator.flops_per_s = 0.0;

@@ -9,15 +9,17 @@
 //! - placements: the [`Placement`] trait, [`LayerBased`] and [`StepBased`],
 //!   selected by [`Orchestration`] (the config key `orchestration`);
 //! - the pipeline: [`PipelineConfig`] (super-batch size, depth), [`HotSplit`]
-//!   (CPU part / cached part of the hot set), [`SuperBatchPlan`] (hot queues);
+//!   (CPU part / cached part of the hot set), [`SuperBatchPlan`] (hot queues),
+//!   [`Publication`] (when weights go to the CPU);
 //! - staleness: [`StalenessRule`], [`OnLate`], [`GapHistogram`];
 //! - the monitor: [`Monitor`], [`Observation`], [`MoveEvent`];
 //! - `policy = "auto"`: [`choose`] among measured placements, [`LayerFit`] to
 //!   propose the layer-based split worth measuring;
 //! - simulation: [`CostSource`] ([`CostModel`], [`RandomCosts`], [`Scripted`]),
-//!   [`Workload`], [`simulate`].
+//!   [`Workload`], [`simulate`] — a model of the runtime's protocol, whose one
+//!   description is the numbered steps of `runtime/src/orchestrate/pipeline.rs`.
 //!
-//! The design and the protocols are in `docs/orchestration.md`.
+//! The design is in `docs/orchestration.md`.
 
 mod auto;
 mod builder;
@@ -44,7 +46,9 @@ pub use hotness::{
     degree_scores, hotness_order, presample_counts, HotnessPolicy, Touch, DEFAULT_PRESAMPLE_EPOCHS,
 };
 pub use monitor::{Direction, Monitor, MonitorConfig, MoveEvent, MoveReason, Observation};
-pub use pipeline::{HotSplit, PipelineConfig, SuperBatchPlan, VertexClass, MAX_PIPELINE_DEPTH};
+pub use pipeline::{
+    HotSplit, PipelineConfig, Publication, SuperBatchPlan, VertexClass, MAX_PIPELINE_DEPTH,
+};
 pub use placement::{LayerBased, Orchestration, Placement, StepBased};
 pub use relabel::{hot_count, Permutation, Relabeling};
 pub use report::{BatchRecord, SimReport, SimTotals, SuperBatchRecord, TaskSpan};

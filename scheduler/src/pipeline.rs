@@ -1,5 +1,7 @@
 //! Super-batch planning: which batches form a super-batch, which hot vertices its
-//! queue holds, and when the CPU may compute that queue.
+//! queue holds, and when the CPU may compute that queue. These are the rules the
+//! runtime's protocol uses (`runtime/src/orchestrate/pipeline.rs`, steps 2–3 and
+//! 7 there); the simulator models that protocol with them.
 //!
 //! # The pipeline, step by step
 //! With `N` batches per super-batch and pipeline depth `D` (NeutronOrch uses
@@ -10,9 +12,11 @@
 //! 2. **Split.** Super-batch `j` is planned with the [`HotSplit`] in effect for it:
 //!    hot ids `0..cpu` are computed by the CPU, hot ids `cpu..hot` are in the
 //!    device feature cache and treated as cold, the rest are cold.
-//! 3. **Sample early.** The accelerator samples the batches of super-batch `j` as
-//!    soon as super-batch `j - D` starts (before training it), so the bottom-layer
-//!    destinations of `j` are known one pipeline stage ahead.
+//! 3. **Sample early.** The accelerator samples the layers above the bottom of
+//!    the batches of super-batch `j` as soon as super-batch `j - D` starts (before
+//!    training it), so the bottom-layer destinations of `j` are known one pipeline
+//!    stage ahead. The bottom hop itself is sampled when the batch trains, after
+//!    its staleness gate has decided which destinations stay cold.
 //! 4. **Queue.** The queue of `j` is the set of CPU-hot vertices that its batches'
 //!    bottom layer touches, deduplicated and sorted by id, which after relabeling is
 //!    hotness order ([`SuperBatchPlan::new`]), cut into chunks of at most
@@ -22,7 +26,9 @@
 //!    has finished (its last batch's weights are published), i.e. while the
 //!    accelerator trains super-batches `j - D ..= j - 1`; it works through the queue
 //!    in chunks, hottest first, each chunk with the newest weights published when
-//!    the chunk starts. Queues `0..=D` may start at once.
+//!    the chunk starts. Queues `0..=D` may start at once. Weights are published at
+//!    the start and after every super-batch, or after every batch when the
+//!    staleness bound is below the on-time gap of step 7 ([`Publication`]).
 //! 6. **Drop late work.** A chunk of queue `j` not started by the time every batch
 //!    of `j` has passed its hot-embedding gate is dropped: nobody would read it.
 //! 7. **Bound.** If the CPU keeps up, an embedding of queue `j` has version at least
@@ -241,6 +247,40 @@ impl PipelineConfig {
     }
 }
 
+/// When the accelerator publishes layer 0's weights to the CPU workers (step 5;
+/// the runtime's step 2 in `runtime/src/orchestrate/pipeline.rs`). Weights are
+/// always published at the start, and before an urgent recomputation that needs
+/// newer ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Publication {
+    /// After the last batch of every super-batch: one download per super-batch.
+    #[default]
+    EverySuperBatch,
+    /// After every batch: chunks started later read fresher weights.
+    EveryBatch,
+}
+
+impl Publication {
+    /// The runtime's rule: after every batch when `staleness_bound` is below
+    /// [`PipelineConfig::on_time_gap`] (rows of an on-time CPU would otherwise be
+    /// late), after every super-batch otherwise.
+    pub fn for_bound(pipeline: &PipelineConfig, staleness_bound: u64) -> Self {
+        if staleness_bound < pipeline.on_time_gap() {
+            Self::EveryBatch
+        } else {
+            Self::EverySuperBatch
+        }
+    }
+
+    /// Whether batch `k` of a super-batch of `len` batches publishes after its step.
+    pub fn publishes_after(self, k: usize, len: usize) -> bool {
+        match self {
+            Self::EveryBatch => true,
+            Self::EverySuperBatch => k + 1 == len,
+        }
+    }
+}
+
 /// One super-batch's plan: its batches, its split, and its hot queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SuperBatchPlan {
@@ -255,7 +295,7 @@ pub struct SuperBatchPlan {
     /// Per batch: its CPU-hot bottom-layer vertices, sorted.
     pub batch_hot: Vec<Vec<u32>>,
     /// Per batch: how many queue vertices it is the first batch of the super-batch
-    /// to use (their embeddings cross PCIe with it; later batches reuse the copy).
+    /// to use.
     pub first_use: Vec<u32>,
 }
 
@@ -381,6 +421,24 @@ mod tests {
             assert!(e.to_string().contains(key), "{e}");
         }
         assert!(p.with_min_chunks(0).is_err());
+    }
+
+    #[test]
+    fn publication_follows_the_bound_against_the_on_time_gap() {
+        let p = PipelineConfig::new(4, 1, 64).unwrap();
+        assert_eq!(Publication::for_bound(&p, 7), Publication::EverySuperBatch);
+        assert_eq!(Publication::for_bound(&p, 99), Publication::EverySuperBatch);
+        assert_eq!(Publication::for_bound(&p, 6), Publication::EveryBatch);
+        assert_eq!(Publication::for_bound(&p, 0), Publication::EveryBatch);
+        let every_sb = Publication::EverySuperBatch;
+        assert_eq!(
+            (0..4)
+                .map(|k| every_sb.publishes_after(k, 4))
+                .collect::<Vec<_>>(),
+            vec![false, false, false, true]
+        );
+        assert!(every_sb.publishes_after(1, 2));
+        assert!((0..4).all(|k| Publication::EveryBatch.publishes_after(k, 4)));
     }
 
     #[test]

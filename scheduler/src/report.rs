@@ -18,7 +18,7 @@ pub struct BatchRecord {
     pub super_batch: u64,
     /// When the previous batch finished (0 for the first).
     pub start_s: f64,
-    /// When its weights were published.
+    /// When its optimizer step finished.
     pub end_s: f64,
     /// Accelerator time waiting at its hot-embedding gate.
     pub hot_wait_s: f64,
@@ -26,13 +26,16 @@ pub struct BatchRecord {
     pub other_wait_s: f64,
     /// CPU embeddings it used.
     pub hot_used: u32,
-    /// Late vertices it computed cold (`on_late = "compute"`).
+    /// Late vertices it computed cold (`on_late = "compute"`): the batch's vertices
+    /// in the chunks its gate found late.
     pub late_computed: u32,
-    /// Urgent CPU tasks its gate created (`on_late = "wait"`).
+    /// Urgent CPU jobs its gate sent (`on_late = "wait"`): one per late chunk,
+    /// a promotion of a chunk not computed yet or a recomputation of a stale one.
     pub urgent_tasks: u32,
     /// Its largest reuse gap.
     pub max_gap: Option<u64>,
-    /// Bytes its tasks moved over PCIe.
+    /// Bytes its tasks moved over PCIe (chunk installs are the queue's, not a
+    /// batch's, unless its gate sent them).
     pub pcie_bytes: u64,
 }
 
@@ -80,20 +83,24 @@ pub struct TaskSpan {
     pub batch: Option<u64>,
     /// Super-batch.
     pub super_batch: u64,
+    /// The chunk of the super-batch's queue, for hot-chunk tasks.
+    pub chunk: Option<u32>,
     /// Start time.
     pub start_s: f64,
     /// End time.
     pub end_s: f64,
-    /// For a hot computation: the weight version it stamped.
+    /// The weight version a hot computation stamped, an install uploaded, or a
+    /// publication published.
     pub version: Option<u64>,
-    /// For a hot computation: the vertices it wrote.
+    /// For a hot computation or install: its chunk's vertices.
     pub hot_vertices: Vec<u32>,
-    /// Whether it was dropped (pipeline step 6) and did nothing.
+    /// Whether it was dropped and did nothing: a chunk nobody would read
+    /// (pipeline step 6), or an install of rows no newer than the slab's.
     pub dropped: bool,
-    /// Whether it was created at run time by a gate (urgent or late work).
+    /// Whether it was created at run time by a gate (urgent work).
     pub dynamic: bool,
-    /// Its static dependencies (the graph's edges; the run-time edge from late
-    /// cold work to the forward is not listed).
+    /// Its dependencies (the graph's edges; which installs a gate reads is the
+    /// staleness rule's decision, not an edge).
     pub deps: Vec<usize>,
 }
 
@@ -120,10 +127,12 @@ pub struct SimTotals {
     pub hot_uses: u64,
     /// Late vertices computed cold.
     pub late_computed: u64,
-    /// Urgent CPU tasks created.
+    /// Urgent CPU jobs sent (promotions and recomputations).
     pub urgent_tasks: u64,
     /// Hot chunks dropped.
     pub dropped_chunks: u64,
+    /// Hot rows uploaded into the device slabs (once per installed chunk).
+    pub rows_installed: u64,
     /// Largest device cache held at any time, bytes.
     pub max_cache_bytes: u64,
     /// Monitor moves.

@@ -1,39 +1,69 @@
-//! A deterministic discrete-event simulation of the super-batch pipeline.
+//! A deterministic discrete-event simulation of the super-batch pipeline: a model
+//! of the runtime's protocol, whose one description is the numbered steps of
+//! `runtime/src/orchestrate/pipeline.rs` (the CPU side: `runtime/src/orchestrate/
+//! workers.rs`). The task graph ([`GraphBuilder`]) has a task for each piece of
+//! work the runtime does; this module adds what is decided while running: the
+//! installs, the gate, urgent work, dropped work.
 //!
 //! Two resources: `cpu_workers` CPU workers (each runs one task at a time, the
-//! ready task with the smallest `(priority, id)` first) and the accelerator (one
-//! in-order stream: it runs its tasks strictly by `(priority, id)` and idles when
-//! the next one is not ready). Task costs come from a [`CostSource`]; the task
-//! graph from [`GraphBuilder`] under the chosen placement; hot embeddings go
-//! through the [`StalenessRule`] at each batch's gate; the [`Monitor`] decides
-//! after every super-batch, and its split is used for the super-batches built
-//! from then on. No threads, no clocks: the same inputs give the same report.
+//! ready task with the smallest `(priority, id)` first: the runtime's job queue,
+//! urgent jobs first) and the accelerator (one in-order stream: it runs its tasks
+//! strictly by `(priority, id)` and idles when the next one is not ready). Task
+//! costs come from a [`CostSource`]; weights are published as
+//! [`SimConfig::publication`] says; the [`Monitor`] decides after every
+//! super-batch, and its split is used for the super-batches built from then on.
+//! No threads, no clocks: the same inputs give the same report.
 //!
 //! # One run, step by step
-//! 1. Build super-batches `0..=D` with the initial split.
-//! 2. Repeat until nothing is left: start every task a free resource can start
-//!    (the accelerator evaluates the gate before a [`TaskKind::HotLoad`], see
-//!    [`crate::staleness`] steps 4–5); advance time to the next completion and
-//!    apply it (versions move on optimizer steps and publications; a finished
-//!    [`TaskKind::HotCompute`] writes its version into the embedding table).
-//! 3. When super-batch `k` finishes (its last publication), close its window:
-//!    record it, hand the monitor its [`Observation`] (unless no super-batch is
-//!    left for a decision to apply to), trace any move, and build super-batch
-//!    `k + 1 + D` with the split in effect for it.
-//! 4. At the end, check every task ran, and sum the totals.
+//! 1. **Launch** super-batches `0..=D` with the initial split (runtime step 3):
+//!    their tasks join the graph; a chunk's [`TaskKind::HotInstall`] is held back
+//!    until a gate takes its report (step 3a).
+//! 2. **Run.** Repeat until nothing is left: start every task a free resource can
+//!    start, advance time to the next completion and apply it. An optimizer step
+//!    moves the version; a publication makes the version at its start the one CPU
+//!    work reads from then on (runtime step 2); a [`TaskKind::HotCompute`] reads
+//!    it when it starts and, when it ends, is a report waiting for the next gate.
+//!    A regular chunk that starts after every gate of its super-batch passed is
+//!    dropped (workers step 3).
+//! 3. **Gate**, when a batch `b`'s [`TaskKind::HotLoad`] is next on the stream
+//!    (runtime steps 4–5, per chunk of the batch's super-batch):
+//!    1. *Install*: every report waiting is taken. A chunk of a super-batch with a
+//!       gate still to pass, computed with newer weights than its slab rows, gets
+//!       its install at the front of the stream (before the gate's batch) and is
+//!       ready at that version; any other report's install is dropped.
+//!    2. *Decide* per chunk the batch reads: ready at `e` with `b − e ≤ bound`
+//!       is used and every one of the batch's vertices in it records the gap.
+//!    3. *Late* chunks, by `on_late`: `"compute"` leaves their vertices cold in
+//!       this batch (its [`TaskKind::SampleBottom`], [`TaskKind::ColdGather`] and
+//!       [`TaskKind::ColdCompute`] take them on) and the batch passes; `"wait"`
+//!       sends, per late chunk without urgent work, a promotion of its
+//!       computation to priority 0 when it is not computed yet (nothing when it
+//!       already runs), or an urgent recomputation when it is stale — after a
+//!       publication of the current weights when the published version is older
+//!       than `b − bound` — and the gate blocks until the next report, then goes
+//!       back to 3.1.
+//! 4. **After a super-batch** `k` (its last publication, runtime step 7): close its
+//!    window, record it, hand the monitor its [`Observation`] (unless no
+//!    super-batch is left for a decision to apply to), trace any move, and launch
+//!    super-batch `k + 1 + D` with the split in effect for it.
+//! 5. **End**: check every task ran, and sum the totals.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::ops::Range;
 
-use crate::builder::{hot_chunk_estimates, late_cold_estimates, GraphBuilder, ModelShape};
+use crate::builder::{
+    hot_chunk_estimate, hot_install_estimate, publish_estimate, BatchTasks, GraphBuilder,
+    ModelShape,
+};
 use crate::cost::CostSource;
 use crate::error::{invalid, Result, SchedulerError};
 use crate::monitor::{Monitor, MonitorConfig, MoveEvent, Observation};
-use crate::pipeline::{HotSplit, PipelineConfig, SuperBatchPlan};
+use crate::pipeline::{HotSplit, PipelineConfig, Publication, SuperBatchPlan};
 use crate::placement::{Orchestration, Placement};
 use crate::report::{BatchRecord, SimReport, SimTotals, SuperBatchRecord, TaskSpan};
 use crate::staleness::{Decision, GapHistogram, OnLate, StalenessRule};
-use crate::task::{Device, LayerSpan, Task, TaskKind};
+use crate::task::{Device, Estimate, LayerSpan, Task, TaskKind};
 use crate::workload::Workload;
 
 /// Everything a simulation run needs besides the workload and the costs.
@@ -45,6 +75,9 @@ pub struct SimConfig {
     pub pipeline: PipelineConfig,
     /// The staleness bound and late policy.
     pub staleness: StalenessRule,
+    /// When weights are published (`None`: as the runtime decides,
+    /// [`Publication::for_bound`] of the staleness bound).
+    pub publication: Option<Publication>,
     /// Model dimensions (for estimates and memory).
     pub model: ModelShape,
     /// CPU worker threads (≥ 1).
@@ -65,14 +98,16 @@ pub struct SimConfig {
 
 impl SimConfig {
     /// A layer-based configuration: `N = 4`, `D = 1`, chunks of at most 64 and at
-    /// least 4 per queue, bound `(D + 1) · N - 1 = 7`, `on_late = "wait"`, 4 CPU
-    /// workers, 80 GB of device memory of which 8 GB for training, no monitor.
+    /// least 4 per queue, bound `(D + 1) · N - 1 = 7`, `on_late = "wait"`,
+    /// publication as the runtime decides, 4 CPU workers, 80 GB of device memory
+    /// of which 8 GB for training, no monitor.
     pub fn layer(model: ModelShape) -> Result<Self> {
-        let pipeline = PipelineConfig::new(4, 1, 64)?.with_min_chunks(4)?;
+        let pipeline = PipelineConfig::new(4, 1, 1024)?.with_min_chunks(4)?;
         Ok(Self {
             orchestration: Orchestration::Layer,
             pipeline,
             staleness: StalenessRule::new(pipeline.on_time_gap(), OnLate::Wait),
+            publication: None,
             model,
             cpu_workers: 4,
             initial_cpu: None,
@@ -81,6 +116,13 @@ impl SimConfig {
             training_bytes: 8 << 30,
             record_trace: false,
         })
+    }
+
+    /// The publication in effect: [`SimConfig::publication`], or the runtime's
+    /// rule for the staleness bound.
+    pub fn effective_publication(&self) -> Publication {
+        self.publication
+            .unwrap_or_else(|| Publication::for_bound(&self.pipeline, self.staleness.bound()))
     }
 }
 
@@ -96,29 +138,25 @@ pub fn simulate<C: CostSource>(
     sim.finish()
 }
 
-/// What a task is for, beyond its [`Task`] fields.
+/// One chunk of a launched super-batch's queue (the runtime's `Chunk`).
 #[derive(Clone, Debug)]
-enum Info {
-    /// A batch task, or a late-cold task of a batch.
-    Batch,
-    /// A chunk of super-batch `sb`'s queue: positions `range` of the queue.
-    Chunk {
-        sb: u64,
-        range: std::ops::Range<usize>,
-    },
-    /// An urgent hot task for these vertices.
-    Urgent { verts: Vec<u32> },
+struct ChunkRun {
+    /// Positions of its vertices in the queue (= slab rows).
+    range: Range<usize>,
+    /// Its regular computation.
+    compute: usize,
+    /// The version of its rows in the slab (`None`: pending).
+    ready: Option<u64>,
+    /// An urgent job for it is queued or running.
+    urgent: bool,
 }
 
-/// The gate of the batch at the head of the accelerator's stream.
-#[derive(Clone, Debug)]
+/// The gate of the batch at the head of the accelerator's stream, blocked.
+#[derive(Clone, Copy, Debug)]
 struct GateWait {
     batch: u64,
-    /// Tasks whose completion may satisfy the rule; the first to finish wakes
-    /// the gate (the list is then emptied).
-    awaiting: Vec<usize>,
-    /// Urgent work must wait for this published version first.
-    need_published: Option<u64>,
+    /// A report arrived since it blocked: decide again.
+    woken: bool,
 }
 
 /// Why the accelerator is idle.
@@ -142,26 +180,30 @@ struct Sim<'a, 'p, C> {
     missing: Vec<u32>,
     users: Vec<Vec<usize>>,
     done: Vec<bool>,
-    info: Vec<Info>,
+    /// A hot computation's stamp, an install's rows, a publication's weights.
     version: Vec<Option<u64>>,
     dropped: Vec<bool>,
     dynamic: Vec<bool>,
     started: Vec<bool>,
     promoted: Vec<bool>,
+    /// The install of a hot computation's rows.
+    install_of: Vec<Option<usize>>,
     // per super-batch
     plans: Vec<Option<SuperBatchPlan>>,
     last_publish: Vec<usize>,
-    forward: Vec<usize>,
-    chunks: Vec<Vec<crate::builder::ChunkTasks>>,
+    chunks: Vec<Vec<ChunkRun>>,
     gates_passed: Vec<u32>,
     sb_dropped: Vec<u32>,
     built_splits: VecDeque<(u64, HotSplit)>,
-    // hot table
-    emb: Vec<Option<u64>>,
-    /// Running hot computations covering each vertex, with their versions.
-    inflight: Vec<Vec<(usize, u64)>>,
-    /// An urgent computation created for the vertex and not started yet.
-    queued: Vec<Option<usize>>,
+    // per batch
+    batch_tasks: Vec<Option<BatchTasks>>,
+    passed: Vec<bool>,
+    // the gate
+    /// Finished hot computations the next gate takes (runtime step 4).
+    reports: Vec<usize>,
+    gate: Option<GateWait>,
+    /// A publication an urgent recomputation waits for.
+    pending_publish: Option<usize>,
     // versions
     steps: u64,
     published: u64,
@@ -173,8 +215,6 @@ struct Sim<'a, 'p, C> {
     cpu_ready: BinaryHeap<Reverse<(u64, usize)>>,
     acc_queue: BinaryHeap<Reverse<(u64, usize)>>,
     acc_running: Option<usize>,
-    gate: Option<GateWait>,
-    passed: Vec<bool>,
     cpu_intervals: Vec<(f64, f64, bool)>,
     // window accumulators
     win_start: f64,
@@ -232,11 +272,13 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
         };
         let total = work.len() as u64;
         let num_sbs = cfg.pipeline.num_super_batches(total);
+        let builder = GraphBuilder::new(cfg.model, cfg.pipeline, placement)
+            .with_publication(cfg.effective_publication());
         let mut sim = Self {
             cfg,
             work,
             costs,
-            builder: GraphBuilder::new(cfg.model, cfg.pipeline, placement),
+            builder,
             monitor,
             fixed_split: split,
             total_batches: total,
@@ -244,22 +286,23 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
             missing: Vec::new(),
             users: Vec::new(),
             done: Vec::new(),
-            info: Vec::new(),
             version: Vec::new(),
             dropped: Vec::new(),
             dynamic: Vec::new(),
             started: Vec::new(),
             promoted: Vec::new(),
+            install_of: Vec::new(),
             plans: vec![None; num_sbs as usize],
             last_publish: Vec::with_capacity(num_sbs as usize),
-            forward: vec![0; total as usize],
             chunks: vec![Vec::new(); num_sbs as usize],
             gates_passed: vec![0; num_sbs as usize],
             sb_dropped: vec![0; num_sbs as usize],
             built_splits: VecDeque::new(),
-            emb: vec![None; hot as usize],
-            inflight: vec![Vec::new(); hot as usize],
-            queued: vec![None; hot as usize],
+            batch_tasks: vec![None; total as usize],
+            passed: vec![false; total as usize],
+            reports: Vec::new(),
+            gate: None,
+            pending_publish: None,
             steps: 0,
             published: 0,
             time: 0.0,
@@ -269,8 +312,6 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
             cpu_ready: BinaryHeap::new(),
             acc_queue: BinaryHeap::new(),
             acc_running: None,
-            gate: None,
-            passed: vec![false; total as usize],
             cpu_intervals: Vec::new(),
             win_start: 0.0,
             win_acc_busy: 0.0,
@@ -322,43 +363,46 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
             .collect::<Result<Vec<_>>>()?;
         let first = self.builder.graph().len();
         let tasks = self.builder.push_super_batch(&plan, &shapes)?;
-        self.register(first, Info::Batch);
-        for c in &tasks.chunks {
-            for id in [c.sample, c.gather, c.compute] {
-                self.info[id] = Info::Chunk {
-                    sb: j,
+        self.register(first);
+        self.chunks[j as usize] = tasks
+            .chunks
+            .iter()
+            .map(|c| {
+                self.install_of[c.compute] = Some(c.install);
+                ChunkRun {
                     range: c.range.clone(),
-                };
-            }
-        }
-        if let Some(last) = tasks.batches.last() {
-            self.last_publish.push(last.publish);
-        }
+                    compute: c.compute,
+                    ready: None,
+                    urgent: false,
+                }
+            })
+            .collect();
+        self.last_publish.push(tasks.publish);
         for t in &tasks.batches {
-            self.forward[t.batch as usize] = t.forward;
+            self.batch_tasks[t.batch as usize] = Some(*t);
         }
         self.built_splits.push_back((j, split));
-        self.chunks[j as usize] = tasks.chunks;
         self.plans[j as usize] = Some(plan);
         Ok(())
     }
 
     /// Registers tasks `first..` of the graph (deps already done do not count).
-    fn register(&mut self, first: usize, info: Info) {
+    /// Installs are held back until a gate takes their computation's report.
+    fn register(&mut self, first: usize) {
         let n = self.builder.graph().len();
         for id in first..n {
-            let (deps, device, priority) = {
+            let (deps, kind, device, priority) = {
                 let t = &self.builder.graph().tasks()[id];
-                (t.deps.clone(), t.device, t.priority)
+                (t.deps.clone(), t.kind, t.device, t.priority)
             };
             self.users.push(Vec::new());
             self.done.push(false);
-            self.info.push(info.clone());
             self.version.push(None);
             self.dropped.push(false);
             self.dynamic.push(false);
             self.started.push(false);
             self.promoted.push(false);
+            self.install_of.push(None);
             let mut missing = 0;
             for d in deps {
                 if !self.done[d] {
@@ -368,6 +412,7 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
             }
             self.missing.push(missing);
             match device {
+                _ if kind == TaskKind::HotInstall => {}
                 Device::Accelerator => self.acc_queue.push(Reverse((priority, id))),
                 Device::Cpu if missing == 0 => self.cpu_ready.push(Reverse((priority, id))),
                 Device::Cpu => {}
@@ -375,14 +420,21 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
         }
     }
 
-    /// Appends a task created at run time (urgent hot work, late cold work) to the
-    /// builder's graph, so ids stay dense and PCIe accounting sees it.
-    fn push_dynamic(&mut self, task: Task, info: Info) -> Result<usize> {
+    /// Appends a task created at run time (urgent hot work, a publication for
+    /// it) to the builder's graph, so ids stay dense and PCIe accounting sees it.
+    fn push_dynamic(&mut self, task: Task) -> Result<usize> {
         let first = self.builder.graph().len();
         let id = self.builder.push_dynamic(task)?;
-        self.register(first, info);
+        self.register(first);
         self.dynamic[id] = true;
         Ok(id)
+    }
+
+    /// Whether some batch of super-batch `sb` has not passed its gate yet (its
+    /// chunks are still worth computing and installing).
+    fn live(&self, sb: u64) -> bool {
+        let all = self.cfg.pipeline.batches_of(sb, self.total_batches);
+        (self.gates_passed[sb as usize] as u64) < all.end - all.start
     }
 
     // --- step 2 -------------------------------------------------------------
@@ -458,12 +510,7 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
     }
 
     fn dispatch_accelerator(&mut self) -> Result<()> {
-        if self.acc_running.is_some() {
-            return Ok(());
-        }
-        // The gate may add tasks at the head (urgent work in front of it), so look
-        // again after evaluating it.
-        for _ in 0..4 {
+        while self.acc_running.is_none() {
             let Some(&Reverse((_, head))) = self.acc_queue.peek() else {
                 return Ok(());
             };
@@ -476,51 +523,114 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
             };
             if kind == TaskKind::HotLoad {
                 let b = batch.unwrap_or(0);
-                if !self.passed[b as usize] && !self.evaluate_gate(b)? {
-                    if self.acc_queue.peek().map(|r| r.0 .1) == Some(head) {
+                if !self.passed[b as usize] {
+                    let pass = self.evaluate_gate(b)?;
+                    if self.acc_queue.peek().map(|r| r.0 .1) != Some(head) {
+                        // Installs or a publication went in front of the gate.
+                        continue;
+                    }
+                    if !pass {
                         return Ok(());
                     }
-                    // Urgent work went in front of the gate: run it.
-                    continue;
                 }
             }
             self.acc_queue.pop();
-            return self.start(head);
+            self.start(head)?;
         }
         Ok(())
     }
 
-    /// The gate of batch `b` (staleness protocol steps 4–5). `Ok(true)` when the
-    /// batch may proceed.
-    fn evaluate_gate(&mut self, b: u64) -> Result<bool> {
-        if let Some(g) = &self.gate {
-            if g.batch == b {
-                let pending =
-                    !g.awaiting.is_empty() || g.need_published.is_some_and(|v| self.published < v);
-                if pending {
-                    return Ok(false);
+    /// Step 3.1: every report waiting.
+    fn drain(&mut self) -> Result<()> {
+        for compute in std::mem::take(&mut self.reports) {
+            let Some(install) = self.install_of[compute] else {
+                continue;
+            };
+            let (sb, c) = self.chunk_of(compute)?;
+            let live = self.live(sb);
+            let v = self.version[compute];
+            let chunk = &mut self.chunks[sb as usize][c];
+            match v {
+                Some(v) if live && chunk.ready.is_none_or(|e| e < v) => {
+                    chunk.ready = Some(v);
+                    chunk.urgent = false;
+                    self.version[install] = Some(v);
+                    let device = self.builder.graph().tasks()[install].device;
+                    match device {
+                        Device::Accelerator => self.acc_queue.push(Reverse((0, install))),
+                        Device::Cpu => self.cpu_ready.push(Reverse((0, install))),
+                    }
                 }
+                _ => self.drop_now(install)?,
             }
         }
-        let rule = self.cfg.staleness;
+        Ok(())
+    }
+
+    /// The super-batch and chunk index of a hot-chunk task.
+    fn chunk_of(&self, id: usize) -> Result<(u64, usize)> {
+        let t = &self.builder.graph().tasks()[id];
+        let c = t
+            .chunk
+            .ok_or_else(|| invalid("hot task", "a chunk index", t.kind))?;
+        Ok((t.super_batch, c as usize))
+    }
+
+    /// The chunks batch `b` reads, each with the batch's CPU-hot vertices in it
+    /// (the runtime's `reads` and `entries`).
+    fn reads(&self, b: u64) -> Result<Vec<(usize, Vec<u32>)>> {
         let sb = self.cfg.pipeline.super_batch_of(b);
         let plan = self.plans[sb as usize]
             .as_ref()
             .ok_or_else(|| invalid("super-batch plan", "built before its gate", sb))?;
         let k = (b - plan.batches.start) as usize;
-        let mut late = Vec::new();
-        let mut gaps = Vec::with_capacity(plan.batch_hot[k].len());
+        let chunks = &self.chunks[sb as usize];
+        let mut out: Vec<(usize, Vec<u32>)> = Vec::new();
         for &u in &plan.batch_hot[k] {
-            match rule.decide(self.emb[u as usize], b)? {
-                Decision::Use { gap } => gaps.push(gap),
-                Decision::Wait { .. } | Decision::ComputeCold { .. } => late.push(u),
+            let pos = plan
+                .queue
+                .binary_search(&u)
+                .map_err(|_| invalid("hot queue", "every CPU-hot vertex of its batches", u))?;
+            let c = chunks.partition_point(|ch| ch.range.end <= pos);
+            match out.last_mut() {
+                Some((last, verts)) if *last == c => verts.push(u),
+                _ => out.push((c, vec![u])),
             }
         }
-        if !late.is_empty() && rule.on_late() == OnLate::Wait {
-            self.block_on(b, sb, late)?;
+        Ok(out)
+    }
+
+    /// The gate of batch `b` (step 3). `Ok(true)` when the batch may proceed.
+    fn evaluate_gate(&mut self, b: u64) -> Result<bool> {
+        if self.gate.is_some_and(|g| g.batch == b && !g.woken) {
             return Ok(false);
         }
-        // Pass: record the reuses and send late vertices to the accelerator.
+        self.drain()?;
+        let rule = self.cfg.staleness;
+        let sb = self.cfg.pipeline.super_batch_of(b);
+        let mut late_chunks = Vec::new();
+        let mut late = Vec::new();
+        let mut gaps = Vec::new();
+        for (c, verts) in self.reads(b)? {
+            match rule.decide(self.chunks[sb as usize][c].ready, b)? {
+                Decision::Use { gap } => gaps.extend(std::iter::repeat_n(gap, verts.len())),
+                Decision::Wait { .. } | Decision::ComputeCold { .. } => {
+                    late_chunks.push(c);
+                    late.extend(verts);
+                }
+            }
+        }
+        if !late_chunks.is_empty() && rule.on_late() == OnLate::Wait {
+            for c in late_chunks {
+                self.send_urgent(b, sb, c)?;
+            }
+            self.gate = Some(GateWait {
+                batch: b,
+                woken: false,
+            });
+            return Ok(false);
+        }
+        // Pass: record the reuses; late vertices stay cold in this batch.
         let rec = &mut self.batches[b as usize];
         rec.hot_used = gaps.len() as u32;
         rec.max_gap = gaps.iter().copied().max();
@@ -529,7 +639,7 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
         }
         self.totals.hot_uses += gaps.len() as u64;
         if !late.is_empty() {
-            self.compute_late(b, sb, &late)?;
+            self.compute_late(b, &late)?;
         }
         self.passed[b as usize] = true;
         self.gates_passed[sb as usize] += 1;
@@ -537,141 +647,101 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
         Ok(true)
     }
 
-    /// `on_late = "wait"`: find what to wait for, creating urgent work. The gate
-    /// wakes when *any* awaited task finishes and then decides again, so a vertex
-    /// covered by several computations waits only for the first to finish.
-    fn block_on(&mut self, b: u64, sb: u64, late: Vec<u32>) -> Result<()> {
+    /// Step 3.3, `"wait"`: urgent work for late chunk `c` of super-batch `sb`.
+    fn send_urgent(&mut self, b: u64, sb: u64, c: usize) -> Result<()> {
+        let chunk = &mut self.chunks[sb as usize][c];
+        if chunk.urgent {
+            return Ok(());
+        }
+        chunk.urgent = true;
         let oldest = self.cfg.staleness.oldest_usable(b);
+        let stale = chunk.ready.is_some_and(|e| e < oldest);
+        let (regular, k) = (chunk.compute, chunk.range.len() as u64);
+        self.batches[b as usize].urgent_tasks += 1;
+        self.totals.urgent_tasks += 1;
+        if !stale {
+            // Not computed yet: whichever of its job and the urgent duplicate
+            // starts first computes it.
+            self.promote(regular);
+            return Ok(());
+        }
+        // Stale: recompute with weights of version ≥ b − bound.
         let on_cpu = self.builder.placement().device(TaskKind::HotCompute) == Device::Cpu;
-        // Work not started yet reads the weights published when it starts: it is
-        // fresh enough only once version `oldest` is published.
-        let later_is_fresh = !on_cpu || self.published >= oldest;
-        let mut awaiting: Vec<usize> = Vec::new();
-        let mut urgent = Vec::new();
-        let mut need_published = None;
-        for u in late {
-            let running: Vec<usize> = self.inflight[u as usize]
-                .iter()
-                .filter(|&&(_, e)| e >= oldest)
-                .map(|&(t, _)| t)
-                .collect();
-            if !running.is_empty() {
-                awaiting.extend(running);
-            } else if !later_is_fresh {
-                need_published = Some(oldest);
-            } else if let Some(c) = self.queued[u as usize] {
-                awaiting.push(c);
-            } else if let Some(c) = self.pending_chunk(sb, u) {
-                // Its queue chunk has not started: run it next instead of
-                // computing the vertex twice.
-                self.promote(c);
-                awaiting.push(c);
-            } else {
-                urgent.push(u);
-            }
+        let mut deps = Vec::new();
+        if on_cpu && self.published < oldest {
+            deps.push(self.publish_now(b, sb)?);
         }
-        if !urgent.is_empty() {
-            for &u in &urgent {
-                self.queued[u as usize] = None;
-            }
-            let compute = self.push_urgent(b, sb, urgent.clone())?;
-            for u in urgent {
-                self.queued[u as usize] = Some(compute);
-            }
-            awaiting.push(compute);
-            self.batches[b as usize].urgent_tasks += 1;
-            self.totals.urgent_tasks += 1;
-        }
-        awaiting.sort_unstable();
-        awaiting.dedup();
-        self.gate = Some(GateWait {
-            batch: b,
-            awaiting,
-            need_published,
-        });
+        let m = self.cfg.model;
+        let task = self.dynamic_task(
+            TaskKind::HotCompute,
+            b,
+            sb,
+            Some(c),
+            deps,
+            hot_chunk_estimate(&m, k),
+        );
+        let compute = self.push_dynamic(task)?;
+        let task = self.dynamic_task(
+            TaskKind::HotInstall,
+            b,
+            sb,
+            Some(c),
+            vec![compute],
+            hot_install_estimate(&m, k),
+        );
+        let install = self.push_dynamic(task)?;
+        self.install_of[compute] = Some(install);
         Ok(())
     }
 
-    /// The compute task of the not-yet-started chunk of `sb`'s queue that holds `u`.
-    fn pending_chunk(&self, sb: u64, u: u32) -> Option<usize> {
-        let plan = self.plans[sb as usize].as_ref()?;
-        let pos = plan.queue.binary_search(&u).ok()?;
-        let chunks = &self.chunks[sb as usize];
-        let chunk = chunks.get(chunks.partition_point(|c| c.range.end <= pos))?;
-        (!self.started[chunk.compute]).then_some(chunk.compute)
+    /// A publication of the current weights at the front of the stream (or the
+    /// one already waiting there).
+    fn publish_now(&mut self, b: u64, sb: u64) -> Result<usize> {
+        if let Some(p) = self.pending_publish {
+            return Ok(p);
+        }
+        let est = publish_estimate(&self.cfg.model);
+        let task = self.dynamic_task(TaskKind::PublishWeights, b, sb, None, vec![], est);
+        let id = self.push_dynamic(task)?;
+        self.pending_publish = Some(id);
+        Ok(id)
     }
 
-    /// Gives a queued chunk (its sample, gather and compute) priority 0.
+    /// Gives a queued chunk's computation priority 0 (nothing once it started).
     fn promote(&mut self, compute: usize) {
-        let chain: Vec<usize> = std::iter::successors(Some(compute), |&id| {
-            let t = &self.builder.graph().tasks()[id];
-            t.deps
-                .iter()
-                .copied()
-                .find(|&d| self.builder.graph().tasks()[d].kind.is_hot_chunk())
-        })
-        .collect();
-        for id in chain {
-            if self.started[id] || self.promoted[id] {
-                continue;
-            }
-            self.promoted[id] = true;
-            if self.missing[id] == 0 {
-                // The stale entry with the old priority is skipped when popped.
-                self.cpu_ready.push(Reverse((0, id)));
-            }
+        if self.started[compute] || self.promoted[compute] {
+            return;
+        }
+        self.promoted[compute] = true;
+        if self.missing[compute] == 0 {
+            // The stale entry with the old priority is skipped when popped.
+            self.cpu_ready.push(Reverse((0, compute)));
         }
     }
 
-    /// Urgent sample → gather → compute for `verts`, priority 0. Returns the compute.
-    fn push_urgent(&mut self, b: u64, sb: u64, verts: Vec<u32>) -> Result<usize> {
-        let (se, ge, ce) = hot_chunk_estimates(&self.cfg.model, verts.len() as u64);
-        let info = Info::Urgent { verts };
-        let mut prev: Option<usize> = None;
-        for (kind, est) in [
-            (TaskKind::HotSample, se),
-            (TaskKind::HotGather, ge),
-            (TaskKind::HotCompute, ce),
-        ] {
-            let task = self.dynamic_task(kind, b, sb, prev.into_iter().collect(), est, 0);
-            prev = Some(self.push_dynamic(task, info.clone())?);
-        }
-        prev.ok_or_else(|| invalid("urgent task", "three tasks", 0))
-    }
-
-    /// `on_late = "compute"`: the late vertices become cold work of batch `b`,
-    /// ahead of its forward.
-    fn compute_late(&mut self, b: u64, sb: u64, late: &[u32]) -> Result<()> {
+    /// Step 3.3, `"compute"`: the late vertices stay cold in batch `b`: its bottom
+    /// hop, gather and compute (after the gate) take them on, and its hot load
+    /// moves only the rows used.
+    fn compute_late(&mut self, b: u64, late: &[u32]) -> Result<()> {
         for &u in late {
             self.cold_computed[u as usize] += 1;
         }
         self.batches[b as usize].late_computed = late.len() as u32;
         self.totals.late_computed += late.len() as u64;
-        let (ge, ce) = late_cold_estimates(&self.cfg.model, late.len() as u64);
-        let forward = self.forward[b as usize];
-        let priority = self.builder.graph().tasks()[forward]
-            .priority
-            .saturating_sub(1);
-        let g = self.dynamic_task(TaskKind::ColdGather, b, sb, vec![], ge, priority);
-        let g = self.push_dynamic(g, Info::Batch)?;
-        let c = self.dynamic_task(TaskKind::ColdCompute, b, sb, vec![g], ce, priority);
-        let c = self.push_dynamic(c, Info::Batch)?;
-        // The forward needs them (an edge added at run time).
-        if !self.done[c] {
-            self.missing[forward] += 1;
-            self.users[c].push(forward);
-        }
-        Ok(())
+        let tasks = self.batch_tasks[b as usize]
+            .ok_or_else(|| invalid("batch tasks", "built before the gate", b))?;
+        self.builder.leave_cold(&tasks, late.len() as u64)
     }
 
+    /// A task of batch `b` created at run time, priority 0.
     fn dynamic_task(
         &self,
         kind: TaskKind,
         b: u64,
         sb: u64,
+        chunk: Option<usize>,
         deps: Vec<usize>,
-        est: crate::task::Estimate,
-        priority: u64,
+        est: Estimate,
     ) -> Task {
         Task {
             id: 0,
@@ -679,11 +749,11 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
             device: self.builder.placement().device(kind),
             batch: Some(b),
             super_batch: sb,
-            chunk: None,
+            chunk: chunk.map(|c| c as u32),
             layers: LayerSpan::one(0),
             deps,
             est,
-            priority,
+            priority: 0,
         }
     }
 
@@ -693,17 +763,11 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
             let t = &self.builder.graph().tasks()[id];
             (t.kind, t.device, t.batch, t.super_batch)
         };
-        // Pipeline step 6: chunks nobody will read are dropped.
-        if let Info::Chunk { sb: q, .. } = &self.info[id] {
-            let q = *q;
-            let all = self.cfg.pipeline.batches_of(q, self.total_batches);
-            if self.gates_passed[q as usize] as u64 == all.end - all.start {
-                self.dropped[id] = true;
-                if kind == TaskKind::HotCompute {
-                    self.sb_dropped[q as usize] += 1;
-                    self.totals.dropped_chunks += 1;
-                }
-            }
+        // A regular chunk nobody will read any more is dropped (workers step 3).
+        if kind == TaskKind::HotCompute && !self.dynamic[id] && !self.live(sb) {
+            self.dropped[id] = true;
+            self.sb_dropped[sb as usize] += 1;
+            self.totals.dropped_chunks += 1;
         }
         let duration = if self.dropped[id] {
             0.0
@@ -723,41 +787,18 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
             }
             d
         };
-        if kind == TaskKind::HotCompute && !self.dropped[id] {
-            let v = match device {
-                Device::Cpu => self.published,
-                Device::Accelerator => self.steps,
-            };
-            self.version[id] = Some(v);
-            for u in self.hot_vertices(id) {
-                self.inflight[u as usize].push((id, v));
-                if self.queued[u as usize] == Some(id) {
-                    self.queued[u as usize] = None;
-                }
+        match kind {
+            TaskKind::HotCompute if !self.dropped[id] => {
+                self.version[id] = Some(match device {
+                    Device::Cpu => self.published,
+                    Device::Accelerator => self.steps,
+                });
             }
+            TaskKind::PublishWeights => self.version[id] = Some(self.steps),
+            _ => {}
         }
         let end = self.time + duration;
-        if self.cfg.record_trace {
-            let hot_compute = kind == TaskKind::HotCompute && !self.dropped[id];
-            self.trace.push(TaskSpan {
-                id,
-                kind,
-                device,
-                batch,
-                super_batch: sb,
-                start_s: self.time,
-                end_s: end,
-                version: self.version[id],
-                hot_vertices: if hot_compute {
-                    self.hot_vertices(id)
-                } else {
-                    Vec::new()
-                },
-                dropped: self.dropped[id],
-                dynamic: self.dynamic[id],
-                deps: self.builder.graph().tasks()[id].deps.clone(),
-            });
-        }
+        self.record_span(id, end);
         self.seq += 1;
         self.events.push(Reverse((end.to_bits(), self.seq, id)));
         match device {
@@ -778,64 +819,109 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
         Ok(())
     }
 
-    /// The hot vertices a hot-compute task writes.
+    /// Finishes task `id` now without running it (an install nobody will read).
+    fn drop_now(&mut self, id: usize) -> Result<()> {
+        self.started[id] = true;
+        self.dropped[id] = true;
+        self.record_span(id, self.time);
+        self.apply(id)
+    }
+
+    fn record_span(&mut self, id: usize, end: f64) {
+        if !self.cfg.record_trace {
+            return;
+        }
+        let t = &self.builder.graph().tasks()[id];
+        let rows = t.kind.is_hot_chunk() && !self.dropped[id];
+        self.trace.push(TaskSpan {
+            id,
+            kind: t.kind,
+            device: t.device,
+            batch: t.batch,
+            super_batch: t.super_batch,
+            chunk: t.chunk,
+            start_s: self.time,
+            end_s: end,
+            version: self.version[id],
+            hot_vertices: if rows {
+                self.hot_vertices(id)
+            } else {
+                Vec::new()
+            },
+            dropped: self.dropped[id],
+            dynamic: self.dynamic[id],
+            deps: t.deps.clone(),
+        });
+    }
+
+    /// The hot vertices of a hot-chunk task's chunk.
     fn hot_vertices(&self, id: usize) -> Vec<u32> {
-        match &self.info[id] {
-            Info::Chunk { sb, range } => self.plans[*sb as usize]
-                .as_ref()
-                .map(|p| p.queue[range.clone()].to_vec())
-                .unwrap_or_default(),
-            Info::Urgent { verts } => verts.clone(),
-            Info::Batch => Vec::new(),
+        let Ok((sb, c)) = self.chunk_of(id) else {
+            return Vec::new();
+        };
+        match (&self.plans[sb as usize], self.chunks[sb as usize].get(c)) {
+            (Some(p), Some(ch)) => p.queue[ch.range.clone()].to_vec(),
+            _ => Vec::new(),
         }
     }
 
     fn complete(&mut self, id: usize) -> Result<()> {
-        self.done[id] = true;
-        let (kind, device, batch) = {
-            let t = &self.builder.graph().tasks()[id];
-            (t.kind, t.device, t.batch)
-        };
-        match device {
+        match self.builder.graph().tasks()[id].device {
             Device::Cpu => self.cpu_free += 1,
             Device::Accelerator => self.acc_running = None,
         }
+        self.apply(id)
+    }
+
+    /// What a finished task changes (its resource already given back).
+    fn apply(&mut self, id: usize) -> Result<()> {
+        self.done[id] = true;
+        let (kind, batch, sb) = {
+            let t = &self.builder.graph().tasks()[id];
+            (t.kind, t.batch, t.super_batch)
+        };
         match kind {
-            TaskKind::OptimizerStep => self.steps += 1,
-            TaskKind::PublishWeights => {
+            TaskKind::OptimizerStep => {
+                self.steps += 1;
                 let b = batch.unwrap_or(0);
-                self.published = self.published.max(b + 1);
                 self.batches[b as usize].end_s = self.time;
                 if let Some(next) = self.batches.get_mut(b as usize + 1) {
                     next.start_s = self.time;
                 }
-                let sb = self.cfg.pipeline.super_batch_of(b);
+            }
+            TaskKind::PublishWeights => {
+                self.published = self.published.max(self.version[id].unwrap_or(0));
+                if self.pending_publish == Some(id) {
+                    self.pending_publish = None;
+                }
                 if self.last_publish.get(sb as usize) == Some(&id) {
                     self.end_super_batch(sb)?;
                 }
             }
-            TaskKind::HotCompute if !self.dropped[id] => {
-                if let Some(v) = self.version[id] {
-                    for u in self.hot_vertices(id) {
-                        let e = &mut self.emb[u as usize];
-                        *e = Some(e.map_or(v, |old| old.max(v)));
-                        self.inflight[u as usize].retain(|&(t, _)| t != id);
+            TaskKind::HotCompute => {
+                if let Some(g) = &mut self.gate {
+                    g.woken = true;
+                }
+                if let Some(install) = self.install_of[id] {
+                    if self.dropped[id] || !self.live(sb) {
+                        self.drop_now(install)?;
+                    } else {
+                        self.reports.push(id);
                     }
                 }
             }
-            _ => {}
-        }
-        if let Some(g) = &mut self.gate {
-            if g.awaiting.contains(&id) {
-                g.awaiting.clear();
+            TaskKind::HotInstall if !self.dropped[id] => {
+                let rows = self.builder.graph().tasks()[id].est.vertices;
+                self.totals.rows_installed += rows;
             }
+            _ => {}
         }
         let users = std::mem::take(&mut self.users[id]);
         for u in users {
             self.missing[u] -= 1;
             if self.missing[u] == 0 {
                 let t = &self.builder.graph().tasks()[u];
-                if t.device == Device::Cpu {
+                if t.device == Device::Cpu && t.kind != TaskKind::HotInstall {
                     let p = if self.promoted[u] { 0 } else { t.priority };
                     self.cpu_ready.push(Reverse((p, u)));
                 }
@@ -844,7 +930,7 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
         Ok(())
     }
 
-    // --- step 3 -------------------------------------------------------------
+    // --- step 4 -------------------------------------------------------------
 
     fn end_super_batch(&mut self, j: u64) -> Result<()> {
         let (start, end) = (self.win_start, self.time);
@@ -938,7 +1024,7 @@ impl<'a, 'p, C: CostSource> Sim<'a, 'p, C> {
         self.totals.max_cache_bytes = self.totals.max_cache_bytes.max(c);
     }
 
-    // --- step 4 -------------------------------------------------------------
+    // --- step 5 -------------------------------------------------------------
 
     fn finish(mut self) -> Result<SimReport> {
         let t = &mut self.totals;

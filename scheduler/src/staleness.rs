@@ -4,29 +4,36 @@
 //! guarantee, not a tendency.
 //!
 //! # The protocol, step by step
+//! The runtime applies these rules in its protocol (`runtime/src/orchestrate/
+//! pipeline.rs`): steps 2 (publish), 4 (install) and 5 (gate) there.
+//!
 //! 1. **Version.** The weight version is the number of optimizer steps taken. Batch
 //!    `b` (global index) runs its forward and backward at version `b`; its optimizer
 //!    step makes version `b + 1`.
-//! 2. **Publish.** After each step the accelerator publishes the new bottom-layer
-//!    weights to the CPU side together with their version (a device-to-host copy
-//!    ordered after the step on the accelerator's stream).
-//! 3. **Stamp.** A CPU hot task reads the newest published weights *once, when it
-//!    starts*, and stamps every embedding it writes with that version `e`. A slot
-//!    of the historical-embedding table only ever moves to a newer version.
-//! 4. **Check.** Before batch `b` reads the hot embeddings of its bottom layer (the
-//!    gate, [`crate::TaskKind::HotLoad`]), it asks [`StalenessRule::decide`] for
-//!    every CPU-hot vertex, with the slot's version (or none) and `v = b`: the
-//!    embedding may be used iff it exists and `v - e <= staleness_bound`.
-//! 5. **Late.** Any other answer is *late*, handled as `on_late` says:
-//!    - `"wait"`: the accelerator blocks. A vertex whose embedding is being computed
-//!      by a CPU task that started at a version within the bound waits for that
-//!      task; every other late vertex is sent to the CPU as an *urgent* task that
-//!      runs before any queued work, started only once the published version is
-//!      within the bound of `v` (it is `v` itself while the accelerator waits, after
-//!      step 2). When they finish, go back to step 4: every answer is now "use".
-//!    - `"compute"`: the late vertices join the cold ones of this batch — the
-//!      accelerator gathers their inputs and computes them itself, at version `v`
-//!      (gap 0). The runtime counts, per vertex, how often this happened.
+//! 2. **Publish.** The accelerator publishes the bottom-layer weights to the CPU
+//!    side together with their version (a device-to-host copy ordered after the
+//!    step): at the start, after the last batch of every super-batch, and after
+//!    every batch when the bound is below the on-time gap ([`crate::Publication`]).
+//! 3. **Stamp.** A CPU hot job reads the newest published weights *once, when it
+//!    starts*, and stamps every row of its chunk with that version `e`. Rows go
+//!    into the super-batch's slab chunk by chunk; a chunk's slab rows only ever
+//!    move to a newer version.
+//! 4. **Check.** Before batch `b` reads its hot rows (the gate,
+//!    [`crate::TaskKind::HotLoad`]), it asks [`StalenessRule::decide`] for every
+//!    chunk of its super-batch's queue that it reads, with the chunk's version (or
+//!    none) and `v = b`: the chunk's rows may be used iff they exist and
+//!    `v - e <= staleness_bound`.
+//! 5. **Late.** Any other answer makes the chunk *late*, handled as `on_late` says:
+//!    - `"wait"`: the accelerator blocks. A chunk not computed yet gets an urgent
+//!      duplicate of its job (whichever starts first computes it: a promotion); a
+//!      stale one an urgent recomputation, after the current weights are published
+//!      if the published version is older than `v - bound`. Every finished job
+//!      wakes the gate: back to step 4, until every chunk the batch reads is
+//!      usable.
+//!    - `"compute"`: the late chunk's vertices stay cold in this batch — the
+//!      accelerator samples, gathers and computes them itself, at version `v`
+//!      (gap 0). Nothing waits. The runtime counts, per vertex, how often this
+//!      happened.
 //! 6. **Record.** Every reuse records its gap `v - e` in a [`GapHistogram`]; by
 //!    steps 4–5 no recorded gap exceeds the bound.
 //!

@@ -1,28 +1,39 @@
 //! The layer-based task graph: what one batch (and one super-batch's hot queue)
-//! becomes, as data.
+//! becomes, as data — a model of what the runtime executes, whose protocol is
+//! the numbered steps of `runtime/src/orchestrate/pipeline.rs` (the mapping of
+//! tasks to those steps is in [`crate::GraphBuilder`]'s module doc).
 //!
 //! Each batch is split by *layer* as well as by *step* (NeutronOrch §4.1.1):
 //!
 //! | kind | scope | what it does |
 //! |---|---|---|
-//! | [`TaskKind::SampleTop`] | batch | samples the layers above the bottom, and the bottom hop of the *cold* destinations (hot ones are skipped) |
-//! | [`TaskKind::HotSample`] | hot chunk | samples one hop for a chunk of the super-batch's hot queue |
-//! | [`TaskKind::HotGather`] | hot chunk | reads the input features of that chunk's sampled neighbors |
-//! | [`TaskKind::HotCompute`] | hot chunk | bottom-layer forward for the chunk with the newest published weights → versioned historical embeddings |
-//! | [`TaskKind::HotLoad`] | batch | brings the batch's hot embeddings to the accelerator; the staleness rule gates it |
+//! | [`TaskKind::HotCompute`] | hot chunk | one CPU job: samples one hop for a chunk of the super-batch's hot queue, reads its neighbors' input features, and runs the bottom layer with the newest published weights → rows stamped with that version |
+//! | [`TaskKind::HotInstall`] | hot chunk | uploads the chunk's rows once into the super-batch's device slab (a copy, ordered before later batches) |
+//! | [`TaskKind::SampleTop`] | batch | samples the layers above the bottom, a super-batch ahead; its last hop's sources are the bottom destinations |
+//! | [`TaskKind::HotLoad`] | batch | the staleness gate, per chunk; uploads the batch's used hot positions and slab rows (8 bytes each) and selects the rows from the slab |
+//! | [`TaskKind::SampleBottom`] | batch | after the gate: samples the bottom hop of the destinations left cold (the usable hot ones are skipped) |
 //! | [`TaskKind::ColdGather`] | batch | gathers the cold destinations' input features (device cache or host) |
 //! | [`TaskKind::ColdCompute`] | batch | bottom-layer forward for the cold destinations |
 //! | [`TaskKind::Forward`] | batch | the layers above the bottom, and the loss |
 //! | [`TaskKind::Backward`] | batch | every layer's gradients (the bottom layer's included, NeutronOrch moves it to the accelerator) |
 //! | [`TaskKind::OptimizerStep`] | batch | applies the gradients: the weight version goes from `b` to `b + 1` |
-//! | [`TaskKind::PublishWeights`] | batch | copies the new bottom-layer weights to the CPU side |
+//! | [`TaskKind::PublishWeights`] | batch | copies the new bottom-layer weights to the CPU side: after a super-batch's last batch, or after every batch ([`crate::Publication`]) |
+//!
+//! A hot chunk is *one* task, as it is one job in the runtime (`runtime/src/
+//! orchestrate/workers.rs`, step 4): one worker samples, gathers and computes the
+//! chunk with one read of the published weights. Three tasks (sample, gather,
+//! compute) would let the simulated workers interleave chunks — a worker freed by
+//! one chunk's sampling taking another chunk's — which the runtime never does, so
+//! chunk latency and CPU occupancy would not be the runtime's, and a promotion
+//! would have to move a chain instead of a job.
 //!
 //! A task's device comes from a [`crate::Placement`] (the graph is built by
-//! [`crate::GraphBuilder`]); its dependencies are
-//! finish-to-start edges. The *hot* edge (a [`TaskKind::HotLoad`] needs the
-//! embeddings some [`TaskKind::HotCompute`] produced) is deliberately not a static
-//! edge: which computation it needs, and whether it may use an older one, is the
-//! staleness rule's decision at run time ([`crate::StalenessRule`]).
+//! [`crate::GraphBuilder`]); its dependencies are finish-to-start edges. The
+//! *hot* edge (a [`TaskKind::HotLoad`] needs the rows some [`TaskKind::HotInstall`]
+//! put in the slab) is deliberately not a static edge: which chunks are ready,
+//! and whether their version may be used, is the staleness rule's decision at
+//! run time ([`crate::StalenessRule`], per chunk), and so is when an install runs
+//! (at the first gate after its computation finished).
 
 use std::fmt;
 
@@ -64,15 +75,16 @@ impl fmt::Display for Device {
 /// What a task does (see the table in the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TaskKind {
-    /// Sample the upper layers and the cold destinations' bottom hop.
+    /// Sample the layers above the bottom.
     SampleTop,
-    /// One-hop sampling for a chunk of the hot queue.
-    HotSample,
-    /// Feature reads for a hot chunk's sampled neighbors.
-    HotGather,
-    /// Bottom-layer forward of a hot chunk (historical embeddings).
+    /// Sample the bottom hop of the destinations the gate left cold.
+    SampleBottom,
+    /// One hot chunk end to end on one worker: one-hop sampling, feature reads
+    /// and the bottom-layer forward (historical embeddings).
     HotCompute,
-    /// Hot embeddings to the accelerator (the staleness gate).
+    /// A hot chunk's rows into the device slab, once per computation.
+    HotInstall,
+    /// The staleness gate; the batch's hot rows selected from the slab.
     HotLoad,
     /// Cold destinations' input features.
     ColdGather,
@@ -91,13 +103,13 @@ pub enum TaskKind {
 impl TaskKind {
     /// Every kind, in the order of one batch's program.
     pub const ALL: [TaskKind; 11] = [
-        Self::HotSample,
-        Self::HotGather,
         Self::HotCompute,
+        Self::HotInstall,
         Self::SampleTop,
+        Self::HotLoad,
+        Self::SampleBottom,
         Self::ColdGather,
         Self::ColdCompute,
-        Self::HotLoad,
         Self::Forward,
         Self::Backward,
         Self::OptimizerStep,
@@ -108,9 +120,9 @@ impl TaskKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::SampleTop => "sample_top",
-            Self::HotSample => "hot_sample",
-            Self::HotGather => "hot_gather",
+            Self::SampleBottom => "sample_bottom",
             Self::HotCompute => "hot_compute",
+            Self::HotInstall => "hot_install",
             Self::HotLoad => "hot_load",
             Self::ColdGather => "cold_gather",
             Self::ColdCompute => "cold_compute",
@@ -125,15 +137,15 @@ impl TaskKind {
     /// (compute and weight movement). Step-based placements map by this.
     pub fn step(self) -> Step {
         match self {
-            Self::SampleTop | Self::HotSample => Step::Sample,
-            Self::HotGather | Self::ColdGather => Step::Gather,
+            Self::SampleTop | Self::SampleBottom => Step::Sample,
+            Self::ColdGather => Step::Gather,
             _ => Step::Train,
         }
     }
 
     /// Whether the task works on a super-batch's hot queue (rather than a batch).
     pub fn is_hot_chunk(self) -> bool {
-        matches!(self, Self::HotSample | Self::HotGather | Self::HotCompute)
+        matches!(self, Self::HotCompute | Self::HotInstall)
     }
 
     /// Position within a batch's (or chunk's) program, for priorities.
@@ -188,8 +200,10 @@ impl LayerSpan {
 pub struct Estimate {
     /// Vertices it handles (destinations computed, rows gathered, seeds sampled).
     pub vertices: u64,
-    /// Neighbor entries it samples or aggregates over.
+    /// Neighbor entries it aggregates over (or samples).
     pub edges: u64,
+    /// Neighbor entries it samples (charged at the device's sampling rate).
+    pub sampled_edges: u64,
     /// Floating-point operations.
     pub flops: f64,
     /// Bytes it reads and writes in the memory of its own device.
@@ -236,6 +250,8 @@ pub struct Task {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TaskGraph {
     tasks: Vec<Task>,
+    /// Per task, the tasks that depend on it, ascending.
+    users: Vec<Vec<usize>>,
 }
 
 impl TaskGraph {
@@ -253,7 +269,11 @@ impl TaskGraph {
             return Err(SchedulerError::BadDependency { task: id, dep });
         }
         task.id = id;
+        for &d in &task.deps {
+            self.users[d].push(id);
+        }
         self.tasks.push(task);
+        self.users.push(Vec::new());
         Ok(id)
     }
 
@@ -274,12 +294,24 @@ impl TaskGraph {
                 return Err(SchedulerError::BadDependency { task: i, dep });
             }
         }
-        Ok(Self { tasks })
+        let mut users = vec![Vec::new(); n];
+        for t in &tasks {
+            for &d in &t.deps {
+                users[d].push(t.id);
+            }
+        }
+        Ok(Self { tasks, users })
     }
 
     /// The tasks, by id.
     pub fn tasks(&self) -> &[Task] {
         &self.tasks
+    }
+
+    /// One task, to change its estimate at run time (a gate leaving late hot
+    /// vertices cold).
+    pub(crate) fn get_mut(&mut self, id: usize) -> Option<&mut Task> {
+        self.tasks.get_mut(id)
     }
 
     /// One task (`None` past the end).
@@ -336,7 +368,15 @@ impl TaskGraph {
 
     /// Bytes task `id` moves over PCIe under the current placement: its host reads
     /// and writes when it runs on the accelerator, plus the results of its
-    /// dependencies that ran on the other device.
+    /// dependencies that ran on the other device — each result crosses once, with
+    /// its first user (lowest id) on this device.
+    ///
+    /// So a hot chunk's rows cross once, at its [`TaskKind::HotInstall`] (the
+    /// result of its [`TaskKind::HotCompute`] on the CPU), and a
+    /// [`TaskKind::HotLoad`] moves only its positions and slab rows. A
+    /// [`TaskKind::HotCompute`]'s own edges carry nothing: they order it after
+    /// the sampling that fixes its queue and the publication it reads, but what it
+    /// reads (the queue's ids, features, published weights) is host data.
     pub fn pcie_bytes(&self, id: usize) -> u64 {
         let Some(t) = self.tasks.get(id) else {
             return 0;
@@ -345,11 +385,20 @@ impl TaskGraph {
             Device::Accelerator => t.est.host_read_bytes + t.est.host_write_bytes,
             Device::Cpu => 0,
         };
+        if t.kind == TaskKind::HotCompute {
+            return own;
+        }
+        let first_here = |d: usize| {
+            self.users[d]
+                .iter()
+                .find(|&&u| self.tasks[u].device == t.device)
+                .is_some_and(|&u| u == id)
+        };
         own + t
             .deps
             .iter()
             .filter_map(|&d| self.tasks.get(d))
-            .filter(|d| d.device != t.device)
+            .filter(|d| d.device != t.device && first_here(d.id))
             .map(|d| d.est.out_bytes)
             .sum::<u64>()
     }
@@ -417,14 +466,29 @@ mod tests {
         assert_eq!(g.pcie_bytes(s), 0);
         assert_eq!(g.pcie_bytes(c), 105);
         assert_eq!(g.pcie_bytes(99), 0);
+        // A result crosses once: a second user on the same device reads the copy.
+        let f = g.push(task(TaskKind::Forward, vec![s, c])).unwrap();
+        assert_eq!(g.pcie_bytes(f), 0);
+        // A hot chunk: the computation's edges carry nothing (it reads host data);
+        // its rows cross once, into the install.
+        let mut hc = task(TaskKind::HotCompute, vec![c]);
+        hc.device = Device::Cpu;
+        hc.est.out_bytes = 512;
+        let hc = g.push(hc).unwrap();
+        let hi = g.push(task(TaskKind::HotInstall, vec![hc])).unwrap();
+        assert_eq!(g.pcie_bytes(hc), 0);
+        assert_eq!(g.pcie_bytes(hi), 512);
     }
 
     #[test]
     fn kinds_map_to_steps() {
         assert_eq!(TaskKind::SampleTop.step(), Step::Sample);
-        assert_eq!(TaskKind::HotGather.step(), Step::Gather);
+        assert_eq!(TaskKind::SampleBottom.step(), Step::Sample);
+        assert_eq!(TaskKind::ColdGather.step(), Step::Gather);
         assert_eq!(TaskKind::HotCompute.step(), Step::Train);
-        assert!(TaskKind::HotSample.is_hot_chunk() && !TaskKind::HotLoad.is_hot_chunk());
+        assert!(TaskKind::HotCompute.is_hot_chunk() && TaskKind::HotInstall.is_hot_chunk());
+        assert!(!TaskKind::HotLoad.is_hot_chunk());
+        assert_eq!(TaskKind::HotInstall.step(), Step::Train);
         let ranks: Vec<u64> = TaskKind::ALL.iter().map(|k| k.rank()).collect();
         assert_eq!(ranks, (0..11).collect::<Vec<_>>());
     }

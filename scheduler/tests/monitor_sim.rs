@@ -14,9 +14,11 @@ fn costs(cpu_per_vertex: f64) -> impl FnMut(&Task, u64) -> f64 {
     move |t: &Task, _pcie: u64| match (t.device, t.kind) {
         (Device::Cpu, TaskKind::HotCompute) => cpu_per_vertex * t.est.vertices as f64,
         (Device::Cpu, _) => 0.0,
-        (_, TaskKind::SampleTop) => 1e-3,
+        (_, TaskKind::SampleTop) => 5e-4,
+        (_, TaskKind::SampleBottom) => 5e-4,
         (_, TaskKind::ColdGather) => 1e-3,
         (_, TaskKind::ColdCompute) => 1e-3 + 2e-6 * t.est.vertices as f64,
+        (_, TaskKind::HotInstall) => 1e-5,
         (_, TaskKind::HotLoad) => 1e-4,
         (_, TaskKind::Forward) => 2e-3,
         (_, TaskKind::Backward) => 3e-3,

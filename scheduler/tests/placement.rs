@@ -78,10 +78,7 @@ fn every_placement_maps_the_same_graph_and_keeps_it_acyclic() {
 fn layer_based_puts_the_hot_bottom_layer_on_the_cpu() {
     let g = graph(Orchestration::Layer);
     for t in g.tasks() {
-        let on_cpu = matches!(
-            t.kind,
-            TaskKind::HotSample | TaskKind::HotGather | TaskKind::HotCompute
-        );
+        let on_cpu = t.kind == TaskKind::HotCompute;
         assert_eq!(t.device == Device::Cpu, on_cpu, "{}", t.kind);
     }
     assert!(g.tasks().iter().any(|t| t.kind == TaskKind::HotCompute));

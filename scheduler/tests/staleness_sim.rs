@@ -1,16 +1,20 @@
 //! The staleness guarantee, checked over many simulated batches and random cost
 //! scripts: no reuse ever exceeds the bound, whatever the costs, the pipeline
-//! shape, the bound and the late policy.
+//! shape, the bound, the publication cadence and the late policy.
 //!
 //! Every check recomputes from the run's task trace, independently of the
-//! simulator's own bookkeeping: a hot computation's version must be the number of
-//! publications that finished before it started, and a batch may only have used,
-//! for each of its CPU-hot vertices, the newest embedding finished before its gate.
+//! simulator's own bookkeeping, following the runtime's protocol
+//! (`runtime/src/orchestrate/pipeline.rs`, steps 2, 4 and 5): a publication
+//! publishes the optimizer steps finished before it; a hot computation stamps the
+//! newest publication finished before it started; a chunk's rows are readable by
+//! a batch once an install of them finished before the batch's gate; and a batch
+//! may only have used, per chunk of its super-batch's queue that it reads, the
+//! newest installed rows of that chunk.
 
 use scheduler::{
     simulate, CostModel, Device, ModelShape, MonitorConfig, OnLate, Orchestration, PipelineConfig,
-    RandomCosts, SimConfig, SimReport, StalenessRule, SyntheticWorkload, TaskKind, VertexClass,
-    Workload,
+    Publication, RandomCosts, SimConfig, SimReport, StalenessRule, SyntheticWorkload, TaskKind,
+    VertexClass, Workload,
 };
 
 use cpu_ops::Rng;
@@ -60,6 +64,13 @@ fn scenario(seed: u64, on_late: OnLate) -> (SimConfig, Workload, RandomCosts<Cos
     costs.cpu.sample_edges_per_s *= speed;
     let spread = 1.0 + 2.0 * rng.next_f64();
     let random = RandomCosts::new(costs, seed, spread, 0.05, 10.0).unwrap();
+    // The runtime's cadence (from the bound) most of the time, either one forced
+    // otherwise: the bound must hold under both.
+    cfg.publication = match rng.below(4) {
+        0 => Some(Publication::EverySuperBatch),
+        1 => Some(Publication::EveryBatch),
+        _ => None,
+    };
     (cfg, work, random)
 }
 
@@ -68,52 +79,105 @@ fn scenario(seed: u64, on_late: OnLate) -> (SimConfig, Workload, RandomCosts<Cos
 fn check_run(cfg: &SimConfig, work: &Workload, r: &SimReport) -> u64 {
     let bound = cfg.staleness.bound();
     let n = cfg.pipeline.batches_per_super_batch() as u64;
-    // Versions: a hot computation stamps the publications finished at its start.
-    let mut publish_ends: Vec<f64> = r
+    let by_end = |a: &(f64, u64), b: &(f64, u64)| a.0.total_cmp(&b.0);
+    // Publications: the version is the optimizer steps finished at its start.
+    let mut step_ends: Vec<f64> = r
+        .trace
+        .iter()
+        .filter(|s| s.kind == TaskKind::OptimizerStep)
+        .map(|s| s.end_s)
+        .collect();
+    step_ends.sort_by(f64::total_cmp);
+    let mut publications: Vec<(f64, u64)> = Vec::new();
+    for s in r
         .trace
         .iter()
         .filter(|s| s.kind == TaskKind::PublishWeights)
-        .map(|s| s.end_s)
-        .collect();
-    publish_ends.sort_by(f64::total_cmp);
-    let mut computes: Vec<(f64, u64, &[u32])> = Vec::new();
+    {
+        let v = step_ends.partition_point(|&e| e <= s.start_s) as u64;
+        assert_eq!(s.version, Some(v), "version of publication {}", s.id);
+        publications.push((s.end_s, v));
+    }
+    publications.sort_by(by_end);
+    // Per super-batch: one publication after its last batch, and after every
+    // batch when the cadence says so.
+    let per_batch = cfg.effective_publication() == Publication::EveryBatch;
+    let regular = r
+        .trace
+        .iter()
+        .filter(|s| s.kind == TaskKind::PublishWeights && !s.dynamic)
+        .count();
+    let want = if per_batch {
+        work.len()
+    } else {
+        r.super_batches.len()
+    };
+    assert_eq!(regular, want, "publications (every batch: {per_batch})");
+    // Hot computations stamp the newest publication finished at their start
+    // (version 0, published at the start, before any).
+    let newest_at = |t: f64| {
+        publications
+            .iter()
+            .take_while(|p| p.0 <= t)
+            .map(|p| p.1)
+            .max()
+            .unwrap_or(0)
+    };
+    let mut stamp = std::collections::HashMap::new();
     for s in r
         .trace
         .iter()
         .filter(|s| s.kind == TaskKind::HotCompute && !s.dropped)
     {
         assert_eq!(s.device, Device::Cpu);
-        let published = publish_ends.partition_point(|&e| e <= s.start_s) as u64;
-        assert_eq!(s.version, Some(published), "version stamp of task {}", s.id);
-        computes.push((s.end_s, published, &s.hot_vertices));
+        let v = newest_at(s.start_s);
+        assert_eq!(s.version, Some(v), "version stamp of task {}", s.id);
+        stamp.insert(s.id, v);
     }
-    computes.sort_by(|a, b| a.0.total_cmp(&b.0));
-    // Gates: replay the table up to each batch's hot load.
-    let hot_loads: Vec<(u64, f64)> = {
-        let mut v: Vec<(u64, f64)> = r
-            .trace
-            .iter()
-            .filter(|s| s.kind == TaskKind::HotLoad)
-            .map(|s| (s.batch.unwrap(), s.start_s))
-            .collect();
-        v.sort_by(|a, b| a.1.total_cmp(&b.1));
-        v
-    };
+    // Installs: (end, super-batch, chunk, version of the computation they upload).
+    let mut installs: Vec<(f64, u64, u32, u64)> = Vec::new();
+    for s in r
+        .trace
+        .iter()
+        .filter(|s| s.kind == TaskKind::HotInstall && !s.dropped)
+    {
+        assert_eq!(s.device, Device::Accelerator);
+        let v = s.deps.iter().find_map(|d| stamp.get(d)).copied();
+        assert!(v.is_some(), "install {} of no computed chunk", s.id);
+        installs.push((s.end_s, s.super_batch, s.chunk.unwrap(), v.unwrap()));
+    }
+    installs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Gates: replay each super-batch's slab up to each batch's hot load.
+    let mut hot_loads: Vec<(u64, f64)> = r
+        .trace
+        .iter()
+        .filter(|s| s.kind == TaskKind::HotLoad)
+        .map(|s| (s.batch.unwrap(), s.start_s))
+        .collect();
+    hot_loads.sort_by(|a, b| a.1.total_cmp(&b.1));
     assert_eq!(hot_loads.len(), work.len());
-    let mut table: Vec<Option<u64>> = vec![None; work.hot_count() as usize];
+    let mut slab: std::collections::HashMap<(u64, u32), u64> = Default::default();
     let mut next = 0;
     let mut late_total = 0u64;
     let mut late_per_vertex = vec![0u64; work.hot_count() as usize];
     for (b, t) in hot_loads {
-        while next < computes.len() && computes[next].0 <= t {
-            let (_, v, verts) = computes[next];
-            for &u in verts {
-                let e = &mut table[u as usize];
-                *e = Some(e.map_or(v, |o| o.max(v)));
-            }
+        while next < installs.len() && installs[next].0 <= t {
+            let (_, sb, c, v) = installs[next];
+            let e = slab.entry((sb, c)).or_insert(v);
+            *e = (*e).max(v);
             next += 1;
         }
-        let split = r.super_batches[(b / n) as usize].split;
+        let j = b / n;
+        let split = r.super_batches[j as usize].split;
+        // The queue of super-batch j, cut as the pipeline says.
+        let batches = j * n..((j + 1) * n).min(work.len() as u64);
+        let mut queue: Vec<u32> = batches
+            .flat_map(|k| work.batches()[k as usize].hot.iter().copied())
+            .filter(|&u| split.class(u) == VertexClass::CpuHot)
+            .collect();
+        queue.sort_unstable();
+        queue.dedup();
+        let ranges = cfg.pipeline.chunk_ranges(queue.len());
         let rec = &r.batches[b as usize];
         let mut max_gap = None;
         let mut late = 0u32;
@@ -122,8 +186,10 @@ fn check_run(cfg: &SimConfig, work: &Workload, r: &SimReport) -> u64 {
             if split.class(u) != VertexClass::CpuHot {
                 continue;
             }
-            match table[u as usize] {
-                Some(e) if b - e <= bound => {
+            let pos = queue.binary_search(&u).unwrap();
+            let c = ranges.partition_point(|r| r.end <= pos) as u32;
+            match slab.get(&(j, c)) {
+                Some(&e) if b - e <= bound => {
                     used += 1;
                     max_gap = max_gap.max(Some(b - e));
                 }

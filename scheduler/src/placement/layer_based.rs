@@ -4,7 +4,8 @@
 //! vertices end to end (one-hop sampling, feature reads from host memory, forward
 //! with the newest published weights), because it holds the features and so skips
 //! the gather and ships small embeddings instead of wide feature rows. Everything
-//! else runs on the accelerator: sampling of the upper layers and of the cold
+//! else runs on the accelerator: the upload of each computed chunk into a device
+//! slab, sampling of the upper layers and (after the staleness gate) of the cold
 //! bottom vertices, their gather (device feature cache first) and compute, the
 //! upper layers, the whole backward pass (the bottom layer's too, so no gradient
 //! goes back to the CPU), the optimizer step, and the publication of the new
@@ -24,8 +25,10 @@ impl Placement for LayerBased {
 
     fn device(&self, kind: TaskKind) -> Device {
         match kind {
-            TaskKind::HotSample | TaskKind::HotGather | TaskKind::HotCompute => Device::Cpu,
-            TaskKind::SampleTop
+            TaskKind::HotCompute => Device::Cpu,
+            TaskKind::HotInstall
+            | TaskKind::SampleTop
+            | TaskKind::SampleBottom
             | TaskKind::HotLoad
             | TaskKind::ColdGather
             | TaskKind::ColdCompute
@@ -49,7 +52,7 @@ mod tests {
     fn hot_bottom_layer_on_the_cpu_everything_else_on_the_accelerator() {
         let p = LayerBased;
         for k in TaskKind::ALL {
-            let want = if k.is_hot_chunk() {
+            let want = if k == TaskKind::HotCompute {
                 Device::Cpu
             } else {
                 Device::Accelerator

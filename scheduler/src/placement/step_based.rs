@@ -68,9 +68,8 @@ mod tests {
             for gather in [Device::Cpu, Device::Accelerator] {
                 let p = StepBased::new(sample, gather);
                 assert_eq!(p.device(TaskKind::SampleTop), sample);
-                assert_eq!(p.device(TaskKind::HotSample), sample);
+                assert_eq!(p.device(TaskKind::SampleBottom), sample);
                 assert_eq!(p.device(TaskKind::ColdGather), gather);
-                assert_eq!(p.device(TaskKind::HotGather), gather);
                 assert_eq!(p.device(TaskKind::Forward), Device::Accelerator);
                 assert_eq!(p.device(TaskKind::HotCompute), Device::Accelerator);
                 assert!(!p.reuses_embeddings());
