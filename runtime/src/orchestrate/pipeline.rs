@@ -1,6 +1,8 @@
 //! The super-batch pipeline executor: layer-based orchestration of one epoch on a
-//! device [`Engine`] and the persistent CPU workers (docs/orchestration.md §11,
-//! the one description of the protocol; the scheduler's simulator models it).
+//! device [`Engine`] and the persistent CPU workers. The numbered steps below
+//! are the one description of the protocol (with those of `workers.rs` and
+//! `engine/hot.rs`); the scheduler's task graph and simulator model them, and
+//! docs/orchestration.md §9 says why they are so and what was measured.
 //!
 //! # Protocol (one epoch, the accelerator thread)
 //! 1. **Setup** (once per trainer, [`Orchestrator::new`]): score hotness
@@ -1131,6 +1133,12 @@ impl Accelerator<'_> {
                     }
                     drop(slice);
                     self.workers.shared().passed.store(b + 1, Ordering::Release);
+                    if self.bound < self.pipeline.on_time_gap() {
+                        // A bound tighter than the pipeline's on-time gap (step 2):
+                        // rows are usable only if computed with nearly current
+                        // weights, so every step is published.
+                        self.publish(&*engine)?;
+                    }
                     let done = BatchDone {
                         k,
                         loss_sum,
