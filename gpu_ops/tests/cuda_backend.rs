@@ -14,14 +14,15 @@
 )]
 
 use std::collections::{HashMap, HashSet};
-use std::sync::OnceLock;
 
 use cpu_ops::{AggregateKind, BuildOptions, CsrGraph, Rng, ALL_NEIGHBORS};
 use gpu_ops::{Backend, CudaBackend, GpuOpsError, TopologyPlacement};
 
-fn dev() -> Option<&'static CudaBackend> {
-    static DEV: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-    match DEV.get_or_init(|| CudaBackend::new(0).map_err(|e| e.to_string())) {
+/// A backend of this test's own (tests run in parallel: a shared backend would
+/// mix their allocator statistics and device-side errors), or `None` with the
+/// reason printed.
+fn dev() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
         Ok(d) => Some(d),
         Err(reason) => {
             println!("skipped: {reason}");
@@ -34,7 +35,6 @@ fn dev() -> Option<&'static CudaBackend> {
 fn dropped_buffers_are_reused_not_freed() {
     let Some(d) = dev() else { return };
     d.warm_up().unwrap();
-    // A size class of its own, so other tests running in parallel do not interfere.
     let len = 777_777usize;
     {
         let _first = d.alloc::<f32>(len).unwrap();
@@ -186,8 +186,8 @@ fn sampling_is_reproducible_and_placement_independent() {
                 "layer {l}"
             );
             assert_eq!(
-                counts(d, &other.blocks[l]),
-                counts(d, &a.blocks[l]),
+                counts(&d, &other.blocks[l]),
+                counts(&d, &a.blocks[l]),
                 "layer {l}"
             );
         }

@@ -42,14 +42,15 @@ use sampling::*;
 
 /// Instantiates every test of the submodules for one backend:
 /// `parity_tests!(Type, constructor)`, the constructor returning
-/// `gpu_ops::Result<Type>`. The backend is built once per test binary; if that
-/// fails, each test prints `skipped: <reason>` and passes.
+/// `gpu_ops::Result<Type>`. Every test builds its own backend (tests run in
+/// parallel, and a backend reports a device-side error at its next
+/// synchronization, whichever test makes it; compiled kernels are cached per
+/// process, so this costs a context bind and module loads); if that fails, the
+/// test prints `skipped: <reason>` and passes.
 macro_rules! parity_tests {
     ($B:ty, $new:expr) => {
-        fn dev() -> Option<&'static $B> {
-            static DEV: std::sync::OnceLock<std::result::Result<$B, String>> =
-                std::sync::OnceLock::new();
-            match DEV.get_or_init(|| $new.map_err(|e| e.to_string())) {
+        fn dev() -> Option<$B> {
+            match $new {
                 Ok(d) => Some(d),
                 Err(reason) => {
                     println!("skipped: {reason}");
@@ -57,6 +58,16 @@ macro_rules! parity_tests {
                 }
             }
         }
+
+        /// Two backends on two threads: one keeps failing a gather on the
+        /// device, the other never sees that error.
+        #[test]
+        fn two_backends_on_two_threads_keep_their_own_errors() {
+            if let (Some(a), Some(b)) = (dev(), dev()) {
+                super::two_backends_keep_their_own_errors(&a, &b);
+            }
+        }
+
         parity_tests!(@each
             round_trip,
             upload_pinned_at_offsets,
@@ -87,7 +98,7 @@ macro_rules! parity_tests {
             #[test]
             fn $name() {
                 if let Some(d) = dev() {
-                    super::$name(d);
+                    super::$name(&d);
                 }
             }
         )*

@@ -144,3 +144,38 @@ pub(crate) fn too_short_buffers_are_size_mismatch<B: Backend>(d: &B) {
     assert_size_mismatch("relabel targets", d.unique_relabel(&u(1), 2, &u(3), 3));
     assert_size_mismatch("relabel candidates", d.unique_relabel(&u(2), 0, &u(2), 3));
 }
+
+/// `a` fails a gather with an id past its feature matrix (a device-side check on
+/// CUDA, reported at the next synchronization) over and over on one thread while
+/// `b` gathers valid rows on another: every one of `a`'s gathers is an error and
+/// none of `b`'s is — a backend's errors are its own.
+pub(crate) fn two_backends_keep_their_own_errors<B: Backend>(a: &B, b: &B) {
+    let rows = 50;
+    let dim = 8;
+    let data: Vec<f32> = (0..rows * dim).map(|i| i as f32).collect();
+    let m = FeatureMatrix::new(data.into(), rows, dim).unwrap();
+    let fa = a.load_features(&m, &[], 0).unwrap();
+    let fb = b.load_features(&m, &[0, 1, 2], 3 * dim * 4).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..50 {
+                let mut out = a.alloc::<f32>(dim).unwrap();
+                let bad = a.to_device(&[rows as u32]).unwrap();
+                let r = a
+                    .gather(&fa, &bad, 1, &mut out)
+                    .and_then(|()| a.to_host(&out, dim).map(|_| ()));
+                assert!(r.is_err(), "a bad gather on backend a went unnoticed");
+            }
+        });
+        s.spawn(|| {
+            for i in 0..50u32 {
+                let ids = [i % rows as u32, (i * 7) % rows as u32];
+                let mut out = b.alloc::<f32>(2 * dim).unwrap();
+                b.gather(&fb, &b.to_device(&ids).unwrap(), 2, &mut out)
+                    .expect("backend b saw an error it did not make");
+                let got = b.to_host(&out, 2 * dim).expect("backend b's download");
+                assert_eq!(got[0], (ids[0] as usize * dim) as f32);
+            }
+        });
+    });
+}
