@@ -75,21 +75,21 @@ extern "C" __global__ void elu_backward(const float* y, float* dy, u64 n, float 
 
 // Inverted dropout: element i is kept when the top 16 bits of hash_draw(key, i) are
 // >= threshold (threshold = round(p · 2^16); 2^16 drops everything), and then scaled.
-// One thread per 32-element mask word: bit b of mask[w] keeps element 32 w + b.
+// One warp per 32-element mask word: lane b handles element 32 w + b, so the warp's
+// loads and stores of x are contiguous (coalesced), and bit b of mask[w] — the warp's
+// ballot — keeps element 32 w + b. Launched with a warp per word.
 extern "C" __global__ void dropout_forward(float* x, u64 n, u32 threshold, float scale, u64 key,
                                            u32* mask) {
     const u64 words = (n + 31) / 32;
-    for (u64 w = thread_index(); w < words; w += thread_count()) {
-        u32 bits = 0;
-        const u64 base = w * 32;
-        const u64 end = min(n, base + 32);
-        for (u64 i = base; i < end; ++i) {
-            const u32 draw = (u32)(hash_draw(key, i) >> 48);
-            const u32 keep = draw >= threshold ? 1u : 0u;
-            bits |= keep << (u32)(i - base);
-            x[i] = keep ? x[i] * scale : 0.0f;
-        }
-        mask[w] = bits;
+    const u32 lane = lane_id();
+    for (u64 w = warp_index(); w < words; w += warp_count()) {
+        const u64 i = w * 32 + lane;
+        const bool in = i < n;
+        const u32 draw = in ? (u32)(hash_draw(key, i) >> 48) : 0u;
+        const bool keep = in && draw >= threshold;
+        const u32 bits = __ballot_sync(FULL_MASK, keep);
+        if (in) x[i] = keep ? x[i] * scale : 0.0f;
+        if (lane == 0) mask[w] = bits;
     }
 }
 

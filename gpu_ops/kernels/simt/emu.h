@@ -4,7 +4,7 @@
 // - One block at a time; one OS thread per CUDA thread. `__shared__` variables become
 //   function-level statics, which is block-shared memory when blocks run one by one.
 // - `__syncthreads` is a block barrier; `__syncwarp`, `__shfl_xor_sync`,
-//   `__shfl_up_sync` and `__any_sync` exchange through a per-warp barrier and slot
+//   `__shfl_up_sync`, `__any_sync` and `__ballot_sync` exchange through a per-warp barrier and slot
 //   array, so every lane of a warp must reach them together (divergent use, which
 //   is undefined on a GPU, deadlocks here).
 // - Atomics are std::atomic_ref; device pointers are host pointers.
@@ -80,6 +80,17 @@ inline bool __any_sync(unsigned, bool p) {
     for (int i = 0; i < 32; ++i) any |= w.slot[i] != 0;
     w.bar->arrive_and_wait();
     return any;
+}
+
+inline unsigned __ballot_sync(unsigned, bool p) {
+    auto& w = *g_warps[threadIdx.x / 32];
+    unsigned lane = threadIdx.x % 32;
+    w.slot[lane] = p;
+    w.bar->arrive_and_wait();
+    unsigned bits = 0;
+    for (int i = 0; i < 32; ++i) bits |= (w.slot[i] != 0 ? 1u : 0u) << i;
+    w.bar->arrive_and_wait();
+    return bits;
 }
 
 template <class T> inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }

@@ -356,10 +356,16 @@ static void test_math() {
     for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) {
         std::vector<float> y = x, g(n, 1.0f); std::vector<u32> mask((n + 31) / 32);
         u32 thr = (u32)std::lround(p * 65536.0); float scale = p < 1 ? (float)(1.0 / (1.0 - p)) : 0.0f;
-        launch(dropout_forward, tgrid(mask.size()), T, y.data(), n, thr, scale, (u64)77, mask.data());
+        launch(dropout_forward, wgrid(mask.size()), T, y.data(), n, thr, scale, (u64)77, mask.data());
         launch(dropout_backward, tgrid(n), T, (const u32*)mask.data(), g.data(), n, scale);
         u64 kept = 0; bool ok = true;
-        for (u64 i = 0; i < n; ++i) { bool k = (mask[i / 32] >> (i % 32)) & 1; kept += k; ok &= k ? (y[i] == x[i] * scale && g[i] == scale) : (y[i] == 0 && g[i] == 0); }
+        for (u64 i = 0; i < n; ++i) {
+            bool k = (mask[i / 32] >> (i % 32)) & 1; kept += k;
+            ok &= k ? (y[i] == x[i] * scale && g[i] == scale) : (y[i] == 0 && g[i] == 0);
+            // Element i is kept exactly when its own 16-bit draw clears the threshold.
+            ok &= k == ((u32)(hash_draw((u64)77, i) >> 48) >= thr);
+        }
+        for (u64 b = n % 32; n % 32 != 0 && b < 32; ++b) ok &= ((mask.back() >> b) & 1) == 0;
         double frac = (double)kept / n;
         CHECK(ok && std::fabs(frac - (1 - p)) < 0.01, "dropout p=%g kept %g", p, frac);
     }

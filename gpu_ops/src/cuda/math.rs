@@ -372,7 +372,7 @@ impl CudaBackend {
         launch::dropout_forward(
             &self.kernels,
             self.cu(),
-            self.grid_threads(words),
+            self.grid_warps(words),
             x.ptr_mut(),
             n as u64,
             threshold,
