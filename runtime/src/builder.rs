@@ -119,6 +119,7 @@ impl TrainerBuilder {
         let ds = match dataset {
             Some(ds) => {
                 ds.validate()?;
+                ds.check_features()?;
                 ds
             }
             None => pool.install(|| load_dataset(&cfg))?,

@@ -186,6 +186,11 @@ pub struct TrainSection {
     /// `tandem train --out DIR` writes `DIR/checkpoint.tck` every this many epochs
     /// (0: only at the end of the run).
     pub checkpoint_every: usize,
+    /// What a batch with a non-finite loss does: `"stop"` ends training with an
+    /// error naming the epoch and batch (the weights are those before the batch,
+    /// checkpointed when there is a checkpoint path), `"skip-batch"` leaves the
+    /// weights untouched and trains on (counted per epoch).
+    pub on_nonfinite: String,
     /// Deprecated spelling of `threads.compute`, still accepted so older files keep
     /// working: it must agree with `threads.compute` when both are set, and it is
     /// folded into `threads.compute` when a file is loaded (so it is never printed).
@@ -209,6 +214,7 @@ impl Default for TrainSection {
             sparse_threshold: 0.1,
             seed: 0,
             checkpoint_every: 0,
+            on_nonfinite: "stop".into(),
             threads: None,
         }
     }
@@ -783,6 +789,13 @@ impl TrainConfig {
                 format!("{} fanouts", ef.len()),
             ));
         }
+        if t.on_nonfinite != "stop" && t.on_nonfinite != "skip-batch" {
+            return Err(range_err(
+                "train.on_nonfinite",
+                "\"stop\" or \"skip-batch\"",
+                format!("\"{}\"", t.on_nonfinite),
+            ));
+        }
         if t.eval_mode != "full" && t.eval_mode != "sampled" {
             return Err(range_err(
                 "train.eval_mode",
@@ -1044,6 +1057,7 @@ mod tests {
             ("[train]\nfanouts = [10, 0]", "train.fanouts"),
             ("[train]\nlr = 0.0", "train.lr"),
             ("[train]\neval_mode = \"exact\"", "train.eval_mode"),
+            ("[train]\non_nonfinite = \"ignore\"", "train.on_nonfinite"),
             ("[train]\nbatch_size = 0", "train.batch_size"),
             (
                 "[data.synthetic]\nhomophily = 2.0",

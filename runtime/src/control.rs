@@ -203,6 +203,7 @@ mod tests {
             orchestration: None,
             calibrating: false,
             auto_choice: None,
+            skipped_batches: 0,
         };
         assert_eq!(b.on_epoch(&stats), Control::Continue);
         assert_eq!(seen.load(Ordering::Relaxed), 6);

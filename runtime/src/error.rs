@@ -61,6 +61,22 @@ pub enum Error {
         /// Why.
         cause: StopCause,
     },
+    /// A batch's loss was NaN or infinite (`train.on_nonfinite = "stop"`). Its
+    /// update was not applied: the weights are those after batch `batch − 1`, and
+    /// the trainer's position is `batch` of `epoch`.
+    #[error(
+        "epoch {epoch}, batch {batch}: the loss is {loss}; training stopped with the weights as \
+         they were before this batch (train.on_nonfinite = \"skip-batch\" trains on without it; \
+         check the features for NaN with `tandem info --verify`, or lower train.lr)"
+    )]
+    NonFinite {
+        /// The 0-based epoch.
+        epoch: usize,
+        /// The batch of that epoch whose loss was not finite.
+        batch: usize,
+        /// The loss value (NaN or ±inf).
+        loss: f64,
+    },
     /// An error from the host kernels, with the context it happened in.
     #[error("{context}: {source}")]
     CpuOps {

@@ -642,11 +642,24 @@ pub fn read_f32_matrix(path: &Path) -> Result<FeatureMatrix> {
     r.expect_rank(2, "(n, d)")?;
     let (rows, cols) = (r.header.shape[0], r.header.shape[1]);
     let mut data = Vec::with_capacity(r.count);
-    r.for_each(|_, b| {
-        data.push(match b.len() {
+    r.for_each(|i, b| {
+        let v = match b.len() {
             4 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
             _ => f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32,
-        });
+        };
+        if !v.is_finite() {
+            // (An f64 beyond f32's range becomes an infinity here too.)
+            let cols = cols.max(1);
+            return Err(Error::format(
+                path,
+                format!(
+                    "feature row {}, column {} is {v}: features must be finite numbers",
+                    i / cols,
+                    i % cols
+                ),
+            ));
+        }
+        data.push(v);
         Ok(())
     })?;
     FeatureMatrix::new(data.into(), rows, cols)

@@ -187,6 +187,7 @@ mod tests {
             orchestration: None,
             calibrating: false,
             auto_choice: None,
+            skipped_batches: 0,
         }
     }
 

@@ -101,6 +101,8 @@ pub struct EpochStats {
     pub calibrating: bool,
     /// What `policy = "auto"` chose, and why, in the epoch it decided.
     pub auto_choice: Option<String>,
+    /// Batches skipped for a non-finite loss (`train.on_nonfinite = "skip-batch"`).
+    pub skipped_batches: usize,
 }
 
 /// Loads the configured dataset, or generates the built-in synthetic one.
@@ -237,6 +239,10 @@ pub struct Trainer {
     clock: SharedClock,
     /// Where `fit` writes checkpoints.
     checkpoint_path: Option<std::path::PathBuf>,
+    /// `train.on_nonfinite`.
+    on_nonfinite: OnNonFinite,
+    /// Batches of the epoch in progress skipped for a non-finite loss.
+    skipped: usize,
 }
 
 fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
@@ -255,9 +261,41 @@ struct Trained {
     step: u64,
 }
 
+/// What a batch with a non-finite loss does (`train.on_nonfinite`); its update
+/// was never applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OnNonFinite {
+    /// End training with [`Error::NonFinite`]; the position stays at the batch.
+    Stop,
+    /// Count it and go on with the next batch.
+    Skip,
+}
+
 /// Adds a trained batch to the epoch's position and shows its metrics to the
-/// callbacks; returns whether one asked to stop.
-fn finish_batch(pos: &mut Position, callbacks: &mut [Box<dyn Callback>], t: Trained) -> bool {
+/// callbacks; returns whether one asked to stop. A batch whose loss is not finite
+/// is an [`Error::NonFinite`] (`Stop`), or only moves the position on and counts
+/// in `skipped` (`Skip`), without callbacks.
+fn finish_batch(
+    pos: &mut Position,
+    callbacks: &mut [Box<dyn Callback>],
+    t: Trained,
+    on_nonfinite: OnNonFinite,
+    skipped: &mut usize,
+) -> Result<bool> {
+    if !t.loss_sum.is_finite() {
+        return match on_nonfinite {
+            OnNonFinite::Stop => Err(Error::NonFinite {
+                epoch: t.epoch,
+                batch: t.batch,
+                loss: t.loss_sum / t.size.max(1) as f64,
+            }),
+            OnNonFinite::Skip => {
+                pos.batch = t.batch + 1;
+                *skipped += 1;
+                Ok(false)
+            }
+        };
+    }
     pos.batch = t.batch + 1;
     pos.loss_sum += t.loss_sum;
     pos.correct += t.correct as u64;
@@ -276,7 +314,7 @@ fn finish_batch(pos: &mut Position, callbacks: &mut [Box<dyn Callback>], t: Trai
     for cb in callbacks.iter_mut() {
         stop |= cb.on_batch(&metrics) == Control::Stop;
     }
-    stop
+    Ok(stop)
 }
 
 /// A panic while the device engine was locked left it unusable.
@@ -415,6 +453,12 @@ impl Trainer {
             auto_choice: None,
             clock: wall_clock(),
             checkpoint_path: None,
+            on_nonfinite: if cfg.train.on_nonfinite == "skip-batch" {
+                OnNonFinite::Skip
+            } else {
+                OnNonFinite::Stop
+            },
+            skipped: 0,
             engine: chosen.engine.map(Mutex::new),
             device_note: chosen.note,
             scratch: SamplerScratch::new(ds.num_vertices()),
@@ -691,11 +735,20 @@ impl Trainer {
         )
         .map_err(kernel("loss"))?;
         drop(loss);
+        if !ce.loss.is_finite() {
+            // No backward, no step: the caller sees the loss (train.on_nonfinite).
+            return Ok((ce.loss * n as f64, ce.correct));
+        }
         let backward = p.probe.slice("backward");
         let grads = model
             .backward_input(&views, p.x.as_model_input(), &fwd, &grad)
             .map_err(kernel("backward"))?;
         drop(backward);
+        if grads.iter().flatten().any(|g| !g.is_finite()) {
+            // A non-finite gradient with a finite loss: not applied either, and
+            // reported as a non-finite loss.
+            return Ok((f64::NAN, ce.correct));
+        }
         let _step = p.probe.slice("step");
         let grad_refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
         opt.step(&mut model.params_mut(), &grad_refs)
@@ -743,6 +796,7 @@ impl Trainer {
             steps: self.steps(),
             orchestration: self.orch.as_ref().and_then(|o| o.last_epoch().cloned()),
             calibrating,
+            skipped_batches: std::mem::take(&mut self.skipped),
             auto_choice: match (calibrating, &self.auto_choice) {
                 (true, Some(c)) => Some(c.reason.clone()),
                 _ => None,
@@ -1050,6 +1104,8 @@ impl Trainer {
             cancel,
             tracer,
             engine,
+            on_nonfinite,
+            skipped,
             ..
         } = self;
         let tracer = &*tracer;
@@ -1146,7 +1202,16 @@ impl Trainer {
                     seconds: tb.elapsed().as_secs_f64(),
                     step,
                 },
+                *on_nonfinite,
+                skipped,
             );
+            let stop = match stop {
+                Ok(stop) => stop,
+                Err(e) => {
+                    pos.train_secs += t.elapsed().as_secs_f64();
+                    return Err(e);
+                }
+            };
             if stop {
                 if k + 1 < total {
                     return stopped(pos, k + 1, StopCause::Callback);
@@ -1181,8 +1246,11 @@ impl Trainer {
             cancel,
             tracer,
             acc_track,
+            on_nonfinite,
+            skipped,
             ..
         } = self;
+        let on_nonfinite = *on_nonfinite;
         let (Some(engine), Some(orch)) = (engine.as_ref(), orch.as_mut()) else {
             return Ok(false);
         };
@@ -1199,7 +1267,7 @@ impl Trainer {
             tracer,
             cancel,
         };
-        let mut on_batch = |d: &BatchDone| -> bool {
+        let mut on_batch = |d: &BatchDone| -> Result<bool> {
             finish_batch(
                 pos,
                 callbacks,
@@ -1213,6 +1281,8 @@ impl Trainer {
                     seconds: d.seconds,
                     step: d.version,
                 },
+                on_nonfinite,
+                skipped,
             )
         };
         let end = orch.run_epoch(&mut **engine, &run, &mut on_batch);
@@ -1527,7 +1597,8 @@ impl Trainer {
     /// With a checkpoint path ([`Trainer::set_checkpoint_path`]) it also writes a
     /// checkpoint every `train.checkpoint_every` epochs (before the last), when a
     /// cancel stops it (the position inside the epoch, for a bit-exact resume),
-    /// and at the end.
+    /// when a non-finite loss stops it ([`Error::NonFinite`]: the weights before
+    /// that batch), and at the end.
     pub fn fit(&mut self) -> Result<Vec<EpochStats>> {
         let mut all = Vec::new();
         let every = self.cfg.train.checkpoint_every;
@@ -1538,7 +1609,8 @@ impl Trainer {
                     cause: StopCause::Callback,
                     ..
                 }) => break,
-                Err(e @ Error::Cancelled { .. }) => {
+                Err(e @ (Error::Cancelled { .. } | Error::NonFinite { .. })) => {
+                    // The position inside the epoch and the last good weights.
                     if let Some(p) = self.checkpoint_path.clone() {
                         self.save_checkpoint(&p)?;
                     }

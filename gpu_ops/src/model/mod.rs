@@ -811,7 +811,8 @@ impl<B: Backend> DeviceModel<B> {
     }
 
     /// Forward (with dropout), loss against `labels` (one per seed), backward and one
-    /// Adam step; returns the batch's loss and correct count.
+    /// Adam step; returns the batch's loss and correct count. A non-finite loss
+    /// skips the backward and the step (the version does not move).
     pub fn train_step(
         &mut self,
         dev: &B,
@@ -840,6 +841,11 @@ impl<B: Backend> DeviceModel<B> {
         let mut dlogits = dev.alloc(rows * classes)?;
         let stats =
             dev.softmax_cross_entropy(&fwd.logits, rows, classes, labels, Some(&mut dlogits))?;
+        if !stats.loss.is_finite() {
+            // A NaN or infinite loss: no backward, no step; the weights stay as
+            // they were (the caller sees the loss and decides).
+            return Ok(stats);
+        }
         self.backward(dev, blocks, x, &fwd, &dlogits)?;
         self.step(dev)?;
         Ok(stats)

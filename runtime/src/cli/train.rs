@@ -201,6 +201,17 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
     }
     let stats = match result {
         Ok(stats) => stats,
+        Err(e @ Error::NonFinite { .. }) => {
+            if let Some(path) = &checkpoint {
+                eprintln!(
+                    "stopped: the last good state (epoch {}, batch {}) is checkpointed in {}",
+                    trainer.epoch(),
+                    trainer.batch_in_epoch(),
+                    path.display()
+                );
+            }
+            return Err(e);
+        }
         Err(e @ Error::Cancelled { .. }) => {
             if let Some(path) = &checkpoint {
                 eprintln!(
@@ -260,6 +271,12 @@ impl Callback for EpochLines {
         );
         if let Some(o) = &s.orchestration {
             println!("        {}", o.summary());
+        }
+        if s.skipped_batches > 0 {
+            println!(
+                "        {} batch(es) skipped for a non-finite loss (train.on_nonfinite = \"skip-batch\")",
+                s.skipped_batches
+            );
         }
         if s.calibrating {
             match &s.auto_choice {

@@ -55,6 +55,7 @@ impl Dataset {
             test_mask: test.into(),
         };
         ds.validate()?;
+        ds.check_features()?;
         Ok(ds)
     }
 
@@ -63,8 +64,36 @@ impl Dataset {
         self.graph.num_vertices()
     }
 
-    /// Checks that the parts agree: sizes, label range, masks are 0/1 and disjoint.
-    /// (The graph's own invariants are checked when it is built.)
+    /// The first feature value that is not a finite number: `(row, column,
+    /// value)` (a parallel scan of the whole matrix).
+    pub fn first_non_finite_feature(&self) -> Option<(usize, usize, f32)> {
+        use rayon::prelude::*;
+        let dim = self.features.dim().max(1);
+        let data = self.features.as_slice();
+        let i = data.par_iter().position_first(|x| !x.is_finite())?;
+        Some((i / dim, i % dim, data[i]))
+    }
+
+    /// Checks that every feature is a finite number (a NaN or an infinity would
+    /// otherwise train with a NaN loss); the error names the row and column. Reads
+    /// the whole matrix: [`Dataset::from_parts`] (every importer and generator) and
+    /// [`crate::TrainerBuilder::dataset`] call it, a stored dataset only when
+    /// opened with [`crate::dataset::Verify::Full`].
+    pub fn check_features(&self) -> Result<()> {
+        match self.first_non_finite_feature() {
+            Some((row, col, v)) => Err(Error::InvalidDataset {
+                what: format!(
+                    "dataset `{}`: feature row {row}, column {col} is {v}; features must be finite numbers",
+                    self.name
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks that the parts agree: sizes, label range, masks are 0/1 and
+    /// disjoint. (The graph's own invariants are checked when it is built; the
+    /// features' values by [`Dataset::check_features`].)
     pub fn validate(&self) -> Result<()> {
         let n = self.num_vertices();
         let bad = |what: String| Err(Error::InvalidDataset { what });

@@ -89,6 +89,7 @@ fn align_up(x: u64) -> u64 {
 /// Writes `ds` to `path` atomically (temporary file, then rename).
 pub fn write_dataset(path: &Path, ds: &Dataset) -> Result<()> {
     ds.validate()?;
+    ds.check_features()?;
     if ds.name.len() > MAX_NAME {
         return Err(Error::invalid_argument(
             "name",
@@ -385,6 +386,9 @@ fn parse_mapped_len(
         test_mask: mask(6)?,
     };
     ds.validate().map_err(|e| bad(e.to_string()))?;
+    if verify == Verify::Full {
+        ds.check_features().map_err(|e| bad(e.to_string()))?;
+    }
     Ok(ds)
 }
 

@@ -509,7 +509,7 @@ impl Orchestrator {
         &mut self,
         engine: &mut dyn Engine,
         run: &EpochRun<'_>,
-        on_batch: &mut dyn FnMut(&BatchDone) -> bool,
+        on_batch: &mut dyn FnMut(&BatchDone) -> Result<bool>,
     ) -> Result<EpochEnd> {
         let acc_track = run.acc_track;
         self.ensure_workers(&*engine)?;
@@ -1029,7 +1029,7 @@ impl Accelerator<'_> {
     fn run(
         &mut self,
         engine: &mut dyn Engine,
-        on_batch: &mut dyn FnMut(&BatchDone) -> bool,
+        on_batch: &mut dyn FnMut(&BatchDone) -> Result<bool>,
         mut monitor: Option<&mut HybridMonitor>,
     ) -> Result<EpochEnd> {
         let run = self.run;
@@ -1076,8 +1076,10 @@ impl Accelerator<'_> {
                     if run.cancel.is_cancelled() {
                         return Ok(EpochEnd::Stopped(k, StopCause::Token));
                     }
+                    // Batch `k` runs at `v0 + (k − start)` minus the batches skipped
+                    // for a non-finite loss (their step was not applied).
                     let b = engine.version();
-                    if b != v0 + (k - run.start) as u64 {
+                    if b > v0 + (k - run.start) as u64 {
                         return Err(Error::invalid_argument(
                             "orchestration",
                             format!("internal: batch {k} runs at version {b}"),
@@ -1146,7 +1148,7 @@ impl Accelerator<'_> {
                         seconds: (self.clock.now().saturating_sub(t)).as_secs_f64(),
                         version: engine.version(),
                     };
-                    if on_batch(&done) {
+                    if on_batch(&done)? {
                         if k + 1 < epoch_len {
                             return Ok(EpochEnd::Stopped(k + 1, StopCause::Callback));
                         }
