@@ -81,14 +81,16 @@ pub fn export_npy(ds: &Dataset, dir: &Path) -> Result<()> {
         npy::write_bool(&tmp.join("train_mask.npy"), &ds.train_mask)?;
         npy::write_bool(&tmp.join("val_mask.npy"), &ds.val_mask)?;
         npy::write_bool(&tmp.join("test_mask.npy"), &ds.test_mask)?;
-        let meta = format!(
-            "{{\n  \"format\": {},\n  \"name\": {},\n  \"num_vertices\": {n},\n  \
-             \"num_edges\": {e},\n  \"num_classes\": {},\n  \"feature_dim\": {}\n}}\n",
-            json_string(NPY_DIR_FORMAT),
-            json_string(&ds.name),
-            ds.num_classes,
-            ds.features.dim()
-        );
+        let meta = serde_json::to_string_pretty(&Meta {
+            format: NPY_DIR_FORMAT,
+            name: &ds.name,
+            num_vertices: n,
+            num_edges: e,
+            num_classes: ds.num_classes,
+            feature_dim: ds.features.dim(),
+        })
+        .map_err(|err| Error::invalid_argument("meta.json", err.to_string()))?
+            + "\n";
         let meta_path = tmp.join("meta.json");
         write_file_atomically(&meta_path, |w| {
             w.write_all(meta.as_bytes())
@@ -97,23 +99,15 @@ pub fn export_npy(ds: &Dataset, dir: &Path) -> Result<()> {
     })
 }
 
-/// `s` as a JSON string literal (quotes, backslashes and control characters escaped).
-pub(crate) fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// `meta.json` (module doc).
+#[derive(serde::Serialize)]
+struct Meta<'a> {
+    format: &'a str,
+    name: &'a str,
+    num_vertices: usize,
+    num_edges: usize,
+    num_classes: u32,
+    feature_dim: usize,
 }
 
 #[cfg(test)]

@@ -156,9 +156,11 @@ fn a_training_trace_round_trips_with_valid_structure() {
         assert!(g.end <= fw.start, "a batch is gathered before its forward");
     }
 
-    // Counters: sampled during the run, monotone per series.
+    // Counters: sampled at the start and at the stop at least (in between as the
+    // scheduler allows), monotone per series. CPU utilisation is a difference of
+    // two samples.
     if Path::new("/proc/stat").exists() {
-        assert!(back.counter_series(CPU_UTIL).count() >= 2);
+        assert!(back.counter_series(CPU_UTIL).count() >= 1);
         assert!(back.counter_series(PROCESS_RSS_MIB).count() >= 2);
     }
 

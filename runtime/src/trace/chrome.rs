@@ -1,4 +1,4 @@
-//! Chrome Trace Event Format (JSON), as Perfetto (<https://ui.perfetto.dev>) and
+//! Chrome Trace OutEvent Format (JSON), as Perfetto (<https://ui.perfetto.dev>) and
 //! `chrome://tracing` open it: the writer and a reader that parses such a file back
 //! into a [`Trace`]. `docs/tracing.md` describes the layout.
 //!
@@ -17,7 +17,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::model::{
     Args, Counter, Device, Direction, Flow, FlowPoint, InstantEvent, Nanos, Slice, Trace, Track,
@@ -46,82 +47,188 @@ fn us(ns: Nanos) -> f64 {
     ns as f64 / 1000.0
 }
 
-fn args_json(a: &Args) -> Map<String, Value> {
-    let mut m = Map::new();
-    let mut put = |k: &str, v: Value| {
-        m.insert(k.to_string(), v);
-    };
-    if let Some(v) = a.epoch {
-        put("epoch", v.into());
-    }
-    if let Some(v) = a.batch {
-        put("batch", v.into());
-    }
-    if let Some(v) = a.super_batch {
-        put("super_batch", v.into());
-    }
-    if let Some(v) = a.layer {
-        put("layer", v.into());
-    }
-    if let Some(v) = a.bytes {
-        put("bytes", v.into());
-    }
-    if let Some(v) = a.direction {
-        put("dir", v.as_str().into());
-    }
-    if let Some(v) = a.device {
-        put("device", v.to_string().into());
-    }
-    if let Some(v) = a.staleness_gap {
-        put("staleness_gap", v.into());
-    }
-    for (k, v) in &a.extra {
-        put(k, json!(v));
-    }
-    m
+/// A slice's or instant's `args`, as written (absent fields are left out; the
+/// extra numeric arguments follow the named ones).
+#[derive(Serialize)]
+struct ArgsOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epoch: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    super_batch: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    layer: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dir: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    staleness_gap: Option<u64>,
+    #[serde(flatten)]
+    extra: std::collections::BTreeMap<&'a str, f64>,
 }
 
-/// Every event of `trace` as JSON values, in the order the writer emits them.
-fn events(trace: &Trace) -> Vec<Value> {
+impl<'a> From<&'a Args> for ArgsOut<'a> {
+    fn from(a: &'a Args) -> Self {
+        Self {
+            epoch: a.epoch,
+            batch: a.batch,
+            super_batch: a.super_batch,
+            layer: a.layer,
+            bytes: a.bytes,
+            dir: a.direction.map(|d| d.as_str()),
+            device: a.device.map(|d| d.to_string()),
+            staleness_gap: a.staleness_gap,
+            extra: a.extra.iter().map(|(k, v)| (k.as_ref(), *v)).collect(),
+        }
+    }
+}
+
+/// Metadata arguments (`ph: "M"`).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum MetaArgs<'a> {
+    Name { name: &'a str },
+    SortIndex { sort_index: u64 },
+}
+
+/// A counter's arguments.
+#[derive(Serialize)]
+struct CounterArgs {
+    value: f64,
+}
+
+/// Any event's arguments.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum EventArgs<'a> {
+    Meta(MetaArgs<'a>),
+    Args(ArgsOut<'a>),
+    Counter(CounterArgs),
+}
+
+/// One Trace OutEvent Format event (module doc); fields an event kind does not use
+/// are left out.
+#[derive(Serialize)]
+struct OutEvent<'a> {
+    ph: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    s: Option<&'static str>,
+    pid: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tid: Option<u32>,
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cat: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ts: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dur: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bp: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    args: Option<EventArgs<'a>>,
+}
+
+impl<'a> OutEvent<'a> {
+    fn new(ph: &'static str, pid: u64, name: &'a str) -> Self {
+        Self {
+            ph,
+            s: None,
+            pid,
+            tid: None,
+            name,
+            cat: None,
+            id: None,
+            ts: None,
+            dur: None,
+            bp: None,
+            args: None,
+        }
+    }
+}
+
+/// `otherData`.
+#[derive(Serialize)]
+struct OtherData<'a> {
+    producer: &'static str,
+    format_version: u64,
+    notes: &'a [String],
+}
+
+/// The whole file.
+#[derive(Serialize)]
+struct ChromeFile<'a> {
+    #[serde(rename = "displayTimeUnit")]
+    display_time_unit: &'static str,
+    #[serde(rename = "otherData")]
+    other_data: OtherData<'a>,
+    #[serde(rename = "traceEvents")]
+    trace_events: Vec<OutEvent<'a>>,
+}
+
+/// Every event of `trace`, in the order the writer emits them.
+fn events(trace: &Trace) -> Vec<OutEvent<'_>> {
     let mut out = Vec::new();
     let kind_of = |id: TrackId| trace.track(id).map_or(TrackKind::Cpu, |t| t.kind);
+    fn meta<'m>(pid: u64, tid: u32, name: &'static str, args: MetaArgs<'m>) -> OutEvent<'m> {
+        let mut e = OutEvent::new("M", pid, name);
+        e.tid = Some(tid);
+        e.args = Some(EventArgs::Meta(args));
+        e
+    }
     for (pid, name) in [(CPU_PID, "tandem cpu"), (ACC_PID, "tandem accelerator")] {
         if trace.tracks.iter().any(|t| pid_of(t.kind) == pid) {
-            out.push(
-                json!({"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
-                            "args": {"name": name}}),
-            );
-            out.push(
-                json!({"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index",
-                            "args": {"sort_index": pid}}),
-            );
+            out.push(meta(pid, 0, "process_name", MetaArgs::Name { name }));
+            out.push(meta(
+                pid,
+                0,
+                "process_sort_index",
+                MetaArgs::SortIndex { sort_index: pid },
+            ));
         }
     }
     for t in &trace.tracks {
         let pid = pid_of(t.kind);
-        out.push(
-            json!({"ph": "M", "pid": pid, "tid": t.id.0, "name": "thread_name",
-                        "args": {"name": t.name}}),
-        );
-        out.push(
-            json!({"ph": "M", "pid": pid, "tid": t.id.0, "name": "thread_sort_index",
-                        "args": {"sort_index": t.id.0}}),
-        );
+        out.push(meta(
+            pid,
+            t.id.0,
+            "thread_name",
+            MetaArgs::Name { name: &t.name },
+        ));
+        out.push(meta(
+            pid,
+            t.id.0,
+            "thread_sort_index",
+            MetaArgs::SortIndex {
+                sort_index: u64::from(t.id.0),
+            },
+        ));
     }
-    for s in &trace.slices {
-        let kind = kind_of(s.track);
-        out.push(
-            json!({"ph": "X", "pid": pid_of(kind), "tid": s.track.0, "name": s.name,
-                        "cat": kind.as_str(), "ts": us(s.start), "dur": us(s.duration()),
-                        "args": args_json(&s.args)}),
-        );
+    for sl in &trace.slices {
+        let kind = kind_of(sl.track);
+        let mut e = OutEvent::new("X", pid_of(kind), &sl.name);
+        e.tid = Some(sl.track.0);
+        e.cat = Some(kind.as_str());
+        e.ts = Some(us(sl.start));
+        e.dur = Some(us(sl.duration()));
+        e.args = Some(EventArgs::Args((&sl.args).into()));
+        out.push(e);
     }
     for f in &trace.flows {
         for (ph, p) in [("s", f.from), ("f", f.to)] {
-            let mut e = json!({"ph": ph, "pid": pid_of(kind_of(p.track)), "tid": p.track.0,
-                               "name": f.name, "cat": "flow", "id": f.id, "ts": us(p.ts)});
+            let mut e = OutEvent::new(ph, pid_of(kind_of(p.track)), &f.name);
+            e.tid = Some(p.track.0);
+            e.cat = Some("flow");
+            e.id = Some(f.id);
+            e.ts = Some(us(p.ts));
             if ph == "f" {
-                e["bp"] = "e".into();
+                e.bp = Some("e");
             }
             out.push(e);
         }
@@ -132,35 +239,39 @@ fn events(trace: &Trace) -> Vec<Value> {
         } else {
             CPU_PID
         };
-        out.push(
-            json!({"ph": "C", "pid": pid, "name": c.name, "ts": us(c.ts),
-                        "args": {"value": c.value}}),
-        );
+        let mut e = OutEvent::new("C", pid, &c.name);
+        e.ts = Some(us(c.ts));
+        e.args = Some(EventArgs::Counter(CounterArgs { value: c.value }));
+        out.push(e);
     }
     for i in &trace.instants {
-        out.push(json!({"ph": "i", "s": "t", "pid": pid_of(kind_of(i.track)),
-                        "tid": i.track.0, "name": i.name, "ts": us(i.ts),
-                        "args": args_json(&i.args)}));
+        let mut e = OutEvent::new("i", pid_of(kind_of(i.track)), &i.name);
+        e.s = Some("t");
+        e.tid = Some(i.track.0);
+        e.ts = Some(us(i.ts));
+        e.args = Some(EventArgs::Args((&i.args).into()));
+        out.push(e);
     }
     out
 }
 
-/// Writes `trace` to `path` as Chrome trace JSON (one event per line), atomically.
+/// Writes `trace` to `path` as Chrome trace JSON, atomically (every event and
+/// the envelope through serde).
 pub fn write_chrome_trace(path: &Path, trace: &Trace) -> Result<()> {
     let io = |e: std::io::Error| Error::io(path, e);
     let json_err = |e: serde_json::Error| Error::io(path, std::io::Error::other(e));
+    let file = ChromeFile {
+        display_time_unit: "ms",
+        other_data: OtherData {
+            producer: "tandem",
+            format_version: FORMAT_VERSION,
+            notes: &trace.notes,
+        },
+        trace_events: events(trace),
+    };
     write_file_atomically(path, |w| {
-        let other = json!({"producer": "tandem", "format_version": FORMAT_VERSION,
-                           "notes": trace.notes});
-        write!(w, "{{\"displayTimeUnit\":\"ms\",\"otherData\":").map_err(io)?;
-        serde_json::to_writer(&mut *w, &other).map_err(json_err)?;
-        write!(w, ",\"traceEvents\":[").map_err(io)?;
-        for (k, e) in events(trace).iter().enumerate() {
-            w.write_all(if k == 0 { b"\n" } else { b",\n" })
-                .map_err(io)?;
-            serde_json::to_writer(&mut *w, e).map_err(json_err)?;
-        }
-        writeln!(w, "\n]}}").map_err(io)
+        serde_json::to_writer(&mut *w, &file).map_err(json_err)?;
+        writeln!(w).map_err(io)
     })
 }
 

@@ -194,7 +194,12 @@ impl CounterSampler {
                 sources.tick(&t);
                 match rx.recv_timeout(interval) {
                     Err(RecvTimeoutError::Timeout) => {}
-                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                        // A last sample at the stop: every run has one at each end,
+                        // however the thread was scheduled in between.
+                        sources.tick(&t);
+                        break;
+                    }
                 }
             });
         match spawned {
