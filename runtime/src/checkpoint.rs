@@ -350,7 +350,7 @@ impl Checkpoint {
         let saved = self.config(path)?;
         let (a, b) = (&saved.model, &cfg.model);
         for (key, was, now) in [
-            ("model.kind", a.kind.clone(), b.kind.clone()),
+            ("model.kind", a.kind.to_string(), b.kind.to_string()),
             ("model.layers", a.layers.to_string(), b.layers.to_string()),
             ("model.hidden", a.hidden.to_string(), b.hidden.to_string()),
             ("model.heads", a.heads.to_string(), b.heads.to_string()),

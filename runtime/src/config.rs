@@ -126,7 +126,7 @@ impl Default for SyntheticConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
     /// `"gcn"`, `"sage"` or `"gat"`.
-    pub kind: String,
+    pub kind: ModelKindName,
     /// Number of GNN layers (≥ 1); equals the number of fanouts.
     pub layers: usize,
     /// Hidden width (≥ 1).
@@ -140,7 +140,7 @@ pub struct ModelSection {
 impl Default for ModelSection {
     fn default() -> Self {
         Self {
-            kind: "sage".into(),
+            kind: ModelKindName::Sage,
             layers: 2,
             hidden: 256,
             heads: 4,
@@ -159,7 +159,7 @@ pub struct TrainSection {
     /// whole graph before the next (layer-wise full-neighbor inference, as DGL's
     /// `inference`; exact GCN normalization with full-graph degrees), `"sampled"`
     /// runs mini-batches of `eval_batch_size` seeds sampled with `eval_fanouts`.
-    pub eval_mode: String,
+    pub eval_mode: EvalMode,
     /// Fanouts for `eval_mode = "sampled"`; empty means every neighbor at every layer.
     pub eval_fanouts: Vec<i64>,
     /// Seeds per training batch (≥ 1).
@@ -178,7 +178,7 @@ pub struct TrainSection {
     /// (CSR) copy when at most `sparse_threshold` of the values are non-zero (e.g.
     /// bag-of-words features), `"on"` always, `"off"` never. Results are the same
     /// either way up to float rounding; sparse skips the multiplications by zero.
-    pub sparse_features: String,
+    pub sparse_features: SparseFeatures,
     /// Density at or below which `sparse_features = "auto"` goes sparse, in [0, 1].
     pub sparse_threshold: f64,
     /// Seed of initialization, shuffling, sampling and dropout.
@@ -190,7 +190,7 @@ pub struct TrainSection {
     /// error naming the epoch and batch (the weights are those before the batch,
     /// checkpointed when there is a checkpoint path), `"skip-batch"` leaves the
     /// weights untouched and trains on (counted per epoch).
-    pub on_nonfinite: String,
+    pub on_nonfinite: OnNonFiniteKind,
     /// Deprecated spelling of `threads.compute`, still accepted so older files keep
     /// working: it must agree with `threads.compute` when both are set, and it is
     /// folded into `threads.compute` when a file is loaded (so it is never printed).
@@ -202,7 +202,7 @@ impl Default for TrainSection {
     fn default() -> Self {
         Self {
             fanouts: vec![10, 10],
-            eval_mode: "full".into(),
+            eval_mode: EvalMode::Full,
             eval_fanouts: Vec::new(),
             batch_size: 1024,
             eval_batch_size: 4096,
@@ -210,11 +210,11 @@ impl Default for TrainSection {
             lr: 0.003,
             weight_decay: 0.0,
             eval_every: 1,
-            sparse_features: "auto".into(),
+            sparse_features: SparseFeatures::Auto,
             sparse_threshold: 0.1,
             seed: 0,
             checkpoint_every: 0,
-            on_nonfinite: "stop".into(),
+            on_nonfinite: OnNonFiniteKind::Stop,
             threads: None,
         }
     }
@@ -319,6 +319,132 @@ pub struct ThreadsSection {
     pub pin: PinPolicy,
 }
 
+/// Implements `Display` as the config spelling (serde's kebab-case name).
+macro_rules! config_name {
+    ($t:ty { $($v:ident => $name:literal),* $(,)? }) => {
+        impl $t {
+            /// The name as written in a config file.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Self::$v => $name,)*
+                }
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+/// `model.kind`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKindName {
+    /// Graph convolution (DGL's `GraphConv`, symmetric normalization).
+    Gcn,
+    /// GraphSAGE with the mean aggregator.
+    #[default]
+    Sage,
+    /// Graph attention.
+    Gat,
+}
+config_name!(ModelKindName { Gcn => "gcn", Sage => "sage", Gat => "gat" });
+
+/// `train.eval_mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EvalMode {
+    /// Layer-wise full-graph inference.
+    #[default]
+    Full,
+    /// Mini-batches sampled with `train.eval_fanouts`.
+    Sampled,
+}
+config_name!(EvalMode { Full => "full", Sampled => "sampled" });
+
+/// `train.sparse_features`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SparseFeatures {
+    /// Sparse when the density is at most `train.sparse_threshold`.
+    #[default]
+    Auto,
+    /// Always sparse.
+    On,
+    /// Never sparse.
+    Off,
+}
+config_name!(SparseFeatures { Auto => "auto", On => "on", Off => "off" });
+
+/// `train.on_nonfinite`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnNonFiniteKind {
+    /// End training with an error naming the epoch and batch.
+    #[default]
+    Stop,
+    /// Leave the weights untouched and train on.
+    SkipBatch,
+}
+config_name!(OnNonFiniteKind { Stop => "stop", SkipBatch => "skip-batch" });
+
+/// `orchestration.policy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyName {
+    /// Measure the placements in the first batches and keep the fastest.
+    #[default]
+    Auto,
+    /// NeutronOrch's layer-based orchestration.
+    Layer,
+    /// Sampling and gathering on the CPU (DGL).
+    CpuSampleCpuGather,
+    /// Sampling on the accelerator, gathering on the CPU.
+    GpuSampleCpuGather,
+    /// Sampling on the CPU, gathering on the accelerator (PaGraph).
+    CpuSampleGpuGather,
+    /// Sampling and gathering on the accelerator (GNNLab).
+    GpuSampleGpuGather,
+}
+config_name!(PolicyName {
+    Auto => "auto",
+    Layer => "layer",
+    CpuSampleCpuGather => "cpu-sample-cpu-gather",
+    GpuSampleCpuGather => "gpu-sample-cpu-gather",
+    CpuSampleGpuGather => "cpu-sample-gpu-gather",
+    GpuSampleGpuGather => "gpu-sample-gpu-gather",
+});
+
+impl PolicyName {
+    /// The fixed placement, `None` for `"auto"`.
+    pub fn fixed(self) -> Option<scheduler::Orchestration> {
+        use scheduler::Orchestration as O;
+        Some(match self {
+            Self::Auto => return None,
+            Self::Layer => O::Layer,
+            Self::CpuSampleCpuGather => O::CpuSampleCpuGather,
+            Self::GpuSampleCpuGather => O::GpuSampleCpuGather,
+            Self::CpuSampleGpuGather => O::CpuSampleGpuGather,
+            Self::GpuSampleGpuGather => O::GpuSampleGpuGather,
+        })
+    }
+}
+
+impl From<scheduler::Orchestration> for PolicyName {
+    fn from(o: scheduler::Orchestration) -> Self {
+        use scheduler::Orchestration as O;
+        match o {
+            O::Layer => Self::Layer,
+            O::CpuSampleCpuGather => Self::CpuSampleCpuGather,
+            O::GpuSampleCpuGather => Self::GpuSampleCpuGather,
+            O::CpuSampleGpuGather => Self::CpuSampleGpuGather,
+            O::GpuSampleGpuGather => Self::GpuSampleGpuGather,
+        }
+    }
+}
+
 /// `orchestration.hotness`: how vertices are ranked hot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -391,7 +517,7 @@ pub struct OrchestrationSection {
     /// fastest), `"layer"` (NeutronOrch) or a step-based baseline
     /// (`"cpu-sample-cpu-gather"`, `"gpu-sample-cpu-gather"`,
     /// `"cpu-sample-gpu-gather"`, `"gpu-sample-gpu-gather"`).
-    pub policy: String,
+    pub policy: PolicyName,
     /// Fraction of vertices that are hot, in [0, 1]; 0 disables embedding reuse.
     pub hot_ratio: f64,
     /// `"presample"` or `"degree"`.
@@ -417,7 +543,7 @@ pub struct OrchestrationSection {
 impl Default for OrchestrationSection {
     fn default() -> Self {
         Self {
-            policy: "auto".into(),
+            policy: PolicyName::Auto,
             hot_ratio: 0.0,
             hotness: HotnessKind::Presample,
             presample_epochs: scheduler::DEFAULT_PRESAMPLE_EPOCHS,
@@ -434,32 +560,17 @@ impl Default for OrchestrationSection {
 impl OrchestrationSection {
     /// Whether the policy is `"auto"`.
     pub fn is_auto(&self) -> bool {
-        self.policy == "auto"
+        self.policy == PolicyName::Auto
     }
 
     /// The parsed policy (an error naming `orchestration.policy` and the accepted
     /// names); `"auto"` gives the placement it starts from,
     /// `"gpu-sample-gpu-gather"`.
     pub fn orchestration(&self) -> Result<scheduler::Orchestration> {
-        if self.is_auto() {
-            return Ok(scheduler::Orchestration::GpuSampleGpuGather);
-        }
-        self.policy
-            .parse::<scheduler::Orchestration>()
-            .map_err(|_| {
-                Error::invalid_argument(
-                    "orchestration.policy",
-                    format!(
-                        "expected \"auto\" or one of {}, found \"{}\"",
-                        scheduler::Orchestration::NAMES
-                            .iter()
-                            .map(|n| format!("\"{n}\""))
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                        self.policy
-                    ),
-                )
-            })
+        Ok(self
+            .policy
+            .fixed()
+            .unwrap_or(scheduler::Orchestration::GpuSampleGpuGather))
     }
 
     /// Where sampling and gathering run under the policy (training is on the
@@ -479,7 +590,7 @@ impl OrchestrationSection {
     /// Whether training reuses CPU-computed hot embeddings (policy `"layer"` with a
     /// positive `hot_ratio`).
     pub fn reuses_embeddings(&self) -> bool {
-        self.hot_ratio > 0.0 && self.policy == "layer"
+        self.hot_ratio > 0.0 && self.policy == PolicyName::Layer
     }
 }
 
@@ -721,16 +832,11 @@ impl TrainConfig {
 
     /// The model kind.
     pub fn model_kind(&self) -> Result<ModelKind> {
-        match self.model.kind.as_str() {
-            "gcn" => Ok(ModelKind::Gcn),
-            "sage" => Ok(ModelKind::Sage),
-            "gat" => Ok(ModelKind::Gat),
-            other => Err(range_err(
-                "model.kind",
-                "\"gcn\", \"sage\" or \"gat\"",
-                format!("\"{other}\""),
-            )),
-        }
+        Ok(match self.model.kind {
+            ModelKindName::Gcn => ModelKind::Gcn,
+            ModelKindName::Sage => ModelKind::Sage,
+            ModelKindName::Gat => ModelKind::Gat,
+        })
     }
 
     /// Training fanouts as the sampler takes them.
@@ -756,7 +862,7 @@ impl TrainConfig {
         in_range("model.layers", m.layers, 1, MAX_LAYERS)?;
         in_range("model.hidden", m.hidden, 1, MAX_HIDDEN)?;
         in_range("model.heads", m.heads, 1, MAX_HIDDEN)?;
-        if m.kind == "gat" && !m.hidden.is_multiple_of(m.heads) {
+        if m.kind == ModelKindName::Gat && !m.hidden.is_multiple_of(m.heads) {
             return Err(range_err(
                 "model.hidden",
                 &format!("a multiple of model.heads = {}", m.heads),
@@ -789,27 +895,7 @@ impl TrainConfig {
                 format!("{} fanouts", ef.len()),
             ));
         }
-        if t.on_nonfinite != "stop" && t.on_nonfinite != "skip-batch" {
-            return Err(range_err(
-                "train.on_nonfinite",
-                "\"stop\" or \"skip-batch\"",
-                format!("\"{}\"", t.on_nonfinite),
-            ));
-        }
-        if t.eval_mode != "full" && t.eval_mode != "sampled" {
-            return Err(range_err(
-                "train.eval_mode",
-                "\"full\" or \"sampled\"",
-                format!("\"{}\"", t.eval_mode),
-            ));
-        }
-        if !["auto", "on", "off"].contains(&t.sparse_features.as_str()) {
-            return Err(range_err(
-                "train.sparse_features",
-                "\"auto\", \"on\" or \"off\"",
-                format!("\"{}\"", t.sparse_features),
-            ));
-        }
+
         if !(0.0..=1.0).contains(&t.sparse_threshold) {
             return Err(range_err(
                 "train.sparse_threshold",
@@ -925,7 +1011,7 @@ impl TrainConfig {
             0,
             TOML_INT_MAX,
         )?;
-        if o.policy != "layer" && !o.is_auto() {
+        if o.policy != PolicyName::Layer && !o.is_auto() {
             if o.hot_ratio > 0.0 {
                 return Err(range_err(
                     "orchestration.hot_ratio",
@@ -1083,7 +1169,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.train.epochs, 7);
-        assert_eq!(c.model.kind, "gcn");
+        assert_eq!(c.model.kind, ModelKindName::Gcn);
         assert_eq!(c.train_fanouts().unwrap(), vec![5, ALL_NEIGHBORS]);
         assert_eq!(c.data.path.as_deref(), Some(Path::new("x.tds")));
         let e = TrainConfig::from_toml_with_overrides("", Path::new("t"), &["x".into()])
@@ -1341,7 +1427,7 @@ mod tests {
     #[test]
     fn orchestration_section_parses_and_names_bad_values() {
         let c = parse("").unwrap();
-        assert_eq!(c.orchestration.policy, "auto");
+        assert_eq!(c.orchestration.policy, PolicyName::Auto);
         assert_eq!(c.orchestration.hot_ratio, 0.0);
         assert!(!c.orchestration.reuses_embeddings());
         let ops = "[device]\nhost_engine = \"ops\"\n";

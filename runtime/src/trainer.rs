@@ -44,7 +44,7 @@ use rayon::ThreadPool;
 
 use crate::auto::{Calibrator, ProbeStep};
 use crate::checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
-use crate::config::TrainConfig;
+use crate::config::{EvalMode, OnNonFiniteKind, PolicyName, SparseFeatures, TrainConfig};
 use crate::control::{BatchMetrics, Callback, CancelToken, Control, StopCause};
 use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
 use crate::embedding::Embeddings;
@@ -371,10 +371,10 @@ impl Trainer {
                 what: format!("dataset `{}` has no training vertices", ds.name),
             });
         }
-        let sparse = match cfg.train.sparse_features.as_str() {
-            "on" => true,
-            "auto" => feature_density(&ds.features) <= cfg.train.sparse_threshold,
-            _ => false,
+        let sparse = match cfg.train.sparse_features {
+            SparseFeatures::On => true,
+            SparseFeatures::Auto => feature_density(&ds.features) <= cfg.train.sparse_threshold,
+            SparseFeatures::Off => false,
         };
         let sparse = if sparse {
             let f = &ds.features;
@@ -404,7 +404,7 @@ impl Trainer {
             },
         )?;
         if chosen.engine.is_none()
-            && cfg.orchestration.policy != "layer"
+            && cfg.orchestration.policy != PolicyName::Layer
             && !cfg.orchestration.is_auto()
         {
             return Err(Error::invalid_argument(
@@ -453,7 +453,7 @@ impl Trainer {
             auto_choice: None,
             clock: wall_clock(),
             checkpoint_path: None,
-            on_nonfinite: if cfg.train.on_nonfinite == "skip-batch" {
+            on_nonfinite: if cfg.train.on_nonfinite == OnNonFiniteKind::SkipBatch {
                 OnNonFinite::Skip
             } else {
                 OnNonFinite::Stop
@@ -1506,7 +1506,7 @@ impl Trainer {
     fn evaluate_val_test_here(&mut self) -> Result<(f64, f64)> {
         let tracer = self.tracer.clone();
         let _eval = tracer.slice("eval").epoch(self.pos.epoch as u64);
-        if self.cfg.train.eval_mode == "full" {
+        if self.cfg.train.eval_mode == EvalMode::Full {
             let logits = match &self.engine {
                 Some(engine) => engine.lock().map_err(|_| poisoned())?.full_graph_logits()?,
                 None => Self::full_graph_forward(&self.ds, &self.model, self.sparse.as_ref())?

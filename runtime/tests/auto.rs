@@ -48,7 +48,7 @@ const STEP_BASED: [&str; 4] = [
 #[test]
 fn auto_is_the_default_and_measures_every_candidate_then_trains_with_its_choice() {
     let c = cfg(&[]);
-    assert_eq!(c.orchestration.policy, "auto");
+    assert_eq!(c.orchestration.policy, runtime::config::PolicyName::Auto);
     let mut t = trainer(c);
     let tracer = Tracer::new();
     t.set_tracer(tracer.clone());

@@ -172,7 +172,10 @@ pub fn is_step_based(policy: BenchPolicy) -> bool {
 /// with [`layer_hot_ratio`].
 pub fn policy_config(base: &TrainConfig, policy: BenchPolicy) -> TrainConfig {
     let mut c = base.clone();
-    c.orchestration.policy = policy.name().to_string();
+    c.orchestration.policy = match policy {
+        BenchPolicy::Fixed(o) => o.into(),
+        BenchPolicy::Auto => crate::config::PolicyName::Auto,
+    };
     c.orchestration.hot_ratio = if is_step_based(policy) {
         0.0
     } else {
