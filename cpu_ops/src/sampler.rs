@@ -45,8 +45,8 @@
 //! All of it is bound by memory latency (random rows of a graph much larger than the
 //! caches), so both loops prefetch a few items ahead.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use rayon::prelude::*;
 
@@ -603,8 +603,8 @@ impl Drop for SetOnDrop<'_> {
 }
 
 /// Locks a chunk's slice; a poisoned lock (a panicking sampler) still holds valid data.
-fn lock<'a, 'b>(m: &'a Mutex<&'b mut [u32]>) -> std::sync::MutexGuard<'a, &'b mut [u32]> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<'a, 'b>(m: &'a Mutex<&'b mut [u32]>) -> parking_lot::MutexGuard<'a, &'b mut [u32]> {
+    m.lock()
 }
 
 /// Samples every destination of a chunk into `out` (their concatenated slices).

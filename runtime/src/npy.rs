@@ -1,5 +1,9 @@
 //! NumPy `.npy` files: the subset Tandem exchanges with Python tools.
 //!
+//! Hand-written rather than `npyz`/`ndarray-npy`: it streams arbitrarily large
+//! files in chunks with errors naming the file, the element and (for features)
+//! the row and column, refuses every variant it does not support, and is fuzzed.
+//!
 //! Format (<https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html>):
 //!
 //! 1. magic `\x93NUMPY`, then a major and a minor version byte (1.0, 2.0 or 3.0);

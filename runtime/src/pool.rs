@@ -50,7 +50,8 @@ fn pinned(_: rayon::ThreadPoolBuilder) -> Result<ThreadPool> {
 
 #[cfg(feature = "hwloc")]
 fn pinned(builder: rayon::ThreadPoolBuilder) -> Result<ThreadPool> {
-    use std::sync::{Arc, Mutex};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
 
     let pinner = Arc::new(hwloc::CorePinner::new()?);
     let failures: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -58,14 +59,14 @@ fn pinned(builder: rayon::ThreadPoolBuilder) -> Result<ThreadPool> {
     let pool = builder
         .start_handler(move |i| {
             if let Err(e) = p.bind_current_thread(i) {
-                f.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+                f.lock().push(e);
             }
         })
         .build()
         .map_err(|e| Error::invalid_argument("threads.compute", e.to_string()))?;
     // Every worker has run its start handler once it runs a job.
     pool.broadcast(|_| ());
-    let failures = failures.lock().unwrap_or_else(|e| e.into_inner());
+    let failures = failures.lock();
     if let Some(first) = failures.first() {
         return Err(Error::invalid_argument(
             "threads.pin",

@@ -26,10 +26,11 @@
 //!    it is kept in the pool's *deferred error* slot and returned by the backend's
 //!    next synchronizing call, and the block involved is leaked rather than reused.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::{sys, CudaContext, CudaStream};
@@ -116,7 +117,7 @@ impl Pool {
     fn state(&self) -> MutexGuard<'_, PoolState> {
         // A panic while holding the lock leaves the lists consistent (every update is
         // a single push or pop), so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     /// The counters.
@@ -126,7 +127,7 @@ impl Pool {
 
     /// Keeps `err` for the next synchronizing call (the first one wins).
     pub(crate) fn defer(&self, err: GpuOpsError) {
-        let mut slot = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.deferred.lock();
         if slot.is_none() {
             *slot = Some(err);
         }
@@ -134,10 +135,7 @@ impl Pool {
 
     /// Takes the deferred error, if any.
     pub(crate) fn take_deferred(&self) -> Option<GpuOpsError> {
-        self.deferred
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+        self.deferred.lock().take()
     }
 
     fn bind(&self) -> Result<()> {

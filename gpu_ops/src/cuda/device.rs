@@ -11,10 +11,11 @@
 //! [`GpuOpsError::InvalidArgument`] naming the op, the value and the bound. Errors
 //! of `Drop` implementations (see `alloc.rs`) are returned the same way.
 
+use parking_lot::Mutex;
 use std::any::Any;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::cublas;
 use cudarc::driver::result::{self, DriverError};
@@ -361,7 +362,7 @@ impl CudaBackend {
 
     /// The cuBLAS handle (locked: one user at a time).
     pub(crate) fn with_blas<R>(&self, f: impl FnOnce(cublas::sys::cublasHandle_t) -> R) -> R {
-        let h = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+        let h = self.blas.lock();
         f(h.0)
     }
 
@@ -476,7 +477,7 @@ impl Drop for CudaBackend {
         // Let queued work finish before the handle, modules and buffers go away.
         if self.bind().is_ok() {
             let _ = self.compute.inner.synchronize();
-            let h = self.blas.get_mut().unwrap_or_else(|p| p.into_inner());
+            let h = self.blas.get_mut();
             // SAFETY: the handle is live, owned by this backend and no longer used.
             let _ = unsafe { cublas::result::destroy_handle(h.0) };
         }

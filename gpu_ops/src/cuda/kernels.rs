@@ -20,11 +20,12 @@
 //!    every kernel, a block count capped at 32 blocks per SM; an empty grid is not
 //!    launched at all.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::result as dresult;
 use cudarc::driver::{sys, CudaContext, CudaModule};
@@ -179,11 +180,7 @@ fn ptx_cache() -> &'static PtxCache {
 
 /// The PTX of `family` for `cc` (compiled on first request).
 pub(crate) fn family_ptx(family: Family, cc: (u32, u32)) -> Result<Ptx> {
-    if let Some(p) = ptx_cache()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&(family, cc))
-    {
+    if let Some(p) = ptx_cache().lock().get(&(family, cc)) {
         return Ok(p.clone());
     }
     // Compile outside the lock (seconds for a big family); a race compiles twice.
@@ -192,10 +189,7 @@ pub(crate) fn family_ptx(family: Family, cc: (u32, u32)) -> Result<Ptx> {
         &expand_source(family.file(), family.raw_source()),
         cc,
     )?;
-    ptx_cache()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert((family, cc), ptx.clone());
+    ptx_cache().lock().insert((family, cc), ptx.clone());
     Ok(ptx)
 }
 
@@ -326,7 +320,7 @@ impl Kernels {
     }
 
     fn module(&self, family: Family) -> Result<Arc<CudaModule>> {
-        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        let mut modules = self.modules.lock();
         if let Some(m) = modules.get(&family) {
             return Ok(m.clone());
         }
@@ -341,7 +335,7 @@ impl Kernels {
 
     fn function(&self, id: KernelId) -> Result<sys::CUfunction> {
         let slot = id as usize;
-        if let Some(f) = self.functions.lock().unwrap_or_else(|p| p.into_inner())[slot] {
+        if let Some(f) = self.functions.lock()[slot] {
             return Ok(f.0);
         }
         let module = self.module(id.family())?;
@@ -350,7 +344,7 @@ impl Kernels {
             .map_err(drv(&format!("cuModuleGetFunction {}", id.name())))?;
         let raw = f.cu_function();
         // `module` stays in `self.modules` for the registry's life, so `raw` stays valid.
-        self.functions.lock().unwrap_or_else(|p| p.into_inner())[slot] = Some(RawFunction(raw));
+        self.functions.lock()[slot] = Some(RawFunction(raw));
         Ok(raw)
     }
 

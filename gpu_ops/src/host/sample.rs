@@ -2,9 +2,9 @@
 //! [`cpu_ops::sample_hop`] on the graph kept in host memory, and the first-occurrence
 //! relabel of [`crate::Backend::unique_relabel`].
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Mutex;
 
 use cpu_ops::{CsrGraph, NeighborSampler, SamplerScratch};
 
@@ -42,13 +42,13 @@ impl HostGraph {
     /// A scratch from the pool, or a new one. (The lock only guards a push or a pop,
     /// which cannot leave the pool half-changed, so a poisoned lock is still usable.)
     fn take_scratch(&self) -> SamplerScratch {
-        let mut pool = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pool = self.scratch.lock();
         pool.pop()
             .unwrap_or_else(|| SamplerScratch::new(self.graph.num_vertices()))
     }
 
     fn put_scratch(&self, s: SamplerScratch) {
-        let mut pool = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pool = self.scratch.lock();
         pool.push(s);
     }
 }
@@ -236,7 +236,7 @@ mod tests {
         for (x, y) in a.blocks.iter().zip(&b.blocks) {
             assert_eq!((x.indptr(), x.indices()), (y.indptr(), y.indices()));
         }
-        assert_eq!(hg.scratch.lock().unwrap().len(), 1, "one scratch reused");
+        assert_eq!(hg.scratch.lock().len(), 1, "one scratch reused");
         assert!(matches!(
             sample(&hg, &[50], &[2], 0),
             Err(GpuOpsError::CpuOps(

@@ -22,8 +22,8 @@
 //! in the same run: whichever phase dominates says whether memory or FLOPs bound it.
 //! The two paths' outputs are compared once (largest relative difference).
 
+use parking_lot::Mutex;
 use std::fmt;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cpu_ops::{
@@ -297,7 +297,7 @@ pub fn bench_hot(
         .collect();
     let worker = || {
         let i = rayon::current_thread_index().unwrap_or(0) % workers.len();
-        workers[i].lock().unwrap_or_else(|p| p.into_inner())
+        workers[i].lock()
     };
     let run_old = |out: &mut [f32]| -> Result<Duration> {
         let t = Instant::now();

@@ -8,9 +8,10 @@
 //! `TANDEM_<SECTION>__<KEY>` environment variables, then `--set` (see
 //! `crate::config`).
 
+use parking_lot::Mutex;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
@@ -196,7 +197,7 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
     }));
     println!("epoch   loss     train    val      test     train s  eval s");
     let result = trainer.fit();
-    if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+    if let Some(e) = failed.lock().take() {
         return Err(e);
     }
     let stats = match result {
@@ -286,7 +287,7 @@ impl Callback for EpochLines {
         }
         if let Some(run) = &mut self.run_dir {
             if let Err(e) = run.record(s) {
-                *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                *self.failed.lock() = Some(e);
                 return Control::Stop;
             }
         }

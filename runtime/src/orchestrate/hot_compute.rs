@@ -11,7 +11,9 @@
 //!    fused kernel when available, other models through `gather_rows` +
 //!    [`Model::forward_layer_with`] (activation included).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use cpu_ops::{
     gather_rows, BlockView, Model, ModelInput, ModelKind, NeighborSampler, SageHotKernel,
@@ -47,7 +49,7 @@ impl Published {
 
     /// Replaces the snapshot (the version only moves forward).
     pub fn publish(&self, snapshot: Snapshot) {
-        let mut cur = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cur = self.newest.lock();
         if snapshot.version >= cur.version {
             *cur = Arc::new(snapshot);
         }
@@ -55,12 +57,12 @@ impl Published {
 
     /// Replaces the snapshot whatever its version (a checkpoint was loaded).
     pub fn reset(&self, snapshot: Snapshot) {
-        *self.newest.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(snapshot);
+        *self.newest.lock() = Arc::new(snapshot);
     }
 
     /// The newest snapshot.
     pub fn newest(&self) -> Arc<Snapshot> {
-        Arc::clone(&self.newest.lock().unwrap_or_else(|p| p.into_inner()))
+        Arc::clone(&self.newest.lock())
     }
 
     /// The newest snapshot's version.

@@ -58,10 +58,11 @@
 //! device) and `compute cold` (vertices); `hot compute` slices on `hot worker i`
 //! tracks with a flow to the first batch reading their rows.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cpu_ops::{derive_seed, Model, NeighborSampler};
 use scheduler::{
@@ -441,7 +442,7 @@ impl Orchestrator {
     pub fn inject_fault(&mut self, fault: Option<InjectedFault>) {
         self.fault = fault;
         if let Some(w) = &self.workers {
-            *w.shared().fault.lock().unwrap_or_else(|p| p.into_inner()) = fault;
+            *w.shared().fault.lock() = fault;
         }
     }
 

@@ -23,9 +23,10 @@
 //! 5. **Stop** when the orchestrator drops: the job senders close, every worker
 //!    finishes at most its current chunk, and the threads are joined.
 
+use parking_lot::Mutex;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -198,8 +199,7 @@ impl HotWorkers {
 
     /// Routes the workers' slices to `tracer`, worker `i` on `tracks[i]`.
     pub(crate) fn set_trace(&self, tracer: &Tracer, tracks: &[TrackId]) {
-        *self.shared.tracer.lock().unwrap_or_else(|p| p.into_inner()) =
-            (tracer.clone(), tracks.to_vec());
+        *self.shared.tracer.lock() = (tracer.clone(), tracks.to_vec());
     }
 
     /// Queues a job (step 2).
@@ -307,7 +307,7 @@ fn worker(ctx: WorkerCtx) {
         }
         let Ok(staging) = ctx.free.recv() else { return };
         let start = ctx.shared.clock.now();
-        let fault = *ctx.shared.fault.lock().unwrap_or_else(|p| p.into_inner());
+        let fault = *ctx.shared.fault.lock();
         let result = match (&pool, fault) {
             (Err(e), _) => Err(Error::Worker {
                 worker: name.clone(),
@@ -368,7 +368,7 @@ fn compute(
 ) -> Result<(u64, usize, Box<dyn HotStaging>)> {
     let weights = ctx.shared.published.newest();
     let (tracer, track) = {
-        let t = ctx.shared.tracer.lock().unwrap_or_else(|p| p.into_inner());
+        let t = ctx.shared.tracer.lock();
         (t.0.clone(), t.1.get(ctx.index).copied())
     };
     let mut slice = track.map(|track| {
