@@ -12,8 +12,10 @@
 //!   accuracy;
 //! - [`Trainer::embeddings`] returns the output of the layer below the classifier
 //!   for given vertices (full-neighbor inference, as DGL's `model.inference`
-//!   without the last layer), [`Trainer::embedding_table`] a shareable snapshot
-//!   for all of them;
+//!   without the last layer) as an `ids × hidden` [`ndarray::Array2`],
+//!   [`Trainer::embedding_table`] a shareable snapshot for all of them;
+//!   [`Trainer::predict`] / [`Trainer::full_graph_logits`] the logits of given /
+//!   all vertices;
 //! - [`Trainer::save_checkpoint`] / [`Trainer::load_checkpoint`]: a resumed run is
 //!   bit-identical to an uninterrupted one;
 //! - [`Callback`]s see [`BatchMetrics`] and [`EpochStats`] and may stop training;
@@ -52,9 +54,10 @@
 //! let stats = trainer.fit()?;
 //! assert_eq!(stats.len(), 3);
 //!
-//! // Embeddings of vertices 0 and 5: 2 × hidden values.
+//! // Embeddings of vertices 0 and 5: a 2 × hidden matrix; their logits.
 //! let emb = trainer.embeddings(&[0, 5])?;
-//! assert_eq!(emb.len(), 2 * 16);
+//! assert_eq!(emb.dim(), (2, 16));
+//! assert_eq!(trainer.predict(&[0, 5])?.dim(), (2, 3));
 //! assert!(trainer.embeddings(&[600]).is_err()); // ids are checked
 //!
 //! // Checkpoint and restore into a fresh trainer.
@@ -95,4 +98,6 @@ pub use checkpoint::Checkpoint;
 pub use control::{on_batch, on_epoch, BatchMetrics, Callback, CancelToken, Control, StopCause};
 pub use embedding::Embeddings;
 pub use error::{Error, Result};
+/// The `ndarray` version the array-taking and array-returning API uses.
+pub use ndarray;
 pub use trainer::{EpochStats, Trainer};
