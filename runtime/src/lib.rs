@@ -5,8 +5,8 @@
 //!
 //! # Training from a program
 //! [`TrainerBuilder`] (from a [`config::TrainConfig`], a TOML string or a file;
-//! optionally an in-memory [`dataset::Dataset`], callbacks, a [`CancelToken`],
-//! `verbose`) → [`Trainer`]:
+//! optionally an in-memory [`dataset::Dataset`] — from arrays with
+//! [`DatasetBuilder`] —, callbacks, a [`CancelToken`], `verbose`) → [`Trainer`]:
 //! - [`Trainer::fit`] trains up to `train.epochs`; [`Trainer::train_epoch`] trains
 //!   one epoch; [`Trainer::evaluate`] / [`Trainer::evaluate_val_test`] measure
 //!   accuracy;
@@ -98,6 +98,7 @@ pub use checkpoint::Checkpoint;
 pub use control::{on_batch, on_epoch, BatchMetrics, Callback, CancelToken, Control, StopCause};
 pub use embedding::Embeddings;
 pub use error::{Error, Result};
+pub use import::DatasetBuilder;
 /// The `ndarray` version the array-taking and array-returning API uses.
 pub use ndarray;
 pub use trainer::{EpochStats, Trainer};
