@@ -12,6 +12,7 @@
 use std::sync::mpsc;
 use std::thread;
 
+use runtime::ndarray::Array2;
 use runtime::{
     on_batch, BatchMetrics, CancelToken, Control, Embeddings, Error, Result, StopCause,
     TrainerBuilder,
@@ -45,7 +46,7 @@ compute = 2
 /// A request to the embedding server: vertex ids and where to send the answer.
 struct Request {
     ids: Vec<u32>,
-    reply: mpsc::Sender<Result<Vec<f32>>>,
+    reply: mpsc::Sender<Result<Array2<f32>>>,
 }
 
 /// Answers requests from an immutable snapshot until every client hangs up.
@@ -127,7 +128,7 @@ fn main() -> Result<()> {
     resumed.save_checkpoint(&checkpoint)?;
 
     // 3. Serve embeddings: one snapshot of the final weights, shared by a server
-    //    thread; clients send ids and get `ids.len() × dim` values back.
+    //    thread; clients send ids and get an `ids.len() × dim` matrix back.
     let table = resumed.embedding_table()?;
     println!(
         "[service] serving {}-dim embeddings of {} vertices (weight version {})",
@@ -156,8 +157,9 @@ fn main() -> Result<()> {
         let (ids, answer) = c.join().expect("client thread");
         match answer {
             Ok(v) => println!(
-                "[client] ids {ids:?}: {} values, first {:.4}",
-                v.len(),
+                "[client] ids {ids:?}: {} × {} embeddings, first {:.4}",
+                v.nrows(),
+                v.ncols(),
                 v.first().copied().unwrap_or(0.0)
             ),
             Err(e) => println!("[client] ids {ids:?}: error: {e}"),

@@ -13,9 +13,12 @@
 //! [`Embeddings`] is an immutable snapshot shared by reference count: clone it to
 //! as many request handlers as needed while the trainer trains on (it does not
 //! change when the weights do; [`Embeddings::steps`] says which weight version made
-//! it).
+//! it). [`Embeddings::view`] shows it as an `ndarray` matrix without copying;
+//! [`Embeddings::gather`] copies the rows of requested vertices into one.
 
 use std::sync::Arc;
+
+use ndarray::{Array2, ArrayView2};
 
 use crate::error::{Error, Result};
 
@@ -70,9 +73,20 @@ impl Embeddings {
         self.data.get(start..start + self.dim)
     }
 
-    /// The rows of `ids`, in order, concatenated (`ids.len() × dim`). An id out of
-    /// range is an error naming its position and the vertex count.
-    pub fn gather(&self, ids: &[u32]) -> Result<Vec<f32>> {
+    /// All rows as a `num_vertices × dim` matrix, without copying.
+    pub fn view(&self) -> ArrayView2<'_, f32> {
+        ArrayView2::from_shape((self.num_vertices(), self.dim), &self.data)
+            .unwrap_or_else(|_| unreachable!("dim divides the length (checked by `new`)"))
+    }
+
+    /// All rows copied into an owned `num_vertices × dim` matrix.
+    pub fn to_array(&self) -> Array2<f32> {
+        self.view().to_owned()
+    }
+
+    /// The rows of `ids`, in order: an `ids.len() × dim` matrix. An id out of range
+    /// is an error naming its position and the vertex count.
+    pub fn gather(&self, ids: &[u32]) -> Result<Array2<f32>> {
         let mut out = Vec::with_capacity(ids.len() * self.dim);
         for (i, &v) in ids.iter().enumerate() {
             let row = self.row(v).ok_or_else(|| {
@@ -87,7 +101,8 @@ impl Embeddings {
             })?;
             out.extend_from_slice(row);
         }
-        Ok(out)
+        Ok(Array2::from_shape_vec((ids.len(), self.dim), out)
+            .unwrap_or_else(|_| unreachable!("one row of `dim` values per id")))
     }
 }
 
@@ -101,9 +116,12 @@ mod tests {
         assert_eq!((e.num_vertices(), e.dim(), e.steps()), (4, 3, 5));
         assert_eq!(
             e.gather(&[3, 0, 3]).unwrap(),
-            vec![9.0, 10.0, 11.0, 0.0, 1.0, 2.0, 9.0, 10.0, 11.0]
+            ndarray::array![[9.0, 10.0, 11.0], [0.0, 1.0, 2.0], [9.0, 10.0, 11.0]]
         );
-        assert!(e.gather(&[]).unwrap().is_empty());
+        assert_eq!(e.gather(&[]).unwrap().dim(), (0, 3));
+        assert_eq!(e.view().dim(), (4, 3));
+        assert_eq!(e.view().row(2).as_slice(), e.row(2));
+        assert_eq!(e.to_array().as_slice(), Some(e.as_slice()));
         let err = e.gather(&[1, 4]).unwrap_err().to_string();
         assert!(
             err.contains("ids") && err.contains("4 at position 1") && err.contains("4 vertices"),

@@ -5,15 +5,17 @@
 //!
 //! # Training from a program
 //! [`TrainerBuilder`] (from a [`config::TrainConfig`], a TOML string or a file;
-//! optionally an in-memory [`dataset::Dataset`], callbacks, a [`CancelToken`],
-//! `verbose`) → [`Trainer`]:
+//! optionally an in-memory [`dataset::Dataset`] — from arrays with
+//! [`DatasetBuilder`] —, callbacks, a [`CancelToken`], `verbose`) → [`Trainer`]:
 //! - [`Trainer::fit`] trains up to `train.epochs`; [`Trainer::train_epoch`] trains
 //!   one epoch; [`Trainer::evaluate`] / [`Trainer::evaluate_val_test`] measure
 //!   accuracy;
 //! - [`Trainer::embeddings`] returns the output of the layer below the classifier
 //!   for given vertices (full-neighbor inference, as DGL's `model.inference`
-//!   without the last layer), [`Trainer::embedding_table`] a shareable snapshot
-//!   for all of them;
+//!   without the last layer) as an `ids × hidden` [`ndarray::Array2`],
+//!   [`Trainer::embedding_table`] a shareable snapshot for all of them;
+//!   [`Trainer::predict`] / [`Trainer::full_graph_logits`] the logits of given /
+//!   all vertices;
 //! - [`Trainer::save_checkpoint`] / [`Trainer::load_checkpoint`]: a resumed run is
 //!   bit-identical to an uninterrupted one;
 //! - [`Callback`]s see [`BatchMetrics`] and [`EpochStats`] and may stop training;
@@ -52,9 +54,10 @@
 //! let stats = trainer.fit()?;
 //! assert_eq!(stats.len(), 3);
 //!
-//! // Embeddings of vertices 0 and 5: 2 × hidden values.
+//! // Embeddings of vertices 0 and 5: a 2 × hidden matrix; their logits.
 //! let emb = trainer.embeddings(&[0, 5])?;
-//! assert_eq!(emb.len(), 2 * 16);
+//! assert_eq!(emb.dim(), (2, 16));
+//! assert_eq!(trainer.predict(&[0, 5])?.dim(), (2, 3));
 //! assert!(trainer.embeddings(&[600]).is_err()); // ids are checked
 //!
 //! // Checkpoint and restore into a fresh trainer.
@@ -95,4 +98,7 @@ pub use checkpoint::Checkpoint;
 pub use control::{on_batch, on_epoch, BatchMetrics, Callback, CancelToken, Control, StopCause};
 pub use embedding::Embeddings;
 pub use error::{Error, Result};
+pub use import::DatasetBuilder;
+/// The `ndarray` version the array-taking and array-returning API uses.
+pub use ndarray;
 pub use trainer::{EpochStats, Trainer};

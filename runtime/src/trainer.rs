@@ -40,6 +40,7 @@ use cpu_ops::{
     SampledBatch, SamplerScratch, SparseRows, WeightDecay,
 };
 
+use ndarray::Array2;
 use rayon::ThreadPool;
 
 use crate::auto::{Calibrator, ProbeStep};
@@ -216,6 +217,9 @@ pub struct Trainer {
     stop_requested: bool,
     /// Embeddings of the current weights, computed on first request.
     embeddings: Option<Embeddings>,
+    /// Full-graph logits of the current weights (`n × classes`, in the same row
+    /// table type), computed on the first `predict`.
+    logits: Option<Embeddings>,
     /// Where training and evaluation record their slices (disabled by default).
     tracer: Tracer,
     /// The device engine's track in `tracer`.
@@ -479,6 +483,7 @@ impl Trainer {
             verbose: false,
             stop_requested: false,
             embeddings: None,
+            logits: None,
         })
     }
 
@@ -769,6 +774,7 @@ impl Trainer {
     fn train_epoch_here(&mut self) -> Result<EpochStats> {
         self.stop_requested = false;
         self.embeddings = None;
+        self.logits = None;
         let calibrating = self.calibrator.is_some();
         let stop_at_end = self.train_batches()?;
         let pos = std::mem::take(&mut self.pos);
@@ -1297,14 +1303,58 @@ impl Trainer {
         }
     }
 
-    /// Logits of every vertex by layer-wise full-graph inference (no dropout).
-    pub fn full_graph_logits(&self) -> Result<Vec<f32>> {
+    /// Logits of every vertex by layer-wise full-graph inference (no dropout): a
+    /// `num_vertices × num_classes` matrix, row `v` for vertex `v`. Computed anew
+    /// on every call; [`Trainer::predict`] keeps them per weight version.
+    pub fn full_graph_logits(&self) -> Result<Array2<f32>> {
+        let n = self.ds.num_vertices();
+        let c = self.ds.num_classes as usize;
+        let flat = self.full_graph_logits_flat()?;
+        Array2::from_shape_vec((n, c), flat).map_err(|e| Error::InvalidDataset {
+            what: format!("internal: full-graph logits are not {n} × {c}: {e}"),
+        })
+    }
+
+    /// [`Trainer::full_graph_logits`], row-major in one vector.
+    fn full_graph_logits_flat(&self) -> Result<Vec<f32>> {
         if let Some(engine) = &self.engine {
             return engine.lock().map_err(|_| poisoned())?.full_graph_logits();
         }
         let (ds, model, sparse) = (&self.ds, &self.model, self.sparse.as_ref());
         self.pool
             .install(|| Ok(Self::full_graph_forward(ds, model, sparse)?.into_logits()))
+    }
+
+    /// The logits of `ids` (each below the vertex count), in order: an `ids.len()
+    /// × num_classes` matrix, the rows of [`Trainer::full_graph_logits`] (the
+    /// predicted class of a row is its largest entry). The full-graph logits are
+    /// computed once per weight version and kept until the next training step or
+    /// checkpoint load, so serving many requests costs one inference.
+    pub fn predict(&mut self, ids: &[u32]) -> Result<Array2<f32>> {
+        self.check_ids(ids)?;
+        if self.logits.is_none() {
+            let flat = self.full_graph_logits_flat()?;
+            let c = self.ds.num_classes as usize;
+            self.logits = Some(Embeddings::new(flat, c, self.steps())?);
+        }
+        match &self.logits {
+            Some(table) => table.gather(ids),
+            None => unreachable!("computed above"),
+        }
+    }
+
+    /// An error naming the first id in `ids` that is not below the vertex count.
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        let n = self.ds.num_vertices();
+        match ids.iter().enumerate().find(|(_, &v)| v as usize >= n) {
+            Some((i, &v)) => Err(Error::invalid_argument(
+                "ids",
+                format!(
+                    "vertex id {v} at position {i} is out of range: the dataset has {n} vertices (ids 0..{n})"
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Layer-wise full-graph forward pass (no dropout), on the calling pool. (Takes
@@ -1358,19 +1408,11 @@ impl Trainer {
         Ok(e)
     }
 
-    /// The embeddings of `ids` (each below the vertex count), in order,
-    /// concatenated: `ids.len() × dim` values, where `dim` is `model.hidden` (the
-    /// input feature width for a 1-layer model). See [`Trainer::embedding_table`].
-    pub fn embeddings(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        let n = self.ds.num_vertices();
-        if let Some((i, &v)) = ids.iter().enumerate().find(|(_, &v)| v as usize >= n) {
-            return Err(Error::invalid_argument(
-                "ids",
-                format!(
-                    "vertex id {v} at position {i} is out of range: the dataset has {n} vertices (ids 0..{n})"
-                ),
-            ));
-        }
+    /// The embeddings of `ids` (each below the vertex count), in order: an
+    /// `ids.len() × dim` matrix, where `dim` is `model.hidden` (the input feature
+    /// width for a 1-layer model). See [`Trainer::embedding_table`].
+    pub fn embeddings(&mut self, ids: &[u32]) -> Result<Array2<f32>> {
+        self.check_ids(ids)?;
         self.embedding_table()?.gather(ids)
     }
 
@@ -1476,6 +1518,7 @@ impl Trainer {
         self.pos = c.position;
         self.stop_requested = false;
         self.embeddings = None;
+        self.logits = None;
         Ok(())
     }
 

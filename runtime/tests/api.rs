@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use cpu_ops::{BlockView, Model, ModelInput};
 use runtime::checkpoint::Checkpoint;
 use runtime::config::TrainConfig;
+use runtime::ndarray::{s, Array2};
 use runtime::trainer::load_dataset;
 use runtime::{
     on_batch, on_epoch, BatchMetrics, CancelToken, Control, EpochStats, Error, StopCause, Trainer,
@@ -308,7 +309,7 @@ fn trainers_move_between_threads_and_snapshots_are_shared() {
     .unwrap();
     assert_eq!(t.steps(), 10);
     let table = t.embedding_table().unwrap();
-    let rows: Vec<Vec<f32>> = (0..2u32)
+    let rows: Vec<Array2<f32>> = (0..2u32)
         .map(|v| {
             let table = table.clone();
             std::thread::spawn(move || table.gather(&[v]).unwrap())
@@ -316,7 +317,8 @@ fn trainers_move_between_threads_and_snapshots_are_shared() {
                 .unwrap()
         })
         .collect();
-    assert_eq!(rows[1], table.row(1).unwrap());
+    assert_eq!(rows[1].dim(), (1, 16));
+    assert_eq!(rows[1].as_slice().unwrap(), table.row(1).unwrap());
 }
 
 #[test]
@@ -370,19 +372,37 @@ fn embeddings_are_the_input_of_the_classifier() {
             .forward_input(&[block], ModelInput::Dense(table.as_slice()), false, 0)
             .unwrap()
             .into_logits();
-        assert_eq!(logits, t.full_graph_logits().unwrap(), "{kind}");
+        let full = t.full_graph_logits().unwrap();
+        assert_eq!(full.dim(), (2000, 4), "{kind}");
+        assert_eq!(full.as_slice().unwrap(), &logits[..], "{kind}");
         // Rows by id, in request order; bad ids name their position.
         let some = t.embeddings(&[7, 0, 7]).unwrap();
-        assert_eq!(&some[..16], table.row(7).unwrap());
-        assert_eq!(&some[16..32], table.row(0).unwrap());
-        assert_eq!(&some[32..], &some[..16]);
+        assert_eq!(some.dim(), (3, 16));
+        assert_eq!(some.row(0).as_slice().unwrap(), table.row(7).unwrap());
+        assert_eq!(some.row(1).as_slice().unwrap(), table.row(0).unwrap());
+        assert_eq!(some.row(2), some.row(0));
+        assert_eq!(table.view().dim(), (2000, 16));
+        assert_eq!(table.view().slice(s![7, ..]), some.row(0));
+        assert_eq!(table.to_array(), table.view());
         let e = t.embeddings(&[1, 2000]).unwrap_err().to_string();
         assert!(e.contains("2000 at position 1"), "{e}");
-        // Training invalidates the snapshot; the old one is unchanged.
+        // Predictions: the rows of the full-graph logits, ids checked the same way.
+        let p = t.predict(&[7, 0, 1999]).unwrap();
+        assert_eq!(p.dim(), (3, 4));
+        for (i, v) in [7, 0, 1999].into_iter().enumerate() {
+            assert_eq!(p.row(i), full.row(v), "{kind}");
+        }
+        assert_eq!(t.predict(&[]).unwrap().dim(), (0, 4));
+        let e = t.predict(&[2000]).unwrap_err().to_string();
+        assert!(e.contains("2000 at position 0"), "{e}");
+        // Training invalidates the snapshots; the old one is unchanged.
         t.train_epoch().unwrap();
         let newer = t.embedding_table().unwrap();
         assert_eq!(newer.steps(), 20);
         assert_ne!(newer.as_slice(), table.as_slice());
+        let fresh = t.full_graph_logits().unwrap();
+        assert_ne!(fresh, full);
+        assert_eq!(t.predict(&[7]).unwrap().row(0), fresh.row(7), "{kind}");
     }
     // One layer: the "layer below the classifier" is the input.
     let one = TrainConfig::from_toml_with_overrides(
@@ -393,7 +413,8 @@ fn embeddings_are_the_input_of_the_classifier() {
     .unwrap();
     let mut t = TrainerBuilder::new(one).build().unwrap();
     let x = t.embeddings(&[3]).unwrap();
-    assert_eq!(x, t.dataset().features.row(3));
+    assert_eq!(x.dim(), (1, 12));
+    assert_eq!(x.as_slice().unwrap(), t.dataset().features.row(3));
 }
 
 #[test]

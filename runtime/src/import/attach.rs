@@ -151,10 +151,20 @@ pub fn dataset_from_graph(
             class_features(&labels, num_classes, *dim, *signal, seed)
         }
     };
-    let masks = opts
-        .split
-        .apply(&labels, num_classes, derive_seed(opts.seed, SPLIT_STREAM))?;
+    let masks = draw_split(&opts.split, &labels, num_classes, opts.seed)?;
     Dataset::from_parts(name, graph, features, labels, num_classes, masks)
+}
+
+/// Step 3: the train/val/test masks `split` draws over `labels` from the split
+/// stream of `seed` (shared with [`super::DatasetBuilder`], so an in-memory dataset
+/// with the same labels, split and seed gets the importers' masks).
+pub(super) fn draw_split(
+    split: &SplitSpec,
+    labels: &[u32],
+    num_classes: u32,
+    seed: u64,
+) -> Result<[Vec<u8>; 3]> {
+    split.apply(labels, num_classes, derive_seed(seed, SPLIT_STREAM))
 }
 
 /// The dataset name for an imported file: its stem (`mdual.graph` → `mdual`).

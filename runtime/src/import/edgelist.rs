@@ -251,11 +251,6 @@ pub fn read_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<EdgeList
         max_id = Some(max_id.map_or(hi, |m| m.max(hi)));
         edges.push((s as u32, d as u32));
     }
-    let build = if opts.directed {
-        BuildOptions::DIRECTED
-    } else {
-        BuildOptions::UNDIRECTED
-    };
     let (n, original_ids) = if opts.relabel {
         let (compact, ids) = relabel(&wide).map_err(|what| Error::format(path, what))?;
         drop(wide);
@@ -306,12 +301,28 @@ pub fn read_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<EdgeList
             "the graph has no vertices: no edges found, and num_vertices is not given or 0",
         ));
     }
-    let graph = CsrGraph::from_edges(n, &edges, build)
+    let graph = graph_from_edges(n, &edges, opts.directed)
         .map_err(|e| Error::cpu_ops(path.display().to_string(), e))?;
     Ok(EdgeListGraph {
         graph,
         original_ids,
     })
+}
+
+/// The CSR of `edges` over `n` vertices as edge lists are stored (module doc):
+/// undirected — both directions — unless `directed`; repeated edges and self-loops
+/// dropped either way. Shared with [`super::DatasetBuilder::symmetrize`].
+pub(super) fn graph_from_edges(
+    n: usize,
+    edges: &[(u32, u32)],
+    directed: bool,
+) -> std::result::Result<CsrGraph, cpu_ops::CpuOpsError> {
+    let build = if directed {
+        BuildOptions::DIRECTED
+    } else {
+        BuildOptions::UNDIRECTED
+    };
+    CsrGraph::from_edges(n, edges, build)
 }
 
 /// Below this many vertices, ids are used as given however sparse they are.

@@ -136,30 +136,36 @@ fn read_edge_index(path: &Path, n: usize) -> Result<CsrGraph> {
             ),
         ));
     }
-    let sorted = dst.windows(2).all(|w| w[0] <= w[1]);
-    let wrap = |e| Error::cpu_ops(path.display().to_string(), e);
-    if sorted {
+    graph_from_edge_index(src, dst, n).map_err(|e| Error::cpu_ops(path.display().to_string(), e))
+}
+
+/// The CSR of a `(2, E)` edge index split into its rows `src` and `dst` (ids below
+/// `n`, checked by the caller), edges kept exactly as given (step 3 of the module
+/// doc). Shared with [`super::DatasetBuilder::edge_index`].
+pub(super) fn graph_from_edge_index<T: Copy + Into<u64>>(
+    src: &[T],
+    dst: &[T],
+    n: usize,
+) -> std::result::Result<CsrGraph, cpu_ops::CpuOpsError> {
+    let id = |v: T| v.into() as u32;
+    if dst.windows(2).all(|w| w[0].into() <= w[1].into()) {
         let mut offsets = vec![0u64; n + 1];
         for &d in dst {
-            offsets[d as usize + 1] += 1;
+            offsets[d.into() as usize + 1] += 1;
         }
         for v in 0..n {
             offsets[v + 1] += offsets[v];
         }
-        let indices: Vec<u32> = src.iter().map(|&s| s as u32).collect();
-        CsrGraph::new(offsets.into(), indices.into()).map_err(wrap)
+        let indices: Vec<u32> = src.iter().map(|&s| id(s)).collect();
+        CsrGraph::new(offsets.into(), indices.into())
     } else {
-        let edges: Vec<(u32, u32)> = src
-            .iter()
-            .zip(dst)
-            .map(|(&s, &d)| (s as u32, d as u32))
-            .collect();
+        let edges: Vec<(u32, u32)> = src.iter().zip(dst).map(|(&s, &d)| (id(s), id(d))).collect();
         let keep_all = BuildOptions {
             symmetrize: false,
             dedup: false,
             drop_self_loops: false,
         };
-        CsrGraph::from_edges(n, &edges, keep_all).map_err(wrap)
+        CsrGraph::from_edges(n, &edges, keep_all)
     }
 }
 

@@ -1,0 +1,452 @@
+//! Datasets from in-memory arrays (`runtime::DatasetBuilder`): each way in gives
+//! the dataset the equivalent importer (or generator) gives, and every bad input
+//! is an error naming the field.
+
+use cpu_ops::Rng;
+use runtime::dataset::{Dataset, SplitSpec};
+use runtime::generate::{generate_sbm, SbmOptions};
+use runtime::import::{
+    import_edge_list, import_npy_dir, FeatureSource, GraphImportOptions, LabelSource,
+};
+use runtime::ndarray::{array, Array1, Array2, ShapeBuilder};
+use runtime::{npy, DatasetBuilder, Error};
+
+/// A generated dataset: 300 vertices, 4 classes, 6 features.
+fn generated() -> Dataset {
+    generate_sbm(&SbmOptions {
+        num_vertices: 300,
+        num_edges: 1500,
+        num_classes: 4,
+        feature_dim: 6,
+        seed: 3,
+        ..SbmOptions::default()
+    })
+    .unwrap()
+}
+
+fn features_of(ds: &Dataset) -> Array2<f32> {
+    Array2::from_shape_vec(
+        (ds.num_vertices(), ds.features.dim()),
+        ds.features.as_slice().to_vec(),
+    )
+    .unwrap()
+}
+
+fn bools(mask: &[u8]) -> Vec<bool> {
+    mask.iter().map(|&m| m == 1).collect()
+}
+
+/// `n` vertices' worth of random edges, with repeats and self-loops; vertex
+/// `n - 1` appears, so an edge list of them has `n` vertices.
+fn random_edges(n: u32, e: usize, seed: u64) -> Vec<(u32, u32)> {
+    let mut rng = Rng::new(seed);
+    let mut edges: Vec<(u32, u32)> = (0..e)
+        .map(|_| (rng.below(n as u64) as u32, rng.below(n as u64) as u32))
+        .collect();
+    edges.extend([(n - 1, 0), (5, 5), (1, 2), (1, 2)]);
+    edges
+}
+
+fn edge_index(edges: &[(u32, u32)]) -> Array2<i64> {
+    let e = edges.len();
+    Array2::from_shape_fn((2, e), |(r, j)| {
+        let (s, d) = edges[j];
+        if r == 0 {
+            s as i64
+        } else {
+            d as i64
+        }
+    })
+}
+
+#[test]
+fn csr_gives_back_a_generated_dataset_whatever_the_index_types_and_layout() {
+    let ds = generated();
+    let n = ds.num_vertices();
+    let (indptr, indices) = (ds.graph.offsets(), ds.graph.indices());
+    let x = features_of(&ds);
+    let [train, val, test] = [&ds.train_mask, &ds.val_mask, &ds.test_mask].map(|m| bools(m));
+    let base = || {
+        DatasetBuilder::new(ds.name.clone())
+            .labels(ds.labels.as_slice())
+            .num_classes(ds.num_classes)
+            .masks(&train, &val, &test)
+    };
+    let built = base()
+        .csr(indptr.as_slice(), indices.as_slice())
+        .features(&x)
+        .build()
+        .unwrap();
+    assert_eq!(built, ds);
+
+    // usize / i64 offsets, i64 / i32 ids, labels as i64, features in Fortran order.
+    let indptr_usize: Vec<usize> = indptr.iter().map(|&o| o as usize).collect();
+    let indptr_i64: Vec<i64> = indptr.iter().map(|&o| o as i64).collect();
+    let ids_i64: Array1<i64> = indices.iter().map(|&v| v as i64).collect();
+    let ids_i32: Vec<i32> = indices.iter().map(|&v| v as i32).collect();
+    let mut fortran = Array2::<f32>::zeros((n, ds.features.dim()).f());
+    fortran.assign(&x);
+    assert!(fortran.as_slice().is_none(), "not C-contiguous");
+    let labels_i64: Vec<i64> = ds.labels.iter().map(|&l| l as i64).collect();
+    let other = DatasetBuilder::new(ds.name.clone())
+        .csr(&indptr_usize, &ids_i64)
+        .features(&fortran)
+        .labels(&labels_i64)
+        .num_classes(ds.num_classes)
+        .masks(&train, &val, &test)
+        .build()
+        .unwrap();
+    assert_eq!(other, ds);
+    let strided = base()
+        .csr(&indptr_i64, &ids_i32)
+        .features(x.t().t()) // a view, not an owned array
+        .build()
+        .unwrap();
+    assert_eq!(strided, ds);
+
+    // The graph is symmetric already: symmetrizing changes nothing.
+    let sym = base()
+        .csr(indptr.as_slice(), indices.as_slice())
+        .symmetrize(true)
+        .features(&x)
+        .build()
+        .unwrap();
+    assert_eq!(sym, ds);
+}
+
+#[test]
+fn symmetrized_edge_index_is_import_edgelist() {
+    let d = tempfile::tempdir().unwrap();
+    let (n, dim) = (200u32, 5);
+    let edges = random_edges(n, 900, 7);
+    let mut rng = Rng::new(8);
+    let labels: Vec<i64> = (0..n).map(|_| rng.below(3) as i64).collect();
+    let x: Vec<f32> = (0..n as usize * dim).map(|_| rng.normal() as f32).collect();
+
+    let text: String = edges.iter().map(|(s, d)| format!("{s}\t{d}\n")).collect();
+    let edge_file = d.path().join("toy.txt");
+    std::fs::write(&edge_file, text).unwrap();
+    let (label_file, feature_file) = (d.path().join("y.npy"), d.path().join("x.npy"));
+    npy::write_i64(&label_file, &[n as usize], labels.iter().copied()).unwrap();
+    npy::write_f32_matrix(&feature_file, &x, n as usize, dim).unwrap();
+    let split: SplitSpec = "10/class,0.2,rest".parse().unwrap();
+    let imported = import_edge_list(
+        &edge_file,
+        &GraphImportOptions {
+            features: FeatureSource::Npy(feature_file),
+            labels: LabelSource::Npy(label_file),
+            split,
+            seed: 11,
+            ..GraphImportOptions::default()
+        },
+    )
+    .unwrap();
+
+    let built = DatasetBuilder::new("toy")
+        .edge_index(&edge_index(&edges))
+        .symmetrize(true)
+        .features(&Array2::from_shape_vec((n as usize, dim), x).unwrap())
+        .labels(&labels)
+        .split(split)
+        .seed(11)
+        .build()
+        .unwrap();
+    assert_eq!(built, imported);
+    // Both directions, no self-loop, no repeat.
+    assert_eq!(
+        built.graph.neighbors(5).iter().filter(|&&v| v == 5).count(),
+        0
+    );
+    assert_eq!(
+        built.graph.neighbors(2).iter().filter(|&&v| v == 1).count(),
+        1
+    );
+    assert!(built.graph.neighbors(1).contains(&2));
+}
+
+#[test]
+fn edge_index_as_given_is_import_npy_dir() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = generated();
+    let n = ds.num_vertices();
+    let x = features_of(&ds);
+    let [train, val, test] = [&ds.train_mask, &ds.val_mask, &ds.test_mask].map(|m| bools(m));
+    // The graph's own edges (sorted by target, as an export writes them) and random
+    // ones with repeats and self-loops (kept, as a PyG edge index is).
+    let cases = [ds.graph.edges().collect(), random_edges(n as u32, 700, 9)];
+    for (k, edges) in cases.iter().enumerate() {
+        let dir = tmp.path().join(format!("case{k}"));
+        std::fs::create_dir(&dir).unwrap();
+        let ei = edge_index(edges);
+        let file = |name: &str| dir.join(name);
+        npy::write_i64(
+            &file("edge_index.npy"),
+            &[2, edges.len()],
+            ei.iter().copied(),
+        )
+        .unwrap();
+        npy::write_f32_matrix(&file("features.npy"), ds.features.as_slice(), n, 6).unwrap();
+        npy::write_i64(
+            &file("labels.npy"),
+            &[n],
+            ds.labels.iter().map(|&l| l as i64),
+        )
+        .unwrap();
+        for (name, m) in [
+            ("train_mask.npy", &ds.train_mask),
+            ("val_mask.npy", &ds.val_mask),
+            ("test_mask.npy", &ds.test_mask),
+        ] {
+            npy::write_bool(&file(name), m).unwrap();
+        }
+        let imported = import_npy_dir(&dir).unwrap();
+        let built = DatasetBuilder::new(format!("case{k}"))
+            .edge_index(&ei)
+            .features(&x)
+            .labels(ds.labels.as_slice())
+            .masks(&train, &val, &test)
+            .build()
+            .unwrap();
+        assert_eq!(built, imported, "case {k}");
+        assert_eq!(
+            built.graph.num_edges(),
+            edges.len(),
+            "case {k}: kept as given"
+        );
+        if k == 0 {
+            assert_eq!(built.graph, ds.graph);
+        }
+    }
+}
+
+#[test]
+fn the_default_split_is_the_importers() {
+    let ds = generated();
+    let spec = SplitSpec::default();
+    let built = DatasetBuilder::new("d")
+        .csr(ds.graph.offsets().as_slice(), ds.graph.indices().as_slice())
+        .features(&features_of(&ds))
+        .labels(ds.labels.as_slice())
+        .build()
+        .unwrap();
+    let again = DatasetBuilder::new("d")
+        .csr(ds.graph.offsets().as_slice(), ds.graph.indices().as_slice())
+        .features(&features_of(&ds))
+        .labels(ds.labels.as_slice())
+        .split(spec)
+        .seed(0)
+        .build()
+        .unwrap();
+    assert_eq!(built, again);
+    assert_eq!(built.train_ids().len(), 180);
+    assert_eq!(built.val_ids().len(), 60);
+    assert_eq!(built.test_ids().len(), 60);
+    let other_seed = DatasetBuilder::new("d")
+        .csr(ds.graph.offsets().as_slice(), ds.graph.indices().as_slice())
+        .features(&features_of(&ds))
+        .labels(ds.labels.as_slice())
+        .seed(1)
+        .build()
+        .unwrap();
+    assert_ne!(other_seed.train_mask, built.train_mask);
+}
+
+/// A valid 4-vertex dataset's parts: a cycle as CSR, 2 features, 2 classes.
+struct Parts {
+    indptr: Vec<u64>,
+    indices: Vec<u32>,
+    x: Array2<f32>,
+    y: Vec<u32>,
+}
+
+fn parts() -> Parts {
+    Parts {
+        indptr: vec![0, 2, 4, 6, 8],
+        indices: vec![1, 3, 0, 2, 1, 3, 0, 2],
+        x: Array2::from_shape_fn((4, 2), |(v, c)| (v * 2 + c) as f32),
+        y: vec![0, 1, 0, 1],
+    }
+}
+
+fn ok() -> DatasetBuilder {
+    let p = parts();
+    DatasetBuilder::new("ok")
+        .csr(&p.indptr, &p.indices)
+        .features(&p.x)
+        .labels(&p.y)
+}
+
+fn message(b: DatasetBuilder) -> String {
+    match b.build() {
+        Ok(_) => panic!("expected an error"),
+        Err(e @ Error::InvalidDataset { .. }) => e.to_string(),
+        Err(e) => panic!("expected an invalid-dataset error, got {e}"),
+    }
+}
+
+#[test]
+fn the_valid_parts_build() {
+    let ds = ok().build().unwrap();
+    assert_eq!(ds.num_vertices(), 4);
+    assert_eq!(ds.graph.neighbors(0), &[1, 3]);
+    assert_eq!(ds.num_classes, 2);
+    assert_eq!(ds.features.row(3), &[6.0, 7.0]);
+}
+
+#[test]
+fn every_bad_input_is_an_error_naming_the_field() {
+    let p = parts();
+    let x = &p.x;
+    let y = &p.y;
+    let five = Array2::<f32>::zeros((5, 2));
+    let mut nan = x.clone();
+    nan[[2, 1]] = f32::NAN;
+    let mut inf = x.clone();
+    inf[[3, 0]] = f32::NEG_INFINITY;
+    let mut far = Array2::<i64>::zeros((2, 18));
+    far[[1, 17]] = 9;
+    let t = [true, false, false, false];
+    let f = [false; 4];
+    let cases: Vec<(DatasetBuilder, &str)> = vec![
+        (
+            DatasetBuilder::new("g").features(x).labels(y),
+            "graph: not given",
+        ),
+        (
+            DatasetBuilder::new("f")
+                .csr(&p.indptr, &p.indices)
+                .labels(y),
+            "features: not given",
+        ),
+        (
+            DatasetBuilder::new("l")
+                .csr(&p.indptr, &p.indices)
+                .features(x),
+            "labels: not given",
+        ),
+        // CSR.
+        (
+            ok().csr(&Vec::<u64>::new(), &p.indices),
+            "indptr: empty; it needs num_vertices + 1 entries",
+        ),
+        (
+            ok().csr(&[0u64], &Vec::<u32>::new()),
+            "indptr: 1 entry, so 0 vertices",
+        ),
+        (
+            ok().csr(&[1u64, 2, 4, 6, 8], &p.indices),
+            "indptr[0] = 1, expected 0",
+        ),
+        (
+            ok().csr(&[0u64, 2, 1, 6, 8], &p.indices),
+            "indptr[2] = 1 is less than indptr[1] = 2; offsets must not decrease",
+        ),
+        (
+            ok().csr(&[0u64, 2, 4, 6, 7], &p.indices),
+            "indptr[4] = 7, expected the number of indices 8",
+        ),
+        (
+            ok().csr(&[0i64, -1, 4, 6, 8], &p.indices),
+            "indptr[1] = -1 is negative",
+        ),
+        (
+            ok().csr(&p.indptr, &[1u32, 3, 0, 9, 1, 3, 0, 2]),
+            "indices[3] = 9 is not below the vertex count 4",
+        ),
+        (
+            ok().csr(&p.indptr, &[-2i32, 3, 0, 2, 1, 3, 0, 2]),
+            "indices[0] = -2 is negative",
+        ),
+        // Edge index.
+        (
+            ok().edge_index(&Array2::<i64>::zeros((3, 2))),
+            "edge_index: shape (3, 2), expected (2, E)",
+        ),
+        (
+            DatasetBuilder::new("e")
+                .edge_index(&far)
+                .features(&five)
+                .labels(&[0u32; 5]),
+            "edge_index[1, 17] = 9 is not below the vertex count 5",
+        ),
+        (
+            ok().edge_index(&array![[0i64, 1, -1], [1, 2, 3]]),
+            "edge_index[0, 2] = -1 is negative",
+        ),
+        (
+            ok().edge_index(&array![[1u64 << 33], [1]]),
+            "edge_index[0, 0] = 8589934592 does not fit u32 vertex ids",
+        ),
+        (
+            ok().edge_index(&array![[0i64], [1]])
+                .features(&Array2::<f32>::zeros((0, 2))),
+            "features: 0 rows, so 0 vertices",
+        ),
+        // Features.
+        (
+            ok().features(&Array2::<f32>::zeros((3, 2))),
+            "features: 3 rows for 4 vertices",
+        ),
+        (
+            ok().features(&Array2::<f32>::zeros((4, 0))),
+            "features: shape (4, 0); every vertex needs at least one feature",
+        ),
+        (
+            ok().features(&nan),
+            "features[2, 1] = NaN is not a finite number",
+        ),
+        (
+            ok().features(&inf),
+            "features[3, 0] = -inf is not a finite number",
+        ),
+        // Labels.
+        (
+            ok().labels(&[0u32, 1, 0]),
+            "labels: 3 entries for 4 vertices",
+        ),
+        (ok().labels(&[0i64, -1, 0, 1]), "labels[1] = -1 is negative"),
+        (
+            ok().labels(&[1u64 << 32, 0, 0, 0]),
+            "labels[0] = 4294967296 is too large",
+        ),
+        (
+            ok().labels(&[0u32, 1, 0, 2]).num_classes(2),
+            "labels[3] = 2 is not below num_classes 2",
+        ),
+        (ok().num_classes(0), "num_classes: 0"),
+        // Masks.
+        (
+            ok().masks(&t, &[false; 3], &f),
+            "val_mask: 3 entries for 4 vertices",
+        ),
+        (
+            ok().masks(&t, &f, &[false, false, true, false, true]),
+            "test_mask: 5 entries for 4 vertices",
+        ),
+        (
+            ok().masks(&t, &f, &[false, true, false, false]).masks(
+                &[false, false, true, true],
+                &f,
+                &[false, false, true, false],
+            ),
+            "train_mask and test_mask: vertex 2 is in both",
+        ),
+        // The first failure is reported even if a later call would have been fine.
+        (
+            ok().labels(&[-3i64, 0, 0, 0]).labels(y),
+            "labels[0] = -3 is negative",
+        ),
+    ];
+    for (builder, want) in cases {
+        let e = message(builder);
+        assert!(e.starts_with("invalid dataset: "), "{e}");
+        assert!(e.contains(want), "want `{want}` in: {e}");
+    }
+    // The split's own check names it.
+    let e = ok()
+        .split("0.7,0.7,rest".parse().unwrap())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("split") && e.contains("more than 1"), "{e}");
+}
