@@ -24,6 +24,8 @@
 //!
 //! No devices and no thread policy beyond rayon's global pool live here.
 
+#![deny(missing_docs)]
+
 mod activation;
 mod aggregate;
 mod array;

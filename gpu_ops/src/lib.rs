@@ -7,6 +7,8 @@
 //!   kernels from `kernels/*.cu`, cuBLAS, a caching allocator. It builds without CUDA
 //!   installed and reports a missing library or device at run time.
 
+#![deny(missing_docs)]
+
 mod backend;
 mod cache;
 mod cuda;

@@ -197,6 +197,7 @@ impl Calibrator {
     }
 
     /// Whether nothing remains to measure.
+    #[cfg(test)]
     pub fn done(&self) -> bool {
         self.steps.is_empty()
     }

@@ -10,6 +10,30 @@
 //! 3. [`TrainerBuilder::build`] validates the configuration, builds the compute
 //!    pool (`[threads]`), loads or generates the dataset on that pool, and builds
 //!    the model and optimizer. Every failure is a typed [`crate::Error`].
+//!
+//! ```
+//! use runtime::config::TrainConfig;
+//! use runtime::generate::{generate_sbm, SbmOptions};
+//! use runtime::TrainerBuilder;
+//!
+//! # fn main() -> runtime::Result<()> {
+//! let mut cfg = TrainConfig::default();
+//! cfg.train.epochs = 1;
+//! cfg.model.hidden = 8;
+//! cfg.threads.compute = 1;
+//! // Train on an in-memory dataset instead of what `[data]` names.
+//! let ds = generate_sbm(&SbmOptions {
+//!     num_vertices: 400,
+//!     num_edges: 2000,
+//!     num_classes: 2,
+//!     feature_dim: 4,
+//!     ..SbmOptions::default()
+//! })?;
+//! let mut trainer = TrainerBuilder::new(cfg).dataset(ds).build()?;
+//! assert_eq!(trainer.fit()?.len(), 1);
+//! # Ok(())
+//! # }
+//! ```
 
 use std::path::Path;
 use std::sync::Arc;

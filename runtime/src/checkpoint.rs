@@ -20,7 +20,7 @@
 //! count, seen seeds and training seconds, so the epoch's statistics after a resume
 //! are those of an uninterrupted run.
 //!
-//! Files are written atomically ([`crate::atomic`]); a reader checks the magic, the
+//! Files are written atomically (temporary name, then rename); a reader checks the magic, the
 //! version and the checksum before anything else, then every length against the
 //! bytes that remain, so a truncated, corrupt or foreign file is an error naming
 //! the file and what is wrong, never a panic or a huge allocation.

@@ -21,6 +21,32 @@
 //!
 //! Callbacks run on the thread that calls the trainer, between batches; a slow
 //! callback slows training.
+//!
+//! ```
+//! use runtime::{on_batch, CancelToken, Control, Error, StopCause, TrainerBuilder};
+//!
+//! # fn main() -> runtime::Result<()> {
+//! let toml = "[data.synthetic]\nvertices = 400\nedges = 2000\nclasses = 2\ndim = 4\n\
+//!             [model]\nhidden = 8\n[train]\nbatch_size = 64\n[threads]\ncompute = 1\n";
+//! let cancel = CancelToken::new();
+//! let stopper = cancel.clone();
+//! let mut trainer = TrainerBuilder::from_toml(toml)?
+//!     // Cancel from "another thread" after the third batch.
+//!     .callback(on_batch(move |m| {
+//!         if m.batch == 2 {
+//!             stopper.cancel();
+//!         }
+//!         Control::Continue
+//!     }))
+//!     .cancel_token(cancel)
+//!     .build()?;
+//! match trainer.train_epoch() {
+//!     Err(Error::Cancelled { batch, cause: StopCause::Token, .. }) => assert_eq!(batch, 3),
+//!     other => panic!("{other:?}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

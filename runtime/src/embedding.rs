@@ -15,6 +15,22 @@
 //! change when the weights do; [`Embeddings::steps`] says which weight version made
 //! it). [`Embeddings::view`] shows it as an `ndarray` matrix without copying;
 //! [`Embeddings::gather`] copies the rows of requested vertices into one.
+//!
+//! ```
+//! use runtime::TrainerBuilder;
+//!
+//! # fn main() -> runtime::Result<()> {
+//! let toml = "[data.synthetic]\nvertices = 300\nedges = 1500\nclasses = 2\ndim = 4\n\
+//!             [model]\nhidden = 8\n[train]\nepochs = 1\n[threads]\ncompute = 1\n";
+//! let mut trainer = TrainerBuilder::from_toml(toml)?.build()?;
+//! trainer.fit()?;
+//! let table = trainer.embedding_table()?; // a snapshot: cheap to clone, shareable
+//! assert_eq!((table.num_vertices(), table.dim()), (300, 8));
+//! let rows = table.gather(&[0, 7])?; // 2 × 8
+//! assert_eq!(rows.row(1), table.view().row(7));
+//! # Ok(())
+//! # }
+//! ```
 
 use std::sync::Arc;
 

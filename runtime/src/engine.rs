@@ -216,16 +216,6 @@ impl<B: Backend> DeviceEngine<B> {
         })
     }
 
-    /// The backend.
-    pub fn backend(&self) -> &B {
-        &self.dev
-    }
-
-    /// The device model.
-    pub fn model(&self) -> &DeviceModel<B> {
-        &self.model
-    }
-
     /// Gathers the rows of `ids` (on the device, `n` of them) into the reused buffer.
     fn gather(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<B::Buf<f32>> {
         let need = n * self.dev.feature_dim(&self.features);

@@ -71,25 +71,30 @@
 //! # }
 //! ```
 
-pub mod atomic;
-pub mod auto;
+#![deny(missing_docs)]
+
+pub(crate) mod atomic;
+pub(crate) mod auto;
+#[cfg(feature = "cli")]
 pub mod bench;
 pub mod builder;
 pub mod checkpoint;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
 pub mod control;
 pub mod dataset;
 pub mod embedding;
-pub mod engine;
+pub(crate) mod engine;
 mod error;
 pub mod export;
 pub mod generate;
 pub mod import;
 pub mod npy;
-pub mod orchestrate;
-pub mod pool;
-pub mod run_dir;
+pub(crate) mod orchestrate;
+pub(crate) mod pool;
+#[cfg(feature = "cli")]
+pub(crate) mod run_dir;
 pub mod trace;
 pub mod trainer;
 
@@ -101,4 +106,9 @@ pub use error::{Error, Result};
 pub use import::DatasetBuilder;
 /// The `ndarray` version the array-taking and array-returning API uses.
 pub use ndarray;
+/// A fault injected into the layer-based pipeline's CPU workers (tests of the
+/// shutdown protocol; [`Trainer::inject_orchestration_fault`]).
+#[doc(hidden)]
+pub use orchestrate::InjectedFault;
+pub use orchestrate::OrchestrationStats;
 pub use trainer::{EpochStats, Trainer};

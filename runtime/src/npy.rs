@@ -28,6 +28,23 @@
 //!
 //! Writers ([`write_f32_matrix`], [`write_i64`], [`write_bool`]) produce version 1.0
 //! files that `numpy.load` reads, each written atomically.
+//!
+//! ```
+//! use runtime::npy::{read_f32_matrix, write_f32_matrix};
+//!
+//! # fn main() -> runtime::Result<()> {
+//! let path = std::env::temp_dir().join(format!("tandem-doc-{}.npy", std::process::id()));
+//! write_f32_matrix(&path, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2)?; // numpy: np.load(path)
+//! let m = read_f32_matrix(&path)?;
+//! assert_eq!((m.num_rows(), m.dim()), (3, 2));
+//! assert_eq!(m.row(2), &[5.0, 6.0]);
+//! // A non-finite feature is refused, naming the file, the row and the column.
+//! write_f32_matrix(&path, &[1.0, f32::NAN], 1, 2)?;
+//! assert!(read_f32_matrix(&path).unwrap_err().to_string().contains("row 0, column 1"));
+//! std::fs::remove_file(&path).ok();
+//! # Ok(())
+//! # }
+//! ```
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};

@@ -24,11 +24,27 @@
 //! continued gives bit-identical parameters and losses.
 //!
 //! # Ownership
-//! A trainer owns its dataset, model, optimizer, compute pool ([`crate::pool`]),
+//! A trainer owns its dataset, model, optimizer, compute pool (its own rayon pool),
 //! callbacks and cancel token; there is no global state, so several trainers can
 //! run in one process on different threads. It prints nothing unless built with
 //! `verbose(true)` (one line per epoch on stderr). Build one with
 //! [`crate::TrainerBuilder`] or [`Trainer::new`].
+//!
+//! ```
+//! use runtime::TrainerBuilder;
+//!
+//! # fn main() -> runtime::Result<()> {
+//! let toml = "[data.synthetic]\nvertices = 400\nedges = 2000\nclasses = 2\ndim = 4\n\
+//!             [model]\nhidden = 8\n[train]\nepochs = 2\n[threads]\ncompute = 1\n";
+//! let mut trainer = TrainerBuilder::from_toml(toml)?.build()?;
+//! let epoch = trainer.train_epoch()?; // one epoch, evaluated as train.eval_every says
+//! assert_eq!((epoch.epoch, trainer.epoch()), (0, 1));
+//! let (val, test) = trainer.evaluate_val_test()?;
+//! assert!((0.0..=1.0).contains(&val) && (0.0..=1.0).contains(&test));
+//! assert_eq!(trainer.predict(&[3, 9])?.dim(), (2, 2)); // logits
+//! # Ok(())
+//! # }
+//! ```
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

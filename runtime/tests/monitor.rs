@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use runtime::config::TrainConfig;
-use runtime::orchestrate::{InjectedFault, OrchestrationStats};
 use runtime::trainer::{load_dataset, Trainer};
+use runtime::{InjectedFault, OrchestrationStats};
 
 const CACHE_BYTES: usize = 64_000;
 

@@ -6,9 +6,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use runtime::config::TrainConfig;
-use runtime::orchestrate::InjectedFault;
 use runtime::trainer::{load_dataset, test_at_best_val, EpochStats, Trainer};
 use runtime::Error;
+use runtime::InjectedFault;
 
 fn cfg(extra: &[&str]) -> TrainConfig {
     let mut sets: Vec<String> = vec![
@@ -44,7 +44,7 @@ fn run(c: TrainConfig) -> (Vec<EpochStats>, Trainer) {
     (s, t)
 }
 
-fn stats(t: &Trainer) -> runtime::orchestrate::OrchestrationStats {
+fn stats(t: &Trainer) -> runtime::OrchestrationStats {
     t.orchestration_totals().expect("orchestration ran").clone()
 }
 

@@ -21,6 +21,8 @@
 //!
 //! The design is in `docs/orchestration.md`.
 
+#![deny(missing_docs)]
+
 mod auto;
 mod builder;
 mod cost;

@@ -1,5 +1,21 @@
 //! Graph datasets: topology, features, labels and the train/val/test split, and
 //! their on-disk store (`store`).
+//!
+//! ```
+//! use runtime::dataset::{open_dataset, write_dataset, Verify};
+//! use runtime::generate::{generate_sbm, SbmOptions};
+//!
+//! # fn main() -> runtime::Result<()> {
+//! let ds = generate_sbm(&SbmOptions { num_vertices: 300, num_edges: 900, ..SbmOptions::default() })?;
+//! let path = std::env::temp_dir().join(format!("tandem-doc-{}.tds", std::process::id()));
+//! write_dataset(&path, &ds)?; // atomic: a temporary name, then a rename
+//! let back = open_dataset(&path, Verify::Full)?; // memory-mapped, every checksum checked
+//! assert_eq!(back.num_vertices(), 300);
+//! assert_eq!(back.features.as_slice(), ds.features.as_slice());
+//! std::fs::remove_file(&path).ok();
+//! # Ok(())
+//! # }
+//! ```
 
 mod split;
 mod store;

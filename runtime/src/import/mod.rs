@@ -9,6 +9,21 @@
 //!
 //! Topology-only formats get labels, features and a split from
 //! [`GraphImportOptions`] (from `.npy` files or generated).
+//!
+//! ```
+//! use runtime::import::{import_edge_list, GraphImportOptions};
+//!
+//! # fn main() -> runtime::Result<()> {
+//! let path = std::env::temp_dir().join(format!("tandem-doc-{}.txt", std::process::id()));
+//! std::fs::write(&path, "# a triangle and a tail\n0 1\n1 2\n2 0\n2 3\n").unwrap();
+//! // Undirected by default: each edge stored both ways; labels, features and the
+//! // split generated (GraphImportOptions says how).
+//! let ds = import_edge_list(&path, &GraphImportOptions::default())?;
+//! assert_eq!((ds.num_vertices(), ds.graph.num_edges()), (4, 8));
+//! std::fs::remove_file(&path).ok();
+//! # Ok(())
+//! # }
+//! ```
 
 mod arrays;
 mod attach;

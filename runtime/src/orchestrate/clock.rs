@@ -5,6 +5,7 @@
 //! A hand-written trait rather than a crate: the runtime only needs "seconds since
 //! an origin", shared across threads, and a test double that advances on demand.
 
+#[cfg(test)]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,12 +44,14 @@ impl Clock for WallClock {
 }
 
 /// A clock that moves only when told ([`ManualClock::advance`]); clones share
-/// the time.
+/// the time (tests).
+#[cfg(test)]
 #[derive(Clone, Debug, Default)]
 pub struct ManualClock {
     nanos: Arc<AtomicU64>,
 }
 
+#[cfg(test)]
 impl ManualClock {
     /// A clock at 0.
     pub fn new() -> Self {
@@ -62,6 +65,7 @@ impl ManualClock {
     }
 }
 
+#[cfg(test)]
 impl Clock for ManualClock {
     fn now(&self) -> Duration {
         Duration::from_nanos(self.nanos.load(Ordering::Acquire))

@@ -15,8 +15,5 @@ pub mod monitor;
 pub mod pipeline;
 pub mod workers;
 
-pub use clock::{Clock, ManualClock, SharedClock, WallClock};
-pub use hot_compute::{HotComputer, Published, Snapshot};
-pub use monitor::HybridMonitor;
 pub use pipeline::{OrchestrationStats, Orchestrator};
 pub use workers::InjectedFault;

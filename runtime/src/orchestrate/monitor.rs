@@ -179,6 +179,7 @@ impl HybridMonitor {
     }
 
     /// Rows the monitor's moves hold in the device cache now.
+    #[cfg(test)]
     pub fn cached_rows(&self) -> u64 {
         self.monitor_rows
     }

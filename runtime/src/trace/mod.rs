@@ -11,7 +11,8 @@
 //! * [`write_chrome_trace`] / [`read_chrome_trace`] store a [`Trace`] as Chrome
 //!   trace JSON, which Perfetto opens.
 //! * [`summarize`] gives the [`Summary`] (printed as a table), and
-//!   [`write_utilization_svg`] the utilization-over-time picture.
+//!   `write_utilization_svg` (cargo feature `svg`) the utilization-over-time
+//!   picture.
 //!
 //! ```
 //! use runtime::trace::{summarize, Tracer, TrackKind};
@@ -48,10 +49,9 @@ pub use model::{
     Track, TrackId, TrackKind,
 };
 pub use recorder::{FlowId, Gauge, SliceGuard, Tracer};
-pub use report::{
-    render_utilization_svg, utilization_series, write_utilization_svg, Series, UtilizationSeries,
-    DEFAULT_BINS,
-};
+#[cfg(feature = "svg")]
+pub use report::{render_utilization_svg, write_utilization_svg};
+pub use report::{utilization_series, Series, UtilizationSeries, DEFAULT_BINS};
 pub use sampler::{
     acc_mem_counter, acc_util_counter, parse_acc_counter, CounterSampler, SamplerOptions,
     CACHE_HIT_RATE, CPU_UTIL, PROCESS_CPU, PROCESS_RSS_MIB, STALENESS_GAP,

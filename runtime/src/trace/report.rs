@@ -9,15 +9,11 @@
 //! `<text>` elements and laid out with plotters' built-in size estimate (its
 //! `ttf` feature, which needs fontconfig and system fonts, is off).
 
-use std::io::Write;
-use std::path::Path;
-
-use plotters::prelude::*;
-
 use super::model::{top_level_slices, Nanos, Trace, TrackKind};
 use super::sampler::{parse_acc_counter, CPU_UTIL, PROCESS_CPU};
-use crate::atomic::write_file_atomically;
-use crate::error::{Error, Result};
+
+#[cfg(feature = "svg")]
+pub use svg::{render_utilization_svg, write_utilization_svg};
 
 /// Default number of time bins for the busy fractions.
 pub const DEFAULT_BINS: usize = 200;
@@ -139,111 +135,124 @@ pub fn utilization_series(trace: &Trace, bins: usize) -> UtilizationSeries {
     }
 }
 
-type DrawResult<T> = std::result::Result<T, String>;
+/// The SVG itself (cargo feature `svg`, on with the default `cli`).
+#[cfg(feature = "svg")]
+mod svg {
+    use std::io::Write;
+    use std::path::Path;
 
-/// Line colors (Tableau 10: distinguishable, readable on white).
-const PALETTE: [(u8, u8, u8); 10] = [
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (214, 39, 40),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (127, 127, 127),
-    (188, 189, 34),
-    (23, 190, 207),
-];
+    use plotters::prelude::*;
 
-fn draw_panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, plotters::coord::Shift>,
-    title: &str,
-    x_end: f64,
-    series: &[Series],
-    color_offset: usize,
-) -> DrawResult<()> {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let caption = if series.is_empty() {
-        format!("{title}: none recorded")
-    } else {
-        title.to_string()
-    };
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(36)
-        .y_label_area_size(48)
-        // Head room above 100% for the legend.
-        .build_cartesian_2d(0f64..x_end, 0f64..135f64)
-        .map_err(e)?;
-    chart
-        .configure_mesh()
-        .y_labels(8)
-        .y_label_formatter(&|v| {
-            if *v <= 100.0 {
-                format!("{v:.0}")
-            } else {
-                String::new()
-            }
-        })
-        .x_desc("seconds")
-        .y_desc("%")
-        .draw()
-        .map_err(e)?;
-    for (i, s) in series.iter().enumerate() {
-        let (r, g, b) = PALETTE[(i + color_offset) % PALETTE.len()];
-        let color = RGBColor(r, g, b).to_rgba();
+    use super::{utilization_series, Series, Trace, DEFAULT_BINS};
+    use crate::atomic::write_file_atomically;
+    use crate::error::{Error, Result};
+
+    type DrawResult<T> = std::result::Result<T, String>;
+
+    /// Line colors (Tableau 10: distinguishable, readable on white).
+    const PALETTE: [(u8, u8, u8); 10] = [
+        (31, 119, 180),
+        (255, 127, 14),
+        (44, 160, 44),
+        (214, 39, 40),
+        (148, 103, 189),
+        (140, 86, 75),
+        (227, 119, 194),
+        (127, 127, 127),
+        (188, 189, 34),
+        (23, 190, 207),
+    ];
+
+    fn draw_panel<DB: DrawingBackend>(
+        area: &DrawingArea<DB, plotters::coord::Shift>,
+        title: &str,
+        x_end: f64,
+        series: &[Series],
+        color_offset: usize,
+    ) -> DrawResult<()> {
+        let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+        let caption = if series.is_empty() {
+            format!("{title}: none recorded")
+        } else {
+            title.to_string()
+        };
+        let mut chart = ChartBuilder::on(area)
+            .caption(caption, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(48)
+            // Head room above 100% for the legend.
+            .build_cartesian_2d(0f64..x_end, 0f64..135f64)
+            .map_err(e)?;
         chart
-            .draw_series(LineSeries::new(
-                s.points.iter().copied(),
-                color.stroke_width(2),
-            ))
-            .map_err(e)?
-            .label(s.name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-    }
-    if !series.is_empty() {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
+            .configure_mesh()
+            .y_labels(8)
+            .y_label_formatter(&|v| {
+                if *v <= 100.0 {
+                    format!("{v:.0}")
+                } else {
+                    String::new()
+                }
+            })
+            .x_desc("seconds")
+            .y_desc("%")
             .draw()
             .map_err(e)?;
+        for (i, s) in series.iter().enumerate() {
+            let (r, g, b) = PALETTE[(i + color_offset) % PALETTE.len()];
+            let color = RGBColor(r, g, b).to_rgba();
+            chart
+                .draw_series(LineSeries::new(
+                    s.points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(e)?
+                .label(s.name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        if !series.is_empty() {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
+        }
+        Ok(())
     }
-    Ok(())
-}
 
-/// Renders the picture of `trace` as SVG text.
-pub fn render_utilization_svg(trace: &Trace, bins: usize) -> DrawResult<String> {
-    let data = utilization_series(trace, bins);
-    let x_end = ((data.end - data.start) as f64 / 1e9).max(1e-3);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (1100, 720)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let (top, bottom) = root.split_vertically(330);
-        draw_panel(&top, "utilization (%)", x_end, &data.counters, 0)?;
-        let title = format!("busy per track (%), {:.1} ms bins", data.bin as f64 / 1e6);
-        draw_panel(&bottom, &title, x_end, &data.tracks, data.counters.len())?;
-        root.present().map_err(|e| e.to_string())?;
+    /// Renders the picture of `trace` as SVG text.
+    pub fn render_utilization_svg(trace: &Trace, bins: usize) -> DrawResult<String> {
+        let data = utilization_series(trace, bins);
+        let x_end = ((data.end - data.start) as f64 / 1e9).max(1e-3);
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (1100, 720)).into_drawing_area();
+            root.fill(&WHITE).map_err(|e| e.to_string())?;
+            let (top, bottom) = root.split_vertically(330);
+            draw_panel(&top, "utilization (%)", x_end, &data.counters, 0)?;
+            let title = format!("busy per track (%), {:.1} ms bins", data.bin as f64 / 1e6);
+            draw_panel(&bottom, &title, x_end, &data.tracks, data.counters.len())?;
+            root.present().map_err(|e| e.to_string())?;
+        }
+        Ok(svg)
     }
-    Ok(svg)
-}
 
-/// Writes the picture of `trace` to `path` (SVG), atomically.
-pub fn write_utilization_svg(path: &Path, trace: &Trace) -> Result<()> {
-    let svg = render_utilization_svg(trace, DEFAULT_BINS).map_err(|what| {
-        Error::io(
-            path,
-            std::io::Error::other(format!("drawing the utilization picture: {what}")),
-        )
-    })?;
-    write_file_atomically(path, |w| {
-        w.write_all(svg.as_bytes()).map_err(|e| Error::io(path, e))
-    })
+    /// Writes the picture of `trace` to `path` (SVG), atomically.
+    pub fn write_utilization_svg(path: &Path, trace: &Trace) -> Result<()> {
+        let svg = render_utilization_svg(trace, DEFAULT_BINS).map_err(|what| {
+            Error::io(
+                path,
+                std::io::Error::other(format!("drawing the utilization picture: {what}")),
+            )
+        })?;
+        write_file_atomically(path, |w| {
+            w.write_all(svg.as_bytes()).map_err(|e| Error::io(path, e))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -312,6 +321,7 @@ mod tests {
         assert!(u.tracks[1].points.iter().all(|p| p.1 == 100.0));
     }
 
+    #[cfg(feature = "svg")]
     #[test]
     fn svg_renders_with_text_and_lines() {
         let svg = render_utilization_svg(&trace(), 50).unwrap();
@@ -323,6 +333,7 @@ mod tests {
         assert!(svg.trim_end().ends_with("</svg>"));
     }
 
+    #[cfg(feature = "svg")]
     #[test]
     fn an_empty_trace_still_draws() {
         let svg = render_utilization_svg(&Trace::default(), 10).unwrap();
