@@ -20,6 +20,7 @@
 //! so a device run starts from the same initialization as a host run with the seed.
 
 mod hot;
+mod memory;
 mod step_based;
 
 pub use hot::{HotStaging, HotUse};
@@ -141,6 +142,8 @@ pub struct EngineOptions {
     /// Where sampling and gathering run (`orchestration.policy`; training is on
     /// the device). `"layer"` samples and gathers on the device.
     pub placement: StepBased,
+    /// Seeds per training batch (sizes the memory check, `engine/memory.rs`).
+    pub batch_size: usize,
 }
 
 /// A dataset and a model on one backend.
@@ -187,6 +190,18 @@ impl<B: Backend> DeviceEngine<B> {
     /// Loads `ds` (topology, features with a cache of the highest-degree rows,
     /// labels) and `model` onto `dev`.
     pub fn new(dev: B, ds: &Arc<Dataset>, model: &Model<f32>, opts: EngineOptions) -> Result<Self> {
+        // Fail before loading anything when the run cannot fit.
+        let need = memory::estimate(
+            ds,
+            model.config(),
+            model.num_params(),
+            opts.batch_size,
+            &opts.fanouts,
+            opts.cache_bytes as u64,
+            opts.topology == TopologyPlacement::Device,
+        );
+        let free = dev.memory_info().map_err(dev_err("device memory"))?.free as u64;
+        memory::check(&need, free, &dev.describe())?;
         let graph = dev
             .load_graph(&ds.graph, opts.topology)
             .map_err(dev_err("loading the topology"))?;

@@ -421,6 +421,7 @@ impl Trainer {
                 },
                 adam: *opt.config(),
                 placement: cfg.orchestration.step_placement()?,
+                batch_size: cfg.train.batch_size,
             },
         )?;
         if chosen.engine.is_none()

@@ -467,6 +467,7 @@ mod tests {
                     scheduler::Device::Accelerator,
                     scheduler::Device::Accelerator,
                 ),
+                batch_size: 128,
             },
         )
         .unwrap();
