@@ -1366,6 +1366,13 @@ impl Trainer {
         self.embedding_table()?.gather(ids)
     }
 
+    /// Writes the model at the current weights to `path` as an ONNX graph,
+    /// atomically ([`crate::onnx`]; `opts` picks logits or embeddings). The file
+    /// serves sampled blocks and full-graph inference alike.
+    pub fn export_onnx(&self, path: &Path, opts: &crate::onnx::ExportOptions) -> Result<()> {
+        crate::onnx::write_model(&self.model, opts, path)
+    }
+
     /// The trainer's state as a [`Checkpoint`].
     pub fn checkpoint(&self) -> Checkpoint {
         let names = self.model.param_names();
