@@ -34,6 +34,35 @@
 //! opset 18), `Shape`, `ConstantOfShape`, `Concat`, `Range`, `Reshape`, `Slice`,
 //! `Unsqueeze`, `ReduceSum`, `ReduceMean`, `Sqrt`, `Reciprocal`, `Exp`,
 //! `LeakyRelu`, `Relu`, `Elu`, `Identity`.
+//!
+//! # Serving from Rust
+//! ```no_run
+//! use std::path::Path;
+//!
+//! use cpu_ops::{gather_rows_into_vec, NeighborSampler, SamplerScratch};
+//! use runtime::dataset::{open_dataset, Verify};
+//! use runtime::onnx::{OnnxBlock, OrtModel, ORT_LIB_ENV};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ds = open_dataset(Path::new("g.tds"), Verify::Default)?;
+//! let lib = std::env::var_os(ORT_LIB_ENV).ok_or("set TANDEM_ORT_LIB")?;
+//! let mut model = OrtModel::from_file(Path::new(&lib), Path::new("model.onnx"))?;
+//!
+//! // A sampled mini-batch: blocks bottom first, x = features of block 0's sources.
+//! let sampler = NeighborSampler::new(vec![10, 10])?;
+//! let mut scratch = SamplerScratch::new(ds.num_vertices());
+//! let batch = sampler.sample(&ds.graph, &[0, 5, 42], 7, &mut scratch)?;
+//! let blocks: Vec<OnnxBlock> = batch.blocks().iter().map(OnnxBlock::from_sampled).collect();
+//! let x = gather_rows_into_vec(&ds.features, batch.input_ids())?;
+//! let logits = model.run(&x, &blocks)?; // 3 × num_classes, in seed order
+//!
+//! // Full-graph inference: the whole graph as every block.
+//! let full = OnnxBlock::full_graph(&ds.graph);
+//! let all = model.run(ds.features.as_slice(), &[full.clone(), full])?; // n × num_classes
+//! # let _ = (logits, all);
+//! # Ok(())
+//! # }
+//! ```
 
 mod builder;
 mod layer;
@@ -63,7 +92,8 @@ use proto::{ModelProto, OperatorSetIdProto, StringStringEntryProto};
 pub use session::{load_onnx_runtime, OrtModel};
 
 /// The ONNX opset the graphs use: 18 is the first with `ScatterND`'s `max`
-/// reduction (GAT's per-destination softmax maximum). ONNX Runtime ≥ 1.14 runs it.
+/// reduction (GAT's per-destination softmax maximum). Tested with ONNX Runtime
+/// 1.30 and 1.31.
 pub const OPSET: i64 = 18;
 
 /// The ONNX IR version written (IR 8 is the one released with opset 18).
