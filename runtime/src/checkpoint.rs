@@ -28,6 +28,7 @@
 use std::io::Write;
 use std::path::Path;
 
+use cpu_ops::Model;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::atomic::write_file_atomically;
@@ -331,6 +332,54 @@ impl Checkpoint {
         Self::from_bytes(&bytes, path)
     }
 
+    /// The trained model alone: its shape from the saved configuration and dataset
+    /// sizes, its parameters from the tensors (names and lengths checked). No
+    /// dataset is needed, e.g. to export it (`tandem export-model`).
+    pub fn model(&self, path: &Path) -> Result<Model<f32>> {
+        let cfg = self.config(path)?;
+        let (dim, classes) = (self.dataset.dim, self.dataset.classes);
+        let (Ok(dim), Ok(classes)) = (usize::try_from(dim), usize::try_from(classes)) else {
+            return Err(Error::format(
+                path,
+                format!("feature dim {dim} or class count {classes} does not fit usize"),
+            ));
+        };
+        let mcfg = cfg.model_config(dim, classes)?;
+        let mut model =
+            Model::new(&mcfg, 0).map_err(|e| Error::cpu_ops(path.display().to_string(), e))?;
+        let names = model.param_names();
+        if names.len() != self.tensors.len() {
+            return Err(Error::format(
+                path,
+                format!(
+                    "{} parameter tensors, the configured model has {}",
+                    self.tensors.len(),
+                    names.len()
+                ),
+            ));
+        }
+        for ((dst, name), t) in model
+            .params_mut()
+            .into_iter()
+            .zip(&names)
+            .zip(&self.tensors)
+        {
+            if &t.name != name || t.values.len() != dst.len() {
+                return Err(Error::format(
+                    path,
+                    format!(
+                        "tensor `{}` has {} values, the configured model expects `{name}` with {}",
+                        t.name,
+                        t.values.len(),
+                        dst.len()
+                    ),
+                ));
+            }
+            dst.copy_from_slice(&t.values);
+        }
+        Ok(model)
+    }
+
     /// The run's configuration, parsed (errors name the checkpoint file).
     pub fn config(&self, path: &Path) -> Result<TrainConfig> {
         TrainConfig::from_toml(&self.config_toml, path)
@@ -560,5 +609,42 @@ mod tests {
             ..c.clone()
         };
         boundary.check_fits(p, &seeded, &shape, &params).unwrap();
+    }
+
+    #[test]
+    fn the_model_alone_is_rebuilt_from_config_shape_and_tensors() {
+        let cfg = TrainConfig::default();
+        let trained = Model::<f32>::new(&cfg.model_config(3, 2).unwrap(), 11).unwrap();
+        let tensors = trained
+            .param_names()
+            .into_iter()
+            .zip(trained.params())
+            .map(|(name, p)| TensorState {
+                name,
+                values: p.iter().map(|v| v + 0.25).collect(),
+                m: Vec::new(),
+                v: Vec::new(),
+            })
+            .collect::<Vec<_>>();
+        let c = Checkpoint {
+            steps: 0,
+            tensors,
+            ..sample(0)
+        };
+        let p = Path::new("ck.tck");
+        let m = c.model(p).unwrap();
+        assert_eq!(m.config(), &cfg.model_config(3, 2).unwrap());
+        for (got, t) in m.params().iter().zip(&c.tensors) {
+            assert_eq!(*got, t.values.as_slice(), "{}", t.name);
+        }
+        let mut renamed = c.clone();
+        renamed.tensors[1].name = "layer0.other".into();
+        let e = renamed.model(p).unwrap_err();
+        assert!(e.to_string().contains("layer0.other"), "{e}");
+        let short = Checkpoint {
+            tensors: c.tensors[..2].to_vec(),
+            ..c
+        };
+        assert!(short.model(p).is_err());
     }
 }

@@ -53,7 +53,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cpu_ops::{ModelKind, ALL_NEIGHBORS};
+use cpu_ops::{ModelConfig, ModelKind, ALL_NEIGHBORS};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -836,6 +836,20 @@ impl TrainConfig {
             ModelKindName::Gcn => ModelKind::Gcn,
             ModelKindName::Sage => ModelKind::Sage,
             ModelKindName::Gat => ModelKind::Gat,
+        })
+    }
+
+    /// The model's shape for a dataset with `in_dim` feature columns and
+    /// `num_classes` classes.
+    pub fn model_config(&self, in_dim: usize, num_classes: usize) -> Result<ModelConfig> {
+        Ok(ModelConfig {
+            kind: self.model_kind()?,
+            in_dim,
+            hidden: self.model.hidden,
+            num_classes,
+            num_layers: self.model.layers,
+            heads: self.model.heads,
+            dropout: self.model.dropout,
         })
     }
 

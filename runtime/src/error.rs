@@ -102,6 +102,15 @@ pub enum Error {
         /// The underlying error.
         source: scheduler::SchedulerError,
     },
+    /// ONNX Runtime failed: its library could not be loaded, or it refused or
+    /// failed to run a model (`runtime::onnx::OrtModel`).
+    #[error("{context}: {what}")]
+    OnnxRuntime {
+        /// What the runtime was doing.
+        context: String,
+        /// ONNX Runtime's message.
+        what: String,
+    },
     /// A worker thread of the orchestration pipeline failed or panicked.
     #[error("orchestration worker `{worker}` failed: {what}")]
     Worker {

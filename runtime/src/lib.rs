@@ -18,6 +18,9 @@
 //!   all vertices;
 //! - [`Trainer::save_checkpoint`] / [`Trainer::load_checkpoint`]: a resumed run is
 //!   bit-identical to an uninterrupted one;
+//! - [`Trainer::export_onnx`] writes the model as an ONNX graph that takes the
+//!   features and each layer's block (a sampled batch or the whole graph);
+//!   [`onnx::OrtModel`] runs it through ONNX Runtime (feature `onnx-runtime`);
 //! - [`Callback`]s see [`BatchMetrics`] and [`EpochStats`] and may stop training;
 //!   a [`CancelToken`] stops it from another thread within one batch
 //!   ([`Error::Cancelled`]).
@@ -91,6 +94,7 @@ pub mod export;
 pub mod generate;
 pub mod import;
 pub mod npy;
+pub mod onnx;
 pub(crate) mod orchestrate;
 pub(crate) mod pool;
 #[cfg(feature = "cli")]

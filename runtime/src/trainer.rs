@@ -52,8 +52,8 @@ use std::time::Instant;
 
 use cpu_ops::{
     accuracy_count, derive_seed, gather_rows, softmax_cross_entropy, Adam, AdamConfig, BlockView,
-    CpuOpsError, MatMut, MatRef, Model, ModelConfig, ModelInput, NeighborSampler, Optimizer, Rng,
-    SampledBatch, SamplerScratch, SparseRows, WeightDecay,
+    CpuOpsError, MatMut, MatRef, Model, ModelInput, NeighborSampler, Optimizer, Rng, SampledBatch,
+    SamplerScratch, SparseRows, WeightDecay,
 };
 
 use ndarray::Array2;
@@ -364,15 +364,7 @@ impl Trainer {
     fn assemble(ds: Dataset, cfg: TrainConfig, pool: Arc<ThreadPool>) -> Result<Self> {
         cfg.validate()?;
         let ds = Arc::new(ds);
-        let mcfg = ModelConfig {
-            kind: cfg.model_kind()?,
-            in_dim: ds.features.dim(),
-            hidden: cfg.model.hidden,
-            num_classes: ds.num_classes as usize,
-            num_layers: cfg.model.layers,
-            heads: cfg.model.heads,
-            dropout: cfg.model.dropout,
-        };
+        let mcfg = cfg.model_config(ds.features.dim(), ds.num_classes as usize)?;
         let model = Model::new(&mcfg, derive_seed(cfg.train.seed, 1)).map_err(kernel("model"))?;
         let opt = Adam::new(AdamConfig {
             lr: cfg.train.lr,
@@ -1431,6 +1423,13 @@ impl Trainer {
     pub fn embeddings(&mut self, ids: &[u32]) -> Result<Array2<f32>> {
         self.check_ids(ids)?;
         self.embedding_table()?.gather(ids)
+    }
+
+    /// Writes the model at the current weights to `path` as an ONNX graph,
+    /// atomically ([`crate::onnx`]; `opts` picks logits or embeddings). The file
+    /// serves sampled blocks and full-graph inference alike.
+    pub fn export_onnx(&self, path: &Path, opts: &crate::onnx::ExportOptions) -> Result<()> {
+        crate::onnx::write_model(&self.model, opts, path)
     }
 
     /// The trainer's state as a [`Checkpoint`].

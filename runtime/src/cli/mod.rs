@@ -1,11 +1,12 @@
-//! The `tandem` command line: import, export, generate, inspect, benchmark, train
-//! and report on traces.
+//! The `tandem` command line: import, export, generate, inspect, benchmark, train,
+//! export a trained model (ONNX) and report on traces.
 //!
 //! Every subcommand maps onto a library function; this module only parses
 //! arguments, prints results and turns errors into one-line messages.
 
 mod bench;
 mod data;
+mod onnx;
 mod report;
 mod train;
 
@@ -41,6 +42,9 @@ enum Command {
     Bench(bench::BenchCmd),
     /// Train a GNN on the CPU (default: built-in synthetic graph, GraphSAGE).
     Train(train::TrainArgs),
+    /// Export a checkpoint's model as an ONNX graph (logits or embeddings) that
+    /// takes the features and each layer's block: sampled batches or the whole graph.
+    ExportModel(onnx::ExportModelArgs),
     /// Summarize a trace from `train --trace` (and draw utilization over time).
     Report(report::ReportArgs),
 }
@@ -66,6 +70,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Info(a) => data::info(a),
         Command::Bench(c) => bench::run(c),
         Command::Train(a) => train::run(a),
+        Command::ExportModel(a) => onnx::run(a),
         Command::Report(a) => report::run(a),
     }
 }
