@@ -136,6 +136,7 @@ pub mod hwloc {
         }
 
         /// The cores, in hwloc's logical order (each a set of processing units).
+        #[cfg(test)]
         pub fn cores(&self) -> &[CpuSet] {
             &self.cores
         }
@@ -154,6 +155,7 @@ pub mod hwloc {
         }
 
         /// The calling thread's current CPU binding.
+        #[cfg(test)]
         pub fn current_thread_binding(&self) -> std::result::Result<CpuSet, String> {
             self.topology
                 .cpu_binding(CpuBindingFlags::THREAD)
