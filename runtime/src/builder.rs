@@ -41,6 +41,7 @@ use std::sync::Arc;
 use crate::config::TrainConfig;
 use crate::control::{Callback, CancelToken};
 use crate::dataset::Dataset;
+use crate::dist::Communicator;
 use crate::error::{Error, Result};
 use crate::pool::build_pool;
 use crate::trainer::{load_dataset, Trainer};
@@ -53,6 +54,7 @@ pub struct TrainerBuilder {
     cancel: Option<CancelToken>,
     verbose: bool,
     checkpoint: Option<std::path::PathBuf>,
+    communicator: Option<Arc<dyn Communicator>>,
 }
 
 impl TrainerBuilder {
@@ -65,6 +67,7 @@ impl TrainerBuilder {
             cancel: None,
             verbose: false,
             checkpoint: None,
+            communicator: None,
         }
     }
 
@@ -123,6 +126,14 @@ impl TrainerBuilder {
         self
     }
 
+    /// Trains as one rank of a data-parallel job ([`crate::dist`],
+    /// [`Trainer::set_communicator`]); default: alone. Building is then
+    /// collective: every rank builds at the same time.
+    pub fn communicator(mut self, comm: Arc<dyn Communicator>) -> Self {
+        self.communicator = Some(comm);
+        self
+    }
+
     /// The configuration the trainer will use.
     pub fn config(&self) -> &TrainConfig {
         &self.cfg
@@ -137,6 +148,7 @@ impl TrainerBuilder {
             cancel,
             verbose,
             checkpoint,
+            communicator,
         } = self;
         cfg.validate()?;
         let pool = Arc::new(build_pool(cfg.compute_threads(), cfg.threads.pin)?);
@@ -152,6 +164,9 @@ impl TrainerBuilder {
             eprintln!("{}", ds.summary());
         }
         let mut trainer = Trainer::with_pool(ds, cfg, pool)?;
+        if let Some(comm) = communicator {
+            trainer.set_communicator(comm)?;
+        }
         for cb in callbacks {
             trainer.add_callback(cb);
         }

@@ -74,6 +74,8 @@ pub struct TrainConfig {
     pub threads: ThreadsSection,
     /// Layer-based orchestration (hot-vertex embeddings computed by the CPU).
     pub orchestration: OrchestrationSection,
+    /// Data-parallel training over several ranks (`mpirun -np N tandem train`).
+    pub dist: DistSection,
 }
 
 /// `[data]`: a stored dataset, or the built-in synthetic graph.
@@ -294,6 +296,48 @@ impl Default for DeviceSection {
     }
 }
 
+/// `dist.reduce`: how gradients are summed across ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DistReduce {
+    /// NCCL when every rank trains on a GPU and NCCL is built, else MPI.
+    #[default]
+    Auto,
+    /// MPI `Allreduce` (host memory).
+    Mpi,
+    /// NCCL between GPUs (not built yet: an error that says so).
+    Nccl,
+}
+
+/// `dist.features`: where each rank keeps the feature rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DistFeatures {
+    /// Every rank holds every row (what one rank does).
+    #[default]
+    Replicated,
+    /// Rank `r` of `N` owns the contiguous rows `[r·n/N, (r+1)·n/N)` and fetches
+    /// the others from their owners once per batch (one all-to-all of requests,
+    /// one of rows), through a cache of `remote_cache_rows` remote rows.
+    Partitioned,
+}
+
+/// `[dist]`: data-parallel training over several ranks. One process (no MPI
+/// launcher) ignores it. `train.batch_size` is the *global* batch: each of `N`
+/// ranks trains its share of every batch, so `N` ranks train the model one rank
+/// trains with the same configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistSection {
+    /// `"auto"`, `"mpi"` or `"nccl"`.
+    pub reduce: DistReduce,
+    /// `"replicated"` or `"partitioned"`.
+    pub features: DistFeatures,
+    /// With `features = "partitioned"`: remote rows each rank keeps (those of the
+    /// highest-degree vertices it does not own), fetched once at start.
+    pub remote_cache_rows: usize,
+}
+
 /// `threads.pin`: whether compute workers are bound to cores.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -363,6 +407,8 @@ pub enum EvalMode {
     Sampled,
 }
 config_name!(EvalMode { Full => "full", Sampled => "sampled" });
+config_name!(DistReduce { Auto => "auto", Mpi => "mpi", Nccl => "nccl" });
+config_name!(DistFeatures { Replicated => "replicated", Partitioned => "partitioned" });
 
 /// `train.sparse_features`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -966,6 +1012,7 @@ impl TrainConfig {
         )?;
         in_range("data.synthetic.seed", s.seed, 0, TOML_INT_MAX)?;
         self.validate_orchestration()?;
+        self.validate_dist()?;
         if self.data.path.is_none() {
             in_range("data.synthetic.vertices", s.vertices, 2, u32::MAX)?;
             in_range("data.synthetic.edges", s.edges, 0, MAX_SYNTHETIC_VALUES)?;
@@ -994,6 +1041,42 @@ impl TrainConfig {
 }
 
 impl TrainConfig {
+    /// Checks `[dist]`: ranges, and what partitioned features cannot serve.
+    fn validate_dist(&self) -> Result<()> {
+        let d = &self.dist;
+        in_range(
+            "dist.remote_cache_rows",
+            d.remote_cache_rows,
+            0,
+            u32::MAX as usize,
+        )?;
+        if d.features == DistFeatures::Partitioned {
+            if self.train.eval_mode == EvalMode::Full {
+                return Err(range_err(
+                    "train.eval_mode",
+                    "\"sampled\" with dist.features = \"partitioned\" (full-graph \
+                     evaluation reads every feature row)",
+                    self.train.eval_mode,
+                ));
+            }
+            if self.train.sparse_features == SparseFeatures::On {
+                return Err(range_err(
+                    "train.sparse_features",
+                    "\"off\" or \"auto\" with dist.features = \"partitioned\" (the \
+                     exchange moves dense rows)",
+                    self.train.sparse_features,
+                ));
+            }
+        } else if d.remote_cache_rows > 0 {
+            return Err(range_err(
+                "dist.remote_cache_rows",
+                "0 unless dist.features = \"partitioned\"",
+                d.remote_cache_rows,
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks `[orchestration]`: ranges, names, and that reuse has what it needs.
     fn validate_orchestration(&self) -> Result<()> {
         let o = &self.orchestration;

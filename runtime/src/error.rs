@@ -77,6 +77,13 @@ pub enum Error {
         /// The loss value (NaN or ±inf).
         loss: f64,
     },
+    /// A collective between the ranks of a distributed job failed (another rank
+    /// ended, or the MPI library reported an error).
+    #[error("distributed job: {what}")]
+    Dist {
+        /// What failed, naming the collective and the rank.
+        what: String,
+    },
     /// An error from the host kernels, with the context it happened in.
     #[error("{context}: {source}")]
     CpuOps {

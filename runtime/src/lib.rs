@@ -87,6 +87,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod dataset;
+pub mod dist;
 pub mod embedding;
 pub(crate) mod engine;
 mod error;

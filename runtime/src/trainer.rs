@@ -61,9 +61,13 @@ use rayon::ThreadPool;
 
 use crate::auto::{Calibrator, ProbeStep};
 use crate::checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
-use crate::config::{EvalMode, OnNonFiniteKind, PolicyName, SparseFeatures, TrainConfig};
+use crate::config::{
+    DistFeatures, DistReduce, EvalMode, OnNonFiniteKind, PolicyName, SparseFeatures, TrainConfig,
+};
 use crate::control::{BatchMetrics, Callback, CancelToken, Control, StopCause};
 use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
+use crate::dist::features::PartitionedFeatures;
+use crate::dist::{share, Communicator, DistStats, Solo};
 use crate::embedding::Embeddings;
 use crate::engine::{choose_engine, Engine, EngineOptions};
 use crate::error::{Error, Result};
@@ -263,7 +267,50 @@ pub struct Trainer {
     on_nonfinite: OnNonFinite,
     /// Batches of the epoch in progress skipped for a non-finite loss.
     skipped: usize,
+    /// The ranks of a distributed job ([`Solo`] unless set).
+    dist: Dist,
 }
+
+/// A trainer's part in a distributed job ([`Trainer::set_communicator`]).
+struct Dist {
+    comm: Arc<dyn Communicator>,
+    /// `dist.features = "partitioned"` with more than one rank.
+    features: Option<PartitionedFeatures>,
+    /// The gradient all-reduces' counters (the exchanges keep their own).
+    stats: DistStats,
+    /// The step's all-reduce bucket: gradients, then [`BUCKET_SCALARS`] scalars.
+    bucket: Vec<f32>,
+}
+
+impl Dist {
+    fn solo() -> Self {
+        Self {
+            comm: Arc::new(Solo),
+            features: None,
+            stats: DistStats::default(),
+            bucket: Vec::new(),
+        }
+    }
+
+    fn ranks(&self) -> usize {
+        self.comm.size()
+    }
+}
+
+/// What [`Trainer::compute`] needs to take part in a distributed step.
+struct DistStep<'a> {
+    comm: &'a dyn Communicator,
+    /// Seeds of the whole batch, over every rank.
+    global: usize,
+    /// This rank was asked to cancel.
+    cancel: bool,
+    stats: &'a mut DistStats,
+    bucket: &'a mut Vec<f32>,
+}
+
+/// Scalars at the end of a step's all-reduce bucket: loss × rows, correct
+/// predictions, ranks with a non-finite loss or gradient, ranks asked to cancel.
+const BUCKET_SCALARS: usize = 4;
 
 fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
     move |e| Error::cpu_ops(context, e)
@@ -385,6 +432,8 @@ impl Trainer {
         }
         let sparse = match cfg.train.sparse_features {
             SparseFeatures::On => true,
+            // Partitioned features move dense rows between ranks.
+            SparseFeatures::Auto if cfg.dist.features == DistFeatures::Partitioned => false,
             SparseFeatures::Auto => feature_density(&ds.features) <= cfg.train.sparse_threshold,
             SparseFeatures::Off => false,
         };
@@ -472,6 +521,7 @@ impl Trainer {
                 OnNonFinite::Stop
             },
             skipped: 0,
+            dist: Dist::solo(),
             engine: chosen.engine.map(Mutex::new),
             device_note: chosen.note,
             scratch: SamplerScratch::new(ds.num_vertices()),
@@ -494,6 +544,108 @@ impl Trainer {
             embeddings: None,
             logits: None,
         })
+    }
+
+    /// Makes this trainer rank `comm.rank()` of a data-parallel job of
+    /// `comm.size()` ranks (see [`crate::dist`]); collective: every rank calls it,
+    /// with the same configuration and dataset (checked: a rank whose
+    /// configuration or dataset shape differs is an error on every rank). With
+    /// `dist.features = "partitioned"` each rank from then on reads only its own
+    /// feature rows and fills its remote-row cache here.
+    ///
+    /// Errors (on every rank alike): more than one rank with a device engine or
+    /// orchestration (distributed training runs the native host path; GPU ranks
+    /// are not built yet), `dist.reduce = "nccl"` (not built yet), or a
+    /// trainer that already trained with another communicator.
+    pub fn set_communicator(&mut self, comm: Arc<dyn Communicator>) -> Result<()> {
+        if self.cfg.dist.reduce == DistReduce::Nccl {
+            return Err(Error::invalid_argument(
+                "dist.reduce",
+                "\"nccl\" is not built yet: Tandem reduces gradients over MPI \
+                 (dist.reduce = \"mpi\" or \"auto\")",
+            ));
+        }
+        if comm.size() > 1 && (self.engine.is_some() || self.orch.is_some()) {
+            return Err(Error::invalid_argument(
+                "device.kind",
+                format!(
+                    "distributed training ({} ranks) runs on the native host path \
+                     (device.kind = \"host\", device.host_engine = \"native\", no \
+                     orchestration); GPU ranks are not built yet ({})",
+                    comm.size(),
+                    self.device_note
+                ),
+            ));
+        }
+        if self.dist.ranks() > 1 || self.opt.version() > 0 && comm.size() > 1 {
+            return Err(Error::invalid_argument(
+                "communicator",
+                "set it once, before training: the ranks must start from the same weights",
+            ));
+        }
+        // Every rank must train the same configuration on the same graph.
+        let ds = &self.ds;
+        let fingerprint = format!(
+            "{}|{}|{}|{}|{}",
+            self.cfg.to_toml(),
+            ds.num_vertices(),
+            ds.graph.num_edges(),
+            ds.features.dim(),
+            ds.num_classes
+        );
+        let h = (xxhash_rust::xxh3::xxh3_64(fingerprint.as_bytes()) & 0xF_FFFF) as f64;
+        let mut sums = [h, h * h, 1.0];
+        comm.all_reduce_sum_f64(&mut sums)?;
+        let n = sums[2];
+        if sums[0] != n * h || sums[1] != n * h * h {
+            return Err(Error::Dist {
+                what: format!(
+                    "rank {}: the ranks disagree on the configuration or the dataset's shape \
+                     (every rank must load the same config file and dataset)",
+                    comm.rank()
+                ),
+            });
+        }
+        let features = if comm.size() > 1 && self.cfg.dist.features == DistFeatures::Partitioned {
+            if self.sparse.is_some() {
+                return Err(Error::invalid_argument(
+                    "train.sparse_features",
+                    "\"off\" with dist.features = \"partitioned\" (the exchange moves dense rows)",
+                ));
+            }
+            let channel = comm.duplicate()?;
+            let pool = Arc::clone(&self.pool);
+            let cache = self.cfg.dist.remote_cache_rows;
+            Some(pool.install(|| PartitionedFeatures::new(ds, channel, cache))?)
+        } else {
+            None
+        };
+        self.dist = Dist {
+            comm,
+            features,
+            stats: DistStats::default(),
+            bucket: Vec::new(),
+        };
+        Ok(())
+    }
+
+    /// This trainer's rank and the job's number of ranks (`(0, 1)` alone).
+    pub fn rank(&self) -> (usize, usize) {
+        (self.dist.comm.rank(), self.dist.comm.size())
+    }
+
+    /// What this rank's collectives moved and cost so far (all zero alone).
+    pub fn dist_stats(&self) -> DistStats {
+        let mut s = self.dist.stats;
+        if let Some(f) = &self.dist.features {
+            let x = f.stats();
+            s.exchanges = x.exchanges;
+            s.exchange_bytes = x.exchange_bytes;
+            s.exchange_secs = x.exchange_secs;
+            s.remote_rows = x.remote_rows;
+            s.remote_cache_hits = x.remote_cache_hits;
+        }
+        s
     }
 
     /// Adds a callback (after those already added).
@@ -677,17 +829,32 @@ impl Trainer {
         seed: u64,
         mut buf: Vec<f32>,
         probe: Probe<'t>,
+        partitioned: Option<&PartitionedFeatures>,
     ) -> Result<Prepared<'t>> {
         let sampling = probe.slice("sample");
-        let batch = sampler
-            .sample(&ds.graph, &seeds, seed, scratch)
-            .map_err(kernel("sampling"))?;
+        // A rank's share of a batch can be empty (a last batch smaller than the
+        // number of ranks); it still takes part in the feature exchange.
+        let batch = if seeds.is_empty() {
+            SampledBatch::default()
+        } else {
+            sampler
+                .sample(&ds.graph, &seeds, seed, scratch)
+                .map_err(kernel("sampling"))?
+        };
         drop(sampling);
         let mut gathering = probe.slice("gather");
         gathering.flow_out(probe.flow);
-        let x = match sparse {
-            Some(s) => Inputs::Sparse(s.gather(batch.input_ids()).map_err(kernel("gather"))?),
-            None => {
+        let x = match (sparse, partitioned) {
+            (_, Some(pf)) => {
+                let mut exchange = probe.slice("exchange");
+                exchange.set_bytes(pf.gather(ds, batch.input_ids(), &mut buf)?);
+                drop(exchange);
+                Inputs::Dense(buf)
+            }
+            (Some(s), None) => {
+                Inputs::Sparse(s.gather(batch.input_ids()).map_err(kernel("gather"))?)
+            }
+            (None, None) => {
                 // Reuse the buffer of a finished batch: a fresh allocation of tens of
                 // megabytes per batch costs page faults and TLB shootdowns. The gather
                 // overwrites every value, so only a grown tail is zero-filled.
@@ -724,50 +891,113 @@ impl Trainer {
         seeds.iter().map(|&s| ds.labels[s as usize]).collect()
     }
 
-    /// One training step on a prepared batch; returns (loss sum, correct).
+    /// One training step on a prepared batch; returns (loss sum, correct, whether
+    /// a rank asked to cancel). Alone (`dist = None`) the step applies this
+    /// batch's gradients. In a distributed job, `p` holds this rank's share of a
+    /// batch of `global` seeds: its gradients, weighted by its share, are summed
+    /// over the ranks with the loss, the correct count and the non-finite and
+    /// cancel flags in one all-reduce, and every rank applies the same step (none
+    /// when any rank's loss or gradient is not finite); the returned loss and
+    /// count are the whole batch's.
     fn compute(
         ds: &Dataset,
         model: &mut Model<f32>,
         opt: &mut Adam<f32>,
         p: &Prepared<'_>,
-    ) -> Result<(f64, usize)> {
-        let mut forward = p.probe.slice("forward");
-        forward.flow_in(p.probe.flow);
-        let views = Self::views(&p.batch)?;
-        let fwd = model
-            .forward_input(&views, p.x.as_model_input(), true, p.seed)
-            .map_err(kernel("forward"))?;
-        drop(forward);
-        let loss = p.probe.slice("loss");
+        dist: Option<DistStep<'_>>,
+    ) -> Result<(f64, usize, bool)> {
         let (n, c) = (p.seeds.len(), ds.num_classes as usize);
-        let labels = Self::labels_of(ds, &p.seeds);
-        let mut grad = vec![0f32; n * c];
-        let ce = softmax_cross_entropy(
-            MatRef::new(fwd.logits(), n, c).map_err(kernel("logits"))?,
-            &labels,
-            Some(MatMut::new(&mut grad, n, c).map_err(kernel("logits"))?),
-        )
-        .map_err(kernel("loss"))?;
-        drop(loss);
-        if !ce.loss.is_finite() {
-            // No backward, no step: the caller sees the loss (train.on_nonfinite).
-            return Ok((ce.loss * n as f64, ce.correct));
+        let (mut loss_sum, mut correct, mut grads) = (0.0f64, 0usize, None);
+        if n > 0 {
+            let mut forward = p.probe.slice("forward");
+            forward.flow_in(p.probe.flow);
+            let views = Self::views(&p.batch)?;
+            let fwd = model
+                .forward_input(&views, p.x.as_model_input(), true, p.seed)
+                .map_err(kernel("forward"))?;
+            drop(forward);
+            let loss = p.probe.slice("loss");
+            let labels = Self::labels_of(ds, &p.seeds);
+            let mut grad = vec![0f32; n * c];
+            let ce = softmax_cross_entropy(
+                MatRef::new(fwd.logits(), n, c).map_err(kernel("logits"))?,
+                &labels,
+                Some(MatMut::new(&mut grad, n, c).map_err(kernel("logits"))?),
+            )
+            .map_err(kernel("loss"))?;
+            drop(loss);
+            loss_sum = ce.loss * n as f64;
+            correct = ce.correct;
+            if ce.loss.is_finite() {
+                let backward = p.probe.slice("backward");
+                let g = model
+                    .backward_input(&views, p.x.as_model_input(), &fwd, &grad)
+                    .map_err(kernel("backward"))?;
+                drop(backward);
+                if g.iter().flatten().any(|x| !x.is_finite()) {
+                    // A non-finite gradient with a finite loss: not applied either,
+                    // and reported as a non-finite loss.
+                    loss_sum = f64::NAN;
+                } else {
+                    grads = Some(g);
+                }
+            }
         }
-        let backward = p.probe.slice("backward");
-        let grads = model
-            .backward_input(&views, p.x.as_model_input(), &fwd, &grad)
-            .map_err(kernel("backward"))?;
-        drop(backward);
-        if grads.iter().flatten().any(|g| !g.is_finite()) {
-            // A non-finite gradient with a finite loss: not applied either, and
-            // reported as a non-finite loss.
-            return Ok((f64::NAN, ce.correct));
+        let Some(d) = dist else {
+            let Some(grads) = grads.filter(|_| loss_sum.is_finite()) else {
+                // No step: the caller sees the loss (train.on_nonfinite).
+                return Ok((loss_sum, correct, false));
+            };
+            let _step = p.probe.slice("step");
+            let grad_refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
+            opt.step(&mut model.params_mut(), &grad_refs)
+                .map_err(kernel("optimizer step"))?;
+            return Ok((loss_sum, correct, false));
+        };
+        // The bucket: this rank's gradients × (its rows / the batch's rows), then
+        // the scalars. A rank with no rows or a non-finite loss sends zeros.
+        let sizes: Vec<usize> = model.params().iter().map(|t| t.len()).collect();
+        let total: usize = sizes.iter().sum();
+        let bucket = d.bucket;
+        bucket.clear();
+        bucket.resize(total + BUCKET_SCALARS, 0.0);
+        let finite = loss_sum.is_finite() && (n == 0 || grads.is_some());
+        if let (Some(g), true) = (&grads, finite) {
+            let w = n as f32 / d.global.max(1) as f32;
+            for (dst, src) in bucket.iter_mut().zip(g.iter().flatten()) {
+                *dst = src * w;
+            }
+        }
+        bucket[total] = if finite { loss_sum as f32 } else { 0.0 };
+        bucket[total + 1] = correct as f32;
+        bucket[total + 2] = if finite { 0.0 } else { 1.0 };
+        bucket[total + 3] = if d.cancel { 1.0 } else { 0.0 };
+        {
+            let mut reduce = p.probe.slice("allreduce");
+            let bytes = std::mem::size_of_val(bucket.as_slice()) as u64;
+            reduce.set_bytes(bytes);
+            let t = Instant::now();
+            d.comm.all_reduce_sum(bucket)?;
+            d.stats.allreduces += 1;
+            d.stats.allreduce_bytes += bytes;
+            d.stats.allreduce_secs += t.elapsed().as_secs_f64();
+        }
+        let (loss_all, correct_all) = (bucket[total] as f64, bucket[total + 1].round() as usize);
+        let (bad, cancel) = (bucket[total + 2] > 0.0, bucket[total + 3] > 0.0);
+        if bad {
+            return Ok((f64::NAN, correct_all, cancel));
         }
         let _step = p.probe.slice("step");
-        let grad_refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
+        let mut grad_refs: Vec<&[f32]> = Vec::with_capacity(sizes.len());
+        let mut rest = &bucket[..total];
+        for len in sizes {
+            let (head, tail) = rest.split_at(len);
+            grad_refs.push(head);
+            rest = tail;
+        }
         opt.step(&mut model.params_mut(), &grad_refs)
             .map_err(kernel("optimizer step"))?;
-        Ok((ce.loss * n as f64, ce.correct))
+        Ok((loss_all, correct_all, cancel))
     }
 
     /// Trains the next epoch (or the rest of an interrupted one), evaluates when
@@ -786,6 +1016,7 @@ impl Trainer {
         self.logits = None;
         let calibrating = self.calibrator.is_some();
         let stop_at_end = self.train_batches()?;
+        self.check_ranks_agree()?;
         let pos = std::mem::take(&mut self.pos);
         let e = pos.epoch;
         self.pos.epoch = e + 1;
@@ -1121,10 +1352,15 @@ impl Trainer {
             engine,
             on_nonfinite,
             skipped,
+            dist,
             ..
         } = self;
         let tracer = &*tracer;
         let start = pos.batch.min(total);
+        // In a distributed job the ranks stop together: a cancel seen by any rank
+        // travels in the next step's all-reduce, and every rank stops after it.
+        let distributed = dist.ranks() > 1;
+        let mut agreed_cancel = false;
         let stopped = |pos: &mut Position, k: usize, cause: StopCause| {
             pos.train_secs += t.elapsed().as_secs_f64();
             Err(Error::Cancelled {
@@ -1134,7 +1370,7 @@ impl Trainer {
             })
         };
         let batches = &batches;
-        type Runner<'r> = Box<dyn FnMut(usize) -> Result<(f64, usize, u64)> + 'r>;
+        type Runner<'r> = Box<dyn FnMut(usize) -> Result<(f64, usize, u64, bool)> + 'r>;
         let mut runner: Runner<'_> = match engine.as_ref() {
             Some(e) => {
                 let mut e = e.lock().map_err(|_| poisoned())?;
@@ -1145,11 +1381,29 @@ impl Trainer {
                     if tracer.is_enabled() {
                         tracer.counter(CACHE_HIT_RATE, e.cache_stats().hit_rate());
                     }
-                    Ok((l, c, e.version()))
+                    Ok((l, c, e.version(), false))
                 })
             }
             None => {
                 let sparse = sparse.as_ref();
+                let Dist {
+                    comm,
+                    features: partitioned,
+                    stats: dist_stats,
+                    bucket,
+                } = dist;
+                let comm: &dyn Communicator = &**comm;
+                let partitioned = partitioned.as_ref();
+                let (rank, ranks) = (comm.rank(), comm.size());
+                // This rank's share of batch `k` (the whole batch alone).
+                let mine = move |k: usize| -> Vec<u32> {
+                    let b = batches[k];
+                    b[share(b.len(), rank, ranks)].to_vec()
+                };
+                // Without MPI_THREAD_MULTIPLE the exchange of batch k + 1 waits for
+                // the all-reduce of batch k instead of running beside it.
+                let overlap = !distributed || comm.concurrent();
+                let cancel = &*cancel;
                 let mut next: Option<Prepared<'_>> = None;
                 let mut spare: Vec<f32> = Vec::new();
                 Box::new(move |k| {
@@ -1160,50 +1414,67 @@ impl Trainer {
                             sparse,
                             sampler,
                             scratch,
-                            batches[k].to_vec(),
+                            mine(k),
                             derive_seed(base, k as u64),
                             std::mem::take(&mut spare),
                             Probe::new(tracer, epoch, k),
+                            partitioned,
                         )?,
                     };
-                    let upcoming = batches.get(k + 1).filter(|_| k + 1 < end);
+                    let upcoming = (k + 1 < end).then_some(k + 1);
                     let buf = std::mem::take(&mut spare);
-                    let (prepared, step) = rayon::join(
-                        || {
-                            upcoming
-                                .map(|s| {
-                                    let seed = derive_seed(base, k as u64 + 1);
-                                    let probe = Probe::new(tracer, epoch, k + 1);
-                                    Self::prepare(
-                                        ds,
-                                        sparse,
-                                        sampler,
-                                        scratch,
-                                        s.to_vec(),
-                                        seed,
-                                        buf,
-                                        probe,
-                                    )
-                                })
-                                .transpose()
-                        },
-                        || Self::compute(ds, model, opt, &cur),
-                    );
-                    let (l, c) = step?;
+                    let step = |model: &mut Model<f32>, opt: &mut Adam<f32>, stats, bucket| {
+                        let d = distributed.then(|| DistStep {
+                            comm,
+                            global: batches[k].len(),
+                            cancel: cancel.is_cancelled(),
+                            stats,
+                            bucket,
+                        });
+                        Self::compute(ds, model, opt, &cur, d)
+                    };
+                    let prep = |scratch: &mut SamplerScratch, buf| {
+                        upcoming
+                            .map(|j| {
+                                Self::prepare(
+                                    ds,
+                                    sparse,
+                                    sampler,
+                                    scratch,
+                                    mine(j),
+                                    derive_seed(base, j as u64),
+                                    buf,
+                                    Probe::new(tracer, epoch, j),
+                                    partitioned,
+                                )
+                            })
+                            .transpose()
+                    };
+                    let (prepared, stepped) = if overlap {
+                        rayon::join(
+                            || prep(scratch, buf),
+                            || step(model, opt, &mut *dist_stats, &mut *bucket),
+                        )
+                    } else {
+                        let stepped = step(model, opt, &mut *dist_stats, &mut *bucket);
+                        (prep(scratch, buf), stepped)
+                    };
+                    let (l, c, cancelled) = stepped?;
                     next = prepared?;
                     if let Inputs::Dense(v) = cur.x {
                         spare = v;
                     }
-                    Ok((l, c, opt.version()))
+                    Ok((l, c, opt.version(), cancelled))
                 })
             }
         };
         for (k, seeds) in batches.iter().enumerate().take(end).skip(start) {
-            if cancel.is_cancelled() {
+            if agreed_cancel || (!distributed && cancel.is_cancelled()) {
                 return stopped(pos, k, StopCause::Token);
             }
             let tb = Instant::now();
-            let (l, c, step) = runner(k)?;
+            let (l, c, step, cancelled) = runner(k)?;
+            agreed_cancel = cancelled;
             let stop = finish_batch(
                 pos,
                 callbacks,
@@ -1326,6 +1597,7 @@ impl Trainer {
 
     /// [`Trainer::full_graph_logits`], row-major in one vector.
     fn full_graph_logits_flat(&self) -> Result<Vec<f32>> {
+        self.check_every_row("full-graph logits")?;
         if let Some(engine) = &self.engine {
             return engine.lock().map_err(|_| poisoned())?.full_graph_logits();
         }
@@ -1368,6 +1640,49 @@ impl Trainer {
 
     /// Layer-wise full-graph forward pass (no dropout), on the calling pool. (Takes
     /// the parts, not `&self`: callbacks make the trainer `Send` but not `Sync`.)
+    /// Full-graph computations read every feature row: an error on a rank that
+    /// holds only its partition.
+    fn check_every_row(&self, what: &str) -> Result<()> {
+        if self.dist.features.is_some() {
+            return Err(Error::invalid_argument(
+                "dist.features",
+                format!(
+                    "{what} read every feature row, and this rank holds only its partition \
+                     (dist.features = \"partitioned\"); compute them in a one-rank run from \
+                     the checkpoint"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// In a distributed job, checks that every rank holds the same weights (they
+    /// apply the same steps to the same summed gradients; a difference is a bug
+    /// or a rank that trained something else).
+    fn check_ranks_agree(&self) -> Result<()> {
+        if self.dist.ranks() <= 1 {
+            return Ok(());
+        }
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for t in self.model.params() {
+            h.update(bytemuck::cast_slice(t));
+        }
+        let h = (h.digest() & 0xF_FFFF) as f64;
+        let mut sums = [h, h * h, 1.0];
+        self.dist.comm.all_reduce_sum_f64(&mut sums)?;
+        if sums[0] != sums[2] * h || sums[1] != sums[2] * h * h {
+            return Err(Error::Dist {
+                what: format!(
+                    "rank {}: the ranks' weights differ after epoch {} (they must apply the \
+                     same steps)",
+                    self.dist.comm.rank(),
+                    self.pos.epoch
+                ),
+            });
+        }
+        Ok(())
+    }
+
     fn full_graph_forward(
         ds: &Dataset,
         model: &Model<f32>,
@@ -1397,6 +1712,7 @@ impl Trainer {
         if let Some(e) = &self.embeddings {
             return Ok(e.clone());
         }
+        self.check_every_row("embeddings")?;
         let layers = self.cfg.model.layers;
         let e = if layers < 2 {
             let f = &self.ds.features;
@@ -1608,8 +1924,11 @@ impl Trainer {
         // Evaluation shows as one `eval` slice; its batches are not traced.
         let untraced = Tracer::disabled();
         let c = self.ds.num_classes as usize;
-        for (k, chunk) in ids.chunks(self.cfg.train.eval_batch_size).enumerate() {
+        let (rank, ranks) = self.rank();
+        for (k, whole) in ids.chunks(self.cfg.train.eval_batch_size).enumerate() {
             let seed = derive_seed(self.cfg.train.seed, 7_000_000 + k as u64);
+            // Each rank evaluates its share of every batch; the counts are summed.
+            let chunk = &whole[share(whole.len(), rank, ranks)];
             if let Some(engine) = &self.engine {
                 let logits = engine
                     .lock()
@@ -1631,7 +1950,11 @@ impl Trainer {
                 seed,
                 Vec::new(),
                 Probe::new(&untraced, 0, k),
+                self.dist.features.as_ref(),
             )?;
+            if chunk.is_empty() {
+                continue;
+            }
             let views = Self::views(&p.batch)?;
             let fwd = self
                 .model
@@ -1643,6 +1966,11 @@ impl Trainer {
                 &labels,
             )
             .map_err(kernel("accuracy"))?;
+        }
+        if ranks > 1 {
+            let mut sum = [correct as f64];
+            self.dist.comm.all_reduce_sum_f64(&mut sum)?;
+            correct = sum[0] as usize;
         }
         Ok(correct as f64 / ids.len() as f64)
     }

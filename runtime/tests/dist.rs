@@ -1,0 +1,356 @@
+//! Data-parallel training (`runtime::dist`) with ranks as threads
+//! (`ThreadGroup`): N ranks with a global batch B train the model one rank
+//! trains with batch B; partitioned features train what replicated features
+//! train, without a rank ever reading a row it does not own; the ranks stop
+//! together on a cancel, and a rank that fails ends the others with an error
+//! instead of a hang. (`tests/mpi/` runs the same over MPI, in CI.)
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cpu_ops::FeatureMatrix;
+use runtime::config::TrainConfig;
+use runtime::dataset::Dataset;
+use runtime::dist::{share, Communicator, ThreadGroup};
+use runtime::trainer::load_dataset;
+use runtime::{on_batch, CancelToken, Control, EpochStats, Error, Trainer, TrainerBuilder};
+
+fn cfg(extra: &[&str]) -> TrainConfig {
+    let mut sets: Vec<String> = vec![
+        "model.kind=\"sage\"".into(),
+        "model.hidden=16".into(),
+        "model.dropout=0.0".into(),
+        "train.epochs=2".into(),
+        "train.batch_size=128".into(),
+        "train.fanouts=[5,5]".into(),
+        "train.eval_mode=\"sampled\"".into(),
+        "train.eval_fanouts=[5,5]".into(),
+        "data.synthetic.vertices=1500".into(),
+        "data.synthetic.edges=9000".into(),
+        "data.synthetic.classes=4".into(),
+        "data.synthetic.dim=12".into(),
+        "device.kind=\"host\"".into(),
+        "threads.compute=1".into(),
+    ];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    TrainConfig::from_toml_with_overrides("", Path::new("test"), &sets).expect("config")
+}
+
+/// What a rank reports after training.
+struct RankRun {
+    params: Vec<Vec<f32>>,
+    stats: Vec<EpochStats>,
+    dist: runtime::dist::DistStats,
+}
+
+/// Trains `cfg` on `ranks` threads; rank `r` trains on `dataset(r)`.
+fn train_ranks(
+    cfg: &TrainConfig,
+    ranks: usize,
+    dataset: impl Fn(usize) -> Dataset + Sync,
+) -> Vec<RankRun> {
+    let comms = ThreadGroup::new(ranks).unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                let dataset = &dataset;
+                s.spawn(move || {
+                    let r = c.rank();
+                    let mut t = TrainerBuilder::new(cfg.clone())
+                        .dataset(dataset(r))
+                        .communicator(Arc::new(c))
+                        .build()
+                        .expect("build");
+                    assert_eq!(t.rank(), (r, ranks));
+                    let stats = t.fit().expect("fit");
+                    RankRun {
+                        params: t.model().params().iter().map(|p| p.to_vec()).collect(),
+                        stats,
+                        dist: t.dist_stats(),
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Largest |a − b| / max(|b|, 1e-3 · max |b|) over every parameter.
+fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    let scale = b.iter().flatten().fold(0f32, |m, x| m.max(x.abs())) as f64;
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(&x, &y)| (x as f64 - y as f64).abs() / (y.abs() as f64).max(1e-3 * scale))
+        .fold(0.0, f64::max)
+}
+
+/// GCN's symmetric normalization divides by the sources' degrees *in the
+/// sampled block*, which depend on which seeds share a batch (DGL's
+/// `GraphConv` on blocks does the same): its ranks agree with each other, and
+/// train as well, but not bit-for-bit like one rank. SAGE and GAT aggregate
+/// per destination and split exactly.
+#[test]
+fn n_ranks_train_the_one_rank_model() {
+    for kind in ["sage", "gat"] {
+        let kind_set = format!("model.kind=\"{kind}\"");
+        let c = cfg(&[&kind_set, "model.heads=2"]);
+        let ds = load_dataset(&c).unwrap();
+        let one = train_ranks(&c, 1, |_| ds.clone());
+        for n in [2usize, 3] {
+            let many = train_ranks(&c, n, |_| ds.clone());
+            for (r, run) in many.iter().enumerate() {
+                // The ranks hold bit-identical weights.
+                assert_eq!(run.params, many[0].params, "{kind}: rank {r} of {n}");
+                assert_eq!(
+                    run.dist.allreduces,
+                    one[0].stats.iter().map(|s| s.batches as u64).sum::<u64>()
+                );
+            }
+            let d = max_rel_diff(&many[0].params, &one[0].params);
+            eprintln!("{kind}: {n} ranks vs 1, largest relative parameter difference {d:.2e}");
+            assert!(d < 1e-3, "{kind}: {n} ranks differ from 1 rank by {d}");
+            // The metrics are the whole batch's, on every rank.
+            for (a, b) in many[0].stats.iter().zip(&one[0].stats) {
+                assert!(
+                    (a.loss - b.loss).abs() < 1e-3 * b.loss,
+                    "{kind}: {} vs {}",
+                    a.loss,
+                    b.loss
+                );
+                assert!((a.train_acc - b.train_acc).abs() < 1e-9 + 2.0 / 1500.0);
+                let (va, vb) = (a.val_acc.unwrap(), b.val_acc.unwrap());
+                assert!((va - vb).abs() < 0.02, "{kind}: val {va} vs {vb}");
+            }
+        }
+    }
+}
+
+/// `ds` with every feature row outside `keep` set to 1e30 (the builder refuses
+/// NaN features; a rank that read one of these rows would train on garbage and
+/// overflow).
+fn foreign_rows_poisoned(ds: &Dataset, keep: std::ops::Range<usize>) -> Dataset {
+    let mut ds = ds.clone();
+    let dim = ds.features.dim();
+    let mut x = ds.features.as_slice().to_vec();
+    for (v, row) in x.chunks_mut(dim).enumerate() {
+        if !keep.contains(&v) {
+            row.fill(1e30);
+        }
+    }
+    ds.features = FeatureMatrix::new(x.into(), ds.num_vertices(), dim).unwrap();
+    ds
+}
+
+#[test]
+fn partitioned_features_train_what_replicated_features_train() {
+    let replicated = cfg(&[]);
+    let ds = load_dataset(&replicated).unwrap();
+    let n = ds.num_vertices();
+    let reference = train_ranks(&replicated, 3, |_| ds.clone());
+    for cache in [0usize, 200] {
+        let c = cfg(&[
+            "dist.features=\"partitioned\"",
+            &format!("dist.remote_cache_rows={cache}"),
+        ]);
+        // A rank that read a row it does not own would train on 1e30 (and stop
+        // with a non-finite loss, or train other weights).
+        let part = train_ranks(&c, 3, |r| foreign_rows_poisoned(&ds, share(n, r, 3)));
+        for (r, run) in part.iter().enumerate() {
+            assert_eq!(run.params, reference[0].params, "cache {cache}, rank {r}");
+            for (a, b) in run.stats.iter().zip(&reference[0].stats) {
+                assert_eq!(
+                    (a.loss, a.val_acc, a.test_acc),
+                    (b.loss, b.val_acc, b.test_acc)
+                );
+            }
+            let d = run.dist;
+            // One exchange per training and evaluation batch.
+            assert!(
+                d.exchanges > 0 && d.exchange_bytes > 0 && d.remote_rows > 0,
+                "{d:?}"
+            );
+            if cache == 0 {
+                assert_eq!(d.remote_cache_hits, 0);
+            } else {
+                assert!(d.remote_hit_rate() > 0.05, "{d:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gcn_ranks_agree_and_train_as_well_as_one_rank() {
+    let c = cfg(&["model.kind=\"gcn\"", "train.epochs=4"]);
+    let ds = load_dataset(&c).unwrap();
+    let one = train_ranks(&c, 1, |_| ds.clone());
+    let many = train_ranks(&c, 3, |_| ds.clone());
+    for run in &many {
+        assert_eq!(run.params, many[0].params);
+    }
+    let (a, b) = (
+        many[0].stats.last().unwrap().val_acc.unwrap(),
+        one[0].stats.last().unwrap().val_acc.unwrap(),
+    );
+    eprintln!("gcn: val accuracy 3 ranks {a:.4}, 1 rank {b:.4}");
+    assert!(a > b - 0.05, "3 ranks {a} vs 1 rank {b}");
+}
+
+#[test]
+fn a_last_batch_smaller_than_the_ranks_still_trains() {
+    // 1500 vertices, train split 60%: batches of 299 leave a small last batch;
+    // with 5 ranks and batch 6, some shares are a single seed, and a batch of
+    // fewer seeds than ranks leaves some ranks nothing.
+    let c = cfg(&["train.batch_size=7", "train.epochs=1"]);
+    let ds = load_dataset(&c).unwrap();
+    let one = train_ranks(&c, 1, |_| ds.clone());
+    let many = train_ranks(&c, 5, |_| ds.clone());
+    let d = max_rel_diff(&many[0].params, &one[0].params);
+    assert!(d < 1e-3, "{d}");
+}
+
+#[test]
+fn a_cancel_on_one_rank_stops_every_rank_after_the_same_batch() {
+    let c = cfg(&["train.epochs=1"]);
+    let ds = load_dataset(&c).unwrap();
+    let comms = ThreadGroup::new(3).unwrap();
+    let stopped: Vec<(usize, usize)> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let ds = ds.clone();
+                let c = c.clone();
+                s.spawn(move || {
+                    let r = comm.rank();
+                    let token = CancelToken::new();
+                    let t2 = token.clone();
+                    let mut t = TrainerBuilder::new(c)
+                        .dataset(ds)
+                        .cancel_token(token)
+                        // Only rank 2 is told to cancel, during batch 2.
+                        .callback(on_batch(move |m| {
+                            if r == 2 && m.batch == 2 {
+                                t2.cancel();
+                            }
+                            Control::Continue
+                        }))
+                        .communicator(Arc::new(comm))
+                        .build()
+                        .unwrap();
+                    match t.fit() {
+                        Err(Error::Cancelled { epoch, batch, .. }) => (epoch, batch),
+                        other => panic!("rank {r}: {other:?}"),
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Rank 2's flag rides on batch 3's all-reduce: every rank stops before batch 4.
+    assert_eq!(stopped, vec![(0, 4); 3]);
+}
+
+#[test]
+fn a_failing_rank_ends_the_others_with_an_error_not_a_hang() {
+    let c = cfg(&["train.epochs=1"]);
+    let ds = load_dataset(&c).unwrap();
+    let comms = ThreadGroup::new(3).unwrap();
+    let outcomes: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let ds = ds.clone();
+                let c = c.clone();
+                s.spawn(move || {
+                    let r = comm.rank();
+                    let comm: Arc<dyn Communicator> = Arc::new(comm);
+                    let mut t: Trainer = TrainerBuilder::new(c)
+                        .dataset(ds)
+                        .communicator(Arc::clone(&comm))
+                        .build()
+                        .unwrap();
+                    if r == 1 {
+                        // Rank 1 fails after one epoch's worth of nothing: it leaves.
+                        comm.abort(1);
+                        return "rank 1 failed".to_string();
+                    }
+                    t.fit().unwrap_err().to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, o) in outcomes.iter().enumerate() {
+        if r != 1 {
+            assert!(o.contains("rank 1 left the job"), "rank {r}: {o}");
+        }
+    }
+}
+
+#[test]
+fn ranks_with_different_configurations_are_refused() {
+    let comms = ThreadGroup::new(2).unwrap();
+    let errs: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let lr = format!("train.lr={}", 0.01 * (1 + comm.rank()) as f64);
+                    let c = cfg(&[&lr]);
+                    let ds = load_dataset(&c).unwrap();
+                    TrainerBuilder::new(c)
+                        .dataset(ds)
+                        .communicator(Arc::new(comm))
+                        .build()
+                        .err()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in errs {
+        assert!(e.contains("disagree on the configuration"), "{e}");
+    }
+}
+
+#[test]
+fn what_is_not_built_says_so() {
+    let c = cfg(&["dist.reduce=\"nccl\""]);
+    let ds = load_dataset(&c).unwrap();
+    let mut t = Trainer::new(ds, c).unwrap();
+    let e = t
+        .set_communicator(Arc::new(runtime::dist::Solo))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("dist.reduce") && e.contains("not built yet"),
+        "{e}"
+    );
+
+    // Partitioned features cannot serve full-graph work.
+    let e = TrainConfig::from_toml_with_overrides(
+        "",
+        Path::new("test"),
+        &[
+            "dist.features=\"partitioned\"".into(),
+            "train.eval_mode=\"full\"".into(),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("train.eval_mode") && e.contains("partitioned"),
+        "{e}"
+    );
+    let e = TrainConfig::from_toml_with_overrides(
+        "",
+        Path::new("test"),
+        &["dist.remote_cache_rows=5".into()],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("dist.remote_cache_rows"), "{e}");
+}
