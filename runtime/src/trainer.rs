@@ -304,13 +304,24 @@ struct DistStep<'a> {
     global: usize,
     /// This rank was asked to cancel.
     cancel: bool,
+    /// A callback on this rank asked to stop.
+    stop: bool,
     stats: &'a mut DistStats,
     bucket: &'a mut Vec<f32>,
 }
 
 /// Scalars at the end of a step's all-reduce bucket: loss × rows, correct
-/// predictions, ranks with a non-finite loss or gradient, ranks asked to cancel.
-const BUCKET_SCALARS: usize = 4;
+/// predictions, ranks with a non-finite loss or gradient, ranks asked to cancel,
+/// ranks whose callbacks asked to stop.
+const BUCKET_SCALARS: usize = 5;
+
+/// What the ranks agreed on in a step's all-reduce: some rank was asked to
+/// cancel, some rank's callback asked to stop.
+#[derive(Clone, Copy, Default)]
+struct Agreed {
+    cancel: bool,
+    stop: bool,
+}
 
 fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
     move |e| Error::cpu_ops(context, e)
@@ -891,8 +902,8 @@ impl Trainer {
         seeds.iter().map(|&s| ds.labels[s as usize]).collect()
     }
 
-    /// One training step on a prepared batch; returns (loss sum, correct, whether
-    /// a rank asked to cancel). Alone (`dist = None`) the step applies this
+    /// One training step on a prepared batch; returns (loss sum, correct, what
+    /// the ranks agreed on). Alone (`dist = None`) the step applies this
     /// batch's gradients. In a distributed job, `p` holds this rank's share of a
     /// batch of `global` seeds: its gradients, weighted by its share, are summed
     /// over the ranks with the loss, the correct count and the non-finite and
@@ -905,7 +916,7 @@ impl Trainer {
         opt: &mut Adam<f32>,
         p: &Prepared<'_>,
         dist: Option<DistStep<'_>>,
-    ) -> Result<(f64, usize, bool)> {
+    ) -> Result<(f64, usize, Agreed)> {
         let (n, c) = (p.seeds.len(), ds.num_classes as usize);
         let (mut loss_sum, mut correct, mut grads) = (0.0f64, 0usize, None);
         if n > 0 {
@@ -946,13 +957,13 @@ impl Trainer {
         let Some(d) = dist else {
             let Some(grads) = grads.filter(|_| loss_sum.is_finite()) else {
                 // No step: the caller sees the loss (train.on_nonfinite).
-                return Ok((loss_sum, correct, false));
+                return Ok((loss_sum, correct, Agreed::default()));
             };
             let _step = p.probe.slice("step");
             let grad_refs: Vec<&[f32]> = grads.iter().map(Vec::as_slice).collect();
             opt.step(&mut model.params_mut(), &grad_refs)
                 .map_err(kernel("optimizer step"))?;
-            return Ok((loss_sum, correct, false));
+            return Ok((loss_sum, correct, Agreed::default()));
         };
         // The bucket: this rank's gradients × (its rows / the batch's rows), then
         // the scalars. A rank with no rows or a non-finite loss sends zeros.
@@ -972,6 +983,7 @@ impl Trainer {
         bucket[total + 1] = correct as f32;
         bucket[total + 2] = if finite { 0.0 } else { 1.0 };
         bucket[total + 3] = if d.cancel { 1.0 } else { 0.0 };
+        bucket[total + 4] = if d.stop { 1.0 } else { 0.0 };
         {
             let mut reduce = p.probe.slice("allreduce");
             let bytes = std::mem::size_of_val(bucket.as_slice()) as u64;
@@ -983,9 +995,13 @@ impl Trainer {
             d.stats.allreduce_secs += t.elapsed().as_secs_f64();
         }
         let (loss_all, correct_all) = (bucket[total] as f64, bucket[total + 1].round() as usize);
-        let (bad, cancel) = (bucket[total + 2] > 0.0, bucket[total + 3] > 0.0);
+        let bad = bucket[total + 2] > 0.0;
+        let agreed = Agreed {
+            cancel: bucket[total + 3] > 0.0,
+            stop: bucket[total + 4] > 0.0,
+        };
         if bad {
-            return Ok((f64::NAN, correct_all, cancel));
+            return Ok((f64::NAN, correct_all, agreed));
         }
         let _step = p.probe.slice("step");
         let mut grad_refs: Vec<&[f32]> = Vec::with_capacity(sizes.len());
@@ -997,7 +1013,7 @@ impl Trainer {
         }
         opt.step(&mut model.params_mut(), &grad_refs)
             .map_err(kernel("optimizer step"))?;
-        Ok((loss_all, correct_all, cancel))
+        Ok((loss_all, correct_all, agreed))
     }
 
     /// Trains the next epoch (or the rest of an interrupted one), evaluates when
@@ -1066,6 +1082,12 @@ impl Trainer {
         let mut stop = stop_at_end;
         for cb in &mut self.callbacks {
             stop |= cb.on_epoch(&stats) == Control::Stop;
+        }
+        if self.dist.ranks() > 1 {
+            // Every rank ends together: a stop asked on any rank ends them all.
+            let mut any = [if stop { 1.0 } else { 0.0 }];
+            self.dist.comm.all_reduce_sum_f64(&mut any)?;
+            stop = any[0] > 0.0;
         }
         self.stop_requested = stop;
         Ok(stats)
@@ -1360,7 +1382,10 @@ impl Trainer {
         // In a distributed job the ranks stop together: a cancel seen by any rank
         // travels in the next step's all-reduce, and every rank stops after it.
         let distributed = dist.ranks() > 1;
-        let mut agreed_cancel = false;
+        // Likewise a callback's stop on one rank: it travels in the next step's
+        // all-reduce (at the epoch's end, in the epoch's agreement).
+        let mut agreed = Agreed::default();
+        let mut pending_stop = false;
         let stopped = |pos: &mut Position, k: usize, cause: StopCause| {
             pos.train_secs += t.elapsed().as_secs_f64();
             Err(Error::Cancelled {
@@ -1370,18 +1395,18 @@ impl Trainer {
             })
         };
         let batches = &batches;
-        type Runner<'r> = Box<dyn FnMut(usize) -> Result<(f64, usize, u64, bool)> + 'r>;
+        type Runner<'r> = Box<dyn FnMut(usize, bool) -> Result<(f64, usize, u64, Agreed)> + 'r>;
         let mut runner: Runner<'_> = match engine.as_ref() {
             Some(e) => {
                 let mut e = e.lock().map_err(|_| poisoned())?;
-                Box::new(move |k| {
+                Box::new(move |k, _| {
                     // The engine records the batch's sample / gather / device-step
                     // slices (with its host → device bytes) into its tracer.
                     let (l, c) = e.train_batch(batches[k], derive_seed(base, k as u64))?;
                     if tracer.is_enabled() {
                         tracer.counter(CACHE_HIT_RATE, e.cache_stats().hit_rate());
                     }
-                    Ok((l, c, e.version(), false))
+                    Ok((l, c, e.version(), Agreed::default()))
                 })
             }
             None => {
@@ -1406,7 +1431,7 @@ impl Trainer {
                 let cancel = &*cancel;
                 let mut next: Option<Prepared<'_>> = None;
                 let mut spare: Vec<f32> = Vec::new();
-                Box::new(move |k| {
+                Box::new(move |k, stop| {
                     let cur = match next.take() {
                         Some(p) if p.probe.batch == k as u64 => p,
                         _ => Self::prepare(
@@ -1428,6 +1453,7 @@ impl Trainer {
                             comm,
                             global: batches[k].len(),
                             cancel: cancel.is_cancelled(),
+                            stop,
                             stats,
                             bucket,
                         });
@@ -1459,22 +1485,25 @@ impl Trainer {
                         let stepped = step(model, opt, &mut *dist_stats, &mut *bucket);
                         (prep(scratch, buf), stepped)
                     };
-                    let (l, c, cancelled) = stepped?;
+                    let (l, c, agreed) = stepped?;
                     next = prepared?;
                     if let Inputs::Dense(v) = cur.x {
                         spare = v;
                     }
-                    Ok((l, c, opt.version(), cancelled))
+                    Ok((l, c, opt.version(), agreed))
                 })
             }
         };
         for (k, seeds) in batches.iter().enumerate().take(end).skip(start) {
-            if agreed_cancel || (!distributed && cancel.is_cancelled()) {
+            if agreed.cancel || (!distributed && cancel.is_cancelled()) {
                 return stopped(pos, k, StopCause::Token);
             }
+            if agreed.stop {
+                return stopped(pos, k, StopCause::Callback);
+            }
             let tb = Instant::now();
-            let (l, c, step, cancelled) = runner(k)?;
-            agreed_cancel = cancelled;
+            let (l, c, step, now) = runner(k, pending_stop)?;
+            agreed = now;
             let stop = finish_batch(
                 pos,
                 callbacks,
@@ -1498,7 +1527,10 @@ impl Trainer {
                     return Err(e);
                 }
             };
-            if stop {
+            if stop && distributed && k + 1 < total {
+                // Stops with every rank, after the next batch.
+                pending_stop = true;
+            } else if stop {
                 if k + 1 < total {
                     return stopped(pos, k + 1, StopCause::Callback);
                 }
@@ -1507,7 +1539,7 @@ impl Trainer {
             }
         }
         pos.train_secs += t.elapsed().as_secs_f64();
-        Ok(false)
+        Ok(pending_stop)
     }
 
     /// [`Trainer::train_batches_direct`] through the orchestration pipeline

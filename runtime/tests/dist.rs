@@ -252,6 +252,55 @@ fn a_cancel_on_one_rank_stops_every_rank_after_the_same_batch() {
 }
 
 #[test]
+fn a_callback_stop_on_one_rank_stops_every_rank_together() {
+    let c = cfg(&["train.epochs=3"]);
+    let ds = load_dataset(&c).unwrap();
+    for (at_batch, at_epoch) in [(Some(1usize), None), (None, Some(0usize))] {
+        let comms = ThreadGroup::new(3).unwrap();
+        let ends: Vec<(usize, usize, usize)> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .map(|comm| {
+                    let (ds, c) = (ds.clone(), c.clone());
+                    s.spawn(move || {
+                        let r = comm.rank();
+                        let mut t = TrainerBuilder::new(c)
+                            .dataset(ds)
+                            .callback(on_batch(move |m| {
+                                if r == 0 && Some(m.batch) == at_batch {
+                                    Control::Stop
+                                } else {
+                                    Control::Continue
+                                }
+                            }))
+                            .callback(runtime::on_epoch(move |e| {
+                                if r == 2 && Some(e.epoch) == at_epoch {
+                                    Control::Stop
+                                } else {
+                                    Control::Continue
+                                }
+                            }))
+                            .communicator(Arc::new(comm))
+                            .build()
+                            .unwrap();
+                        let stats = t.fit().unwrap();
+                        (stats.len(), t.epoch(), t.batch_in_epoch())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        if at_batch.is_some() {
+            // Rank 0 stops after batch 1; the stop rides on batch 2's all-reduce.
+            assert_eq!(ends, vec![(0, 0, 3); 3]);
+        } else {
+            // Rank 2 stops after epoch 0; the epoch's agreement ends every rank.
+            assert_eq!(ends, vec![(1, 1, 0); 3]);
+        }
+    }
+}
+
+#[test]
 fn a_failing_rank_ends_the_others_with_an_error_not_a_hang() {
     let c = cfg(&["train.epochs=1"]);
     let ds = load_dataset(&c).unwrap();

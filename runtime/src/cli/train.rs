@@ -3,6 +3,12 @@
 //! configuration, per-epoch metrics and checkpoints there; with `--resume`,
 //! continue from a checkpoint.
 //!
+//! Under an MPI launcher (`mpirun -np N tandem train ...`, a build with the
+//! `mpi` feature) every process is one rank of a data-parallel job
+//! (`runtime::dist`): rank 0 prints and writes `--out`; `--trace FILE` writes
+//! one trace per rank (`FILE` with `.rank<r>` before the extension); a rank that
+//! fails prints its error once and ends the whole job (`MPI_Abort`).
+//!
 //! Configuration layers: the `--config` file (or, with `--resume` and no
 //! `--config`, the checkpoint's own configuration, or the built-in defaults), then
 //! `TANDEM_<SECTION>__<KEY>` environment variables, then `--set` (see
@@ -19,6 +25,7 @@ use clap::Args;
 use crate::checkpoint::Checkpoint;
 use crate::config::{env_overrides, Override, TrainConfig};
 use crate::control::{BatchMetrics, Callback, CancelToken, Control};
+use crate::dist::{Communicator, Solo};
 use crate::error::{Error, Result};
 use crate::run_dir::RunDir;
 use crate::trace::{summarize, write_chrome_trace, CounterSampler, SamplerOptions, Tracer};
@@ -89,7 +96,87 @@ fn fmt_acc(a: Option<f64>) -> String {
     a.map_or_else(|| "  -   ".into(), |x| format!("{:.4}", x))
 }
 
+/// This process's part in a job: alone, or one rank over MPI.
+struct Job {
+    comm: Arc<dyn Communicator>,
+    /// MPI stays initialized while this lives (dropped after every communicator).
+    #[cfg(feature = "mpi")]
+    _mpi: Option<crate::dist::MpiRuntime>,
+}
+
+impl Job {
+    fn start() -> Result<Self> {
+        if !crate::dist::launched_by_mpi() {
+            return Ok(Self {
+                comm: Arc::new(Solo),
+                #[cfg(feature = "mpi")]
+                _mpi: None,
+            });
+        }
+        #[cfg(feature = "mpi")]
+        {
+            let mpi = crate::dist::MpiRuntime::init()?;
+            Ok(Self {
+                comm: mpi.world(),
+                _mpi: Some(mpi),
+            })
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            Err(Error::Dist {
+                what: "this process was started by an MPI launcher, but this tandem was built \
+                       without the `mpi` feature: every process would train alone and write \
+                       the same outputs; build with `cargo build --release -p runtime \
+                       --features mpi` (see README)"
+                    .into(),
+            })
+        }
+    }
+}
+
+/// `FILE` for rank `r` of a job of `n > 1` ranks: `trace.json` → `trace.rank1.json`.
+fn rank_path(path: &std::path::Path, rank: usize, ranks: usize) -> PathBuf {
+    if ranks <= 1 {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.rank{rank}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.rank{rank}"),
+    };
+    path.with_file_name(name)
+}
+
 pub(super) fn run(a: TrainArgs) -> Result<()> {
+    let job = Job::start()?;
+    let comm = Arc::clone(&job.comm);
+    let (rank, ranks) = (comm.rank(), comm.size());
+    if ranks > 1 {
+        // A panicking rank must not leave the others waiting in a collective.
+        let hook_comm = Arc::clone(&comm);
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            eprintln!("rank {rank} of {ranks} panicked:");
+            default_hook(info);
+            hook_comm.abort(101);
+        }));
+    }
+    let result = run_rank(a, Arc::clone(&comm));
+    if let (Err(e), true) = (&result, ranks > 1) {
+        // Printed once, by the rank that failed; MPI_Abort ends every rank.
+        eprintln!("error: rank {rank} of {ranks}: {e}");
+        comm.abort(1);
+    }
+    drop(comm);
+    drop(job);
+    result
+}
+
+fn run_rank(a: TrainArgs, comm: Arc<dyn Communicator>) -> Result<()> {
+    let lead = comm.rank() == 0;
     let mut layers = env_overrides(std::env::vars_os())?;
     if let Some(kind) = &a.device {
         layers.push(Override::from_set(&format!("device.kind=\"{kind}\""))?);
@@ -105,22 +192,27 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
         }
         (None, None) => TrainConfig::from_layers("", "built-in defaults".as_ref(), &layers)?,
     };
-    if !a.quiet_config {
+    if !a.quiet_config && lead {
         println!("# effective configuration\n{}", cfg.to_toml());
     }
     let Some(path) = a.trace.clone() else {
-        return train(a, cfg, Tracer::disabled());
+        return train(a, cfg, Tracer::disabled(), comm);
     };
+    let path = rank_path(&path, comm.rank(), comm.size());
     let tracer = Tracer::new();
     let sampler = CounterSampler::start(&tracer, SamplerOptions::default());
-    for note in tracer.notes() {
-        eprintln!("note: {note}");
+    if lead {
+        for note in tracer.notes() {
+            eprintln!("note: {note}");
+        }
     }
-    let result = train(a, cfg, tracer.clone());
+    let result = train(a, cfg, tracer.clone(), comm);
     sampler.stop();
     let trace = tracer.collect();
     let written = write_chrome_trace(&path, &trace);
-    println!("\n{}", summarize(&trace));
+    if lead {
+        println!("\n{}", summarize(&trace));
+    }
     match (&result, written) {
         (_, Ok(())) => println!("trace written to {}", path.display()),
         (Ok(()), Err(e)) => return Err(e),
@@ -130,8 +222,19 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
     result
 }
 
-fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
+fn train(
+    a: TrainArgs,
+    cfg: TrainConfig,
+    tracer: Tracer,
+    comm: Arc<dyn Communicator>,
+) -> Result<()> {
     let t = Instant::now();
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let lead = rank == 0;
+    // Only rank 0 prints and writes; the others train in silence.
+    macro_rules! say {
+        ($($arg:tt)*) => { if lead { println!($($arg)*); } };
+    }
     // Ctrl-C cancels between batches; with --out the position is checkpointed so
     // `--resume` continues exactly there.
     let cancel = CancelToken::new();
@@ -141,17 +244,37 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
     }
     let mut trainer = TrainerBuilder::new(cfg)
         .callback(Progress {
-            enabled: std::io::stderr().is_terminal(),
+            enabled: lead && std::io::stderr().is_terminal(),
         })
         .cancel_token(cancel)
+        .communicator(comm)
         .build()?;
     trainer.set_tracer(tracer);
-    println!(
+    // The failure test of `docs/distributed.md`: this rank fails while the
+    // others wait in the first step's all-reduce.
+    if std::env::var("TANDEM_TEST_FAIL_RANK")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        == Some(rank)
+    {
+        return Err(Error::Dist {
+            what: format!("injected failure on rank {rank} (TANDEM_TEST_FAIL_RANK)"),
+        });
+    }
+    if ranks > 1 {
+        say!(
+            "data-parallel over {ranks} ranks: each trains 1/{ranks} of every batch of {} \
+             (dist.features = \"{}\", gradients summed over MPI)",
+            trainer.config().train.batch_size,
+            trainer.config().dist.features
+        );
+    }
+    say!(
         "{} (loaded in {:.2} s)",
         trainer.dataset().summary(),
         t.elapsed().as_secs_f64()
     );
-    println!(
+    say!(
         "model: {} × {} layers, hidden {}, {} parameters; {} threads",
         trainer.config().model.kind,
         trainer.config().model.layers,
@@ -159,10 +282,10 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
         trainer.model().num_params(),
         trainer.threads()
     );
-    println!("{}", trainer.device_note());
+    say!("{}", trainer.device_note());
     if let Some(ck) = &a.resume {
         trainer.load_checkpoint(ck)?;
-        println!(
+        say!(
             "resumed from {} at epoch {}, batch {} ({} optimizer steps)",
             ck.display(),
             trainer.epoch(),
@@ -171,16 +294,16 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
         );
     }
     let run_dir = match &a.out {
-        Some(dir) => Some(RunDir::create(
+        Some(dir) if lead => Some(RunDir::create(
             dir,
             trainer.config(),
             a.resume.as_ref().map(|_| trainer.epoch()),
         )?),
-        None => None,
+        _ => None,
     };
     let epochs = trainer.config().train.epochs;
     if trainer.epoch() >= epochs {
-        println!(
+        say!(
             "nothing to train: already at epoch {} of train.epochs = {epochs}",
             trainer.epoch()
         );
@@ -191,17 +314,21 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
     let out_dir = run_dir.as_ref().map(|r| r.path().to_path_buf());
     trainer.set_checkpoint_path(checkpoint.clone());
     let failed: Arc<Mutex<Option<Error>>> = Arc::default();
-    trainer.add_callback(Box::new(EpochLines {
-        run_dir,
-        failed: Arc::clone(&failed),
-    }));
-    println!("epoch   loss     train    val      test     train s  eval s");
+    if lead {
+        trainer.add_callback(Box::new(EpochLines {
+            run_dir,
+            failed: Arc::clone(&failed),
+        }));
+    }
+    say!("epoch   loss     train    val      test     train s  eval s");
     let result = trainer.fit();
     if let Some(e) = failed.lock().take() {
         return Err(e);
     }
     let stats = match result {
         Ok(stats) => stats,
+        Err(e @ Error::NonFinite { .. }) if !lead => return Err(e),
+        Err(e @ Error::Cancelled { .. }) if !lead => return Err(e),
         Err(e @ Error::NonFinite { .. }) => {
             if let Some(path) = &checkpoint {
                 eprintln!(
@@ -228,6 +355,21 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
         }
         Err(e) => return Err(e),
     };
+    if ranks > 1 {
+        let d = trainer.dist_stats();
+        say!(
+            "rank 0: {} all-reduces, {:.1} MB, {:.2} s; {} feature exchanges, {:.1} MB, {:.2} s, \
+             remote rows {} ({:.1}% from the cache)",
+            d.allreduces,
+            d.allreduce_bytes as f64 / 1e6,
+            d.allreduce_secs,
+            d.exchanges,
+            d.exchange_bytes as f64 / 1e6,
+            d.exchange_secs,
+            d.remote_rows,
+            100.0 * d.remote_hit_rate()
+        );
+    }
     if let Some(dir) = &out_dir {
         println!(
             "wrote {}, metrics.jsonl and {} to {}",
@@ -242,7 +384,7 @@ fn train(a: TrainArgs, cfg: TrainConfig, tracer: Tracer) -> Result<()> {
         stats.first().map_or(0.0, |s| s.train_secs)
     };
     if let Some((e, acc)) = test_at_best_val(&stats) {
-        println!(
+        say!(
             "test accuracy {acc:.4} at the best validation epoch {e}; mean epoch time {mean_train:.3} s (excluding epoch 0); total {:.1} s",
             progress_total(&stats)
         );

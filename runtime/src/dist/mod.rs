@@ -44,7 +44,7 @@ mod mpi;
 mod threads;
 
 #[cfg(feature = "mpi")]
-pub use self::mpi::{launched_by_mpi, MpiCommunicator, MpiRuntime};
+pub use self::mpi::{MpiCommunicator, MpiRuntime};
 pub use threads::ThreadGroup;
 
 /// The ranks of one job and the collectives between them. Every collective must
@@ -90,6 +90,15 @@ pub trait Communicator: Send + Sync {
     /// [`ThreadGroup`] makes the other ranks' collectives fail with
     /// [`Error::Dist`]; [`Solo`] has nobody to stop.
     fn abort(&self, code: i32);
+}
+
+/// Whether an MPI launcher started this process (`mpirun`/`mpiexec` of Open MPI
+/// or MPICH, or Slurm's `srun --mpi=pmi2|pmix`): the environment names a rank.
+/// A process started without one trains alone, without initializing MPI.
+pub fn launched_by_mpi() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some())
 }
 
 /// The one-process job: rank 0 of 1; collectives are identities.

@@ -14,15 +14,6 @@ use mpi::Threading;
 use super::{check_counts, Communicator};
 use crate::error::{Error, Result};
 
-/// Whether this process was started by an MPI launcher (`mpirun`/`mpiexec` of
-/// Open MPI or MPICH, or Slurm's `srun` with PMI/PMIx): the environment names a
-/// rank. A plain process (no launcher) trains alone, without initializing MPI.
-pub fn launched_by_mpi() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"]
-        .iter()
-        .any(|k| std::env::var_os(k).is_some())
-}
-
 /// MPI, initialized for the life of this value (dropping it finalizes MPI: drop
 /// every [`MpiCommunicator`] first).
 pub struct MpiRuntime {
