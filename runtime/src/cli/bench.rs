@@ -1,4 +1,4 @@
-//! `tandem bench sample | gather | aggregate | gemm | backend | hot | orchestration`: throughput against a reference measured in the
+//! `tandem bench sample | gather | aggregate | gemm | backend | hot | orchestration | dist`: throughput against a reference measured in the
 //! same run. Numbers and their interpretation live in `docs/performance.md`.
 
 use std::path::PathBuf;
@@ -44,6 +44,11 @@ pub(super) enum BenchCmd {
     /// same across feature widths × device-cache fractions on generated R-MAT
     /// graphs, with layer-based's speed-up over the best step-based placement.
     Orchestration(OrchestrationArgs),
+    /// Data-parallel training on 1, 2, 4 ranks of this machine (`mpirun`; a
+    /// build with the `mpi` feature): epoch time and speed-up over one rank,
+    /// all-reduce time and bytes, exchanged feature bytes and the remote-row
+    /// cache's hit rate, replicated and partitioned features.
+    Dist(super::bench_dist::DistArgs),
 }
 
 #[derive(Debug, Args)]
@@ -484,6 +489,7 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Backend(a) => run_backend(&a)?,
         BenchCmd::Hot(a) => run_hot(&a)?,
         BenchCmd::Orchestration(a) => run_orchestration(&a)?,
+        BenchCmd::Dist(a) => super::bench_dist::run(a)?,
         BenchCmd::Gemm(a) => {
             set_threads(a.pool.threads)?;
             let shapes = match &a.shapes {

@@ -5,6 +5,7 @@
 //! arguments, prints results and turns errors into one-line messages.
 
 mod bench;
+mod bench_dist;
 mod data;
 mod onnx;
 mod report;

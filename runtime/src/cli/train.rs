@@ -97,15 +97,16 @@ fn fmt_acc(a: Option<f64>) -> String {
 }
 
 /// This process's part in a job: alone, or one rank over MPI.
-struct Job {
-    comm: Arc<dyn Communicator>,
+pub(super) struct Job {
+    pub(super) comm: Arc<dyn Communicator>,
     /// MPI stays initialized while this lives (dropped after every communicator).
     #[cfg(feature = "mpi")]
     _mpi: Option<crate::dist::MpiRuntime>,
 }
 
 impl Job {
-    fn start() -> Result<Self> {
+    /// Alone, or (under an MPI launcher, `mpi` feature) one rank of the job.
+    pub(super) fn start() -> Result<Self> {
         if !crate::dist::launched_by_mpi() {
             return Ok(Self {
                 comm: Arc::new(Solo),
