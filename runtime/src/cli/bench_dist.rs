@@ -104,7 +104,8 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
              (cargo build --release -p runtime --features mpi)",
         ));
     }
-    let exe = std::env::current_exe().map_err(|e| Error::io(std::path::Path::new("the tandem executable"), e))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::io(std::path::Path::new("the tandem executable"), e))?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "{} epochs per run, train.batch_size {} (global), {} cores shared by the ranks of each run",
