@@ -21,7 +21,7 @@ pub use backend::{
     MemoryInfo, TopologyPlacement, TransferStats,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
-pub use cuda::{AllocatorStats, CudaBackend};
+pub use cuda::{nccl_available, AllocatorStats, CudaBackend};
 pub use error::{GpuOpsError, Result};
 pub use host::{
     HostBackend, HostBlock, HostBuf, HostEvent, HostFeatures, HostGraph, HostMask, HostStream,

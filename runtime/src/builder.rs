@@ -128,7 +128,10 @@ impl TrainerBuilder {
 
     /// Trains as one rank of a data-parallel job ([`crate::dist`],
     /// [`Trainer::set_communicator`]); default: alone. Building is then
-    /// collective: every rank builds at the same time.
+    /// collective: every rank builds at the same time. On a GPU, the ranks of
+    /// one machine use GPUs `device.ordinal`, `device.ordinal + 1`, … (by
+    /// [`Communicator::local_rank`]): launch at most as many ranks per machine
+    /// as it has GPUs.
     pub fn communicator(mut self, comm: Arc<dyn Communicator>) -> Self {
         self.communicator = Some(comm);
         self
@@ -163,7 +166,12 @@ impl TrainerBuilder {
         if verbose {
             eprintln!("{}", ds.summary());
         }
-        let mut trainer = Trainer::with_pool(ds, cfg, pool)?;
+        // Ranks on one machine take one GPU each, from `device.ordinal` on.
+        let gpu_offset = communicator
+            .as_ref()
+            .filter(|c| c.size() > 1)
+            .map_or(0, |c| c.local_rank());
+        let mut trainer = Trainer::with_pool(ds, cfg, pool, gpu_offset)?;
         if let Some(comm) = communicator {
             trainer.set_communicator(comm)?;
         }

@@ -38,12 +38,31 @@ use crate::trace::{Tracer, TrackId, TrackKind};
 
 use step_based::HostSide;
 
+/// One rank's part of a data-parallel step ([`Engine::batch_gradients`]).
+pub struct BatchGradients {
+    /// Loss × rows (NaN when the loss or a gradient is not finite).
+    pub loss_sum: f64,
+    /// Correct predictions.
+    pub correct: usize,
+    /// Every parameter's gradient, concatenated in parameter order (`None`
+    /// when not finite).
+    pub flat: Option<Vec<f32>>,
+}
+
 /// What the trainer asks of a device: the steps of [`DeviceEngine`], object-safe.
 pub trait Engine: Send {
     /// One line naming the backend and device.
     fn describe(&self) -> String;
     /// Trains one batch of `seeds` (sampling with `seed`): (loss × rows, correct).
     fn train_batch(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)>;
+    /// The first half of a data-parallel step: [`Engine::train_batch`] without the
+    /// optimizer step, for this rank's share `seeds` of a batch. Returns (loss ×
+    /// rows, correct, the gradients flattened in parameter order); the gradients
+    /// are `None` when the loss or a gradient is not finite (NaN loss then).
+    fn batch_gradients(&mut self, seeds: &[u32], seed: u64) -> Result<BatchGradients>;
+    /// The second half: replaces the gradients with `flat` (the ranks' sum, in
+    /// [`Engine::batch_gradients`]'s layout) and takes one optimizer step.
+    fn apply_gradients(&mut self, flat: &[f32]) -> Result<()>;
     /// Logits (`n × classes`) of every vertex by layer-wise full-graph inference.
     fn full_graph_logits(&mut self) -> Result<Vec<f32>>;
     /// Logits (`seeds × classes`) of `seeds` on blocks sampled with the evaluation
@@ -281,6 +300,42 @@ impl<B: Backend> Engine for DeviceEngine<B> {
 
     fn train_batch(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)> {
         self.train_batch_placed(seeds, seed)
+    }
+
+    fn batch_gradients(&mut self, seeds: &[u32], seed: u64) -> Result<BatchGradients> {
+        let stats = self.run_batch_placed(seeds, seed, false)?;
+        let mut loss_sum = stats.loss * seeds.len() as f64;
+        let flat = if loss_sum.is_finite() {
+            let flat: Vec<f32> = self
+                .model
+                .grads_to_host(&self.dev)
+                .map_err(dev_err("downloading the gradients"))?
+                .into_iter()
+                .flatten()
+                .collect();
+            if flat.iter().all(|g| g.is_finite()) {
+                Some(flat)
+            } else {
+                loss_sum = f64::NAN;
+                None
+            }
+        } else {
+            None
+        };
+        Ok(BatchGradients {
+            loss_sum,
+            correct: stats.correct,
+            flat,
+        })
+    }
+
+    fn apply_gradients(&mut self, flat: &[f32]) -> Result<()> {
+        self.model
+            .set_grads(&self.dev, flat)
+            .map_err(dev_err("uploading the summed gradients"))?;
+        self.model
+            .step(&self.dev)
+            .map_err(dev_err("optimizer step"))
     }
 
     fn full_graph_logits(&mut self) -> Result<Vec<f32>> {

@@ -69,7 +69,7 @@ use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
 use crate::dist::features::PartitionedFeatures;
 use crate::dist::{share, Communicator, DistStats, Solo};
 use crate::embedding::Embeddings;
-use crate::engine::{choose_engine, Engine, EngineOptions};
+use crate::engine::{choose_engine, BatchGradients, Engine, EngineOptions};
 use crate::error::{Error, Result};
 use crate::generate::{generate_sbm, SbmOptions};
 use crate::orchestrate::clock::{wall_clock, SharedClock};
@@ -323,6 +323,17 @@ struct Agreed {
     stop: bool,
 }
 
+/// A distributed step's all-reduce, summed over the ranks.
+struct Reduced {
+    /// The whole batch's loss × rows.
+    loss_sum: f64,
+    /// The whole batch's correct predictions.
+    correct: usize,
+    /// Some rank's loss or gradient was not finite: no rank steps.
+    bad: bool,
+    agreed: Agreed,
+}
+
 fn kernel(context: &'static str) -> impl Fn(CpuOpsError) -> Error {
     move |e| Error::cpu_ops(context, e)
 }
@@ -410,16 +421,27 @@ impl Trainer {
     pub fn new(ds: Dataset, cfg: TrainConfig) -> Result<Self> {
         cfg.validate()?;
         let pool = build_pool(cfg.compute_threads(), cfg.threads.pin)?;
-        Self::with_pool(ds, cfg, Arc::new(pool))
+        Self::with_pool(ds, cfg, Arc::new(pool), 0)
     }
 
-    /// [`Trainer::new`] on an existing compute pool (which also runs the setup).
-    pub(crate) fn with_pool(ds: Dataset, cfg: TrainConfig, pool: Arc<ThreadPool>) -> Result<Self> {
+    /// [`Trainer::new`] on an existing compute pool (which also runs the setup);
+    /// a GPU engine uses GPU `device.ordinal + gpu_offset` (a rank's local rank).
+    pub(crate) fn with_pool(
+        ds: Dataset,
+        cfg: TrainConfig,
+        pool: Arc<ThreadPool>,
+        gpu_offset: usize,
+    ) -> Result<Self> {
         let p = Arc::clone(&pool);
-        p.install(move || Self::assemble(ds, cfg, pool))
+        p.install(move || Self::assemble(ds, cfg, pool, gpu_offset))
     }
 
-    fn assemble(ds: Dataset, cfg: TrainConfig, pool: Arc<ThreadPool>) -> Result<Self> {
+    fn assemble(
+        ds: Dataset,
+        cfg: TrainConfig,
+        pool: Arc<ThreadPool>,
+        gpu_offset: usize,
+    ) -> Result<Self> {
         cfg.validate()?;
         let ds = Arc::new(ds);
         let mcfg = cfg.model_config(ds.features.dim(), ds.num_classes as usize)?;
@@ -457,8 +479,11 @@ impl Trainer {
         } else {
             None
         };
+        let mut device = cfg.device.clone();
+        device.ordinal = u32::try_from(device.ordinal as usize + gpu_offset)
+            .map_err(|_| Error::invalid_argument("device.ordinal", "too large"))?;
         let chosen = choose_engine(
-            &cfg.device,
+            &device,
             &ds,
             &model,
             EngineOptions {
@@ -564,26 +589,55 @@ impl Trainer {
     /// `dist.features = "partitioned"` each rank from then on reads only its own
     /// feature rows and fills its remote-row cache here.
     ///
-    /// Errors (on every rank alike): more than one rank with a device engine or
-    /// orchestration (distributed training runs the native host path; GPU ranks
-    /// are not built yet), `dist.reduce = "nccl"` (not built yet), or a
-    /// trainer that already trained with another communicator.
+    /// A device engine (a GPU, or `device.host_engine = "ops"`) trains each
+    /// rank's share on its device and sums the gradients over the communicator on
+    /// the host; `policy = "auto"` then keeps its starting placement
+    /// (`gpu-sample-gpu-gather`) instead of measuring, so that every rank runs
+    /// the same one.
+    ///
+    /// Errors (on every rank alike): more than one rank with layer-based
+    /// orchestration, or with a device engine and partitioned features (not
+    /// built yet), `dist.reduce = "nccl"` (not built yet), or a trainer that
+    /// already trained with another communicator.
     pub fn set_communicator(&mut self, comm: Arc<dyn Communicator>) -> Result<()> {
         if self.cfg.dist.reduce == DistReduce::Nccl {
+            // Without the library that is the one-line error; with it, NCCL
+            // reduction itself is not built yet.
+            let why = match gpu_ops::nccl_available() {
+                Err(gpu_ops::GpuOpsError::Unavailable { reason, .. }) => reason,
+                Err(e) => e.to_string(),
+                Ok(()) => "reducing over NCCL is not built yet".into(),
+            };
             return Err(Error::invalid_argument(
                 "dist.reduce",
-                "\"nccl\" is not built yet: Tandem reduces gradients over MPI \
-                 (dist.reduce = \"mpi\" or \"auto\")",
+                format!(
+                    "\"nccl\": {why}; dist.reduce = \"mpi\" or \"auto\" sums the \
+                     gradients over MPI"
+                ),
             ));
         }
-        if comm.size() > 1 && (self.engine.is_some() || self.orch.is_some()) {
+        let distributed = comm.size() > 1;
+        if distributed && self.cfg.orchestration.reuses_embeddings() {
             return Err(Error::invalid_argument(
-                "device.kind",
+                "orchestration.policy",
                 format!(
-                    "distributed training ({} ranks) runs on the native host path \
-                     (device.kind = \"host\", device.host_engine = \"native\", no \
-                     orchestration); GPU ranks are not built yet ({})",
-                    comm.size(),
+                    "distributed training ({} ranks) runs step-based placements: \
+                     layer-based orchestration (policy = \"layer\" with hot_ratio > 0) \
+                     across ranks is not built yet",
+                    comm.size()
+                ),
+            ));
+        }
+        if distributed
+            && self.engine.is_some()
+            && self.cfg.dist.features == DistFeatures::Partitioned
+        {
+            return Err(Error::invalid_argument(
+                "dist.features",
+                format!(
+                    "\"partitioned\" runs on the native host path (device.kind = \"host\", \
+                     device.host_engine = \"native\"); device ranks with partitioned \
+                     features are not built yet ({})",
                     self.device_note
                 ),
             ));
@@ -631,6 +685,14 @@ impl Trainer {
         } else {
             None
         };
+        if distributed && self.calibrator.take().is_some() {
+            // Ranks measuring placements each on their own could choose
+            // differently; every rank keeps the configured starting placement.
+            self.device_note.push_str(&format!(
+                "; policy = \"auto\" keeps {} on every rank of a distributed job",
+                scheduler::Orchestration::GpuSampleGpuGather
+            ));
+        }
         self.dist = Dist {
             comm,
             features,
@@ -965,44 +1027,25 @@ impl Trainer {
                 .map_err(kernel("optimizer step"))?;
             return Ok((loss_sum, correct, Agreed::default()));
         };
-        // The bucket: this rank's gradients × (its rows / the batch's rows), then
-        // the scalars. A rank with no rows or a non-finite loss sends zeros.
         let sizes: Vec<usize> = model.params().iter().map(|t| t.len()).collect();
+        let mut d = d;
+        let parts: Option<Vec<&[f32]>> = grads
+            .as_ref()
+            .map(|g| g.iter().map(Vec::as_slice).collect());
+        let r = Self::all_reduce_step(
+            &mut d,
+            sizes.iter().sum(),
+            n,
+            loss_sum,
+            correct,
+            parts,
+            &p.probe,
+        )?;
+        if r.bad {
+            return Ok((f64::NAN, r.correct, r.agreed));
+        }
+        let bucket = &*d.bucket;
         let total: usize = sizes.iter().sum();
-        let bucket = d.bucket;
-        bucket.clear();
-        bucket.resize(total + BUCKET_SCALARS, 0.0);
-        let finite = loss_sum.is_finite() && (n == 0 || grads.is_some());
-        if let (Some(g), true) = (&grads, finite) {
-            let w = n as f32 / d.global.max(1) as f32;
-            for (dst, src) in bucket.iter_mut().zip(g.iter().flatten()) {
-                *dst = src * w;
-            }
-        }
-        bucket[total] = if finite { loss_sum as f32 } else { 0.0 };
-        bucket[total + 1] = correct as f32;
-        bucket[total + 2] = if finite { 0.0 } else { 1.0 };
-        bucket[total + 3] = if d.cancel { 1.0 } else { 0.0 };
-        bucket[total + 4] = if d.stop { 1.0 } else { 0.0 };
-        {
-            let mut reduce = p.probe.slice("allreduce");
-            let bytes = std::mem::size_of_val(bucket.as_slice()) as u64;
-            reduce.set_bytes(bytes);
-            let t = Instant::now();
-            d.comm.all_reduce_sum(bucket)?;
-            d.stats.allreduces += 1;
-            d.stats.allreduce_bytes += bytes;
-            d.stats.allreduce_secs += t.elapsed().as_secs_f64();
-        }
-        let (loss_all, correct_all) = (bucket[total] as f64, bucket[total + 1].round() as usize);
-        let bad = bucket[total + 2] > 0.0;
-        let agreed = Agreed {
-            cancel: bucket[total + 3] > 0.0,
-            stop: bucket[total + 4] > 0.0,
-        };
-        if bad {
-            return Ok((f64::NAN, correct_all, agreed));
-        }
         let _step = p.probe.slice("step");
         let mut grad_refs: Vec<&[f32]> = Vec::with_capacity(sizes.len());
         let mut rest = &bucket[..total];
@@ -1013,7 +1056,58 @@ impl Trainer {
         }
         opt.step(&mut model.params_mut(), &grad_refs)
             .map_err(kernel("optimizer step"))?;
-        Ok((loss_all, correct_all, agreed))
+        Ok((r.loss_sum, r.correct, r.agreed))
+    }
+
+    /// This rank's part of a distributed step's one all-reduce: the bucket holds
+    /// its gradients (`grads`, the parameters' in order, `total` values) ×
+    /// (its `rows` / the batch's rows), then the loss, correct count,
+    /// non-finite, cancel and stop scalars; a rank with no rows or a non-finite
+    /// loss (`grads` = `None`, or a non-finite `loss_sum`) sends zero gradients.
+    /// Afterwards `d.bucket[..total]` holds the summed gradients.
+    fn all_reduce_step(
+        d: &mut DistStep<'_>,
+        total: usize,
+        rows: usize,
+        loss_sum: f64,
+        correct: usize,
+        grads: Option<Vec<&[f32]>>,
+        probe: &Probe<'_>,
+    ) -> Result<Reduced> {
+        let bucket = &mut *d.bucket;
+        bucket.clear();
+        bucket.resize(total + BUCKET_SCALARS, 0.0);
+        let finite = loss_sum.is_finite() && (rows == 0 || grads.is_some());
+        if let (Some(g), true) = (&grads, finite) {
+            let w = rows as f32 / d.global.max(1) as f32;
+            for (dst, src) in bucket.iter_mut().zip(g.iter().copied().flatten()) {
+                *dst = src * w;
+            }
+        }
+        bucket[total] = if finite { loss_sum as f32 } else { 0.0 };
+        bucket[total + 1] = correct as f32;
+        bucket[total + 2] = if finite { 0.0 } else { 1.0 };
+        bucket[total + 3] = if d.cancel { 1.0 } else { 0.0 };
+        bucket[total + 4] = if d.stop { 1.0 } else { 0.0 };
+        {
+            let mut reduce = probe.slice("allreduce");
+            let bytes = std::mem::size_of_val(bucket.as_slice()) as u64;
+            reduce.set_bytes(bytes);
+            let t = Instant::now();
+            d.comm.all_reduce_sum(bucket)?;
+            d.stats.allreduces += 1;
+            d.stats.allreduce_bytes += bytes;
+            d.stats.allreduce_secs += t.elapsed().as_secs_f64();
+        }
+        Ok(Reduced {
+            loss_sum: bucket[total] as f64,
+            correct: bucket[total + 1].round() as usize,
+            bad: bucket[total + 2] > 0.0,
+            agreed: Agreed {
+                cancel: bucket[total + 3] > 0.0,
+                stop: bucket[total + 4] > 0.0,
+            },
+        })
     }
 
     /// Trains the next epoch (or the rest of an interrupted one), evaluates when
@@ -1399,14 +1493,71 @@ impl Trainer {
         let mut runner: Runner<'_> = match engine.as_ref() {
             Some(e) => {
                 let mut e = e.lock().map_err(|_| poisoned())?;
-                Box::new(move |k, _| {
-                    // The engine records the batch's sample / gather / device-step
-                    // slices (with its host → device bytes) into its tracer.
-                    let (l, c) = e.train_batch(batches[k], derive_seed(base, k as u64))?;
+                let Dist {
+                    comm,
+                    stats: dist_stats,
+                    bucket,
+                    ..
+                } = dist;
+                let comm: &dyn Communicator = &**comm;
+                let (rank, ranks) = (comm.rank(), comm.size());
+                let total: usize = model.params().iter().map(|t| t.len()).sum();
+                let cancel = &*cancel;
+                Box::new(move |k, stop| {
+                    let seed = derive_seed(base, k as u64);
+                    if !distributed {
+                        // The engine records the batch's sample / gather /
+                        // device-step slices (with its host → device bytes) into
+                        // its tracer.
+                        let (l, c) = e.train_batch(batches[k], seed)?;
+                        if tracer.is_enabled() {
+                            tracer.counter(CACHE_HIT_RATE, e.cache_stats().hit_rate());
+                        }
+                        return Ok((l, c, e.version(), Agreed::default()));
+                    }
+                    // This rank's share up to its gradients on the device, the
+                    // one all-reduce on the host, then the same step on every rank.
+                    let whole = batches[k];
+                    let mine = &whole[share(whole.len(), rank, ranks)];
+                    let g = if mine.is_empty() {
+                        BatchGradients {
+                            loss_sum: 0.0,
+                            correct: 0,
+                            flat: None,
+                        }
+                    } else {
+                        e.batch_gradients(mine, seed)?
+                    };
+                    let probe = Probe::new(tracer, epoch, k);
+                    let mut d = DistStep {
+                        comm,
+                        global: whole.len(),
+                        cancel: cancel.is_cancelled(),
+                        stop,
+                        stats: &mut *dist_stats,
+                        bucket: &mut *bucket,
+                    };
+                    let parts = g.flat.as_deref().map(|f| vec![f]);
+                    let r = Self::all_reduce_step(
+                        &mut d,
+                        total,
+                        mine.len(),
+                        g.loss_sum,
+                        g.correct,
+                        parts,
+                        &probe,
+                    )?;
+                    if r.bad {
+                        return Ok((f64::NAN, r.correct, e.version(), r.agreed));
+                    }
+                    {
+                        let _step = probe.slice("step");
+                        e.apply_gradients(&d.bucket[..total])?;
+                    }
                     if tracer.is_enabled() {
                         tracer.counter(CACHE_HIT_RATE, e.cache_stats().hit_rate());
                     }
-                    Ok((l, c, e.version(), Agreed::default()))
+                    Ok((r.loss_sum, r.correct, e.version(), r.agreed))
                 })
             }
             None => {

@@ -56,6 +56,18 @@ fn train(
     env: &[(&str, &str)],
     limit: Duration,
 ) -> (Output, Duration) {
+    train_args(ranks, out, extra, env, limit, &[])
+}
+
+/// [`train`] with more command-line arguments (`args`, e.g. `--resume`).
+fn train_args(
+    ranks: usize,
+    out: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+    args: &[&str],
+) -> (Output, Duration) {
     let tandem = env!("CARGO_BIN_EXE_tandem");
     let mut cmd = if ranks == 1 {
         Command::new(tandem)
@@ -71,6 +83,7 @@ fn train(
         c
     };
     cmd.args(["train", "--quiet-config", "--out"]).arg(out);
+    cmd.args(args);
     for s in SETS.iter().chain(extra) {
         cmd.args(["--set", s]);
     }
@@ -173,6 +186,61 @@ fn mpi_ranks_train_the_one_rank_model_and_partitioned_equals_replicated() {
         };
         assert_eq!(acc(m(&part)), acc(m(&out)));
     }
+}
+
+/// Device ranks (the GPU code path on the host backend) over MPI train the
+/// one-rank device model, and a 2-rank job checkpointed after epoch 1 and
+/// resumed with `--resume` on 2 ranks trains what the uninterrupted job trains.
+#[test]
+fn mpi_device_ranks_train_the_one_rank_model_and_a_job_resumes() {
+    if mpirun().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let limit = Duration::from_secs(120);
+    let ops = [
+        "device.host_engine=\"ops\"",
+        "orchestration.policy=\"gpu-sample-gpu-gather\"",
+    ];
+    let one = dir.path().join("one");
+    ok(&train(1, &one, &ops, &[], limit).0, "1 device rank");
+    let two = dir.path().join("two");
+    ok(&train(2, &two, &ops, &[], limit).0, "2 device ranks");
+    let (p1, p2) = (params(&one), params(&two));
+    let scale = p1.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = p2
+        .iter()
+        .zip(&p1)
+        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3 * scale))
+        .fold(0f32, f32::max);
+    eprintln!("mpi: 2 device ranks vs 1, largest relative parameter difference {worst:.2e}");
+    assert!(worst < 1e-3, "2 device ranks differ from one by {worst}");
+
+    // Resume: epoch 1, then --resume to epoch 2, on 2 host ranks.
+    let whole = dir.path().join("whole");
+    ok(&train(2, &whole, &[], &[], limit).0, "2 ranks");
+    let half = dir.path().join("half");
+    ok(
+        &train(2, &half, &["train.epochs=1"], &[], limit).0,
+        "2 ranks, epoch 1",
+    );
+    let rest = dir.path().join("rest");
+    let ck = half.join("checkpoint.tck");
+    let (o, _) = train_args(
+        2,
+        &rest,
+        &[],
+        &[],
+        limit,
+        &["--resume", ck.to_str().unwrap()],
+    );
+    ok(&o, "2 ranks, resumed");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("resumed from"));
+    assert_eq!(
+        params(&rest),
+        params(&whole),
+        "a resumed job trains other weights"
+    );
 }
 
 #[test]

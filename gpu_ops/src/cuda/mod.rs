@@ -45,7 +45,71 @@ mod transfer;
 #[cfg(feature = "cuda")]
 pub use device::CudaBackend;
 
+/// Why NCCL cannot be used here.
+const NCCL_MISSING: &str = "libnccl.so (NCCL) not found: install NCCL 2 (Debian: \
+     libnccl2, or the `nvidia-nccl-cu13` wheel) and put its lib directory on LD_LIBRARY_PATH";
+
+/// Whether NCCL can be loaded (`libnccl.so`, opened and closed again): `Ok`, or
+/// [`crate::GpuOpsError::Unavailable`] naming the library (always, without the
+/// `cuda` feature).
+pub fn nccl_available() -> crate::Result<()> {
+    #[cfg(feature = "cuda")]
+    // SAFETY: `is_culib_present` only tries to dlopen libnccl under its known
+    // names (closing it again); it has no other side effects.
+    let present = unsafe { cudarc::nccl::sys::is_culib_present() };
+    #[cfg(not(feature = "cuda"))]
+    let present = false;
+    if present {
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    {
+        // NCCL's packages (Debian's libnccl2, the pip wheel) ship only
+        // `libnccl.so.2`, a name cudarc does not try.
+        // SAFETY: loading NCCL runs no initialization beyond the dynamic
+        // linker's; the handle is dropped (closed) at once.
+        if unsafe { libloading::Library::new("libnccl.so.2") }.is_ok() {
+            return Err(crate::GpuOpsError::Unavailable {
+                kind: crate::DeviceKind::Cuda,
+                reason: "libnccl.so.2 is installed but libnccl.so, the name cudarc loads, \
+                         is not: link libnccl.so to it in a directory on LD_LIBRARY_PATH"
+                    .into(),
+            });
+        }
+    }
+    Err(crate::GpuOpsError::Unavailable {
+        kind: crate::DeviceKind::Cuda,
+        reason: NCCL_MISSING.into(),
+    })
+}
+
 #[cfg(not(feature = "cuda"))]
 mod disabled;
 #[cfg(not(feature = "cuda"))]
 pub use disabled::CudaBackend;
+
+#[cfg(test)]
+mod tests {
+    /// `TANDEM_EXPECT_NCCL` = `missing` (no NCCL), `so2` (only `libnccl.so.2` on
+    /// the library path, as NCCL's packages install it) or `present` (a
+    /// `libnccl.so` too) asserts the case; unset, any answer must name the
+    /// library in one line.
+    #[test]
+    fn nccl_presence_is_one_line_naming_the_library() {
+        let got = super::nccl_available();
+        let msg = got
+            .as_ref()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(got.is_ok() || msg.contains("libnccl.so"), "{msg}");
+        match std::env::var("TANDEM_EXPECT_NCCL").as_deref() {
+            Ok("missing") => assert!(msg.contains("libnccl.so (NCCL) not found"), "{msg}"),
+            Ok("so2") => assert!(msg.contains("libnccl.so.2 is installed"), "{msg}"),
+            Ok("present") => assert!(got.is_ok(), "{msg}"),
+            Ok(other) => panic!("TANDEM_EXPECT_NCCL = {other:?}: expected missing|so2|present"),
+            Err(_) => {}
+        }
+    }
+}

@@ -810,6 +810,69 @@ impl<B: Backend> DeviceModel<B> {
         Ok(())
     }
 
+    /// Forward (with dropout), loss against `labels` (one per seed) and backward,
+    /// without the step: the gradients stay in the model for
+    /// [`DeviceModel::grads_to_host`], [`DeviceModel::set_grads`] and
+    /// [`DeviceModel::step`] (data-parallel training sums them over the ranks in
+    /// between). A non-finite loss skips the backward.
+    pub fn forward_backward(
+        &mut self,
+        dev: &B,
+        blocks: &[B::Block],
+        x: &B::Buf<f32>,
+        labels: &B::Buf<u32>,
+        seed: u64,
+    ) -> Result<LossStats> {
+        self.forward_backward_hot(dev, blocks, x, labels, seed, None)
+    }
+
+    /// [`DeviceModel::forward_backward`] with historical embeddings
+    /// ([`DeviceModel::forward_hot`]).
+    fn forward_backward_hot(
+        &mut self,
+        dev: &B,
+        blocks: &[B::Block],
+        x: &B::Buf<f32>,
+        labels: &B::Buf<u32>,
+        seed: u64,
+        hot: Option<&HotRows<'_, B>>,
+    ) -> Result<LossStats> {
+        let fwd = self.forward_hot(dev, blocks, x, true, seed, hot)?;
+        let rows = fwd.rows();
+        let classes = self.cfg.num_classes;
+        let mut dlogits = dev.alloc(rows * classes)?;
+        let stats =
+            dev.softmax_cross_entropy(&fwd.logits, rows, classes, labels, Some(&mut dlogits))?;
+        if stats.loss.is_finite() {
+            self.backward(dev, blocks, x, &fwd, &dlogits)?;
+        }
+        Ok(stats)
+    }
+
+    /// Values in all parameters together (the length of a flat gradient).
+    pub fn num_values(&self) -> usize {
+        self.lens.iter().sum()
+    }
+
+    /// Overwrites every gradient from `flat`: the parameters' gradients
+    /// concatenated in [`DeviceModel::param_names`] order
+    /// ([`DeviceModel::num_values`] values).
+    pub fn set_grads(&mut self, dev: &B, flat: &[f32]) -> Result<()> {
+        if flat.len() != self.num_values() {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "flat gradient (every parameter's values)",
+                expected: self.num_values(),
+                found: flat.len(),
+            });
+        }
+        let mut at = 0;
+        for (g, &n) in self.grads.iter_mut().zip(&self.lens) {
+            dev.upload(dev.stream(), &flat[at..at + n], g)?;
+            at += n;
+        }
+        Ok(())
+    }
+
     /// Forward (with dropout), loss against `labels` (one per seed), backward and one
     /// Adam step; returns the batch's loss and correct count. A non-finite loss
     /// skips the backward and the step (the version does not move).
@@ -835,19 +898,12 @@ impl<B: Backend> DeviceModel<B> {
         seed: u64,
         hot: Option<&HotRows<'_, B>>,
     ) -> Result<LossStats> {
-        let fwd = self.forward_hot(dev, blocks, x, true, seed, hot)?;
-        let rows = fwd.rows();
-        let classes = self.cfg.num_classes;
-        let mut dlogits = dev.alloc(rows * classes)?;
-        let stats =
-            dev.softmax_cross_entropy(&fwd.logits, rows, classes, labels, Some(&mut dlogits))?;
-        if !stats.loss.is_finite() {
-            // A NaN or infinite loss: no backward, no step; the weights stay as
-            // they were (the caller sees the loss and decides).
-            return Ok(stats);
+        let stats = self.forward_backward_hot(dev, blocks, x, labels, seed, hot)?;
+        if stats.loss.is_finite() {
+            self.step(dev)?;
         }
-        self.backward(dev, blocks, x, &fwd, &dlogits)?;
-        self.step(dev)?;
+        // A NaN or infinite loss: no backward, no step; the weights stay as they
+        // were (the caller sees the loss and decides).
         Ok(stats)
     }
 }

@@ -187,6 +187,71 @@ fn train_step_lowers_the_loss() {
 }
 
 #[test]
+fn a_split_step_equals_train_step_and_set_grads_replaces_the_gradients() {
+    let g = random_graph(200, 1600, 5);
+    let cfg = ModelConfig {
+        kind: ModelKind::Sage,
+        in_dim: 6,
+        hidden: 8,
+        num_classes: 3,
+        num_layers: 2,
+        heads: 1,
+        dropout: 0.3,
+    };
+    let host = Model::<f32>::new(&cfg, 4).expect("model");
+    let dev = HostBackend::new();
+    let adam = AdamConfig::default();
+    let mut whole = DeviceModel::from_host(&dev, &host, adam).expect("device model");
+    let mut split = DeviceModel::from_host(&dev, &host, adam).expect("device model");
+    let seeds: Vec<u32> = (0..50).collect();
+    let graph = dev.load_graph(&g, Default::default()).expect("graph");
+    let batch = dev.sample(&graph, &seeds, &[4, 4], 9).expect("sample");
+    let n_in = dev.block_shape(&batch.blocks[0]).0;
+    let mut rng = Rng::new(8);
+    let x: Vec<f32> = (0..n_in * 6).map(|_| rng.normal() as f32).collect();
+    let xd = dev.to_device(&x).expect("x");
+    let labels = dev
+        .to_device(&seeds.iter().map(|&s| s % 3).collect::<Vec<u32>>())
+        .expect("labels");
+    let a = whole
+        .train_step(&dev, &batch.blocks, &xd, &labels, 3)
+        .expect("step");
+    let b = split
+        .forward_backward(&dev, &batch.blocks, &xd, &labels, 3)
+        .expect("forward and backward");
+    assert_eq!(a, b);
+    assert_eq!(split.version(), 0, "no step yet");
+    // Gradients round-trip through the host unchanged (what a data-parallel
+    // all-reduce of one rank does), then the step matches train_step's.
+    let flat: Vec<f32> = split
+        .grads_to_host(&dev)
+        .expect("grads")
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(flat.len(), split.num_values());
+    assert!(flat.iter().any(|&v| v != 0.0));
+    split.set_grads(&dev, &flat).expect("set grads");
+    split.step(&dev).expect("step");
+    assert_eq!(
+        split.params_to_host(&dev).expect("params"),
+        whole.params_to_host(&dev).expect("params")
+    );
+    // Replaced gradients are what the step uses.
+    let doubled: Vec<f32> = flat.iter().map(|v| 2.0 * v).collect();
+    split.set_grads(&dev, &doubled).expect("set grads");
+    let back: Vec<f32> = split
+        .grads_to_host(&dev)
+        .expect("grads")
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(back, doubled);
+    let err = split.set_grads(&dev, &flat[1..]).unwrap_err().to_string();
+    assert!(err.contains("flat gradient"), "{err}");
+}
+
+#[test]
 fn mismatched_blocks_are_errors() {
     let cfg = ModelConfig {
         kind: ModelKind::Gcn,

@@ -57,6 +57,11 @@ pub trait Communicator: Send + Sync {
     /// The number of ranks.
     fn size(&self) -> usize;
 
+    /// This rank among the ranks on its machine (MPI: its rank in
+    /// `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`): a rank on a device engine
+    /// built by [`crate::TrainerBuilder`] uses GPU `device.ordinal + local_rank`.
+    fn local_rank(&self) -> usize;
+
     /// Replaces `buf` with the element-wise sum of every rank's `buf` (same length
     /// on every rank); every rank gets the same values.
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()>;
@@ -111,6 +116,9 @@ impl Communicator for Solo {
     }
     fn size(&self) -> usize {
         1
+    }
+    fn local_rank(&self) -> usize {
+        0
     }
     fn all_reduce_sum(&self, _buf: &mut [f32]) -> Result<()> {
         Ok(())

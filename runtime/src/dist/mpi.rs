@@ -46,9 +46,12 @@ impl MpiRuntime {
 
     /// The world communicator (every rank of the job).
     pub fn world(&self) -> Arc<dyn Communicator> {
+        let comm = self.universe.world();
+        let local = comm.split_shared(comm.rank()).rank() as usize;
         Arc::new(MpiCommunicator {
-            comm: self.universe.world(),
+            comm,
             multiple: self.threading == Threading::Multiple,
+            local,
         })
     }
 
@@ -68,6 +71,8 @@ pub struct MpiCommunicator {
     comm: SimpleCommunicator,
     /// `MPI_THREAD_MULTIPLE` was granted.
     multiple: bool,
+    /// The rank among this machine's ranks.
+    local: usize,
 }
 
 // SAFETY: an MPI communicator handle is process-global state that MPI lets any
@@ -167,11 +172,16 @@ impl Communicator for MpiCommunicator {
         Ok(Arc::new(MpiCommunicator {
             comm: self.comm.duplicate(),
             multiple: self.multiple,
+            local: self.local,
         }))
     }
 
     fn concurrent(&self) -> bool {
         self.multiple
+    }
+
+    fn local_rank(&self) -> usize {
+        self.local
     }
 
     fn abort(&self, code: i32) {

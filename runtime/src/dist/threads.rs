@@ -207,6 +207,11 @@ impl Communicator for ThreadGroup {
         self.rank
     }
 
+    /// Every thread rank is on this machine.
+    fn local_rank(&self) -> usize {
+        self.rank
+    }
+
     fn size(&self) -> usize {
         self.size
     }

@@ -145,6 +145,19 @@ impl<B: Backend> DeviceEngine<B> {
 
     /// Trains one batch under the engine's placement (the module doc's steps).
     pub(super) fn train_batch_placed(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)> {
+        let stats = self.run_batch_placed(seeds, seed, true)?;
+        Ok((stats.loss * seeds.len() as f64, stats.correct))
+    }
+
+    /// One batch under the engine's placement, up to the gradients (`step =
+    /// false`: the model keeps them for a data-parallel all-reduce) or with the
+    /// step (`true`).
+    pub(super) fn run_batch_placed(
+        &mut self,
+        seeds: &[u32],
+        seed: u64,
+        step: bool,
+    ) -> Result<gpu_ops::LossStats> {
         let tracer = self.tracer.clone();
         let acc = self.acc;
         let start = self.h2d;
@@ -197,7 +210,7 @@ impl<B: Backend> DeviceEngine<B> {
         }
 
         // 3. Upload what the host made, gather on the device if placed there, train.
-        let mut step = tracer.slice_on(acc, "device step");
+        let mut slice = tracer.slice_on(acc, "device step");
         let (blocks, dev_ids) = match (host_batch, dev_batch) {
             (Some(hb), _) => self.upload_blocks(&hb, !host_gather)?,
             (None, Some(db)) => {
@@ -222,13 +235,16 @@ impl<B: Backend> DeviceEngine<B> {
             .to_device(&labels)
             .map_err(dev_err("labels"))
             .and_then(|labels| {
-                self.model
-                    .train_step(&self.dev, &blocks, &x, &labels, seed)
-                    .map_err(dev_err("training step"))
+                if step {
+                    self.model.train_step(&self.dev, &blocks, &x, &labels, seed)
+                } else {
+                    self.model
+                        .forward_backward(&self.dev, &blocks, &x, &labels, seed)
+                }
+                .map_err(dev_err("training step"))
             });
         self.x = Some(x);
-        step.set_transfer(Direction::HostToDevice, self.h2d - start);
-        let stats = stats?;
-        Ok((stats.loss * seeds.len() as f64, stats.correct))
+        slice.set_transfer(Direction::HostToDevice, self.h2d - start);
+        stats
     }
 }
