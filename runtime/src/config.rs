@@ -336,6 +336,11 @@ pub struct DistSection {
     /// With `features = "partitioned"`: remote rows each rank keeps (those of the
     /// highest-degree vertices it does not own), fetched once at start.
     pub remote_cache_rows: usize,
+    /// With `features = "partitioned"`: a partition file (METIS format, one
+    /// rank per vertex per line; `runtime::dist::partition`) giving each rank
+    /// its rows and the seeds it trains, instead of contiguous ranges.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition_file: Option<PathBuf>,
 }
 
 /// `threads.pin`: whether compute workers are bound to cores.
@@ -1073,6 +1078,12 @@ impl TrainConfig {
                 "0 unless dist.features = \"partitioned\"",
                 d.remote_cache_rows,
             ));
+        } else if let Some(p) = &d.partition_file {
+            return Err(range_err(
+                "dist.partition_file",
+                "no partition file unless dist.features = \"partitioned\"",
+                p.display(),
+            ));
         }
         Ok(())
     }
@@ -1636,13 +1647,18 @@ mod tests {
                 continue;
             }
             assert_eq!(cell, "unset", "`{key}` is documented but not in the schema");
-            let value = if key == "data.path" { "\"x.tds\"" } else { "0" };
-            TrainConfig::from_toml_with_overrides(
-                "",
-                Path::new("doc"),
-                &[format!("{key}={value}")],
-            )
-            .unwrap_or_else(|e| panic!("documented key `{key}` is refused: {e}"));
+            let sets: Vec<String> = match key.as_str() {
+                "data.path" => vec![format!("{key}=\"x.tds\"")],
+                // A partition file only goes with partitioned features.
+                "dist.partition_file" => vec![
+                    "dist.features=\"partitioned\"".into(),
+                    "train.eval_mode=\"sampled\"".into(),
+                    format!("{key}=\"p.txt\""),
+                ],
+                _ => vec![format!("{key}=0")],
+            };
+            TrainConfig::from_toml_with_overrides("", Path::new("doc"), &sets)
+                .unwrap_or_else(|e| panic!("documented key `{key}` is refused: {e}"));
         }
     }
 }

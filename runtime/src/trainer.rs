@@ -658,11 +658,7 @@ impl Trainer {
             ds.features.dim(),
             ds.num_classes
         );
-        let h = (xxhash_rust::xxh3::xxh3_64(fingerprint.as_bytes()) & 0xF_FFFF) as f64;
-        let mut sums = [h, h * h, 1.0];
-        comm.all_reduce_sum_f64(&mut sums)?;
-        let n = sums[2];
-        if sums[0] != n * h || sums[1] != n * h * h {
+        if !crate::dist::ranks_agree(&*comm, xxhash_rust::xxh3::xxh3_64(fingerprint.as_bytes()))? {
             return Err(Error::Dist {
                 what: format!(
                     "rank {}: the ranks disagree on the configuration or the dataset's shape \
@@ -681,7 +677,15 @@ impl Trainer {
             let channel = comm.duplicate()?;
             let pool = Arc::clone(&self.pool);
             let cache = self.cfg.dist.remote_cache_rows;
-            Some(pool.install(|| PartitionedFeatures::new(ds, channel, cache))?)
+            let parts = match &self.cfg.dist.partition_file {
+                Some(path) => Some(crate::dist::read_partition_file(
+                    path,
+                    ds.num_vertices(),
+                    comm.size(),
+                )?),
+                None => None,
+            };
+            Some(pool.install(|| PartitionedFeatures::new(ds, channel, cache, parts))?)
         } else {
             None
         };
@@ -1572,9 +1576,12 @@ impl Trainer {
                 let partitioned = partitioned.as_ref();
                 let (rank, ranks) = (comm.rank(), comm.size());
                 // This rank's share of batch `k` (the whole batch alone).
+                // With a partition file, the seeds it owns (their rows are local).
                 let mine = move |k: usize| -> Vec<u32> {
                     let b = batches[k];
-                    b[share(b.len(), rank, ranks)].to_vec()
+                    partitioned
+                        .and_then(|f| f.seeds_of(b))
+                        .unwrap_or_else(|| b[share(b.len(), rank, ranks)].to_vec())
                 };
                 // Without MPI_THREAD_MULTIPLE the exchange of batch k + 1 waits for
                 // the all-reduce of batch k instead of running beside it.
@@ -1850,10 +1857,7 @@ impl Trainer {
         for t in self.model.params() {
             h.update(bytemuck::cast_slice(t));
         }
-        let h = (h.digest() & 0xF_FFFF) as f64;
-        let mut sums = [h, h * h, 1.0];
-        self.dist.comm.all_reduce_sum_f64(&mut sums)?;
-        if sums[0] != sums[2] * h || sums[1] != sums[2] * h * h {
+        if !crate::dist::ranks_agree(&*self.dist.comm, h.digest())? {
             return Err(Error::Dist {
                 what: format!(
                     "rank {}: the ranks' weights differ after epoch {} (they must apply the \
@@ -2111,7 +2115,10 @@ impl Trainer {
         for (k, whole) in ids.chunks(self.cfg.train.eval_batch_size).enumerate() {
             let seed = derive_seed(self.cfg.train.seed, 7_000_000 + k as u64);
             // Each rank evaluates its share of every batch; the counts are summed.
-            let chunk = &whole[share(whole.len(), rank, ranks)];
+            let owned = self.dist.features.as_ref().and_then(|f| f.seeds_of(whole));
+            let chunk = owned
+                .as_deref()
+                .unwrap_or(&whole[share(whole.len(), rank, ranks)]);
             if let Some(engine) = &self.engine {
                 let logits = engine
                     .lock()

@@ -76,6 +76,30 @@ fn train_ranks(
     })
 }
 
+/// The error a configuration refusal gives for `sets` (on top of nothing).
+fn refused(sets: &[&str]) -> String {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    TrainConfig::from_toml_with_overrides("", Path::new("test"), &sets)
+        .unwrap_err()
+        .to_string()
+}
+
+/// Asserts that `set_communicator` fails on every one of `ranks` thread ranks
+/// with an error containing every one of `words`.
+fn every_rank_refuses(c: &TrainConfig, ds: &Dataset, ranks: usize, words: &[&str]) {
+    let comms = ThreadGroup::new(ranks).unwrap();
+    std::thread::scope(|s| {
+        for comm in comms {
+            let (c, ds) = (c.clone(), ds.clone());
+            s.spawn(move || {
+                let mut t = Trainer::new(ds, c).unwrap();
+                let e = t.set_communicator(Arc::new(comm)).unwrap_err().to_string();
+                assert!(words.iter().all(|w| e.contains(w)), "{e}");
+            });
+        }
+    });
+}
+
 /// Largest |a − b| / max(|b|, 1e-3 · max |b|) over every parameter.
 fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     let scale = b.iter().flatten().fold(0f32, |m, x| m.max(x.abs())) as f64;
@@ -131,11 +155,16 @@ fn n_ranks_train_the_one_rank_model() {
 /// NaN features; a rank that read one of these rows would train on garbage and
 /// overflow).
 fn foreign_rows_poisoned(ds: &Dataset, keep: std::ops::Range<usize>) -> Dataset {
+    rows_poisoned_unless(ds, |v| keep.contains(&v))
+}
+
+/// `ds` with every feature row `v` for which `keep(v)` is false set to 1e30.
+fn rows_poisoned_unless(ds: &Dataset, keep: impl Fn(usize) -> bool) -> Dataset {
     let mut ds = ds.clone();
     let dim = ds.features.dim();
     let mut x = ds.features.as_slice().to_vec();
     for (v, row) in x.chunks_mut(dim).enumerate() {
-        if !keep.contains(&v) {
+        if !keep(v) {
             row.fill(1e30);
         }
     }
@@ -178,6 +207,60 @@ fn partitioned_features_train_what_replicated_features_train() {
             }
         }
     }
+}
+
+/// A partition file (METIS format) instead of contiguous ranges: each rank
+/// reads only the rows the file gives it and trains the seeds it owns, so the
+/// model is the one-rank model up to summation order; a partition that follows
+/// the graph's communities (here the generator's blocks, which are the
+/// classes) fetches fewer remote rows than contiguous ranges.
+#[test]
+fn a_partition_file_places_rows_and_seeds_by_owner() {
+    // Three communities (classes), 90% of edges inside one.
+    let community = ["data.synthetic.classes=3", "data.synthetic.homophily=0.9"];
+    let base = cfg(&community);
+    let ds = load_dataset(&base).unwrap();
+    let n = ds.num_vertices();
+    let one = train_ranks(&base, 1, |_| ds.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("graph.part.3");
+    let parts: Vec<u32> = ds.labels.iter().map(|&c| c % 3).collect();
+    runtime::dist::write_partition_file(&path, &parts).unwrap();
+    let file_set = format!("dist.partition_file={:?}", path.to_str().unwrap());
+    let by_file = cfg(&[
+        community[0],
+        community[1],
+        "dist.features=\"partitioned\"",
+        &file_set,
+    ]);
+    let contiguous = cfg(&[community[0], community[1], "dist.features=\"partitioned\""]);
+    let runs = train_ranks(&by_file, 3, |r| {
+        rows_poisoned_unless(&ds, |v| parts[v] == r as u32)
+    });
+    let ranges = train_ranks(&contiguous, 3, |r| {
+        foreign_rows_poisoned(&ds, share(n, r, 3))
+    });
+    for (r, run) in runs.iter().enumerate() {
+        assert_eq!(run.params, runs[0].params, "rank {r}");
+    }
+    let d = max_rel_diff(&runs[0].params, &one[0].params);
+    eprintln!("partition file: 3 ranks vs 1, largest relative difference {d:.2e}");
+    assert!(d < 1e-3, "{d}");
+    let (file_rows, range_rows): (u64, u64) = (
+        runs.iter().map(|r| r.dist.remote_rows).sum(),
+        ranges.iter().map(|r| r.dist.remote_rows).sum(),
+    );
+    eprintln!("remote rows: partition file {file_rows}, contiguous ranges {range_rows}");
+    assert!(file_rows * 2 < range_rows, "{file_rows} vs {range_rows}");
+
+    // A file for other ranks or another graph is refused, naming it.
+    std::fs::write(&path, "0\n1\n").unwrap();
+    every_rank_refuses(&by_file, &ds, 3, &["graph.part.3", "one per vertex"]);
+    let e = refused(&["dist.partition_file=\"p.txt\""]);
+    assert!(
+        e.contains("dist.partition_file") && e.contains("partitioned"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -525,42 +608,15 @@ fn what_is_not_built_says_so() {
             "orchestration.policy",
         ),
     ] {
-        let c = cfg(&sets);
-        let comms = ThreadGroup::new(2).unwrap();
-        std::thread::scope(|s| {
-            for comm in comms {
-                let c = c.clone();
-                let ds = ds.clone();
-                s.spawn(move || {
-                    let mut t = Trainer::new(ds, c).unwrap();
-                    let e = t.set_communicator(Arc::new(comm)).unwrap_err().to_string();
-                    assert!(e.contains(key) && e.contains("not built yet"), "{e}");
-                });
-            }
-        });
+        every_rank_refuses(&cfg(&sets), &ds, 2, &[key, "not built yet"]);
     }
 
     // Partitioned features cannot serve full-graph work.
-    let e = TrainConfig::from_toml_with_overrides(
-        "",
-        Path::new("test"),
-        &[
-            "dist.features=\"partitioned\"".into(),
-            "train.eval_mode=\"full\"".into(),
-        ],
-    )
-    .unwrap_err()
-    .to_string();
+    let e = refused(&["dist.features=\"partitioned\"", "train.eval_mode=\"full\""]);
     assert!(
         e.contains("train.eval_mode") && e.contains("partitioned"),
         "{e}"
     );
-    let e = TrainConfig::from_toml_with_overrides(
-        "",
-        Path::new("test"),
-        &["dist.remote_cache_rows=5".into()],
-    )
-    .unwrap_err()
-    .to_string();
+    let e = refused(&["dist.remote_cache_rows=5"]);
     assert!(e.contains("dist.remote_cache_rows"), "{e}");
 }

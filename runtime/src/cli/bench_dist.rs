@@ -4,7 +4,10 @@
 //! reference), reads rank 0's one-line JSON report, and prints epoch time and
 //! the speed-up over one rank measured in the same run, with what the
 //! collectives moved. Each rank gets `cores / N` compute threads, so every row
-//! uses the same cores.
+//! uses the same cores. `communities` runs partitioned features with a
+//! partition file that gives class `c`'s vertices to rank `c mod N`: on the
+//! built-in stochastic block model, whose blocks are its classes, that is the
+//! community partition a graph partitioner (METIS) would find.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -32,8 +35,14 @@ pub(crate) struct DistArgs {
     /// Rank counts to run, comma-separated.
     #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
     ranks: Vec<usize>,
-    /// Feature placements to run, comma-separated (`replicated`, `partitioned`).
-    #[arg(long, default_value = "replicated,partitioned", value_delimiter = ',')]
+    /// Feature placements to run, comma-separated (`replicated`, `partitioned`:
+    /// contiguous ranges, `communities`: partitioned by a partition file of the
+    /// classes).
+    #[arg(
+        long,
+        default_value = "replicated,partitioned,communities",
+        value_delimiter = ','
+    )]
     features: Vec<String>,
     /// `dist.remote_cache_rows` for the partitioned runs.
     #[arg(long, default_value_t = 2048)]
@@ -82,15 +91,17 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
             "expected rank counts ≥ 1, e.g. 1,2,4",
         ));
     }
-    let features: Vec<DistFeatures> = a
+    // (placement, by a partition file of the classes)
+    let features: Vec<(DistFeatures, bool)> = a
         .features
         .iter()
         .map(|f| match f.as_str() {
-            "replicated" => Ok(DistFeatures::Replicated),
-            "partitioned" => Ok(DistFeatures::Partitioned),
+            "replicated" => Ok((DistFeatures::Replicated, false)),
+            "partitioned" => Ok((DistFeatures::Partitioned, false)),
+            "communities" => Ok((DistFeatures::Partitioned, true)),
             other => Err(Error::invalid_argument(
                 "--features",
-                format!("expected replicated or partitioned, found `{other}`"),
+                format!("expected replicated, partitioned or communities, found `{other}`"),
             )),
         })
         .collect::<Result<_>>()?;
@@ -111,11 +122,20 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
         "{} epochs per run, train.batch_size {} (global), {} cores shared by the ranks of each run",
         a.epochs, cfg.train.batch_size, cores
     );
+    // The community partition files, one per rank count, in a directory that
+    // goes away with the command.
+    let parts_dir = tempfile::tempdir()
+        .map_err(|e| Error::io(std::path::Path::new("a temporary directory"), e))?;
+    let labels = if features.iter().any(|&(_, file)| file) {
+        crate::trainer::load_dataset(&cfg)?.labels.to_vec()
+    } else {
+        Vec::new()
+    };
     println!(
         "features     ranks  threads/rank  epoch s  speed-up  all-reduce s/ep  all-reduce MB/ep/rank  \
          exchanged MB/ep/rank  remote hit  test acc"
     );
-    for f in features {
+    for (f, by_file) in features {
         let mut reference: Option<f64> = None;
         for &n in &a.ranks {
             let threads = (cores / n).max(1);
@@ -157,6 +177,13 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
                     &format!("dist.remote_cache_rows={}", a.remote_cache_rows),
                 ]);
             }
+            if by_file {
+                let path = parts_dir.path().join(format!("classes.part.{n}"));
+                let parts: Vec<u32> = labels.iter().map(|&c| c % n as u32).collect();
+                crate::dist::write_partition_file(&path, &parts)?;
+                let quoted = toml::Value::String(path.to_string_lossy().into_owned()).to_string();
+                cmd.args(["--set", &format!("dist.partition_file={quoted}")]);
+            }
             let out = cmd.output().map_err(|e| {
                 Error::io(
                     if n == 1 {
@@ -185,7 +212,7 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
             let per_epoch = |x: f64| x / r.epochs.max(1) as f64;
             println!(
                 "{:<12} {:>5}  {:>12}  {:>7.3}  {:>7.2}×  {:>15.4}  {:>21.2}  {:>20.2}  {:>9.1}%  {:>8.4}",
-                f.name(),
+                if by_file { "communities" } else { f.name() },
                 r.ranks,
                 r.threads,
                 r.epoch_secs,

@@ -1,5 +1,6 @@
 //! Partitioned features (`dist.features = "partitioned"`): rank `r` of `N` reads
-//! only the feature rows it owns, `share(n, r, N)`, and gets every other row a
+//! only the feature rows it owns — `share(n, r, N)`, or the vertices a partition
+//! file gives it (`dist.partition_file`) — and gets every other row a
 //! batch needs from its owner, in one exchange per batch (an all-to-all of the
 //! requested ids, then one of the rows), or from a cache of the remote rows of
 //! the highest-degree vertices (the device feature cache's policy), filled once
@@ -11,7 +12,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::{owner, share, Communicator, DistStats};
+use super::{owner, ranks_agree, share, Communicator, DistStats};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 
@@ -21,7 +22,10 @@ pub(crate) struct PartitionedFeatures {
     comm: Arc<dyn Communicator>,
     n: usize,
     dim: usize,
+    /// This rank's rows without a partition file.
     own: Range<usize>,
+    /// The partition file's owner of every vertex (`None`: contiguous ranges).
+    parts: Option<Vec<u32>>,
     /// Cache slot of each vertex (`u32::MAX`: not cached).
     slot: Vec<u32>,
     /// Cached remote rows, `slot` order.
@@ -32,20 +36,41 @@ pub(crate) struct PartitionedFeatures {
 impl PartitionedFeatures {
     /// Collective: every rank builds its view at the same time, and the remote
     /// cache (`cache_rows` rows of the highest-degree vertices this rank does not
-    /// own) is filled with one exchange.
+    /// own) is filled with one exchange. `parts` (a partition file's map, one
+    /// rank per vertex) replaces the contiguous ranges; the ranks check that
+    /// they hold the same map.
     pub(crate) fn new(
         ds: &Dataset,
         comm: Arc<dyn Communicator>,
         cache_rows: usize,
+        parts: Option<Vec<u32>>,
     ) -> Result<Self> {
         let n = ds.num_vertices();
         let (rank, ranks) = (comm.rank(), comm.size());
+        if let Some(p) = &parts {
+            let bad = p.len() != n || p.iter().any(|&r| r as usize >= ranks);
+            let h = if bad {
+                // Disagree on purpose: every rank then reports the error.
+                u64::from(rank as u32) + 1
+            } else {
+                xxhash_rust::xxh3::xxh3_64(bytemuck::cast_slice(p))
+            };
+            if !ranks_agree(&*comm, h)? || bad {
+                return Err(Error::Dist {
+                    what: format!(
+                        "rank {rank}: the ranks' partition files differ (dist.partition_file \
+                         must hold the same {n} parts in 0..{ranks} on every rank)"
+                    ),
+                });
+            }
+        }
         let own = share(n, rank, ranks);
         let mut me = Self {
             comm,
             n,
             dim: ds.features.dim(),
-            own: own.clone(),
+            own,
+            parts,
             slot: Vec::new(),
             cache: Vec::new(),
             stats: Mutex::new(DistStats::default()),
@@ -55,7 +80,7 @@ impl PartitionedFeatures {
         } else {
             crate::engine::degree_order(ds)
                 .into_iter()
-                .filter(|&v| !own.contains(&(v as usize)))
+                .filter(|&v| !me.owns(v as usize))
                 .take(cache_rows)
                 .collect()
         };
@@ -73,10 +98,41 @@ impl PartitionedFeatures {
         Ok(me)
     }
 
-    /// The rows this rank owns.
+    /// The rows this rank owns without a partition file.
     #[cfg(test)]
     pub(crate) fn own(&self) -> Range<usize> {
         self.own.clone()
+    }
+
+    /// Whether this rank owns row `v` (`v < n`).
+    fn owns(&self, v: usize) -> bool {
+        match &self.parts {
+            Some(p) => p[v] as usize == self.comm.rank(),
+            None => self.own.contains(&v),
+        }
+    }
+
+    /// The rank that owns row `v` (`v < n`).
+    fn owner_of(&self, v: usize) -> usize {
+        match &self.parts {
+            Some(p) => p[v] as usize,
+            None => owner(v, self.n, self.comm.size()),
+        }
+    }
+
+    /// With a partition file, the seeds of `batch` this rank owns (it trains
+    /// them, so their own rows and most of their neighbours' are local);
+    /// `None` with contiguous ranges (the batch is split by position).
+    pub(crate) fn seeds_of(&self, batch: &[u32]) -> Option<Vec<u32>> {
+        let p = self.parts.as_ref()?;
+        let rank = self.comm.rank() as u32;
+        Some(
+            batch
+                .iter()
+                .copied()
+                .filter(|&v| p.get(v as usize) == Some(&rank))
+                .collect(),
+        )
     }
 
     /// Rows cached from other ranks.
@@ -116,7 +172,7 @@ impl PartitionedFeatures {
                 ));
             }
             let dst = &mut out[i * dim..(i + 1) * dim];
-            if self.own.contains(&vu) {
+            if self.owns(vu) {
                 dst.copy_from_slice(ds.features.row(vu));
                 continue;
             }
@@ -127,7 +183,7 @@ impl PartitionedFeatures {
                     let s = s as usize;
                     dst.copy_from_slice(&self.cache[s * dim..(s + 1) * dim]);
                 }
-                _ => wanted[owner(vu, self.n, ranks)].push((i, v)),
+                _ => wanted[self.owner_of(vu)].push((i, v)),
             }
         }
         let counts: Vec<usize> = wanted.iter().map(Vec::len).collect();
@@ -136,12 +192,11 @@ impl PartitionedFeatures {
         let mut rows = Vec::with_capacity(asked.len() * dim);
         for (from, range) in ranges(&asked_counts).enumerate() {
             for &v in &asked[range] {
-                if !self.own.contains(&(v as usize)) {
+                if v as usize >= self.n || !self.owns(v as usize) {
                     return Err(Error::Dist {
                         what: format!(
                             "rank {from} asked rank {rank} for feature row {v}, which rank \
-                             {rank} does not own (it owns {:?})",
-                            self.own
+                             {rank} does not own"
                         ),
                     });
                 }
@@ -229,7 +284,8 @@ mod tests {
                             let r = c.rank();
                             let local = poisoned(ds, share(300, r, 3));
                             let pf =
-                                PartitionedFeatures::new(&local, Arc::new(c), cache_rows).unwrap();
+                                PartitionedFeatures::new(&local, Arc::new(c), cache_rows, None)
+                                    .unwrap();
                             assert_eq!(pf.cached_rows(), cache_rows);
                             // Rank r asks for a different mix each round, some
                             // rounds nothing at all.
@@ -271,7 +327,7 @@ mod tests {
     #[test]
     fn one_rank_owns_everything_and_exchanges_nothing() {
         let ds = dataset();
-        let pf = PartitionedFeatures::new(&ds, Arc::new(crate::dist::Solo), 10).unwrap();
+        let pf = PartitionedFeatures::new(&ds, Arc::new(crate::dist::Solo), 10, None).unwrap();
         assert_eq!(pf.own(), 0..300);
         assert_eq!(pf.cached_rows(), 0);
         let mut buf = Vec::new();

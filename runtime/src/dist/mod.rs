@@ -41,10 +41,12 @@ use crate::error::{Error, Result};
 pub(crate) mod features;
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod partition;
 mod threads;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::{MpiCommunicator, MpiRuntime};
+pub use partition::{read_partition_file, write_partition_file};
 pub use threads::ThreadGroup;
 
 /// The ranks of one job and the collectives between them. Every collective must
@@ -177,6 +179,15 @@ pub(crate) fn check_counts(what: &str, len: usize, counts: &[usize], ranks: usiz
 pub fn share(len: usize, rank: usize, ranks: usize) -> std::ops::Range<usize> {
     let at = |r: usize| ((r as u128 * len as u128) / ranks as u128) as usize;
     at(rank)..at(rank + 1)
+}
+
+/// Whether every rank passed the same `value` (collective; compares 20 bits of
+/// it, with their square, in one `f64` all-reduce, exact below 2^53).
+pub(crate) fn ranks_agree(comm: &dyn Communicator, value: u64) -> Result<bool> {
+    let h = (value & 0xF_FFFF) as f64;
+    let mut sums = [h, h * h, 1.0];
+    comm.all_reduce_sum_f64(&mut sums)?;
+    Ok(sums[0] == sums[2] * h && sums[1] == sums[2] * h * h)
 }
 
 /// The rank that owns item `v` of `len` under [`share`] (the inverse mapping).
