@@ -44,6 +44,42 @@ pub enum DeviceKind {
     Cuda,
 }
 
+/// The arithmetic of a backend's matrix products ([`Backend::gemm`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// IEEE single precision throughout.
+    #[default]
+    Fp32,
+    /// TF32 products: the inputs rounded to 10 mantissa bits (nearest, ties to
+    /// even), accumulation in fp32. CUDA: cuBLAS's `CUBLAS_TF32_TENSOR_OP_MATH`
+    /// (tensor cores); host: the same rounding of the inputs before an fp32
+    /// product, so that accuracy can be checked without a GPU.
+    Tf32,
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Fp32 => "fp32",
+            Self::Tf32 => "tf32",
+        })
+    }
+}
+
+/// `x` rounded to TF32 (10 explicit mantissa bits; nearest, ties to even), kept
+/// in an `f32`. Infinities and NaN pass unchanged; a value that rounds past the
+/// largest finite TF32 becomes infinite, as on the GPU.
+pub fn round_to_tf32(x: f32) -> f32 {
+    let bits = x.to_bits();
+    if bits & 0x7F80_0000 == 0x7F80_0000 {
+        return x;
+    }
+    // 13 mantissa bits go: add half of the last kept bit, less one unless that
+    // bit is odd (ties to even), then clear them.
+    let lsb = (bits >> 13) & 1;
+    f32::from_bits(bits.wrapping_add(0x0FFF + lsb) & !0x1FFF)
+}
+
 impl fmt::Display for DeviceKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -287,6 +323,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn memory_info(&self) -> Result<MemoryInfo>;
     /// Copies and synchronizations so far ([`TransferStats`]).
     fn transfer_stats(&self) -> TransferStats;
+    /// Sets the arithmetic of this backend's later [`Backend::gemm`] calls
+    /// (this instance only).
+    fn set_precision(&self, precision: Precision) -> Result<()>;
+    /// The arithmetic of [`Backend::gemm`] now.
+    fn precision(&self) -> Precision;
 
     // ---- streams and events ---------------------------------------------------
     /// The compute stream every op runs on.
@@ -626,4 +667,71 @@ pub trait Backend: Send + Sync + Sized + 'static {
         v: &mut Self::Buf<f32>,
         n: usize,
     ) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_to_tf32;
+
+    /// TF32 rounding in `f64`: the nearest multiple of the value's TF32 unit
+    /// in the last place (ties to even), or ±inf past the largest finite value.
+    fn reference(x: f32) -> f32 {
+        if !x.is_finite() || x == 0.0 {
+            return x;
+        }
+        let biased = ((x.to_bits() >> 23) & 0xFF) as i32;
+        // Subnormals share the smallest normal exponent.
+        let e = biased.max(1) - 127;
+        let ulp = 2f64.powi(e - 10);
+        ((f64::from(x) / ulp).round_ties_even() * ulp) as f32
+    }
+
+    #[test]
+    fn tf32_rounding_matches_the_f64_reference() {
+        let mut rng = cpu_ops::Rng::new(5);
+        let mut cases: Vec<f32> = (0..200_000)
+            .map(|_| f32::from_bits(rng.next_u64() as u32))
+            .collect();
+        // Ties (the dropped bits exactly half), both parities, and the edges.
+        for m in [
+            0x1000u32,
+            0x3000,
+            0x2000 | 0x1000,
+            0x7F_F000,
+            0x7F_E000 | 0x1000,
+        ] {
+            for e in [1u32, 100, 127, 200, 254] {
+                cases.push(f32::from_bits((e << 23) | m));
+                cases.push(-f32::from_bits((e << 23) | m));
+            }
+        }
+        cases.extend([
+            f32::MAX,
+            -f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(0x1FFF),
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1.0,
+            1.0 + f32::EPSILON,
+        ]);
+        for x in cases {
+            if x.is_nan() {
+                assert!(round_to_tf32(x).is_nan());
+                continue;
+            }
+            let (got, want) = (round_to_tf32(x), reference(x));
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{x:e} ({:#010x}): got {got:e}, want {want:e}",
+                x.to_bits()
+            );
+            assert_eq!(got.to_bits() & 0x1FFF, 0, "{x:e}: low 13 bits left");
+        }
+        assert_eq!(round_to_tf32(f32::MAX), f32::INFINITY);
+    }
 }

@@ -17,8 +17,8 @@ mod host;
 mod model;
 
 pub use backend::{
-    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev, GatSaved, LossStats,
-    MemoryInfo, TopologyPlacement, TransferStats,
+    round_to_tf32, AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev,
+    GatSaved, LossStats, MemoryInfo, Precision, TopologyPlacement, TransferStats,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
 pub use cuda::{nccl_available, AllocatorStats, CudaBackend};

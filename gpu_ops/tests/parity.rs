@@ -73,6 +73,7 @@ macro_rules! parity_tests {
             upload_pinned_at_offsets,
             events_time_forward,
             gemm_all_transposes,
+            gemm_tf32,
             bias_add_and_grad,
             activations_forward_backward,
             dropout_masks,

@@ -137,6 +137,8 @@ pub struct ModelSection {
     pub heads: usize,
     /// Dropout probability on hidden activations, in [0, 1).
     pub dropout: f32,
+    /// `"fp32"` or `"tf32"`: the arithmetic of a device engine's matrix products.
+    pub precision: PrecisionName,
 }
 
 impl Default for ModelSection {
@@ -147,6 +149,7 @@ impl Default for ModelSection {
             hidden: 256,
             heads: 4,
             dropout: 0.5,
+            precision: PrecisionName::Fp32,
         }
     }
 }
@@ -400,6 +403,29 @@ pub enum ModelKindName {
     Gat,
 }
 config_name!(ModelKindName { Gcn => "gcn", Sage => "sage", Gat => "gat" });
+
+/// `model.precision`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrecisionName {
+    /// IEEE single precision.
+    #[default]
+    Fp32,
+    /// TF32 matrix products on a device engine (GPU tensor cores; the host
+    /// backend rounds the same way); the native host path stays fp32.
+    Tf32,
+}
+config_name!(PrecisionName { Fp32 => "fp32", Tf32 => "tf32" });
+
+impl PrecisionName {
+    /// The backend's precision.
+    pub fn precision(self) -> gpu_ops::Precision {
+        match self {
+            Self::Fp32 => gpu_ops::Precision::Fp32,
+            Self::Tf32 => gpu_ops::Precision::Tf32,
+        }
+    }
+}
 
 /// `train.eval_mode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

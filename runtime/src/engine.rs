@@ -163,6 +163,8 @@ pub struct EngineOptions {
     pub placement: StepBased,
     /// Seeds per training batch (sizes the memory check, `engine/memory.rs`).
     pub batch_size: usize,
+    /// The arithmetic of the model's matrix products (`model.precision`).
+    pub precision: gpu_ops::Precision,
 }
 
 /// A dataset and a model on one backend.
@@ -221,6 +223,8 @@ impl<B: Backend> DeviceEngine<B> {
         );
         let free = dev.memory_info().map_err(dev_err("device memory"))?.free as u64;
         memory::check(&need, free, &dev.describe())?;
+        dev.set_precision(opts.precision)
+            .map_err(dev_err("setting model.precision"))?;
         let graph = dev
             .load_graph(&ds.graph, opts.topology)
             .map_err(dev_err("loading the topology"))?;
@@ -295,7 +299,15 @@ impl<B: Backend> DeviceEngine<B> {
 
 impl<B: Backend> Engine for DeviceEngine<B> {
     fn describe(&self) -> String {
-        format!("{} backend: {}", self.dev.kind(), self.dev.describe())
+        let precision = match self.dev.precision() {
+            gpu_ops::Precision::Fp32 => String::new(),
+            p => format!(", {p} matrix products"),
+        };
+        format!(
+            "{} backend: {}{precision}",
+            self.dev.kind(),
+            self.dev.describe()
+        )
     }
 
     fn train_batch(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)> {

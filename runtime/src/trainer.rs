@@ -62,7 +62,8 @@ use rayon::ThreadPool;
 use crate::auto::{Calibrator, ProbeStep};
 use crate::checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
 use crate::config::{
-    DistFeatures, DistReduce, EvalMode, OnNonFiniteKind, PolicyName, SparseFeatures, TrainConfig,
+    DistFeatures, DistReduce, EvalMode, OnNonFiniteKind, PolicyName, PrecisionName, SparseFeatures,
+    TrainConfig,
 };
 use crate::control::{BatchMetrics, Callback, CancelToken, Control, StopCause};
 use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
@@ -499,8 +500,17 @@ impl Trainer {
                 adam: *opt.config(),
                 placement: cfg.orchestration.step_placement()?,
                 batch_size: cfg.train.batch_size,
+                precision: cfg.model.precision.precision(),
             },
         )?;
+        let mut chosen = chosen;
+        if chosen.engine.is_none() && cfg.model.precision == PrecisionName::Tf32 {
+            // Said, not silent: the setting asks for something this path lacks.
+            chosen.note.push_str(
+                "; model.precision = \"tf32\" applies to device engines' matrix products: \
+                 the native host path computes in fp32",
+            );
+        }
         if chosen.engine.is_none()
             && cfg.orchestration.policy != PolicyName::Layer
             && !cfg.orchestration.is_auto()

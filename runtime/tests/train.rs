@@ -140,6 +140,44 @@ fn device_engine_on_the_host_backend_matches_the_native_trainer() {
     }
 }
 
+/// `model.precision = "tf32"` on a device engine (here the host backend, which
+/// rounds matrix-product inputs as tensor cores do) trains every model kind
+/// to the fp32 accuracy within a point, on different weights; the native host
+/// path says it stays fp32.
+#[test]
+fn tf32_products_train_to_the_fp32_accuracy() {
+    for kind in ["sage", "gcn", "gat"] {
+        let ops = ["device.kind=\"host\"", "device.host_engine=\"ops\""];
+        let fp32_cfg = small(kind, &ops);
+        let tf32_cfg = small(kind, &[ops[0], ops[1], "model.precision=\"tf32\""]);
+        let ds = load_dataset(&fp32_cfg).expect("dataset");
+        let mut a = Trainer::new(ds.clone(), fp32_cfg).expect("trainer");
+        let mut b = Trainer::new(ds, tf32_cfg).expect("trainer");
+        assert!(b.device_note().contains("tf32"), "{}", b.device_note());
+        let (sa, sb) = (a.fit().expect("fit"), b.fit().expect("fit"));
+        let (_, acc_a) = test_at_best_val(&sa).expect("evaluated");
+        let (_, acc_b) = test_at_best_val(&sb).expect("evaluated");
+        eprintln!("{kind}: test accuracy fp32 {acc_a:.4}, tf32 {acc_b:.4}");
+        assert!(
+            (acc_a - acc_b).abs() <= 0.01,
+            "{kind}: fp32 {acc_a} vs tf32 {acc_b}"
+        );
+        assert_ne!(
+            a.model().params()[0],
+            b.model().params()[0],
+            "{kind}: tf32 changed nothing"
+        );
+    }
+    let native = small("sage", &["model.precision=\"tf32\"", "train.epochs=1"]);
+    let ds = load_dataset(&native).expect("dataset");
+    let t = Trainer::new(ds, native).expect("trainer");
+    assert!(
+        t.device_note().contains("computes in fp32"),
+        "{}",
+        t.device_note()
+    );
+}
+
 #[test]
 fn device_engine_reports_cache_hits_and_resumes_from_a_checkpoint() {
     let cfg = small(

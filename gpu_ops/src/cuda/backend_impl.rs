@@ -38,6 +38,14 @@ impl Backend for CudaBackend {
         self.memory()
     }
 
+    fn set_precision(&self, precision: crate::Precision) -> Result<()> {
+        self.set_math_mode(precision)
+    }
+
+    fn precision(&self) -> crate::Precision {
+        self.math_mode()
+    }
+
     fn transfer_stats(&self) -> crate::backend::TransferStats {
         self.transfers.get()
     }

@@ -147,8 +147,8 @@ pub struct CudaEventHandle {
     pub(crate) inner: CudaEvent,
 }
 
-/// A cuBLAS handle bound to the compute stream.
-struct BlasHandle(cublas::sys::cublasHandle_t);
+/// A cuBLAS handle bound to the compute stream, and the math mode set on it.
+struct BlasHandle(cublas::sys::cublasHandle_t, crate::Precision);
 
 // SAFETY: the handle is only used under the backend's mutex (cuBLAS handles must not
 // be used by two threads at once, but may move between threads).
@@ -259,7 +259,7 @@ impl CudaBackend {
         let kernels = Kernels::new(ctx.clone(), info.cc, info.sm_count.saturating_mul(32));
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let handle = cublas::result::create_handle().map_err(blas_err("cublasCreate"))?;
-        let blas = BlasHandle(handle);
+        let blas = BlasHandle(handle, crate::Precision::Fp32);
         // SAFETY: `handle` is the live handle just created; `compute` is a live stream
         // of the bound context.
         unsafe { cublas::result::set_stream(handle, compute.cu_stream() as _) }
@@ -361,6 +361,29 @@ impl CudaBackend {
     }
 
     /// The cuBLAS handle (locked: one user at a time).
+    /// Sets the cuBLAS math mode of this backend's handle: TF32 tensor-core
+    /// products (`CUBLAS_TF32_TENSOR_OP_MATH`) or the default fp32.
+    pub(crate) fn set_math_mode(&self, precision: crate::Precision) -> Result<()> {
+        use cublas::sys::cublasMath_t as M;
+        self.bind()?;
+        let mut h = self.blas.lock();
+        let mode = match precision {
+            crate::Precision::Fp32 => M::CUBLAS_DEFAULT_MATH,
+            crate::Precision::Tf32 => M::CUBLAS_TF32_TENSOR_OP_MATH,
+        };
+        // SAFETY: `h.0` is this backend's live handle, used under its mutex.
+        unsafe { cublas::sys::cublasSetMathMode(h.0, mode) }
+            .result()
+            .map_err(blas_err("cublasSetMathMode"))?;
+        h.1 = precision;
+        Ok(())
+    }
+
+    /// The math mode set by [`CudaBackend::set_math_mode`].
+    pub(crate) fn math_mode(&self) -> crate::Precision {
+        self.blas.lock().1
+    }
+
     pub(crate) fn with_blas<R>(&self, f: impl FnOnce(cublas::sys::cublasHandle_t) -> R) -> R {
         let h = self.blas.lock();
         f(h.0)

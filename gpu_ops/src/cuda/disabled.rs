@@ -92,6 +92,12 @@ impl Backend for CudaBackend {
     fn memory_info(&self) -> Result<MemoryInfo> {
         match self.never {}
     }
+    fn set_precision(&self, _precision: crate::Precision) -> Result<()> {
+        match self.never {}
+    }
+    fn precision(&self) -> crate::Precision {
+        match self.never {}
+    }
     fn transfer_stats(&self) -> crate::backend::TransferStats {
         match self.never {}
     }

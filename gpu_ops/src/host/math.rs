@@ -39,7 +39,8 @@ fn accumulate(acc: bool) -> cpu_ops::Accumulate {
     }
 }
 
-/// [`crate::Backend::gemm`].
+/// [`crate::Backend::gemm`]; with `tf32`, on copies of A and B rounded to TF32
+/// ([`crate::round_to_tf32`]), accumulating in fp32 as tensor cores do.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     trans_a: bool,
@@ -51,9 +52,18 @@ pub(crate) fn gemm(
     b: &[f32],
     c: &mut [f32],
     acc: bool,
+    tf32: bool,
 ) -> Result<()> {
     let a = prefix("gemm A (m × k)", a, mul("m × k", m, k)?)?;
     let b = prefix("gemm B (k × n)", b, mul("k × n", k, n)?)?;
+    let rounded: Option<(Vec<f32>, Vec<f32>)> = tf32.then(|| {
+        let r = |x: &[f32]| x.iter().map(|&v| crate::round_to_tf32(v)).collect();
+        (r(a), r(b))
+    });
+    let (a, b) = match &rounded {
+        Some((ra, rb)) => (ra.as_slice(), rb.as_slice()),
+        None => (a, b),
+    };
     let c = prefix_mut("gemm C (m × n)", c, mul("m × n", m, n)?)?;
     let (ar, ac) = if trans_a { (k, m) } else { (m, k) };
     let (br, bc) = if trans_b { (n, k) } else { (k, n) };

@@ -40,6 +40,8 @@ pub use sample::HostGraph;
 #[derive(Debug)]
 pub struct HostBackend {
     simd: Simd,
+    /// [`crate::Precision::Tf32`] when set (rounds GEMM inputs).
+    tf32: std::sync::atomic::AtomicBool,
     compute: HostStream,
     next_stream: AtomicU64,
     transfers: crate::backend::TransferCounter,
@@ -55,6 +57,7 @@ impl HostBackend {
     pub fn with_simd(simd: Simd) -> Self {
         Self {
             simd,
+            tf32: std::sync::atomic::AtomicBool::new(false),
             compute: HostStream::new(0),
             next_stream: AtomicU64::new(1),
             transfers: crate::backend::TransferCounter::default(),
@@ -86,6 +89,22 @@ impl Backend for HostBackend {
     // ---- identity -------------------------------------------------------------
     fn kind(&self) -> DeviceKind {
         DeviceKind::Host
+    }
+
+    fn set_precision(&self, precision: crate::Precision) -> Result<()> {
+        self.tf32.store(
+            precision == crate::Precision::Tf32,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    fn precision(&self) -> crate::Precision {
+        if self.tf32.load(std::sync::atomic::Ordering::Relaxed) {
+            crate::Precision::Tf32
+        } else {
+            crate::Precision::Fp32
+        }
     }
 
     fn describe(&self) -> String {
@@ -349,7 +368,8 @@ impl Backend for HostBackend {
         c: &mut HostBuf<f32>,
         accumulate: bool,
     ) -> Result<()> {
-        math::gemm(trans_a, trans_b, m, n, k, a, b, c, accumulate)
+        let tf32 = self.tf32.load(std::sync::atomic::Ordering::Relaxed);
+        math::gemm(trans_a, trans_b, m, n, k, a, b, c, accumulate, tf32)
     }
 
     fn aggregate_forward(

@@ -51,6 +51,89 @@ pub(crate) fn gemm_all_transposes<B: Backend>(d: &B) {
     }
 }
 
+/// `Precision::Tf32`: products within TF32's input rounding of the exact
+/// product, and (host) exactly the fp32 product of inputs rounded to TF32;
+/// `Fp32` restores fp32 products. Per backend instance.
+pub(crate) fn gemm_tf32<B: Backend>(d: &B) {
+    assert_eq!(d.precision(), gpu_ops::Precision::Fp32);
+    d.set_precision(gpu_ops::Precision::Tf32).unwrap();
+    assert_eq!(d.precision(), gpu_ops::Precision::Tf32);
+    let mut rng = Rng::new(21);
+    let host = d.kind() == gpu_ops::DeviceKind::Host;
+    for (m, n, k) in [(33, 17, 65), (130, 64, 200), (256, 256, 256)] {
+        let a = rand_f32(&mut rng, m * k);
+        let b = rand_f32(&mut rng, k * n);
+        let product = |a: &[f32], b: &[f32]| {
+            let mut want = vec![0f64; m * n];
+            cpu_ops::gemm_reference(
+                MatRef::new(&to64(a), m, k).unwrap(),
+                Transpose::No,
+                MatRef::new(&to64(b), k, n).unwrap(),
+                Transpose::No,
+                MatMut::new(&mut want, m, n).unwrap(),
+                Accumulate::No,
+            )
+            .unwrap();
+            want
+        };
+        let exact = product(&a, &b);
+        let r = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| gpu_ops::round_to_tf32(x)).collect() };
+        let rounded = product(&r(&a), &r(&b));
+        let mut dc = output(d, &vec![f32::NAN; m * n]);
+        d.gemm(
+            false,
+            false,
+            m,
+            n,
+            k,
+            &input(d, &a),
+            &input(d, &b),
+            &mut dc,
+            false,
+        )
+        .unwrap();
+        let what = format!("tf32 gemm m={m} n={n} k={k}");
+        let got = read(d, &dc, m * n, &what);
+        // Each input carries a relative error ≤ 2^-11: a product term ≤ 2^-10.
+        assert_close(&what, &got, &exact, 4e-3);
+        if host {
+            assert_close(&what, &got, &rounded, 1e-5);
+            let worst = got
+                .iter()
+                .zip(&exact)
+                .map(|(&g, &w)| (f64::from(g) - w).abs())
+                .fold(0f64, f64::max);
+            assert!(worst > 1e-5, "{what}: no TF32 rounding seen ({worst:e})");
+        }
+    }
+    d.set_precision(gpu_ops::Precision::Fp32).unwrap();
+    let (a, b) = (rand_f32(&mut rng, 40 * 30), rand_f32(&mut rng, 30 * 20));
+    let mut want = vec![0f64; 40 * 20];
+    cpu_ops::gemm_reference(
+        MatRef::new(&to64(&a), 40, 30).unwrap(),
+        Transpose::No,
+        MatRef::new(&to64(&b), 30, 20).unwrap(),
+        Transpose::No,
+        MatMut::new(&mut want, 40, 20).unwrap(),
+        Accumulate::No,
+    )
+    .unwrap();
+    let mut dc = output(d, &vec![f32::NAN; 40 * 20]);
+    d.gemm(
+        false,
+        false,
+        40,
+        20,
+        30,
+        &input(d, &a),
+        &input(d, &b),
+        &mut dc,
+        false,
+    )
+    .unwrap();
+    assert_close("fp32 again", &read(d, &dc, 800, "fp32"), &want, 1e-5);
+}
+
 pub(crate) fn bias_add_and_grad<B: Backend>(d: &B) {
     let mut rng = Rng::new(3);
     for (rows, cols) in [(1, 1), (37, 5), (300, 17), (1029, 129)] {

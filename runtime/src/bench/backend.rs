@@ -65,6 +65,10 @@ pub struct BackendReport {
     pub copy_reference: Rate,
     /// FLOP per second of the GEMM.
     pub gemm_flops: Rate,
+    /// FLOP per second of the same GEMM with TF32 products
+    /// ([`gpu_ops::Precision::Tf32`]: tensor cores on a GPU; on the host, an
+    /// emulation that rounds the inputs first, so slower).
+    pub gemm_tf32_flops: Rate,
     /// The GEMM shape.
     pub gemm: (usize, usize, usize),
 }
@@ -97,11 +101,19 @@ impl fmt::Display for BackendReport {
             )?;
         }
         let (m, k, n) = self.gemm;
-        write!(
+        let shape = format!("{m}×{k}×{n}");
+        writeln!(
             f,
-            "gemm {m}×{k}×{n:<10} {:>8.1} GFLOP/s   {:>9.3}",
+            "gemm fp32 {shape:<14} {:>8.1} GFLOP/s   {:>9.3}",
             self.gemm_flops.per_sec / 1e9,
             self.gemm_flops.best_ms
+        )?;
+        write!(
+            f,
+            "gemm tf32 {shape:<14} {:>8.1} GFLOP/s   {:>9.3}   {:>6.2}× fp32",
+            self.gemm_tf32_flops.per_sec / 1e9,
+            self.gemm_tf32_flops.best_ms,
+            self.gemm_tf32_flops.per_sec / self.gemm_flops.per_sec.max(f64::MIN_POSITIVE)
         )
     }
 }
@@ -230,10 +242,19 @@ pub fn bench_backend<B: Backend>(
         dev.to_device(&b).map_err(dev_err("gemm input"))?,
     );
     let mut c = dev.alloc::<f32>(m * nn).map_err(dev_err("gemm output"))?;
-    let gemm_ms = time_best(dev, o.reps, || {
+    let mut gemm = || {
         dev.gemm(false, false, m, nn, k, &a, &b, &mut c, false)
             .map_err(dev_err("gemm"))
-    })?;
+    };
+    let before = dev.precision();
+    dev.set_precision(gpu_ops::Precision::Fp32)
+        .map_err(dev_err("precision"))?;
+    let gemm_ms = time_best(dev, o.reps, &mut gemm)?;
+    dev.set_precision(gpu_ops::Precision::Tf32)
+        .map_err(dev_err("precision"))?;
+    let tf32_ms = time_best(dev, o.reps, &mut gemm);
+    dev.set_precision(before).map_err(dev_err("precision"))?;
+    let tf32_ms = tf32_ms?;
     Ok(BackendReport {
         device: format!("{} backend: {}", dev.kind(), dev.describe()),
         sample_edges,
@@ -241,6 +262,7 @@ pub fn bench_backend<B: Backend>(
         gather_host: rate(bytes, host_ms),
         copy_reference: rate(bytes, copy_ms),
         gemm_flops: rate(2.0 * (m * k * nn) as f64, gemm_ms),
+        gemm_tf32_flops: rate(2.0 * (m * k * nn) as f64, tf32_ms),
         gemm: o.gemm,
     })
 }
@@ -269,19 +291,23 @@ mod tests {
             reps: 2,
             seed: 3,
         };
-        let rep = bench_backend(&gpu_ops::HostBackend::new(), &g, &f, &o).unwrap();
+        let dev = gpu_ops::HostBackend::new();
+        let rep = bench_backend(&dev, &g, &f, &o).unwrap();
+        // The bench leaves the backend's precision as it found it.
+        assert_eq!(dev.precision(), gpu_ops::Precision::Fp32);
         for x in [
             rep.sample_edges,
             rep.gather_cached,
             rep.gather_host,
             rep.copy_reference,
             rep.gemm_flops,
+            rep.gemm_tf32_flops,
         ] {
             assert!(x.per_sec > 0.0 && x.best_ms >= 0.0, "{rep:?}");
         }
         let text = rep.to_string();
         assert!(
-            text.contains("host backend") && text.contains("GFLOP/s"),
+            text.contains("host backend") && text.contains("gemm tf32"),
             "{text}"
         );
         // A feature matrix that does not match the graph is an error.

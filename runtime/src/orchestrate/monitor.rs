@@ -468,6 +468,7 @@ mod tests {
                     scheduler::Device::Accelerator,
                 ),
                 batch_size: 128,
+                precision: gpu_ops::Precision::Fp32,
             },
         )
         .unwrap();
