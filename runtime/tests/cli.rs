@@ -33,11 +33,9 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")
 }
 
-#[test]
-fn generate_info_export_import_round_trip() {
-    let d = tempfile::tempdir().expect("tempdir");
-    let ds = d.path().join("g.tds");
-    let out = ok(&[
+/// `tandem generate sbm`: 3000 vertices, 20,000 edges, 4 classes, 8 features.
+fn generate_sbm(ds: &Path) -> String {
+    ok(&[
         "generate",
         "sbm",
         "--vertices",
@@ -51,8 +49,15 @@ fn generate_info_export_import_round_trip() {
         "--seed",
         "7",
         "-o",
-        s(&ds),
-    ]);
+        s(ds),
+    ])
+}
+
+#[test]
+fn generate_info_export_import_round_trip() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ds = d.path().join("g.tds");
+    let out = generate_sbm(&ds);
     assert!(out.contains("3000 vertices"), "{out}");
     let info = ok(&["info", s(&ds), "--verify"]);
     assert!(info.contains("4 classes"), "{info}");
@@ -566,4 +571,39 @@ fn bench_orchestration_regimes_bad_values_name_the_flag() {
     // The regime options need `--regimes`.
     let e = err(&["bench", "orchestration", "--dims", "8"]);
     assert!(e.contains("--regimes"), "{e}");
+}
+
+/// `tandem partition` writes a METIS partition that cuts fewer edges than
+/// contiguous ranges (feature `metis`), or says how to build it.
+#[test]
+fn partition_writes_a_partition_file_or_says_how_to_build_it() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ds = d.path().join("g.tds");
+    generate_sbm(&ds);
+    let part = d.path().join("g.part.3");
+    let args = ["partition", s(&ds), "--parts", "3", "-o", s(&part)];
+    if !cfg!(feature = "metis") {
+        let e = err(&args);
+        assert!(e.contains("--features metis"), "{e}");
+        return;
+    }
+    let out = ok(&args);
+    let text = std::fs::read_to_string(&part).expect("partition file");
+    let parts: Vec<u32> = text.lines().map(|l| l.parse().expect("part")).collect();
+    assert_eq!(parts.len(), 3000);
+    assert!(parts.iter().all(|&p| p < 3));
+    // "edges cut A% (contiguous ranges: B%)": METIS cuts fewer.
+    let pct = |after: &str| -> f64 {
+        let rest = out.split(after).nth(1).expect(after);
+        rest.trim_start()
+            .split('%')
+            .next()
+            .unwrap()
+            .parse()
+            .expect("percent")
+    };
+    let (metis, ranges) = (pct("edges cut"), pct("contiguous ranges:"));
+    assert!(metis < ranges, "{out}");
+    let e = err(&["partition", s(&ds), "--parts", "0", "-o", s(&part)]);
+    assert!(e.contains("--parts"), "{e}");
 }

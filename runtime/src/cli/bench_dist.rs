@@ -7,7 +7,8 @@
 //! uses the same cores. `communities` runs partitioned features with a
 //! partition file that gives class `c`'s vertices to rank `c mod N`: on the
 //! built-in stochastic block model, whose blocks are its classes, that is the
-//! community partition a graph partitioner (METIS) would find.
+//! community partition a graph partitioner (METIS) would find. `metis` (a build
+//! with the `metis` feature) partitions the graph with METIS for each rank count.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -37,7 +38,7 @@ pub(crate) struct DistArgs {
     ranks: Vec<usize>,
     /// Feature placements to run, comma-separated (`replicated`, `partitioned`:
     /// contiguous ranges, `communities`: partitioned by a partition file of the
-    /// classes).
+    /// classes, `metis`: by a METIS partition, feature `metis`).
     #[arg(
         long,
         default_value = "replicated,partitioned,communities",
@@ -91,17 +92,21 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
             "expected rank counts ≥ 1, e.g. 1,2,4",
         ));
     }
-    // (placement, by a partition file of the classes)
-    let features: Vec<(DistFeatures, bool)> = a
+    let features: Vec<(DistFeatures, PartFile)> = a
         .features
         .iter()
         .map(|f| match f.as_str() {
-            "replicated" => Ok((DistFeatures::Replicated, false)),
-            "partitioned" => Ok((DistFeatures::Partitioned, false)),
-            "communities" => Ok((DistFeatures::Partitioned, true)),
+            "replicated" => Ok((DistFeatures::Replicated, PartFile::Ranges)),
+            "partitioned" => Ok((DistFeatures::Partitioned, PartFile::Ranges)),
+            "communities" => Ok((DistFeatures::Partitioned, PartFile::Classes)),
+            "metis" if cfg!(feature = "metis") => Ok((DistFeatures::Partitioned, PartFile::Metis)),
+            "metis" => Err(Error::invalid_argument(
+                "--features",
+                "`metis` needs a build with the `metis` feature",
+            )),
             other => Err(Error::invalid_argument(
                 "--features",
-                format!("expected replicated, partitioned or communities, found `{other}`"),
+                format!("expected replicated, partitioned, communities or metis, found `{other}`"),
             )),
         })
         .collect::<Result<_>>()?;
@@ -126,10 +131,10 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
     // goes away with the command.
     let parts_dir = tempfile::tempdir()
         .map_err(|e| Error::io(std::path::Path::new("a temporary directory"), e))?;
-    let labels = if features.iter().any(|&(_, file)| file) {
-        crate::trainer::load_dataset(&cfg)?.labels.to_vec()
+    let ds = if features.iter().any(|&(_, file)| file != PartFile::Ranges) {
+        Some(crate::trainer::load_dataset(&cfg)?)
     } else {
-        Vec::new()
+        None
     };
     println!(
         "features     ranks  threads/rank  epoch s  speed-up  all-reduce s/ep  all-reduce MB/ep/rank  \
@@ -166,6 +171,9 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
             for o in &a.overrides {
                 cmd.args(["--set", o]);
             }
+            // Both spellings: a config file's deprecated `train.threads` must
+            // agree with threads.compute.
+            cmd.args(["--set", &format!("train.threads={threads}")]);
             cmd.args(["--set", &format!("threads.compute={threads}")]);
             // Partitioned features evaluate by sampled batches; so do the
             // replicated runs, so their accuracies compare.
@@ -177,9 +185,14 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
                     &format!("dist.remote_cache_rows={}", a.remote_cache_rows),
                 ]);
             }
-            if by_file {
-                let path = parts_dir.path().join(format!("classes.part.{n}"));
-                let parts: Vec<u32> = labels.iter().map(|&c| c % n as u32).collect();
+            if let (Some(ds), true) = (&ds, by_file != PartFile::Ranges) {
+                let path = parts_dir
+                    .path()
+                    .join(format!("{}.part.{n}", by_file.name()));
+                let parts: Vec<u32> = match by_file {
+                    PartFile::Metis => metis_parts(ds, n)?,
+                    _ => ds.labels.iter().map(|&c| c % n as u32).collect(),
+                };
                 crate::dist::write_partition_file(&path, &parts)?;
                 let quoted = toml::Value::String(path.to_string_lossy().into_owned()).to_string();
                 cmd.args(["--set", &format!("dist.partition_file={quoted}")]);
@@ -212,7 +225,11 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
             let per_epoch = |x: f64| x / r.epochs.max(1) as f64;
             println!(
                 "{:<12} {:>5}  {:>12}  {:>7.3}  {:>7.2}×  {:>15.4}  {:>21.2}  {:>20.2}  {:>9.1}%  {:>8.4}",
-                if by_file { "communities" } else { f.name() },
+                if by_file == PartFile::Ranges {
+                    f.name()
+                } else {
+                    by_file.name()
+                },
                 r.ranks,
                 r.threads,
                 r.epoch_secs,
@@ -226,6 +243,40 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Who owns which rows in a partitioned run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PartFile {
+    /// Contiguous ranges (no file).
+    Ranges,
+    /// Class `c` to rank `c mod N`.
+    Classes,
+    /// METIS's k-way partition.
+    Metis,
+}
+
+impl PartFile {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Ranges => "ranges",
+            Self::Classes => "communities",
+            Self::Metis => "metis",
+        }
+    }
+}
+
+#[cfg(feature = "metis")]
+fn metis_parts(ds: &crate::dataset::Dataset, n: usize) -> Result<Vec<u32>> {
+    crate::dist::partition_graph(&ds.graph, n, 0)
+}
+
+#[cfg(not(feature = "metis"))]
+fn metis_parts(_ds: &crate::dataset::Dataset, _n: usize) -> Result<Vec<u32>> {
+    Err(Error::invalid_argument(
+        "--features",
+        "`metis` needs a build with the `metis` feature",
+    ))
 }
 
 /// One rank: trains and, on rank 0, prints the report line.

@@ -8,6 +8,7 @@ mod bench;
 mod bench_dist;
 mod data;
 mod onnx;
+mod partition;
 mod report;
 mod train;
 
@@ -38,6 +39,9 @@ enum Command {
     Generate(data::GenerateCmd),
     /// Print a dataset's sizes and check its integrity.
     Info(data::InfoArgs),
+    /// Partition a dataset's graph with METIS for `dist.partition_file` (build
+    /// with the `metis` feature).
+    Partition(partition::PartitionArgs),
     /// Measure sampling, gather, aggregation and matrix-multiply throughput.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -69,6 +73,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Export(a) => data::export(a),
         Command::Generate(c) => data::generate(c),
         Command::Info(a) => data::info(a),
+        Command::Partition(a) => partition::run(a),
         Command::Bench(c) => bench::run(c),
         Command::Train(a) => train::run(a),
         Command::ExportModel(a) => onnx::run(a),

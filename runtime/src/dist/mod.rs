@@ -46,6 +46,8 @@ mod threads;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::{MpiCommunicator, MpiRuntime};
+#[cfg(feature = "metis")]
+pub use partition::partition_graph;
 pub use partition::{read_partition_file, write_partition_file};
 pub use threads::ThreadGroup;
 
