@@ -1090,14 +1090,6 @@ impl TrainConfig {
                     self.train.eval_mode,
                 ));
             }
-            if self.train.sparse_features == SparseFeatures::On {
-                return Err(range_err(
-                    "train.sparse_features",
-                    "\"off\" or \"auto\" with dist.features = \"partitioned\" (the \
-                     exchange moves dense rows)",
-                    self.train.sparse_features,
-                ));
-            }
         } else if d.remote_cache_rows > 0 {
             return Err(range_err(
                 "dist.remote_cache_rows",

@@ -466,8 +466,6 @@ impl Trainer {
         }
         let sparse = match cfg.train.sparse_features {
             SparseFeatures::On => true,
-            // Partitioned features move dense rows between ranks.
-            SparseFeatures::Auto if cfg.dist.features == DistFeatures::Partitioned => false,
             SparseFeatures::Auto => feature_density(&ds.features) <= cfg.train.sparse_threshold,
             SparseFeatures::Off => false,
         };
@@ -678,12 +676,6 @@ impl Trainer {
             });
         }
         let features = if comm.size() > 1 && self.cfg.dist.features == DistFeatures::Partitioned {
-            if self.sparse.is_some() {
-                return Err(Error::invalid_argument(
-                    "train.sparse_features",
-                    "\"off\" with dist.features = \"partitioned\" (the exchange moves dense rows)",
-                ));
-            }
             let channel = comm.duplicate()?;
             let pool = Arc::clone(&self.pool);
             let cache = self.cfg.dist.remote_cache_rows;
@@ -695,7 +687,8 @@ impl Trainer {
                 )?),
                 None => None,
             };
-            Some(pool.install(|| PartitionedFeatures::new(ds, channel, cache, parts))?)
+            let sparse = self.sparse.as_ref();
+            Some(pool.install(|| PartitionedFeatures::new(ds, channel, cache, parts, sparse))?)
         } else {
             None
         };
@@ -932,7 +925,14 @@ impl Trainer {
         let mut gathering = probe.slice("gather");
         gathering.flow_out(probe.flow);
         let x = match (sparse, partitioned) {
-            (_, Some(pf)) => {
+            (Some(s), Some(pf)) => {
+                let mut exchange = probe.slice("exchange");
+                let (rows, bytes) = pf.gather_sparse(s, batch.input_ids())?;
+                exchange.set_bytes(bytes);
+                drop(exchange);
+                Inputs::Sparse(rows)
+            }
+            (None, Some(pf)) => {
                 let mut exchange = probe.slice("exchange");
                 exchange.set_bytes(pf.gather(ds, batch.input_ids(), &mut buf)?);
                 drop(exchange);

@@ -174,12 +174,20 @@ fn rows_poisoned_unless(ds: &Dataset, keep: impl Fn(usize) -> bool) -> Dataset {
 
 #[test]
 fn partitioned_features_train_what_replicated_features_train() {
-    let replicated = cfg(&[]);
+    // Dense rows, and sparse rows (the exchange then moves sparse rows).
+    for sparse in ["off", "on"] {
+        partitioned_equals_replicated(&format!("train.sparse_features=\"{sparse}\""));
+    }
+}
+
+fn partitioned_equals_replicated(sparse: &str) {
+    let replicated = cfg(&[sparse]);
     let ds = load_dataset(&replicated).unwrap();
     let n = ds.num_vertices();
     let reference = train_ranks(&replicated, 3, |_| ds.clone());
     for cache in [0usize, 200] {
         let c = cfg(&[
+            sparse,
             "dist.features=\"partitioned\"",
             &format!("dist.remote_cache_rows={cache}"),
         ]);
@@ -187,7 +195,10 @@ fn partitioned_features_train_what_replicated_features_train() {
         // with a non-finite loss, or train other weights).
         let part = train_ranks(&c, 3, |r| foreign_rows_poisoned(&ds, share(n, r, 3)));
         for (r, run) in part.iter().enumerate() {
-            assert_eq!(run.params, reference[0].params, "cache {cache}, rank {r}");
+            assert_eq!(
+                run.params, reference[0].params,
+                "{sparse}, cache {cache}, rank {r}"
+            );
             for (a, b) in run.stats.iter().zip(&reference[0].stats) {
                 assert_eq!(
                     (a.loss, a.val_acc, a.test_acc),

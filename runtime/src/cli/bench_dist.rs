@@ -318,7 +318,11 @@ fn worker(a: &DistArgs) -> Result<()> {
         Ok(())
     })();
     if let (Err(e), true) = (&result, comm.size() > 1) {
-        eprintln!("error: rank {} of {}: {e}", comm.rank(), comm.size());
+        super::train::stderr_line(&format!(
+            "error: rank {} of {}: {e}",
+            comm.rank(),
+            comm.size()
+        ));
         comm.abort(1);
     }
     drop(comm);

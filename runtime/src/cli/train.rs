@@ -151,6 +151,15 @@ fn rank_path(path: &std::path::Path, rank: usize, ranks: usize) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// Writes `line` and a newline to stderr in one `write` call: under `mpirun`
+/// the ranks' stderr and Open MPI's own messages share one stream, and a line
+/// written piece by piece (as `eprintln!` formats it) can be split by another
+/// process's output.
+pub(super) fn stderr_line(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
 pub(super) fn run(a: TrainArgs) -> Result<()> {
     let job = Job::start()?;
     let comm = Arc::clone(&job.comm);
@@ -160,7 +169,7 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
         let hook_comm = Arc::clone(&comm);
         let default_hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            eprintln!("rank {rank} of {ranks} panicked:");
+            stderr_line(&format!("rank {rank} of {ranks} panicked:"));
             default_hook(info);
             hook_comm.abort(101);
         }));
@@ -168,7 +177,7 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
     let result = run_rank(a, Arc::clone(&comm));
     if let (Err(e), true) = (&result, ranks > 1) {
         // Printed once, by the rank that failed; MPI_Abort ends every rank.
-        eprintln!("error: rank {rank} of {ranks}: {e}");
+        stderr_line(&format!("error: rank {rank} of {ranks}: {e}"));
         comm.abort(1);
     }
     drop(comm);

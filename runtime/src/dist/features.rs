@@ -10,6 +10,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
+use cpu_ops::SparseRows;
 use parking_lot::Mutex;
 
 use super::{owner, ranks_agree, share, Communicator, DistStats};
@@ -30,7 +31,17 @@ pub(crate) struct PartitionedFeatures {
     slot: Vec<u32>,
     /// Cached remote rows, `slot` order.
     cache: Vec<f32>,
+    /// The same rows as sparse rows, when the trainer reads sparse features
+    /// (then the exchange moves sparse rows and `cache` is empty).
+    sparse_cache: Option<SparseRows<f32>>,
     stats: Mutex<DistStats>,
+}
+
+/// Row `i` of `m`: its column ids and values.
+fn sparse_row(m: &SparseRows<f32>, i: usize) -> (&[u32], &[f32]) {
+    let p = m.indptr();
+    let (a, b) = (p[i] as usize, p[i + 1] as usize);
+    (&m.col_ids()[a..b], &m.values()[a..b])
 }
 
 impl PartitionedFeatures {
@@ -38,12 +49,15 @@ impl PartitionedFeatures {
     /// cache (`cache_rows` rows of the highest-degree vertices this rank does not
     /// own) is filled with one exchange. `parts` (a partition file's map, one
     /// rank per vertex) replaces the contiguous ranges; the ranks check that
-    /// they hold the same map.
+    /// they hold the same map. With `sparse` (the trainer's sparse rows of the
+    /// features, of which this rank reads only its own), rows travel and are
+    /// cached as sparse rows ([`PartitionedFeatures::gather_sparse`]).
     pub(crate) fn new(
         ds: &Dataset,
         comm: Arc<dyn Communicator>,
         cache_rows: usize,
         parts: Option<Vec<u32>>,
+        sparse: Option<&SparseRows<f32>>,
     ) -> Result<Self> {
         let n = ds.num_vertices();
         let (rank, ranks) = (comm.rank(), comm.size());
@@ -73,6 +87,7 @@ impl PartitionedFeatures {
             parts,
             slot: Vec::new(),
             cache: Vec::new(),
+            sparse_cache: None,
             stats: Mutex::new(DistStats::default()),
         };
         let cached: Vec<u32> = if cache_rows == 0 {
@@ -86,7 +101,12 @@ impl PartitionedFeatures {
         };
         // Every rank runs the fill exchange, even with nothing to cache.
         let mut rows = Vec::new();
-        me.fetch(ds, &cached, &mut rows, false)?;
+        match sparse {
+            Some(local) => me.sparse_cache = Some(me.fetch_sparse(local, &cached, false)?.0),
+            None => {
+                me.fetch(ds, &cached, &mut rows, false)?;
+            }
+        }
         if !cached.is_empty() {
             me.slot = vec![u32::MAX; n];
             for (i, &v) in cached.iter().enumerate() {
@@ -102,6 +122,44 @@ impl PartitionedFeatures {
     #[cfg(test)]
     pub(crate) fn own(&self) -> Range<usize> {
         self.own.clone()
+    }
+
+    /// An error for a vertex id beyond the dataset.
+    fn check_id(&self, v: u32) -> Result<()> {
+        if v as usize >= self.n {
+            return Err(Error::invalid_argument(
+                "feature ids",
+                format!(
+                    "vertex {v} is out of range: the dataset has {} vertices",
+                    self.n
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// An error unless this rank owns row `v`, which rank `from` asked for.
+    fn check_asked(&self, from: usize, v: u32) -> Result<()> {
+        if v as usize >= self.n || !self.owns(v as usize) {
+            let rank = self.comm.rank();
+            return Err(Error::Dist {
+                what: format!(
+                    "rank {from} asked rank {rank} for feature row {v}, which rank {rank} \
+                     does not own"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Adds one exchange (started at `t`) to the statistics.
+    fn record(&self, t: Instant, bytes: u64, remote: u64, hits: u64) {
+        let mut s = self.stats.lock();
+        s.exchanges += 1;
+        s.exchange_bytes += bytes;
+        s.exchange_secs += t.elapsed().as_secs_f64();
+        s.remote_rows += remote;
+        s.remote_cache_hits += hits;
     }
 
     /// Whether this rank owns row `v` (`v < n`).
@@ -138,7 +196,10 @@ impl PartitionedFeatures {
     /// Rows cached from other ranks.
     #[cfg(test)]
     pub(crate) fn cached_rows(&self) -> usize {
-        self.cache.len() / self.dim.max(1)
+        match &self.sparse_cache {
+            Some(m) => m.num_rows(),
+            None => self.cache.len() / self.dim.max(1),
+        }
     }
 
     /// What the exchanges moved so far.
@@ -153,6 +214,138 @@ impl PartitionedFeatures {
         self.fetch(ds, ids, out, true)
     }
 
+    /// Collective: [`PartitionedFeatures::gather`] for sparse rows: own rows
+    /// from `local`, cached rows from the sparse cache, the rest from their
+    /// owners in one exchange of requests, then one of each row's column ids
+    /// (after its length) and one of its values. Returns the rows of `ids` in
+    /// order and the bytes exchanged.
+    pub(crate) fn gather_sparse(
+        &self,
+        local: &SparseRows<f32>,
+        ids: &[u32],
+    ) -> Result<(SparseRows<f32>, u64)> {
+        if self.sparse_cache.is_none() {
+            return Err(Error::Dist {
+                what: "internal: sparse rows asked of dense partitioned features".into(),
+            });
+        }
+        self.fetch_sparse(local, ids, true)
+    }
+
+    fn fetch_sparse(
+        &self,
+        local: &SparseRows<f32>,
+        ids: &[u32],
+        use_cache: bool,
+    ) -> Result<(SparseRows<f32>, u64)> {
+        /// Where row `i` of the result comes from.
+        enum From {
+            Own(usize),
+            Cache(usize),
+            /// (owner, position among the rows asked of it)
+            Remote(usize, usize),
+        }
+        let t = Instant::now();
+        let (ranks, rank) = (self.comm.size(), self.comm.rank());
+        let mut wanted: Vec<Vec<u32>> = vec![Vec::new(); ranks];
+        let mut from = Vec::with_capacity(ids.len());
+        let (mut remote, mut hits) = (0u64, 0u64);
+        for &v in ids {
+            let vu = v as usize;
+            self.check_id(v)?;
+            if self.owns(vu) {
+                from.push(From::Own(vu));
+                continue;
+            }
+            remote += 1;
+            match (self.slot.get(vu), &self.sparse_cache) {
+                (Some(&s), Some(_)) if use_cache && s != u32::MAX => {
+                    hits += 1;
+                    from.push(From::Cache(s as usize));
+                }
+                _ => {
+                    let o = self.owner_of(vu);
+                    from.push(From::Remote(o, wanted[o].len()));
+                    wanted[o].push(v);
+                }
+            }
+        }
+        let counts: Vec<usize> = wanted.iter().map(Vec::len).collect();
+        let requests: Vec<u32> = wanted.iter().flatten().copied().collect();
+        let (asked, asked_counts) = self.comm.all_to_all_u32(&requests, &counts)?;
+        // The reply to each rank: per row its length then its column ids; and
+        // its values.
+        let (mut meta, mut vals) = (Vec::new(), Vec::new());
+        let (mut meta_counts, mut val_counts) = (vec![0usize; ranks], vec![0usize; ranks]);
+        for (to, range) in ranges(&asked_counts).enumerate() {
+            for &v in &asked[range] {
+                self.check_asked(to, v)?;
+                let (c, x) = sparse_row(local, v as usize);
+                meta.push(c.len() as u32);
+                meta.extend_from_slice(c);
+                vals.extend_from_slice(x);
+                meta_counts[to] += 1 + c.len();
+                val_counts[to] += c.len();
+            }
+        }
+        let (got_meta, got_meta_counts) = self.comm.all_to_all_u32(&meta, &meta_counts)?;
+        let (got_vals, got_val_counts) = self.comm.all_to_all_f32(&vals, &val_counts)?;
+        // Each received row as (start of its column ids in got_meta, start of
+        // its values in got_vals, length), by owner.
+        let bad = |src: usize, what: &str| Error::Dist {
+            what: format!("rank {src} sent rank {rank} malformed sparse rows: {what}"),
+        };
+        let mut received: Vec<Vec<(usize, usize, usize)>> = Vec::with_capacity(ranks);
+        for (src, (mr, vr)) in ranges(&got_meta_counts)
+            .zip(ranges(&got_val_counts))
+            .enumerate()
+        {
+            let (mut at, mut val_at) = (mr.start, vr.start);
+            let mut rows = Vec::with_capacity(wanted[src].len());
+            while at < mr.end {
+                let len = got_meta[at] as usize;
+                if at + 1 + len > mr.end || val_at + len > vr.end {
+                    return Err(bad(src, "a row runs past the message"));
+                }
+                rows.push((at + 1, val_at, len));
+                at += 1 + len;
+                val_at += len;
+            }
+            if rows.len() != wanted[src].len() || val_at != vr.end {
+                return Err(bad(
+                    src,
+                    &format!("{} rows for {} asked", rows.len(), wanted[src].len()),
+                ));
+            }
+            received.push(rows);
+        }
+        let mut indptr = Vec::with_capacity(ids.len() + 1);
+        indptr.push(0u64);
+        let (mut cols, mut values) = (Vec::new(), Vec::new());
+        for f in &from {
+            let (c, x): (&[u32], &[f32]) = match *f {
+                From::Own(v) => sparse_row(local, v),
+                From::Cache(s) => match &self.sparse_cache {
+                    Some(cache) => sparse_row(cache, s),
+                    None => (&[], &[]),
+                },
+                From::Remote(o, k) => {
+                    let (c0, v0, len) = received[o][k];
+                    (&got_meta[c0..c0 + len], &got_vals[v0..v0 + len])
+                }
+            };
+            cols.extend_from_slice(c);
+            values.extend_from_slice(x);
+            indptr.push(cols.len() as u64);
+        }
+        let rows = SparseRows::from_parts(indptr, cols, values, self.dim)
+            .map_err(|e| Error::cpu_ops("exchanged sparse rows", e))?;
+        let bytes = (requests.len() + asked.len() + meta.len() + got_meta.len()) as u64 * 4
+            + (vals.len() + got_vals.len()) as u64 * 4;
+        self.record(t, bytes, remote, hits);
+        Ok((rows, bytes))
+    }
+
     fn fetch(&self, ds: &Dataset, ids: &[u32], out: &mut Vec<f32>, use_cache: bool) -> Result<u64> {
         let t = Instant::now();
         let (dim, ranks, rank) = (self.dim, self.comm.size(), self.comm.rank());
@@ -162,15 +355,7 @@ impl PartitionedFeatures {
         let (mut remote, mut hits) = (0u64, 0u64);
         for (i, &v) in ids.iter().enumerate() {
             let vu = v as usize;
-            if vu >= self.n {
-                return Err(Error::invalid_argument(
-                    "feature ids",
-                    format!(
-                        "vertex {v} is out of range: the dataset has {} vertices",
-                        self.n
-                    ),
-                ));
-            }
+            self.check_id(v)?;
             let dst = &mut out[i * dim..(i + 1) * dim];
             if self.owns(vu) {
                 dst.copy_from_slice(ds.features.row(vu));
@@ -192,14 +377,7 @@ impl PartitionedFeatures {
         let mut rows = Vec::with_capacity(asked.len() * dim);
         for (from, range) in ranges(&asked_counts).enumerate() {
             for &v in &asked[range] {
-                if v as usize >= self.n || !self.owns(v as usize) {
-                    return Err(Error::Dist {
-                        what: format!(
-                            "rank {from} asked rank {rank} for feature row {v}, which rank \
-                             {rank} does not own"
-                        ),
-                    });
-                }
+                self.check_asked(from, v)?;
                 rows.extend_from_slice(ds.features.row(v as usize));
             }
         }
@@ -219,12 +397,7 @@ impl PartitionedFeatures {
             out[i * dim..(i + 1) * dim].copy_from_slice(&got[k * dim..(k + 1) * dim]);
         }
         let bytes = (requests.len() + asked.len()) as u64 * 4 + (rows.len() + got.len()) as u64 * 4;
-        let mut s = self.stats.lock();
-        s.exchanges += 1;
-        s.exchange_bytes += bytes;
-        s.exchange_secs += t.elapsed().as_secs_f64();
-        s.remote_rows += remote;
-        s.remote_cache_hits += hits;
+        self.record(t, bytes, remote, hits);
         Ok(bytes)
     }
 }
@@ -272,8 +445,16 @@ mod tests {
 
     #[test]
     fn every_rank_gets_the_rows_it_asks_for_without_reading_foreign_rows() {
-        let ds = dataset();
-        for cache_rows in [0usize, 40] {
+        // A third of the values zero, so that sparse rows differ in length.
+        let mut ds = dataset();
+        let mut x = ds.features.as_slice().to_vec();
+        for (i, v) in x.iter_mut().enumerate() {
+            if i % 3 == 0 {
+                *v = 0.0;
+            }
+        }
+        ds.features = cpu_ops::FeatureMatrix::new(x.into(), 300, 5).unwrap();
+        for (cache_rows, sparse) in [(0usize, false), (40, false), (0, true), (40, true)] {
             let ranks = ThreadGroup::new(3).unwrap();
             let ds = &ds;
             let out: Vec<(Vec<f32>, Vec<u32>, DistStats)> = std::thread::scope(|s| {
@@ -283,9 +464,17 @@ mod tests {
                         s.spawn(move || {
                             let r = c.rank();
                             let local = poisoned(ds, share(300, r, 3));
-                            let pf =
-                                PartitionedFeatures::new(&local, Arc::new(c), cache_rows, None)
-                                    .unwrap();
+                            let rows = sparse.then(|| {
+                                SparseRows::from_dense(local.features.as_slice(), 300, 5).unwrap()
+                            });
+                            let pf = PartitionedFeatures::new(
+                                &local,
+                                Arc::new(c),
+                                cache_rows,
+                                None,
+                                rows.as_ref(),
+                            )
+                            .unwrap();
                             assert_eq!(pf.cached_rows(), cache_rows);
                             // Rank r asks for a different mix each round, some
                             // rounds nothing at all.
@@ -300,7 +489,16 @@ mod tests {
                                         .collect()
                                 };
                                 let mut buf = Vec::new();
-                                pf.gather(&local, &ids, &mut buf).unwrap();
+                                match &rows {
+                                    Some(m) => {
+                                        let (got, bytes) = pf.gather_sparse(m, &ids).unwrap();
+                                        assert!(bytes > 0 || ids.is_empty() || round == 0);
+                                        buf = got.to_dense();
+                                    }
+                                    None => {
+                                        pf.gather(&local, &ids, &mut buf).unwrap();
+                                    }
+                                }
                                 all.extend(buf);
                                 ids_all.extend(ids);
                             }
@@ -312,7 +510,7 @@ mod tests {
             });
             for (rows, ids, stats) in &out {
                 let expect = cpu_ops::gather_rows_into_vec(&ds.features, ids).unwrap();
-                assert_eq!(rows, &expect, "cache {cache_rows}");
+                assert_eq!(rows, &expect, "cache {cache_rows}, sparse {sparse}");
                 assert_eq!(stats.exchanges, 4);
                 assert!(stats.remote_rows > 0);
                 if cache_rows == 0 {
@@ -327,7 +525,8 @@ mod tests {
     #[test]
     fn one_rank_owns_everything_and_exchanges_nothing() {
         let ds = dataset();
-        let pf = PartitionedFeatures::new(&ds, Arc::new(crate::dist::Solo), 10, None).unwrap();
+        let pf =
+            PartitionedFeatures::new(&ds, Arc::new(crate::dist::Solo), 10, None, None).unwrap();
         assert_eq!(pf.own(), 0..300);
         assert_eq!(pf.cached_rows(), 0);
         let mut buf = Vec::new();
