@@ -143,6 +143,10 @@ pub trait Engine: Send {
     /// are cached afterwards. The cache never exceeds its budget: past it, new
     /// rows are left out.
     fn update_cache(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize>;
+    /// From now on every input row (training and evaluation) comes from `rows`
+    /// on the host and is uploaded, whatever the placement says about the
+    /// gather; `None` goes back to the placement's gather.
+    fn set_row_source(&mut self, rows: Option<Arc<dyn RowSource>>);
 }
 
 /// How to set a [`DeviceEngine`] up.
@@ -165,13 +169,33 @@ pub struct EngineOptions {
     pub batch_size: usize,
     /// The arithmetic of the model's matrix products (`model.precision`).
     pub precision: gpu_ops::Precision,
+    /// Load the features onto the device only when a device gather first needs
+    /// them: a rank with partitioned features (`dist.features =
+    /// "partitioned"`) gets its rows from a [`RowSource`] instead and never
+    /// loads (or pins) the whole feature matrix.
+    pub defer_features: bool,
+}
+
+/// Where a device engine's input rows come from when the device does not hold
+/// the features ([`Engine::set_row_source`]): a partitioned feature store,
+/// whose gather is collective (every rank calls it once per batch, an empty
+/// share included).
+pub trait RowSource: Send + Sync {
+    /// Writes the rows of `ids` into `out` (`ids.len() × dim`, resized) and
+    /// returns the bytes exchanged with other ranks.
+    fn gather(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<u64>;
 }
 
 /// A dataset and a model on one backend.
 pub struct DeviceEngine<B: Backend> {
     dev: std::sync::Arc<B>,
     graph: B::Graph,
-    features: B::Features,
+    /// The device feature store (`None` until first needed with
+    /// [`EngineOptions::defer_features`]).
+    features: Option<B::Features>,
+    /// Input rows from the host instead of the device store
+    /// ([`Engine::set_row_source`]).
+    rows: Option<Arc<dyn RowSource>>,
     model: DeviceModel<B>,
     opts: EngineOptions,
     labels: Vec<u32>,
@@ -197,6 +221,12 @@ fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
         context: context.into(),
         source,
     }
+}
+
+/// Loads `ds`'s features onto `dev` with a cache of the highest-degree rows.
+fn load_features<B: Backend>(dev: &B, ds: &Dataset, cache_bytes: usize) -> Result<B::Features> {
+    dev.load_features(&ds.features, &degree_order(ds), cache_bytes)
+        .map_err(dev_err("loading the features"))
 }
 
 /// Vertices in decreasing degree order (ties by id): the feature cache's fill order.
@@ -228,10 +258,11 @@ impl<B: Backend> DeviceEngine<B> {
         let graph = dev
             .load_graph(&ds.graph, opts.topology)
             .map_err(dev_err("loading the topology"))?;
-        let order = degree_order(ds);
-        let features = dev
-            .load_features(&ds.features, &order, opts.cache_bytes)
-            .map_err(dev_err("loading the features"))?;
+        let features = if opts.defer_features {
+            None
+        } else {
+            Some(load_features(&dev, ds, opts.cache_bytes)?)
+        };
         let dm = DeviceModel::from_host(&dev, model, opts.adam).map_err(dev_err("model"))?;
         let host = HostSide::new(Arc::clone(ds));
         let tracer = Tracer::disabled();
@@ -242,6 +273,7 @@ impl<B: Backend> DeviceEngine<B> {
             tracer,
             graph,
             features,
+            rows: None,
             model: dm,
             labels: ds.labels.to_vec(),
             num_classes: ds.num_classes as usize,
@@ -254,9 +286,33 @@ impl<B: Backend> DeviceEngine<B> {
         })
     }
 
-    /// Gathers the rows of `ids` (on the device, `n` of them) into the reused buffer.
+    /// The device feature store, loaded on first use.
+    fn features(&mut self) -> Result<&mut B::Features> {
+        if self.features.is_none() {
+            let f = load_features(&*self.dev, self.host.ds(), self.opts.cache_bytes)?;
+            self.features = Some(f);
+        }
+        self.features
+            .as_mut()
+            .ok_or_else(|| Error::invalid_argument("features", "internal: not loaded"))
+    }
+
+    /// Gathers the rows of `ids` (on the device, `n` of them) into the reused
+    /// buffer: through the device feature cache, or with a row source on the
+    /// host (the ids downloaded, the rows uploaded).
     fn gather(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<B::Buf<f32>> {
-        let need = n * self.dev.feature_dim(&self.features);
+        if self.rows.is_some() {
+            let host_ids = self
+                .dev
+                .to_host(ids, n)
+                .map_err(dev_err("downloading input ids"))?;
+            let rows = self.gather_on_host(&host_ids)?;
+            let x = self.upload_rows(&rows);
+            self.host.rows = rows;
+            return x;
+        }
+        let dim = self.host.ds().features.dim();
+        let need = n * dim;
         let mut x = match self.x.take() {
             Some(x) if self.dev.len(&x) >= need => x,
             _ => self
@@ -264,8 +320,12 @@ impl<B: Backend> DeviceEngine<B> {
                 .alloc(need + need / 4)
                 .map_err(dev_err("gather buffer"))?,
         };
+        self.features()?;
+        let Some(features) = self.features.as_ref() else {
+            return Err(Error::invalid_argument("features", "internal: not loaded"));
+        };
         self.dev
-            .gather(&self.features, ids, n, &mut x)
+            .gather(features, ids, n, &mut x)
             .map_err(dev_err("gather"))?;
         Ok(x)
     }
@@ -428,7 +488,10 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 
     fn cache_stats(&self) -> CacheStats {
-        self.dev.cache_stats(&self.features)
+        self.features
+            .as_ref()
+            .map(|f| self.dev.cache_stats(f))
+            .unwrap_or_default()
     }
 
     fn h2d_bytes(&self) -> u64 {
@@ -504,9 +567,17 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 
     fn update_cache(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize> {
-        self.dev
-            .update_cache(&mut self.features, insert, evict)
+        let dev = Arc::clone(&self.dev);
+        dev.update_cache(self.features()?, insert, evict)
             .map_err(dev_err("updating the feature cache"))
+    }
+
+    fn set_row_source(&mut self, rows: Option<Arc<dyn RowSource>>) {
+        if rows.is_some() && self.opts.defer_features {
+            // Loaded by a gather before the source came: release it.
+            self.features = None;
+        }
+        self.rows = rows;
     }
 }
 

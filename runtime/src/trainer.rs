@@ -276,7 +276,8 @@ pub struct Trainer {
 struct Dist {
     comm: Arc<dyn Communicator>,
     /// `dist.features = "partitioned"` with more than one rank.
-    features: Option<PartitionedFeatures>,
+    /// (Shared with a device engine, which gathers its input rows through it.)
+    features: Option<Arc<PartitionedFeatures>>,
     /// The gradient all-reduces' counters (the exchanges keep their own).
     stats: DistStats,
     /// The step's all-reduce bucket: gradients, then [`BUCKET_SCALARS`] scalars.
@@ -499,6 +500,9 @@ impl Trainer {
                 placement: cfg.orchestration.step_placement()?,
                 batch_size: cfg.train.batch_size,
                 precision: cfg.model.precision.precision(),
+                // A rank with partitioned features gets its rows from the
+                // exchange (set_communicator): the device never holds them all.
+                defer_features: cfg.dist.features == DistFeatures::Partitioned,
             },
         )?;
         let mut chosen = chosen;
@@ -601,12 +605,14 @@ impl Trainer {
     /// rank's share on its device and sums the gradients over the communicator on
     /// the host; `policy = "auto"` then keeps its starting placement
     /// (`gpu-sample-gpu-gather`) instead of measuring, so that every rank runs
-    /// the same one.
+    /// the same one. With partitioned features a device engine gathers every
+    /// batch's input rows on the host through the exchange and uploads them
+    /// (sampling stays where the placement puts it); it never loads the whole
+    /// feature matrix onto the device.
     ///
     /// Errors (on every rank alike): more than one rank with layer-based
-    /// orchestration, or with a device engine and partitioned features (not
-    /// built yet), `dist.reduce = "nccl"` (not built yet), or a trainer that
-    /// already trained with another communicator.
+    /// orchestration (not built yet), `dist.reduce = "nccl"` (not built yet),
+    /// or a trainer that already trained with another communicator.
     pub fn set_communicator(&mut self, comm: Arc<dyn Communicator>) -> Result<()> {
         if self.cfg.dist.reduce == DistReduce::Nccl {
             // Without the library that is the one-line error; with it, NCCL
@@ -633,20 +639,6 @@ impl Trainer {
                      layer-based orchestration (policy = \"layer\" with hot_ratio > 0) \
                      across ranks is not built yet",
                     comm.size()
-                ),
-            ));
-        }
-        if distributed
-            && self.engine.is_some()
-            && self.cfg.dist.features == DistFeatures::Partitioned
-        {
-            return Err(Error::invalid_argument(
-                "dist.features",
-                format!(
-                    "\"partitioned\" runs on the native host path (device.kind = \"host\", \
-                     device.host_engine = \"native\"); device ranks with partitioned \
-                     features are not built yet ({})",
-                    self.device_note
                 ),
             ));
         }
@@ -687,11 +679,25 @@ impl Trainer {
                 )?),
                 None => None,
             };
-            let sparse = self.sparse.as_ref();
-            Some(pool.install(|| PartitionedFeatures::new(ds, channel, cache, parts, sparse))?)
+            // A device engine uploads dense rows.
+            let sparse = self.sparse.as_ref().filter(|_| self.engine.is_none());
+            let pf =
+                pool.install(|| PartitionedFeatures::new(ds, channel, cache, parts, sparse))?;
+            Some(Arc::new(pf))
         } else {
             None
         };
+        if let (Some(engine), Some(pf)) = (&self.engine, &features) {
+            let source = crate::dist::ExchangeRows::new(Arc::clone(ds), Arc::clone(pf));
+            engine
+                .lock()
+                .map_err(|_| poisoned())?
+                .set_row_source(Some(Arc::new(source)));
+            self.device_note.push_str(
+                "; dist.features = \"partitioned\": input rows are gathered on the host \
+                 through the feature exchange and uploaded",
+            );
+        }
         if distributed && self.calibrator.take().is_some() {
             // Ranks measuring placements each on their own could choose
             // differently; every rank keeps the configured starting placement.
@@ -1509,11 +1515,12 @@ impl Trainer {
                 let mut e = e.lock().map_err(|_| poisoned())?;
                 let Dist {
                     comm,
+                    features: partitioned,
                     stats: dist_stats,
                     bucket,
-                    ..
                 } = dist;
                 let comm: &dyn Communicator = &**comm;
+                let partitioned = partitioned.as_deref();
                 let (rank, ranks) = (comm.rank(), comm.size());
                 let total: usize = model.params().iter().map(|t| t.len()).sum();
                 let cancel = &*cancel;
@@ -1532,8 +1539,16 @@ impl Trainer {
                     // This rank's share up to its gradients on the device, the
                     // one all-reduce on the host, then the same step on every rank.
                     let whole = batches[k];
-                    let mine = &whole[share(whole.len(), rank, ranks)];
+                    // With a partition file, the seeds this rank owns.
+                    let owned = partitioned.and_then(|f| f.seeds_of(whole));
+                    let mine = owned
+                        .as_deref()
+                        .unwrap_or(&whole[share(whole.len(), rank, ranks)]);
                     let g = if mine.is_empty() {
+                        if let Some(pf) = partitioned {
+                            // The exchange is collective: take part with no rows.
+                            pf.gather(ds, &[], &mut Vec::new())?;
+                        }
                         BatchGradients {
                             loss_sum: 0.0,
                             correct: 0,
@@ -1583,7 +1598,7 @@ impl Trainer {
                     bucket,
                 } = dist;
                 let comm: &dyn Communicator = &**comm;
-                let partitioned = partitioned.as_ref();
+                let partitioned = partitioned.as_deref();
                 let (rank, ranks) = (comm.rank(), comm.size());
                 // This rank's share of batch `k` (the whole batch alone).
                 // With a partition file, the seeds it owns (their rows are local).
@@ -2130,6 +2145,13 @@ impl Trainer {
                 .as_deref()
                 .unwrap_or(&whole[share(whole.len(), rank, ranks)]);
             if let Some(engine) = &self.engine {
+                if chunk.is_empty() {
+                    if let Some(pf) = &self.dist.features {
+                        // The exchange is collective: take part with no rows.
+                        pf.gather(&self.ds, &[], &mut Vec::new())?;
+                    }
+                    continue;
+                }
                 let logits = engine
                     .lock()
                     .map_err(|_| poisoned())?
@@ -2150,7 +2172,7 @@ impl Trainer {
                 seed,
                 Vec::new(),
                 Probe::new(&untraced, 0, k),
-                self.dist.features.as_ref(),
+                self.dist.features.as_deref(),
             )?;
             if chunk.is_empty() {
                 continue;

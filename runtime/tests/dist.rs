@@ -220,6 +220,89 @@ fn partitioned_equals_replicated(sparse: &str) {
     }
 }
 
+/// Device ranks (the host backend's device engine) with partitioned features:
+/// each rank gathers its share's input rows on the host through the exchange
+/// and uploads them, wherever the placement samples, and never reads a row it
+/// does not own (those rows are poisoned; the device does not load the
+/// features). They train what device ranks with replicated features train, bit
+/// for bit, and with a partition file the one-rank model.
+#[test]
+fn device_ranks_with_partitioned_features_train_what_replicated_ranks_train() {
+    let base = [
+        "device.host_engine=\"ops\"",
+        "train.sparse_features=\"off\"",
+    ];
+    let replicated = cfg(&[
+        base[0],
+        base[1],
+        "orchestration.policy=\"gpu-sample-gpu-gather\"",
+    ]);
+    let ds = load_dataset(&replicated).unwrap();
+    let n = ds.num_vertices();
+    let reference = train_ranks(&replicated, 3, |_| ds.clone());
+    for policy in ["auto", "cpu-sample-gpu-gather", "gpu-sample-cpu-gather"] {
+        let c = cfg(&[
+            base[0],
+            base[1],
+            &format!("orchestration.policy=\"{policy}\""),
+            "dist.features=\"partitioned\"",
+            "dist.remote_cache_rows=100",
+        ]);
+        let part = train_ranks(&c, 3, |r| foreign_rows_poisoned(&ds, share(n, r, 3)));
+        for (r, run) in part.iter().enumerate() {
+            assert_eq!(run.params, reference[0].params, "{policy}: rank {r}");
+            for (a, b) in run.stats.iter().zip(&reference[0].stats) {
+                assert_eq!(
+                    (a.loss, a.val_acc, a.test_acc),
+                    (b.loss, b.val_acc, b.test_acc),
+                    "{policy}"
+                );
+            }
+            let d = run.dist;
+            assert!(
+                d.exchanges > 0 && d.remote_rows > 0 && d.remote_cache_hits > 0,
+                "{policy}: {d:?}"
+            );
+        }
+    }
+
+    // A partition file: ranks train the seeds they own; shares of one seed
+    // and empty shares (batch 7 over 5 ranks) still take part in the exchange.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("graph.part.5");
+    let parts: Vec<u32> = (0..n as u32).map(|v| (v * 7 + 3) % 5).collect();
+    runtime::dist::write_partition_file(&path, &parts).unwrap();
+    let small = ["train.batch_size=7", "train.epochs=1"];
+    let one = train_ranks(
+        &cfg(&[
+            base[0],
+            base[1],
+            small[0],
+            small[1],
+            "orchestration.policy=\"gpu-sample-gpu-gather\"",
+        ]),
+        1,
+        |_| ds.clone(),
+    );
+    let c = cfg(&[
+        base[0],
+        base[1],
+        small[0],
+        small[1],
+        "dist.features=\"partitioned\"",
+        &format!("dist.partition_file={:?}", path.to_str().unwrap()),
+    ]);
+    let many = train_ranks(&c, 5, |r| {
+        rows_poisoned_unless(&ds, |v| parts[v] == r as u32)
+    });
+    for run in &many {
+        assert_eq!(run.params, many[0].params);
+    }
+    let d = max_rel_diff(&many[0].params, &one[0].params);
+    eprintln!("device ranks, partition file: 5 ranks vs 1, largest relative difference {d:.2e}");
+    assert!(d < 1e-3, "{d}");
+}
+
 /// A partition file (METIS format) instead of contiguous ranges: each rank
 /// reads only the rows the file gives it and trains the seeds it owns, so the
 /// model is the one-rank model up to summation order; a partition that follows
@@ -599,28 +682,13 @@ fn what_is_not_built_says_so() {
         e.contains("dist.reduce") && e.contains(expected) && !e.contains('\n'),
         "{e}"
     );
-    // Device ranks with partitioned features, and layer-based orchestration
-    // across ranks, are refused on every rank.
-    for (sets, key) in [
-        (
-            vec![
-                "device.host_engine=\"ops\"",
-                "dist.features=\"partitioned\"",
-                "train.sparse_features=\"off\"",
-            ],
-            "dist.features",
-        ),
-        (
-            vec![
-                "device.host_engine=\"ops\"",
-                "orchestration.policy=\"layer\"",
-                "orchestration.hot_ratio=0.1",
-            ],
-            "orchestration.policy",
-        ),
-    ] {
-        every_rank_refuses(&cfg(&sets), &ds, 2, &[key, "not built yet"]);
-    }
+    // Layer-based orchestration across ranks is refused on every rank.
+    let layer = cfg(&[
+        "device.host_engine=\"ops\"",
+        "orchestration.policy=\"layer\"",
+        "orchestration.hot_ratio=0.1",
+    ]);
+    every_rank_refuses(&layer, &ds, 2, &["orchestration.policy", "not built yet"]);
 
     // Partitioned features cannot serve full-graph work.
     let e = refused(&["dist.features=\"partitioned\"", "train.eval_mode=\"full\""]);

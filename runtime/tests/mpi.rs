@@ -215,6 +215,20 @@ fn mpi_device_ranks_train_the_one_rank_model_and_a_job_resumes() {
         .fold(0f32, f32::max);
     eprintln!("mpi: 2 device ranks vs 1, largest relative parameter difference {worst:.2e}");
     assert!(worst < 1e-3, "2 device ranks differ from one by {worst}");
+    // Partitioned features on device ranks: rows through the exchange, the
+    // same model as replicated features.
+    let part = dir.path().join("part");
+    let partitioned = [
+        ops[0],
+        ops[1],
+        "dist.features=\"partitioned\"",
+        "train.sparse_features=\"off\"",
+    ];
+    ok(
+        &train(2, &part, &partitioned, &[], limit).0,
+        "2 device ranks, partitioned features",
+    );
+    assert_eq!(params(&part), p2, "partitioned device ranks train other weights");
 
     // Resume: epoch 1, then --resume to epoch 2, on 2 host ranks.
     let whole = dir.path().join("whole");

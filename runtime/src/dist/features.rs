@@ -37,6 +37,26 @@ pub(crate) struct PartitionedFeatures {
     stats: Mutex<DistStats>,
 }
 
+/// A device engine's input rows through a rank's partitioned features
+/// ([`crate::engine::RowSource`]).
+pub(crate) struct ExchangeRows {
+    ds: Arc<Dataset>,
+    features: Arc<PartitionedFeatures>,
+}
+
+impl ExchangeRows {
+    /// Rows of `ds` through `features`.
+    pub(crate) fn new(ds: Arc<Dataset>, features: Arc<PartitionedFeatures>) -> Self {
+        Self { ds, features }
+    }
+}
+
+impl crate::engine::RowSource for ExchangeRows {
+    fn gather(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<u64> {
+        self.features.gather(&self.ds, ids, out)
+    }
+}
+
 /// Row `i` of `m`: its column ids and values.
 fn sparse_row(m: &SparseRows<f32>, i: usize) -> (&[u32], &[f32]) {
     let p = m.indptr();

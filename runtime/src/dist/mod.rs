@@ -46,6 +46,7 @@ mod threads;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::{MpiCommunicator, MpiRuntime};
+pub(crate) use features::ExchangeRows;
 #[cfg(feature = "metis")]
 pub use partition::partition_graph;
 pub use partition::{read_partition_file, write_partition_file};

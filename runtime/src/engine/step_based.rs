@@ -25,7 +25,7 @@ use cpu_ops::{gather_rows, CsrGraph, NeighborSampler, SampledBatch, SamplerScrat
 use gpu_ops::Backend;
 use scheduler::Device;
 
-use super::{dev_err, DeviceEngine};
+use super::{dev_err, DeviceEngine, Engine};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::trace::Direction;
@@ -37,7 +37,7 @@ pub(crate) struct HostSide {
     ds: Arc<Dataset>,
     sampling: Option<(NeighborSampler, SamplerScratch)>,
     /// The reused host gather buffer.
-    rows: Vec<f32>,
+    pub(super) rows: Vec<f32>,
 }
 
 impl HostSide {
@@ -89,19 +89,35 @@ impl<B: Backend> DeviceEngine<B> {
     /// [`DeviceEngine::gather`], adding the feature-cache misses' rows to the
     /// host → device counter.
     pub(super) fn gather_counted(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<B::Buf<f32>> {
-        let before = self.dev.cache_stats(&self.features).misses;
+        let before = self.cache_stats().misses;
         let x = self.gather(ids, n)?;
-        let misses = self
-            .dev
-            .cache_stats(&self.features)
-            .misses
-            .saturating_sub(before);
-        self.h2d += misses * self.dev.feature_dim(&self.features) as u64 * 4;
+        let misses = self.cache_stats().misses.saturating_sub(before);
+        self.h2d += misses * self.host.ds().features.dim() as u64 * 4;
         Ok(x)
     }
 
+    /// The rows of `ids` gathered on the host into the reused host buffer
+    /// (taken: give it back through `self.host.rows`): from the row source when
+    /// there is one (an `exchange` slice with its bytes), else from the dataset.
+    pub(super) fn gather_on_host(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let hs = &mut self.host;
+        let features = &hs.ds.features;
+        let mut rows = std::mem::take(&mut hs.rows);
+        match &self.rows {
+            Some(src) => {
+                let mut x = self.tracer.slice("exchange");
+                x.set_bytes(src.gather(ids, &mut rows)?);
+            }
+            None => {
+                rows.resize(ids.len() * features.dim(), 0.0);
+                gather_rows(features, ids, &mut rows).map_err(|e| Error::cpu_ops("gather", e))?;
+            }
+        }
+        Ok(rows)
+    }
+
     /// Uploads host-gathered rows into the reused input buffer.
-    fn upload_rows(&mut self, rows: &[f32]) -> Result<B::Buf<f32>> {
+    pub(super) fn upload_rows(&mut self, rows: &[f32]) -> Result<B::Buf<f32>> {
         let need = rows.len();
         let mut x = match self.x.take() {
             Some(x) if self.dev.len(&x) >= need => x,
@@ -162,7 +178,8 @@ impl<B: Backend> DeviceEngine<B> {
         let acc = self.acc;
         let start = self.h2d;
         let host_sample = self.opts.placement.sample_device() == Device::Cpu;
-        let host_gather = self.opts.placement.gather_device() == Device::Cpu;
+        // A row source (partitioned features) gathers on the host.
+        let host_gather = self.rows.is_some() || self.opts.placement.gather_device() == Device::Cpu;
 
         // 1. Sample.
         let mut host_batch = None;
@@ -196,16 +213,12 @@ impl<B: Backend> DeviceEngine<B> {
         let mut rows = Vec::new();
         if host_gather {
             let mut g = tracer.slice("gather");
-            let hs = &mut self.host;
-            let features = &hs.ds.features;
             let ids = match (&host_batch, &host_ids) {
                 (Some(b), _) => b.input_ids(),
                 (None, Some(ids)) => ids.as_slice(),
                 (None, None) => return Err(missing("input ids")),
             };
-            rows = std::mem::take(&mut hs.rows);
-            rows.resize(ids.len() * features.dim(), 0.0);
-            gather_rows(features, ids, &mut rows).map_err(|e| Error::cpu_ops("gather", e))?;
+            rows = self.gather_on_host(ids)?;
             g.set_bytes((rows.len() * 4) as u64);
         }
 

@@ -469,6 +469,7 @@ mod tests {
                 ),
                 batch_size: 128,
                 precision: gpu_ops::Precision::Fp32,
+                defer_features: false,
             },
         )
         .unwrap();
