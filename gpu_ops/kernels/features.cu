@@ -9,16 +9,16 @@
 // out[r] = features[ids[r]] for r < n, one warp per row: from the device cache when
 // slot_map[id] != NOT_CACHED (row slot_map[id] of `cache`), else from host memory
 // (`host_rows`, a device pointer into pinned / registered host memory, read over the
-// bus). An id >= num_rows is a fault and gives a zero row.
-extern "C" __global__ void gather_rows(const u32* slot_map, const float* cache,
-                                       const float* host_rows, const u32* ids, u64 n,
-                                       u64 num_rows, u64 dim, float* out, u64* counters,
-                                       u32* fault) {
-    __shared__ u32 hits_s;
-    __shared__ u32 misses_s;
+// bus). An id >= num_rows is a fault and gives a zero row. `T` is the stored value:
+// float, or bfloat16 bits (u16) widened to float on the way (half the bytes read).
+template <typename T>
+__device__ __forceinline__ void gather_rows_t(const u32* slot_map, const T* cache,
+                                              const T* host_rows, const u32* ids, u64 n,
+                                              u64 num_rows, u64 dim, float* out, u64* counters,
+                                              u32* fault, u32* hits_s, u32* misses_s) {
     if (threadIdx.x == 0) {
-        hits_s = 0;
-        misses_s = 0;
+        *hits_s = 0;
+        *misses_s = 0;
     }
     __syncthreads();
     const u32 lane = lane_id();
@@ -32,18 +32,40 @@ extern "C" __global__ void gather_rows(const u32* slot_map, const float* cache,
         }
         const u32 slot = slot_map[id];
         if (slot != NOT_CACHED) {
-            warp_copy_row(dst, cache + (u64)slot * dim, dim);
-            if (lane == 0) atomicAdd(&hits_s, 1u);
+            warp_widen_row(dst, cache + (u64)slot * dim, dim);
+            if (lane == 0) atomicAdd(hits_s, 1u);
         } else {
-            warp_copy_row(dst, host_rows + (u64)id * dim, dim);
-            if (lane == 0) atomicAdd(&misses_s, 1u);
+            warp_widen_row(dst, host_rows + (u64)id * dim, dim);
+            if (lane == 0) atomicAdd(misses_s, 1u);
         }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (hits_s) atomicAdd(&counters[0], (u64)hits_s);
-        if (misses_s) atomicAdd(&counters[1], (u64)misses_s);
+        if (*hits_s) atomicAdd(&counters[0], (u64)*hits_s);
+        if (*misses_s) atomicAdd(&counters[1], (u64)*misses_s);
     }
+}
+
+// gather_rows_t over float rows.
+extern "C" __global__ void gather_rows(const u32* slot_map, const float* cache,
+                                       const float* host_rows, const u32* ids, u64 n,
+                                       u64 num_rows, u64 dim, float* out, u64* counters,
+                                       u32* fault) {
+    __shared__ u32 hits_s;
+    __shared__ u32 misses_s;
+    gather_rows_t(slot_map, cache, host_rows, ids, n, num_rows, dim, out, counters, fault,
+                  &hits_s, &misses_s);
+}
+
+// gather_rows_t over bfloat16 rows (`device.feature_dtype = "bf16"`).
+extern "C" __global__ void gather_rows_bf16(const u32* slot_map, const u16* cache,
+                                            const u16* host_rows, const u32* ids, u64 n,
+                                            u64 num_rows, u64 dim, float* out, u64* counters,
+                                            u32* fault) {
+    __shared__ u32 hits_s;
+    __shared__ u32 misses_s;
+    gather_rows_t(slot_map, cache, host_rows, ids, n, num_rows, dim, out, counters, fault,
+                  &hits_s, &misses_s);
 }
 
 // slot_map[ids[i]] = NOT_CACHED for i < n (evictions; ids checked on the host).
@@ -53,14 +75,26 @@ extern "C" __global__ void cache_evict(u32* slot_map, const u32* ids, u64 n) {
 
 // Inserts: cache row slots[i] = host row ids[i], then slot_map[ids[i]] = slots[i];
 // one warp per row (ids and slots checked on the host).
-extern "C" __global__ void cache_insert(const float* host_rows, const u32* ids, const u32* slots,
-                                        u64 n, u64 dim, float* cache, u32* slot_map) {
+template <typename T>
+__device__ __forceinline__ void cache_insert_t(const T* host_rows, const u32* ids,
+                                               const u32* slots, u64 n, u64 dim, T* cache,
+                                               u32* slot_map) {
     for (u64 i = warp_index(); i < n; i += warp_count()) {
         const u32 id = ids[i];
         const u32 slot = slots[i];
         warp_copy_row(cache + (u64)slot * dim, host_rows + (u64)id * dim, dim);
         if (lane_id() == 0) slot_map[id] = slot;
     }
+}
+extern "C" __global__ void cache_insert(const float* host_rows, const u32* ids, const u32* slots,
+                                        u64 n, u64 dim, float* cache, u32* slot_map) {
+    cache_insert_t(host_rows, ids, slots, n, dim, cache, slot_map);
+}
+// The same over bfloat16 rows.
+extern "C" __global__ void cache_insert_bf16(const u16* host_rows, const u32* ids,
+                                             const u32* slots, u64 n, u64 dim, u16* cache,
+                                             u32* slot_map) {
+    cache_insert_t(host_rows, ids, slots, n, dim, cache, slot_map);
 }
 
 // out[r] = src[idx[r]] for r < n (rows of `dim`), one warp per row; idx >= src_rows

@@ -42,6 +42,23 @@ extern "C" __global__ void colsum_finish(const float* partial, u64 chunks, u64 c
     }
 }
 
+// out[i] = float(src[i]) for i < n: bfloat16 bits widened exactly. Each thread takes
+// two values (one 4-byte load) when src is 4-byte aligned, else one; an odd last
+// value is read alone (never past the buffer).
+extern "C" __global__ void widen_bf16(const u16* src, u64 n, float* out) {
+    if ((((u64)src) & 3) == 0) {
+        const u32* s = reinterpret_cast<const u32*>(src);
+        for (u64 i = thread_index(); i < n / 2; i += thread_count()) {
+            const u32 w = s[i];
+            out[2 * i] = __uint_as_float(w << 16);
+            out[2 * i + 1] = __uint_as_float(w & 0xffff0000u);
+        }
+        if ((n & 1) && thread_index() == 0) out[n - 1] = bf16_to_float(src[n - 1]);
+    } else {
+        for (u64 i = thread_index(); i < n; i += thread_count()) out[i] = bf16_to_float(src[i]);
+    }
+}
+
 // ReLU in place: x = x < 0 ? 0 : x (NaN stays NaN, as on the host).
 extern "C" __global__ void relu_forward(float* x, u64 n) {
     for (u64 i = thread_index(); i < n; i += thread_count()) {

@@ -80,6 +80,68 @@ pub fn round_to_tf32(x: f32) -> f32 {
     f32::from_bits(bits.wrapping_add(0x0FFF + lsb) & !0x1FFF)
 }
 
+/// How a backend stores feature rows ([`Backend::load_features`]): the device
+/// cache and the host rows it misses to. A gather always writes `f32` rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FeatureDtype {
+    /// IEEE single precision (4 bytes a value).
+    #[default]
+    F32,
+    /// bfloat16 (2 bytes a value: `f32`'s exponent, 7 explicit mantissa bits;
+    /// each value rounded to nearest, ties to even, when the features load). A
+    /// gather reads half the bytes and widens to `f32` exactly; the device cache
+    /// holds twice the rows for the same budget.
+    Bf16,
+}
+
+impl FeatureDtype {
+    /// Bytes of one stored value.
+    pub fn value_bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 => 2,
+        }
+    }
+}
+
+impl fmt::Display for FeatureDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        })
+    }
+}
+
+/// `x` as bfloat16 bits: the upper 16 bits of `x` rounded to nearest, ties to
+/// even. NaN stays NaN (quiet); a value that rounds past the largest finite
+/// bfloat16 becomes infinite, as CUDA's `__float2bfloat16_rn` does.
+pub fn f32_to_bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x0040) as u16;
+    }
+    let lsb = (bits >> 16) & 1;
+    (bits.wrapping_add(0x7FFF + lsb) >> 16) as u16
+}
+
+/// The `f32` of bfloat16 bits `b` (exact).
+pub fn bf16_bits_to_f32(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+/// Every value of `x` as bfloat16 bits ([`f32_to_bf16_bits`]), converted in
+/// parallel.
+pub fn to_bf16_bits(x: &[f32]) -> Vec<u16> {
+    use rayon::prelude::*;
+    x.par_iter().map(|&v| f32_to_bf16_bits(v)).collect()
+}
+
+/// `x` rounded to bfloat16 and widened back ([`f32_to_bf16_bits`]).
+pub fn round_to_bf16(x: f32) -> f32 {
+    bf16_bits_to_f32(f32_to_bf16_bits(x))
+}
+
 impl fmt::Display for DeviceKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -91,12 +153,13 @@ impl fmt::Display for DeviceKind {
 
 /// Element types a device buffer may hold.
 ///
-/// Sealed: implemented for `f32`, `u32`, `u64` and `u8`.
+/// Sealed: implemented for `f32`, `u32`, `u64`, `u16` (bfloat16 bits) and `u8`.
 pub trait Elem: bytemuck::Pod + Default + Send + Sync + fmt::Debug + sealed::Sealed {}
 
 impl Elem for f32 {}
 impl Elem for u32 {}
 impl Elem for u64 {}
+impl Elem for u16 {}
 impl Elem for u8 {}
 
 mod sealed {
@@ -104,6 +167,7 @@ mod sealed {
     impl Sealed for f32 {}
     impl Sealed for u32 {}
     impl Sealed for u64 {}
+    impl Sealed for u16 {}
     impl Sealed for u8 {}
 }
 
@@ -423,6 +487,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn copy<T: Elem>(&self, src: &Self::Buf<T>, dst: &mut Self::Buf<T>, len: usize) -> Result<()>;
     /// `buf[..len] = 0`.
     fn fill_zero<T: Elem>(&self, buf: &mut Self::Buf<T>, len: usize) -> Result<()>;
+    /// `out[i] = f32(src[i])` for `i < n`: bfloat16 bits widened exactly
+    /// ([`bf16_bits_to_f32`]), e.g. rows uploaded as bfloat16 (half the bytes)
+    /// and widened on the device.
+    fn widen_bf16(&self, src: &Self::Buf<u16>, n: usize, out: &mut Self::Buf<f32>) -> Result<()>;
 
     // ---- topology and sampling ---------------------------------------------------
     /// Makes `graph` readable by [`Backend::sample`] from `placement`.
@@ -505,12 +573,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Features for [`Backend::gather`]: rows of `cached` (hottest first) are copied
     /// into a device cache up to `budget_bytes` (rows past the budget are left out);
     /// the rest stay in host memory (pinned / registered on CUDA) and are read over
-    /// the bus on a miss.
+    /// the bus on a miss. With [`FeatureDtype::Bf16`] both hold bfloat16 rows
+    /// (converted here: on CUDA a pinned copy of half the matrix's size) and the
+    /// gather widens them to `f32`.
     fn load_features(
         &self,
         features: &FeatureMatrix,
         cached: &[u32],
         budget_bytes: usize,
+        dtype: FeatureDtype,
     ) -> Result<Self::Features>;
     /// Changes the cached set: evicts `evict`, then inserts `insert` in order while
     /// the budget allows. Returns how many of `insert` were cached. Never exceeds the
@@ -671,19 +742,69 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
 #[cfg(test)]
 mod tests {
-    use super::round_to_tf32;
+    use super::{bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32};
 
-    /// TF32 rounding in `f64`: the nearest multiple of the value's TF32 unit
-    /// in the last place (ties to even), or ±inf past the largest finite value.
-    fn reference(x: f32) -> f32 {
+    /// Rounding to `mantissa` explicit bits in `f64`: the nearest multiple of the
+    /// value's unit in the last place (ties to even), or ±inf past the largest
+    /// finite value.
+    fn reference_bits(x: f32, mantissa: i32) -> f32 {
         if !x.is_finite() || x == 0.0 {
             return x;
         }
         let biased = ((x.to_bits() >> 23) & 0xFF) as i32;
         // Subnormals share the smallest normal exponent.
         let e = biased.max(1) - 127;
-        let ulp = 2f64.powi(e - 10);
+        let ulp = 2f64.powi(e - mantissa);
         ((f64::from(x) / ulp).round_ties_even() * ulp) as f32
+    }
+
+    /// TF32 rounding in `f64` (10 explicit mantissa bits).
+    fn reference(x: f32) -> f32 {
+        reference_bits(x, 10)
+    }
+
+    #[test]
+    fn bf16_rounding_matches_the_f64_reference() {
+        let mut rng = cpu_ops::Rng::new(6);
+        let mut cases: Vec<f32> = (0..200_000)
+            .map(|_| f32::from_bits(rng.next_u64() as u32))
+            .collect();
+        // Ties (the dropped 16 bits exactly half), both parities, and the edges.
+        for m in [0x8000u32, 0x1_8000, 0x7F_8000, 0x7E_8000] {
+            for e in [1u32, 100, 127, 200, 254] {
+                cases.push(f32::from_bits((e << 23) | m));
+                cases.push(-f32::from_bits((e << 23) | m));
+            }
+        }
+        cases.extend([
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(0x8000),
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1.0 + f32::EPSILON,
+        ]);
+        for x in cases {
+            let b = f32_to_bf16_bits(x);
+            if x.is_nan() {
+                assert!(bf16_bits_to_f32(b).is_nan(), "{:#010x}", x.to_bits());
+                continue;
+            }
+            let (got, want) = (round_to_bf16(x), reference_bits(x, 7));
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{x:e} ({:#010x}): got {got:e}, want {want:e}",
+                x.to_bits()
+            );
+            // Widening is exact: the bits are the f32's upper half.
+            assert_eq!(got.to_bits(), u32::from(b) << 16);
+        }
+        assert_eq!(round_to_bf16(f32::MAX), f32::INFINITY);
+        assert_eq!(round_to_bf16(1.0), 1.0);
     }
 
     #[test]

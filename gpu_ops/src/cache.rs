@@ -55,6 +55,8 @@ pub struct CacheUpdate {
 #[derive(Debug)]
 pub struct CachePolicy {
     dim: usize,
+    /// Bytes of one stored value (4: `f32`, 2: bfloat16).
+    value_bytes: usize,
     budget_bytes: usize,
     capacity_rows: usize,
     /// Per vertex: its slot, or [`NO_SLOT`].
@@ -88,24 +90,55 @@ impl CachePolicy {
     /// when `dim` is 0, as rows then take no bytes). Fails for more than `u32::MAX`
     /// vertices, a row size that overflows, or when the slot map cannot be allocated.
     pub fn new(num_vertices: usize, dim: usize, budget_bytes: usize) -> Result<Self> {
+        Self::with_value_bytes(num_vertices, dim, F32_BYTES, budget_bytes)
+    }
+
+    /// The policy of `features` stored as `dtype` with `budget_bytes`, after
+    /// checking the ids of `cached` (the rows to cache first).
+    pub fn for_features(
+        features: &cpu_ops::FeatureMatrix,
+        dtype: crate::FeatureDtype,
+        budget_bytes: usize,
+        cached: &[u32],
+    ) -> Result<Self> {
+        let p = Self::with_value_bytes(
+            features.num_rows(),
+            features.dim(),
+            dtype.value_bytes(),
+            budget_bytes,
+        )?;
+        p.check_ids("cached", cached)?;
+        Ok(p)
+    }
+
+    /// [`CachePolicy::new`] for rows of `dim` values of `value_bytes` bytes each
+    /// (2 for bfloat16 rows): `capacity_rows = min(budget_bytes / (dim ·
+    /// value_bytes), num_vertices)`.
+    pub fn with_value_bytes(
+        num_vertices: usize,
+        dim: usize,
+        value_bytes: usize,
+        budget_bytes: usize,
+    ) -> Result<Self> {
         if num_vertices > u32::MAX as usize {
             return Err(GpuOpsError::InvalidArgument {
                 name: "num_vertices",
                 reason: format!("{num_vertices} does not fit u32 vertex ids"),
             });
         }
-        let row_bytes = dim
-            .checked_mul(F32_BYTES)
-            .ok_or_else(|| GpuOpsError::InvalidArgument {
-                name: "dim",
-                reason: format!("a row of {dim} f32 values overflows usize bytes"),
-            })?;
+        let row_bytes =
+            dim.checked_mul(value_bytes)
+                .ok_or_else(|| GpuOpsError::InvalidArgument {
+                    name: "dim",
+                    reason: format!("a row of {dim} values overflows usize bytes"),
+                })?;
         let capacity_rows = match budget_bytes.checked_div(row_bytes) {
             Some(rows) => rows.min(num_vertices),
             None => num_vertices,
         };
         Ok(Self {
             dim,
+            value_bytes,
             budget_bytes,
             capacity_rows,
             slot_of: try_vec("feature cache slot map", num_vertices, NO_SLOT)?,
@@ -132,9 +165,9 @@ impl CachePolicy {
         self.budget_bytes
     }
 
-    /// Bytes of one row (`dim · 4`).
+    /// Bytes of one row (`dim · 4`, or `dim · 2` for bfloat16 rows).
     pub fn row_bytes(&self) -> usize {
-        self.dim * F32_BYTES
+        self.dim * self.value_bytes
     }
 
     /// The most rows the cache can hold.

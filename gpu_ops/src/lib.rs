@@ -17,8 +17,9 @@ mod host;
 mod model;
 
 pub use backend::{
-    round_to_tf32, AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev,
-    GatSaved, LossStats, MemoryInfo, Precision, TopologyPlacement, TransferStats,
+    bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits, AdamStep,
+    Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype, GatGradsDev, GatSaved,
+    LossStats, MemoryInfo, Precision, TopologyPlacement, TransferStats,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
 pub use cuda::{nccl_available, AllocatorStats, CudaBackend};

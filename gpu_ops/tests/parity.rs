@@ -84,6 +84,7 @@ macro_rules! parity_tests {
             gat_forward_backward,
             index_select_and_put_rows,
             gather_through_the_cache,
+            widen_bf16_is_exact,
             update_cache_stays_in_budget,
             sampling_structure,
             sample_hop_reproduces_sample,

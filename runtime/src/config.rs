@@ -285,6 +285,8 @@ pub struct DeviceSection {
     pub topology: TopologyPlacement,
     /// `"native"` or `"ops"`: how training runs when it runs on the host.
     pub host_engine: HostEngine,
+    /// `"f32"` or `"bf16"`: how a device engine stores feature rows.
+    pub feature_dtype: FeatureDtypeName,
 }
 
 impl Default for DeviceSection {
@@ -295,6 +297,7 @@ impl Default for DeviceSection {
             cache_bytes: DEFAULT_CACHE_BYTES,
             topology: TopologyPlacement::Device,
             host_engine: HostEngine::Native,
+            feature_dtype: FeatureDtypeName::F32,
         }
     }
 }
@@ -423,6 +426,29 @@ impl PrecisionName {
         match self {
             Self::Fp32 => gpu_ops::Precision::Fp32,
             Self::Tf32 => gpu_ops::Precision::Tf32,
+        }
+    }
+}
+
+/// `device.feature_dtype`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FeatureDtypeName {
+    /// IEEE single precision rows.
+    #[default]
+    F32,
+    /// bfloat16 rows on a device engine (cache and host rows; half the gather
+    /// bytes, widened to fp32 by the gather); the native host path reads fp32.
+    Bf16,
+}
+config_name!(FeatureDtypeName { F32 => "f32", Bf16 => "bf16" });
+
+impl FeatureDtypeName {
+    /// The backend's stored type.
+    pub fn dtype(self) -> gpu_ops::FeatureDtype {
+        match self {
+            Self::F32 => gpu_ops::FeatureDtype::F32,
+            Self::Bf16 => gpu_ops::FeatureDtype::Bf16,
         }
     }
 }

@@ -174,6 +174,8 @@ pub struct EngineOptions {
     /// "partitioned"`) gets its rows from a [`RowSource`] instead and never
     /// loads (or pins) the whole feature matrix.
     pub defer_features: bool,
+    /// How the device stores feature rows (`device.feature_dtype`).
+    pub feature_dtype: gpu_ops::FeatureDtype,
 }
 
 /// Where a device engine's input rows come from when the device does not hold
@@ -203,6 +205,8 @@ pub struct DeviceEngine<B: Backend> {
     num_vertices: usize,
     /// Reused gather buffer (grown on demand; ops read prefixes).
     x: Option<B::Buf<f32>>,
+    /// Reused device buffer of host-gathered rows uploaded as bfloat16.
+    bits: Option<B::Buf<u16>>,
     /// The whole graph as one block, for full-graph inference (built on first use).
     full_block: Option<B::Block>,
     /// Hot-row slabs, copy stream, reused buffers and batches sampled ahead
@@ -224,9 +228,14 @@ fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
 }
 
 /// Loads `ds`'s features onto `dev` with a cache of the highest-degree rows.
-fn load_features<B: Backend>(dev: &B, ds: &Dataset, cache_bytes: usize) -> Result<B::Features> {
-    dev.load_features(&ds.features, &degree_order(ds), cache_bytes)
-        .map_err(dev_err("loading the features"))
+fn load_features<B: Backend>(dev: &B, ds: &Dataset, opts: &EngineOptions) -> Result<B::Features> {
+    dev.load_features(
+        &ds.features,
+        &degree_order(ds),
+        opts.cache_bytes,
+        opts.feature_dtype,
+    )
+    .map_err(dev_err("loading the features"))
 }
 
 /// Vertices in decreasing degree order (ties by id): the feature cache's fill order.
@@ -261,7 +270,7 @@ impl<B: Backend> DeviceEngine<B> {
         let features = if opts.defer_features {
             None
         } else {
-            Some(load_features(&dev, ds, opts.cache_bytes)?)
+            Some(load_features(&dev, ds, &opts)?)
         };
         let dm = DeviceModel::from_host(&dev, model, opts.adam).map_err(dev_err("model"))?;
         let host = HostSide::new(Arc::clone(ds));
@@ -279,6 +288,7 @@ impl<B: Backend> DeviceEngine<B> {
             num_classes: ds.num_classes as usize,
             num_vertices: ds.num_vertices(),
             x: None,
+            bits: None,
             full_block: None,
             hot: hot::HotDevice::default(),
             opts,
@@ -289,7 +299,7 @@ impl<B: Backend> DeviceEngine<B> {
     /// The device feature store, loaded on first use.
     fn features(&mut self) -> Result<&mut B::Features> {
         if self.features.is_none() {
-            let f = load_features(&*self.dev, self.host.ds(), self.opts.cache_bytes)?;
+            let f = load_features(&*self.dev, self.host.ds(), &self.opts)?;
             self.features = Some(f);
         }
         self.features
@@ -363,8 +373,12 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             gpu_ops::Precision::Fp32 => String::new(),
             p => format!(", {p} matrix products"),
         };
+        let rows = match self.opts.feature_dtype {
+            gpu_ops::FeatureDtype::F32 => String::new(),
+            d => format!(", {d} feature rows"),
+        };
         format!(
-            "{} backend: {}{precision}",
+            "{} backend: {}{precision}{rows}",
             self.dev.kind(),
             self.dev.describe()
         )

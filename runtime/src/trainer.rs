@@ -62,8 +62,8 @@ use rayon::ThreadPool;
 use crate::auto::{Calibrator, ProbeStep};
 use crate::checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
 use crate::config::{
-    DistFeatures, DistReduce, EvalMode, OnNonFiniteKind, PolicyName, PrecisionName, SparseFeatures,
-    TrainConfig,
+    DistFeatures, DistReduce, EvalMode, FeatureDtypeName, OnNonFiniteKind, PolicyName,
+    PrecisionName, SparseFeatures, TrainConfig,
 };
 use crate::control::{BatchMetrics, Callback, CancelToken, Control, StopCause};
 use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
@@ -503,6 +503,7 @@ impl Trainer {
                 // A rank with partitioned features gets its rows from the
                 // exchange (set_communicator): the device never holds them all.
                 defer_features: cfg.dist.features == DistFeatures::Partitioned,
+                feature_dtype: cfg.device.feature_dtype.dtype(),
             },
         )?;
         let mut chosen = chosen;
@@ -511,6 +512,12 @@ impl Trainer {
             chosen.note.push_str(
                 "; model.precision = \"tf32\" applies to device engines' matrix products: \
                  the native host path computes in fp32",
+            );
+        }
+        if chosen.engine.is_none() && cfg.device.feature_dtype == FeatureDtypeName::Bf16 {
+            chosen.note.push_str(
+                "; device.feature_dtype = \"bf16\" applies to device engines' feature \
+                 rows: the native host path reads fp32 features",
             );
         }
         if chosen.engine.is_none()

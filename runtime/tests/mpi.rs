@@ -228,7 +228,11 @@ fn mpi_device_ranks_train_the_one_rank_model_and_a_job_resumes() {
         &train(2, &part, &partitioned, &[], limit).0,
         "2 device ranks, partitioned features",
     );
-    assert_eq!(params(&part), p2, "partitioned device ranks train other weights");
+    assert_eq!(
+        params(&part),
+        p2,
+        "partitioned device ranks train other weights"
+    );
 
     // Resume: epoch 1, then --resume to epoch 2, on 2 host ranks.
     let whole = dir.path().join("whole");

@@ -178,6 +178,121 @@ fn tf32_products_train_to_the_fp32_accuracy() {
     );
 }
 
+/// `ds` with every feature rounded to bfloat16 (checked to change some).
+fn rounded_to_bf16(ds: &runtime::dataset::Dataset) -> runtime::dataset::Dataset {
+    let mut rounded = ds.clone();
+    let x = gpu_ops::to_bf16_bits(ds.features.as_slice());
+    let x: Vec<f32> = x.into_iter().map(gpu_ops::bf16_bits_to_f32).collect();
+    assert_ne!(
+        &x[..],
+        ds.features.as_slice(),
+        "the rounding changes the features"
+    );
+    rounded.features =
+        cpu_ops::FeatureMatrix::new(x.into(), ds.num_vertices(), ds.features.dim()).unwrap();
+    rounded
+}
+
+/// `device.feature_dtype = "bf16"` on a device engine (the host backend, which
+/// stores bfloat16 rows as a GPU does): training equals, bit for bit, fp32
+/// training on the features rounded to bfloat16 beforehand (the gather widens
+/// exactly, in the cache and from host rows alike), and reaches the fp32
+/// accuracy within a point for every model kind; the native host path says it
+/// reads fp32.
+#[test]
+fn bf16_feature_rows_train_to_the_fp32_accuracy() {
+    for kind in ["sage", "gcn", "gat"] {
+        let ops = [
+            "device.kind=\"host\"",
+            "device.host_engine=\"ops\"",
+            "device.cache_bytes=20000",
+            "orchestration.policy=\"gpu-sample-gpu-gather\"",
+        ];
+        let f32_cfg = small(kind, &ops);
+        let bf16_cfg = small(
+            kind,
+            &[
+                ops[0],
+                ops[1],
+                ops[2],
+                ops[3],
+                "device.feature_dtype=\"bf16\"",
+            ],
+        );
+        let ds = load_dataset(&f32_cfg).expect("dataset");
+        let rounded = rounded_to_bf16(&ds);
+        let mut a = Trainer::new(ds.clone(), f32_cfg.clone()).expect("trainer");
+        let mut b = Trainer::new(ds, bf16_cfg).expect("trainer");
+        let mut c = Trainer::new(rounded, f32_cfg).expect("trainer");
+        assert!(b.device_note().contains("bf16"), "{}", b.device_note());
+        let (sa, sb, sc) = (
+            a.fit().expect("fit"),
+            b.fit().expect("fit"),
+            c.fit().expect("fit"),
+        );
+        assert_eq!(
+            b.model().params(),
+            c.model().params(),
+            "{kind}: bf16 rows vs rounded features"
+        );
+        assert_eq!(
+            sb.iter().map(|s| s.loss).collect::<Vec<_>>(),
+            sc.iter().map(|s| s.loss).collect::<Vec<_>>()
+        );
+        let (_, acc_a) = test_at_best_val(&sa).expect("evaluated");
+        let (_, acc_b) = test_at_best_val(&sb).expect("evaluated");
+        eprintln!("{kind}: test accuracy f32 rows {acc_a:.4}, bf16 rows {acc_b:.4}");
+        assert!(
+            (acc_a - acc_b).abs() <= 0.01,
+            "{kind}: f32 {acc_a} vs bf16 {acc_b}"
+        );
+        assert_ne!(
+            a.model().params()[0],
+            b.model().params()[0],
+            "{kind}: bf16 changed nothing"
+        );
+    }
+    // A host gather (here every step on the host) rounds the same way, so every
+    // step-based placement trains on the same values.
+    let host_steps = [
+        "device.host_engine=\"ops\"",
+        "orchestration.policy=\"cpu-sample-cpu-gather\"",
+        "train.epochs=1",
+    ];
+    let f32_cfg = small("sage", &host_steps);
+    let ds = load_dataset(&f32_cfg).expect("dataset");
+    let rounded = rounded_to_bf16(&ds);
+    let bf16_cfg = small(
+        "sage",
+        &[
+            host_steps[0],
+            host_steps[1],
+            host_steps[2],
+            "device.feature_dtype=\"bf16\"",
+        ],
+    );
+    let mut b = Trainer::new(ds, bf16_cfg).expect("trainer");
+    let mut c = Trainer::new(rounded, f32_cfg).expect("trainer");
+    b.fit().expect("fit");
+    c.fit().expect("fit");
+    assert_eq!(b.model().params(), c.model().params(), "host gather");
+    // The host-gathered rows travel as bfloat16: half their bytes (blocks and
+    // labels are the same in both runs).
+    let (hb, hc) = (b.h2d_bytes().unwrap(), c.h2d_bytes().unwrap());
+    let rows_f32 = (hc - hb) * 2;
+    eprintln!("host gather: {hc} bytes uploaded with f32 rows, {hb} with bf16 rows");
+    assert!(hb < hc && rows_f32 > hc / 2, "{hb} vs {hc}");
+
+    let native = small("sage", &["device.feature_dtype=\"bf16\"", "train.epochs=1"]);
+    let ds = load_dataset(&native).expect("dataset");
+    let t = Trainer::new(ds, native).expect("trainer");
+    assert!(
+        t.device_note().contains("reads fp32 features"),
+        "{}",
+        t.device_note()
+    );
+}
+
 #[test]
 fn device_engine_reports_cache_hits_and_resumes_from_a_checkpoint() {
     let cfg = small(

@@ -37,7 +37,9 @@ struct alignas(16) float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
 template <class T> inline T min(T a, T b) { return a < b ? a : b; }
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
+inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }

@@ -11,8 +11,8 @@ use super::math::CudaMask;
 use super::pinned::CudaPinned;
 use super::sample::{CudaBlock, CudaGraph};
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev, GatSaved, LossStats,
-    MemoryInfo, TopologyPlacement,
+    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype, GatGradsDev,
+    GatSaved, LossStats, MemoryInfo, TopologyPlacement,
 };
 use crate::error::Result;
 
@@ -157,6 +157,10 @@ impl Backend for CudaBackend {
         self.fill_bytes(buf, len, 0)
     }
 
+    fn widen_bf16(&self, src: &CudaBuf<u16>, n: usize, out: &mut CudaBuf<f32>) -> Result<()> {
+        self.widen_bf16_op(src, n, out)
+    }
+
     fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<CudaGraph> {
         self.load_graph_op(graph, placement)
     }
@@ -224,8 +228,9 @@ impl Backend for CudaBackend {
         features: &FeatureMatrix,
         cached: &[u32],
         budget_bytes: usize,
+        dtype: FeatureDtype,
     ) -> Result<CudaFeatures> {
-        self.load_features_op(features, cached, budget_bytes)
+        self.load_features_op(features, cached, budget_bytes, dtype)
     }
 
     fn update_cache(&self, f: &mut CudaFeatures, insert: &[u32], evict: &[u32]) -> Result<usize> {

@@ -7,8 +7,8 @@ use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix};
 
 use super::stats::AllocatorStats;
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev, GatSaved, LossStats,
-    MemoryInfo, TopologyPlacement,
+    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype, GatGradsDev,
+    GatSaved, LossStats, MemoryInfo, TopologyPlacement,
 };
 use crate::error::{GpuOpsError, Result};
 
@@ -159,6 +159,9 @@ impl Backend for CudaBackend {
     fn fill_zero<T: Elem>(&self, _: &mut Never, _: usize) -> Result<()> {
         match self.never {}
     }
+    fn widen_bf16(&self, _: &Never, _: usize, _: &mut Never) -> Result<()> {
+        match self.never {}
+    }
     fn load_graph(&self, _: &CsrGraph, _: TopologyPlacement) -> Result<Never> {
         match self.never {}
     }
@@ -197,7 +200,13 @@ impl Backend for CudaBackend {
     fn block_shape(&self, _: &Never) -> (usize, usize, usize) {
         match self.never {}
     }
-    fn load_features(&self, _: &FeatureMatrix, _: &[u32], _: usize) -> Result<Never> {
+    fn load_features(
+        &self,
+        _: &FeatureMatrix,
+        _: &[u32],
+        _: usize,
+        _: FeatureDtype,
+    ) -> Result<Never> {
         match self.never {}
     }
     fn update_cache(&self, _: &mut Never, _: &[u32], _: &[u32]) -> Result<usize> {

@@ -12,7 +12,10 @@
 //! - the **store** holds `slots_used × dim` rows (an exact allocation that grows
 //!   geometrically up to `capacity_rows × dim`, so it never exceeds the budget);
 //! - the **host rows** are the feature matrix, registered in place when it is memory
-//!   mapped, else copied to pinned memory (`pinned.rs`).
+//!   mapped, else copied to pinned memory (`pinned.rs`); with bfloat16 features
+//!   ([`FeatureDtype::Bf16`]) a converted copy in pinned memory, half the size, and a
+//!   bfloat16 store, read by `gather_rows_bf16`, which widens to `f32` (half the
+//!   bytes over the bus and from the cache).
 //!
 //! A gather counts hits and misses on the device (per-block shared counters, one
 //! atomic per block), reads the two counts back and adds them to the policy: so
@@ -27,25 +30,44 @@ use super::device::{drv, CudaBackend};
 use super::kernels::{launch, Grid};
 use super::math::elems;
 use super::pinned::HostRegion;
-use crate::backend::CacheStats;
+use crate::backend::{to_bf16_bits, CacheStats, Elem, FeatureDtype};
 use crate::cache::{CachePolicy, NO_SLOT};
 use crate::error::{GpuOpsError, Result};
+
+/// The host rows and the cache store (`slots × dim` cached rows; `store.len() /
+/// dim` slots allocated), in the stored type.
+enum Rows {
+    /// `f32` rows: the host rows are the feature matrix itself.
+    F32 {
+        host: HostRegion<f32>,
+        store: CudaBuf<f32>,
+    },
+    /// bfloat16 rows: a pinned, converted copy of the matrix (half its bytes)
+    /// and a bfloat16 store.
+    Bf16 {
+        host: HostRegion<u16>,
+        store: CudaBuf<u16>,
+    },
+}
 
 /// Features on the CUDA backend (module doc).
 pub struct CudaFeatures {
     policy: CachePolicy,
-    host: HostRegion<f32>,
-    /// `slots × dim` cached rows (`store.len() / dim` slots allocated).
-    store: CudaBuf<f32>,
+    rows: Rows,
     slot_map: CudaBuf<u32>,
 }
 
 impl std::fmt::Debug for CudaFeatures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (dtype, host, store_len) = match &self.rows {
+            Rows::F32 { host, store } => ("f32", format!("{host:?}"), store.len()),
+            Rows::Bf16 { host, store } => ("bf16", format!("{host:?}"), store.len()),
+        };
         f.debug_struct("CudaFeatures")
             .field("policy", &self.policy.stats())
-            .field("host", &self.host)
-            .field("store_len", &self.store.len())
+            .field("dtype", &dtype)
+            .field("host", &host)
+            .field("store_len", &store_len)
             .finish()
     }
 }
@@ -58,9 +80,13 @@ impl CudaFeatures {
 
     /// Slots the store has room for.
     fn store_slots(&self) -> usize {
+        let len = match &self.rows {
+            Rows::F32 { store, .. } => store.len(),
+            Rows::Bf16 { store, .. } => store.len(),
+        };
         match self.policy.dim() {
             0 => usize::MAX,
-            dim => self.store.len() / dim,
+            dim => len / dim,
         }
     }
 }
@@ -76,9 +102,9 @@ impl CudaBackend {
         features: &FeatureMatrix,
         cached: &[u32],
         budget_bytes: usize,
+        dtype: FeatureDtype,
     ) -> Result<CudaFeatures> {
-        let policy = CachePolicy::new(features.num_rows(), features.dim(), budget_bytes)?;
-        policy.check_ids("cached", cached)?;
+        let policy = CachePolicy::for_features(features, dtype, budget_bytes, cached)?;
         if !self.info.can_map_host {
             return Err(GpuOpsError::InvalidArgument {
                 name: "features",
@@ -87,23 +113,35 @@ impl CudaBackend {
                         .into(),
             });
         }
-        let host = HostRegion::new(
-            &self.ctx,
-            &self.compute.inner,
-            features.data(),
-            "feature rows",
-        )?;
+        let rows = match dtype {
+            FeatureDtype::F32 => Rows::F32 {
+                host: HostRegion::new(
+                    &self.ctx,
+                    &self.compute.inner,
+                    features.data(),
+                    "feature rows",
+                )?,
+                store: self.buf::<f32>(0, Init::Uninit, "feature cache store")?,
+            },
+            FeatureDtype::Bf16 => Rows::Bf16 {
+                host: HostRegion::new(
+                    &self.ctx,
+                    &self.compute.inner,
+                    &cpu_ops::HostArray::from(to_bf16_bits(features.as_slice())),
+                    "bfloat16 feature rows",
+                )?,
+                store: self.buf::<u16>(0, Init::Uninit, "feature cache store")?,
+            },
+        };
         let mut slot_map = self.pool.alloc_exact::<u32>(
             features.num_rows(),
             Init::Uninit,
             "feature cache slot map",
         )?;
         self.fill_bytes(&mut slot_map, features.num_rows(), 0xff)?;
-        let store = self.buf::<f32>(0, Init::Uninit, "feature cache store")?;
         let mut f = CudaFeatures {
             policy,
-            host,
-            store,
+            rows,
             slot_map,
         };
         self.update_cache_op(&mut f, cached, &[])?;
@@ -125,13 +163,21 @@ impl CudaBackend {
             return Ok(());
         }
         let rows = need.max(have.saturating_mul(2)).min(cap);
-        let mut bigger = self.pool.alloc_exact::<f32>(
-            elems("cache rows × dim", rows, dim)?,
-            Init::Uninit,
-            "feature cache store",
-        )?;
-        self.copy_buf(&f.store, &mut bigger, used * dim)?;
-        f.store = bigger;
+        let len = elems("cache rows × dim", rows, dim)?;
+        match &mut f.rows {
+            Rows::F32 { store, .. } => self.grow(store, len, used * dim),
+            Rows::Bf16 { store, .. } => self.grow(store, len, used * dim),
+        }
+    }
+
+    /// Replaces `store` by an exact allocation of `len` values holding its first
+    /// `keep`.
+    fn grow<T: Elem>(&self, store: &mut CudaBuf<T>, len: usize, keep: usize) -> Result<()> {
+        let mut bigger = self
+            .pool
+            .alloc_exact::<T>(len, Init::Uninit, "feature cache store")?;
+        self.copy_buf(store, &mut bigger, keep)?;
+        *store = bigger;
         Ok(())
     }
 
@@ -168,18 +214,32 @@ impl CudaBackend {
                 .iter()
                 .all(|&s| s != NO_SLOT && (s as usize) < f.store_slots()));
             let (ids, slots) = (self.to_device_u32(&ids)?, self.to_device_u32(&slots)?);
-            launch::cache_insert(
-                &self.kernels,
-                self.cu(),
+            let (grid, n, dim) = (
                 self.grid_rows(up.filled.len()),
-                f.host.ptr(),
-                ids.ptr(),
-                slots.ptr(),
                 up.filled.len() as u64,
                 f.policy.dim() as u64,
-                f.store.ptr_mut(),
-                f.slot_map.ptr_mut(),
-            )?;
+            );
+            // The two kernels take the same arguments over different row types.
+            macro_rules! insert {
+                ($kernel:path, $host:expr, $store:expr) => {
+                    $kernel(
+                        &self.kernels,
+                        self.cu(),
+                        grid,
+                        $host.ptr(),
+                        ids.ptr(),
+                        slots.ptr(),
+                        n,
+                        dim,
+                        $store.ptr_mut(),
+                        f.slot_map.ptr_mut(),
+                    )?
+                };
+            }
+            match &mut f.rows {
+                Rows::F32 { host, store } => insert!(launch::cache_insert, host, store),
+                Rows::Bf16 { host, store } => insert!(launch::cache_insert_bf16, host, store),
+            }
         }
         Ok(up.cached)
     }
@@ -205,21 +265,31 @@ impl CudaBackend {
             return Ok(());
         }
         let mut counters = self.buf::<u64>(2, Init::Zeroed, "gather counters")?;
-        launch::gather_rows(
-            &self.kernels,
-            self.cu(),
-            self.grid_rows(n),
-            f.slot_map.ptr(),
-            f.store.ptr(),
-            f.host.ptr(),
-            ids.ptr(),
-            n as u64,
-            f.policy.num_vertices() as u64,
-            dim as u64,
-            out.ptr_mut(),
-            counters.ptr_mut(),
-            self.fault_ptr(),
-        )?;
+        let (grid, rows) = (self.grid_rows(n), f.policy.num_vertices() as u64);
+        // The two kernels take the same arguments over different row types.
+        macro_rules! gather {
+            ($kernel:path, $host:expr, $store:expr) => {
+                $kernel(
+                    &self.kernels,
+                    self.cu(),
+                    grid,
+                    f.slot_map.ptr(),
+                    $store.ptr(),
+                    $host.ptr(),
+                    ids.ptr(),
+                    n as u64,
+                    rows,
+                    dim as u64,
+                    out.ptr_mut(),
+                    counters.ptr_mut(),
+                    self.fault_ptr(),
+                )?
+            };
+        }
+        match &f.rows {
+            Rows::F32 { host, store } => gather!(launch::gather_rows, host, store),
+            Rows::Bf16 { host, store } => gather!(launch::gather_rows_bf16, host, store),
+        }
         let mut counts = [0u64; 2];
         self.bind()?;
         // SAFETY: `counters` holds 2 u64s; the copy is ordered after the gather on the

@@ -445,6 +445,7 @@ define_kernels! {
                        has_w: u32, w_stride: u64, w_div: u64, partial: PtrMut<f32>);
         colsum_finish(partial: Ptr<f32>, chunks: u64, cols: u64, out: PtrMut<f32>,
                       accumulate: u32);
+        widen_bf16(src: Ptr<u16>, n: u64, out: PtrMut<f32>);
         relu_forward(x: PtrMut<f32>, n: u64);
         relu_backward(y: Ptr<f32>, dy: PtrMut<f32>, n: u64);
         elu_forward(x: PtrMut<f32>, n: u64, alpha: f32);
@@ -466,8 +467,13 @@ define_kernels! {
                     n: u64, num_rows: u64, dim: u64, out: PtrMut<f32>,
                     counters: PtrMut<u64>, fault: PtrMut<u32>);
         cache_evict(slot_map: PtrMut<u32>, ids: Ptr<u32>, n: u64);
+        gather_rows_bf16(slot_map: Ptr<u32>, cache: Ptr<u16>, host_rows: Ptr<u16>,
+                         ids: Ptr<u32>, n: u64, num_rows: u64, dim: u64, out: PtrMut<f32>,
+                         counters: PtrMut<u64>, fault: PtrMut<u32>);
         cache_insert(host_rows: Ptr<f32>, ids: Ptr<u32>, slots: Ptr<u32>, n: u64, dim: u64,
                      cache: PtrMut<f32>, slot_map: PtrMut<u32>);
+        cache_insert_bf16(host_rows: Ptr<u16>, ids: Ptr<u32>, slots: Ptr<u32>, n: u64,
+                          dim: u64, cache: PtrMut<u16>, slot_map: PtrMut<u32>);
         index_select_rows(src: Ptr<f32>, src_rows: u64, dim: u64, idx: Ptr<u32>, n: u64,
                           out: PtrMut<f32>, fault: PtrMut<u32>);
         index_put_rows(src: Ptr<f32>, dim: u64, idx: Ptr<u32>, n: u64, dst: PtrMut<f32>,
@@ -553,6 +559,7 @@ mod tests {
                         "float" => "f32",
                         "double" => "f64",
                         "u8" => "u8",
+                        "u16" => "u16",
                         "u32" => "u32",
                         "u64" => "u64",
                         other => panic!("kernel {name}: unsupported parameter type `{other}`"),

@@ -270,6 +270,28 @@ impl CudaBackend {
         self.colsum(dy.ptr(), rows, cols, None, dbias.ptr_mut(), accumulate)
     }
 
+    /// [`crate::Backend::widen_bf16`].
+    pub(crate) fn widen_bf16_op(
+        &self,
+        src: &CudaBuf<u16>,
+        n: usize,
+        out: &mut CudaBuf<f32>,
+    ) -> Result<()> {
+        src.check_len("widen_bf16 source", n)?;
+        out.check_len("widen_bf16 output", n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        launch::widen_bf16(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n.div_ceil(2)),
+            src.ptr(),
+            n as u64,
+            out.ptr_mut(),
+        )
+    }
+
     pub(crate) fn relu_op(&self, x: &mut CudaBuf<f32>, n: usize) -> Result<()> {
         x.check_len("relu x", n)?;
         launch::relu_forward(

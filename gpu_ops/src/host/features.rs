@@ -13,6 +13,7 @@ use std::sync::Arc;
 use cpu_ops::FeatureMatrix;
 use rayon::prelude::*;
 
+use crate::backend::{bf16_bits_to_f32, to_bf16_bits, FeatureDtype};
 use crate::cache::{CachePolicy, NO_SLOT};
 use crate::error::{GpuOpsError, Result};
 use crate::host::buffer::{mul, prefix, prefix_mut};
@@ -27,18 +28,17 @@ const PREFETCH_MAX_BYTES: usize = 1024;
 
 /// Asks the CPU to start loading the first lines of `row` (a no-op off x86-64).
 #[inline(always)]
-fn prefetch_row(row: &[f32]) {
-    const LINE_FLOATS: usize = 64 / std::mem::size_of::<f32>();
-    let head = row
-        .len()
-        .min(PREFETCH_MAX_BYTES / std::mem::size_of::<f32>());
-    for line in row[..head].iter().step_by(LINE_FLOATS) {
+fn prefetch_row<T>(row: &[T]) {
+    let size = std::mem::size_of::<T>().max(1);
+    let line_values = (64 / size).max(1);
+    let head = row.len().min(PREFETCH_MAX_BYTES / size);
+    for line in row[..head].iter().step_by(line_values) {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             // SAFETY: a prefetch is a hint that never faults and changes no state the
             // program can see; the pointer comes from a live reference anyway.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>((line as *const f32).cast::<i8>()) };
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((line as *const T).cast::<i8>()) };
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = line;
@@ -50,31 +50,115 @@ fn rows_per_task(dim: usize) -> usize {
     (TASK_BYTES / (dim.max(1) * std::mem::size_of::<f32>())).max(1)
 }
 
+/// A stored feature value: `f32`, or bfloat16 bits (`u16`).
+trait Value: Copy + Default + Send + Sync + 'static {
+    /// Writes `src` widened to `f32` into `dst` (same length).
+    fn widen_row(src: &[Self], dst: &mut [f32]);
+}
+
+impl Value for f32 {
+    fn widen_row(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl Value for u16 {
+    fn widen_row(src: &[u16], dst: &mut [f32]) {
+        for (d, &b) in dst.iter_mut().zip(src) {
+            *d = bf16_bits_to_f32(b);
+        }
+    }
+}
+
+/// The stored rows: the host rows a miss reads and the cache store (rows
+/// `0..policy.slots_used()`, slot `s` at `s * dim`; its capacity, the bytes it
+/// owns, stays within the budget).
+#[derive(Debug)]
+enum Rows {
+    /// `f32` rows: the host rows are the matrix itself.
+    F32 { store: Vec<f32> },
+    /// bfloat16 rows: a converted copy of the matrix, and a bfloat16 store.
+    Bf16 { host: Vec<u16>, store: Vec<u16> },
+}
+
 /// Features on the host backend: the host matrix and a row cache with a byte budget.
 #[derive(Debug)]
 pub struct HostFeatures {
     matrix: Arc<FeatureMatrix>,
     policy: CachePolicy,
-    /// Rows `0..policy.slots_used()`, slot `s` at `s * dim`; its capacity (the bytes
-    /// it owns) stays within the budget.
-    store: Vec<f32>,
+    rows: Rows,
+}
+
+/// Makes room in `store` for `need_rows` rows of `dim` (the caller caps it at the
+/// capacity), growing geometrically up to `cap_rows`, never past it.
+fn reserve_rows<T>(
+    store: &mut Vec<T>,
+    need_rows: usize,
+    cap_rows: usize,
+    dim: usize,
+    budget: usize,
+) -> Result<()> {
+    if need_rows * dim <= store.capacity() {
+        return Ok(());
+    }
+    let rows_now = store.capacity() / dim;
+    let target = need_rows.max(rows_now.saturating_mul(2)).min(cap_rows) * dim;
+    store
+        .try_reserve_exact(target - store.len())
+        .map_err(|_| GpuOpsError::OutOfMemory {
+            what: "host feature cache store".into(),
+            requested: target * std::mem::size_of::<T>(),
+            available: budget,
+        })
+}
+
+/// Copies the rows `filled` names (vertex, slot) from `src` into `store`.
+fn fill_rows<T: Value>(src: &[T], store: &mut [T], filled: &[(u32, u32)], dim: usize) {
+    let first = filled[0].1 as usize;
+    let consecutive = filled
+        .iter()
+        .enumerate()
+        .all(|(i, &(_, s))| s as usize == first + i);
+    if consecutive {
+        // Fresh slots in a run (the initial load): one parallel copy.
+        store[first * dim..(first + filled.len()) * dim]
+            .par_chunks_mut(dim)
+            .zip(filled.par_iter())
+            .with_min_len(rows_per_task(dim))
+            .for_each(|(row, &(v, _))| {
+                row.copy_from_slice(&src[v as usize * dim..(v as usize + 1) * dim]);
+            });
+    } else {
+        for &(v, s) in filled {
+            let (v, s) = (v as usize, s as usize);
+            store[s * dim..(s + 1) * dim].copy_from_slice(&src[v * dim..(v + 1) * dim]);
+        }
+    }
 }
 
 impl HostFeatures {
     /// [`crate::Backend::load_features`]: clones `features` (an `Arc` clone of the map
-    /// for a memory-mapped matrix, a copy for an owned one) and caches the rows of
-    /// `cached`, in order, while the budget allows.
+    /// for a memory-mapped matrix, a copy for an owned one; with bfloat16 rows a
+    /// converted copy of half its size instead) and caches the rows of `cached`, in
+    /// order, while the budget allows.
     pub(crate) fn load(
         features: &FeatureMatrix,
         cached: &[u32],
         budget_bytes: usize,
+        dtype: FeatureDtype,
     ) -> Result<Self> {
-        let policy = CachePolicy::new(features.num_rows(), features.dim(), budget_bytes)?;
-        policy.check_ids("cached", cached)?;
+        let policy = CachePolicy::for_features(features, dtype, budget_bytes, cached)?;
+        let rows = match dtype {
+            FeatureDtype::F32 => Rows::F32 { store: Vec::new() },
+            FeatureDtype::Bf16 => Rows::Bf16 {
+                host: to_bf16_bits(features.as_slice()),
+                store: Vec::new(),
+            },
+        };
         let mut f = Self {
             matrix: Arc::new(features.clone()),
             policy,
-            store: Vec::new(),
+            rows,
         };
         f.update(cached, &[])?;
         Ok(f)
@@ -85,6 +169,14 @@ impl HostFeatures {
         &self.matrix
     }
 
+    /// How the rows are stored.
+    pub fn dtype(&self) -> FeatureDtype {
+        match self.rows {
+            Rows::F32 { .. } => FeatureDtype::F32,
+            Rows::Bf16 { .. } => FeatureDtype::Bf16,
+        }
+    }
+
     /// The cache policy (slot map, occupancy, counters).
     pub fn policy(&self) -> &CachePolicy {
         &self.policy
@@ -92,123 +184,138 @@ impl HostFeatures {
 
     /// Bytes the cache store has allocated (never above the budget).
     pub fn store_bytes(&self) -> usize {
-        self.store.capacity() * std::mem::size_of::<f32>()
-    }
-
-    /// Makes room in the store for up to `extra` more slots (capped at the capacity),
-    /// before the policy changes, so a failed allocation changes nothing. Grows
-    /// geometrically but never past `capacity_rows × dim` values.
-    fn reserve(&mut self, extra: usize) -> Result<()> {
-        let dim = self.policy.dim();
-        let cap_rows = self.policy.capacity_rows();
-        let need_rows = self.policy.slots_used().saturating_add(extra).min(cap_rows);
-        if need_rows * dim <= self.store.capacity() {
-            return Ok(());
+        match &self.rows {
+            Rows::F32 { store } => store.capacity() * std::mem::size_of::<f32>(),
+            Rows::Bf16 { store, .. } => store.capacity() * std::mem::size_of::<u16>(),
         }
-        let rows_now = self.store.capacity() / dim;
-        let target = need_rows.max(rows_now.saturating_mul(2)).min(cap_rows) * dim;
-        self.store
-            .try_reserve_exact(target - self.store.len())
-            .map_err(|_| GpuOpsError::OutOfMemory {
-                what: "host feature cache store".into(),
-                requested: target * std::mem::size_of::<f32>(),
-                available: self.policy.budget_bytes(),
-            })
     }
 
-    /// [`crate::Backend::update_cache`]: evict, insert, copy the new rows in.
+    /// [`crate::Backend::update_cache`]: evict, insert, copy the new rows in. Room
+    /// for up to `insert.len()` more slots (capped at the capacity) is made before
+    /// the policy changes, so a failed allocation changes nothing.
     pub(crate) fn update(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize> {
         // Validate first, so a bad id leaves the store untouched too.
         self.policy.check_ids("evict", evict)?;
         self.policy.check_ids("insert", insert)?;
-        self.reserve(insert.len())?;
-        let up = self.policy.update(insert, evict)?;
         let dim = self.policy.dim();
+        let cap_rows = self.policy.capacity_rows();
+        let need_rows = self
+            .policy
+            .slots_used()
+            .saturating_add(insert.len())
+            .min(cap_rows);
+        let budget = self.policy.budget_bytes();
+        if dim > 0 {
+            match &mut self.rows {
+                Rows::F32 { store } => reserve_rows(store, need_rows, cap_rows, dim, budget)?,
+                Rows::Bf16 { store, .. } => reserve_rows(store, need_rows, cap_rows, dim, budget)?,
+            }
+        }
+        let up = self.policy.update(insert, evict)?;
         // Within the reservation: no reallocation, the budget holds.
-        self.store.resize(self.policy.slots_used() * dim, 0.0);
-        if dim == 0 || up.filled.is_empty() {
+        let len = self.policy.slots_used() * dim;
+        if dim == 0 {
             return Ok(up.cached);
         }
-        let first = up.filled[0].1 as usize;
-        let consecutive = up
-            .filled
-            .iter()
-            .enumerate()
-            .all(|(i, &(_, s))| s as usize == first + i);
-        if consecutive {
-            // Fresh slots in a run (the initial load): one parallel gather.
-            let ids: Vec<u32> = up.filled.iter().map(|&(v, _)| v).collect();
-            let rows = &mut self.store[first * dim..(first + ids.len()) * dim];
-            cpu_ops::gather_rows(&self.matrix, &ids, rows)?;
-        } else {
-            for &(v, s) in &up.filled {
-                let s = s as usize;
-                self.store[s * dim..(s + 1) * dim].copy_from_slice(self.matrix.row(v as usize));
+        match &mut self.rows {
+            Rows::F32 { store } => {
+                store.resize(len, 0.0);
+                if !up.filled.is_empty() {
+                    fill_rows(self.matrix.as_slice(), store, &up.filled, dim);
+                }
+            }
+            Rows::Bf16 { host, store } => {
+                store.resize(len, 0);
+                if !up.filled.is_empty() {
+                    fill_rows(host, store, &up.filled, dim);
+                }
             }
         }
         Ok(up.cached)
     }
 
     /// [`crate::Backend::gather`]: `out[r] = features[ids[r]]` for `r < n`, from the
-    /// store on a hit and from the matrix on a miss; counts both (only when every id
-    /// is valid).
+    /// store on a hit and from the host rows on a miss (widened to `f32`); counts
+    /// both (only when every id is valid).
     pub(crate) fn gather(&self, ids: &[u32], n: usize, out: &mut [f32]) -> Result<()> {
         let dim = self.policy.dim();
         let ids = prefix("gather ids", ids, n)?;
         let out = prefix_mut("gather output (n × dim)", out, mul("n × dim", n, dim)?)?;
         let num_rows = self.matrix.num_rows();
-        let bad = |r: usize, v: u32| GpuOpsError::InvalidArgument {
-            name: "ids",
-            reason: format!("id {v} at position {r} is not below the {num_rows} feature rows"),
-        };
-        let per_task = rows_per_task(dim);
-        let hits: u64 = if dim == 0 {
+        let hits = if dim == 0 {
             let mut hits = 0;
             for (r, &v) in ids.iter().enumerate() {
                 if v as usize >= num_rows {
-                    return Err(bad(r, v));
+                    return Err(bad_id(r, v, num_rows));
                 }
                 hits += u64::from(self.policy.is_cached(v));
             }
             hits
         } else {
-            let (src, store, slots) = (self.matrix.as_slice(), &self.store, self.policy.slot_map());
-            out.par_chunks_mut(per_task * dim)
-                .zip(ids.par_chunks(per_task))
-                .enumerate()
-                .map(|(t, (out, ids))| -> Result<u64> {
-                    // 1. Resolve every row's source first: the slot-map loads are
-                    //    independent, so they overlap.
-                    let mut rows: Vec<&[f32]> = Vec::with_capacity(ids.len());
-                    let mut hits = 0u64;
-                    for (i, &v) in ids.iter().enumerate() {
-                        let Some(&slot) = slots.get(v as usize) else {
-                            return Err(bad(t * per_task + i, v));
-                        };
-                        rows.push(if slot == NO_SLOT {
-                            &src[v as usize * dim..(v as usize + 1) * dim]
-                        } else {
-                            hits += 1;
-                            &store[slot as usize * dim..(slot as usize + 1) * dim]
-                        });
-                    }
-                    // 2. Copy, with the rows a few ahead already on their way.
-                    for r in rows.iter().take(PREFETCH_ROWS) {
-                        prefetch_row(r);
-                    }
-                    for (i, (o, r)) in out.chunks_exact_mut(dim).zip(&rows).enumerate() {
-                        if let Some(ahead) = rows.get(i + PREFETCH_ROWS) {
-                            prefetch_row(ahead);
-                        }
-                        o.copy_from_slice(r);
-                    }
-                    Ok(hits)
-                })
-                .try_reduce(|| 0, |a, b| Ok(a + b))?
+            match &self.rows {
+                Rows::F32 { store } => {
+                    gather_through(self.matrix.as_slice(), store, &self.policy, ids, out)?
+                }
+                Rows::Bf16 { host, store } => gather_through(host, store, &self.policy, ids, out)?,
+            }
         };
         self.policy.record(hits, n as u64 - hits);
         Ok(())
     }
+}
+
+/// The error for id `v` at position `r`, not below `num_rows`.
+fn bad_id(r: usize, v: u32, num_rows: usize) -> GpuOpsError {
+    GpuOpsError::InvalidArgument {
+        name: "ids",
+        reason: format!("id {v} at position {r} is not below the {num_rows} feature rows"),
+    }
+}
+
+/// The gather through the cache (`dim > 0`): returns the hits.
+fn gather_through<T: Value>(
+    src: &[T],
+    store: &[T],
+    policy: &CachePolicy,
+    ids: &[u32],
+    out: &mut [f32],
+) -> Result<u64> {
+    let dim = policy.dim();
+    let num_rows = policy.num_vertices();
+    let per_task = rows_per_task(dim);
+    let slots = policy.slot_map();
+    out.par_chunks_mut(per_task * dim)
+        .zip(ids.par_chunks(per_task))
+        .enumerate()
+        .map(|(t, (out, ids))| -> Result<u64> {
+            // 1. Resolve every row's source first: the slot-map loads are
+            //    independent, so they overlap.
+            let mut rows: Vec<&[T]> = Vec::with_capacity(ids.len());
+            let mut hits = 0u64;
+            for (i, &v) in ids.iter().enumerate() {
+                let Some(&slot) = slots.get(v as usize) else {
+                    return Err(bad_id(t * per_task + i, v, num_rows));
+                };
+                rows.push(if slot == NO_SLOT {
+                    &src[v as usize * dim..(v as usize + 1) * dim]
+                } else {
+                    hits += 1;
+                    &store[slot as usize * dim..(slot as usize + 1) * dim]
+                });
+            }
+            // 2. Copy, with the rows a few ahead already on their way.
+            for r in rows.iter().take(PREFETCH_ROWS) {
+                prefetch_row(r);
+            }
+            for (i, (o, r)) in out.chunks_exact_mut(dim).zip(&rows).enumerate() {
+                if let Some(ahead) = rows.get(i + PREFETCH_ROWS) {
+                    prefetch_row(ahead);
+                }
+                T::widen_row(r, o);
+            }
+            Ok(hits)
+        })
+        .try_reduce(|| 0, |a, b| Ok(a + b))
 }
 
 /// Rows of width `dim` in a buffer of `len` values.
@@ -325,8 +432,25 @@ mod tests {
         FeatureMatrix::new(v.into(), rows, dim).unwrap()
     }
 
+    /// Row `v` of `f`'s cache slot `s`, widened to `f32`.
+    fn store_row(f: &HostFeatures, s: usize) -> Vec<f32> {
+        let dim = f.policy().dim();
+        let mut out = vec![0.0; dim];
+        match &f.rows {
+            Rows::F32 { store } => f32::widen_row(&store[s * dim..(s + 1) * dim], &mut out),
+            Rows::Bf16 { store, .. } => u16::widen_row(&store[s * dim..(s + 1) * dim], &mut out),
+        }
+        out
+    }
+
     #[test]
     fn store_never_allocates_past_the_budget() {
+        for dtype in [FeatureDtype::F32, FeatureDtype::Bf16] {
+            store_stays_within_the_budget(dtype);
+        }
+    }
+
+    fn store_stays_within_the_budget(dtype: FeatureDtype) {
         let mut rng = Rng::new(3);
         for _ in 0..30 {
             let rows = 1 + rng.below(500) as usize;
@@ -336,7 +460,10 @@ mod tests {
             let first: Vec<u32> = (0..rng.below(rows as u64))
                 .map(|_| rng.below(rows as u64) as u32)
                 .collect();
-            let mut f = HostFeatures::load(&m, &first, budget).unwrap();
+            let mut f = HostFeatures::load(&m, &first, budget, dtype).unwrap();
+            // bfloat16 rows take half the bytes: twice the rows fit.
+            let cap = (budget / (dim * dtype.value_bytes())).min(rows);
+            assert_eq!(f.policy().capacity_rows(), cap);
             assert!(f.store_bytes() <= budget, "{} > {budget}", f.store_bytes());
             for _ in 0..20 {
                 let ins: Vec<u32> = (0..rng.below(80))
@@ -348,11 +475,18 @@ mod tests {
                 f.update(&ins, &ev).unwrap();
                 assert!(f.store_bytes() <= budget, "{} > {budget}", f.store_bytes());
                 assert!(f.policy().cached_bytes() <= budget);
-                // Every cached slot holds its vertex's row.
+                // Every cached slot holds its vertex's row (rounded to the dtype).
                 for v in 0..rows as u32 {
                     if let Some(s) = f.policy().slot(v) {
-                        let s = s as usize;
-                        assert_eq!(&f.store[s * dim..(s + 1) * dim], m.row(v as usize));
+                        let want: Vec<f32> = m
+                            .row(v as usize)
+                            .iter()
+                            .map(|&x| match dtype {
+                                FeatureDtype::F32 => x,
+                                FeatureDtype::Bf16 => crate::round_to_bf16(x),
+                            })
+                            .collect();
+                        assert_eq!(store_row(&f, s as usize), want);
                     }
                 }
             }
@@ -362,7 +496,7 @@ mod tests {
     #[test]
     fn gather_counts_and_matches_the_plain_gather() {
         let m = matrix(100, 6);
-        let f = HostFeatures::load(&m, &[5, 7, 9, 11], 3 * 6 * 4).unwrap();
+        let f = HostFeatures::load(&m, &[5, 7, 9, 11], 3 * 6 * 4, FeatureDtype::F32).unwrap();
         assert!(f.policy().is_cached(9) && !f.policy().is_cached(11));
         let ids = [9u32, 1, 5, 5, 99, 11, 0];
         let mut out = vec![f32::NAN; 7 * 6 + 5];
@@ -396,7 +530,7 @@ mod tests {
             })
         ));
         assert!(matches!(
-            HostFeatures::load(&m, &[100], 1000),
+            HostFeatures::load(&m, &[100], 1000, FeatureDtype::F32),
             Err(GpuOpsError::InvalidArgument { name: "cached", .. })
         ));
     }

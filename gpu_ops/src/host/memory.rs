@@ -89,6 +89,15 @@ pub(crate) fn fill_zero<T: Elem>(buf: &mut HostBuf<T>, len: usize) -> Result<()>
     Ok(())
 }
 
+/// [`crate::Backend::widen_bf16`].
+pub(crate) fn widen_bf16(src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -> Result<()> {
+    let s = prefix("widen_bf16 source", src, n)?;
+    for (o, &b) in prefix_mut("widen_bf16 output", out, n)?.iter_mut().zip(s) {
+        *o = crate::bf16_bits_to_f32(b);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, Simd};
 
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, GatGradsDev, GatSaved, LossStats,
-    MemoryInfo, TopologyPlacement,
+    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype, GatGradsDev,
+    GatSaved, LossStats, MemoryInfo, TopologyPlacement,
 };
 use crate::error::Result;
 
@@ -227,6 +227,10 @@ impl Backend for HostBackend {
         memory::fill_zero(buf, len)
     }
 
+    fn widen_bf16(&self, src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -> Result<()> {
+        memory::widen_bf16(src, n, out)
+    }
+
     // ---- topology and sampling ---------------------------------------------------
     /// The topology stays in host memory whatever `placement` asks: on this backend
     /// both placements are the same memory.
@@ -299,8 +303,9 @@ impl Backend for HostBackend {
         features: &FeatureMatrix,
         cached: &[u32],
         budget_bytes: usize,
+        dtype: FeatureDtype,
     ) -> Result<HostFeatures> {
-        HostFeatures::load(features, cached, budget_bytes)
+        HostFeatures::load(features, cached, budget_bytes, dtype)
     }
 
     fn update_cache(&self, f: &mut HostFeatures, insert: &[u32], evict: &[u32]) -> Result<usize> {

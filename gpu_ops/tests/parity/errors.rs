@@ -138,7 +138,9 @@ pub(crate) fn too_short_buffers_are_size_mismatch<B: Backend>(d: &B) {
     );
     assert_size_mismatch("put idx", d.index_put_rows(&f(9), 3, &u(2), 3, &mut f(12)));
     let m = FeatureMatrix::new(vec![0.0; 20].into(), 10, 2).unwrap();
-    let feats = d.load_features(&m, &[1, 2], 1 << 10).unwrap();
+    let feats = d
+        .load_features(&m, &[1, 2], 1 << 10, gpu_ops::FeatureDtype::F32)
+        .unwrap();
     assert_size_mismatch("gather ids", d.gather(&feats, &u(2), 3, &mut f(6)));
     assert_size_mismatch("gather out", d.gather(&feats, &u(3), 3, &mut f(5)));
     assert_size_mismatch("relabel targets", d.unique_relabel(&u(1), 2, &u(3), 3));
@@ -154,8 +156,12 @@ pub(crate) fn two_backends_keep_their_own_errors<B: Backend>(a: &B, b: &B) {
     let dim = 8;
     let data: Vec<f32> = (0..rows * dim).map(|i| i as f32).collect();
     let m = FeatureMatrix::new(data.into(), rows, dim).unwrap();
-    let fa = a.load_features(&m, &[], 0).unwrap();
-    let fb = b.load_features(&m, &[0, 1, 2], 3 * dim * 4).unwrap();
+    let fa = a
+        .load_features(&m, &[], 0, gpu_ops::FeatureDtype::F32)
+        .unwrap();
+    let fb = b
+        .load_features(&m, &[0, 1, 2], 3 * dim * 4, gpu_ops::FeatureDtype::F32)
+        .unwrap();
     std::thread::scope(|s| {
         s.spawn(|| {
             for _ in 0..50 {

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use cpu_ops::{FeatureMatrix, Rng};
-use gpu_ops::Backend;
+use gpu_ops::{bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, Backend, FeatureDtype};
 
 use crate::helpers::*;
 
@@ -60,18 +60,35 @@ pub(crate) fn random_features(rng: &mut Rng, rows: usize, dim: usize) -> Feature
     FeatureMatrix::new(rand_f32(rng, rows * dim).into(), rows, dim).unwrap()
 }
 
+/// `m`'s rows of `ids` as a gather of `dtype` rows returns them: bfloat16 rows
+/// are rounded to nearest (ties to even) and widened exactly.
+fn expected_rows(m: &FeatureMatrix, ids: &[u32], dtype: FeatureDtype) -> Vec<f32> {
+    let rows = cpu_ops::gather_rows_into_vec(m, ids).unwrap();
+    match dtype {
+        FeatureDtype::F32 => rows,
+        FeatureDtype::Bf16 => rows.into_iter().map(round_to_bf16).collect(),
+    }
+}
+
 pub(crate) fn gather_through_the_cache<B: Backend>(d: &B) {
+    for dtype in [FeatureDtype::F32, FeatureDtype::Bf16] {
+        gather_through_the_cache_as(d, dtype);
+    }
+}
+
+fn gather_through_the_cache_as<B: Backend>(d: &B, dtype: FeatureDtype) {
     let mut rng = Rng::new(12);
-    for dim in [1, 7, 100, 129] {
+    // 8 and 128: the CUDA kernels' 16-byte path for bfloat16 rows.
+    for dim in [1, 7, 8, 100, 128, 129] {
         let rows = 500;
         let m = random_features(&mut rng, rows, dim);
         let mut hot: Vec<u32> = (0..rows as u32).collect();
         rng.shuffle(&mut hot);
         let hot = &hot[..200];
-        let row_bytes = dim * 4;
+        let row_bytes = dim * dtype.value_bytes();
         // Room for 150 of the 200 hot rows (plus a few spare bytes).
         let budget = 150 * row_bytes + row_bytes / 2;
-        let f = d.load_features(&m, hot, budget).unwrap();
+        let f = d.load_features(&m, hot, budget, dtype).unwrap();
         assert_eq!(d.feature_dim(&f), dim);
         let s = d.cache_stats(&f);
         assert_eq!(
@@ -92,8 +109,12 @@ pub(crate) fn gather_through_the_cache<B: Backend>(d: &B) {
             let mut out = output(d, &vec![f32::NAN; n * dim]);
             d.gather(&f, &input_u32(d, &ids, u32::MAX), n, &mut out)
                 .unwrap();
-            let want = cpu_ops::gather_rows_into_vec(&m, &ids).unwrap();
-            assert_eq!(bits(&read(d, &out, n * dim, "gather")), bits(&want));
+            let want = expected_rows(&m, &ids, dtype);
+            assert_eq!(
+                bits(&read(d, &out, n * dim, "gather")),
+                bits(&want),
+                "{dtype} dim {dim}"
+            );
             let hits = ids.iter().filter(|&&v| d.is_cached(&f, v)).count() as u64;
             let s = d.cache_stats(&f);
             assert_eq!((s.hits, s.misses), (hits, n as u64 - hits), "round {round}");
@@ -108,12 +129,37 @@ pub(crate) fn gather_through_the_cache<B: Backend>(d: &B) {
     }
 }
 
+/// bfloat16 bits widened on the device equal the exact widening, for even and
+/// odd lengths; nothing past `n` is written; a short buffer is an error.
+pub(crate) fn widen_bf16_is_exact<B: Backend>(d: &B) {
+    let mut rng = Rng::new(14);
+    for n in [1usize, 2, 7, 1000, 1001] {
+        let x = rand_f32(&mut rng, n);
+        let mut halves: Vec<u16> = x.iter().map(|&v| f32_to_bf16_bits(v * 50.0)).collect();
+        halves.extend([0x7FC0u16; PAD]);
+        let src = d.to_device(&halves).unwrap();
+        let mut out = output(d, &vec![f32::NAN; n]);
+        d.widen_bf16(&src, n, &mut out).unwrap();
+        let want: Vec<f32> = halves[..n].iter().map(|&b| bf16_bits_to_f32(b)).collect();
+        assert_eq!(bits(&read(d, &out, n, "widen_bf16")), bits(&want), "n {n}");
+    }
+    let src = d.to_device(&[0u16; 3]).unwrap();
+    let mut out = d.to_device(&[0f32; 3]).unwrap();
+    assert!(d.widen_bf16(&src, 4, &mut out).is_err());
+}
+
 pub(crate) fn update_cache_stays_in_budget<B: Backend>(d: &B) {
+    for dtype in [FeatureDtype::F32, FeatureDtype::Bf16] {
+        update_cache_stays_in_budget_as(d, dtype);
+    }
+}
+
+fn update_cache_stays_in_budget_as<B: Backend>(d: &B, dtype: FeatureDtype) {
     let mut rng = Rng::new(13);
     let (rows, dim) = (300, 11);
     let m = random_features(&mut rng, rows, dim);
-    let budget = 40 * dim * 4 + 3;
-    let mut f = d.load_features(&m, &[], budget).unwrap();
+    let budget = 40 * dim * dtype.value_bytes() + 3;
+    let mut f = d.load_features(&m, &[], budget, dtype).unwrap();
     assert_eq!(d.cache_stats(&f).cached_rows, 0);
     let mut model: HashSet<u32> = HashSet::new();
     for _ in 0..50 {
@@ -145,7 +191,7 @@ pub(crate) fn update_cache_stays_in_budget<B: Backend>(d: &B) {
         let mut out = output(d, &vec![0.0; ids.len() * dim]);
         d.gather(&f, &input_u32(d, &ids, 0), ids.len(), &mut out)
             .unwrap();
-        let want = cpu_ops::gather_rows_into_vec(&m, &ids).unwrap();
+        let want = expected_rows(&m, &ids, dtype);
         assert_eq!(
             bits(&read(d, &out, ids.len() * dim, "gather cached")),
             bits(&want)

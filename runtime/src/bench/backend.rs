@@ -8,7 +8,10 @@
 //! 2. **gather**: [`Backend::gather`] of the same random rows three ways — with
 //!    every row in the device cache (hits), with an empty cache (every row read from
 //!    host memory: zero-copy over the bus on CUDA), and the reference, a
-//!    device-to-device copy of as many bytes ([`Backend::copy`]).
+//!    device-to-device copy of as many bytes ([`Backend::copy`]); then the same two
+//!    gathers from bfloat16 rows ([`gpu_ops::FeatureDtype::Bf16`]: half the bytes
+//!    read, widened to `f32`), whose rate counts the `f32` rows delivered, so the
+//!    ratio to the copy shows what halving the read bytes buys.
 //! 3. **GEMM**: [`Backend::gemm`] at a layer shape, in FLOP/s.
 //!
 //! Every number is the best of `reps` timed repetitions after one warm-up, timed
@@ -18,7 +21,7 @@
 use std::fmt;
 
 use cpu_ops::{CsrGraph, FeatureMatrix, Rng};
-use gpu_ops::{Backend, GpuOpsError, TopologyPlacement};
+use gpu_ops::{Backend, FeatureDtype, GpuOpsError, TopologyPlacement};
 
 use crate::error::{Error, Result};
 
@@ -61,6 +64,10 @@ pub struct BackendReport {
     pub gather_cached: Rate,
     /// Bytes per second gathering rows that are all read from host memory.
     pub gather_host: Rate,
+    /// `f32` bytes per second delivered gathering from bfloat16 rows, all cached.
+    pub gather_bf16_cached: Rate,
+    /// The same with every bfloat16 row read from host memory.
+    pub gather_bf16_host: Rate,
     /// Bytes per second of a device-to-device copy of the same size.
     pub copy_reference: Rate,
     /// FLOP per second of the GEMM.
@@ -90,6 +97,8 @@ impl fmt::Display for BackendReport {
         for (name, x) in [
             ("gather (all cached)", self.gather_cached),
             ("gather (all from host)", self.gather_host),
+            ("gather bf16 (cached)", self.gather_bf16_cached),
+            ("gather bf16 (host)", self.gather_bf16_host),
             ("d2d copy (reference)", self.copy_reference),
         ] {
             writeln!(
@@ -209,22 +218,29 @@ pub fn bench_backend<B: Backend>(
         .alloc::<f32>(rows * dim)
         .map_err(dev_err("gather output"))?;
     let everyone: Vec<u32> = (0..n as u32).collect();
-    let all = dev
-        .load_features(features, &everyone, n * dim * 4)
-        .map_err(dev_err("loading features (cached)"))?;
-    let cached_ms = time_best(dev, o.reps, || {
-        dev.gather(&all, &ids_dev, rows, &mut out)
-            .map_err(dev_err("gather"))
-    })?;
-    drop(all);
-    let none = dev
-        .load_features(features, &[], 0)
-        .map_err(dev_err("loading features (uncached)"))?;
-    let host_ms = time_best(dev, o.reps, || {
-        dev.gather(&none, &ids_dev, rows, &mut out)
-            .map_err(dev_err("gather"))
-    })?;
-    drop(none);
+    // (all cached, all from host) for each stored type.
+    let mut gathers = [(0.0, 0.0); 2];
+    for (dtype, times) in [FeatureDtype::F32, FeatureDtype::Bf16]
+        .into_iter()
+        .zip(&mut gathers)
+    {
+        let all = dev
+            .load_features(features, &everyone, n * dim * 4, dtype)
+            .map_err(dev_err("loading features (cached)"))?;
+        times.0 = time_best(dev, o.reps, || {
+            dev.gather(&all, &ids_dev, rows, &mut out)
+                .map_err(dev_err("gather"))
+        })?;
+        drop(all);
+        let none = dev
+            .load_features(features, &[], 0, dtype)
+            .map_err(dev_err("loading features (uncached)"))?;
+        times.1 = time_best(dev, o.reps, || {
+            dev.gather(&none, &ids_dev, rows, &mut out)
+                .map_err(dev_err("gather"))
+        })?;
+    }
+    let [(cached_ms, host_ms), (bf16_cached_ms, bf16_host_ms)] = gathers;
     let src = dev
         .alloc::<f32>(rows * dim)
         .map_err(dev_err("copy source"))?;
@@ -260,6 +276,8 @@ pub fn bench_backend<B: Backend>(
         sample_edges,
         gather_cached: rate(bytes, cached_ms),
         gather_host: rate(bytes, host_ms),
+        gather_bf16_cached: rate(bytes, bf16_cached_ms),
+        gather_bf16_host: rate(bytes, bf16_host_ms),
         copy_reference: rate(bytes, copy_ms),
         gemm_flops: rate(2.0 * (m * k * nn) as f64, gemm_ms),
         gemm_tf32_flops: rate(2.0 * (m * k * nn) as f64, tf32_ms),
@@ -299,6 +317,8 @@ mod tests {
             rep.sample_edges,
             rep.gather_cached,
             rep.gather_host,
+            rep.gather_bf16_cached,
+            rep.gather_bf16_host,
             rep.copy_reference,
             rep.gemm_flops,
             rep.gemm_tf32_flops,

@@ -38,6 +38,8 @@ pub(crate) struct HostSide {
     sampling: Option<(NeighborSampler, SamplerScratch)>,
     /// The reused host gather buffer.
     pub(super) rows: Vec<f32>,
+    /// The same rows as bfloat16 bits, for an upload of half the bytes.
+    bits: Vec<u16>,
 }
 
 impl HostSide {
@@ -47,6 +49,7 @@ impl HostSide {
             ds,
             sampling: None,
             rows: Vec::new(),
+            bits: Vec::new(),
         }
     }
 
@@ -116,7 +119,10 @@ impl<B: Backend> DeviceEngine<B> {
         Ok(rows)
     }
 
-    /// Uploads host-gathered rows into the reused input buffer.
+    /// Uploads host-gathered rows into the reused input buffer. With
+    /// `device.feature_dtype = "bf16"` they travel as bfloat16 (half the bytes,
+    /// rounded as the device's bfloat16 store rounds, so every placement trains
+    /// on the same values) and are widened on the device.
     pub(super) fn upload_rows(&mut self, rows: &[f32]) -> Result<B::Buf<f32>> {
         let need = rows.len();
         let mut x = match self.x.take() {
@@ -126,10 +132,31 @@ impl<B: Backend> DeviceEngine<B> {
                 .alloc(need + need / 4)
                 .map_err(dev_err("input buffer"))?,
         };
-        self.dev
-            .upload(self.dev.stream(), rows, &mut x)
-            .map_err(dev_err("uploading gathered rows"))?;
-        self.h2d += (need * 4) as u64;
+        if self.opts.feature_dtype == gpu_ops::FeatureDtype::Bf16 {
+            let host = &mut self.host.bits;
+            host.clear();
+            host.extend(rows.iter().map(|&v| gpu_ops::f32_to_bf16_bits(v)));
+            let mut bits = match self.bits.take() {
+                Some(b) if self.dev.len(&b) >= need => b,
+                _ => self
+                    .dev
+                    .alloc(need + need / 4)
+                    .map_err(dev_err("bfloat16 input buffer"))?,
+            };
+            let up = self
+                .dev
+                .upload(self.dev.stream(), host, &mut bits)
+                .and_then(|()| self.dev.widen_bf16(&bits, need, &mut x))
+                .map_err(dev_err("uploading gathered rows as bfloat16"));
+            self.bits = Some(bits);
+            up?;
+            self.h2d += (need * 2) as u64;
+        } else {
+            self.dev
+                .upload(self.dev.stream(), rows, &mut x)
+                .map_err(dev_err("uploading gathered rows"))?;
+            self.h2d += (need * 4) as u64;
+        }
         Ok(x)
     }
 

@@ -470,6 +470,7 @@ mod tests {
                 batch_size: 128,
                 precision: gpu_ops::Precision::Fp32,
                 defer_features: false,
+                feature_dtype: gpu_ops::FeatureDtype::F32,
             },
         )
         .unwrap();
