@@ -686,10 +686,13 @@ impl Trainer {
                 )?),
                 None => None,
             };
-            // A device engine uploads dense rows.
+            // A device engine uploads dense rows; bfloat16 ones when it stores
+            // bfloat16 rows, so they may travel as bfloat16 too.
             let sparse = self.sparse.as_ref().filter(|_| self.engine.is_none());
+            let bf16 =
+                self.engine.is_some() && self.cfg.device.feature_dtype == FeatureDtypeName::Bf16;
             let pf =
-                pool.install(|| PartitionedFeatures::new(ds, channel, cache, parts, sparse))?;
+                pool.install(|| PartitionedFeatures::new(ds, channel, cache, parts, sparse, bf16))?;
             Some(Arc::new(pf))
         } else {
             None

@@ -240,6 +240,7 @@ fn device_ranks_with_partitioned_features_train_what_replicated_ranks_train() {
     let ds = load_dataset(&replicated).unwrap();
     let n = ds.num_vertices();
     let reference = train_ranks(&replicated, 3, |_| ds.clone());
+    let mut f32_bytes = 0;
     for policy in ["auto", "cpu-sample-gpu-gather", "gpu-sample-cpu-gather"] {
         let c = cfg(&[
             base[0],
@@ -264,7 +265,30 @@ fn device_ranks_with_partitioned_features_train_what_replicated_ranks_train() {
                 "{policy}: {d:?}"
             );
         }
+        f32_bytes = part[0].dist.exchange_bytes;
     }
+
+    // bfloat16 rows (`device.feature_dtype`): rows travel as bfloat16, which
+    // the device rounds to anyway: the replicated bfloat16 model, bit for bit,
+    // for about half the exchanged bytes.
+    let bf16 = "device.feature_dtype=\"bf16\"";
+    let policy = "orchestration.policy=\"gpu-sample-cpu-gather\"";
+    let reference = train_ranks(&cfg(&[base[0], base[1], policy, bf16]), 3, |_| ds.clone());
+    let c = cfg(&[
+        base[0],
+        base[1],
+        policy,
+        bf16,
+        "dist.features=\"partitioned\"",
+        "dist.remote_cache_rows=100",
+    ]);
+    let part = train_ranks(&c, 3, |r| foreign_rows_poisoned(&ds, share(n, r, 3)));
+    for run in &part {
+        assert_eq!(run.params, reference[0].params, "bf16 rows");
+    }
+    let bytes = part[0].dist.exchange_bytes;
+    eprintln!("exchanged bytes on rank 0: f32 rows {f32_bytes}, bf16 rows {bytes}");
+    assert!(bytes * 10 < f32_bytes * 6, "{bytes} vs {f32_bytes}");
 
     // A partition file: ranks train the seeds they own; shares of one seed
     // and empty shares (batch 7 over 5 ranks) still take part in the exchange.

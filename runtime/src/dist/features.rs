@@ -34,6 +34,8 @@ pub(crate) struct PartitionedFeatures {
     /// The same rows as sparse rows, when the trainer reads sparse features
     /// (then the exchange moves sparse rows and `cache` is empty).
     sparse_cache: Option<SparseRows<f32>>,
+    /// Dense rows travel as bfloat16 bits, two to a `u32` word.
+    bf16: bool,
     stats: Mutex<DistStats>,
 }
 
@@ -71,13 +73,17 @@ impl PartitionedFeatures {
     /// rank per vertex) replaces the contiguous ranges; the ranks check that
     /// they hold the same map. With `sparse` (the trainer's sparse rows of the
     /// features, of which this rank reads only its own), rows travel and are
-    /// cached as sparse rows ([`PartitionedFeatures::gather_sparse`]).
+    /// cached as sparse rows ([`PartitionedFeatures::gather_sparse`]). With
+    /// `bf16` (a device engine storing bfloat16 rows, which rounds every row it
+    /// uploads), dense rows travel as bfloat16: half the bytes, and the same
+    /// values once uploaded.
     pub(crate) fn new(
         ds: &Dataset,
         comm: Arc<dyn Communicator>,
         cache_rows: usize,
         parts: Option<Vec<u32>>,
         sparse: Option<&SparseRows<f32>>,
+        bf16: bool,
     ) -> Result<Self> {
         let n = ds.num_vertices();
         let (rank, ranks) = (comm.rank(), comm.size());
@@ -108,6 +114,7 @@ impl PartitionedFeatures {
             slot: Vec::new(),
             cache: Vec::new(),
             sparse_cache: None,
+            bf16,
             stats: Mutex::new(DistStats::default()),
         };
         let cached: Vec<u32> = if cache_rows == 0 {
@@ -402,7 +409,24 @@ impl PartitionedFeatures {
             }
         }
         let row_counts: Vec<usize> = asked_counts.iter().map(|c| c * dim).collect();
-        let (got, got_counts) = self.comm.all_to_all_f32(&rows, &row_counts)?;
+        // The rows received from each owner, in request order.
+        let (got, got_counts, sent_words, got_words) = if self.bf16 {
+            let (words, word_counts) = pack_bf16(&rows, &row_counts);
+            let (w, wc) = self.comm.all_to_all_u32(&words, &word_counts)?;
+            let want: Vec<usize> = wanted.iter().map(|w| w.len() * dim).collect();
+            let got = unpack_bf16(&w, &wc, &want).map_err(|src| Error::Dist {
+                what: format!(
+                    "rank {src} sent rank {rank} {} bfloat16 words for {} rows of {dim}",
+                    wc[src],
+                    wanted[src].len()
+                ),
+            })?;
+            (got, want, words.len(), w.len())
+        } else {
+            let (got, counts) = self.comm.all_to_all_f32(&rows, &row_counts)?;
+            let (sent, received) = (rows.len(), got.len());
+            (got, counts, sent, received)
+        };
         for (src, (want, count)) in wanted.iter().zip(&got_counts).enumerate() {
             if *count != want.len() * dim {
                 return Err(Error::Dist {
@@ -416,10 +440,53 @@ impl PartitionedFeatures {
         for (k, &(i, _)) in wanted.iter().flatten().enumerate() {
             out[i * dim..(i + 1) * dim].copy_from_slice(&got[k * dim..(k + 1) * dim]);
         }
-        let bytes = (requests.len() + asked.len()) as u64 * 4 + (rows.len() + got.len()) as u64 * 4;
+        let bytes = (requests.len() + asked.len()) as u64 * 4 + (sent_words + got_words) as u64 * 4;
         self.record(t, bytes, remote, hits);
         Ok(bytes)
     }
+}
+
+/// `values` (segments of `counts` values, one per rank) as bfloat16 bits, two
+/// to a `u32` word (the earlier value in the low half); an odd segment ends with
+/// a zero half. Returns the words and each segment's word count.
+fn pack_bf16(values: &[f32], counts: &[usize]) -> (Vec<u32>, Vec<usize>) {
+    let mut words = Vec::with_capacity(values.len() / 2 + counts.len());
+    let mut word_counts = Vec::with_capacity(counts.len());
+    for r in ranges(counts) {
+        let seg = &values[r];
+        for pair in seg.chunks(2) {
+            let lo = u32::from(gpu_ops::f32_to_bf16_bits(pair[0]));
+            let hi = pair
+                .get(1)
+                .map_or(0, |&x| u32::from(gpu_ops::f32_to_bf16_bits(x)));
+            words.push(lo | hi << 16);
+        }
+        word_counts.push(seg.len().div_ceil(2));
+    }
+    (words, word_counts)
+}
+
+/// The inverse of [`pack_bf16`]: segments of `want[r]` values from `words`
+/// (segments of `counts[r]` words). `Err(r)`: rank `r`'s segment has the wrong
+/// length.
+fn unpack_bf16(
+    words: &[u32],
+    counts: &[usize],
+    want: &[usize],
+) -> std::result::Result<Vec<f32>, usize> {
+    let mut out = Vec::with_capacity(want.iter().sum());
+    for (src, (r, &n)) in ranges(counts).zip(want).enumerate() {
+        if r.len() != n.div_ceil(2) {
+            return Err(src);
+        }
+        let start = out.len();
+        for &w in &words[r] {
+            out.push(gpu_ops::bf16_bits_to_f32(w as u16));
+            out.push(gpu_ops::bf16_bits_to_f32((w >> 16) as u16));
+        }
+        out.truncate(start + n);
+    }
+    Ok(out)
 }
 
 /// Consecutive ranges of lengths `counts`.
@@ -474,7 +541,14 @@ mod tests {
             }
         }
         ds.features = cpu_ops::FeatureMatrix::new(x.into(), 300, 5).unwrap();
-        for (cache_rows, sparse) in [(0usize, false), (40, false), (0, true), (40, true)] {
+        for (cache_rows, sparse, bf16) in [
+            (0usize, false, false),
+            (40, false, false),
+            (0, true, false),
+            (40, true, false),
+            (0, false, true),
+            (40, false, true),
+        ] {
             let ranks = ThreadGroup::new(3).unwrap();
             let ds = &ds;
             let out: Vec<(Vec<f32>, Vec<u32>, DistStats)> = std::thread::scope(|s| {
@@ -493,6 +567,7 @@ mod tests {
                                 cache_rows,
                                 None,
                                 rows.as_ref(),
+                                bf16,
                             )
                             .unwrap();
                             assert_eq!(pf.cached_rows(), cache_rows);
@@ -528,9 +603,23 @@ mod tests {
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
-            for (rows, ids, stats) in &out {
-                let expect = cpu_ops::gather_rows_into_vec(&ds.features, ids).unwrap();
-                assert_eq!(rows, &expect, "cache {cache_rows}, sparse {sparse}");
+            for (r, (rows, ids, stats)) in out.iter().enumerate() {
+                let mut expect = cpu_ops::gather_rows_into_vec(&ds.features, ids).unwrap();
+                if bf16 {
+                    // Rows from other ranks arrive as bfloat16 (width 5: every
+                    // other row ends in half a word).
+                    for (k, &v) in ids.iter().enumerate() {
+                        if !share(300, r, 3).contains(&(v as usize)) {
+                            for x in &mut expect[k * 5..(k + 1) * 5] {
+                                *x = gpu_ops::round_to_bf16(*x);
+                            }
+                        }
+                    }
+                }
+                assert_eq!(
+                    rows, &expect,
+                    "cache {cache_rows}, sparse {sparse}, bf16 {bf16}"
+                );
                 assert_eq!(stats.exchanges, 4);
                 assert!(stats.remote_rows > 0);
                 if cache_rows == 0 {
@@ -545,8 +634,8 @@ mod tests {
     #[test]
     fn one_rank_owns_everything_and_exchanges_nothing() {
         let ds = dataset();
-        let pf =
-            PartitionedFeatures::new(&ds, Arc::new(crate::dist::Solo), 10, None, None).unwrap();
+        let pf = PartitionedFeatures::new(&ds, Arc::new(crate::dist::Solo), 10, None, None, false)
+            .unwrap();
         assert_eq!(pf.own(), 0..300);
         assert_eq!(pf.cached_rows(), 0);
         let mut buf = Vec::new();
