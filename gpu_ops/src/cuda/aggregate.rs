@@ -44,6 +44,15 @@ impl CudaBackend {
         Grid::warps_for(n as u64, self.kernels.max_blocks())
     }
 
+    /// The source weights an aggregation of `kind` reads: GCN's (made on first
+    /// use), else none (the kernels read them only for GCN).
+    fn weights_for(&self, block: &CudaBlock, kind: AggregateKind) -> Result<Ptr<f32>> {
+        match kind {
+            AggregateKind::GcnNorm => self.src_weights(block),
+            _ => Ok(Ptr::null()),
+        }
+    }
+
     /// `out = A x` ([`cpu_ops::aggregate_forward`]'s semantics).
     pub(crate) fn aggregate_forward_op(
         &self,
@@ -64,13 +73,14 @@ impl CudaBackend {
         if dim == 0 {
             return Ok(());
         }
+        let src_w = self.weights_for(block, kind)?;
         launch::aggregate_forward(
             &self.kernels,
             self.cu(),
             self.warps(block.num_dst),
             block.indptr.ptr(),
             block.indices.ptr(),
-            block.src_w.ptr(),
+            src_w,
             block.num_dst as u64,
             dim as u64,
             kind_code(kind),
@@ -99,13 +109,14 @@ impl CudaBackend {
             return Ok(());
         }
         self.fill_bytes(grad_x, n_x, 0)?;
+        let src_w = self.weights_for(block, kind)?;
         launch::aggregate_backward(
             &self.kernels,
             self.cu(),
             self.warps(block.num_dst),
             block.indptr.ptr(),
             block.indices.ptr(),
-            block.src_w.ptr(),
+            src_w,
             block.num_dst as u64,
             dim as u64,
             kind_code(kind),

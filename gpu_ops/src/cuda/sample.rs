@@ -12,8 +12,10 @@
 //! 4. [`CudaBackend::relabel`] makes the block's sources (destinations first, then new
 //!    ids in first-occurrence order) and the local id of every edge — a second
 //!    synchronization to size the outputs.
-//! 5. The block gets its degree data (`block_out_degree`, `block_src_weight`); its
-//!    sources are the next layer's destinations.
+//! 5. The block's sources are the next layer's destinations. Its GCN source
+//!    weights (`block_out_degree`, `block_src_weight`) are computed the first time
+//!    a GCN aggregation reads them ([`CudaBackend::src_weights`]): SAGE and GAT
+//!    batches skip that work (a memset and two launches per block).
 //!
 //! [`CudaBackend::sample_hop_op`] runs steps 2–5 once from destinations already on
 //! the device, with an optional skip mask that gives flagged destinations a count of
@@ -99,8 +101,8 @@ pub struct CudaBlock {
     pub(crate) indptr: CudaBuf<u64>,
     /// `num_edges` local source ids.
     pub(crate) indices: CudaBuf<u32>,
-    /// `1 / sqrt(max(d_out(j), 1))` per source.
-    pub(crate) src_w: CudaBuf<f32>,
+    /// `1 / sqrt(max(d_out(j), 1))` per source, made on first use.
+    pub(crate) src_w: std::sync::OnceLock<CudaBuf<f32>>,
 }
 
 impl std::fmt::Debug for CudaBlock {
@@ -443,7 +445,7 @@ impl CudaBackend {
         Ok((unique, local, n_unique))
     }
 
-    /// A block from device CSR: computes the source degrees and GCN weights.
+    /// A block from device CSR (its GCN weights are made on first use).
     pub(crate) fn finish_block(
         &self,
         num_src: usize,
@@ -452,32 +454,50 @@ impl CudaBackend {
         indptr: CudaBuf<u64>,
         indices: CudaBuf<u32>,
     ) -> Result<CudaBlock> {
-        let mut out_deg = self.buf::<u32>(num_src, Init::Zeroed, "block out-degrees")?;
-        launch::block_out_degree(
-            &self.kernels,
-            self.cu(),
-            self.grid_t(num_edges),
-            indices.ptr(),
-            num_edges as u64,
-            out_deg.ptr_mut(),
-        )?;
-        let mut src_w = self.buf::<f32>(num_src, Init::Uninit, "block source weights")?;
-        launch::block_src_weight(
-            &self.kernels,
-            self.cu(),
-            self.grid_t(num_src),
-            out_deg.ptr(),
-            num_src as u64,
-            src_w.ptr_mut(),
-        )?;
         Ok(CudaBlock {
             num_src,
             num_dst,
             num_edges,
             indptr,
             indices,
-            src_w,
+            src_w: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The block's GCN source weights `1 / sqrt(max(d_out(j), 1))`, computed on
+    /// the compute stream the first time they are asked for.
+    pub(crate) fn src_weights(&self, block: &CudaBlock) -> Result<Ptr<f32>> {
+        if let Some(w) = block.src_w.get() {
+            return Ok(w.ptr());
+        }
+        let mut out_deg = self.buf::<u32>(block.num_src, Init::Zeroed, "block out-degrees")?;
+        launch::block_out_degree(
+            &self.kernels,
+            self.cu(),
+            self.grid_t(block.num_edges),
+            block.indices.ptr(),
+            block.num_edges as u64,
+            out_deg.ptr_mut(),
+        )?;
+        let mut src_w = self.buf::<f32>(block.num_src, Init::Uninit, "block source weights")?;
+        launch::block_src_weight(
+            &self.kernels,
+            self.cu(),
+            self.grid_t(block.num_src),
+            out_deg.ptr(),
+            block.num_src as u64,
+            src_w.ptr_mut(),
+        )?;
+        // Another thread may have set it meanwhile: either buffer is right.
+        let _ = block.src_w.set(src_w);
+        block
+            .src_w
+            .get()
+            .map(CudaBuf::ptr)
+            .ok_or_else(|| GpuOpsError::InvalidArgument {
+                name: "block",
+                reason: "internal: GCN source weights not kept".into(),
+            })
     }
 
     /// A block from host CSR, validated by `cpu_ops::BlockView::new`.
