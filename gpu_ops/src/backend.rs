@@ -410,6 +410,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     // ---- memory ---------------------------------------------------------------
     /// A zeroed buffer of `len` elements (from the caching allocator on CUDA).
     fn alloc<T: Elem>(&self, len: usize) -> Result<Self::Buf<T>>;
+    /// A buffer of `len` elements whose contents are unspecified: for outputs
+    /// the next op overwrites (on CUDA no memset; the host backend fills it with
+    /// `0xFF` bytes, NaN for `f32`, so a read before that write shows in tests).
+    fn alloc_uninit<T: Elem>(&self, len: usize) -> Result<Self::Buf<T>>;
     /// Number of elements of `buf`.
     fn len<T: Elem>(&self, buf: &Self::Buf<T>) -> usize;
     /// A zeroed pinned host buffer of `len` elements.

@@ -327,7 +327,7 @@ impl<B: Backend> DeviceEngine<B> {
             Some(x) if self.dev.len(&x) >= need => x,
             _ => self
                 .dev
-                .alloc(need + need / 4)
+                .alloc_uninit(need + need / 4)
                 .map_err(dev_err("gather buffer"))?,
         };
         self.features()?;

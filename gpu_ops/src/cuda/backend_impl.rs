@@ -78,6 +78,10 @@ impl Backend for CudaBackend {
         self.alloc_zeroed(len)
     }
 
+    fn alloc_uninit<T: Elem>(&self, len: usize) -> Result<CudaBuf<T>> {
+        self.buf(len, Init::Uninit, "buffer")
+    }
+
     fn len<T: Elem>(&self, buf: &CudaBuf<T>) -> usize {
         buf.len()
     }

@@ -122,6 +122,9 @@ impl Backend for CudaBackend {
     fn alloc<T: Elem>(&self, _: usize) -> Result<Never> {
         match self.never {}
     }
+    fn alloc_uninit<T: Elem>(&self, _: usize) -> Result<Never> {
+        match self.never {}
+    }
     fn len<T: Elem>(&self, _: &Never) -> usize {
         match self.never {}
     }

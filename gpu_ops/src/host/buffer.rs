@@ -33,6 +33,15 @@ impl<T: Elem> HostBuf<T> {
         Ok(Self(v))
     }
 
+    /// A buffer of `len` elements filled with `0xFF` bytes (NaN for `f32`,
+    /// the maximum for integers): [`crate::Backend::alloc_uninit`] on the host,
+    /// so that an op reading what it should have written first shows in tests.
+    pub fn poisoned(len: usize) -> Result<Self> {
+        let mut b = Self::zeroed(len)?;
+        bytemuck::cast_slice_mut::<T, u8>(&mut b.0).fill(0xFF);
+        Ok(b)
+    }
+
     /// Takes the vector out.
     pub fn into_vec(self) -> Vec<T> {
         self.0

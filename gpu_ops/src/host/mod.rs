@@ -161,6 +161,12 @@ impl Backend for HostBackend {
         HostBuf::zeroed(len)
     }
 
+    /// Poisoned with `0xFF` bytes (NaN for `f32`): a read before the write the
+    /// contract requires gives NaN (or an out-of-range integer) in tests.
+    fn alloc_uninit<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        HostBuf::poisoned(len)
+    }
+
     fn len<T: Elem>(&self, buf: &HostBuf<T>) -> usize {
         buf.as_slice().len()
     }

@@ -394,7 +394,7 @@ impl<B: Backend> DeviceModel<B> {
                 Some(below) if p > 0.0 => {
                     let prev = below.act.as_ref().ok_or_else(|| internal("missing act"))?;
                     let n = ns * spec.d_in;
-                    let mut h = dev.alloc(n)?;
+                    let mut h = dev.alloc_uninit(n)?;
                     dev.copy(prev, &mut h, n)?;
                     let mask = dev.dropout(&mut h, n, p, derive_seed(seed, l as u64))?;
                     Some((h, mask))
@@ -422,7 +422,7 @@ impl<B: Backend> DeviceModel<B> {
         }
         let hot = match hot {
             Some(h) => {
-                let mut pos = dev.alloc(h.n)?;
+                let mut pos = dev.alloc_uninit(h.n)?;
                 dev.copy(h.positions, &mut pos, h.n)?;
                 Some((pos, h.n, h.grad))
             }
@@ -546,14 +546,14 @@ impl<B: Backend> DeviceModel<B> {
                     Some(dev.add_self_loops(block)?)
                 };
                 let agg_block = aug.as_ref().unwrap_or(block);
-                let mut out = dev.alloc(nd * d_out)?;
+                let mut out = dev.alloc_uninit(nd * d_out)?;
                 if d_in <= d_out {
-                    let mut agg = dev.alloc(nd * d_in)?;
+                    let mut agg = dev.alloc_uninit(nd * d_in)?;
                     dev.aggregate_forward(agg_block, kind, x, d_in, &mut agg)?;
                     dev.gemm(false, false, nd, d_out, d_in, &agg, w_agg, &mut out, false)?;
                     state.agg = Some(agg);
                 } else {
-                    let mut proj = dev.alloc(ns * d_out)?;
+                    let mut proj = dev.alloc_uninit(ns * d_out)?;
                     dev.gemm(false, false, ns, d_out, d_in, x, w_agg, &mut proj, false)?;
                     dev.aggregate_forward(agg_block, kind, &proj, d_out, &mut out)?;
                 }
@@ -567,10 +567,10 @@ impl<B: Backend> DeviceModel<B> {
             ModelKind::Gat => {
                 let (w, a_src, a_dst, bias) = (&p[0], &p[1], &p[2], &p[3]);
                 let width = spec.width();
-                let mut z = dev.alloc(ns * width)?;
+                let mut z = dev.alloc_uninit(ns * width)?;
                 dev.gemm(false, false, ns, width, d_in, x, w, &mut z, false)?;
                 let saved = dev.gat_forward(block, spec.heads, spec.head_dim, &z, a_src, a_dst)?;
-                let mut o = dev.alloc(nd * width)?;
+                let mut o = dev.alloc_uninit(nd * width)?;
                 dev.copy(&saved.out, &mut o, nd * width)?;
                 dev.add_bias(&mut o, nd, width, bias)?;
                 state.gat = Some((z, saved));
@@ -579,7 +579,7 @@ impl<B: Backend> DeviceModel<B> {
                         .head_mean
                         .as_ref()
                         .ok_or_else(|| internal("missing head-mean matrix"))?;
-                    let mut out = dev.alloc(nd * d_out)?;
+                    let mut out = dev.alloc_uninit(nd * d_out)?;
                     dev.gemm(false, false, nd, d_out, width, &o, s, &mut out, false)?;
                     out
                 } else {
@@ -692,7 +692,7 @@ impl<B: Backend> DeviceModel<B> {
                 let mut dx = None;
                 match &cache.agg {
                     None => {
-                        let mut dp = dev.alloc(ns * d_out)?;
+                        let mut dp = dev.alloc_uninit(ns * d_out)?;
                         dev.aggregate_backward(agg_block, kind, g, d_out, &mut dp)?;
                         dev.gemm(
                             true,
@@ -706,7 +706,7 @@ impl<B: Backend> DeviceModel<B> {
                             false,
                         )?;
                         if need_dx {
-                            let mut d = dev.alloc(ns * d_in)?;
+                            let mut d = dev.alloc_uninit(ns * d_in)?;
                             dev.gemm(false, true, ns, d_in, d_out, &dp, w_agg, &mut d, false)?;
                             dx = Some(d);
                         }
@@ -724,9 +724,9 @@ impl<B: Backend> DeviceModel<B> {
                             false,
                         )?;
                         if need_dx {
-                            let mut dm = dev.alloc(nd * d_in)?;
+                            let mut dm = dev.alloc_uninit(nd * d_in)?;
                             dev.gemm(false, true, nd, d_in, d_out, g, w_agg, &mut dm, false)?;
-                            let mut d = dev.alloc(ns * d_in)?;
+                            let mut d = dev.alloc_uninit(ns * d_in)?;
                             dev.aggregate_backward(agg_block, kind, &dm, d_in, &mut d)?;
                             dx = Some(d);
                         }
@@ -753,7 +753,7 @@ impl<B: Backend> DeviceModel<B> {
                         .head_mean
                         .as_ref()
                         .ok_or_else(|| internal("missing head-mean matrix"))?;
-                    let mut d = dev.alloc(nd * width)?;
+                    let mut d = dev.alloc_uninit(nd * width)?;
                     dev.gemm(false, true, nd, width, d_out, g, s, &mut d, false)?;
                     spread = d;
                     &spread
@@ -778,7 +778,7 @@ impl<B: Backend> DeviceModel<B> {
                 if !need_dx {
                     return Ok(None);
                 }
-                let mut dx = dev.alloc(ns * d_in)?;
+                let mut dx = dev.alloc_uninit(ns * d_in)?;
                 dev.gemm(false, true, ns, d_in, width, &gg.z_src, w, &mut dx, false)?;
                 Ok(Some(dx))
             }
@@ -840,7 +840,7 @@ impl<B: Backend> DeviceModel<B> {
         let fwd = self.forward_hot(dev, blocks, x, true, seed, hot)?;
         let rows = fwd.rows();
         let classes = self.cfg.num_classes;
-        let mut dlogits = dev.alloc(rows * classes)?;
+        let mut dlogits = dev.alloc_uninit(rows * classes)?;
         let stats =
             dev.softmax_cross_entropy(&fwd.logits, rows, classes, labels, Some(&mut dlogits))?;
         if stats.loss.is_finite() {

@@ -129,7 +129,7 @@ impl<B: Backend> DeviceEngine<B> {
             Some(x) if self.dev.len(&x) >= need => x,
             _ => self
                 .dev
-                .alloc(need + need / 4)
+                .alloc_uninit(need + need / 4)
                 .map_err(dev_err("input buffer"))?,
         };
         if self.opts.feature_dtype == gpu_ops::FeatureDtype::Bf16 {
@@ -140,7 +140,7 @@ impl<B: Backend> DeviceEngine<B> {
                 Some(b) if self.dev.len(&b) >= need => b,
                 _ => self
                     .dev
-                    .alloc(need + need / 4)
+                    .alloc_uninit(need + need / 4)
                     .map_err(dev_err("bfloat16 input buffer"))?,
             };
             let up = self
