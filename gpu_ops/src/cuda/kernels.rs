@@ -379,7 +379,8 @@ impl Kernels {
                 params,
             )
         }
-        .map_err(drv(&format!("cuLaunchKernel {}", id.name())))
+        // The operation's name is formatted only on failure (not per launch).
+        .map_err(|e| drv(&format!("cuLaunchKernel {}", id.name()))(e))
     }
 }
 
