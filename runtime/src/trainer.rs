@@ -200,6 +200,33 @@ impl<'t> Probe<'t> {
 }
 
 /// Fraction of non-zero values, estimated on up to 4096 evenly spaced rows.
+/// The non-zeros of `f`'s rows for which `keep` holds (the others empty), as
+/// sparse rows.
+fn sparse_rows(
+    f: &cpu_ops::FeatureMatrix,
+    keep: impl Fn(usize) -> bool,
+) -> Result<SparseRows<f32>> {
+    let (n, dim) = (f.num_rows(), f.dim());
+    if (0..n).all(&keep) {
+        return SparseRows::from_dense(f.as_slice(), n, dim).map_err(kernel("sparse features"));
+    }
+    let mut indptr = Vec::with_capacity(n + 1);
+    let (mut cols, mut vals) = (Vec::new(), Vec::new());
+    indptr.push(0u64);
+    for v in 0..n {
+        if keep(v) {
+            for (c, &x) in f.row(v).iter().enumerate() {
+                if x != 0.0 {
+                    cols.push(c as u32);
+                    vals.push(x);
+                }
+            }
+        }
+        indptr.push(cols.len() as u64);
+    }
+    SparseRows::from_parts(indptr, cols, vals, dim).map_err(kernel("sparse features"))
+}
+
 fn feature_density(f: &cpu_ops::FeatureMatrix) -> f64 {
     let n = f.num_rows();
     if n == 0 || f.dim() == 0 {
@@ -225,6 +252,11 @@ pub struct Trainer {
     eval_sampler: NeighborSampler,
     scratch: SamplerScratch,
     sparse: Option<SparseRows<f32>>,
+    /// The trainer reads sparse rows but has not built them: with
+    /// `dist.features = "partitioned"` they are built once the communicator is
+    /// known, for the rank's own rows only ([`Trainer::set_communicator`]), or
+    /// for every row before the first use in a one-rank run.
+    sparse_pending: bool,
     train_ids: Vec<u32>,
     val_ids: Vec<u32>,
     test_ids: Vec<u32>,
@@ -470,12 +502,11 @@ impl Trainer {
             SparseFeatures::Auto => feature_density(&ds.features) <= cfg.train.sparse_threshold,
             SparseFeatures::Off => false,
         };
-        let sparse = if sparse {
-            let f = &ds.features;
-            Some(
-                SparseRows::from_dense(f.as_slice(), f.num_rows(), f.dim())
-                    .map_err(kernel("sparse features"))?,
-            )
+        // Partitioned features: a rank reads only its own rows, so their sparse
+        // copy waits for the communicator (the density above samples 4,096 rows).
+        let sparse_pending = sparse && cfg.dist.features == DistFeatures::Partitioned;
+        let sparse = if sparse && !sparse_pending {
+            Some(sparse_rows(&ds.features, |_| true)?)
         } else {
             None
         };
@@ -581,6 +612,7 @@ impl Trainer {
             device_note: chosen.note,
             scratch: SamplerScratch::new(ds.num_vertices()),
             sparse,
+            sparse_pending,
             val_ids: ds.val_ids(),
             test_ids: ds.test_ids(),
             train_ids,
@@ -686,6 +718,18 @@ impl Trainer {
                 )?),
                 None => None,
             };
+            if self.sparse_pending && self.engine.is_none() {
+                // The sparse copy of this rank's own rows only (a partition
+                // file that does not fit is refused just below).
+                let (rank, ranks, n) = (comm.rank(), comm.size(), ds.num_vertices());
+                let own = share(n, rank, ranks);
+                let sparse = match &parts {
+                    Some(p) => sparse_rows(&ds.features, |v| p.get(v) == Some(&(rank as u32)))?,
+                    None => sparse_rows(&ds.features, |v| own.contains(&v))?,
+                };
+                self.sparse = Some(sparse);
+                self.sparse_pending = false;
+            }
             // A device engine uploads dense rows; bfloat16 ones when it stores
             // bfloat16 rows, so they may travel as bfloat16 too.
             let sparse = self.sparse.as_ref().filter(|_| self.engine.is_none());
@@ -800,9 +844,23 @@ impl Trainer {
         &self.cfg
     }
 
-    /// The sparse copy of the features, when the trainer uses one.
+    /// The sparse copy of the features, when the trainer uses one (with
+    /// partitioned features: this rank's rows, built by
+    /// [`Trainer::set_communicator`]; in a one-rank run, built on first use).
     pub fn sparse_features(&self) -> Option<&SparseRows<f32>> {
         self.sparse.as_ref()
+    }
+
+    /// Builds the sparse copy of every row if it is still waiting for a
+    /// communicator (a one-rank run of a partitioned configuration).
+    fn resolve_sparse(&mut self) -> Result<()> {
+        if self.sparse_pending && self.engine.is_none() {
+            let f = &self.ds.features;
+            let sparse = self.pool.install(|| sparse_rows(f, |_| true))?;
+            self.sparse = Some(sparse);
+            self.sparse_pending = false;
+        }
+        Ok(())
     }
 
     /// Optimizer steps taken so far (the weight version).
@@ -1146,6 +1204,7 @@ impl Trainer {
     /// callback's stop inside the epoch returns [`Error::Cancelled`]; the trainer
     /// then remembers the position, and the next call continues from there.
     pub fn train_epoch(&mut self) -> Result<EpochStats> {
+        self.resolve_sparse()?;
         let pool = Arc::clone(&self.pool);
         pool.install(|| self.train_epoch_here())
     }
@@ -1837,6 +1896,7 @@ impl Trainer {
     /// computed once per weight version and kept until the next training step or
     /// checkpoint load, so serving many requests costs one inference.
     pub fn predict(&mut self, ids: &[u32]) -> Result<Array2<f32>> {
+        self.resolve_sparse()?;
         self.check_ids(ids)?;
         if self.logits.is_none() {
             let flat = self.full_graph_logits_flat()?;
@@ -1931,6 +1991,7 @@ impl Trainer {
     /// cached until the next training step or checkpoint load; the snapshot is
     /// cheap to clone and can be served from other threads.
     pub fn embedding_table(&mut self) -> Result<Embeddings> {
+        self.resolve_sparse()?;
         if let Some(e) = &self.embeddings {
             return Ok(e.clone());
         }
@@ -2096,6 +2157,7 @@ impl Trainer {
 
     /// Validation and test accuracy, as `train.eval_mode` says.
     pub fn evaluate_val_test(&mut self) -> Result<(f64, f64)> {
+        self.resolve_sparse()?;
         let pool = Arc::clone(&self.pool);
         pool.install(|| self.evaluate_val_test_here())
     }
@@ -2123,6 +2185,7 @@ impl Trainer {
     /// shuffled, so batches are random subsets), no dropout. Ids must be below the
     /// vertex count.
     pub fn evaluate(&mut self, ids: &[u32]) -> Result<f64> {
+        self.resolve_sparse()?;
         let n = self.ds.num_vertices();
         if let Some((i, &v)) = ids.iter().enumerate().find(|(_, &v)| v as usize >= n) {
             return Err(Error::invalid_argument(

@@ -220,6 +220,53 @@ fn partitioned_equals_replicated(sparse: &str) {
     }
 }
 
+/// With partitioned features a rank's sparse copy of the features holds its own
+/// rows only (built once the communicator is known, never from the other
+/// ranks' rows); a one-rank run of the same configuration builds every row on
+/// first use.
+#[test]
+fn a_rank_builds_sparse_rows_of_its_own_rows_only() {
+    let c = cfg(&[
+        "train.sparse_features=\"on\"",
+        "dist.features=\"partitioned\"",
+        "train.epochs=1",
+    ]);
+    let ds = load_dataset(&c).unwrap();
+    let n = ds.num_vertices();
+    let comms = ThreadGroup::new(3).unwrap();
+    std::thread::scope(|s| {
+        for comm in comms {
+            let (c, ds) = (c.clone(), ds.clone());
+            s.spawn(move || {
+                let r = comm.rank();
+                let own = share(n, r, 3);
+                let mut t = Trainer::new(foreign_rows_poisoned(&ds, own.clone()), c).unwrap();
+                assert!(
+                    t.sparse_features().is_none(),
+                    "built before the communicator"
+                );
+                t.set_communicator(Arc::new(comm)).unwrap();
+                let m = t.sparse_features().expect("sparse rows").clone();
+                let p = m.indptr();
+                for v in 0..n {
+                    let len = p[v + 1] - p[v];
+                    if own.contains(&v) {
+                        let dense = ds.features.row(v).iter().filter(|&&x| x != 0.0).count();
+                        assert_eq!(len as usize, dense, "rank {r}, own row {v}");
+                    } else {
+                        assert_eq!(len, 0, "rank {r} holds row {v} of another rank");
+                    }
+                }
+                t.fit().unwrap();
+            });
+        }
+    });
+    let mut alone = Trainer::new(ds.clone(), c).unwrap();
+    assert!(alone.sparse_features().is_none());
+    alone.train_epoch().unwrap();
+    assert_eq!(alone.sparse_features().map(|m| m.num_rows()), Some(n));
+}
+
 /// Device ranks (the host backend's device engine) with partitioned features:
 /// each rank gathers its share's input rows on the host through the exchange
 /// and uploads them, wherever the placement samples, and never reads a row it
