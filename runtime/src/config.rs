@@ -1295,6 +1295,7 @@ mod tests {
             ("[train]\nfanouts = [10, 0]", "train.fanouts"),
             ("[train]\nlr = 0.0", "train.lr"),
             ("[train]\neval_mode = \"exact\"", "train.eval_mode"),
+            ("[device]\nfeature_dtype = \"fp16\"", "device.feature_dtype"),
             ("[train]\non_nonfinite = \"ignore\"", "train.on_nonfinite"),
             ("[train]\nbatch_size = 0", "train.batch_size"),
             (
