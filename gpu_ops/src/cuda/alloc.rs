@@ -247,6 +247,7 @@ impl Pool {
         {
             let mut st = self.state();
             st.stats.live_bytes += class;
+            st.stats.zeroed += u64::from(init == Init::Zeroed);
             st.stats.peak_bytes = st
                 .stats
                 .peak_bytes

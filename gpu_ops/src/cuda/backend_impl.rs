@@ -47,7 +47,9 @@ impl Backend for CudaBackend {
     }
 
     fn transfer_stats(&self) -> crate::backend::TransferStats {
-        self.transfers.get()
+        let mut t = self.transfers.get();
+        t.zero_fills = self.allocator_stats().zeroed;
+        t
     }
 
     fn stream(&self) -> &CudaStreamHandle {

@@ -158,6 +158,7 @@ impl Backend for HostBackend {
 
     // ---- memory ---------------------------------------------------------------
     fn alloc<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        self.transfers.zero_fill();
         HostBuf::zeroed(len)
     }
 

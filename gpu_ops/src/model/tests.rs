@@ -184,6 +184,23 @@ fn train_step_lowers_the_loss() {
     }
     assert!(last < first * 0.7, "loss {first} -> {last}");
     assert_eq!(dm.version(), 30);
+    // Every buffer of a step is an output its op overwrites: none is zeroed
+    // (on CUDA a zeroed allocation is a memset).
+    for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gat] {
+        let cfg = ModelConfig {
+            kind,
+            heads: 2,
+            dropout: 0.3,
+            ..cfg
+        };
+        let host = Model::<f32>::new(&cfg, 1).expect("model");
+        let mut dm = DeviceModel::from_host(&dev, &host, AdamConfig::default()).expect("model");
+        let before = dev.transfer_stats();
+        dm.train_step(&dev, &batch.blocks, &xd, &labels, 0)
+            .expect("step");
+        let fills = dev.transfer_stats().since(&before).zero_fills;
+        assert_eq!(fills, 0, "{kind:?}: {fills} zeroed buffers in a train step");
+    }
 }
 
 #[test]

@@ -204,6 +204,7 @@ impl<B: Backend> DeviceEngine<B> {
         let tracer = self.tracer.clone();
         let acc = self.acc;
         let start = self.h2d;
+        let copies_before = self.dev.transfer_stats();
         let host_sample = self.opts.placement.sample_device() == Device::Cpu;
         // A row source (partitioned features) gathers on the host.
         let host_gather = self.rows.is_some() || self.opts.placement.gather_device() == Device::Cpu;
@@ -285,6 +286,16 @@ impl<B: Backend> DeviceEngine<B> {
             });
         self.x = Some(x);
         slice.set_transfer(Direction::HostToDevice, self.h2d - start);
+        // What the whole batch (sampling included) cost in copies, host
+        // synchronizations and zero-filled buffers (memsets on CUDA).
+        let copies = self.dev.transfer_stats().since(&copies_before);
+        if let Some(a) = slice.args_mut() {
+            a.extra.push(("uploads".into(), copies.uploads as f64));
+            a.extra.push(("downloads".into(), copies.downloads as f64));
+            a.extra.push(("host_syncs".into(), copies.syncs as f64));
+            a.extra
+                .push(("zero_fills".into(), copies.zero_fills as f64));
+        }
         stats
     }
 }

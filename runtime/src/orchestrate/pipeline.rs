@@ -1132,6 +1132,8 @@ impl Accelerator<'_> {
                         a.extra.push(("uploads".into(), copies.uploads as f64));
                         a.extra.push(("downloads".into(), copies.downloads as f64));
                         a.extra.push(("host_syncs".into(), copies.syncs as f64));
+                        a.extra
+                            .push(("zero_fills".into(), copies.zero_fills as f64));
                         a.extra.push(("hot_rows".into(), positions.len() as f64));
                     }
                     drop(slice);
