@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Issue 11's GPU validation (docs/gpu-validation.md items 9, 11 and 12), in parts
+# that each fit the device tool's 10-minute limit per command.
+#
+# Here (x86-64, with the Rust toolchain):
+#   bash bench/gpu/issue10.sh build        # release tandem + parity/cuda_backend binaries in .gpu/
+# Then one device `run` per part, carrying `.gpu`:
+#   bash bench/gpu/issue11.sh tests        # parity (both feature dtypes, widen_bf16, gemm_tf32)
+#   bash bench/gpu/issue11.sh backend      # bench backend: f32 vs bf16 gathers, fp32 vs tf32 GEMM
+#   bash bench/gpu/issue11.sh epochs       # products epochs: f32/bf16 rows x fp32/tf32, two cache sizes
+#   bash bench/gpu/issue11.sh ncu          # per-kernel table over a few SAGE batches
+# Every part writes its outputs under $OUT (or ./gpu-out when $OUT is unset).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+part="${1:?usage: issue11.sh tests|backend|epochs|ncu}"
+out="${OUT:-gpu-out}"
+mkdir -p "$out"
+bin=.gpu
+cuda_lib=/usr/local/cuda-13.0/targets/x86_64-linux/lib
+export LD_LIBRARY_PATH="$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The products-scale graph and model of ../shared/gpu-runs/2026-11-23/RESULTS.md.
+graph=(--vertices 2400000 --edges 62000000 --dim 100 --classes 47 --split 0.08,0.02,0.05 --seed 1)
+model=(--set device.kind='"cuda"' --set model.kind='"sage"' --set model.layers=3
+       --set model.hidden=256 --set model.dropout=0.5 --set 'train.fanouts=[25,10,5]'
+       --set train.batch_size=1024 --set train.lr=0.003
+       --set orchestration.policy='"gpu-sample-gpu-gather"')
+products() {
+    [ -f /tmp/products.tds ] || "$bin/tandem" generate rmat "${graph[@]}" -o /tmp/products.tds
+}
+
+case "$part" in
+tests)
+    "$bin/parity" cuda:: 2>&1 | tail -5 | tee "$out/parity.txt"
+    "$bin/cuda_backend" 2>&1 | tail -5 | tee "$out/cuda_backend.txt"
+    ;;
+backend)
+    "$bin/tandem" bench backend --device cuda 2>&1 | tee "$out/bench-backend.txt"
+    ;;
+epochs)
+    products
+    # 915.5 MiB of f32 features: a cache of 20% of them holds 40% of the rows as bf16.
+    for cache in 1000000000 192000000; do
+        for rows in f32 bf16; do
+            for prec in fp32 tf32; do
+                name="cache${cache}-${rows}-${prec}"
+                "$bin/tandem" train --set 'data.path="/tmp/products.tds"' "${model[@]}" \
+                    --set device.cache_bytes="$cache" --set device.feature_dtype="\"$rows\"" \
+                    --set model.precision="\"$prec\"" --set train.epochs=3 \
+                    --trace "$out/$name.json" 2>&1 | tail -3 | tee "$out/$name.txt"
+                gzip -f "$out/$name.json"
+            done
+        done
+    done
+    ;;
+ncu)
+    products
+    /usr/local/cuda/bin/ncu --clock-control none --metrics gpu__time_duration.sum \
+        --launch-skip 2000 --launch-count 600 --print-summary per-kernel \
+        "$bin/tandem" train --set 'data.path="/tmp/products.tds"' "${model[@]}" \
+        --set train.epochs=1 --set train.eval_every=0 2>&1 | gzip > "$out/ncu-sage.log.gz"
+    # Expected 0 for SAGE (GCN source weights are made only for GCN).
+    { zcat "$out/ncu-sage.log.gz" | grep -cE 'Profiling "block_(out_degree|src_weight)"' || true; } |
+        tee "$out/gcn-weight-launches.txt"
+    ;;
+*)
+    echo "unknown part: $part" >&2
+    exit 2
+    ;;
+esac
