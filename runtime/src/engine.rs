@@ -227,6 +227,37 @@ fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
     }
 }
 
+/// `buf`'s buffer, taken out, when it holds at least `n` elements; else a new
+/// one a quarter larger (so slowly growing sizes do not reallocate per call),
+/// not zeroed: for outputs the caller overwrites (reused gather and upload
+/// buffers).
+fn take_at_least<B: Backend, T: gpu_ops::Elem>(
+    dev: &B,
+    buf: &mut Option<B::Buf<T>>,
+    n: usize,
+    what: &'static str,
+) -> Result<B::Buf<T>> {
+    match buf.take() {
+        Some(b) if dev.len(&b) >= n => Ok(b),
+        _ => dev.alloc_uninit(n + n / 4).map_err(dev_err(what)),
+    }
+}
+
+/// Adds to a `device step` / `train` slice's arguments what the batch cost in
+/// copies, host synchronizations and zero-filled buffers (memsets on CUDA).
+pub(crate) fn record_copies(
+    args: Option<&mut crate::trace::Args>,
+    copies: &gpu_ops::TransferStats,
+) {
+    if let Some(a) = args {
+        a.extra.push(("uploads".into(), copies.uploads as f64));
+        a.extra.push(("downloads".into(), copies.downloads as f64));
+        a.extra.push(("host_syncs".into(), copies.syncs as f64));
+        a.extra
+            .push(("zero_fills".into(), copies.zero_fills as f64));
+    }
+}
+
 /// Loads `ds`'s features onto `dev` with a cache of the highest-degree rows.
 fn load_features<B: Backend>(dev: &B, ds: &Dataset, opts: &EngineOptions) -> Result<B::Features> {
     dev.load_features(
@@ -321,21 +352,10 @@ impl<B: Backend> DeviceEngine<B> {
             self.host.rows = rows;
             return x;
         }
-        let dim = self.host.ds().features.dim();
-        let need = n * dim;
-        let mut x = match self.x.take() {
-            Some(x) if self.dev.len(&x) >= need => x,
-            _ => self
-                .dev
-                .alloc_uninit(need + need / 4)
-                .map_err(dev_err("gather buffer"))?,
-        };
-        self.features()?;
-        let Some(features) = self.features.as_ref() else {
-            return Err(Error::invalid_argument("features", "internal: not loaded"));
-        };
-        self.dev
-            .gather(features, ids, n, &mut x)
+        let need = n * self.host.ds().features.dim();
+        let mut x = take_at_least(&*self.dev, &mut self.x, need, "gather buffer")?;
+        let dev = Arc::clone(&self.dev);
+        dev.gather(self.features()?, ids, n, &mut x)
             .map_err(dev_err("gather"))?;
         Ok(x)
     }

@@ -199,17 +199,18 @@ impl<'t> Probe<'t> {
     }
 }
 
-/// Fraction of non-zero values, estimated on up to 4096 evenly spaced rows.
+/// The non-zeros of every row of `f`, as sparse rows.
+fn sparse_rows(f: &cpu_ops::FeatureMatrix) -> Result<SparseRows<f32>> {
+    SparseRows::from_dense(f.as_slice(), f.num_rows(), f.dim()).map_err(kernel("sparse features"))
+}
+
 /// The non-zeros of `f`'s rows for which `keep` holds (the others empty), as
-/// sparse rows.
-fn sparse_rows(
+/// sparse rows: a rank's own rows of partitioned features, read row by row.
+fn sparse_rows_where(
     f: &cpu_ops::FeatureMatrix,
     keep: impl Fn(usize) -> bool,
 ) -> Result<SparseRows<f32>> {
     let (n, dim) = (f.num_rows(), f.dim());
-    if (0..n).all(&keep) {
-        return SparseRows::from_dense(f.as_slice(), n, dim).map_err(kernel("sparse features"));
-    }
     let mut indptr = Vec::with_capacity(n + 1);
     let (mut cols, mut vals) = (Vec::new(), Vec::new());
     indptr.push(0u64);
@@ -227,6 +228,7 @@ fn sparse_rows(
     SparseRows::from_parts(indptr, cols, vals, dim).map_err(kernel("sparse features"))
 }
 
+/// Fraction of non-zero values, estimated on up to 4096 evenly spaced rows.
 fn feature_density(f: &cpu_ops::FeatureMatrix) -> f64 {
     let n = f.num_rows();
     if n == 0 || f.dim() == 0 {
@@ -506,7 +508,7 @@ impl Trainer {
         // copy waits for the communicator (the density above samples 4,096 rows).
         let sparse_pending = sparse && cfg.dist.features == DistFeatures::Partitioned;
         let sparse = if sparse && !sparse_pending {
-            Some(sparse_rows(&ds.features, |_| true)?)
+            Some(sparse_rows(&ds.features)?)
         } else {
             None
         };
@@ -723,11 +725,8 @@ impl Trainer {
                 // file that does not fit is refused just below).
                 let (rank, ranks, n) = (comm.rank(), comm.size(), ds.num_vertices());
                 let own = share(n, rank, ranks);
-                let sparse = match &parts {
-                    Some(p) => sparse_rows(&ds.features, |v| p.get(v) == Some(&(rank as u32)))?,
-                    None => sparse_rows(&ds.features, |v| own.contains(&v))?,
-                };
-                self.sparse = Some(sparse);
+                let keep = |v| crate::dist::features::owned_by(parts.as_deref(), &own, rank, v);
+                self.sparse = Some(sparse_rows_where(&ds.features, keep)?);
                 self.sparse_pending = false;
             }
             // A device engine uploads dense rows; bfloat16 ones when it stores
@@ -856,7 +855,7 @@ impl Trainer {
     fn resolve_sparse(&mut self) -> Result<()> {
         if self.sparse_pending && self.engine.is_none() {
             let f = &self.ds.features;
-            let sparse = self.pool.install(|| sparse_rows(f, |_| true))?;
+            let sparse = self.pool.install(|| sparse_rows(f))?;
             self.sparse = Some(sparse);
             self.sparse_pending = false;
         }

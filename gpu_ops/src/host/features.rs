@@ -76,15 +76,17 @@ impl Value for u16 {
 #[derive(Debug)]
 enum Rows {
     /// `f32` rows: the host rows are the matrix itself.
-    F32 { store: Vec<f32> },
+    F32 {
+        matrix: Arc<FeatureMatrix>,
+        store: Vec<f32>,
+    },
     /// bfloat16 rows: a converted copy of the matrix, and a bfloat16 store.
     Bf16 { host: Vec<u16>, store: Vec<u16> },
 }
 
-/// Features on the host backend: the host matrix and a row cache with a byte budget.
+/// Features on the host backend: the host rows and a row cache with a byte budget.
 #[derive(Debug)]
 pub struct HostFeatures {
-    matrix: Arc<FeatureMatrix>,
     policy: CachePolicy,
     rows: Rows,
 }
@@ -138,8 +140,8 @@ fn fill_rows<T: Value>(src: &[T], store: &mut [T], filled: &[(u32, u32)], dim: u
 
 impl HostFeatures {
     /// [`crate::Backend::load_features`]: clones `features` (an `Arc` clone of the map
-    /// for a memory-mapped matrix, a copy for an owned one; with bfloat16 rows a
-    /// converted copy of half its size instead) and caches the rows of `cached`, in
+    /// for a memory-mapped matrix, a copy for an owned one; with bfloat16 rows only
+    /// a converted copy of half its size) and caches the rows of `cached`, in
     /// order, while the budget allows.
     pub(crate) fn load(
         features: &FeatureMatrix,
@@ -149,24 +151,27 @@ impl HostFeatures {
     ) -> Result<Self> {
         let policy = CachePolicy::for_features(features, dtype, budget_bytes, cached)?;
         let rows = match dtype {
-            FeatureDtype::F32 => Rows::F32 { store: Vec::new() },
+            FeatureDtype::F32 => Rows::F32 {
+                matrix: Arc::new(features.clone()),
+                store: Vec::new(),
+            },
             FeatureDtype::Bf16 => Rows::Bf16 {
                 host: to_bf16_bits(features.as_slice()),
                 store: Vec::new(),
             },
         };
-        let mut f = Self {
-            matrix: Arc::new(features.clone()),
-            policy,
-            rows,
-        };
+        let mut f = Self { policy, rows };
         f.update(cached, &[])?;
         Ok(f)
     }
 
-    /// The host matrix.
-    pub fn matrix(&self) -> &FeatureMatrix {
-        &self.matrix
+    /// The host matrix (`None` with bfloat16 rows, which keep only their
+    /// converted copy).
+    pub fn matrix(&self) -> Option<&FeatureMatrix> {
+        match &self.rows {
+            Rows::F32 { matrix, .. } => Some(matrix),
+            Rows::Bf16 { .. } => None,
+        }
     }
 
     /// How the rows are stored.
@@ -185,7 +190,7 @@ impl HostFeatures {
     /// Bytes the cache store has allocated (never above the budget).
     pub fn store_bytes(&self) -> usize {
         match &self.rows {
-            Rows::F32 { store } => store.capacity() * std::mem::size_of::<f32>(),
+            Rows::F32 { store, .. } => store.capacity() * std::mem::size_of::<f32>(),
             Rows::Bf16 { store, .. } => store.capacity() * std::mem::size_of::<u16>(),
         }
     }
@@ -207,7 +212,7 @@ impl HostFeatures {
         let budget = self.policy.budget_bytes();
         if dim > 0 {
             match &mut self.rows {
-                Rows::F32 { store } => reserve_rows(store, need_rows, cap_rows, dim, budget)?,
+                Rows::F32 { store, .. } => reserve_rows(store, need_rows, cap_rows, dim, budget)?,
                 Rows::Bf16 { store, .. } => reserve_rows(store, need_rows, cap_rows, dim, budget)?,
             }
         }
@@ -218,10 +223,10 @@ impl HostFeatures {
             return Ok(up.cached);
         }
         match &mut self.rows {
-            Rows::F32 { store } => {
+            Rows::F32 { matrix, store } => {
                 store.resize(len, 0.0);
                 if !up.filled.is_empty() {
-                    fill_rows(self.matrix.as_slice(), store, &up.filled, dim);
+                    fill_rows(matrix.as_slice(), store, &up.filled, dim);
                 }
             }
             Rows::Bf16 { host, store } => {
@@ -241,7 +246,7 @@ impl HostFeatures {
         let dim = self.policy.dim();
         let ids = prefix("gather ids", ids, n)?;
         let out = prefix_mut("gather output (n × dim)", out, mul("n × dim", n, dim)?)?;
-        let num_rows = self.matrix.num_rows();
+        let num_rows = self.policy.num_vertices();
         let hits = if dim == 0 {
             let mut hits = 0;
             for (r, &v) in ids.iter().enumerate() {
@@ -253,8 +258,8 @@ impl HostFeatures {
             hits
         } else {
             match &self.rows {
-                Rows::F32 { store } => {
-                    gather_through(self.matrix.as_slice(), store, &self.policy, ids, out)?
+                Rows::F32 { matrix, store } => {
+                    gather_through(matrix.as_slice(), store, &self.policy, ids, out)?
                 }
                 Rows::Bf16 { host, store } => gather_through(host, store, &self.policy, ids, out)?,
             }
@@ -437,7 +442,7 @@ mod tests {
         let dim = f.policy().dim();
         let mut out = vec![0.0; dim];
         match &f.rows {
-            Rows::F32 { store } => f32::widen_row(&store[s * dim..(s + 1) * dim], &mut out),
+            Rows::F32 { store, .. } => f32::widen_row(&store[s * dim..(s + 1) * dim], &mut out),
             Rows::Bf16 { store, .. } => u16::widen_row(&store[s * dim..(s + 1) * dim], &mut out),
         }
         out

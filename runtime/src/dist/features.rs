@@ -59,6 +59,15 @@ impl crate::engine::RowSource for ExchangeRows {
     }
 }
 
+/// Whether `rank` owns row `v`: by the partition map `parts` when there is one
+/// (a vertex past its end is nobody's), else by its contiguous range `own`.
+pub(crate) fn owned_by(parts: Option<&[u32]>, own: &Range<usize>, rank: usize, v: usize) -> bool {
+    match parts {
+        Some(p) => p.get(v).is_some_and(|&r| r as usize == rank),
+        None => own.contains(&v),
+    }
+}
+
 /// Row `i` of `m`: its column ids and values.
 fn sparse_row(m: &SparseRows<f32>, i: usize) -> (&[u32], &[f32]) {
     let p = m.indptr();
@@ -191,10 +200,7 @@ impl PartitionedFeatures {
 
     /// Whether this rank owns row `v` (`v < n`).
     fn owns(&self, v: usize) -> bool {
-        match &self.parts {
-            Some(p) => p[v] as usize == self.comm.rank(),
-            None => self.own.contains(&v),
-        }
+        owned_by(self.parts.as_deref(), &self.own, self.comm.rank(), v)
     }
 
     /// The rank that owns row `v` (`v < n`).

@@ -25,7 +25,7 @@ use cpu_ops::{gather_rows, CsrGraph, NeighborSampler, SampledBatch, SamplerScrat
 use gpu_ops::Backend;
 use scheduler::Device;
 
-use super::{dev_err, DeviceEngine, Engine};
+use super::{dev_err, record_copies, take_at_least, DeviceEngine, Engine};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::trace::Direction;
@@ -125,24 +125,13 @@ impl<B: Backend> DeviceEngine<B> {
     /// on the same values) and are widened on the device.
     pub(super) fn upload_rows(&mut self, rows: &[f32]) -> Result<B::Buf<f32>> {
         let need = rows.len();
-        let mut x = match self.x.take() {
-            Some(x) if self.dev.len(&x) >= need => x,
-            _ => self
-                .dev
-                .alloc_uninit(need + need / 4)
-                .map_err(dev_err("input buffer"))?,
-        };
+        let mut x = take_at_least(&*self.dev, &mut self.x, need, "input buffer")?;
         if self.opts.feature_dtype == gpu_ops::FeatureDtype::Bf16 {
             let host = &mut self.host.bits;
             host.clear();
             host.extend(rows.iter().map(|&v| gpu_ops::f32_to_bf16_bits(v)));
-            let mut bits = match self.bits.take() {
-                Some(b) if self.dev.len(&b) >= need => b,
-                _ => self
-                    .dev
-                    .alloc_uninit(need + need / 4)
-                    .map_err(dev_err("bfloat16 input buffer"))?,
-            };
+            let mut bits =
+                take_at_least(&*self.dev, &mut self.bits, need, "bfloat16 input buffer")?;
             let up = self
                 .dev
                 .upload(self.dev.stream(), host, &mut bits)
@@ -286,16 +275,9 @@ impl<B: Backend> DeviceEngine<B> {
             });
         self.x = Some(x);
         slice.set_transfer(Direction::HostToDevice, self.h2d - start);
-        // What the whole batch (sampling included) cost in copies, host
-        // synchronizations and zero-filled buffers (memsets on CUDA).
+        // What the whole batch, sampling included, cost.
         let copies = self.dev.transfer_stats().since(&copies_before);
-        if let Some(a) = slice.args_mut() {
-            a.extra.push(("uploads".into(), copies.uploads as f64));
-            a.extra.push(("downloads".into(), copies.downloads as f64));
-            a.extra.push(("host_syncs".into(), copies.syncs as f64));
-            a.extra
-                .push(("zero_fills".into(), copies.zero_fills as f64));
-        }
+        record_copies(slice.args_mut(), &copies);
         stats
     }
 }

@@ -72,7 +72,7 @@ use scheduler::{
 use crate::config::{HotnessKind, OrchestrationSection};
 use crate::control::{CancelToken, StopCause};
 use crate::dataset::Dataset;
-use crate::engine::{Engine, HotUse};
+use crate::engine::{record_copies, Engine, HotUse};
 use crate::error::{Error, Result};
 use crate::trace::{Direction, FlowId, Tracer, TrackId, TrackKind};
 
@@ -1128,12 +1128,8 @@ impl Accelerator<'_> {
                     // What crossed between host and device in the batch's step (the
                     // gate's installs and the launch's downloads are not in it).
                     let copies = engine.transfer_stats().since(&copies_before);
+                    record_copies(slice.args_mut(), &copies);
                     if let Some(a) = slice.args_mut() {
-                        a.extra.push(("uploads".into(), copies.uploads as f64));
-                        a.extra.push(("downloads".into(), copies.downloads as f64));
-                        a.extra.push(("host_syncs".into(), copies.syncs as f64));
-                        a.extra
-                            .push(("zero_fills".into(), copies.zero_fills as f64));
                         a.extra.push(("hot_rows".into(), positions.len() as f64));
                     }
                     drop(slice);
