@@ -59,6 +59,22 @@ extern "C" __global__ void widen_bf16(const u16* src, u64 n, float* out) {
     }
 }
 
+// x[i] *= alpha for i < n (round to nearest, as on the host: no fused operation).
+extern "C" __global__ void scale_in_place(float* x, u64 n, float alpha) {
+    for (u64 i = thread_index(); i < n; i += thread_count()) x[i] = __fmul_rn(x[i], alpha);
+}
+
+// count[0] += the number of non-finite values (NaN, ±inf: exponent all ones) in x[..n]
+// (n < 2^32, checked by the caller). Non-finite values are rare (a diverged step), so
+// a thread adds only when it found one.
+extern "C" __global__ void count_nonfinite(const float* x, u64 n, u32* count) {
+    u32 bad = 0;
+    for (u64 i = thread_index(); i < n; i += thread_count()) {
+        bad += (__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u;
+    }
+    if (bad) atomicAdd(count, bad);
+}
+
 // ReLU in place: x = x < 0 ? 0 : x (NaN stays NaN, as on the host).
 extern "C" __global__ void relu_forward(float* x, u64 n) {
     for (u64 i = thread_index(); i < n; i += thread_count()) {

@@ -142,6 +142,17 @@ pub fn round_to_bf16(x: f32) -> f32 {
     bf16_bits_to_f32(f32_to_bf16_bits(x))
 }
 
+/// [`Backend::count_nonfinite`]'s bound on `n` (its count is 32 bits).
+pub(crate) fn check_count_len(n: usize) -> Result<()> {
+    if n > u32::MAX as usize {
+        return Err(crate::error::GpuOpsError::InvalidArgument {
+            name: "n",
+            reason: format!("count_nonfinite counts below 2^32 values; got {n}"),
+        });
+    }
+    Ok(())
+}
+
 impl fmt::Display for DeviceKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -394,6 +405,28 @@ pub trait Backend: Send + Sync + Sized + 'static {
     // ---- identity -------------------------------------------------------------
     /// Which backend this is.
     fn kind(&self) -> DeviceKind;
+    /// Joins rank `rank` of `ranks` to the NCCL communicator of `id` on this
+    /// device (collective: every rank calls it with the same `id`, from
+    /// [`crate::nccl_unique_id`] on rank 0). Errors: NCCL missing, a backend
+    /// that is not CUDA (the default), or NCCL's own error.
+    fn nccl_reduce(
+        &self,
+        rank: usize,
+        ranks: usize,
+        id: &crate::NcclId,
+    ) -> Result<Box<dyn crate::GradReduce<Self>>>
+    where
+        Self: Sized,
+    {
+        let _ = (rank, ranks, id);
+        Err(crate::error::GpuOpsError::Unavailable {
+            kind: self.kind(),
+            reason: format!(
+                "NCCL reduces CUDA device buffers; the {} backend has none",
+                self.kind()
+            ),
+        })
+    }
     /// One line naming the device (model, memory, compute capability or SIMD level).
     fn describe(&self) -> String;
     /// Free and total device memory.
@@ -509,6 +542,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// ([`bf16_bits_to_f32`]), e.g. rows uploaded as bfloat16 (half the bytes)
     /// and widened on the device.
     fn widen_bf16(&self, src: &Self::Buf<u16>, n: usize, out: &mut Self::Buf<f32>) -> Result<()>;
+    /// `x[..n] *= alpha` (an IEEE single-precision product per value, as on the
+    /// host), e.g. a rank's gradients weighted by its share of the batch.
+    fn scale(&self, x: &mut Self::Buf<f32>, n: usize, alpha: f32) -> Result<()>;
+    /// `count[0] += ` the number of non-finite values (NaN, ±∞) in `x[..n]`, on
+    /// the compute stream: e.g. whether summed gradients may be applied, with one
+    /// read of `count` after checking every buffer. `n` must be below 2³² (the
+    /// count wraps modulo 2³²).
+    fn count_nonfinite(
+        &self,
+        x: &Self::Buf<f32>,
+        n: usize,
+        count: &mut Self::Buf<u32>,
+    ) -> Result<()>;
 
     // ---- topology and sampling ---------------------------------------------------
     /// Makes `graph` readable by [`Backend::sample`] from `placement`.

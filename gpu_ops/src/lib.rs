@@ -15,6 +15,7 @@ mod cuda;
 mod error;
 mod host;
 mod model;
+mod reduce;
 
 pub use backend::{
     bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits, AdamStep,
@@ -22,9 +23,10 @@ pub use backend::{
     LossStats, MemoryInfo, Precision, TopologyPlacement, TransferStats,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
-pub use cuda::{nccl_available, AllocatorStats, CudaBackend};
+pub use cuda::{nccl_available, nccl_unique_id, AllocatorStats, CudaBackend};
 pub use error::{GpuOpsError, Result};
 pub use host::{
     HostBackend, HostBlock, HostBuf, HostEvent, HostFeatures, HostGraph, HostMask, HostStream,
 };
 pub use model::{AdamMoments, DeviceForward, DeviceModel, HotGrad, HotRows};
+pub use reduce::{check_reduce_args, GradReduce, NcclId};

@@ -220,3 +220,40 @@ fn floyd_sampling_on_a_hub_picks_distinct_neighbors_in_row_order() {
     }
     assert!(seen_first.len() > 1, "different seeds, different samples");
 }
+
+/// A one-rank NCCL communicator on this GPU: the sum over one rank is the
+/// identity, zero lengths are skipped, bad lengths are errors before NCCL is
+/// called, and the line names NCCL's version. Skipped without NCCL (unless
+/// `TANDEM_REQUIRE_NCCL` is set, as `bench/gpu/issue12.sh` does).
+#[test]
+fn a_one_rank_nccl_communicator_sums_in_place() {
+    let Some(d) = dev() else { return };
+    if let Err(e) = gpu_ops::nccl_available() {
+        assert!(std::env::var_os("TANDEM_REQUIRE_NCCL").is_none(), "{e}");
+        println!("skipped: {e}");
+        return;
+    }
+    let id = gpu_ops::nccl_unique_id().unwrap();
+    let reduce = d.nccl_reduce(0, 1, &id).unwrap();
+    let line = reduce.describe();
+    assert!(
+        line.starts_with("NCCL 2.") && line.ends_with("rank 0 of 1"),
+        "{line}"
+    );
+    let mut rng = Rng::new(3);
+    let a: Vec<f32> = (0..100_003).map(|_| rng.next_f32() - 0.5).collect();
+    let b: Vec<f32> = (0..7).map(|_| rng.next_f32()).collect();
+    let mut bufs = vec![d.to_device(&a).unwrap(), d.to_device(&b).unwrap()];
+    reduce.all_reduce_sum(&d, &mut bufs, &[a.len(), 0]).unwrap();
+    assert_eq!(d.to_host::<f32>(&bufs[0], a.len()).unwrap(), a);
+    assert_eq!(d.to_host::<f32>(&bufs[1], b.len()).unwrap(), b);
+    assert!(reduce.all_reduce_sum(&d, &mut bufs, &[a.len()]).is_err());
+    assert!(reduce.all_reduce_sum(&d, &mut bufs, &[a.len(), 8]).is_err());
+    // Another backend's buffers are refused.
+    let other = dev().unwrap();
+    let mut theirs = vec![other.to_device(&b).unwrap()];
+    assert!(reduce
+        .all_reduce_sum(&other, &mut theirs, &[b.len()])
+        .is_err());
+    assert!(d.nccl_reduce(1, 1, &id).is_err());
+}

@@ -21,9 +21,11 @@
 
 mod hot;
 mod memory;
+mod reduce;
 mod step_based;
 
 pub use hot::{HotStaging, HotUse};
+pub use reduce::{CopyReduce, ReduceOn};
 
 use std::sync::Arc;
 
@@ -63,6 +65,22 @@ pub trait Engine: Send {
     /// The second half: replaces the gradients with `flat` (the ranks' sum, in
     /// [`Engine::batch_gradients`]'s layout) and takes one optimizer step.
     fn apply_gradients(&mut self, flat: &[f32]) -> Result<()>;
+    /// Sums the gradients of the device-resident data-parallel step
+    /// ([`Engine::device_gradients`], [`Engine::reduce_and_step`]) over `on`
+    /// from now on (collective for NCCL: every rank calls it). Returns one line
+    /// naming the transport.
+    fn set_grad_reduce(&mut self, on: ReduceOn) -> Result<String>;
+    /// [`Engine::batch_gradients`] leaving the gradients on the device: (loss ×
+    /// rows, correct); the loss is NaN when not finite.
+    fn device_gradients(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)>;
+    /// The device-resident second half: every gradient × `weight` (this rank's
+    /// share of the batch; 0 for a rank without rows), summed over the ranks
+    /// on the device, then one optimizer step. Returns `false`, with no step,
+    /// when the sum holds a NaN or infinity (the same answer on every rank: they
+    /// hold the same sum). Errors without [`Engine::set_grad_reduce`].
+    fn reduce_and_step(&mut self, weight: f32) -> Result<bool>;
+    /// The backend's kind.
+    fn device_kind(&self) -> gpu_ops::DeviceKind;
     /// Logits (`n × classes`) of every vertex by layer-wise full-graph inference.
     fn full_graph_logits(&mut self) -> Result<Vec<f32>>;
     /// Logits (`seeds × classes`) of `seeds` on blocks sampled with the evaluation
@@ -214,6 +232,8 @@ pub struct DeviceEngine<B: Backend> {
     hot: hot::HotDevice<B>,
     /// The dataset and sampler for steps placed on the host.
     host: HostSide,
+    /// The gradient sum of the device-resident data-parallel step.
+    reduce: Option<Box<dyn gpu_ops::GradReduce<B>>>,
     /// Host → device bytes of training batches so far.
     h2d: u64,
     tracer: Tracer,
@@ -322,6 +342,7 @@ impl<B: Backend> DeviceEngine<B> {
             bits: None,
             full_block: None,
             hot: hot::HotDevice::default(),
+            reduce: None,
             opts,
             dev: std::sync::Arc::new(dev),
         })
@@ -442,6 +463,61 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         self.model
             .step(&self.dev)
             .map_err(dev_err("optimizer step"))
+    }
+
+    fn set_grad_reduce(&mut self, on: ReduceOn) -> Result<String> {
+        let r: Box<dyn gpu_ops::GradReduce<B>> = match on {
+            ReduceOn::Nccl { rank, ranks, id } => self
+                .dev
+                .nccl_reduce(rank, ranks, &id)
+                .map_err(dev_err("joining the NCCL communicator"))?,
+            ReduceOn::HostCopy(comm) => Box::new(CopyReduce::new(comm)),
+        };
+        let line = r.describe();
+        self.reduce = Some(r);
+        Ok(line)
+    }
+
+    fn device_gradients(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)> {
+        let stats = self.run_batch_placed(seeds, seed, false)?;
+        let loss_sum = stats.loss * seeds.len() as f64;
+        Ok((
+            if loss_sum.is_finite() {
+                loss_sum
+            } else {
+                f64::NAN
+            },
+            stats.correct,
+        ))
+    }
+
+    fn reduce_and_step(&mut self, weight: f32) -> Result<bool> {
+        let Some(reduce) = self.reduce.as_deref() else {
+            return Err(Error::invalid_argument(
+                "dist.reduce",
+                "internal: no device gradient reduction was set up",
+            ));
+        };
+        let dev = &*self.dev;
+        self.model
+            .scale_grads(dev, weight)
+            .map_err(dev_err("weighting the gradients"))?;
+        self.model
+            .reduce_grads(dev, reduce)
+            .map_err(dev_err("summing the gradients over the ranks"))?;
+        let bad = self
+            .model
+            .nonfinite_grads(dev)
+            .map_err(dev_err("checking the summed gradients"))?;
+        if bad > 0 {
+            return Ok(false);
+        }
+        self.model.step(dev).map_err(dev_err("optimizer step"))?;
+        Ok(true)
+    }
+
+    fn device_kind(&self) -> gpu_ops::DeviceKind {
+        self.dev.kind()
     }
 
     fn full_graph_logits(&mut self) -> Result<Vec<f32>> {

@@ -70,7 +70,7 @@ use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
 use crate::dist::features::PartitionedFeatures;
 use crate::dist::{share, Communicator, DistStats, Solo};
 use crate::embedding::Embeddings;
-use crate::engine::{choose_engine, BatchGradients, Engine, EngineOptions};
+use crate::engine::{choose_engine, BatchGradients, Engine, EngineOptions, ReduceOn};
 use crate::error::{Error, Result};
 use crate::generate::{generate_sbm, SbmOptions};
 use crate::orchestrate::clock::{wall_clock, SharedClock};
@@ -316,6 +316,9 @@ struct Dist {
     stats: DistStats,
     /// The step's all-reduce bucket: gradients, then [`BUCKET_SCALARS`] scalars.
     bucket: Vec<f32>,
+    /// The device engine sums the gradients on the device (NCCL): the bucket
+    /// then holds the scalars only. The transport's line.
+    device_reduce: Option<String>,
 }
 
 impl Dist {
@@ -325,6 +328,7 @@ impl Dist {
             features: None,
             stats: DistStats::default(),
             bucket: Vec::new(),
+            device_reduce: None,
         }
     }
 
@@ -655,21 +659,37 @@ impl Trainer {
     /// orchestration (not built yet), `dist.reduce = "nccl"` (not built yet),
     /// or a trainer that already trained with another communicator.
     pub fn set_communicator(&mut self, comm: Arc<dyn Communicator>) -> Result<()> {
+        // Why this rank cannot sum gradients over NCCL (`None`: it can).
+        let nccl_lacks = || -> Option<String> {
+            if let Err(e) = gpu_ops::nccl_available() {
+                return Some(match e {
+                    gpu_ops::GpuOpsError::Unavailable { reason, .. } => reason,
+                    e => e.to_string(),
+                });
+            }
+            let kind = self
+                .engine
+                .as_ref()
+                .and_then(|e| e.lock().ok().map(|e| e.device_kind()));
+            (kind != Some(gpu_ops::DeviceKind::Cuda)).then(|| {
+                "NCCL sums gradients between GPUs and this rank trains on the host \
+                 (device.kind = \"cuda\" on every rank)"
+                    .to_string()
+            })
+        };
         if self.cfg.dist.reduce == DistReduce::Nccl {
-            // Without the library that is the one-line error; with it, NCCL
-            // reduction itself is not built yet.
-            let why = match gpu_ops::nccl_available() {
-                Err(gpu_ops::GpuOpsError::Unavailable { reason, .. }) => reason,
-                Err(e) => e.to_string(),
-                Ok(()) => "reducing over NCCL is not built yet".into(),
-            };
-            return Err(Error::invalid_argument(
-                "dist.reduce",
-                format!(
-                    "\"nccl\": {why}; dist.reduce = \"mpi\" or \"auto\" sums the \
-                     gradients over MPI"
-                ),
-            ));
+            // Decided on each rank alone, before any collective: every rank
+            // has the same configuration, and a rank that lacks NCCL fails the
+            // job (its error printed, the others stopped) instead of hanging it.
+            if let Some(why) = nccl_lacks() {
+                return Err(Error::invalid_argument(
+                    "dist.reduce",
+                    format!(
+                        "\"nccl\": {why}; dist.reduce = \"mpi\" or \"auto\" sums the \
+                         gradients over MPI"
+                    ),
+                ));
+            }
         }
         let distributed = comm.size() > 1;
         if distributed && self.cfg.orchestration.reuses_embeddings() {
@@ -759,12 +779,93 @@ impl Trainer {
                 scheduler::Orchestration::GpuSampleGpuGather
             ));
         }
+        let device_reduce = if distributed {
+            self.join_device_reduce(&comm, nccl_lacks().is_none())?
+        } else {
+            None
+        };
         self.dist = Dist {
             comm,
             features,
             stats: DistStats::default(),
             bucket: Vec::new(),
+            device_reduce,
         };
+        Ok(())
+    }
+
+    /// Sets a device engine's gradient sum up over NCCL when `dist.reduce`
+    /// asks for it (`"nccl"`, or `"auto"` with NCCL and a GPU on every rank;
+    /// collective): the flag first, so that every rank takes the same way,
+    /// then rank 0's unique id. Returns the transport's line, `None` for MPI.
+    fn join_device_reduce(
+        &mut self,
+        comm: &Arc<dyn Communicator>,
+        here: bool,
+    ) -> Result<Option<String>> {
+        let use_nccl = match self.cfg.dist.reduce {
+            DistReduce::Mpi => false,
+            // Checked on each rank before: every rank can.
+            DistReduce::Nccl => true,
+            DistReduce::Auto => {
+                let mut able = [if here { 1.0 } else { 0.0 }];
+                comm.all_reduce_sum_f64(&mut able)?;
+                able[0] as usize == comm.size()
+            }
+        };
+        let Some(engine) = self.engine.as_ref().filter(|_| use_nccl) else {
+            return Ok(None);
+        };
+        // Byte 128 says whether rank 0 drew an id (else every rank fails alike).
+        let mut buf = [0u8; 129];
+        let mut drawn = None;
+        if comm.rank() == 0 {
+            match gpu_ops::nccl_unique_id() {
+                Ok(id) => {
+                    buf[..128].copy_from_slice(&id.0);
+                    buf[128] = 1;
+                }
+                Err(e) => drawn = Some(e),
+            }
+        }
+        comm.broadcast_bytes(0, &mut buf)?;
+        if buf[128] != 1 {
+            let why = drawn.map_or_else(|| "see rank 0's error".into(), |e| e.to_string());
+            return Err(Error::Dist {
+                what: format!("rank 0 could not draw an NCCL id: {why}"),
+            });
+        }
+        let mut id = [0u8; 128];
+        id.copy_from_slice(&buf[..128]);
+        let on = ReduceOn::Nccl {
+            rank: comm.rank(),
+            ranks: comm.size(),
+            id: gpu_ops::NcclId(id),
+        };
+        let line = engine.lock().map_err(|_| poisoned())?.set_grad_reduce(on)?;
+        self.device_note
+            .push_str(&format!("; gradients summed on the device over {line}"));
+        Ok(Some(line))
+    }
+
+    /// Test seam: sums this device rank's gradients on the device through host
+    /// copies over a duplicate of its communicator (`engine::CopyReduce`),
+    /// the step `dist.reduce = "nccl"` takes, so that it can be checked on the
+    /// host backend (collective; after [`Trainer::set_communicator`]).
+    #[doc(hidden)]
+    pub fn reduce_on_device_through_host_copies(&mut self) -> Result<()> {
+        let Some(engine) = self.engine.as_ref() else {
+            return Err(Error::invalid_argument(
+                "device",
+                "only a device engine keeps its gradients on the device",
+            ));
+        };
+        let channel = self.dist.comm.duplicate()?;
+        let line = engine
+            .lock()
+            .map_err(|_| poisoned())?
+            .set_grad_reduce(ReduceOn::HostCopy(channel))?;
+        self.dist.device_reduce = Some(line);
         Ok(())
     }
 
@@ -1586,7 +1687,9 @@ impl Trainer {
                     features: partitioned,
                     stats: dist_stats,
                     bucket,
+                    device_reduce,
                 } = dist;
+                let on_device = device_reduce.is_some();
                 let comm: &dyn Communicator = &**comm;
                 let partitioned = partitioned.as_deref();
                 let (rank, ranks) = (comm.rank(), comm.size());
@@ -1622,6 +1725,13 @@ impl Trainer {
                             correct: 0,
                             flat: None,
                         }
+                    } else if on_device {
+                        let (loss_sum, correct) = e.device_gradients(mine, seed)?;
+                        BatchGradients {
+                            loss_sum,
+                            correct,
+                            flat: None,
+                        }
                     } else {
                         e.batch_gradients(mine, seed)?
                     };
@@ -1634,10 +1744,16 @@ impl Trainer {
                         stats: &mut *dist_stats,
                         bucket: &mut *bucket,
                     };
-                    let parts = g.flat.as_deref().map(|f| vec![f]);
+                    // On the device (NCCL) the bucket carries the scalars alone,
+                    // so that every rank knows whether to go on; the gradients
+                    // are then summed, checked and applied on the device.
+                    let (len, parts) = match (on_device, g.flat.as_deref()) {
+                        (true, _) => (0, Some(Vec::new())),
+                        (false, f) => (total, f.map(|f| vec![f])),
+                    };
                     let r = Self::all_reduce_step(
                         &mut d,
-                        total,
+                        len,
                         mine.len(),
                         g.loss_sum,
                         g.correct,
@@ -1647,14 +1763,26 @@ impl Trainer {
                     if r.bad {
                         return Ok((f64::NAN, r.correct, e.version(), r.agreed));
                     }
-                    {
+                    let mut loss_sum = r.loss_sum;
+                    if on_device {
+                        let weight = mine.len() as f32 / whole.len().max(1) as f32;
+                        let mut s = probe.slice("device allreduce + step");
+                        let bytes = 4 * total as u64;
+                        s.set_bytes(bytes);
+                        let t = Instant::now();
+                        if !e.reduce_and_step(weight)? {
+                            loss_sum = f64::NAN;
+                        }
+                        d.stats.allreduce_bytes += bytes;
+                        d.stats.allreduce_secs += t.elapsed().as_secs_f64();
+                    } else {
                         let _step = probe.slice("step");
                         e.apply_gradients(&d.bucket[..total])?;
                     }
                     if tracer.is_enabled() {
                         tracer.counter(CACHE_HIT_RATE, e.cache_stats().hit_rate());
                     }
-                    Ok((r.loss_sum, r.correct, e.version(), r.agreed))
+                    Ok((loss_sum, r.correct, e.version(), r.agreed))
                 })
             }
             None => {
@@ -1664,6 +1792,7 @@ impl Trainer {
                     features: partitioned,
                     stats: dist_stats,
                     bucket,
+                    device_reduce: _,
                 } = dist;
                 let comm: &dyn Communicator = &**comm;
                 let partitioned = partitioned.as_deref();

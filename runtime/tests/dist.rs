@@ -49,12 +49,22 @@ fn train_ranks(
     ranks: usize,
     dataset: impl Fn(usize) -> Dataset + Sync,
 ) -> Vec<RankRun> {
+    train_ranks_with(cfg, ranks, dataset, |_| {})
+}
+
+/// [`train_ranks`], calling `setup` on each rank's trainer before training.
+fn train_ranks_with(
+    cfg: &TrainConfig,
+    ranks: usize,
+    dataset: impl Fn(usize) -> Dataset + Sync,
+    setup: impl Fn(&mut Trainer) + Sync,
+) -> Vec<RankRun> {
     let comms = ThreadGroup::new(ranks).unwrap();
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|c| {
-                let dataset = &dataset;
+                let (dataset, setup) = (&dataset, &setup);
                 s.spawn(move || {
                     let r = c.rank();
                     let mut t = TrainerBuilder::new(cfg.clone())
@@ -63,6 +73,7 @@ fn train_ranks(
                         .build()
                         .expect("build");
                     assert_eq!(t.rank(), (r, ranks));
+                    setup(&mut t);
                     let stats = t.fit().expect("fit");
                     RankRun {
                         params: t.model().params().iter().map(|p| p.to_vec()).collect(),
@@ -523,6 +534,80 @@ fn device_engine_ranks_train_the_one_rank_model() {
     assert!(d < 1e-3, "{d}");
 }
 
+/// The device-resident step (`dist.reduce = "nccl"`: scalars over the
+/// communicator, gradients weighted, summed, checked and applied on the device)
+/// trains what the host bucket trains, bit for bit, with the sum taken through
+/// host copies (NCCL needs GPUs): every placement, empty shares, partitioned
+/// features.
+#[test]
+fn the_device_resident_step_trains_what_the_host_bucket_trains() {
+    let on_device = |t: &mut Trainer| t.reduce_on_device_through_host_copies().unwrap();
+    for (sets, n) in [
+        (
+            vec!["orchestration.policy=\"gpu-sample-gpu-gather\""],
+            2usize,
+        ),
+        (vec!["orchestration.policy=\"cpu-sample-gpu-gather\""], 3),
+        (
+            vec![
+                "orchestration.policy=\"gpu-sample-cpu-gather\"",
+                "dist.features=\"partitioned\"",
+            ],
+            2,
+        ),
+        (vec!["train.batch_size=7", "train.epochs=1"], 5),
+        (vec!["model.kind=\"gat\"", "model.dropout=0.3"], 2),
+    ] {
+        let mut all = vec!["device.host_engine=\"ops\""];
+        all.extend(&sets);
+        let c = cfg(&all);
+        let ds = load_dataset(&c).unwrap();
+        let bucket = train_ranks(&c, n, |_| ds.clone());
+        let device = train_ranks_with(&c, n, |_| ds.clone(), on_device);
+        for (r, run) in device.iter().enumerate() {
+            assert_eq!(run.params, bucket[0].params, "{sets:?}: rank {r} of {n}");
+            for (a, b) in run.stats.iter().zip(&bucket[0].stats) {
+                assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{sets:?}");
+                assert_eq!(a.train_acc.to_bits(), b.train_acc.to_bits(), "{sets:?}");
+                assert_eq!((a.steps, a.test_acc), (b.steps, b.test_acc), "{sets:?}");
+            }
+        }
+        assert_eq!(device[0].dist.allreduces, bucket[0].dist.allreduces);
+    }
+    // Only a device engine keeps its gradients on the device.
+    let c = cfg(&[]);
+    let ds = load_dataset(&c).unwrap();
+    let mut t = Trainer::new(ds, c).unwrap();
+    let e = t.reduce_on_device_through_host_copies().unwrap_err();
+    assert!(e.to_string().contains("device engine"), "{e}");
+}
+
+/// `dist.reduce = "auto"` sums over MPI where a rank has no GPU or no NCCL
+/// (here: host-backend device ranks), and says nothing of NCCL then.
+#[test]
+fn auto_reduce_falls_back_to_the_host_bucket_without_gpus() {
+    let c = cfg(&["device.host_engine=\"ops\"", "dist.reduce=\"auto\""]);
+    let ds = load_dataset(&c).unwrap();
+    let comms = ThreadGroup::new(2).unwrap();
+    std::thread::scope(|s| {
+        for comm in comms {
+            let (c, ds) = (c.clone(), ds.clone());
+            s.spawn(move || {
+                let t = TrainerBuilder::new(c)
+                    .dataset(ds)
+                    .communicator(Arc::new(comm))
+                    .build()
+                    .unwrap();
+                assert!(
+                    !t.device_note().contains("on the device over"),
+                    "{}",
+                    t.device_note()
+                );
+            });
+        }
+    });
+}
+
 /// `--resume` with the same number of ranks: a job checkpointed after epoch 1
 /// (by rank 0, as the CLI does) and resumed on every rank trains what an
 /// uninterrupted job trains, bit for bit.
@@ -743,10 +828,10 @@ fn what_is_not_built_says_so() {
         .set_communicator(Arc::new(runtime::dist::Solo))
         .unwrap_err()
         .to_string();
-    // Without libnccl the error names the library; with it, NCCL reduction is
-    // not built yet.
+    // Without libnccl the error names the library; with it, a rank on the
+    // host says it needs a GPU.
     let expected = match gpu_ops::nccl_available() {
-        Ok(()) => "not built yet",
+        Ok(()) => "device.kind = \"cuda\"",
         Err(_) => "libnccl.so",
     };
     assert!(

@@ -40,6 +40,8 @@ template <class T> inline T min(T a, T b) { return a < b ? a : b; }
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
 inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
+inline unsigned __float_as_uint(float v) { return std::bit_cast<unsigned>(v); }
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }

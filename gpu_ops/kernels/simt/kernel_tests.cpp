@@ -357,6 +357,30 @@ static void test_gather_bf16() {
             CHECK(ok, "widen_bf16 n %llu offset %llu", n, off);
         }
     }
+    // scale_in_place: one rounded product per value, nothing past n.
+    for (u64 n : {1ull, 1000ull}) {
+        std::vector<float> x(n + 1); for (auto& v : x) v = rnd() * 100.0f;
+        std::vector<float> want(x);
+        for (u64 i = 0; i < n; ++i) want[i] = x[i] * 0.37f;
+        launch(scale_in_place, tgrid(n), T, x.data(), n, 0.37f);
+        CHECK(std::memcmp(x.data(), want.data(), (n + 1) * sizeof(float)) == 0, "scale_in_place n %llu", n);
+    }
+    // count_nonfinite: NaN and ±inf counted, finite extremes not, added to the counter.
+    for (u64 n : {1ull, 33ull, 5000ull}) {
+        std::vector<float> x(n + 1); for (auto& v : x) v = rnd();
+        x[n] = NAN;  // past n: not counted
+        x[0] = 3.4e38f;
+        u32 want = 5;
+        for (u64 k = 0; k < n / 10; ++k) {
+            const u64 at = below(n);
+            const float s[3] = {NAN, INFINITY, -INFINITY};
+            x[at] = s[k % 3];
+        }
+        for (u64 i = 0; i < n; ++i) want += !std::isfinite(x[i]);
+        std::vector<u32> count{5};
+        launch(count_nonfinite, tgrid(n), T, (const float*)x.data(), n, count.data());
+        CHECK(count[0] == want, "count_nonfinite n %llu: %u vs %u", n, count[0], want);
+    }
     std::printf("gather bf16 ok\n");
 }
 

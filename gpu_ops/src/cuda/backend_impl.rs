@@ -30,6 +30,15 @@ impl Backend for CudaBackend {
         DeviceKind::Cuda
     }
 
+    fn nccl_reduce(
+        &self,
+        rank: usize,
+        ranks: usize,
+        id: &crate::NcclId,
+    ) -> Result<Box<dyn crate::GradReduce<Self>>> {
+        Ok(Box::new(super::NcclReduce::new(self, rank, ranks, id)?))
+    }
+
     fn describe(&self) -> String {
         self.describe_device()
     }
@@ -165,6 +174,14 @@ impl Backend for CudaBackend {
 
     fn widen_bf16(&self, src: &CudaBuf<u16>, n: usize, out: &mut CudaBuf<f32>) -> Result<()> {
         self.widen_bf16_op(src, n, out)
+    }
+
+    fn scale(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+        self.scale_op(x, n, alpha)
+    }
+
+    fn count_nonfinite(&self, x: &CudaBuf<f32>, n: usize, count: &mut CudaBuf<u32>) -> Result<()> {
+        self.count_nonfinite_op(x, n, count)
     }
 
     fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<CudaGraph> {

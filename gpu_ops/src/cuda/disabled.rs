@@ -165,6 +165,12 @@ impl Backend for CudaBackend {
     fn widen_bf16(&self, _: &Never, _: usize, _: &mut Never) -> Result<()> {
         match self.never {}
     }
+    fn scale(&self, _: &mut Never, _: usize, _: f32) -> Result<()> {
+        match self.never {}
+    }
+    fn count_nonfinite(&self, _: &Never, _: usize, _: &mut Never) -> Result<()> {
+        match self.never {}
+    }
     fn load_graph(&self, _: &CsrGraph, _: TopologyPlacement) -> Result<Never> {
         match self.never {}
     }

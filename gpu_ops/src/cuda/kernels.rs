@@ -447,6 +447,8 @@ define_kernels! {
         colsum_finish(partial: Ptr<f32>, chunks: u64, cols: u64, out: PtrMut<f32>,
                       accumulate: u32);
         widen_bf16(src: Ptr<u16>, n: u64, out: PtrMut<f32>);
+        count_nonfinite(x: Ptr<f32>, n: u64, count: PtrMut<u32>);
+        scale_in_place(x: PtrMut<f32>, n: u64, alpha: f32);
         relu_forward(x: PtrMut<f32>, n: u64);
         relu_backward(y: Ptr<f32>, dy: PtrMut<f32>, n: u64);
         elu_forward(x: PtrMut<f32>, n: u64, alpha: f32);

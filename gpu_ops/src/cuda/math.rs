@@ -292,6 +292,45 @@ impl CudaBackend {
         )
     }
 
+    /// [`crate::Backend::scale`].
+    pub(crate) fn scale_op(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+        x.check_len("scale x", n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        launch::scale_in_place(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            x.ptr_mut(),
+            n as u64,
+            alpha,
+        )
+    }
+
+    /// [`crate::Backend::count_nonfinite`].
+    pub(crate) fn count_nonfinite_op(
+        &self,
+        x: &CudaBuf<f32>,
+        n: usize,
+        count: &mut CudaBuf<u32>,
+    ) -> Result<()> {
+        crate::backend::check_count_len(n)?;
+        x.check_len("count_nonfinite x", n)?;
+        count.check_len("count_nonfinite count", 1)?;
+        if n == 0 {
+            return Ok(());
+        }
+        launch::count_nonfinite(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            x.ptr(),
+            n as u64,
+            count.ptr_mut(),
+        )
+    }
+
     pub(crate) fn relu_op(&self, x: &mut CudaBuf<f32>, n: usize) -> Result<()> {
         x.check_len("relu x", n)?;
         launch::relu_forward(

@@ -34,6 +34,8 @@ mod kernels;
 #[cfg(feature = "cuda")]
 mod math;
 #[cfg(feature = "cuda")]
+mod nccl;
+#[cfg(feature = "cuda")]
 mod pinned;
 #[cfg(feature = "cuda")]
 mod sample;
@@ -82,6 +84,19 @@ pub fn nccl_available() -> crate::Result<()> {
         reason: NCCL_MISSING.into(),
     })
 }
+
+/// A fresh NCCL unique id, for rank 0 of a job to broadcast before every rank
+/// calls [`crate::Backend::nccl_reduce`]. Errors: NCCL missing (as
+/// [`nccl_available`]), or NCCL's own error.
+pub fn nccl_unique_id() -> crate::Result<crate::NcclId> {
+    #[cfg(feature = "cuda")]
+    return nccl::unique_id();
+    #[cfg(not(feature = "cuda"))]
+    nccl_available().map(|()| crate::NcclId([0; 128]))
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) use nccl::NcclReduce;
 
 #[cfg(not(feature = "cuda"))]
 mod disabled;

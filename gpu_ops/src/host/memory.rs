@@ -98,6 +98,26 @@ pub(crate) fn widen_bf16(src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -
     Ok(())
 }
 
+/// [`crate::Backend::scale`].
+pub(crate) fn scale(x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+    for v in prefix_mut("scale x", x, n)? {
+        *v *= alpha;
+    }
+    Ok(())
+}
+
+/// [`crate::Backend::count_nonfinite`].
+pub(crate) fn count_nonfinite(x: &HostBuf<f32>, n: usize, count: &mut HostBuf<u32>) -> Result<()> {
+    crate::backend::check_count_len(n)?;
+    let bad = prefix("count_nonfinite x", x, n)?
+        .iter()
+        .filter(|v| !v.is_finite())
+        .count();
+    let c = &mut prefix_mut("count_nonfinite count", count, 1)?[0];
+    *c = c.wrapping_add(bad as u32);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -238,6 +238,14 @@ impl Backend for HostBackend {
         memory::widen_bf16(src, n, out)
     }
 
+    fn scale(&self, x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+        memory::scale(x, n, alpha)
+    }
+
+    fn count_nonfinite(&self, x: &HostBuf<f32>, n: usize, count: &mut HostBuf<u32>) -> Result<()> {
+        memory::count_nonfinite(x, n, count)
+    }
+
     // ---- topology and sampling ---------------------------------------------------
     /// The topology stays in host memory whatever `placement` asks: on this backend
     /// both placements are the same memory.

@@ -873,6 +873,33 @@ impl<B: Backend> DeviceModel<B> {
         Ok(())
     }
 
+    /// Multiplies every gradient by `alpha` on the device (a rank's share of
+    /// the batch before the ranks' sum; `alpha = 0` zeroes them, NaN included).
+    pub fn scale_grads(&mut self, dev: &B, alpha: f32) -> Result<()> {
+        for (g, &n) in self.grads.iter_mut().zip(&self.lens) {
+            if alpha == 0.0 {
+                dev.fill_zero(g, n)?;
+            } else {
+                dev.scale(g, n, alpha)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sums the gradients over the ranks of `reduce`, in place on the device.
+    pub fn reduce_grads(&mut self, dev: &B, reduce: &dyn crate::GradReduce<B>) -> Result<()> {
+        reduce.all_reduce_sum(dev, &mut self.grads, &self.lens)
+    }
+
+    /// How many gradient values are NaN or ±∞ (one read of a device counter).
+    pub fn nonfinite_grads(&self, dev: &B) -> Result<u64> {
+        let mut count = dev.to_device(&[0u32])?;
+        for (g, &n) in self.grads.iter().zip(&self.lens) {
+            dev.count_nonfinite(g, n, &mut count)?;
+        }
+        Ok(dev.to_host(&count, 1)?[0] as u64)
+    }
+
     /// Forward (with dropout), loss against `labels` (one per seed), backward and one
     /// Adam step; returns the batch's loss and correct count. A non-finite loss
     /// skips the backward and the step (the version does not move).

@@ -266,6 +266,50 @@ fn a_split_step_equals_train_step_and_set_grads_replaces_the_gradients() {
     assert_eq!(back, doubled);
     let err = split.set_grads(&dev, &flat[1..]).unwrap_err().to_string();
     assert!(err.contains("flat gradient"), "{err}");
+
+    // The device-resident data-parallel step's parts: weighting, counting
+    // non-finite values, zeroing (NaN included) and a one-rank sum.
+    let grads = |m: &DeviceModel<HostBackend>| -> Vec<f32> {
+        m.grads_to_host(&dev)
+            .unwrap()
+            .into_iter()
+            .flatten()
+            .collect()
+    };
+    split.scale_grads(&dev, 0.25).unwrap();
+    let quarter: Vec<f32> = doubled.iter().map(|v| v * 0.25).collect();
+    assert_eq!(grads(&split), quarter);
+    assert_eq!(split.nonfinite_grads(&dev).unwrap(), 0);
+    let mut poisoned = flat.clone();
+    poisoned[3] = f32::NAN;
+    poisoned[flat.len() - 1] = f32::NEG_INFINITY;
+    split.set_grads(&dev, &poisoned).unwrap();
+    assert_eq!(split.nonfinite_grads(&dev).unwrap(), 2);
+    split.scale_grads(&dev, 0.0).unwrap();
+    assert!(grads(&split).iter().all(|&v| v == 0.0));
+    struct Identity;
+    impl crate::GradReduce<HostBackend> for Identity {
+        fn describe(&self) -> String {
+            "one rank".into()
+        }
+        fn all_reduce_sum(
+            &self,
+            dev: &HostBackend,
+            bufs: &mut [crate::HostBuf<f32>],
+            lens: &[usize],
+        ) -> crate::Result<()> {
+            crate::check_reduce_args(dev, bufs, lens)
+        }
+    }
+    split.set_grads(&dev, &flat).unwrap();
+    split.reduce_grads(&dev, &Identity).unwrap();
+    assert_eq!(grads(&split), flat);
+    // NCCL is the CUDA backend's: the host backend says so.
+    let err = match dev.nccl_reduce(0, 1, &crate::NcclId([0; 128])) {
+        Ok(_) => panic!("the host backend joined an NCCL communicator"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("host backend has none"), "{err}");
 }
 
 #[test]

@@ -148,6 +148,66 @@ pub(crate) fn widen_bf16_is_exact<B: Backend>(d: &B) {
     assert!(d.widen_bf16(&src, 4, &mut out).is_err());
 }
 
+/// `scale` is one rounded f32 product per value, bit for bit; nothing past `n`
+/// changes; a short buffer is an error.
+pub(crate) fn scale_is_one_product_per_value<B: Backend>(d: &B) {
+    let mut rng = Rng::new(16);
+    for (n, alpha) in [
+        (1usize, 0.25f32),
+        (1000, 0.3719),
+        (4097, -3.0e-5),
+        (10, 0.0),
+    ] {
+        let x: Vec<f32> = rand_f32(&mut rng, n).iter().map(|v| v * 1e3).collect();
+        let mut buf = output(d, &x);
+        d.scale(&mut buf, n, alpha).unwrap();
+        let want: Vec<f32> = x.iter().map(|v| v * alpha).collect();
+        assert_eq!(bits(&read(d, &buf, n, "scale")), bits(&want), "n {n}");
+    }
+    let mut short = d.to_device(&[1f32; 3]).unwrap();
+    assert!(d.scale(&mut short, 4, 2.0).is_err());
+}
+
+/// `count_nonfinite` adds the scalar count of NaN and ±∞ in the prefix to what
+/// the counter holds, across calls; values past `n` are not counted; a short
+/// buffer is an error.
+pub(crate) fn count_nonfinite_counts_nan_and_inf<B: Backend>(d: &B) {
+    let mut rng = Rng::new(15);
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -f32::NAN];
+    // The counter's second word must stay as it is.
+    let mut count = d.to_device(&[7u32, 0xDEAD]).unwrap();
+    let got = |count: &B::Buf<u32>| {
+        let c = d.to_host(count, 2).unwrap();
+        assert_eq!(c[1], 0xDEAD, "count_nonfinite wrote past count[0]");
+        c[0]
+    };
+    let mut want = 7u32;
+    for n in [1usize, 31, 1000, 70_001] {
+        let mut x = rand_f32(&mut rng, n);
+        // Large finite values and subnormals are finite.
+        x[0] = f32::MAX;
+        if n > 1 {
+            x[n - 1] = f32::MIN_POSITIVE / 4.0;
+        }
+        for k in 0..(n / 97) {
+            let at = (rng.below(n as u64)) as usize;
+            x[at] = specials[k % specials.len()];
+        }
+        want += x.iter().filter(|v| !v.is_finite()).count() as u32;
+        x.extend([f32::NAN; PAD]);
+        d.count_nonfinite(&d.to_device(&x).unwrap(), n, &mut count)
+            .unwrap();
+        assert_eq!(got(&count), want, "n {n}");
+    }
+    // Nothing to count leaves the counter alone.
+    let x = d.to_device(&[f32::NAN]).unwrap();
+    d.count_nonfinite(&x, 0, &mut count).unwrap();
+    assert_eq!(got(&count), want);
+    assert!(d.count_nonfinite(&x, 2, &mut count).is_err());
+    let mut empty = d.alloc::<u32>(0).unwrap();
+    assert!(d.count_nonfinite(&x, 1, &mut empty).is_err());
+}
+
 pub(crate) fn update_cache_stays_in_budget<B: Backend>(d: &B) {
     for dtype in [FeatureDtype::F32, FeatureDtype::Bf16] {
         update_cache_stays_in_budget_as(d, dtype);

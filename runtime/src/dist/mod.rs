@@ -75,6 +75,29 @@ pub trait Communicator: Send + Sync {
     /// [`Communicator::all_reduce_sum`].
     fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()>;
 
+    /// Makes every rank's `buf` (same length on every rank) equal rank
+    /// `root`'s: a sum of bytes as `f64` (exact: one rank contributes each
+    /// value, the others zeros), which every communicator already has; it is
+    /// used once per job (NCCL's 128-byte id), where `MPI_Bcast` would save
+    /// nothing that matters.
+    fn broadcast_bytes(&self, root: usize, buf: &mut [u8]) -> Result<()> {
+        if root >= self.size() {
+            return Err(Error::Dist {
+                what: format!("broadcast from rank {root} of {} ranks", self.size()),
+            });
+        }
+        let mine = self.rank() == root;
+        let mut v: Vec<f64> = buf
+            .iter()
+            .map(|&b| if mine { b as f64 } else { 0.0 })
+            .collect();
+        self.all_reduce_sum_f64(&mut v)?;
+        for (b, x) in buf.iter_mut().zip(v) {
+            *b = x as u8;
+        }
+        Ok(())
+    }
+
     /// All-to-all with varying counts: `send` holds, in rank order, the
     /// `send_counts[d]` values for rank `d`. Returns what every rank sent to this
     /// one, in rank order, and how many came from each.
@@ -256,6 +279,27 @@ mod tests {
                 assert_eq!(next, len);
             }
         }
+    }
+
+    #[test]
+    fn broadcast_gives_every_rank_the_roots_bytes() {
+        let groups = ThreadGroup::new(3).unwrap();
+        let got: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let hs: Vec<_> = groups
+                .into_iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let mut b: Vec<u8> = (0..=255u8).map(|x| x ^ c.rank() as u8).collect();
+                        c.broadcast_bytes(1, &mut b).unwrap();
+                        assert!(c.broadcast_bytes(3, &mut b).is_err());
+                        b
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let want: Vec<u8> = (0..=255u8).map(|x| x ^ 1).collect();
+        assert!(got.iter().all(|b| *b == want));
     }
 
     #[test]
