@@ -306,12 +306,13 @@ impl Default for DeviceSection {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DistReduce {
-    /// NCCL when every rank trains on a GPU and NCCL is built, else MPI.
+    /// NCCL when every rank trains on a GPU and loads NCCL, else MPI.
     #[default]
     Auto,
     /// MPI `Allreduce` (host memory).
     Mpi,
-    /// NCCL between GPUs (not built yet: an error that says so).
+    /// NCCL between GPUs: the gradients are summed on the device (every rank
+    /// needs `device.kind = "cuda"` and `libnccl.so`, else a one-line error).
     Nccl,
 }
 
