@@ -204,6 +204,16 @@ pub trait RowSource: Send + Sync {
     /// Writes the rows of `ids` into `out` (`ids.len() × dim`, resized) and
     /// returns the bytes exchanged with other ranks.
     fn gather(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<u64>;
+    /// [`RowSource::gather`] as bfloat16 bits (rounded to nearest even), for a
+    /// device that stores bfloat16 rows. The default rounds what `gather`
+    /// writes; a source whose rows already travel as bfloat16 passes them on.
+    fn gather_bf16(&self, ids: &[u32], out: &mut Vec<u16>) -> Result<u64> {
+        let mut rows = Vec::new();
+        let bytes = self.gather(ids, &mut rows)?;
+        out.clear();
+        out.extend(rows.iter().map(|&v| gpu_ops::f32_to_bf16_bits(v)));
+        Ok(bytes)
+    }
 }
 
 /// A dataset and a model on one backend.
@@ -368,10 +378,8 @@ impl<B: Backend> DeviceEngine<B> {
                 .dev
                 .to_host(ids, n)
                 .map_err(dev_err("downloading input ids"))?;
-            let rows = self.gather_on_host(&host_ids)?;
-            let x = self.upload_rows(&rows);
-            self.host.rows = rows;
-            return x;
+            let values = self.gather_on_host(&host_ids)?;
+            return self.upload_gathered(values);
         }
         let need = n * self.host.ds().features.dim();
         let mut x = take_at_least(&*self.dev, &mut self.x, need, "gather buffer")?;

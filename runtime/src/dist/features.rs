@@ -57,6 +57,52 @@ impl crate::engine::RowSource for ExchangeRows {
     fn gather(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<u64> {
         self.features.gather(&self.ds, ids, out)
     }
+
+    fn gather_bf16(&self, ids: &[u32], out: &mut Vec<u16>) -> Result<u64> {
+        self.features.gather_bf16(&self.ds, ids, out)
+    }
+}
+
+/// Where [`PartitionedFeatures`] writes fetched rows: f32 values, or bfloat16
+/// bits (a device that stores bfloat16 rows uploads them as they are).
+enum RowsOut<'a> {
+    F32(&'a mut Vec<f32>),
+    Bf16(&'a mut Vec<u16>),
+}
+
+impl RowsOut<'_> {
+    fn resize(&mut self, n: usize) {
+        match self {
+            Self::F32(v) => v.resize(n, 0.0),
+            Self::Bf16(v) => v.resize(n, 0),
+        }
+    }
+
+    /// Row `i` (of `row.len()` values) from f32 values (rounded for bfloat16).
+    fn put(&mut self, i: usize, row: &[f32]) {
+        let d = row.len();
+        match self {
+            Self::F32(v) => v[i * d..(i + 1) * d].copy_from_slice(row),
+            Self::Bf16(v) => {
+                for (o, &x) in v[i * d..(i + 1) * d].iter_mut().zip(row) {
+                    *o = gpu_ops::f32_to_bf16_bits(x);
+                }
+            }
+        }
+    }
+
+    /// Row `i` from bfloat16 bits (widened exactly for f32).
+    fn put_bits(&mut self, i: usize, row: &[u16]) {
+        let d = row.len();
+        match self {
+            Self::F32(v) => {
+                for (o, &b) in v[i * d..(i + 1) * d].iter_mut().zip(row) {
+                    *o = gpu_ops::bf16_bits_to_f32(b);
+                }
+            }
+            Self::Bf16(v) => v[i * d..(i + 1) * d].copy_from_slice(row),
+        }
+    }
 }
 
 /// Whether `rank` owns row `v`: by the partition map `parts` when there is one
@@ -140,7 +186,7 @@ impl PartitionedFeatures {
         match sparse {
             Some(local) => me.sparse_cache = Some(me.fetch_sparse(local, &cached, false)?.0),
             None => {
-                me.fetch(ds, &cached, &mut rows, false)?;
+                me.fetch(ds, &cached, RowsOut::F32(&mut rows), false)?;
             }
         }
         if !cached.is_empty() {
@@ -244,7 +290,14 @@ impl PartitionedFeatures {
     /// (`ids.len() × dim`, resized), reading own rows from `ds`, cached rows from
     /// the cache and the rest from their owners. Returns the bytes exchanged.
     pub(crate) fn gather(&self, ds: &Dataset, ids: &[u32], out: &mut Vec<f32>) -> Result<u64> {
-        self.fetch(ds, ids, out, true)
+        self.fetch(ds, ids, RowsOut::F32(out), true)
+    }
+
+    /// Collective: [`PartitionedFeatures::gather`] as bfloat16 bits (own and
+    /// cached rows rounded here; rows that travelled as bfloat16 copied as they
+    /// came, never widened).
+    pub(crate) fn gather_bf16(&self, ds: &Dataset, ids: &[u32], out: &mut Vec<u16>) -> Result<u64> {
+        self.fetch(ds, ids, RowsOut::Bf16(out), true)
     }
 
     /// Collective: [`PartitionedFeatures::gather`] for sparse rows: own rows
@@ -379,19 +432,24 @@ impl PartitionedFeatures {
         Ok((rows, bytes))
     }
 
-    fn fetch(&self, ds: &Dataset, ids: &[u32], out: &mut Vec<f32>, use_cache: bool) -> Result<u64> {
+    fn fetch(
+        &self,
+        ds: &Dataset,
+        ids: &[u32],
+        mut out: RowsOut<'_>,
+        use_cache: bool,
+    ) -> Result<u64> {
         let t = Instant::now();
         let (dim, ranks, rank) = (self.dim, self.comm.size(), self.comm.rank());
-        out.resize(ids.len() * dim, 0.0);
+        out.resize(ids.len() * dim);
         // Requests grouped by owner: (position in `ids`, vertex).
         let mut wanted: Vec<Vec<(usize, u32)>> = vec![Vec::new(); ranks];
         let (mut remote, mut hits) = (0u64, 0u64);
         for (i, &v) in ids.iter().enumerate() {
             let vu = v as usize;
             self.check_id(v)?;
-            let dst = &mut out[i * dim..(i + 1) * dim];
             if self.owns(vu) {
-                dst.copy_from_slice(ds.features.row(vu));
+                out.put(i, ds.features.row(vu));
                 continue;
             }
             remote += 1;
@@ -399,7 +457,7 @@ impl PartitionedFeatures {
                 Some(&s) if use_cache && s != u32::MAX => {
                     hits += 1;
                     let s = s as usize;
-                    dst.copy_from_slice(&self.cache[s * dim..(s + 1) * dim]);
+                    out.put(i, &self.cache[s * dim..(s + 1) * dim]);
                 }
                 _ => wanted[self.owner_of(vu)].push((i, v)),
             }
@@ -416,7 +474,9 @@ impl PartitionedFeatures {
         }
         let row_counts: Vec<usize> = asked_counts.iter().map(|c| c * dim).collect();
         // The rows received from each owner, in request order.
-        let (got, got_counts, sent_words, got_words) = if self.bf16 {
+        let at = |k: usize| k * dim..(k + 1) * dim;
+        let positions = wanted.iter().flatten().map(|&(i, _)| i);
+        let (sent_words, got_words) = if self.bf16 {
             let (words, word_counts) = pack_bf16(&rows, &row_counts);
             let (w, wc) = self.comm.all_to_all_u32(&words, &word_counts)?;
             let want: Vec<usize> = wanted.iter().map(|w| w.len() * dim).collect();
@@ -427,25 +487,28 @@ impl PartitionedFeatures {
                     wanted[src].len()
                 ),
             })?;
-            (got, want, words.len(), w.len())
+            for (k, i) in positions.enumerate() {
+                out.put_bits(i, &got[at(k)]);
+            }
+            (words.len(), w.len())
         } else {
             let (got, counts) = self.comm.all_to_all_f32(&rows, &row_counts)?;
-            let (sent, received) = (rows.len(), got.len());
-            (got, counts, sent, received)
-        };
-        for (src, (want, count)) in wanted.iter().zip(&got_counts).enumerate() {
-            if *count != want.len() * dim {
-                return Err(Error::Dist {
-                    what: format!(
-                        "rank {src} sent rank {rank} {count} feature values for {} rows of {dim}",
-                        want.len()
-                    ),
-                });
+            for (src, (want, count)) in wanted.iter().zip(&counts).enumerate() {
+                if *count != want.len() * dim {
+                    return Err(Error::Dist {
+                        what: format!(
+                            "rank {src} sent rank {rank} {count} feature values for {} rows \
+                             of {dim}",
+                            want.len()
+                        ),
+                    });
+                }
             }
-        }
-        for (k, &(i, _)) in wanted.iter().flatten().enumerate() {
-            out[i * dim..(i + 1) * dim].copy_from_slice(&got[k * dim..(k + 1) * dim]);
-        }
+            for (k, i) in positions.enumerate() {
+                out.put(i, &got[at(k)]);
+            }
+            (rows.len(), got.len())
+        };
         let bytes = (requests.len() + asked.len()) as u64 * 4 + (sent_words + got_words) as u64 * 4;
         self.record(t, bytes, remote, hits);
         Ok(bytes)
@@ -472,14 +535,14 @@ fn pack_bf16(values: &[f32], counts: &[usize]) -> (Vec<u32>, Vec<usize>) {
     (words, word_counts)
 }
 
-/// The inverse of [`pack_bf16`]: segments of `want[r]` values from `words`
-/// (segments of `counts[r]` words). `Err(r)`: rank `r`'s segment has the wrong
-/// length.
+/// The inverse of [`pack_bf16`]: segments of `want[r]` bfloat16 values from
+/// `words` (segments of `counts[r]` words). `Err(r)`: rank `r`'s segment has
+/// the wrong length.
 fn unpack_bf16(
     words: &[u32],
     counts: &[usize],
     want: &[usize],
-) -> std::result::Result<Vec<f32>, usize> {
+) -> std::result::Result<Vec<u16>, usize> {
     let mut out = Vec::with_capacity(want.iter().sum());
     for (src, (r, &n)) in ranges(counts).zip(want).enumerate() {
         if r.len() != n.div_ceil(2) {
@@ -487,8 +550,8 @@ fn unpack_bf16(
         }
         let start = out.len();
         for &w in &words[r] {
-            out.push(gpu_ops::bf16_bits_to_f32(w as u16));
-            out.push(gpu_ops::bf16_bits_to_f32((w >> 16) as u16));
+            out.push(w as u16);
+            out.push((w >> 16) as u16);
         }
         out.truncate(start + n);
     }
@@ -598,6 +661,16 @@ mod tests {
                                     }
                                     None => {
                                         pf.gather(&local, &ids, &mut buf).unwrap();
+                                        // The same rows as bfloat16 bits: every
+                                        // row rounded once, remote ones that
+                                        // travelled as bfloat16 passed on.
+                                        let mut bits = vec![7u16; 3];
+                                        pf.gather_bf16(&local, &ids, &mut bits).unwrap();
+                                        let want: Vec<u16> = buf
+                                            .iter()
+                                            .map(|&x| gpu_ops::f32_to_bf16_bits(x))
+                                            .collect();
+                                        assert_eq!(bits, want, "bf16 {bf16}");
                                     }
                                 }
                                 all.extend(buf);
@@ -626,7 +699,8 @@ mod tests {
                     rows, &expect,
                     "cache {cache_rows}, sparse {sparse}, bf16 {bf16}"
                 );
-                assert_eq!(stats.exchanges, 4);
+                // Dense rows are fetched twice a round (f32 and bfloat16).
+                assert_eq!(stats.exchanges, if sparse { 4 } else { 8 });
                 assert!(stats.remote_rows > 0);
                 if cache_rows == 0 {
                     assert_eq!(stats.remote_cache_hits, 0);

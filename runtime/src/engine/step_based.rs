@@ -99,37 +99,51 @@ impl<B: Backend> DeviceEngine<B> {
         Ok(x)
     }
 
-    /// The rows of `ids` gathered on the host into the reused host buffer
-    /// (taken: give it back through `self.host.rows`): from the row source when
-    /// there is one (an `exchange` slice with its bytes), else from the dataset.
-    pub(super) fn gather_on_host(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+    /// Gathers the rows of `ids` on the host into the reused host buffer that
+    /// [`DeviceEngine::upload_gathered`] reads: bfloat16 bits (`host.bits`)
+    /// when the device takes bfloat16 rows (`device.feature_dtype = "bf16"`),
+    /// else f32 values (`host.rows`). Rows come from the row source when there
+    /// is one (an `exchange` slice with its bytes; bfloat16 rows that travelled
+    /// as bfloat16 are never widened on the host), else from the dataset.
+    /// Returns the number of values.
+    pub(super) fn gather_on_host(&mut self, ids: &[u32]) -> Result<usize> {
+        let bf16 = self.opts.feature_dtype == gpu_ops::FeatureDtype::Bf16;
         let hs = &mut self.host;
         let features = &hs.ds.features;
-        let mut rows = std::mem::take(&mut hs.rows);
         match &self.rows {
             Some(src) => {
                 let mut x = self.tracer.slice("exchange");
-                x.set_bytes(src.gather(ids, &mut rows)?);
+                let bytes = if bf16 {
+                    src.gather_bf16(ids, &mut hs.bits)?
+                } else {
+                    src.gather(ids, &mut hs.rows)?
+                };
+                x.set_bytes(bytes);
             }
             None => {
-                rows.resize(ids.len() * features.dim(), 0.0);
-                gather_rows(features, ids, &mut rows).map_err(|e| Error::cpu_ops("gather", e))?;
+                hs.rows.resize(ids.len() * features.dim(), 0.0);
+                gather_rows(features, ids, &mut hs.rows)
+                    .map_err(|e| Error::cpu_ops("gather", e))?;
+                if bf16 {
+                    hs.bits.clear();
+                    hs.bits
+                        .extend(hs.rows.iter().map(|&v| gpu_ops::f32_to_bf16_bits(v)));
+                }
             }
         }
-        Ok(rows)
+        Ok(ids.len() * features.dim())
     }
 
-    /// Uploads host-gathered rows into the reused input buffer. With
-    /// `device.feature_dtype = "bf16"` they travel as bfloat16 (half the bytes,
+    /// Uploads the `need` values [`DeviceEngine::gather_on_host`] left into the
+    /// reused input buffer. Bfloat16 rows travel as bfloat16 (half the bytes,
     /// rounded as the device's bfloat16 store rounds, so every placement trains
     /// on the same values) and are widened on the device.
-    pub(super) fn upload_rows(&mut self, rows: &[f32]) -> Result<B::Buf<f32>> {
-        let need = rows.len();
+    pub(super) fn upload_gathered(&mut self, need: usize) -> Result<B::Buf<f32>> {
         let mut x = take_at_least(&*self.dev, &mut self.x, need, "input buffer")?;
         if self.opts.feature_dtype == gpu_ops::FeatureDtype::Bf16 {
-            let host = &mut self.host.bits;
-            host.clear();
-            host.extend(rows.iter().map(|&v| gpu_ops::f32_to_bf16_bits(v)));
+            let host = self.host.bits.get(..need).ok_or_else(|| {
+                Error::invalid_argument("gathered rows", "internal: fewer than needed")
+            })?;
             let mut bits =
                 take_at_least(&*self.dev, &mut self.bits, need, "bfloat16 input buffer")?;
             let up = self
@@ -141,8 +155,11 @@ impl<B: Backend> DeviceEngine<B> {
             up?;
             self.h2d += (need * 2) as u64;
         } else {
+            let host = self.host.rows.get(..need).ok_or_else(|| {
+                Error::invalid_argument("gathered rows", "internal: fewer than needed")
+            })?;
             self.dev
-                .upload(self.dev.stream(), rows, &mut x)
+                .upload(self.dev.stream(), host, &mut x)
                 .map_err(dev_err("uploading gathered rows"))?;
             self.h2d += (need * 4) as u64;
         }
@@ -227,7 +244,7 @@ impl<B: Backend> DeviceEngine<B> {
         }
 
         // 2. Gather on the host.
-        let mut rows = Vec::new();
+        let mut values = 0;
         if host_gather {
             let mut g = tracer.slice("gather");
             let ids = match (&host_batch, &host_ids) {
@@ -235,8 +252,8 @@ impl<B: Backend> DeviceEngine<B> {
                 (None, Some(ids)) => ids.as_slice(),
                 (None, None) => return Err(missing("input ids")),
             };
-            rows = self.gather_on_host(ids)?;
-            g.set_bytes((rows.len() * 4) as u64);
+            values = self.gather_on_host(ids)?;
+            g.set_bytes((values * 4) as u64);
         }
 
         // 3. Upload what the host made, gather on the device if placed there, train.
@@ -250,9 +267,7 @@ impl<B: Backend> DeviceEngine<B> {
             (None, None) => return Err(missing("batch")),
         };
         let x = if host_gather {
-            let x = self.upload_rows(&rows);
-            self.host.rows = rows;
-            x?
+            self.upload_gathered(values)?
         } else {
             let ids = dev_ids.ok_or_else(|| missing("input ids"))?;
             let n_in = self.dev.block_shape(&blocks[0]).0;
