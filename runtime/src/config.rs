@@ -329,6 +329,23 @@ pub enum DistFeatures {
     Partitioned,
 }
 
+/// `dist.full_eval`: how a job's ranks run full-graph evaluation
+/// (`train.eval_mode = "full"`) on the native host path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DistFullEval {
+    /// `"sharded"` when the ranks run on more than one machine, else
+    /// `"replicated"`.
+    #[default]
+    Auto,
+    /// Rank `r` infers its vertex range layer by layer; the ranks exchange
+    /// each hidden layer's rows (one all-gather per layer below the top).
+    Sharded,
+    /// Every rank infers the whole graph (no communication: what pays when the
+    /// ranks share one machine's cores and memory bandwidth).
+    Replicated,
+}
+
 /// `[dist]`: data-parallel training over several ranks. One process (no MPI
 /// launcher) ignores it. `train.batch_size` is the *global* batch: each of `N`
 /// ranks trains its share of every batch, so `N` ranks train the model one rank
@@ -340,6 +357,8 @@ pub struct DistSection {
     pub reduce: DistReduce,
     /// `"replicated"` or `"partitioned"`.
     pub features: DistFeatures,
+    /// `"auto"`, `"sharded"` or `"replicated"`.
+    pub full_eval: DistFullEval,
     /// With `features = "partitioned"`: remote rows each rank keeps (those of the
     /// highest-degree vertices it does not own), fetched once at start.
     pub remote_cache_rows: usize,
@@ -467,6 +486,7 @@ pub enum EvalMode {
 config_name!(EvalMode { Full => "full", Sampled => "sampled" });
 config_name!(DistReduce { Auto => "auto", Mpi => "mpi", Nccl => "nccl" });
 config_name!(DistFeatures { Replicated => "replicated", Partitioned => "partitioned" });
+config_name!(DistFullEval { Auto => "auto", Sharded => "sharded", Replicated => "replicated" });
 
 /// `train.sparse_features`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

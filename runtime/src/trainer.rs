@@ -62,8 +62,8 @@ use rayon::ThreadPool;
 use crate::auto::{Calibrator, ProbeStep};
 use crate::checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
 use crate::config::{
-    DistFeatures, DistReduce, EvalMode, FeatureDtypeName, OnNonFiniteKind, PolicyName,
-    PrecisionName, SparseFeatures, TrainConfig,
+    DistFeatures, DistFullEval, DistReduce, EvalMode, FeatureDtypeName, OnNonFiniteKind,
+    PolicyName, PrecisionName, SparseFeatures, TrainConfig,
 };
 use crate::control::{BatchMetrics, Callback, CancelToken, Control, StopCause};
 use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
@@ -319,6 +319,8 @@ struct Dist {
     /// The device engine sums the gradients on the device (NCCL): the bucket
     /// then holds the scalars only. The transport's line.
     device_reduce: Option<String>,
+    /// Full-graph evaluation is sharded over the ranks (`dist.full_eval`).
+    shard_full_eval: bool,
 }
 
 impl Dist {
@@ -329,6 +331,7 @@ impl Dist {
             stats: DistStats::default(),
             bucket: Vec::new(),
             device_reduce: None,
+            shard_full_eval: false,
         }
     }
 
@@ -784,12 +787,24 @@ impl Trainer {
         } else {
             None
         };
+        let shard_full_eval = distributed
+            && match self.cfg.dist.full_eval {
+                DistFullEval::Sharded => true,
+                DistFullEval::Replicated => false,
+                DistFullEval::Auto => {
+                    // One rank per machine has local rank 0.
+                    let mut machines = [f64::from(u8::from(comm.local_rank() == 0))];
+                    comm.all_reduce_sum_f64(&mut machines)?;
+                    machines[0] > 1.0
+                }
+            };
         self.dist = Dist {
             comm,
             features,
             stats: DistStats::default(),
             bucket: Vec::new(),
             device_reduce,
+            shard_full_eval,
         };
         Ok(())
     }
@@ -1688,6 +1703,7 @@ impl Trainer {
                     stats: dist_stats,
                     bucket,
                     device_reduce,
+                    ..
                 } = dist;
                 let on_device = device_reduce.is_some();
                 let comm: &dyn Communicator = &**comm;
@@ -1792,7 +1808,7 @@ impl Trainer {
                     features: partitioned,
                     stats: dist_stats,
                     bucket,
-                    device_reduce: _,
+                    ..
                 } = dist;
                 let comm: &dyn Communicator = &**comm;
                 let partitioned = partitioned.as_deref();
@@ -2294,6 +2310,9 @@ impl Trainer {
         let tracer = self.tracer.clone();
         let _eval = tracer.slice("eval").epoch(self.pos.epoch as u64);
         if self.cfg.train.eval_mode == EvalMode::Full {
+            if self.dist.shard_full_eval && self.engine.is_none() {
+                return self.evaluate_full_sharded();
+            }
             let logits = match &self.engine {
                 Some(engine) => engine.lock().map_err(|_| poisoned())?.full_graph_logits()?,
                 None => Self::full_graph_forward(&self.ds, &self.model, self.sparse.as_ref())?
@@ -2307,6 +2326,143 @@ impl Trainer {
             let (v, t) = (self.val_ids.clone(), self.test_ids.clone());
             Ok((self.evaluate_here(&v)?, self.evaluate_here(&t)?))
         }
+    }
+
+    /// Full-graph (layer-wise) validation and test accuracy in a distributed
+    /// job on the native host path, sharded: rank `r` computes every layer's
+    /// rows of its vertex range `share(n, r, N)` over the one-hop block of
+    /// that range (every neighbor: the rows of full-graph inference), the
+    /// ranks exchange the hidden rows after each layer below the top (one
+    /// all-gather, `allgather` slices), and each rank counts the correct
+    /// predictions of its own validation and test vertices; the counts are
+    /// summed. GCN normalizes by each source's degree in the whole graph: its
+    /// input rows are scaled by √(block degree / graph degree) to undo the
+    /// block's own normalization (equal to full-graph inference up to rounding).
+    fn evaluate_full_sharded(&self) -> Result<(f64, f64)> {
+        let (rank, ranks) = self.rank();
+        let (ds, model, comm) = (&*self.ds, &self.model, &*self.dist.comm);
+        let g = &ds.graph;
+        let n = g.num_vertices();
+        let own = share(n, rank, ranks);
+        let dst: Vec<u32> = (own.start as u32..own.end as u32).collect();
+        let mut scratch = SamplerScratch::new(n);
+        let block = cpu_ops::sample_hop(g, &dst, cpu_ops::ALL_NEIGHBORS, 0, None, &mut scratch)
+            .map_err(kernel("full-graph block of this rank's vertices"))?;
+        let view = BlockView::new(block.num_src(), block.indptr(), block.indices())
+            .map_err(kernel("full-graph block"))?;
+        let src = block.src_ids();
+        let nd = dst.len();
+        // Per-source input scale (GCN only): its normalization reads the
+        // source's degree in the block, self loops included; inference over
+        // the whole graph reads its degree in the graph.
+        let scale: Option<Vec<f32>> = (model.config().kind == cpu_ops::ModelKind::Gcn).then(|| {
+            let mut deg = vec![0u32; n];
+            for &v in g.indices().iter() {
+                deg[v as usize] += 1;
+            }
+            src.iter()
+                .enumerate()
+                .map(|(j, &v)| {
+                    let in_block = view.out_degree(j) + usize::from(j < nd);
+                    let in_graph = deg[v as usize] as usize + 1;
+                    (in_block as f64 / in_graph as f64).sqrt() as f32
+                })
+                .collect()
+        });
+        let scale_rows = |x: &mut [f32], dim: usize| {
+            if let Some(s) = &scale {
+                for (row, &c) in x.chunks_mut(dim).zip(s) {
+                    row.iter_mut().for_each(|v| *v *= c);
+                }
+            }
+        };
+        let layers = model.config().num_layers;
+        let mut h: Vec<f32> = Vec::new();
+        let mut out = Vec::new();
+        for l in 0..layers {
+            let params = model.layer_params(l).map_err(kernel("layer parameters"))?;
+            out = if l == 0 {
+                match self.sparse.as_ref() {
+                    Some(s) => {
+                        let mut x = s.gather(src).map_err(kernel("sparse input rows"))?;
+                        if let Some(c) = &scale {
+                            let rows = x.indptr().windows(2).map(|w| (w[1] - w[0]) as usize);
+                            let vals: Vec<f32> = rows
+                                .zip(c)
+                                .flat_map(|(k, &c)| std::iter::repeat_n(c, k))
+                                .zip(x.values())
+                                .map(|(c, &v)| c * v)
+                                .collect();
+                            x = SparseRows::from_parts(
+                                x.indptr().to_vec(),
+                                x.col_ids().to_vec(),
+                                vals,
+                                x.num_cols(),
+                            )
+                            .map_err(kernel("scaled sparse input rows"))?;
+                        }
+                        model.forward_layer_with(l, params, &view, ModelInput::Sparse(&x))
+                    }
+                    None => {
+                        let dim = ds.features.dim();
+                        let mut x = vec![0.0f32; src.len() * dim];
+                        gather_rows(&ds.features, src, &mut x).map_err(kernel("input rows"))?;
+                        scale_rows(&mut x, dim);
+                        model.forward_layer_with(l, params, &view, ModelInput::Dense(&x))
+                    }
+                }
+            } else {
+                let dim = h.len() / n.max(1);
+                let mut x = Vec::with_capacity(src.len() * dim);
+                for &v in src {
+                    x.extend_from_slice(&h[v as usize * dim..(v as usize + 1) * dim]);
+                }
+                scale_rows(&mut x, dim);
+                model.forward_layer_with(l, params, &view, ModelInput::Dense(&x))
+            }
+            .map_err(kernel("full-graph inference"))?;
+            if l + 1 < layers {
+                // Every rank's rows, in rank (= vertex) order.
+                let mut s = self.tracer.slice("allgather");
+                s.set_bytes((out.len() * 4 * ranks) as u64);
+                let send: Vec<f32> = (0..ranks).flat_map(|_| out.iter().copied()).collect();
+                let (all, _) = comm.all_to_all_f32(&send, &vec![out.len(); ranks])?;
+                h = all;
+            }
+        }
+        let c = ds.num_classes as usize;
+        let mut counts = [0.0f64; 2];
+        for (slot, ids) in counts.iter_mut().zip([&self.val_ids, &self.test_ids]) {
+            let mine: Vec<u32> = ids
+                .iter()
+                .copied()
+                .filter(|&v| own.contains(&(v as usize)))
+                .collect();
+            let rows: Vec<f32> = mine
+                .iter()
+                .flat_map(|&v| {
+                    let r = v as usize - own.start;
+                    out[r * c..(r + 1) * c].iter().copied()
+                })
+                .collect();
+            *slot = accuracy_count(
+                MatRef::new(&rows, mine.len(), c).map_err(kernel("logits"))?,
+                &Self::labels_of(ds, &mine),
+            )
+            .map_err(kernel("accuracy"))? as f64;
+        }
+        comm.all_reduce_sum_f64(&mut counts)?;
+        let acc = |k: f64, ids: &[u32]| {
+            if ids.is_empty() {
+                0.0
+            } else {
+                k / ids.len() as f64
+            }
+        };
+        Ok((
+            acc(counts[0], &self.val_ids),
+            acc(counts[1], &self.test_ids),
+        ))
     }
 
     /// Accuracy on `ids` by mini-batches sampled with the evaluation fanouts (seeds

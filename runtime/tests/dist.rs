@@ -582,6 +582,94 @@ fn the_device_resident_step_trains_what_the_host_bucket_trains() {
     assert!(e.to_string().contains("device engine"), "{e}");
 }
 
+/// The accuracy of `logits` (`n × classes`, row `v` for vertex `v`) on `ids`.
+fn accuracy(logits: &ndarray::Array2<f32>, ds: &Dataset, ids: &[u32]) -> f64 {
+    let correct = ids
+        .iter()
+        .filter(|&&v| {
+            let row = logits.row(v as usize);
+            let best = (0..row.len())
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+                .unwrap();
+            best as u32 == ds.labels[v as usize]
+        })
+        .count();
+    correct as f64 / ids.len() as f64
+}
+
+/// Full-graph evaluation in a job on the host path is sharded: each rank infers
+/// its vertex range layer by layer, the ranks exchange hidden rows, and each
+/// counts its own validation and test vertices. It gives what full-graph
+/// inference of the whole graph on one rank gives (`full_graph_logits`, which
+/// stays local), for every model (a rank that counted other ranks' vertices
+/// too would give a multiple of it).
+#[test]
+fn full_graph_evaluation_is_sharded_and_equals_whole_graph_inference() {
+    for (kind, ranks, how) in [
+        ("sage", 2usize, "sharded"),
+        ("gcn", 3, "sharded"),
+        ("gat", 2, "sharded"),
+        ("gcn", 2, "sharded"),
+        ("gcn", 2, "replicated"),
+        // Threads are one machine: replicated.
+        ("sage", 3, "auto"),
+    ] {
+        let c = cfg(&[
+            &format!("model.kind=\"{kind}\""),
+            &format!("dist.full_eval=\"{how}\""),
+            "train.eval_mode=\"full\"",
+            "train.epochs=4",
+            "model.layers=3",
+            "train.fanouts=[5,5,5]",
+            "train.lr=0.02",
+            "data.synthetic.homophily=0.7",
+            "data.synthetic.signal=0.15",
+            "train.eval_fanouts=[]",
+        ]);
+        let ds = load_dataset(&c).unwrap();
+        let comms = ThreadGroup::new(ranks).unwrap();
+        let results: Vec<((f64, f64), (f64, f64))> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .map(|comm| {
+                    let (c, ds) = (c.clone(), ds.clone());
+                    s.spawn(move || {
+                        let mut t = TrainerBuilder::new(c)
+                            .dataset(ds.clone())
+                            .communicator(Arc::new(comm))
+                            .build()
+                            .unwrap();
+                        for _ in 0..4 {
+                            t.train_epoch().unwrap();
+                        }
+                        let sharded = t.evaluate_val_test().unwrap();
+                        let logits = t.full_graph_logits().unwrap();
+                        let whole = (
+                            accuracy(&logits, &ds, &ds.val_ids()),
+                            accuracy(&logits, &ds, &ds.test_ids()),
+                        );
+                        (sharded, whole)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let one_vertex = 1.0 / ds.val_ids().len().min(ds.test_ids().len()) as f64;
+        for (r, (sharded, whole)) in results.iter().enumerate() {
+            eprintln!("{kind}, {ranks} ranks, rank {r}: {how} {sharded:?}, whole {whole:?}");
+            assert_eq!(sharded, &results[0].0, "{kind}: ranks agree");
+            if kind == "gcn" && how == "sharded" {
+                // Rescaled inputs: equal up to rounding (a near tie may flip).
+                assert!((sharded.0 - whole.0).abs() <= one_vertex, "{kind}");
+                assert!((sharded.1 - whole.1).abs() <= one_vertex, "{kind}");
+            } else {
+                assert_eq!(sharded, whole, "{kind}");
+            }
+        }
+        assert!(results[0].0 .0 > 0.3, "{kind}: trained, not chance");
+    }
+}
+
 /// `dist.reduce = "auto"` sums over MPI where a rank has no GPU or no NCCL
 /// (here: host-backend device ranks), and says nothing of NCCL then.
 #[test]
