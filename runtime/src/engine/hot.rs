@@ -135,7 +135,9 @@ impl<B: Backend> Default for HotDevice<B> {
 }
 
 /// `buf` with room for `n` elements: the old one when it is long enough, else a
-/// new one (a quarter larger, so slowly growing sizes do not reallocate per call).
+/// new one (a quarter larger, so slowly growing sizes do not reallocate per call),
+/// not zeroed: every caller overwrites the prefix it reads (an upload or a row
+/// selection), and the host backend's poison would show one that did not.
 fn reserve<B: Backend, T: gpu_ops::Elem>(
     dev: &B,
     buf: &mut Option<B::Buf<T>>,
@@ -145,7 +147,7 @@ fn reserve<B: Backend, T: gpu_ops::Elem>(
     if buf.as_ref().is_some_and(|b| dev.len(b) >= n) {
         return Ok(());
     }
-    *buf = Some(dev.alloc(n + n / 4).map_err(dev_err(what))?);
+    *buf = Some(dev.alloc_uninit(n + n / 4).map_err(dev_err(what))?);
     Ok(())
 }
 
@@ -201,8 +203,10 @@ impl<B: Backend> DeviceEngine<B> {
         }
         if self.hot.slab_rows[slab] < rows {
             let cap = rows + rows / 4;
+            // Not zeroed: a batch reads only rows of chunks installed into
+            // the slab (the gate's protocol, `orchestrate/pipeline.rs`).
             self.hot.slabs[slab] = Some(
-                dev.alloc(cap.max(1) * width)
+                dev.alloc_uninit(cap.max(1) * width)
                     .map_err(dev_err("hot-row slab"))?,
             );
             self.hot.slab_rows[slab] = cap;
