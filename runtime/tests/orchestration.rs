@@ -333,8 +333,8 @@ fn the_layer_path_copies_a_fixed_few_things_per_batch() {
     // Nothing else crosses: the old path also sent the bottom block down and up.
     let row_bytes = 32 * 4;
     assert!(d.upload_bytes >= installs * row_bytes, "{what}");
-    // Zeroed buffers: one per batch, the zero rows that stop the gradient at
-    // constant hot rows (`hot_backward = "constant"`); the slabs and the reused
-    // per-batch buffers are not zeroed.
-    assert!(d.zero_fills <= batches, "{what}");
+    // No zeroed buffer in a steady epoch (memsets on CUDA): the slabs and the
+    // reused per-batch buffers are not zeroed, and the zero rows that stop the
+    // gradient at constant hot rows are zeroed once, when they grow.
+    assert!(d.zero_fills <= 2, "{what}");
 }

@@ -145,6 +145,9 @@ pub struct DeviceModel<B: Backend> {
     steps: u64,
     /// GAT: the head-averaging matrix `S` of the last layer.
     head_mean: Option<B::Buf<f32>>,
+    /// Zero rows written over layer 0's output gradient at constant hot rows
+    /// (zeroed once, grown when a batch has more hot rows).
+    hot_zeros: Option<B::Buf<f32>>,
 }
 
 fn internal(what: &str) -> GpuOpsError {
@@ -209,6 +212,7 @@ impl<B: Backend> DeviceModel<B> {
             adam,
             steps: 0,
             head_mean,
+            hot_zeros: None,
         })
     }
 
@@ -627,8 +631,12 @@ impl<B: Backend> DeviceModel<B> {
                 if let (0, Some((pos, n, HotGrad::Constant))) = (l, &fwd.hot) {
                     // Historical embeddings are constants: no gradient flows into
                     // layer 0 through the hot rows.
-                    let zeros = dev.alloc(n * spec.d_out)?;
-                    dev.index_put_rows(&zeros, spec.d_out, pos, *n, g)?;
+                    let need = n * spec.d_out;
+                    if self.hot_zeros.as_ref().is_none_or(|z| dev.len(z) < need) {
+                        self.hot_zeros = Some(dev.alloc(need + need / 4)?);
+                    }
+                    let zeros = self.hot_zeros.as_ref().ok_or_else(|| internal("zeros"))?;
+                    dev.index_put_rows(zeros, spec.d_out, pos, *n, g)?;
                 }
                 let act = cache.act.as_ref().ok_or_else(|| internal("missing act"))?;
                 match self.cfg.kind {
