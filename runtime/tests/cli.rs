@@ -175,6 +175,38 @@ fn edge_list_import_and_small_benches() {
     assert!(out.contains("GFLOP/s"), "{out}");
     let e = err(&["bench", "gemm", "--shapes", "1,2"]);
     assert!(e.contains("--shapes"), "{e}");
+    // One rank needs no MPI: the full-graph evaluation rows report its time.
+    let small = [
+        "--set",
+        "data.synthetic.vertices=1500",
+        "--set",
+        "data.synthetic.edges=6000",
+        "--set",
+        "model.hidden=16",
+    ];
+    let mut args = vec![
+        "bench",
+        "dist",
+        "--ranks",
+        "1",
+        "--epochs",
+        "1",
+        "--features",
+        "full-sharded,replicated",
+    ];
+    args.extend(small);
+    let out = ok(&args);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("full-sharded"))
+        .unwrap_or_else(|| panic!("no full-sharded row: {out}"));
+    assert!(row.trim_end().ends_with("1.00×"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("replicated ")), "{out}");
+    let e = err(&["bench", "dist", "--ranks", "1", "--features", "sharded"]);
+    assert!(
+        e.contains("--features") && e.contains("full-sharded"),
+        "{e}"
+    );
 }
 
 #[test]

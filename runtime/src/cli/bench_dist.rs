@@ -38,7 +38,10 @@ pub(crate) struct DistArgs {
     ranks: Vec<usize>,
     /// Feature placements to run, comma-separated (`replicated`, `partitioned`:
     /// contiguous ranges, `communities`: partitioned by a partition file of the
-    /// classes, `metis`: by a METIS partition, feature `metis`).
+    /// classes, `metis`: by a METIS partition, feature `metis`). Those evaluate
+    /// by sampled batches; `full-sharded` and `full-replicated` run replicated
+    /// features with full-graph evaluation (`dist.full_eval`), to compare the
+    /// evaluation's time.
     #[arg(
         long,
         default_value = "replicated,partitioned,communities",
@@ -66,6 +69,9 @@ struct Report {
     remote_hit_rate: f64,
     test_acc: f64,
     epochs: usize,
+    /// Mean seconds of an evaluation (the timed epochs').
+    #[serde(default)]
+    eval_secs: f64,
 }
 
 const REPORT: &str = "TANDEM-BENCH-DIST ";
@@ -92,21 +98,33 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
             "expected rank counts ≥ 1, e.g. 1,2,4",
         ));
     }
-    let features: Vec<(DistFeatures, PartFile)> = a
+    // (placement, partition, full-graph evaluation's dist.full_eval).
+    let features: Vec<(DistFeatures, PartFile, Option<&str>)> = a
         .features
         .iter()
         .map(|f| match f.as_str() {
-            "replicated" => Ok((DistFeatures::Replicated, PartFile::Ranges)),
-            "partitioned" => Ok((DistFeatures::Partitioned, PartFile::Ranges)),
-            "communities" => Ok((DistFeatures::Partitioned, PartFile::Classes)),
-            "metis" if cfg!(feature = "metis") => Ok((DistFeatures::Partitioned, PartFile::Metis)),
+            "replicated" => Ok((DistFeatures::Replicated, PartFile::Ranges, None)),
+            "partitioned" => Ok((DistFeatures::Partitioned, PartFile::Ranges, None)),
+            "communities" => Ok((DistFeatures::Partitioned, PartFile::Classes, None)),
+            "metis" if cfg!(feature = "metis") => {
+                Ok((DistFeatures::Partitioned, PartFile::Metis, None))
+            }
             "metis" => Err(Error::invalid_argument(
                 "--features",
                 "`metis` needs a build with the `metis` feature",
             )),
+            "full-sharded" => Ok((DistFeatures::Replicated, PartFile::Ranges, Some("sharded"))),
+            "full-replicated" => Ok((
+                DistFeatures::Replicated,
+                PartFile::Ranges,
+                Some("replicated"),
+            )),
             other => Err(Error::invalid_argument(
                 "--features",
-                format!("expected replicated, partitioned, communities or metis, found `{other}`"),
+                format!(
+                    "expected replicated, partitioned, communities, metis, full-sharded or \
+                     full-replicated, found `{other}`"
+                ),
             )),
         })
         .collect::<Result<_>>()?;
@@ -131,17 +149,20 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
     // goes away with the command.
     let parts_dir = tempfile::tempdir()
         .map_err(|e| Error::io(std::path::Path::new("a temporary directory"), e))?;
-    let ds = if features.iter().any(|&(_, file)| file != PartFile::Ranges) {
+    let ds = if features
+        .iter()
+        .any(|&(_, file, _)| file != PartFile::Ranges)
+    {
         Some(crate::trainer::load_dataset(&cfg)?)
     } else {
         None
     };
     println!(
-        "features     ranks  threads/rank  epoch s  speed-up  all-reduce s/ep  all-reduce MB/ep/rank  \
-         exchanged MB/ep/rank  remote hit  test acc"
+        "features         ranks  threads/rank  epoch s  speed-up  all-reduce s/ep  all-reduce MB/ep/rank  \
+         exchanged MB/ep/rank  remote hit  test acc  eval s  eval speed-up"
     );
-    for (f, by_file) in features {
-        let mut reference: Option<f64> = None;
+    for (f, by_file, full_eval) in features {
+        let mut reference: Option<(f64, f64)> = None;
         for &n in &a.ranks {
             let threads = (cores / n).max(1);
             let mut cmd = if n == 1 {
@@ -176,8 +197,17 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
             cmd.args(["--set", &format!("train.threads={threads}")]);
             cmd.args(["--set", &format!("threads.compute={threads}")]);
             // Partitioned features evaluate by sampled batches; so do the
-            // replicated runs, so their accuracies compare.
-            cmd.args(["--set", "train.eval_mode=\"sampled\""]);
+            // replicated runs, so their accuracies compare (unless the run
+            // measures full-graph evaluation).
+            match full_eval {
+                None => cmd.args(["--set", "train.eval_mode=\"sampled\""]),
+                Some(how) => cmd.args([
+                    "--set",
+                    "train.eval_mode=\"full\"",
+                    "--set",
+                    &format!("dist.full_eval=\"{how}\""),
+                ]),
+            };
             cmd.args(["--set", &format!("dist.features=\"{f}\"")]);
             if f == DistFeatures::Partitioned {
                 cmd.args([
@@ -221,15 +251,17 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
             let r: Report = serde_json::from_str(line).map_err(|e| Error::Dist {
                 what: format!("the {n}-rank run's report `{line}`: {e}"),
             })?;
-            let base = *reference.get_or_insert(r.epoch_secs);
+            let (base, eval_base) = *reference.get_or_insert((r.epoch_secs, r.eval_secs));
             let per_epoch = |x: f64| x / r.epochs.max(1) as f64;
+            let name = match (full_eval, by_file) {
+                (Some(how), _) => format!("full-{how}"),
+                (None, PartFile::Ranges) => f.name().to_string(),
+                (None, file) => file.name().to_string(),
+            };
             println!(
-                "{:<12} {:>5}  {:>12}  {:>7.3}  {:>7.2}×  {:>15.4}  {:>21.2}  {:>20.2}  {:>9.1}%  {:>8.4}",
-                if by_file == PartFile::Ranges {
-                    f.name()
-                } else {
-                    by_file.name()
-                },
+                "{:<16} {:>5}  {:>12}  {:>7.3}  {:>7.2}×  {:>15.4}  {:>21.2}  {:>20.2}  {:>9.1}%  {:>8.4}  \
+                 {:>6.3}  {:>12.2}×",
+                name,
                 r.ranks,
                 r.threads,
                 r.epoch_secs,
@@ -238,7 +270,9 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
                 per_epoch(r.allreduce_bytes as f64) / 1e6,
                 per_epoch(r.exchange_bytes as f64) / 1e6,
                 100.0 * r.remote_hit_rate,
-                r.test_acc
+                r.test_acc,
+                r.eval_secs,
+                eval_base / r.eval_secs
             );
         }
     }
@@ -308,6 +342,7 @@ fn worker(a: &DistArgs) -> Result<()> {
             remote_hit_rate: d.remote_hit_rate(),
             test_acc: test_at_best_val(&stats).map_or(f64::NAN, |(_, acc)| acc),
             epochs: stats.len(),
+            eval_secs: timed.iter().map(|s| s.eval_secs).sum::<f64>() / timed.len().max(1) as f64,
         };
         if comm.rank() == 0 {
             let json = serde_json::to_string(&report).map_err(|e| Error::Dist {
