@@ -658,33 +658,20 @@ impl Trainer {
     /// (sampling stays where the placement puts it); it never loads the whole
     /// feature matrix onto the device.
     ///
+    /// With `dist.reduce = "nccl"` (or `"auto"` finding NCCL and a GPU on
+    /// every rank) a device engine sums its gradients on the device instead
+    /// (`docs/distributed.md`, "NCCL").
+    ///
     /// Errors (on every rank alike): more than one rank with layer-based
-    /// orchestration (not built yet), `dist.reduce = "nccl"` (not built yet),
-    /// or a trainer that already trained with another communicator.
+    /// orchestration (not built yet), or a trainer that already trained with
+    /// another communicator. `dist.reduce = "nccl"` on a rank without NCCL or a
+    /// GPU is an error on that rank.
     pub fn set_communicator(&mut self, comm: Arc<dyn Communicator>) -> Result<()> {
-        // Why this rank cannot sum gradients over NCCL (`None`: it can).
-        let nccl_lacks = || -> Option<String> {
-            if let Err(e) = gpu_ops::nccl_available() {
-                return Some(match e {
-                    gpu_ops::GpuOpsError::Unavailable { reason, .. } => reason,
-                    e => e.to_string(),
-                });
-            }
-            let kind = self
-                .engine
-                .as_ref()
-                .and_then(|e| e.lock().ok().map(|e| e.device_kind()));
-            (kind != Some(gpu_ops::DeviceKind::Cuda)).then(|| {
-                "NCCL sums gradients between GPUs and this rank trains on the host \
-                 (device.kind = \"cuda\" on every rank)"
-                    .to_string()
-            })
-        };
         if self.cfg.dist.reduce == DistReduce::Nccl {
             // Decided on each rank alone, before any collective: every rank
             // has the same configuration, and a rank that lacks NCCL fails the
             // job (its error printed, the others stopped) instead of hanging it.
-            if let Some(why) = nccl_lacks() {
+            if let Some(why) = self.nccl_lacks() {
                 return Err(Error::invalid_argument(
                     "dist.reduce",
                     format!(
@@ -783,7 +770,7 @@ impl Trainer {
             ));
         }
         let device_reduce = if distributed {
-            self.join_device_reduce(&comm, nccl_lacks().is_none())?
+            self.join_device_reduce(&comm)?
         } else {
             None
         };
@@ -809,20 +796,36 @@ impl Trainer {
         Ok(())
     }
 
+    /// Why this rank cannot sum gradients over NCCL (`None`: it can).
+    fn nccl_lacks(&self) -> Option<String> {
+        if let Err(e) = gpu_ops::nccl_available() {
+            return Some(match e {
+                gpu_ops::GpuOpsError::Unavailable { reason, .. } => reason,
+                e => e.to_string(),
+            });
+        }
+        let kind = self
+            .engine
+            .as_ref()
+            .and_then(|e| e.lock().ok().map(|e| e.device_kind()));
+        (kind != Some(gpu_ops::DeviceKind::Cuda)).then(|| {
+            "NCCL sums gradients between GPUs and this rank trains on the host \
+             (device.kind = \"cuda\" on every rank)"
+                .to_string()
+        })
+    }
+
     /// Sets a device engine's gradient sum up over NCCL when `dist.reduce`
     /// asks for it (`"nccl"`, or `"auto"` with NCCL and a GPU on every rank;
     /// collective): the flag first, so that every rank takes the same way,
     /// then rank 0's unique id. Returns the transport's line, `None` for MPI.
-    fn join_device_reduce(
-        &mut self,
-        comm: &Arc<dyn Communicator>,
-        here: bool,
-    ) -> Result<Option<String>> {
+    fn join_device_reduce(&mut self, comm: &Arc<dyn Communicator>) -> Result<Option<String>> {
         let use_nccl = match self.cfg.dist.reduce {
             DistReduce::Mpi => false,
             // Checked on each rank before: every rank can.
             DistReduce::Nccl => true,
             DistReduce::Auto => {
+                let here = self.nccl_lacks().is_none();
                 let mut able = [if here { 1.0 } else { 0.0 }];
                 comm.all_reduce_sum_f64(&mut able)?;
                 able[0] as usize == comm.size()
@@ -2286,17 +2289,25 @@ impl Trainer {
         if ids.is_empty() {
             return Ok(0.0);
         }
+        Ok(self.correct_on(logits, 0, ids)? as f64 / ids.len() as f64)
+    }
+
+    /// Correct predictions among `ids`, whose logits are rows `v − first` of
+    /// `logits` (`num_classes` wide).
+    fn correct_on(&self, logits: &[f32], first: usize, ids: &[u32]) -> Result<usize> {
         let c = self.ds.num_classes as usize;
         let rows: Vec<f32> = ids
             .iter()
-            .flat_map(|&v| logits[v as usize * c..(v as usize + 1) * c].iter().copied())
+            .flat_map(|&v| {
+                let r = v as usize - first;
+                logits[r * c..(r + 1) * c].iter().copied()
+            })
             .collect();
-        let correct = accuracy_count(
+        accuracy_count(
             MatRef::new(&rows, ids.len(), c).map_err(kernel("logits"))?,
             &Self::labels_of(&self.ds, ids),
         )
-        .map_err(kernel("accuracy"))?;
-        Ok(correct as f64 / ids.len() as f64)
+        .map_err(kernel("accuracy"))
     }
 
     /// Validation and test accuracy, as `train.eval_mode` says.
@@ -2430,7 +2441,6 @@ impl Trainer {
                 h = all;
             }
         }
-        let c = ds.num_classes as usize;
         let mut counts = [0.0f64; 2];
         for (slot, ids) in counts.iter_mut().zip([&self.val_ids, &self.test_ids]) {
             let mine: Vec<u32> = ids
@@ -2438,18 +2448,7 @@ impl Trainer {
                 .copied()
                 .filter(|&v| own.contains(&(v as usize)))
                 .collect();
-            let rows: Vec<f32> = mine
-                .iter()
-                .flat_map(|&v| {
-                    let r = v as usize - own.start;
-                    out[r * c..(r + 1) * c].iter().copied()
-                })
-                .collect();
-            *slot = accuracy_count(
-                MatRef::new(&rows, mine.len(), c).map_err(kernel("logits"))?,
-                &Self::labels_of(ds, &mine),
-            )
-            .map_err(kernel("accuracy"))? as f64;
+            *slot = self.correct_on(&out, own.start, &mine)? as f64;
         }
         comm.all_reduce_sum_f64(&mut counts)?;
         let acc = |k: f64, ids: &[u32]| {

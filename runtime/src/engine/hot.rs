@@ -41,7 +41,7 @@ use std::sync::Arc;
 use cpu_ops::derive_seed;
 use gpu_ops::{Backend, HotGrad, HotRows};
 
-use super::{dev_err, DeviceEngine};
+use super::{dev_err, take_at_least, DeviceEngine};
 use crate::error::{Error, Result};
 use crate::trace::Direction;
 
@@ -134,20 +134,16 @@ impl<B: Backend> Default for HotDevice<B> {
     }
 }
 
-/// `buf` with room for `n` elements: the old one when it is long enough, else a
-/// new one (a quarter larger, so slowly growing sizes do not reallocate per call),
-/// not zeroed: every caller overwrites the prefix it reads (an upload or a row
-/// selection), and the host backend's poison would show one that did not.
+/// `buf` with room for `n` elements, left in place ([`take_at_least`], not
+/// zeroed: every caller overwrites the prefix it reads, an upload or a row
+/// selection, and the host backend's poison would show one that did not).
 fn reserve<B: Backend, T: gpu_ops::Elem>(
     dev: &B,
     buf: &mut Option<B::Buf<T>>,
     n: usize,
     what: &'static str,
 ) -> Result<()> {
-    if buf.as_ref().is_some_and(|b| dev.len(b) >= n) {
-        return Ok(());
-    }
-    *buf = Some(dev.alloc_uninit(n + n / 4).map_err(dev_err(what))?);
+    *buf = Some(take_at_least(dev, buf, n, what)?);
     Ok(())
 }
 
