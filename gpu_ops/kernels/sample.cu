@@ -90,12 +90,17 @@ extern "C" __global__ void sample_pick(const u64* graph_indptr, const u32* graph
 // where it occurs:
 // 1. `unique_insert`: per position, find or claim the id's slot (atomicCAS, linear
 //    probing), remember it in slot_of[p], atomicMin(min_pos[slot], p).
-// 2. `unique_flag`: flags[p] = [min_pos[slot_of[p]] == p] (first occurrences),
-//    flags[N] = 0;
-// 3. the host scans the N + 1 flags in place into ranks (ranks[N] = the unique count);
+// 2. `unique_flag`: flags[p] = [min_pos[slot_of[p]] == p] (first occurrences) for
+//    p < N, and 0 for N <= p <= n_a + n_b (so the flags need no zeroing);
+// 3. the host scans the n_a + n_b + 1 flags in place into ranks (ranks[N] and every
+//    later entry = the unique count);
 // 4. `unique_scatter`: unique[ranks[p]] = s[p] for first occurrences (ranks[p + 1] !=
 //    ranks[p]), and
 //    local[q] = ranks[min_pos[slot_of[n_a + q]]] for every candidate q.
+// `live_b`: null, or a device count of the candidates actually present (at most n_b;
+// n_b is then the capacity the buffers were sized by). Sampling passes the edge count
+// its scan left on the device, so the host sizes everything by an upper bound and
+// reads the counts once, after the flags are scanned (`relabel_counts`).
 // Every step is a function of the input alone, so the result is deterministic (and
 // equals the sequential first-occurrence order).
 #define EMPTY_KEY 0xffffffffu
@@ -104,9 +109,17 @@ __device__ __forceinline__ u32 seq_at(const u32* a, u64 n_a, const u32* b, u64 p
     return p < n_a ? a[p] : b[p - n_a];
 }
 
+// The candidates present: n_b, or the device count `live_b` (clamped to n_b).
+__device__ __forceinline__ u64 live_count(u64 n_b, const u64* live_b) {
+    if (live_b == nullptr) return n_b;
+    const u64 live = *live_b;
+    return live < n_b ? live : n_b;
+}
+
 extern "C" __global__ void unique_insert(const u32* a, u64 n_a, const u32* b, u64 n_b,
-                                         u32* keys, u32* min_pos, u64 cap, u32* slot_of) {
-    const u64 total = n_a + n_b;
+                                         const u64* live_b, u32* keys, u32* min_pos, u64 cap,
+                                         u32* slot_of) {
+    const u64 total = n_a + live_count(n_b, live_b);
     for (u64 p = thread_index(); p < total; p += thread_count()) {
         const u32 id = seq_at(a, n_a, b, p);
         u64 slot;
@@ -126,21 +139,38 @@ extern "C" __global__ void unique_insert(const u32* a, u64 n_a, const u32* b, u6
     }
 }
 
-extern "C" __global__ void unique_flag(const u32* slot_of, const u32* min_pos, u64 total,
-                                       u32* flags) {
-    for (u64 p = thread_index(); p < total; p += thread_count()) {
-        flags[p] = min_pos[slot_of[p]] == (u32)p ? 1u : 0u;
+// Writes all n_a + n_b + 1 flags (the scan's input): 0 past the live positions.
+extern "C" __global__ void unique_flag(const u32* slot_of, const u32* min_pos, u64 n_a,
+                                       u64 n_b, const u64* live_b, u32* flags) {
+    const u64 total = n_a + live_count(n_b, live_b);
+    const u64 all = n_a + n_b;
+    for (u64 p = thread_index(); p <= all; p += thread_count()) {
+        flags[p] = p < total && min_pos[slot_of[p]] == (u32)p ? 1u : 0u;
     }
 }
 
 extern "C" __global__ void unique_scatter(const u32* a, u64 n_a, const u32* b, u64 n_b,
-                                          const u32* slot_of, const u32* min_pos,
-                                          const u32* ranks, u32* unique, u32* local) {
-    const u64 total = n_a + n_b;
+                                          const u64* live_b, const u32* slot_of,
+                                          const u32* min_pos, const u32* ranks, u32* unique,
+                                          u32* local) {
+    const u64 total = n_a + live_count(n_b, live_b);
     for (u64 p = thread_index(); p < total; p += thread_count()) {
         // ranks is the exclusive scan of the first-occurrence flags (total + 1
         // entries), so position p was flagged iff its rank steps up after it.
         if (ranks[p + 1] != ranks[p]) unique[ranks[p]] = seq_at(a, n_a, b, p);
         if (p >= n_a) local[p - n_a] = ranks[min_pos[slot_of[p]]];
     }
+}
+
+// The three counts the host needs after the flags are scanned, for one read:
+// out[0] = the candidates present (*live_b unclamped, so the host can check it
+// against the capacity; n_b without live_b), out[1] = ranks[n_a] (the distinct
+// targets: n_a when they are distinct), out[2] = ranks[n_a + n_b] (the unique count).
+// One thread.
+extern "C" __global__ void relabel_counts(const u64* live_b, u64 n_b, const u32* ranks,
+                                          u64 n_a, u64* out) {
+    if (thread_index() != 0) return;
+    out[0] = live_b == nullptr ? n_b : *live_b;
+    out[1] = ranks[n_a];
+    out[2] = ranks[n_a + n_b];
 }

@@ -67,16 +67,22 @@ static void test_scan() {
     std::printf("scan ok\n");
 }
 
-static void relabel(const std::vector<u32>& a, const std::vector<u32>& b, std::vector<u32>& uniq, std::vector<u32>& local) {
+// Mirrors CudaBackend::relabel_live: `b` holds n_b slots, of which the first *live
+// (when live is given) are candidates; the flags are not zeroed first (unique_flag
+// writes every entry); one relabel_counts read gives the live, distinct and unique
+// counts.
+static void relabel(const std::vector<u32>& a, const std::vector<u32>& b, const u64* live, std::vector<u32>& uniq, std::vector<u32>& local, u64 counts[3]) {
     u64 na = a.size(), nb = b.size(), total = na + nb;
     u64 cap = 64; while (cap < 2 * total) cap <<= 1;
-    std::vector<u32> keys(cap + 1, 0xffffffffu), minp(cap + 1, 0xffffffffu), slot(total), ranks(total + 1, 0);
-    launch(unique_insert, tgrid(total), T, a.data(), na, b.data(), nb, keys.data(), minp.data(), cap, slot.data());
-    launch(unique_flag, tgrid(total), T, (const u32*)slot.data(), (const u32*)minp.data(), total, ranks.data());
+    std::vector<u32> keys(cap + 1, 0xffffffffu), minp(cap + 1, 0xffffffffu), slot(total, 0xdeadu), ranks(total + 1, 77);
+    launch(unique_insert, tgrid(total), T, a.data(), na, b.data(), nb, live, keys.data(), minp.data(), cap, slot.data());
+    launch(unique_flag, tgrid(total + 1), T, (const u32*)slot.data(), (const u32*)minp.data(), na, nb, live, ranks.data());
     scan_in_place<u32>(ranks, total + 1);
-    u64 nu = ranks[total];
-    uniq.assign(nu, 0); local.assign(nb, 0);
-    launch(unique_scatter, tgrid(total), T, a.data(), na, b.data(), nb, (const u32*)slot.data(), (const u32*)minp.data(), (const u32*)ranks.data(), uniq.data(), local.data());
+    std::vector<u64> out(3, 99);
+    launch(relabel_counts, 1, 32, live, nb, (const u32*)ranks.data(), na, out.data());
+    for (int i = 0; i < 3; ++i) counts[i] = out[i];
+    uniq.assign(out[2], 0); local.assign(nb, 0xabcdu);
+    launch(unique_scatter, tgrid(total), T, a.data(), na, b.data(), nb, live, (const u32*)slot.data(), (const u32*)minp.data(), (const u32*)ranks.data(), uniq.data(), local.data());
 }
 
 static void test_relabel() {
@@ -91,8 +97,30 @@ static void test_relabel() {
         for (u32 t : a) { pos[t] = wu.size(); wu.push_back(t); }
         for (u32 c : b) { auto it = pos.find(c); if (it == pos.end()) { pos[c] = wu.size(); wl.push_back(wu.size()); wu.push_back(c); } else wl.push_back(it->second); }
         std::vector<u32> u, l;
-        relabel(a, b, u, l);
+        u64 c[3];
+        relabel(a, b, nullptr, u, l, c);
         CHECK(u == wu && l == wl, "relabel na=%llu nb=%llu (got %zu unique, want %zu)", na, nb, u.size(), wu.size());
+        CHECK(c[0] == nb && c[1] == a.size() && c[2] == wu.size(), "relabel_counts na=%llu nb=%llu: %llu %llu %llu", na, nb, c[0], c[1], c[2]);
+        // The same candidates in a buffer sized by a bound (garbage past them, ids
+        // of the targets and new ones): only the live ones count.
+        for (u64 extra : {1ull, 37ull, 3 * nb + 5}) {
+            std::vector<u32> bb = b;
+            for (u64 q = 0; q < extra; ++q) bb.push_back(q % 2 ? (u32)below(1u << 31) : (a.empty() ? 5u : a[q % a.size()]));
+            u64 live = nb;
+            std::vector<u32> ub, lb;
+            relabel(a, bb, &live, ub, lb, c);
+            bool same = ub == wu && std::equal(wl.begin(), wl.end(), lb.begin());
+            for (u64 q = nb; q < bb.size(); ++q) same &= lb[q] == 0xabcdu;  // past the live: unwritten
+            CHECK(same, "bounded relabel na=%llu nb=%llu extra=%llu", na, nb, extra);
+            CHECK(c[0] == nb && c[1] == a.size() && c[2] == wu.size(), "bounded relabel_counts na=%llu nb=%llu extra=%llu", na, nb, extra);
+        }
+    }
+    // Repeated targets: the distinct count says so.
+    {
+        std::vector<u32> a{4, 9, 4}, b{1, 9}, u, l;
+        u64 c[3];
+        relabel(a, b, nullptr, u, l, c);
+        CHECK(c[1] == 2, "relabel_counts of repeated targets: %llu distinct", c[1]);
     }
     std::printf("relabel ok\n");
 }
@@ -265,6 +293,20 @@ static void test_sample() {
             if (!ok) { std::printf("  dst %u deg %llu k %llu\n", v, deg, k); break; }
         }
         CHECK(ok, "sample fanout %u", fanout);
+        // As sample_layer does it: buffers sized by the bound nf · min(fanout, max
+        // degree) (poisoned), the edge count left on the device for the relabel.
+        {
+            u64 maxdeg = 0; for (u64 v = 0; v < n; ++v) maxdeg = std::max<u64>(maxdeg, ip[v + 1] - ip[v]);
+            u64 bound = nf * std::min<u64>(fanout, maxdeg);
+            std::vector<u32> pb(bound, 0xeeeeeeeeu), nbb(bound, 0xeeeeeeeeu);
+            launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (u64)12345, (const u64*)cnt.data(), pb.data(), nbb.data());
+            CHECK(bound >= E && std::equal(nb.begin(), nb.end(), nbb.begin()), "bounded sample_pick fanout %u", fanout);
+            std::vector<u32> u1, l1, u2, l2; u64 c1[3], c2[3];
+            relabel(front, nb, nullptr, u1, l1, c1);
+            relabel(front, nbb, &cnt[nf], u2, l2, c2);
+            CHECK(u1 == u2 && std::equal(l1.begin(), l1.end(), l2.begin()) && c2[0] == E && c2[1] == nf && c2[2] == u1.size(),
+                  "bounded relabel of a sampled layer, fanout %u", fanout);
+        }
         // The same hop with a skip mask (sample_hop): flagged destinations (any
         // non-zero byte, the hub included) count 0 and pick nothing; the others keep
         // exactly their unmasked neighbors (the draws are keyed by vertex, not slot).

@@ -212,6 +212,10 @@ impl<T> Ptr<T> {
     pub(crate) fn null() -> Self {
         Self(0, PhantomData)
     }
+    /// Offset by `elems` elements.
+    pub(crate) fn offset(self, elems: usize) -> Self {
+        Self(self.0 + (elems * size_of::<T>()) as u64, PhantomData)
+    }
 }
 
 impl<T> PtrMut<T> {
@@ -494,12 +498,15 @@ define_kernels! {
         sample_pick(graph_indptr: Ptr<u64>, graph_indices: Ptr<u32>, num_vertices: u64,
                     frontier: Ptr<u32>, n: u64, layer_key: u64, block_indptr: Ptr<u64>,
                     positions: PtrMut<u32>, nbrs: PtrMut<u32>);
-        unique_insert(a: Ptr<u32>, n_a: u64, b: Ptr<u32>, n_b: u64, keys: PtrMut<u32>,
-                      min_pos: PtrMut<u32>, cap: u64, slot_of: PtrMut<u32>);
-        unique_flag(slot_of: Ptr<u32>, min_pos: Ptr<u32>, total: u64, flags: PtrMut<u32>);
-        unique_scatter(a: Ptr<u32>, n_a: u64, b: Ptr<u32>, n_b: u64, slot_of: Ptr<u32>,
-                       min_pos: Ptr<u32>, ranks: Ptr<u32>, unique: PtrMut<u32>,
-                       local: PtrMut<u32>);
+        unique_insert(a: Ptr<u32>, n_a: u64, b: Ptr<u32>, n_b: u64, live_b: Ptr<u64>,
+                      keys: PtrMut<u32>, min_pos: PtrMut<u32>, cap: u64, slot_of: PtrMut<u32>);
+        unique_flag(slot_of: Ptr<u32>, min_pos: Ptr<u32>, n_a: u64, n_b: u64, live_b: Ptr<u64>,
+                    flags: PtrMut<u32>);
+        unique_scatter(a: Ptr<u32>, n_a: u64, b: Ptr<u32>, n_b: u64, live_b: Ptr<u64>,
+                       slot_of: Ptr<u32>, min_pos: Ptr<u32>, ranks: Ptr<u32>,
+                       unique: PtrMut<u32>, local: PtrMut<u32>);
+        relabel_counts(live_b: Ptr<u64>, n_b: u64, ranks: Ptr<u32>, n_a: u64,
+                       out: PtrMut<u64>);
     }
     Aggregate {
         block_out_degree(indices: Ptr<u32>, num_edges: u64, out_deg: PtrMut<u32>);

@@ -4,14 +4,22 @@
 //! # One batch ([`CudaBackend::sample_batch`]), from the seeds down
 //! 1. The seeds are checked on the host (in range, distinct) and uploaded.
 //! 2. Per layer: `sample_count` writes `min(fanout, degree)` per destination; an
-//!    in-place scan turns the counts into the block's `indptr`; its last entry (the
-//!    edge count) is read back — one synchronization per layer.
+//!    in-place scan turns the counts into the block's `indptr`, whose last entry is
+//!    the layer's edge count. The host does not read it: the edge buffers are sized
+//!    by the bound `n · min(fanout, max degree)` and the kernels below read the count
+//!    on the device. (A bound above `MAX_BOUNDED_EDGES` — e.g. `ALL_NEIGHBORS` on a
+//!    graph with a huge hub — reads the count first instead: one more
+//!    synchronization.)
 //! 3. `sample_pick` fills the sampled neighbors' global ids (one warp per
 //!    destination, Floyd's algorithm keyed by `(derive_seed(seed, layer), vertex)`,
 //!    neighbors in the order of the graph's row).
 //! 4. [`CudaBackend::relabel`] makes the block's sources (destinations first, then new
-//!    ids in first-occurrence order) and the local id of every edge — a second
-//!    synchronization to size the outputs.
+//!    ids in first-occurrence order) and the local id of every edge. Its one
+//!    synchronization reads three counts together (`relabel_counts`): the edges,
+//!    the distinct destinations (the distinctness check) and the sources. The host
+//!    needs the source count to size the next layer and the model's matrices, so
+//!    this read stays: **one synchronization per layer** (three before, each
+//!    followed by a fault-word read).
 //! 5. The block's sources are the next layer's destinations. Its GCN source
 //!    weights (`block_out_degree`, `block_src_weight`) are computed the first time
 //!    a GCN aggregation reads them ([`CudaBackend::src_weights`]): SAGE and GAT
@@ -40,6 +48,10 @@ use crate::error::{GpuOpsError, Result};
 /// Largest `targets + candidates` of one relabel (positions and hash slots are u32).
 const MAX_RELABEL: usize = 1 << 30;
 
+/// Largest edge bound a layer is sized by without reading its edge count first
+/// (16 M edges: ~0.6 GB of transient buffers at ~40 bytes per edge).
+const MAX_BOUNDED_EDGES: usize = 1 << 24;
+
 /// Where a graph's topology lives.
 enum Topology {
     /// Copied into device memory.
@@ -58,6 +70,8 @@ enum Topology {
 pub struct CudaGraph {
     num_vertices: usize,
     num_edges: usize,
+    /// The largest row: with the fanout it bounds a layer's edges.
+    max_degree: u64,
     topo: Topology,
 }
 
@@ -113,6 +127,18 @@ impl std::fmt::Debug for CudaBlock {
             .field("num_edges", &self.num_edges)
             .finish()
     }
+}
+
+/// What [`CudaBackend::relabel_live`] returns.
+struct Relabeled {
+    /// The unique ids (targets first).
+    unique: CudaBuf<u32>,
+    /// Each live candidate's position in `unique` (sized by the capacity).
+    local: CudaBuf<u32>,
+    /// Entries of `unique`.
+    n_unique: usize,
+    /// Live candidates (entries of `local` written).
+    n_candidates: usize,
 }
 
 impl CudaBackend {
@@ -172,6 +198,7 @@ impl CudaBackend {
         Ok(CudaGraph {
             num_vertices: graph.num_vertices(),
             num_edges: graph.num_edges(),
+            max_degree,
             topo,
         })
     }
@@ -263,7 +290,7 @@ impl CudaBackend {
     /// One hop from device-resident destinations ([`crate::Backend::sample_hop`]):
     /// checks what the host can check without a synchronization (lengths, fanout),
     /// then steps 2–5 of the module doc with `skip` as `sample_count`'s mask. A
-    /// destination outside the graph is a device fault reported at the edge-count
+    /// destination outside the graph is a device fault reported at the layer's count
     /// read; a repeated one fails the relabel's distinctness check.
     pub(crate) fn sample_hop_op(
         &self,
@@ -323,21 +350,20 @@ impl CudaBackend {
             self.fault_ptr(),
         )?;
         self.scan_u64_in_place(&mut indptr, n + 1)?;
-        let edges = self.read_at(&indptr, n)?;
-        let edges = usize::try_from(edges)
-            .ok()
-            .filter(|&e| {
-                e < u32::MAX as usize && n.checked_add(e).is_some_and(|t| t <= MAX_RELABEL)
-            })
-            .ok_or_else(|| GpuOpsError::InvalidArgument {
-                name: "fanout",
-                reason: format!(
-                    "{n} destinations sample {edges} edges; a device block holds fewer than 2^30"
-                ),
-            })?;
+        // The layer's edges are at most n · min(fanout, max degree): size by that and
+        // let the kernels read the count at indptr[n], or read it first when the
+        // bound is too loose to allocate.
+        let bound = (n as u64)
+            .checked_mul(u64::from(fanout).min(graph.max_degree))
+            .and_then(|b| usize::try_from(b).ok())
+            .filter(|&b| b <= MAX_BOUNDED_EDGES && n + b <= MAX_RELABEL);
+        let (cap, live) = match bound {
+            Some(b) => (b, Some(indptr.ptr().offset(n))),
+            None => (self.read_edge_count(&indptr, n)?, None),
+        };
         // 3. sampled neighbors (global ids).
-        let mut positions = self.buf::<u32>(edges, Init::Uninit, "sampling positions")?;
-        let mut nbrs = self.buf::<u32>(edges, Init::Uninit, "sampled neighbors")?;
+        let mut positions = self.buf::<u32>(cap, Init::Uninit, "sampling positions")?;
+        let mut nbrs = self.buf::<u32>(cap, Init::Uninit, "sampled neighbors")?;
         launch::sample_pick(
             &self.kernels,
             self.cu(),
@@ -353,11 +379,28 @@ impl CudaBackend {
             nbrs.ptr_mut(),
         )?;
         drop(positions);
-        // 4. sources and local ids.
-        let (src, local, n_src) = self.relabel(frontier, n, &nbrs, edges, frontier_name)?;
+        // 4. sources and local ids (the layer's one synchronization).
+        let r = self.relabel_live(frontier, n, &nbrs, cap, live, frontier_name)?;
         // 5. the block.
-        let block = self.finish_block(n_src, n, edges, indptr, local)?;
-        Ok((block, src, n_src))
+        let block = self.finish_block(r.n_unique, n, r.n_candidates, indptr, r.local)?;
+        Ok((block, r.unique, r.n_unique))
+    }
+
+    /// The edge count at `indptr[n]`, read (a synchronization) and checked against
+    /// the device limits.
+    fn read_edge_count(&self, indptr: &CudaBuf<u64>, n: usize) -> Result<usize> {
+        let edges = self.read_at(indptr, n)?;
+        usize::try_from(edges)
+            .ok()
+            .filter(|&e| {
+                e < u32::MAX as usize && n.checked_add(e).is_some_and(|t| t <= MAX_RELABEL)
+            })
+            .ok_or_else(|| GpuOpsError::InvalidArgument {
+                name: "fanout",
+                reason: format!(
+                    "{n} destinations sample {edges} edges; a device block holds fewer than 2^30"
+                ),
+            })
     }
 
     /// Unique ids of `targets[..n_t] ++ candidates[..n_c]` (targets first, then first
@@ -371,6 +414,23 @@ impl CudaBackend {
         n_c: usize,
         targets_name: &'static str,
     ) -> Result<(CudaBuf<u32>, CudaBuf<u32>, usize)> {
+        let r = self.relabel_live(targets, n_t, candidates, n_c, None, targets_name)?;
+        Ok((r.unique, r.local, r.n_unique))
+    }
+
+    /// [`CudaBackend::relabel`] of the first `live` candidates when `live` (a device
+    /// count, at most `n_c`) is given, else of all `n_c`. The buffers are sized by
+    /// `n_c`; the one synchronization reads the live count, the distinct targets and
+    /// the unique count together.
+    fn relabel_live(
+        &self,
+        targets: &CudaBuf<u32>,
+        n_t: usize,
+        candidates: &CudaBuf<u32>,
+        n_c: usize,
+        live: Option<Ptr<u64>>,
+        targets_name: &'static str,
+    ) -> Result<Relabeled> {
         targets.check_len("unique_relabel targets", n_t)?;
         candidates.check_len("unique_relabel candidates", n_c)?;
         let total = n_t
@@ -382,8 +442,14 @@ impl CudaBackend {
             })?;
         if total == 0 {
             let empty = || self.buf::<u32>(0, Init::Uninit, "relabel output");
-            return Ok((empty()?, empty()?, 0));
+            return Ok(Relabeled {
+                unique: empty()?,
+                local: empty()?,
+                n_unique: 0,
+                n_candidates: 0,
+            });
         }
+        let live_ptr = live.unwrap_or(Ptr::null());
         let cap = (2 * total).next_power_of_two().max(64);
         let mut keys = self.buf::<u32>(cap + 1, Init::Uninit, "relabel hash keys")?;
         self.fill_bytes(&mut keys, cap + 1, 0xff)?;
@@ -398,34 +464,56 @@ impl CudaBackend {
             n_t as u64,
             candidates.ptr(),
             n_c as u64,
+            live_ptr,
             keys.ptr_mut(),
             min_pos.ptr_mut(),
             cap as u64,
             slot_of.ptr_mut(),
         )?;
         drop(keys);
-        // flags[total] stays 0, so the scan's last entry is the unique count.
-        let mut ranks = self.buf::<u32>(total + 1, Init::Zeroed, "relabel ranks")?;
+        // unique_flag writes all total + 1 flags (0 past the live positions), so the
+        // scan's entry at `total` is the unique count.
+        let mut ranks = self.buf::<u32>(total + 1, Init::Uninit, "relabel ranks")?;
         launch::unique_flag(
             &self.kernels,
             self.cu(),
-            self.grid_t(total),
+            self.grid_t(total + 1),
             slot_of.ptr(),
             min_pos.ptr(),
-            total as u64,
+            n_t as u64,
+            n_c as u64,
+            live_ptr,
             ranks.ptr_mut(),
         )?;
         self.scan_u32_in_place(&mut ranks, total + 1)?;
-        if n_t > 0 {
-            let distinct = self.read_at(&ranks, n_t)? as usize;
-            if distinct != n_t {
-                return Err(GpuOpsError::InvalidArgument {
-                    name: targets_name,
-                    reason: format!("must be distinct: only {distinct} of its {n_t} ids are"),
-                });
-            }
+        let mut counts = self.buf::<u64>(3, Init::Uninit, "relabel counts")?;
+        launch::relabel_counts(
+            &self.kernels,
+            self.cu(),
+            Grid::exact(1, 32),
+            live_ptr,
+            n_c as u64,
+            ranks.ptr(),
+            n_t as u64,
+            counts.ptr_mut(),
+        )?;
+        let [n_live, distinct, n_unique] = self.read_first::<u64, 3>(&counts)?;
+        let n_live = usize::try_from(n_live)
+            .ok()
+            .filter(|&l| l <= n_c)
+            .ok_or_else(|| GpuOpsError::InvalidArgument {
+                name: "num_candidates",
+                reason: format!(
+                    "internal: {n_live} candidates on the device, more than the {n_c} sized for"
+                ),
+            })?;
+        if distinct as usize != n_t {
+            return Err(GpuOpsError::InvalidArgument {
+                name: targets_name,
+                reason: format!("must be distinct: only {distinct} of its {n_t} ids are"),
+            });
         }
-        let n_unique = self.read_at(&ranks, total)? as usize;
+        let n_unique = n_unique as usize;
         let mut unique = self.buf::<u32>(n_unique, Init::Uninit, "unique ids")?;
         let mut local = self.buf::<u32>(n_c, Init::Uninit, "local ids")?;
         launch::unique_scatter(
@@ -436,13 +524,19 @@ impl CudaBackend {
             n_t as u64,
             candidates.ptr(),
             n_c as u64,
+            live_ptr,
             slot_of.ptr(),
             min_pos.ptr(),
             ranks.ptr(),
             unique.ptr_mut(),
             local.ptr_mut(),
         )?;
-        Ok((unique, local, n_unique))
+        Ok(Relabeled {
+            unique,
+            local,
+            n_unique,
+            n_candidates: n_live,
+        })
     }
 
     /// A block from device CSR (its GCN weights are made on first use).

@@ -107,6 +107,21 @@ impl CudaBackend {
         Ok(v[0])
     }
 
+    /// `buf[..N]` in one read after the compute stream finishes (one
+    /// synchronization, then the same checks as [`CudaBackend::read_at`]).
+    pub(crate) fn read_first<T: Elem, const N: usize>(&self, buf: &CudaBuf<T>) -> Result<[T; N]> {
+        buf.check_len("read length", N)?;
+        self.bind()?;
+        let mut v = [T::default(); N];
+        // SAFETY: `buf` holds at least N elements (checked); the copy is ordered on
+        // the compute stream after every write to them, and the stream is
+        // synchronized before `v` is read.
+        unsafe { result::memcpy_dtoh_async(&mut v[..], buf.raw(), self.cu()) }
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        self.sync_compute()?;
+        Ok(v)
+    }
+
     /// Fills `buf[..len]` with the byte `value` (compute stream).
     pub(crate) fn fill_bytes<T: Elem>(
         &self,
