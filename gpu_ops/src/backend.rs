@@ -656,6 +656,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Feature width.
     fn feature_dim(&self, f: &Self::Features) -> usize;
     /// `out[r] = features[ids[r]]` for `r < n`, through the cache; counts hits/misses.
+    /// Need not synchronize: on CUDA an id outside the matrix is a device fault
+    /// reported by the next synchronizing call (the host backend reports it here),
+    /// and the counts reach [`Backend::cache_stats`] at that synchronization.
     fn gather(
         &self,
         f: &Self::Features,
@@ -663,7 +666,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
         n: usize,
         out: &mut Self::Buf<f32>,
     ) -> Result<()>;
-    /// Hit/miss counts since load (or the last reset) and the cache's occupancy.
+    /// Hit/miss counts since load (or the last reset), as of the last
+    /// synchronization, and the cache's occupancy. Never synchronizes.
     fn cache_stats(&self, f: &Self::Features) -> CacheStats;
     /// Zeroes the hit/miss counters.
     fn reset_cache_stats(&self, f: &Self::Features);

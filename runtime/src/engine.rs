@@ -246,6 +246,10 @@ pub struct DeviceEngine<B: Backend> {
     reduce: Option<Box<dyn gpu_ops::GradReduce<B>>>,
     /// Host → device bytes of training batches so far.
     h2d: u64,
+    /// Cache misses before the current batch's gather: its miss rows are added
+    /// to `h2d` after the step's synchronization
+    /// ([`DeviceEngine::settle_gather_misses`]).
+    misses_before: Option<u64>,
     tracer: Tracer,
     acc: TrackId,
 }
@@ -339,6 +343,7 @@ impl<B: Backend> DeviceEngine<B> {
         Ok(Self {
             host,
             h2d: 0,
+            misses_before: None,
             acc: tracer.declare_track("acc", TrackKind::Accelerator),
             tracer,
             graph,

@@ -328,3 +328,41 @@ fn device_engine_reports_cache_hits_and_resumes_from_a_checkpoint() {
     assert_eq!(rest[0].loss, full[1].loss, "resumed epoch 1 differs");
     assert_eq!(resumed.model().params(), straight.model().params());
 }
+
+/// The rows a device gather reads from host memory (cache misses) are counted
+/// in the host → device bytes after the step (the device counts reach
+/// `cache_stats` at the step's synchronization): with no cache, every input
+/// row; with every row cached, none — the same batches otherwise.
+#[test]
+fn device_gather_misses_are_counted_as_host_to_device_bytes() {
+    let run = |cache: &str| {
+        let cfg = small(
+            "sage",
+            &[
+                "device.host_engine=\"ops\"",
+                "orchestration.policy=\"gpu-sample-gpu-gather\"",
+                &format!("device.cache_bytes={cache}"),
+                // Two of three epochs: no evaluation, whose gathers count too.
+                "train.epochs=3",
+                "train.eval_every=0",
+            ],
+        );
+        let ds = load_dataset(&cfg).expect("dataset");
+        let mut t = Trainer::new(ds, cfg).expect("trainer");
+        t.train_epoch().expect("epoch 0");
+        t.train_epoch().expect("epoch 1");
+        let s = t.cache_stats().expect("device engine");
+        let params: Vec<Vec<f32>> = t.model().params().iter().map(|p| p.to_vec()).collect();
+        (t.h2d_bytes().expect("device engine"), s, params)
+    };
+    let (h_none, s_none, p_none) = run("0");
+    let (h_all, s_all, p_all) = run("1000000000");
+    assert_eq!(p_none, p_all, "the cache changed what was trained");
+    assert!(s_none.hits == 0 && s_none.misses > 0, "{s_none:?}");
+    assert!(
+        s_all.misses == 0 && s_all.hits == s_none.misses,
+        "{s_all:?}"
+    );
+    let row_bytes = 16 * 4;
+    assert_eq!(h_none - h_all, s_none.misses * row_bytes);
+}

@@ -18,18 +18,21 @@
 //!   bytes over the bus and from the cache).
 //!
 //! A gather counts hits and misses on the device (per-block shared counters, one
-//! atomic per block), reads the two counts back and adds them to the policy: so
-//! [`crate::Backend::gather`] synchronizes the compute stream, and an id outside the
-//! matrix is reported by that same call.
+//! atomic per block) into running totals that live on the device, then enqueues an
+//! asynchronous copy of the totals into a pinned mirror. It does not synchronize:
+//! [`crate::Backend::cache_stats`] reads the mirror, which is current as of the
+//! compute stream's last synchronization (in a training step, the loss read after
+//! the gather), and an id outside the matrix is a device fault reported at that
+//! synchronization. (Before, every gather read its two counts back: one
+//! `cuStreamSynchronize` and a fault-word copy per batch.)
 
 use cpu_ops::FeatureMatrix;
-use cudarc::driver::result;
 
 use super::alloc::{CudaBuf, Init};
 use super::device::{drv, CudaBackend};
-use super::kernels::{launch, Grid};
+use super::kernels::{launch, Grid, PtrMut};
 use super::math::elems;
-use super::pinned::HostRegion;
+use super::pinned::{CudaPinned, HostRegion};
 use crate::backend::{to_bf16_bits, CacheStats, Elem, FeatureDtype};
 use crate::cache::{CachePolicy, NO_SLOT};
 use crate::error::{GpuOpsError, Result};
@@ -55,6 +58,29 @@ pub struct CudaFeatures {
     policy: CachePolicy,
     rows: Rows,
     slot_map: CudaBuf<u32>,
+    /// Hits and misses since load, on the device (the gathers add to them).
+    counters: CudaBuf<u64>,
+    /// Their pinned mirror, refreshed by an asynchronous copy after every gather.
+    mirror: CudaPinned<u64>,
+    /// The mirror's totals at the last reset.
+    zero: parking_lot::Mutex<[u64; 2]>,
+}
+
+impl CudaFeatures {
+    /// Hits and misses since load, as of the compute stream's last
+    /// synchronization (or later).
+    fn totals(&self) -> [u64; 2] {
+        let p = self.mirror.host_ptr();
+        // SAFETY: the mirror holds 2 u64s for this value's life. The device may be
+        // writing them (an enqueued copy): volatile reads of aligned u64s see the
+        // old or the new totals, both valid counts.
+        unsafe {
+            [
+                std::ptr::read_volatile(p),
+                std::ptr::read_volatile(p.add(1)),
+            ]
+        }
+    }
 }
 
 impl std::fmt::Debug for CudaFeatures {
@@ -143,6 +169,9 @@ impl CudaBackend {
             policy,
             rows,
             slot_map,
+            counters: self.buf::<u64>(2, Init::Zeroed, "gather counters")?,
+            mirror: self.alloc_pinned_buf(2)?,
+            zero: parking_lot::Mutex::new([0; 2]),
         };
         self.update_cache_op(&mut f, cached, &[])?;
         Ok(f)
@@ -250,7 +279,7 @@ impl CudaBackend {
         Ok(b)
     }
 
-    /// [`crate::Backend::gather`] (synchronizes; see the module doc).
+    /// [`crate::Backend::gather`] (does not synchronize; see the module doc).
     pub(crate) fn gather_op(
         &self,
         f: &CudaFeatures,
@@ -264,7 +293,8 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let mut counters = self.buf::<u64>(2, Init::Zeroed, "gather counters")?;
+        // The kernels add to the running totals (atomics, like the fault word).
+        let counters = PtrMut::new(f.counters.raw());
         let (grid, rows) = (self.grid_rows(n), f.policy.num_vertices() as u64);
         // The two kernels take the same arguments over different row types.
         macro_rules! gather {
@@ -281,7 +311,7 @@ impl CudaBackend {
                     rows,
                     dim as u64,
                     out.ptr_mut(),
-                    counters.ptr_mut(),
+                    counters,
                     self.fault_ptr(),
                 )?
             };
@@ -290,24 +320,37 @@ impl CudaBackend {
             Rows::F32 { host, store } => gather!(launch::gather_rows, host, store),
             Rows::Bf16 { host, store } => gather!(launch::gather_rows_bf16, host, store),
         }
-        let mut counts = [0u64; 2];
         self.bind()?;
-        // SAFETY: `counters` holds 2 u64s; the copy is ordered after the gather on the
-        // compute stream, which `sync_compute` synchronizes before `counts` is read.
-        unsafe { result::memcpy_dtoh_async(&mut counts[..], counters.raw(), self.cu()) }
-            .map_err(drv("cuMemcpyDtoHAsync (gather counters)"))?;
-        self.sync_compute()?;
-        f.policy.record(counts[0], counts[1]);
-        Ok(())
+        // SAFETY: the mirror and the counters hold 2 u64s each and live as long as
+        // `f`; the copy is ordered after the gather on the compute stream, and the
+        // mirror's event (recorded next) makes its `Drop` wait for the copy.
+        unsafe {
+            cudarc::driver::sys::cuMemcpyDtoHAsync_v2(
+                f.mirror.host_ptr().cast(),
+                f.counters.raw(),
+                2 * size_of::<u64>(),
+                self.cu(),
+            )
+        }
+        .result()
+        .map_err(drv("cuMemcpyDtoHAsync (gather counters)"))?;
+        f.mirror.record_copy(&self.compute.inner)
     }
 
-    /// [`crate::Backend::cache_stats`].
+    /// [`crate::Backend::cache_stats`]: the counts as of the last synchronization.
     pub(crate) fn cache_stats_of(&self, f: &CudaFeatures) -> CacheStats {
-        f.policy.stats()
+        let [hits, misses] = f.totals();
+        let zero = *f.zero.lock();
+        CacheStats {
+            hits: hits.saturating_sub(zero[0]),
+            misses: misses.saturating_sub(zero[1]),
+            ..f.policy.stats()
+        }
     }
 
     /// [`crate::Backend::reset_cache_stats`].
     pub(crate) fn reset_cache_stats_of(&self, f: &CudaFeatures) {
+        *f.zero.lock() = f.totals();
         f.policy.reset_stats();
     }
 

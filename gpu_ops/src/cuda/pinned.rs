@@ -136,6 +136,12 @@ impl<T: Elem> CudaPinned<T> {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The host address, for a device → host copy into the buffer (record it with
+    /// [`CudaPinned::record_copy`], so `Drop` waits for it too).
+    pub(crate) fn host_ptr(&self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
     /// Blocks until every recorded copy out of the buffer has finished.
     pub(crate) fn wait_copies(&self) -> Result<()> {
         if self.event.is_null() {

@@ -445,6 +445,7 @@ impl<B: Backend> DeviceEngine<B> {
                 .map_err(dev_err("training step"))
         })();
         self.x = Some(x);
+        self.settle_gather_misses();
         step.set_transfer(Direction::HostToDevice, self.h2d - start);
         let stats = result?;
         Ok((stats.loss * seeds.len() as f64, stats.correct))

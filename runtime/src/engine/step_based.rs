@@ -89,14 +89,25 @@ fn block_bytes(b: &cpu_ops::Block) -> u64 {
 type Uploaded<B> = (Vec<<B as Backend>::Block>, Option<<B as Backend>::Buf<u32>>);
 
 impl<B: Backend> DeviceEngine<B> {
-    /// [`DeviceEngine::gather`], adding the feature-cache misses' rows to the
-    /// host → device counter.
+    /// [`DeviceEngine::gather`] of a training batch, whose feature-cache misses'
+    /// rows [`DeviceEngine::settle_gather_misses`] adds to the host → device
+    /// counter after the step. The counts are not read here: on CUDA they reach
+    /// `cache_stats` at the next synchronization (the loss read), so reading them
+    /// now would cost one more per batch.
     pub(super) fn gather_counted(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<B::Buf<f32>> {
-        let before = self.cache_stats().misses;
-        let x = self.gather(ids, n)?;
-        let misses = self.cache_stats().misses.saturating_sub(before);
-        self.h2d += misses * self.host.ds().features.dim() as u64 * 4;
-        Ok(x)
+        // Current: the last batch (or evaluation) ended with a synchronization.
+        self.misses_before = Some(self.cache_stats().misses);
+        self.gather(ids, n)
+    }
+
+    /// Adds the rows the batch's gather read from host memory (cache misses
+    /// since [`DeviceEngine::gather_counted`]) to the host → device counter.
+    /// Call after the step's synchronization.
+    pub(super) fn settle_gather_misses(&mut self) {
+        if let Some(before) = self.misses_before.take() {
+            let misses = self.cache_stats().misses.saturating_sub(before);
+            self.h2d += misses * self.host.ds().features.dim() as u64 * 4;
+        }
     }
 
     /// Gathers the rows of `ids` on the host into the reused host buffer that
@@ -289,6 +300,7 @@ impl<B: Backend> DeviceEngine<B> {
                 .map_err(dev_err("training step"))
             });
         self.x = Some(x);
+        self.settle_gather_misses();
         slice.set_transfer(Direction::HostToDevice, self.h2d - start);
         // What the whole batch, sampling included, cost.
         let copies = self.dev.transfer_stats().since(&copies_before);
