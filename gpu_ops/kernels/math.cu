@@ -134,6 +134,57 @@ extern "C" __global__ void dropout_backward(const u32* mask, float* dy, u64 n, f
     }
 }
 
+// A hidden layer's bias, activation and dropout in one pass (one read of x instead
+// of four: add_bias, relu/elu, the copy and dropout_forward). Element i of the
+// row-major rows × cols matrix: y = act(x[i] + bias[i % cols]) is written back to
+// x (the activation's output, kept for its backward); when has_drop, out[i] = y ·
+// scale or 0 with dropout_forward's draw, ballot and mask word. act: 0 = ReLU,
+// 1 = ELU(alpha). The arithmetic is the unfused kernels' (round-to-nearest add and
+// multiplies, no contraction), so the result equals them bit for bit. Launched
+// with a warp per 32-element word.
+extern "C" __global__ void bias_act_dropout(float* x, const float* bias, u64 rows, u64 cols,
+                                            u32 act, float alpha, u32 has_drop, u32 threshold,
+                                            float scale, u64 key, float* out, u32* mask) {
+    const u64 n = rows * cols;
+    const u64 words = (n + 31) / 32;
+    const u32 lane = lane_id();
+    for (u64 w = warp_index(); w < words; w += warp_count()) {
+        const u64 i = w * 32 + lane;
+        const bool in = i < n;
+        float y = 0.0f;
+        if (in) {
+            y = __fadd_rn(x[i], bias[i % cols]);
+            if (act == 0) {
+                y = y < 0.0f ? 0.0f : y;
+            } else if (!(y > 0.0f)) {
+                y = __fmul_rn(alpha, expm1f(y));
+            }
+            x[i] = y;
+        }
+        if (has_drop) {
+            const u32 draw = in ? (u32)(hash_draw(key, i) >> 48) : 0u;
+            const bool keep = in && draw >= threshold;
+            const u32 bits = __ballot_sync(FULL_MASK, keep);
+            if (in) out[i] = keep ? __fmul_rn(y, scale) : 0.0f;
+            if (lane == 0) mask[w] = bits;
+        }
+    }
+}
+
+// dropout_backward then the activation's backward from its output y, in one pass:
+// g = mask ? dy · scale : 0, then ReLU: g = [y > 0] g, ELU(alpha): g = g (y > 0) or
+// g (y + alpha). act as in bias_act_dropout. Equal to the two kernels bit for bit.
+extern "C" __global__ void dropout_act_backward(const u32* mask, const float* y, float* dy,
+                                                u64 n, float scale, u32 act, float alpha) {
+    for (u64 i = thread_index(); i < n; i += thread_count()) {
+        const u32 keep = (mask[i / 32] >> (u32)(i % 32)) & 1u;
+        float g = keep ? __fmul_rn(dy[i], scale) : 0.0f;
+        const float o = y[i];
+        if (!(o > 0.0f)) g = act == 0 ? 0.0f : __fmul_rn(g, __fadd_rn(o, alpha));
+        dy[i] = g;
+    }
+}
+
 // Softmax cross-entropy, one warp per row: row_loss[r] = lse_r − z[r, y_r] (computed
 // as (m − z_y) + ln Σ exp(z − m)), row_correct[r] = [first arg-max == y_r], and, when
 // has_grad, grad[r, j] = (softmax_j − [j = y_r]) · inv_rows. A label >= classes is a

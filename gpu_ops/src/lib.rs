@@ -18,9 +18,9 @@ mod model;
 mod reduce;
 
 pub use backend::{
-    bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits, AdamStep,
-    Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype, GatGradsDev, GatSaved,
-    LossStats, MemoryInfo, Precision, TopologyPlacement, TransferStats,
+    bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits, Activation,
+    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype, GatGradsDev,
+    GatSaved, LossStats, MemoryInfo, Precision, TopologyPlacement, TransferStats,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
 pub use cuda::{nccl_available, nccl_unique_id, AllocatorStats, CudaBackend};

@@ -77,6 +77,7 @@ macro_rules! parity_tests {
             bias_add_and_grad,
             activations_forward_backward,
             dropout_masks,
+            fused_hidden_layer_ops_equal_the_unfused_ones,
             softmax_cross_entropy_matches,
             adam_matches_cpu_ops,
             aggregate_forward_backward,

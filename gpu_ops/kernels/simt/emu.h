@@ -42,6 +42,7 @@ inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
 inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
 inline unsigned __float_as_uint(float v) { return std::bit_cast<unsigned>(v); }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }

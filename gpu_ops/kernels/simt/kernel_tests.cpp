@@ -481,6 +481,42 @@ static void test_math() {
         double frac = (double)kept / n;
         CHECK(ok && std::fabs(frac - (1 - p)) < 0.01, "dropout p=%g kept %g", p, frac);
     }
+    // The fused hidden-layer kernels equal the unfused sequence bit for bit:
+    // add_bias, relu/elu, copy, dropout_forward; dropout_backward, relu/elu_backward.
+    for (auto [rows, cols] : std::vector<std::pair<u64, u64>>{{1, 1}, {37, 5}, {301, 33}, {64, 256}, {0, 7}}) {
+        u64 nn = rows * cols;
+        for (u32 act : {0u, 1u}) for (float p : {-1.0f, 0.0f, 0.3f, 1.0f}) {
+            const bool drop = p >= 0;
+            std::vector<float> x0(nn), bias(cols), dy0(nn);
+            for (auto& v : x0) v = 3 * rnd();
+            for (auto& v : bias) v = rnd();
+            for (auto& v : dy0) v = rnd();
+            // NaN, an exact +0 sum and a -0 sum (ReLU keeps -0, as the unfused kernel).
+            if (nn > 3) { x0[1] = std::nanf(""); x0[2] = -bias[2 % cols]; x0[0] = -0.0f; bias[0] = -0.0f; }
+            u32 thr = drop ? (u32)std::lround(p * 65536.0) : 0; float scale = drop && p < 1 ? (float)(1.0 / (1.0 - p)) : 0.0f;
+            const float alpha = 0.7f; const u64 key = 4242;
+            // unfused
+            std::vector<float> ya = x0, ha; std::vector<u32> ma((nn + 31) / 32, 7);
+            launch(add_bias, tgrid(nn), T, ya.data(), (const float*)bias.data(), rows, cols);
+            if (act == 0) launch(relu_forward, tgrid(nn), T, ya.data(), nn); else launch(elu_forward, tgrid(nn), T, ya.data(), nn, alpha);
+            ha = ya;
+            if (drop) launch(dropout_forward, wgrid(ma.size()), T, ha.data(), nn, thr, scale, key, ma.data());
+            // fused
+            std::vector<float> yb = x0, hb(nn, 123.0f); std::vector<u32> mb((nn + 31) / 32, 7);
+            launch(bias_act_dropout, wgrid(mb.size()), T, yb.data(), (const float*)bias.data(), rows, cols, act, alpha, drop ? 1u : 0u, thr, scale, key, hb.data(), mb.data());
+            auto bits = [](const std::vector<float>& v) { std::vector<u32> b(v.size()); for (size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<u32>(v[i]); return b; };
+            bool ok = bits(ya) == bits(yb) && (!drop || (bits(ha) == bits(hb) && ma == mb));
+            if (!drop) ok &= mb == std::vector<u32>((nn + 31) / 32, 7) && hb == std::vector<float>(nn, 123.0f);
+            CHECK(ok, "bias_act_dropout %llux%llu act %u p %g", rows, cols, act, p);
+            if (!drop) continue;
+            std::vector<float> ga = dy0, gb = dy0;
+            launch(dropout_backward, tgrid(nn), T, (const u32*)ma.data(), ga.data(), nn, scale);
+            if (act == 0) launch(relu_backward, tgrid(nn), T, (const float*)ya.data(), ga.data(), nn);
+            else launch(elu_backward, tgrid(nn), T, (const float*)ya.data(), ga.data(), nn, alpha);
+            launch(dropout_act_backward, tgrid(nn), T, (const u32*)mb.data(), (const float*)yb.data(), gb.data(), nn, scale, act, alpha);
+            CHECK(bits(ga) == bits(gb), "dropout_act_backward %llux%llu act %u p %g", rows, cols, act, p);
+        }
+    }
     // bias grad / colsum
     for (auto [rows, cols] : std::vector<std::pair<u64, u64>>{{1, 1}, {37, 5}, {1029, 129}, {0, 3}}) {
         std::vector<float> dy(rows * cols); for (auto& v : dy) v = rnd();

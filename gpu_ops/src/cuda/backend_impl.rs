@@ -11,8 +11,8 @@ use super::math::CudaMask;
 use super::pinned::CudaPinned;
 use super::sample::{CudaBlock, CudaGraph};
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype, GatGradsDev,
-    GatSaved, LossStats, MemoryInfo, TopologyPlacement,
+    Activation, AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype,
+    GatGradsDev, GatSaved, LossStats, MemoryInfo, TopologyPlacement,
 };
 use crate::error::Result;
 
@@ -416,6 +416,29 @@ impl Backend for CudaBackend {
 
     fn dropout(&self, x: &mut CudaBuf<f32>, n: usize, p: f32, seed: u64) -> Result<CudaMask> {
         self.dropout_op(x, n, p, seed)
+    }
+
+    fn bias_act_dropout(
+        &self,
+        x: &mut CudaBuf<f32>,
+        rows: usize,
+        cols: usize,
+        bias: &CudaBuf<f32>,
+        act: Activation,
+        dropout: Option<(f32, u64, &mut CudaBuf<f32>)>,
+    ) -> Result<Option<CudaMask>> {
+        self.bias_act_dropout_op(x, rows, cols, bias, act, dropout)
+    }
+
+    fn dropout_act_backward(
+        &self,
+        mask: &CudaMask,
+        y: &CudaBuf<f32>,
+        dy: &mut CudaBuf<f32>,
+        n: usize,
+        act: Activation,
+    ) -> Result<()> {
+        self.dropout_act_backward_op(mask, y, dy, n, act)
     }
 
     fn dropout_backward(&self, mask: &CudaMask, dy: &mut CudaBuf<f32>, n: usize) -> Result<()> {

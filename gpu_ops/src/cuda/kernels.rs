@@ -460,6 +460,11 @@ define_kernels! {
         dropout_forward(x: PtrMut<f32>, n: u64, threshold: u32, scale: f32, key: u64,
                         mask: PtrMut<u32>);
         dropout_backward(mask: Ptr<u32>, dy: PtrMut<f32>, n: u64, scale: f32);
+        bias_act_dropout(x: PtrMut<f32>, bias: Ptr<f32>, rows: u64, cols: u64, act: u32,
+                         alpha: f32, has_drop: u32, threshold: u32, scale: f32, key: u64,
+                         out: PtrMut<f32>, mask: PtrMut<u32>);
+        dropout_act_backward(mask: Ptr<u32>, y: Ptr<f32>, dy: PtrMut<f32>, n: u64, scale: f32,
+                             act: u32, alpha: f32);
         xent_rows(logits: Ptr<f32>, rows: u64, classes: u64, labels: Ptr<u32>,
                   grad: PtrMut<f32>, has_grad: u32, inv_rows: f32, row_loss: PtrMut<f32>,
                   row_correct: PtrMut<u32>, fault: PtrMut<u32>);

@@ -18,7 +18,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use super::alloc::{CudaBuf, Init};
 use super::device::{blas_err, CudaBackend};
 use super::kernels::{launch, Grid, Ptr, PtrMut};
-use crate::backend::{AdamStep, LossStats};
+use crate::backend::{Activation, AdamStep, LossStats};
 use crate::error::{GpuOpsError, Result};
 
 /// Rows per partial sum of the column reductions (fixed: the sum order is fixed).
@@ -405,6 +405,25 @@ impl CudaBackend {
     }
 
     /// Inverted dropout (mask from `(seed, index)`, module doc of `math.cu`).
+    /// Dropout's keep threshold and scale for probability `p` (as
+    /// `cpu_ops::dropout`: keep when the 16-bit draw >= round(p · 2^16)).
+    fn dropout_params(p: f32) -> Result<(u32, f32)> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "p",
+                reason: format!("dropout probability must be in [0, 1], got {p}"),
+            });
+        }
+        let p64 = f64::from(p);
+        let threshold = (p64 * 65_536.0).round() as u32;
+        let scale = if p < 1.0 {
+            (1.0 / (1.0 - p64)) as f32
+        } else {
+            0.0
+        };
+        Ok((threshold, scale))
+    }
+
     pub(crate) fn dropout_op(
         &self,
         x: &mut CudaBuf<f32>,
@@ -412,21 +431,8 @@ impl CudaBackend {
         p: f32,
         seed: u64,
     ) -> Result<CudaMask> {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "p",
-                reason: format!("dropout probability must be in [0, 1], got {p}"),
-            });
-        }
+        let (threshold, scale) = Self::dropout_params(p)?;
         x.check_len("dropout x", n)?;
-        let p64 = f64::from(p);
-        // As cpu_ops::dropout: keep when the 16-bit draw >= round(p · 2^16).
-        let threshold = (p64 * 65_536.0).round() as u32;
-        let scale = if p < 1.0 {
-            (1.0 / (1.0 - p64)) as f32
-        } else {
-            0.0
-        };
         let words = n.div_ceil(32);
         let mut mask = self.buf::<u32>(words, Init::Uninit, "dropout mask")?;
         let key = cpu_ops::derive_seed(seed, DROPOUT_STREAM);
@@ -446,6 +452,99 @@ impl CudaBackend {
             len: n,
             scale,
         })
+    }
+
+    /// [`crate::Backend::bias_act_dropout`] in one kernel (`bias_act_dropout`).
+    pub(crate) fn bias_act_dropout_op(
+        &self,
+        x: &mut CudaBuf<f32>,
+        rows: usize,
+        cols: usize,
+        bias: &CudaBuf<f32>,
+        act: Activation,
+        dropout: Option<(f32, u64, &mut CudaBuf<f32>)>,
+    ) -> Result<Option<CudaMask>> {
+        let n = elems("rows × cols", rows, cols)?;
+        x.check_len("bias_act_dropout x (rows × cols values)", n)?;
+        bias.check_len("bias_act_dropout bias (cols values)", cols)?;
+        let (act_code, alpha) = Self::activation_code(act)?;
+        let words = n.div_ceil(32);
+        let (has_drop, threshold, scale, key, out, mut mask) = match dropout {
+            Some((p, seed, out)) => {
+                let (threshold, scale) = Self::dropout_params(p)?;
+                out.check_len("bias_act_dropout out (rows × cols values)", n)?;
+                let mask = self.buf::<u32>(words, Init::Uninit, "dropout mask")?;
+                let key = cpu_ops::derive_seed(seed, DROPOUT_STREAM);
+                (1u32, threshold, scale, key, out.ptr_mut(), Some(mask))
+            }
+            None => (0u32, 0, 0.0, 0, PtrMut::null(), None),
+        };
+        launch::bias_act_dropout(
+            &self.kernels,
+            self.cu(),
+            self.grid_warps(words),
+            x.ptr_mut(),
+            bias.ptr(),
+            rows as u64,
+            cols as u64,
+            act_code,
+            alpha,
+            has_drop,
+            threshold,
+            scale,
+            key,
+            out,
+            mask.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
+        )?;
+        Ok(mask.map(|words| CudaMask {
+            words,
+            len: n,
+            scale,
+        }))
+    }
+
+    /// [`crate::Backend::dropout_act_backward`] in one kernel.
+    pub(crate) fn dropout_act_backward_op(
+        &self,
+        mask: &CudaMask,
+        y: &CudaBuf<f32>,
+        dy: &mut CudaBuf<f32>,
+        n: usize,
+        act: Activation,
+    ) -> Result<()> {
+        if n > mask.len {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "dropout_act_backward n (elements the mask covers)",
+                expected: mask.len,
+                found: n,
+            });
+        }
+        y.check_len("dropout_act_backward y", n)?;
+        dy.check_len("dropout_act_backward dy", n)?;
+        let (act_code, alpha) = Self::activation_code(act)?;
+        launch::dropout_act_backward(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            mask.words.ptr(),
+            y.ptr(),
+            dy.ptr_mut(),
+            n as u64,
+            mask.scale,
+            act_code,
+            alpha,
+        )
+    }
+
+    /// The kernels' activation code (0 ReLU, 1 ELU) and alpha.
+    fn activation_code(act: Activation) -> Result<(u32, f32)> {
+        match act {
+            Activation::Relu => Ok((0, 0.0)),
+            Activation::Elu { alpha } => {
+                Self::check_alpha(alpha)?;
+                Ok((1, alpha))
+            }
+        }
     }
 
     pub(crate) fn dropout_backward_op(

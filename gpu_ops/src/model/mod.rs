@@ -50,7 +50,7 @@ mod tests;
 
 use cpu_ops::{derive_seed, AdamConfig, AggregateKind, LayerSpec, Model, ModelConfig, ModelKind};
 
-use crate::backend::{AdamStep, Backend, GatSaved, LossStats};
+use crate::backend::{Activation, AdamStep, Backend, GatSaved, LossStats};
 use crate::error::{GpuOpsError, Result};
 
 /// ELU's `α` in GAT hidden layers (as the host model).
@@ -392,10 +392,14 @@ impl<B: Backend> DeviceModel<B> {
         let p = if train { self.cfg.dropout } else { 0.0 };
         let mut layers: Vec<LayerFwd<B>> = Vec::with_capacity(self.specs.len());
         let mut logits = None;
+        // Layer l's dropped input, made by layer l − 1's fused bias/activation/dropout.
+        let mut next_dropped: Option<(B::Buf<f32>, B::Mask)> = None;
         for (l, (spec, block)) in self.specs.iter().zip(blocks).enumerate() {
             let (ns, nd) = shapes[l];
-            let dropped = match layers.last() {
-                Some(below) if p > 0.0 => {
+            let dropped = match (next_dropped.take(), layers.last()) {
+                (Some(d), _) => Some(d),
+                // Below: layer 0 with hot rows, put in after its activation.
+                (None, Some(below)) if p > 0.0 => {
                     let prev = below.act.as_ref().ok_or_else(|| internal("missing act"))?;
                     let n = ns * spec.d_in;
                     let mut h = dev.alloc_uninit(n)?;
@@ -403,20 +407,42 @@ impl<B: Backend> DeviceModel<B> {
                     let mask = dev.dropout(&mut h, n, p, derive_seed(seed, l as u64))?;
                     Some((h, mask))
                 }
-                _ => None,
+                (None, _) => None,
             };
             let input = match (&dropped, layers.last()) {
                 (Some((h, _)), _) => h,
                 (None, None) => x,
                 (None, Some(below)) => below.act.as_ref().ok_or_else(|| internal("missing act"))?,
             };
-            let (out, mut state) = self.layer_forward(dev, spec, block, input, ns, nd)?;
+            // Below the top the bias is added by the fused op below.
+            let (out, mut state) =
+                self.layer_forward(dev, spec, block, input, ns, nd, spec.last)?;
             state.dropped = dropped;
             if spec.last {
                 logits = Some(out);
             } else {
                 let mut out = out;
-                self.activate(dev, &mut out, nd * spec.d_out)?;
+                let hot_here = l == 0 && hot.is_some();
+                let bias = self.bias_of(spec);
+                if p > 0.0 && !hot_here {
+                    // Bias, activation and the next layer's dropout in one pass.
+                    let n = nd * spec.d_out;
+                    let mut h = dev.alloc_uninit(n)?;
+                    let key = derive_seed(seed, l as u64 + 1);
+                    let mask = dev
+                        .bias_act_dropout(
+                            &mut out,
+                            nd,
+                            spec.d_out,
+                            bias,
+                            self.activation(),
+                            Some((p, key, &mut h)),
+                        )?
+                        .ok_or_else(|| internal("no dropout mask"))?;
+                    next_dropped = Some((h, mask));
+                } else {
+                    dev.bias_act_dropout(&mut out, nd, spec.d_out, bias, self.activation(), None)?;
+                }
                 if let (0, Some(h)) = (l, &hot) {
                     dev.index_put_rows(h.rows, spec.d_out, h.positions, h.n, &mut out)?;
                 }
@@ -499,9 +525,10 @@ impl<B: Backend> DeviceModel<B> {
                 found: dev.len(x),
             });
         }
-        let (mut out, _) = self.layer_forward(dev, &spec, block, x, ns, nd)?;
+        let (mut out, _) = self.layer_forward(dev, &spec, block, x, ns, nd, spec.last)?;
         if !spec.last {
-            self.activate(dev, &mut out, nd * spec.d_out)?;
+            let bias = self.bias_of(&spec);
+            dev.bias_act_dropout(&mut out, nd, spec.d_out, bias, self.activation(), None)?;
         }
         Ok(out)
     }
@@ -511,13 +538,27 @@ impl<B: Backend> DeviceModel<B> {
         self.specs.get(l).map(|s| s.d_out)
     }
 
-    fn activate(&self, dev: &B, out: &mut B::Buf<f32>, n: usize) -> Result<()> {
+    /// The hidden layers' activation.
+    fn activation(&self) -> Activation {
         match self.cfg.kind {
-            ModelKind::Gat => dev.elu(out, n, ELU_ALPHA),
-            ModelKind::Gcn | ModelKind::Sage => dev.relu(out, n),
+            ModelKind::Gat => Activation::Elu { alpha: ELU_ALPHA },
+            ModelKind::Gcn | ModelKind::Sage => Activation::Relu,
         }
     }
 
+    /// Layer `spec`'s bias.
+    fn bias_of(&self, spec: &LayerSpec) -> &B::Buf<f32> {
+        let bias = match self.cfg.kind {
+            ModelKind::Sage => 2,
+            ModelKind::Gcn => 1,
+            ModelKind::Gat => 3,
+        };
+        &self.params[spec.first_param + bias]
+    }
+
+    /// Layer `spec` on `x`; adds its bias only when `with_bias` (the hidden
+    /// layers' bias goes with their activation, [`Backend::bias_act_dropout`]).
+    #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
         dev: &B,
@@ -526,6 +567,7 @@ impl<B: Backend> DeviceModel<B> {
         x: &B::Buf<f32>,
         ns: usize,
         nd: usize,
+        with_bias: bool,
     ) -> Result<(B::Buf<f32>, LayerFwd<B>)> {
         let p = &self.params[spec.first_param..];
         let (d_in, d_out) = (spec.d_in, spec.d_out);
@@ -564,7 +606,9 @@ impl<B: Backend> DeviceModel<B> {
                 if sage {
                     dev.gemm(false, false, nd, d_out, d_in, x, &p[0], &mut out, true)?;
                 }
-                dev.add_bias(&mut out, nd, d_out, bias)?;
+                if with_bias {
+                    dev.add_bias(&mut out, nd, d_out, bias)?;
+                }
                 state.aug = aug;
                 out
             }
@@ -576,7 +620,9 @@ impl<B: Backend> DeviceModel<B> {
                 let saved = dev.gat_forward(block, spec.heads, spec.head_dim, &z, a_src, a_dst)?;
                 let mut o = dev.alloc_uninit(nd * width)?;
                 dev.copy(&saved.out, &mut o, nd * width)?;
-                dev.add_bias(&mut o, nd, width, bias)?;
+                if with_bias {
+                    dev.add_bias(&mut o, nd, width, bias)?;
+                }
                 state.gat = Some((z, saved));
                 if spec.last {
                     let s = self
@@ -623,6 +669,9 @@ impl<B: Backend> DeviceModel<B> {
             });
         }
         let mut g_owned: Option<B::Buf<f32>> = None;
+        // Whether g_owned already went through the activation's backward (fused
+        // with the dropout's, below).
+        let mut activated = false;
         for l in (0..self.specs.len()).rev() {
             let spec = self.specs[l];
             let (ns, nd) = shapes[l];
@@ -638,11 +687,15 @@ impl<B: Backend> DeviceModel<B> {
                     let zeros = self.hot_zeros.as_ref().ok_or_else(|| internal("zeros"))?;
                     dev.index_put_rows(zeros, spec.d_out, pos, *n, g)?;
                 }
-                let act = cache.act.as_ref().ok_or_else(|| internal("missing act"))?;
-                match self.cfg.kind {
-                    ModelKind::Gat => dev.elu_backward(act, g, nd * spec.d_out, ELU_ALPHA)?,
-                    ModelKind::Gcn | ModelKind::Sage => {
-                        dev.relu_backward(act, g, nd * spec.d_out)?
+                // (Zeroing those rows before or after the activation's backward
+                // is the same: it maps a zero gradient to zero.)
+                if !activated {
+                    let act = cache.act.as_ref().ok_or_else(|| internal("missing act"))?;
+                    match self.activation() {
+                        Activation::Elu { alpha } => {
+                            dev.elu_backward(act, g, nd * spec.d_out, alpha)?
+                        }
+                        Activation::Relu => dev.relu_backward(act, g, nd * spec.d_out)?,
                     }
                 }
             }
@@ -657,8 +710,17 @@ impl<B: Backend> DeviceModel<B> {
             let g = g_owned.as_ref().unwrap_or(grad_logits);
             let dx = self.layer_backward(dev, &spec, &blocks[l], cache, input, g, ns, nd, l > 0)?;
             if let Some(mut dx) = dx {
+                activated = false;
                 if let Some((_, mask)) = &cache.dropped {
-                    dev.dropout_backward(mask, &mut dx, ns * spec.d_in)?;
+                    // The dropout's backward and layer l − 1's activation's in
+                    // one pass (its output is this layer's input before dropout).
+                    let below = l
+                        .checked_sub(1)
+                        .and_then(|k| fwd.layers[k].act.as_ref())
+                        .ok_or_else(|| internal("dropout below layer 0"))?;
+                    let n = ns * spec.d_in;
+                    dev.dropout_act_backward(mask, below, &mut dx, n, self.activation())?;
+                    activated = true;
                 }
                 g_owned = Some(dx);
             }

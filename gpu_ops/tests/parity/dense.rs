@@ -3,7 +3,7 @@
 use cpu_ops::{
     Accumulate, Adam, AdamConfig, MatMut, MatRef, Optimizer, Rng, Transpose, WeightDecay,
 };
-use gpu_ops::{AdamStep, Backend, DeviceKind};
+use gpu_ops::{Activation, AdamStep, Backend, DeviceKind};
 
 use crate::helpers::*;
 
@@ -413,4 +413,96 @@ pub(crate) fn adam_matches_cpu_ops<B: Backend>(d: &B) {
             "{bad:?}"
         );
     }
+}
+
+/// The fused hidden-layer ops equal the unfused sequence bit for bit:
+/// `bias_act_dropout` = add_bias, relu / elu, copy, dropout (same seed);
+/// `dropout_act_backward` = dropout_backward, relu / elu backward. Nothing past
+/// the prefix is written; bad arguments are errors.
+pub(crate) fn fused_hidden_layer_ops_equal_the_unfused_ones<B: Backend>(d: &B) {
+    let mut rng = Rng::new(17);
+    for (rows, cols) in [(1037usize, 19usize), (64, 256), (3, 1)] {
+        let n = rows * cols;
+        let mut x: Vec<f32> = rand_f32(&mut rng, n).iter().map(|v| 3.0 * v).collect();
+        x[0] = f32::NAN;
+        let bias = rand_f32(&mut rng, cols);
+        let dy = rand_f32(&mut rng, n);
+        for act in [Activation::Relu, Activation::Elu { alpha: 0.7 }] {
+            for p in [None, Some(0.3f32), Some(1.0)] {
+                let what = format!("{rows}×{cols} {act:?} p={p:?}");
+                // Unfused.
+                let mut ya = output(d, &x);
+                d.add_bias(&mut ya, rows, cols, &input(d, &bias)).unwrap();
+                match act {
+                    Activation::Relu => d.relu(&mut ya, n).unwrap(),
+                    Activation::Elu { alpha } => d.elu(&mut ya, n, alpha).unwrap(),
+                }
+                let mut ha = output(d, &vec![0.0; n]);
+                let mask_a = p.map(|p| {
+                    d.copy(&ya, &mut ha, n).unwrap();
+                    d.dropout(&mut ha, n, p, 99).unwrap()
+                });
+                // Fused.
+                let mut yb = output(d, &x);
+                let mut hb = output(d, &vec![0.0; n]);
+                let mask_b = d
+                    .bias_act_dropout(
+                        &mut yb,
+                        rows,
+                        cols,
+                        &input(d, &bias),
+                        act,
+                        p.map(|p| (p, 99, &mut hb)),
+                    )
+                    .unwrap();
+                assert_eq!(mask_b.is_some(), p.is_some(), "{what}: mask");
+                assert_eq!(
+                    bits(&read(d, &yb, n, "bias_act_dropout x")),
+                    bits(&read(d, &ya, n, "unfused activation")),
+                    "{what}: activation"
+                );
+                let (Some(ma), Some(mb)) = (mask_a, mask_b) else {
+                    // Without dropout, `out` is not touched.
+                    assert!(read(d, &hb, n, "untouched out").iter().all(|&v| v == 0.0));
+                    continue;
+                };
+                assert_eq!(
+                    bits(&read(d, &hb, n, "bias_act_dropout out")),
+                    bits(&read(d, &ha, n, "unfused dropout")),
+                    "{what}: dropped"
+                );
+                let mut ga = output(d, &dy);
+                d.dropout_backward(&ma, &mut ga, n).unwrap();
+                match act {
+                    Activation::Relu => d.relu_backward(&ya, &mut ga, n).unwrap(),
+                    Activation::Elu { alpha } => d.elu_backward(&ya, &mut ga, n, alpha).unwrap(),
+                }
+                let mut gb = output(d, &dy);
+                d.dropout_act_backward(&mb, &yb, &mut gb, n, act).unwrap();
+                assert_eq!(
+                    bits(&read(d, &gb, n, "dropout_act_backward")),
+                    bits(&read(d, &ga, n, "unfused backward")),
+                    "{what}: backward"
+                );
+            }
+        }
+    }
+    // Bad arguments.
+    let mut x = d.to_device(&[1.0f32; 6]).unwrap();
+    let bias = d.to_device(&[0.5f32; 3]).unwrap();
+    let mut short = d.to_device(&[0.0f32; 5]).unwrap();
+    let bad_alpha = Activation::Elu { alpha: f32::NAN };
+    assert!(d
+        .bias_act_dropout(&mut x, 2, 3, &bias, bad_alpha, None)
+        .is_err());
+    assert!(d
+        .bias_act_dropout(&mut x, 3, 3, &bias, Activation::Relu, None)
+        .is_err());
+    let relu = Activation::Relu;
+    assert!(d
+        .bias_act_dropout(&mut x, 2, 3, &bias, relu, Some((0.5, 1, &mut short)))
+        .is_err());
+    assert!(d
+        .bias_act_dropout(&mut x, 2, 3, &bias, relu, Some((1.5, 1, &mut short)))
+        .is_err());
 }
