@@ -38,6 +38,7 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 
 template <class T> inline T min(T a, T b) { return a < b ? a : b; }
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
 inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
 inline unsigned __float_as_uint(float v) { return std::bit_cast<unsigned>(v); }
@@ -74,6 +75,9 @@ template <class T> inline T shfl_generic(T v, unsigned src_lane_fn(unsigned, int
 }
 inline unsigned xor_lane(unsigned l, int o) { return l ^ (unsigned)o; }
 inline unsigned up_lane(unsigned l, int o) { return (int)l - o < 0 ? l : l - o; }
+inline unsigned src_lane(unsigned, int o) { return (unsigned)o & 31u; }
+template <class T> inline T __shfl_sync(unsigned, T v, int src) { return shfl_generic(v, src_lane, src, false); }
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int o) { return shfl_generic(v, xor_lane, o, false); }
 template <class T> inline T __shfl_up_sync(unsigned, T v, int o) { return shfl_generic(v, up_lane, o, true); }
 inline bool __any_sync(unsigned, bool p) {

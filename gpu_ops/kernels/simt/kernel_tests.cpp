@@ -375,9 +375,10 @@ static void test_gather_bf16() {
         bool ok = true;
         for (u64 i = 0; i < ins.size(); ++i) for (u64 k = 0; k < dim; ++k) ok &= cache[i * dim + k] == host[ins[i] * dim + k] && slot[ins[i]] == slots[i];
         CHECK(ok, "cache_insert_bf16 dim %llu", dim);
-        u64 n = 257; std::vector<u32> ids(n); for (auto& i : ids) i = below(rows);
+        // 33 groups of 32 rows, the last partial: the warps' group loop runs 3 times.
+        u64 n = 1029; std::vector<u32> ids(n); for (auto& i : ids) i = below(rows);
         std::vector<float> out(n * dim, NAN); std::vector<u64> ctr(2, 0); std::vector<u32> fault(8, 0);
-        launch(gather_rows_bf16, wgrid(n), T, (const u32*)slot.data(), (const u16*)cache.data(), (const u16*)host.data(), (const u32*)ids.data(), n, rows, dim, out.data(), ctr.data(), fault.data());
+        launch(gather_rows_bf16, wgrid((n + 31) / 32), T, (const u32*)slot.data(), (const u16*)cache.data(), (const u16*)host.data(), (const u32*)ids.data(), n, rows, dim, out.data(), ctr.data(), fault.data());
         u64 hits = 0; ok = true;
         for (u64 r = 0; r < n; ++r) {
             hits += slot[ids[r]] != 0xffffffffu;
@@ -385,7 +386,7 @@ static void test_gather_bf16() {
         }
         CHECK(ok && ctr[0] == hits && ctr[1] == n - hits && fault[0] == 0, "gather_rows_bf16 dim %llu", dim);
         ids[9] = rows + 4;
-        launch(gather_rows_bf16, wgrid(n), T, (const u32*)slot.data(), (const u16*)cache.data(), (const u16*)host.data(), (const u32*)ids.data(), n, rows, dim, out.data(), ctr.data(), fault.data());
+        launch(gather_rows_bf16, wgrid((n + 31) / 32), T, (const u32*)slot.data(), (const u16*)cache.data(), (const u16*)host.data(), (const u32*)ids.data(), n, rows, dim, out.data(), ctr.data(), fault.data());
         CHECK(fault[0] == 1 && fault[1] == rows + 4 && out[9 * dim] == 0.0f, "gather_rows_bf16 fault");
     }
     // widen_bf16: aligned (pairs, odd tails) and unaligned sources.
@@ -437,14 +438,15 @@ static void test_gather_and_rows() {
         launch(cache_insert, wgrid(ins.size()), T, (const float*)host.data(), (const u32*)ins.data(), (const u32*)slots.data(), (u64)ins.size(), dim, cache.data(), slot.data());
         std::vector<u32> ev{0, 3};
         launch(cache_evict, tgrid(2), T, slot.data(), (const u32*)ev.data(), (u64)2);
-        u64 n = 333; std::vector<u32> ids(n); for (auto& i : ids) i = below(rows);
+        // 42 groups of 32 rows, the last partial: the warps' group loop runs 3 times.
+        u64 n = 1333; std::vector<u32> ids(n); for (auto& i : ids) i = below(rows);
         std::vector<float> out(n * dim, NAN); std::vector<u64> ctr(2, 0); std::vector<u32> fault(8, 0);
-        launch(gather_rows, wgrid(n), T, (const u32*)slot.data(), (const float*)cache.data(), (const float*)host.data(), (const u32*)ids.data(), n, rows, dim, out.data(), ctr.data(), fault.data());
+        launch(gather_rows, wgrid((n + 31) / 32), T, (const u32*)slot.data(), (const float*)cache.data(), (const float*)host.data(), (const u32*)ids.data(), n, rows, dim, out.data(), ctr.data(), fault.data());
         u64 hits = 0; bool ok = true;
         for (u64 r = 0; r < n; ++r) { hits += slot[ids[r]] != 0xffffffffu; for (u64 k = 0; k < dim; ++k) ok &= out[r * dim + k] == host[ids[r] * dim + k]; }
         CHECK(ok && ctr[0] == hits && ctr[1] == n - hits && fault[0] == 0, "gather dim %llu", dim);
         ids[5] = rows;
-        launch(gather_rows, wgrid(n), T, (const u32*)slot.data(), (const float*)cache.data(), (const float*)host.data(), (const u32*)ids.data(), n, rows, dim, out.data(), ctr.data(), fault.data());
+        launch(gather_rows, wgrid((n + 31) / 32), T, (const u32*)slot.data(), (const float*)cache.data(), (const float*)host.data(), (const u32*)ids.data(), n, rows, dim, out.data(), ctr.data(), fault.data());
         CHECK(fault[0] == 1 && fault[1] == rows && out[5 * dim] == 0.0f, "gather fault");
         // select / put
         std::vector<u32> idx(101); for (auto& i : idx) i = below(57);

@@ -122,6 +122,11 @@ impl CudaBackend {
         Grid::warps_for(n as u64, self.kernels.max_blocks())
     }
 
+    /// The gathers' grid: a warp per group of 32 rows (`GATHER_GROUP`).
+    fn grid_gather(&self, n: usize) -> Grid {
+        Grid::warps_for(n.div_ceil(32) as u64, self.kernels.max_blocks())
+    }
+
     /// [`crate::Backend::load_features`].
     pub(crate) fn load_features_op(
         &self,
@@ -295,7 +300,7 @@ impl CudaBackend {
         }
         // The kernels add to the running totals (atomics, like the fault word).
         let counters = PtrMut::new(f.counters.raw());
-        let (grid, rows) = (self.grid_rows(n), f.policy.num_vertices() as u64);
+        let (grid, rows) = (self.grid_gather(n), f.policy.num_vertices() as u64);
         // The two kernels take the same arguments over different row types.
         macro_rules! gather {
             ($kernel:path, $host:expr, $store:expr) => {
