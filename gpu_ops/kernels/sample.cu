@@ -11,6 +11,8 @@
 //    k = fanout distinct positions of the row, draw c of destination v being
 //    hash_draw(hash_key(layer_key, v), c) (counter-based: independent of the launch
 //    shape), then each position is placed by its rank among the k (row order).
+//    For k <= 32 the picks stay in registers (pick c in lane c): a warp vote per
+//    draw and a shuffle per rank comparison, no scratch memory.
 // 3. unique relabel (`unique_*` below) of frontier ++ nbrs.
 #include "common.cuh"
 
@@ -39,9 +41,9 @@ extern "C" __global__ void sample_count(const u64* graph_indptr, u64 num_vertice
     }
 }
 
-// `positions` is scratch of the same length as `nbrs` (the layer's edge count).
-// Invalid frontier vertices and skipped destinations were given 0 edges by
-// sample_count and are skipped.
+// `positions`: scratch of the same length as `nbrs`, used only by destinations with
+// k > 32 (null when the fanout is at most 32). Invalid frontier vertices and skipped
+// destinations were given 0 edges by sample_count and are skipped.
 extern "C" __global__ void sample_pick(const u64* graph_indptr, const u32* graph_indices,
                                        u64 num_vertices, const u32* frontier, u64 n,
                                        u64 layer_key, const u64* block_indptr, u32* positions,
@@ -60,10 +62,26 @@ extern "C" __global__ void sample_pick(const u64* graph_indptr, const u32* graph
             continue;
         }
         // Floyd: for j = deg − k .. deg − 1, draw t in [0, j]; take t unless already
-        // taken, else take j. Every lane computes the same draw; the lanes check
-        // membership in parallel; lane 0 appends.
-        u32* pos = positions + base;
+        // taken, else take j. Every lane computes the same draw.
         const u64 key = hash_key(layer_key, v);
+        if (k <= WARP_SIZE) {
+            // Pick c lives in lane c's register: membership is one vote, no memory.
+            u32 mine = 0xffffffffu;
+            u64 c = 0;
+            for (u64 j = deg - k; j < deg; ++j, ++c) {
+                const u32 t = (u32)uniform_below(hash_draw(key, c), j + 1);
+                const bool seen = __any_sync(FULL_MASK, (u64)lane < c && mine == t);
+                if ((u64)lane == c) mine = seen ? (u32)j : t;
+            }
+            // Place each position by its rank among the k (distinct): row order.
+            u32 rank = 0;
+            for (u32 x = 0; x < (u32)k; ++x) rank += __shfl_sync(FULL_MASK, mine, (int)x) < mine;
+            if ((u64)lane < k) nbrs[base + rank] = graph_indices[row + mine];
+            continue;
+        }
+        // k > 32: the picks in `positions`; the lanes check membership in
+        // parallel; lane 0 appends.
+        u32* pos = positions + base;
         u64 c = 0;
         for (u64 j = deg - k; j < deg; ++j, ++c) {
             const u32 t = (u32)uniform_below(hash_draw(key, c), j + 1);
@@ -73,7 +91,6 @@ extern "C" __global__ void sample_pick(const u64* graph_indptr, const u32* graph
             if (lane == 0) pos[c] = seen ? (u32)j : t;
             __syncwarp();
         }
-        // Place each position by its rank (positions are distinct): row order.
         for (u64 q = lane; q < k; q += WARP_SIZE) {
             const u32 p = pos[q];
             u64 rank = 0;

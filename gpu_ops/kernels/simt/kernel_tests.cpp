@@ -126,6 +126,19 @@ static void test_relabel() {
 }
 
 struct Csr { u64 ns; std::vector<u64> indptr; std::vector<u32> idx; u64 nd() const { return indptr.size() - 1; } };
+
+// Floyd's k positions of a row of `deg` (draw c = hash_draw(key, c)), sorted: what
+// sample_pick must place, in row order, whichever of its two paths runs.
+static std::vector<u32> floyd_positions(u64 key, u64 deg, u64 k) {
+    std::vector<u32> pos;
+    u64 c = 0;
+    for (u64 j = deg - k; j < deg; ++j, ++c) {
+        u32 t = (u32)uniform_below(hash_draw(key, c), j + 1);
+        pos.push_back(std::find(pos.begin(), pos.end(), t) != pos.end() ? (u32)j : t);
+    }
+    std::sort(pos.begin(), pos.end());
+    return pos;
+}
 static Csr random_block(u64 nd, u64 ns, u64 maxdeg) {
     Csr c{ns, {0}, {}};
     for (u64 i = 0; i < nd; ++i) { u64 d = below(4) == 0 ? 0 : below(maxdeg + 1); for (u64 k = 0; k < d; ++k) c.idx.push_back(below(ns)); c.indptr.push_back(c.idx.size()); }
@@ -274,7 +287,7 @@ static void test_sample() {
     for (u32 v = 1; v < 2500; ++v) { adj[0].insert(v); adj[v].insert(0); }
     std::vector<u64> ip{0}; std::vector<u32> ix;
     for (auto& s : adj) { for (u32 v : s) ix.push_back(v); ip.push_back(ix.size()); }
-    for (u32 fanout : {1u, 5u, 40u, 2000u, 0xffffffffu}) {
+    for (u32 fanout : {1u, 5u, 25u, 32u, 33u, 40u, 2000u, 0xffffffffu}) {
         std::vector<u32> front; for (u32 v = 0; v < 400; ++v) front.push_back(v * 7 % n); front[0] = 0;
         u64 nf = front.size();
         std::vector<u64> cnt(nf + 1), fault64; std::vector<u32> fault(8, 0);
@@ -290,9 +303,22 @@ static void test_sample() {
             std::vector<u32> picked(nb.begin() + cnt[i], nb.begin() + cnt[i + 1]);
             for (size_t q = 1; q < picked.size(); ++q) ok &= picked[q - 1] < picked[q];  // row order, distinct
             for (u32 u : picked) ok &= adj[v].count(u) == 1;
+            // Exactly Floyd's draws (the register path for k <= 32 and the scratch
+            // path above pick the same positions).
+            if (k < deg) {
+                std::vector<u32> want;
+                for (u32 q : floyd_positions(hash_key(12345, v), deg, k)) want.push_back(ix[ip[v] + q]);
+                ok &= picked == want;
+            }
             if (!ok) { std::printf("  dst %u deg %llu k %llu\n", v, deg, k); break; }
         }
         CHECK(ok, "sample fanout %u", fanout);
+        // Fanouts up to 32 never touch the scratch (the host passes none).
+        if (fanout <= 32) {
+            std::vector<u32> nb0(E, 0xeeeeeeeeu);
+            launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (u64)12345, (const u64*)cnt.data(), (u32*)nullptr, nb0.data());
+            CHECK(nb0 == nb, "sample_pick without scratch, fanout %u", fanout);
+        }
         // As sample_layer does it: buffers sized by the bound nf · min(fanout, max
         // degree) (poisoned), the edge count left on the device for the relabel.
         {

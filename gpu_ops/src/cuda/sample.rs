@@ -12,7 +12,8 @@
 //!    synchronization.)
 //! 3. `sample_pick` fills the sampled neighbors' global ids (one warp per
 //!    destination, Floyd's algorithm keyed by `(derive_seed(seed, layer), vertex)`,
-//!    neighbors in the order of the graph's row).
+//!    neighbors in the order of the graph's row; fanouts up to 32 keep the draws in
+//!    registers, larger ones in a scratch buffer).
 //! 4. [`CudaBackend::relabel`] makes the block's sources (destinations first, then new
 //!    ids in first-occurrence order) and the local id of every edge. Its one
 //!    synchronization reads three counts together (`relabel_counts`): the edges,
@@ -40,7 +41,7 @@ use cpu_ops::{BlockView, CsrGraph};
 
 use super::alloc::{CudaBuf, Init};
 use super::device::CudaBackend;
-use super::kernels::{launch, Grid, Ptr};
+use super::kernels::{launch, Grid, Ptr, PtrMut};
 use super::pinned::HostRegion;
 use crate::backend::{DeviceBatch, TopologyPlacement};
 use crate::error::{GpuOpsError, Result};
@@ -361,8 +362,13 @@ impl CudaBackend {
             Some(b) => (b, Some(indptr.ptr().offset(n))),
             None => (self.read_edge_count(&indptr, n)?, None),
         };
-        // 3. sampled neighbors (global ids).
-        let mut positions = self.buf::<u32>(cap, Init::Uninit, "sampling positions")?;
+        // 3. sampled neighbors (global ids); fanouts up to 32 keep their draws in
+        // registers and need no scratch.
+        let mut positions = if fanout > 32 {
+            Some(self.buf::<u32>(cap, Init::Uninit, "sampling positions")?)
+        } else {
+            None
+        };
         let mut nbrs = self.buf::<u32>(cap, Init::Uninit, "sampled neighbors")?;
         launch::sample_pick(
             &self.kernels,
@@ -375,7 +381,7 @@ impl CudaBackend {
             n as u64,
             layer_key,
             indptr.ptr(),
-            positions.ptr_mut(),
+            positions.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
             nbrs.ptr_mut(),
         )?;
         drop(positions);
