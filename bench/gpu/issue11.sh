@@ -9,10 +9,11 @@
 #   bash bench/gpu/issue11.sh backend      # bench backend: f32 vs bf16 gathers, fp32 vs tf32 GEMM
 #   bash bench/gpu/issue11.sh epochs       # products epochs: f32/bf16 rows x fp32/tf32, two cache sizes
 #   bash bench/gpu/issue11.sh ncu          # per-kernel table over a few SAGE batches
+#   bash bench/gpu/issue11.sh syncs        # items 14-18: per-batch slices and host syncs
 # Every part writes its outputs under $OUT (or ./gpu-out when $OUT is unset).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-part="${1:?usage: issue11.sh tests|backend|epochs|ncu}"
+part="${1:?usage: issue11.sh tests|backend|epochs|ncu|syncs}"
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
 bin=.gpu
@@ -61,6 +62,44 @@ ncu)
     # Expected 0 for SAGE (GCN source weights are made only for GCN).
     { zcat "$out/ncu-sage.log.gz" | grep -cE 'Profiling "block_(out_degree|src_weight)"' || true; } |
         tee "$out/gcn-weight-launches.txt"
+    # Items 16 and 18: launches per kernel over the profiled batches. Expected: no
+    # relu_forward / dropout_forward / relu_backward / dropout_backward, one
+    # add_bias per batch (the top layer), two bias_act_dropout and two
+    # dropout_act_backward per batch.
+    for k in add_bias relu_forward dropout_forward relu_backward dropout_backward \
+             bias_act_dropout dropout_act_backward sample_pick gather_rows; do
+        printf '%s %s\n' "$k" "$(zcat "$out/ncu-sage.log.gz" | grep -c "Profiling \"$k\"" || true)"
+    done | tee "$out/launch-counts.txt"
+    ;;
+syncs)
+    products
+    # Items 14-18 (docs/gpu-validation.md): 3 epochs with a trace; the mean slice
+    # times and host synchronizations per batch of epochs 1-2.
+    "$bin/tandem" train --set 'data.path="/tmp/products.tds"' "${model[@]}" \
+        --set train.epochs=3 --trace "$out/syncs.json" 2>&1 | tail -5 | tee "$out/syncs.txt"
+    python3 - "$out/syncs.json" <<'PY' | tee "$out/syncs-summary.txt"
+import json, sys, collections
+events = json.load(open(sys.argv[1]))
+events = events["traceEvents"] if isinstance(events, dict) else events
+slices = [e for e in events if e.get("ph") == "X"]
+# Skip epoch 0 (NVRTC and cuBLAS start-up): start after its evaluation.
+evals = sorted(e["ts"] + e["dur"] for e in slices if e["name"] == "eval")
+start = evals[0] if evals else 0
+acc = collections.defaultdict(list)
+for e in slices:
+    if e["ts"] >= start:
+        acc[e["name"]].append(e)
+for name in ["device sample", "device step"]:
+    xs = acc.get(name, [])
+    if xs:
+        print(f"{name}: {len(xs)} slices, mean {sum(x['dur'] for x in xs) / len(xs) / 1e3:.3f} ms")
+steps = acc.get("device step", [])
+for arg in ["host_syncs", "zero_fills", "uploads", "downloads"]:
+    vals = [x.get("args", {}).get(arg) for x in steps if arg in x.get("args", {})]
+    if vals:
+        print(f"{arg} per batch: mean {sum(vals) / len(vals):.2f}, max {max(vals)}")
+PY
+    gzip -f "$out/syncs.json"
     ;;
 *)
     echo "unknown part: $part" >&2
