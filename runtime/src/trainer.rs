@@ -321,6 +321,18 @@ struct Dist {
     device_reduce: Option<String>,
     /// Full-graph evaluation is sharded over the ranks (`dist.full_eval`).
     shard_full_eval: bool,
+    /// The sharded evaluation's block and GCN input scale, made by the first
+    /// evaluation (the graph, this rank's range and the model kind are fixed).
+    shard_block: std::sync::OnceLock<ShardBlock>,
+}
+
+/// This rank's one-hop block for sharded full-graph evaluation
+/// ([`Trainer::evaluate_full_sharded`]).
+struct ShardBlock {
+    /// Every neighbor of the rank's vertex range.
+    block: cpu_ops::Block,
+    /// GCN only: each source's input scale, √(block degree / graph degree).
+    scale: Option<Vec<f32>>,
 }
 
 impl Dist {
@@ -332,6 +344,7 @@ impl Dist {
             bucket: Vec::new(),
             device_reduce: None,
             shard_full_eval: false,
+            shard_block: std::sync::OnceLock::new(),
         }
     }
 
@@ -792,6 +805,7 @@ impl Trainer {
             bucket: Vec::new(),
             device_reduce,
             shard_full_eval,
+            shard_block: std::sync::OnceLock::new(),
         };
         Ok(())
     }
@@ -2355,33 +2369,21 @@ impl Trainer {
         let g = &ds.graph;
         let n = g.num_vertices();
         let own = share(n, rank, ranks);
-        let dst: Vec<u32> = (own.start as u32..own.end as u32).collect();
-        let mut scratch = SamplerScratch::new(n);
-        let block = cpu_ops::sample_hop(g, &dst, cpu_ops::ALL_NEIGHBORS, 0, None, &mut scratch)
-            .map_err(kernel("full-graph block of this rank's vertices"))?;
+        if self.dist.shard_block.get().is_none() {
+            let _s = self.tracer.slice("shard block");
+            let made = self.shard_block(own.clone())?;
+            // Only this trainer's thread evaluates: the cell is empty here.
+            let _ = self.dist.shard_block.set(made);
+        }
+        let ShardBlock { block, scale } =
+            self.dist.shard_block.get().ok_or_else(|| {
+                Error::invalid_argument("dist.full_eval", "internal: no shard block")
+            })?;
         let view = BlockView::new(block.num_src(), block.indptr(), block.indices())
             .map_err(kernel("full-graph block"))?;
         let src = block.src_ids();
-        let nd = dst.len();
-        // Per-source input scale (GCN only): its normalization reads the
-        // source's degree in the block, self loops included; inference over
-        // the whole graph reads its degree in the graph.
-        let scale: Option<Vec<f32>> = (model.config().kind == cpu_ops::ModelKind::Gcn).then(|| {
-            let mut deg = vec![0u32; n];
-            for &v in g.indices().iter() {
-                deg[v as usize] += 1;
-            }
-            src.iter()
-                .enumerate()
-                .map(|(j, &v)| {
-                    let in_block = view.out_degree(j) + usize::from(j < nd);
-                    let in_graph = deg[v as usize] as usize + 1;
-                    (in_block as f64 / in_graph as f64).sqrt() as f32
-                })
-                .collect()
-        });
         let scale_rows = |x: &mut [f32], dim: usize| {
-            if let Some(s) = &scale {
+            if let Some(s) = scale {
                 for (row, &c) in x.chunks_mut(dim).zip(s) {
                     row.iter_mut().for_each(|v| *v *= c);
                 }
@@ -2396,7 +2398,7 @@ impl Trainer {
                 match self.sparse.as_ref() {
                     Some(s) => {
                         let mut x = s.gather(src).map_err(kernel("sparse input rows"))?;
-                        if let Some(c) = &scale {
+                        if let Some(c) = scale {
                             let rows = x.indptr().windows(2).map(|w| (w[1] - w[0]) as usize);
                             let vals: Vec<f32> = rows
                                 .zip(c)
@@ -2462,6 +2464,39 @@ impl Trainer {
             acc(counts[0], &self.val_ids),
             acc(counts[1], &self.test_ids),
         ))
+    }
+
+    /// The one-hop block of the vertices `own` (every neighbor) and, for GCN,
+    /// each source's input scale: its normalization reads the source's degree in
+    /// the block, self loops included; inference over the whole graph reads its
+    /// degree in the graph.
+    fn shard_block(&self, own: std::ops::Range<usize>) -> Result<ShardBlock> {
+        let g = &self.ds.graph;
+        let n = g.num_vertices();
+        let dst: Vec<u32> = (own.start as u32..own.end as u32).collect();
+        let mut scratch = SamplerScratch::new(n);
+        let block = cpu_ops::sample_hop(g, &dst, cpu_ops::ALL_NEIGHBORS, 0, None, &mut scratch)
+            .map_err(kernel("full-graph block of this rank's vertices"))?;
+        let view = BlockView::new(block.num_src(), block.indptr(), block.indices())
+            .map_err(kernel("full-graph block"))?;
+        let nd = dst.len();
+        let scale = (self.model.config().kind == cpu_ops::ModelKind::Gcn).then(|| {
+            let mut deg = vec![0u32; n];
+            for &v in g.indices().iter() {
+                deg[v as usize] += 1;
+            }
+            block
+                .src_ids()
+                .iter()
+                .enumerate()
+                .map(|(j, &v)| {
+                    let in_block = view.out_degree(j) + usize::from(j < nd);
+                    let in_graph = deg[v as usize] as usize + 1;
+                    (in_block as f64 / in_graph as f64).sqrt() as f32
+                })
+                .collect()
+        });
+        Ok(ShardBlock { block, scale })
     }
 
     /// Accuracy on `ids` by mini-batches sampled with the evaluation fanouts (seeds
