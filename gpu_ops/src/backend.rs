@@ -412,6 +412,8 @@ pub trait DeviceCore: Send + Sync + Sized + 'static {
     type Features: Send + Sync;
     /// A dropout mask.
     type Mask: Send + Sync;
+
+    // ---- identity -------------------------------------------------------------
     /// Which backend this is.
     fn kind(&self) -> DeviceKind;
     /// One line naming the device (model, memory, compute capability or SIMD level).
@@ -425,6 +427,8 @@ pub trait DeviceCore: Send + Sync + Sized + 'static {
     fn set_precision(&self, precision: Precision) -> Result<()>;
     /// The arithmetic of [`DenseOps::gemm`] now.
     fn precision(&self) -> Precision;
+
+    // ---- streams and events ---------------------------------------------------
     /// The compute stream every op runs on.
     fn stream(&self) -> &Self::Stream;
     /// A new stream (for copies that overlap compute).
@@ -668,23 +672,6 @@ pub trait FeatureStore: DeviceCore {
 /// Dense math on row-major `f32` buffers: matrix products, bias, activations,
 /// dropout, the loss, the optimizer step and elementwise helpers.
 pub trait DenseOps: DeviceCore {
-    /// `out[i] = f32(src[i])` for `i < n`: bfloat16 bits widened exactly
-    /// ([`bf16_bits_to_f32`]), e.g. rows uploaded as bfloat16 (half the bytes)
-    /// and widened on the device.
-    fn widen_bf16(&self, src: &Self::Buf<u16>, n: usize, out: &mut Self::Buf<f32>) -> Result<()>;
-    /// `x[..n] *= alpha` (an IEEE single-precision product per value, as on the
-    /// host), e.g. a rank's gradients weighted by its share of the batch.
-    fn scale(&self, x: &mut Self::Buf<f32>, n: usize, alpha: f32) -> Result<()>;
-    /// `count[0] += ` the number of non-finite values (NaN, ±∞) in `x[..n]`, on
-    /// the compute stream: e.g. whether summed gradients may be applied, with one
-    /// read of `count` after checking every buffer. `n` must be below 2³² (the
-    /// count wraps modulo 2³²).
-    fn count_nonfinite(
-        &self,
-        x: &Self::Buf<f32>,
-        n: usize,
-        count: &mut Self::Buf<u32>,
-    ) -> Result<()>;
     /// `C = op(A)·op(B)` (`+ C` when `accumulate`), `C` is `m × n`; `op(A)` is
     /// `m × k` (`A` stored `k × m` when `trans_a`), `op(B)` is `k × n`.
     #[allow(clippy::too_many_arguments)]
@@ -754,6 +741,25 @@ pub trait DenseOps: DeviceCore {
         m: &mut Self::Buf<f32>,
         v: &mut Self::Buf<f32>,
         n: usize,
+    ) -> Result<()>;
+
+    // ---- elementwise helpers ----------------------------------------------------
+    /// `out[i] = f32(src[i])` for `i < n`: bfloat16 bits widened exactly
+    /// ([`bf16_bits_to_f32`]), e.g. rows uploaded as bfloat16 (half the bytes)
+    /// and widened on the device.
+    fn widen_bf16(&self, src: &Self::Buf<u16>, n: usize, out: &mut Self::Buf<f32>) -> Result<()>;
+    /// `x[..n] *= alpha` (an IEEE single-precision product per value, as on the
+    /// host), e.g. a rank's gradients weighted by its share of the batch.
+    fn scale(&self, x: &mut Self::Buf<f32>, n: usize, alpha: f32) -> Result<()>;
+    /// `count[0] += ` the number of non-finite values (NaN, ±∞) in `x[..n]`, on
+    /// the compute stream: e.g. whether summed gradients may be applied, with one
+    /// read of `count` after checking every buffer. `n` must be below 2³² (the
+    /// count wraps modulo 2³²).
+    fn count_nonfinite(
+        &self,
+        x: &Self::Buf<f32>,
+        n: usize,
+        count: &mut Self::Buf<u32>,
     ) -> Result<()>;
 }
 

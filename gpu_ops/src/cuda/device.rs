@@ -3,13 +3,14 @@
 //!
 //! # Errors that happen on the device
 //! A kernel cannot return an error. Where a kernel reads an index that lives in device
-//! memory (ids to gather, labels, row indices), it checks the index, skips the bad
-//! one (the output row becomes zeros) and records it in the backend's *fault word*
-//! (first fault wins: code, value, limit). Every call that synchronizes the compute
-//! stream ([`DeviceCore::synchronize`](crate::DeviceCore::synchronize) on it, [`DeviceMemory::download`](crate::DeviceMemory::download), the loss, sampling,
+//! memory (ids to gather, labels, row indices), it checks the index, skips the bad one
+//! (the output row becomes zeros) and records it in the backend's *fault word* (first
+//! fault wins: code, value, limit). Every call that synchronizes the compute stream
+//! ([`DeviceCore::synchronize`](crate::DeviceCore::synchronize) on it,
+//! [`DeviceMemory::download`](crate::DeviceMemory::download), the loss, sampling,
 //! unique relabeling) then reads the fault word and returns it as a typed
-//! [`GpuOpsError::InvalidArgument`] naming the op, the value and the bound. Errors
-//! of `Drop` implementations (see `alloc.rs`) are returned the same way.
+//! [`GpuOpsError::InvalidArgument`] naming the op, the value and the bound. Errors of
+//! `Drop` implementations (see `alloc.rs`) are returned the same way.
 
 use parking_lot::Mutex;
 use std::any::Any;

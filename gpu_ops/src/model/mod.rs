@@ -8,7 +8,8 @@
 //! 1. [`DeviceModel::forward`] over the batch's blocks (bottom first) from the
 //!    gathered input rows, with dropout (layer `l` seeded `derive_seed(seed, l)`, as
 //!    the host model), keeping what the backward needs;
-//! 2. [`DenseOps::softmax_cross_entropy`](crate::DenseOps::softmax_cross_entropy) on the logits, giving `∂L/∂logits`;
+//! 2. [`DenseOps::softmax_cross_entropy`](crate::DenseOps::softmax_cross_entropy) on
+//!    the logits, giving `∂L/∂logits`;
 //! 3. [`DeviceModel::backward`]: every parameter's gradient;
 //! 4. [`DeviceModel::step`]: one Adam update of every tensor (PyTorch's `Adam`, L2
 //!    weight decay), after which [`DeviceModel::version`] is one larger.
@@ -23,8 +24,8 @@
 //! some of block 0's destinations (= block 1's sources), by position.
 //! 1. Layer 0 runs over the whole block as usual.
 //! 2. After its activation, the rows at `positions` are overwritten with the given
-//!    embeddings ([`FeatureStore::index_put_rows`](crate::FeatureStore::index_put_rows)), before layer 1's dropout; layers
-//!    above read them like any other row.
+//!    embeddings ([`crate::FeatureStore::index_put_rows`]), before layer 1's dropout;
+//!    layers above read them like any other row.
 //! 3. In the backward, with [`HotGrad::Constant`] (the paper's default) the
 //!    gradient rows at those positions are zeroed before layer 0's backward:
 //!    historical embeddings are constants, so hot destinations contribute nothing
