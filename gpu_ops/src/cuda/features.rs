@@ -137,7 +137,6 @@ impl CudaBackend {
 }
 
 impl FeatureStore for CudaBackend {
-    /// [`crate::FeatureStore::load_features`].
     fn load_features(
         &self,
         features: &FeatureMatrix,
@@ -247,12 +246,10 @@ impl FeatureStore for CudaBackend {
         Ok(up.cached)
     }
 
-    /// [`crate::FeatureStore::is_cached`].
     fn is_cached(&self, f: &CudaFeatures, v: u32) -> bool {
         f.policy.is_cached(v)
     }
 
-    /// [`crate::FeatureStore::feature_dim`].
     fn feature_dim(&self, f: &CudaFeatures) -> usize {
         f.policy.dim()
     }
@@ -308,12 +305,10 @@ impl FeatureStore for CudaBackend {
         Ok(())
     }
 
-    /// [`crate::FeatureStore::cache_stats`].
     fn cache_stats(&self, f: &CudaFeatures) -> CacheStats {
         f.policy.stats()
     }
 
-    /// [`crate::FeatureStore::reset_cache_stats`].
     fn reset_cache_stats(&self, f: &CudaFeatures) {
         f.policy.reset_stats();
     }

@@ -233,7 +233,6 @@ impl DenseOps for CudaBackend {
         )
     }
 
-    /// [`crate::DenseOps::scale`].
     fn scale(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
         x.check_len("scale x", n)?;
         if n == 0 {
@@ -249,7 +248,6 @@ impl DenseOps for CudaBackend {
         )
     }
 
-    /// [`crate::DenseOps::count_nonfinite`].
     fn count_nonfinite(&self, x: &CudaBuf<f32>, n: usize, count: &mut CudaBuf<u32>) -> Result<()> {
         crate::backend::check_count_len(n)?;
         x.check_len("count_nonfinite x", n)?;
