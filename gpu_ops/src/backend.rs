@@ -1,10 +1,20 @@
-//! The accelerator interface: one trait, two backends (`host`, `cuda`).
+//! The accelerator interface: one [`Backend`] trait made of op families, two
+//! backends (`host`, `cuda`).
+//!
+//! # Families
+//! [`DeviceCore`] is the base: the backend's handle types (`Buf<T>`, `Pinned<T>`,
+//! `Stream`, `Event`, `Graph`, `Block`, `Features`, `Mask`), identity, settings,
+//! streams and events. The others extend it: [`DeviceMemory`] (allocation and
+//! copies), [`Sampling`] (topology, sampling, blocks), [`FeatureStore`] (feature
+//! cache, gather, row selection), [`DenseOps`] (matrix products, activations, loss,
+//! optimizer) and [`GraphOps`] (aggregation, GAT). [`Backend`] is all of them, so
+//! generic code bounds on `B: Backend` alone.
 //!
 //! # Contract
 //! 1. **Streams.** Every op below runs on the backend's *compute stream*
-//!    ([`Backend::stream`]) in call order. Copies ([`Backend::upload`],
-//!    [`Backend::download`]) name their stream, so a copy stream can overlap compute;
-//!    order across streams with [`Backend::record_event`] + [`Backend::wait_event`].
+//!    ([`DeviceCore::stream`]) in call order. Copies ([`DeviceMemory::upload`],
+//!    [`DeviceMemory::download`]) name their stream, so a copy stream can overlap compute;
+//!    order across streams with [`DeviceCore::record_event`] + [`DeviceCore::wait_event`].
 //!    On the host backend every op completes before it returns (streams and events
 //!    only keep time), which trivially satisfies every ordering obligation.
 //! 2. **Shapes.** Matrices are row-major `f32`. An op reads the *prefix* of a buffer
@@ -21,11 +31,11 @@
 //!    generators, so they agree with the host backend in distribution, not bit by bit.
 //! 5. **Layer-based orchestration.** Two ops let a runtime mix CPU-computed
 //!    embeddings into a device batch without a host round trip:
-//!    [`Backend::sample_hop`] samples a batch one hop at a time from destinations
+//!    [`Sampling::sample_hop`] samples a batch one hop at a time from destinations
 //!    already on the device (hop by hop with `derive_seed(seed, l)` it reproduces
-//!    [`Backend::sample`]), with a skip mask for the destinations whose embedding
+//!    [`Sampling::sample`]), with a skip mask for the destinations whose embedding
 //!    comes from a CPU-computed table: they get no neighbors, so the device neither
-//!    gathers nor aggregates their neighborhoods. [`Backend::upload_pinned_at`] copies
+//!    gathers nor aggregates their neighborhoods. [`DeviceMemory::upload_pinned_at`] copies
 //!    those rows from pinned staging memory into their offset of a device buffer on a
 //!    copy stream.
 
@@ -45,19 +55,19 @@ pub enum DeviceKind {
 }
 
 /// A hidden layer's activation, for the fused ops
-/// ([`Backend::bias_act_dropout`], [`Backend::dropout_act_backward`]).
+/// ([`DenseOps::bias_act_dropout`], [`DenseOps::dropout_act_backward`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
-    /// [`Backend::relu`].
+    /// [`DenseOps::relu`].
     Relu,
-    /// [`Backend::elu`] with this `alpha`.
+    /// [`DenseOps::elu`] with this `alpha`.
     Elu {
         /// ELU's `alpha` (finite, > 0).
         alpha: f32,
     },
 }
 
-/// The arithmetic of a backend's matrix products ([`Backend::gemm`]).
+/// The arithmetic of a backend's matrix products ([`DenseOps::gemm`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Precision {
     /// IEEE single precision throughout.
@@ -93,7 +103,7 @@ pub fn round_to_tf32(x: f32) -> f32 {
     f32::from_bits(bits.wrapping_add(0x0FFF + lsb) & !0x1FFF)
 }
 
-/// How a backend stores feature rows ([`Backend::load_features`]): the device
+/// How a backend stores feature rows ([`FeatureStore::load_features`]): the device
 /// cache and the host rows it misses to. A gather always writes `f32` rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum FeatureDtype {
@@ -155,7 +165,7 @@ pub fn round_to_bf16(x: f32) -> f32 {
     bf16_bits_to_f32(f32_to_bf16_bits(x))
 }
 
-/// [`Backend::count_nonfinite`]'s bound on `n` (its count is 32 bits).
+/// [`DenseOps::count_nonfinite`]'s bound on `n` (its count is 32 bits).
 pub(crate) fn check_count_len(n: usize) -> Result<()> {
     if n > u32::MAX as usize {
         return Err(crate::error::GpuOpsError::InvalidArgument {
@@ -214,7 +224,7 @@ pub enum TopologyPlacement {
     PinnedHost,
 }
 
-/// Hit and miss counts of a [`Backend::gather`] through the feature cache.
+/// Hit and miss counts of a [`FeatureStore::gather`] through the feature cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
     /// Rows served from the device cache.
@@ -244,7 +254,7 @@ impl CacheStats {
 /// Host↔device copies made through a backend (per instance, since it was made):
 /// uploads (including blocks built from host CSR), downloads (including
 /// `block_to_host`), and host-blocking synchronizations (the host backend counts
-/// downloads and [`Backend::synchronize`]; CUDA every stream synchronization,
+/// downloads and [`DeviceCore::synchronize`]; CUDA every stream synchronization,
 /// including those inside ops that read a count or a loss back).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TransferStats {
@@ -258,7 +268,7 @@ pub struct TransferStats {
     pub download_bytes: u64,
     /// Times the host waited for the device.
     pub syncs: u64,
-    /// Buffers zero-filled when allocated ([`Backend::alloc`]; on CUDA every
+    /// Buffers zero-filled when allocated ([`DeviceMemory::alloc`]; on CUDA every
     /// zeroed pool allocation, ops' own included: one memset each, which a
     /// per-kernel profile does not show).
     pub zero_fills: u64,
@@ -330,7 +340,7 @@ impl TransferCounter {
     }
 }
 
-/// Adam's hyper-parameters and step for one [`Backend::adam_step`] (PyTorch's
+/// Adam's hyper-parameters and step for one [`DenseOps::adam_step`] (PyTorch's
 /// `Adam` with L2 weight decay: `g ← g + λθ`, bias-corrected moments).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamStep {
@@ -348,7 +358,7 @@ pub struct AdamStep {
     pub step: u64,
 }
 
-/// Mean loss and correct count of [`Backend::softmax_cross_entropy`].
+/// Mean loss and correct count of [`DenseOps::softmax_cross_entropy`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossStats {
     /// Mean cross-entropy over the rows.
@@ -359,7 +369,7 @@ pub struct LossStats {
 
 /// A sampled mini-batch on a device: blocks bottom first (block `l` feeds layer `l`),
 /// as [`cpu_ops::SampledBatch`] lays them out.
-pub struct DeviceBatch<B: Backend> {
+pub struct DeviceBatch<B: DeviceCore> {
     /// The blocks, bottom first; block `l`'s destinations are block `l+1`'s sources,
     /// and the last block's destinations are the seeds.
     pub blocks: Vec<B::Block>,
@@ -370,8 +380,8 @@ pub struct DeviceBatch<B: Backend> {
     pub num_seeds: usize,
 }
 
-/// Saved state of [`Backend::gat_forward`], consumed by [`Backend::gat_backward`].
-pub struct GatSaved<B: Backend> {
+/// Saved state of [`GraphOps::gat_forward`], consumed by [`GraphOps::gat_backward`].
+pub struct GatSaved<B: DeviceCore> {
     /// Attention output, `num_dst × heads·head_dim`.
     pub out: B::Buf<f32>,
     /// Per-edge, per-head attention weights, `num_edges × heads`.
@@ -382,8 +392,8 @@ pub struct GatSaved<B: Backend> {
     pub er: B::Buf<f32>,
 }
 
-/// Gradients of [`Backend::gat_backward`].
-pub struct GatGradsDev<B: Backend> {
+/// Gradients of [`GraphOps::gat_backward`].
+pub struct GatGradsDev<B: DeviceCore> {
     /// `∂L/∂z_src`, `num_src × heads·head_dim`.
     pub z_src: B::Buf<f32>,
     /// `∂L/∂a_src`, `heads × head_dim`.
@@ -392,12 +402,13 @@ pub struct GatGradsDev<B: Backend> {
     pub a_dst: B::Buf<f32>,
 }
 
-/// The accelerator: memory, streams, events and the ops of sample → gather → train.
+/// The base of every op family: a backend's handle types, its identity and
+/// settings, and its streams and events.
 ///
-/// Implemented by [`crate::HostBackend`] (always) and [`crate::CudaBackend`] (the
-/// `cuda` feature; without it, or without a GPU, its constructor returns
-/// [`crate::GpuOpsError::Unavailable`]). Shapes and ordering: the module doc.
-pub trait Backend: Send + Sync + Sized + 'static {
+/// Every other family ([`DeviceMemory`], [`Sampling`], [`FeatureStore`],
+/// [`DenseOps`], [`GraphOps`]) extends it, and [`Backend`] is all of them.
+/// Implemented by [`crate::HostBackend`] and [`crate::CudaBackend`].
+pub trait DeviceCore: Send + Sync + Sized + 'static {
     /// A buffer of `T` in device memory.
     type Buf<T: Elem>: Send + Sync;
     /// Page-locked host memory the device reads and writes directly.
@@ -406,7 +417,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Stream: Send + Sync;
     /// A point in a stream, for ordering and timing.
     type Event: Send + Sync;
-    /// Topology ready for [`Backend::sample`].
+    /// Topology ready for [`Sampling::sample`].
     type Graph: Send + Sync;
     /// A block (message-flow graph) ready for aggregation, forward and backward.
     type Block: Send + Sync;
@@ -418,38 +429,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
     // ---- identity -------------------------------------------------------------
     /// Which backend this is.
     fn kind(&self) -> DeviceKind;
-    /// Joins rank `rank` of `ranks` to the NCCL communicator of `id` on this
-    /// device (collective: every rank calls it with the same `id`, from
-    /// [`crate::nccl_unique_id`] on rank 0). Errors: NCCL missing, a backend
-    /// that is not CUDA (the default), or NCCL's own error.
-    fn nccl_reduce(
-        &self,
-        rank: usize,
-        ranks: usize,
-        id: &crate::NcclId,
-    ) -> Result<Box<dyn crate::GradReduce<Self>>>
-    where
-        Self: Sized,
-    {
-        let _ = (rank, ranks, id);
-        Err(crate::error::GpuOpsError::Unavailable {
-            kind: self.kind(),
-            reason: format!(
-                "NCCL reduces CUDA device buffers; the {} backend has none",
-                self.kind()
-            ),
-        })
-    }
     /// One line naming the device (model, memory, compute capability or SIMD level).
     fn describe(&self) -> String;
     /// Free and total device memory.
     fn memory_info(&self) -> Result<MemoryInfo>;
     /// Copies and synchronizations so far ([`TransferStats`]).
     fn transfer_stats(&self) -> TransferStats;
-    /// Sets the arithmetic of this backend's later [`Backend::gemm`] calls
+    /// Sets the arithmetic of this backend's later [`DenseOps::gemm`] calls
     /// (this instance only).
     fn set_precision(&self, precision: Precision) -> Result<()>;
-    /// The arithmetic of [`Backend::gemm`] now.
+    /// The arithmetic of [`DenseOps::gemm`] now.
     fn precision(&self) -> Precision;
 
     // ---- streams and events ---------------------------------------------------
@@ -465,8 +454,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> Result<f32>;
     /// Blocks until all work on `stream` is done.
     fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
+}
 
-    // ---- memory ---------------------------------------------------------------
+/// Device memory: allocation, pinned host buffers, and copies between host and
+/// device (ordered on a named stream) and within the device.
+pub trait DeviceMemory: DeviceCore {
     /// A zeroed buffer of `len` elements (from the caching allocator on CUDA).
     fn alloc<T: Elem>(&self, len: usize) -> Result<Self::Buf<T>>;
     /// A buffer of `len` elements whose contents are unspecified: for outputs
@@ -490,7 +482,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         dst: &mut Self::Buf<T>,
     ) -> Result<()>;
     /// Pinned host → device, `dst[..src.len()] = src`, asynchronous on `stream`;
-    /// the ordering obligations of [`Backend::upload_pinned_at`].
+    /// the ordering obligations of [`DeviceMemory::upload_pinned_at`].
     fn upload_pinned<T: Elem>(
         &self,
         stream: &Self::Stream,
@@ -502,17 +494,17 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// worker computed, staged in pinned memory, placed at their row offset in a
     /// device-side table on a copy stream while compute runs).
     ///
-    /// Ordering obligations (the same as [`Backend::upload_pinned`]'s):
+    /// Ordering obligations (the same as [`DeviceMemory::upload_pinned`]'s):
     /// 1. The copy runs after earlier work on `stream` (on CUDA also after `dst`'s
     ///    allocation and zeroing, whatever stream it is).
     /// 2. Work on another stream that reads `dst[offset..offset + n]` must wait for
-    ///    the copy: [`Backend::record_event`] on `stream`, [`Backend::wait_event`] on
+    ///    the copy: [`DeviceCore::record_event`] on `stream`, [`DeviceCore::wait_event`] on
     ///    the reader's stream.
     /// 3. Work on another stream that may still read or write that range must be
     ///    ordered before the copy the same way (its event waited for on `stream`).
     ///    Copies into disjoint ranges of one buffer need no ordering among themselves.
     /// 4. The host must not write `src[..n]` until the copy is done: synchronize
-    ///    `stream`, or take [`Backend::pinned_slice_mut`], which on CUDA waits for the
+    ///    `stream`, or take [`DeviceMemory::pinned_slice_mut`], which on CUDA waits for the
     ///    last copy issued out of `src` (one event per pinned buffer: when copies from
     ///    one pinned buffer go to several streams, synchronize the others first).
     ///
@@ -551,31 +543,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn copy<T: Elem>(&self, src: &Self::Buf<T>, dst: &mut Self::Buf<T>, len: usize) -> Result<()>;
     /// `buf[..len] = 0`.
     fn fill_zero<T: Elem>(&self, buf: &mut Self::Buf<T>, len: usize) -> Result<()>;
-    /// `out[i] = f32(src[i])` for `i < n`: bfloat16 bits widened exactly
-    /// ([`bf16_bits_to_f32`]), e.g. rows uploaded as bfloat16 (half the bytes)
-    /// and widened on the device.
-    fn widen_bf16(&self, src: &Self::Buf<u16>, n: usize, out: &mut Self::Buf<f32>) -> Result<()>;
-    /// `x[..n] *= alpha` (an IEEE single-precision product per value, as on the
-    /// host), e.g. a rank's gradients weighted by its share of the batch.
-    fn scale(&self, x: &mut Self::Buf<f32>, n: usize, alpha: f32) -> Result<()>;
-    /// `count[0] += ` the number of non-finite values (NaN, ±∞) in `x[..n]`, on
-    /// the compute stream: e.g. whether summed gradients may be applied, with one
-    /// read of `count` after checking every buffer. `n` must be below 2³² (the
-    /// count wraps modulo 2³²).
-    fn count_nonfinite(
-        &self,
-        x: &Self::Buf<f32>,
-        n: usize,
-        count: &mut Self::Buf<u32>,
-    ) -> Result<()>;
+}
 
-    // ---- topology and sampling ---------------------------------------------------
-    /// Makes `graph` readable by [`Backend::sample`] from `placement`.
+/// Topology on the device, neighbor sampling and blocks (message-flow graphs).
+pub trait Sampling: DeviceCore {
+    /// Makes `graph` readable by [`Sampling::sample`] from `placement`.
     fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<Self::Graph>;
     /// Layered neighbor sampling without replacement from `seeds` (top) downwards,
     /// `fanouts[l]` neighbors per destination for block `l` (bottom first, DGL's
     /// order; [`cpu_ops::ALL_NEIGHBORS`] takes all). Each block's sources are its
-    /// destinations followed by the new vertices ([`Backend::unique_relabel`]).
+    /// destinations followed by the new vertices ([`Sampling::unique_relabel`]).
     fn sample(
         &self,
         graph: &Self::Graph,
@@ -583,7 +560,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         fanouts: &[u32],
         seed: u64,
     ) -> Result<DeviceBatch<Self>>;
-    /// One hop of [`Backend::sample`] from device-resident destinations: the block
+    /// One hop of [`Sampling::sample`] from device-resident destinations: the block
     /// whose destinations are `dst[..n_dst]` (distinct), `fanout` neighbors each
     /// ([`cpu_ops::ALL_NEIGHBORS`] takes all), drawn with the per-layer seed
     /// `layer_seed`. Returns `(block, src_ids, num_src)`: the block, its sources'
@@ -591,7 +568,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// their count.
     ///
     /// Determinism: with `layer_seed = cpu_ops::derive_seed(seed, l)` and no mask the
-    /// block is layer `l` of [`Backend::sample`]`(seed)` on the same backend with
+    /// block is layer `l` of [`Sampling::sample`]`(seed)` on the same backend with
     /// these destinations, so hop by hop (each hop's `dst` being the sources of the
     /// hop above) reproduces `sample`; on the host backend it is
     /// [`cpu_ops::sample_hop`].
@@ -645,9 +622,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn block_to_host(&self, block: &Self::Block) -> Result<(Vec<u64>, Vec<u32>)>;
     /// `(num_src, num_dst, num_edges)` of a block.
     fn block_shape(&self, block: &Self::Block) -> (usize, usize, usize);
+}
 
-    // ---- features -----------------------------------------------------------------
-    /// Features for [`Backend::gather`]: rows of `cached` (hottest first) are copied
+/// Vertex features behind a device row cache, the gather through it, and
+/// device-side row selection.
+pub trait FeatureStore: DeviceCore {
+    /// Features for [`FeatureStore::gather`]: rows of `cached` (hottest first) are copied
     /// into a device cache up to `budget_bytes` (rows past the budget are left out);
     /// the rest stay in host memory (pinned / registered on CUDA) and are read over
     /// the bus on a miss. With [`FeatureDtype::Bf16`] both hold bfloat16 rows
@@ -671,7 +651,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `out[r] = features[ids[r]]` for `r < n`, through the cache; counts hits/misses.
     /// Need not synchronize: on CUDA an id outside the matrix is a device fault
     /// reported by the next synchronizing call (the host backend reports it here),
-    /// and the counts reach [`Backend::cache_stats`] at that synchronization.
+    /// and the counts reach [`FeatureStore::cache_stats`] at that synchronization.
     fn gather(
         &self,
         f: &Self::Features,
@@ -684,7 +664,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn cache_stats(&self, f: &Self::Features) -> CacheStats;
     /// Zeroes the hit/miss counters.
     fn reset_cache_stats(&self, f: &Self::Features);
-
     /// `out[r] = src[idx[r]]` for `r < n` (rows of width `dim`; device-side row
     /// selection, e.g. picking a layer's rows by local id).
     fn index_select_rows(
@@ -705,8 +684,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
         n: usize,
         dst: &mut Self::Buf<f32>,
     ) -> Result<()>;
+}
 
-    // ---- dense and graph math ----------------------------------------------------
+/// Dense math on row-major `f32` buffers: matrix products, bias, activations,
+/// dropout, the loss, the optimizer step and elementwise helpers.
+pub trait DenseOps: DeviceMemory {
     /// `C = op(A)·op(B)` (`+ C` when `accumulate`), `C` is `m × n`; `op(A)` is
     /// `m × k` (`A` stored `k × m` when `trans_a`), `op(B)` is `k × n`.
     #[allow(clippy::too_many_arguments)]
@@ -722,6 +704,137 @@ pub trait Backend: Send + Sync + Sized + 'static {
         c: &mut Self::Buf<f32>,
         accumulate: bool,
     ) -> Result<()>;
+    /// `x[r] += bias` for `r < rows` (`x` is `rows × cols`).
+    fn add_bias(
+        &self,
+        x: &mut Self::Buf<f32>,
+        rows: usize,
+        cols: usize,
+        bias: &Self::Buf<f32>,
+    ) -> Result<()>;
+    /// `dbias (+)= Σ_r dy[r]`.
+    fn bias_grad(
+        &self,
+        dy: &Self::Buf<f32>,
+        rows: usize,
+        cols: usize,
+        dbias: &mut Self::Buf<f32>,
+        accumulate: bool,
+    ) -> Result<()>;
+    /// In-place ReLU on `x[..n]`.
+    fn relu(&self, x: &mut Self::Buf<f32>, n: usize) -> Result<()>;
+    /// `dy[i] *= [y[i] > 0]`.
+    fn relu_backward(&self, y: &Self::Buf<f32>, dy: &mut Self::Buf<f32>, n: usize) -> Result<()>;
+    /// In-place ELU(α) on `x[..n]`.
+    fn elu(&self, x: &mut Self::Buf<f32>, n: usize, alpha: f32) -> Result<()>;
+    /// ELU backward from the output `y`.
+    fn elu_backward(
+        &self,
+        y: &Self::Buf<f32>,
+        dy: &mut Self::Buf<f32>,
+        n: usize,
+        alpha: f32,
+    ) -> Result<()>;
+    /// Inverted dropout with probability `p` on `x[..n]`, stream `seed`.
+    fn dropout(&self, x: &mut Self::Buf<f32>, n: usize, p: f32, seed: u64) -> Result<Self::Mask>;
+    /// Applies `mask` (and its scale) to `dy[..n]`.
+    fn dropout_backward(&self, mask: &Self::Mask, dy: &mut Self::Buf<f32>, n: usize) -> Result<()>;
+    /// A hidden layer's bias, activation and dropout in one pass:
+    /// `x = act(x + bias)` over the row-major `rows × cols` matrix (kept: the
+    /// activation's backward reads it), then, when `dropout` is `Some((p, seed,
+    /// out))`, `out[..rows · cols]` = [`DenseOps::dropout`] of `x` with `(p, seed)`,
+    /// whose mask is returned. Equal, bit for bit, to [`DenseOps::add_bias`],
+    /// [`DenseOps::relu`] / [`DenseOps::elu`], [`DeviceMemory::copy`] and
+    /// [`DenseOps::dropout`] in that order — which is the default; CUDA runs one
+    /// kernel that reads `x` once instead of four times.
+    fn bias_act_dropout(
+        &self,
+        x: &mut Self::Buf<f32>,
+        rows: usize,
+        cols: usize,
+        bias: &Self::Buf<f32>,
+        act: Activation,
+        dropout: Option<(f32, u64, &mut Self::Buf<f32>)>,
+    ) -> Result<Option<Self::Mask>> {
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| GpuOpsError::InvalidArgument {
+                name: "rows × cols",
+                reason: format!("{rows} × {cols} overflows"),
+            })?;
+        self.add_bias(x, rows, cols, bias)?;
+        match act {
+            Activation::Relu => self.relu(x, n)?,
+            Activation::Elu { alpha } => self.elu(x, n, alpha)?,
+        }
+        match dropout {
+            None => Ok(None),
+            Some((p, seed, out)) => {
+                self.copy(x, out, n)?;
+                self.dropout(out, n, p, seed).map(Some)
+            }
+        }
+    }
+    /// [`DenseOps::dropout_backward`] of `dy[..n]`, then the activation's backward
+    /// from its output `y` ([`DenseOps::relu_backward`] / [`DenseOps::elu_backward`]),
+    /// in one pass on CUDA; bit for bit the two calls (the default).
+    fn dropout_act_backward(
+        &self,
+        mask: &Self::Mask,
+        y: &Self::Buf<f32>,
+        dy: &mut Self::Buf<f32>,
+        n: usize,
+        act: Activation,
+    ) -> Result<()> {
+        self.dropout_backward(mask, dy, n)?;
+        match act {
+            Activation::Relu => self.relu_backward(y, dy, n),
+            Activation::Elu { alpha } => self.elu_backward(y, dy, n, alpha),
+        }
+    }
+    /// Mean softmax cross-entropy of `logits` (`rows × classes`) against `labels`,
+    /// writing `(softmax − onehot)/rows` into `grad` when given. Synchronizes.
+    fn softmax_cross_entropy(
+        &self,
+        logits: &Self::Buf<f32>,
+        rows: usize,
+        classes: usize,
+        labels: &Self::Buf<u32>,
+        grad: Option<&mut Self::Buf<f32>>,
+    ) -> Result<LossStats>;
+    /// One Adam update of `param[..n]` from `grad`, with moments `m`, `v`.
+    fn adam_step(
+        &self,
+        hp: &AdamStep,
+        param: &mut Self::Buf<f32>,
+        grad: &Self::Buf<f32>,
+        m: &mut Self::Buf<f32>,
+        v: &mut Self::Buf<f32>,
+        n: usize,
+    ) -> Result<()>;
+
+    // ---- elementwise helpers ----------------------------------------------------
+    /// `out[i] = f32(src[i])` for `i < n`: bfloat16 bits widened exactly
+    /// ([`bf16_bits_to_f32`]), e.g. rows uploaded as bfloat16 (half the bytes)
+    /// and widened on the device.
+    fn widen_bf16(&self, src: &Self::Buf<u16>, n: usize, out: &mut Self::Buf<f32>) -> Result<()>;
+    /// `x[..n] *= alpha` (an IEEE single-precision product per value, as on the
+    /// host), e.g. a rank's gradients weighted by its share of the batch.
+    fn scale(&self, x: &mut Self::Buf<f32>, n: usize, alpha: f32) -> Result<()>;
+    /// `count[0] += ` the number of non-finite values (NaN, ±∞) in `x[..n]`, on
+    /// the compute stream: e.g. whether summed gradients may be applied, with one
+    /// read of `count` after checking every buffer. `n` must be below 2³² (the
+    /// count wraps modulo 2³²).
+    fn count_nonfinite(
+        &self,
+        x: &Self::Buf<f32>,
+        n: usize,
+        count: &mut Self::Buf<u32>,
+    ) -> Result<()>;
+}
+
+/// Graph math over a block: aggregation and GAT attention, forward and backward.
+pub trait GraphOps: DeviceCore {
     /// `out = A x` over `block` (`x` is `num_src × dim`, `out` `num_dst × dim`),
     /// [`cpu_ops::aggregate_forward`]'s semantics.
     fn aggregate_forward(
@@ -764,114 +877,44 @@ pub trait Backend: Send + Sync + Sized + 'static {
         saved: &GatSaved<Self>,
         grad_out: &Self::Buf<f32>,
     ) -> Result<GatGradsDev<Self>>;
-    /// `x[r] += bias` for `r < rows` (`x` is `rows × cols`).
-    fn add_bias(
+}
+
+/// The accelerator: memory, streams, events and the ops of sample → gather → train.
+///
+/// Implemented by [`crate::HostBackend`] (always) and [`crate::CudaBackend`] (the
+/// `cuda` feature; without it, or without a GPU, its constructor returns
+/// [`crate::GpuOpsError::Unavailable`]). Shapes and ordering: the module doc.
+///
+/// The ops live in one trait per family ([`DeviceCore`], [`DeviceMemory`],
+/// [`Sampling`], [`FeatureStore`], [`DenseOps`], [`GraphOps`]); this trait is all of
+/// them plus the collective reduce, so generic code bounds on `B: Backend` and
+/// calls any op. Code calling ops on a concrete backend imports the families
+/// (`use gpu_ops::prelude::*`).
+pub trait Backend:
+    DeviceCore + DeviceMemory + Sampling + FeatureStore + DenseOps + GraphOps
+{
+    /// Joins rank `rank` of `ranks` to the NCCL communicator of `id` on this
+    /// device (collective: every rank calls it with the same `id`, from
+    /// [`crate::nccl_unique_id`] on rank 0). Errors: NCCL missing, a backend
+    /// that is not CUDA (the default), or NCCL's own error.
+    fn nccl_reduce(
         &self,
-        x: &mut Self::Buf<f32>,
-        rows: usize,
-        cols: usize,
-        bias: &Self::Buf<f32>,
-    ) -> Result<()>;
-    /// `dbias (+)= Σ_r dy[r]`.
-    fn bias_grad(
-        &self,
-        dy: &Self::Buf<f32>,
-        rows: usize,
-        cols: usize,
-        dbias: &mut Self::Buf<f32>,
-        accumulate: bool,
-    ) -> Result<()>;
-    /// In-place ReLU on `x[..n]`.
-    fn relu(&self, x: &mut Self::Buf<f32>, n: usize) -> Result<()>;
-    /// `dy[i] *= [y[i] > 0]`.
-    fn relu_backward(&self, y: &Self::Buf<f32>, dy: &mut Self::Buf<f32>, n: usize) -> Result<()>;
-    /// In-place ELU(α) on `x[..n]`.
-    fn elu(&self, x: &mut Self::Buf<f32>, n: usize, alpha: f32) -> Result<()>;
-    /// ELU backward from the output `y`.
-    fn elu_backward(
-        &self,
-        y: &Self::Buf<f32>,
-        dy: &mut Self::Buf<f32>,
-        n: usize,
-        alpha: f32,
-    ) -> Result<()>;
-    /// Inverted dropout with probability `p` on `x[..n]`, stream `seed`.
-    fn dropout(&self, x: &mut Self::Buf<f32>, n: usize, p: f32, seed: u64) -> Result<Self::Mask>;
-    /// Applies `mask` (and its scale) to `dy[..n]`.
-    fn dropout_backward(&self, mask: &Self::Mask, dy: &mut Self::Buf<f32>, n: usize) -> Result<()>;
-    /// A hidden layer's bias, activation and dropout in one pass:
-    /// `x = act(x + bias)` over the row-major `rows × cols` matrix (kept: the
-    /// activation's backward reads it), then, when `dropout` is `Some((p, seed,
-    /// out))`, `out[..rows · cols]` = [`Backend::dropout`] of `x` with `(p, seed)`,
-    /// whose mask is returned. Equal, bit for bit, to [`Backend::add_bias`],
-    /// [`Backend::relu`] / [`Backend::elu`], [`Backend::copy`] and
-    /// [`Backend::dropout`] in that order — which is the default; CUDA runs one
-    /// kernel that reads `x` once instead of four times.
-    fn bias_act_dropout(
-        &self,
-        x: &mut Self::Buf<f32>,
-        rows: usize,
-        cols: usize,
-        bias: &Self::Buf<f32>,
-        act: Activation,
-        dropout: Option<(f32, u64, &mut Self::Buf<f32>)>,
-    ) -> Result<Option<Self::Mask>> {
-        let n = rows
-            .checked_mul(cols)
-            .ok_or_else(|| GpuOpsError::InvalidArgument {
-                name: "rows × cols",
-                reason: format!("{rows} × {cols} overflows"),
-            })?;
-        self.add_bias(x, rows, cols, bias)?;
-        match act {
-            Activation::Relu => self.relu(x, n)?,
-            Activation::Elu { alpha } => self.elu(x, n, alpha)?,
-        }
-        match dropout {
-            None => Ok(None),
-            Some((p, seed, out)) => {
-                self.copy(x, out, n)?;
-                self.dropout(out, n, p, seed).map(Some)
-            }
-        }
+        rank: usize,
+        ranks: usize,
+        id: &crate::NcclId,
+    ) -> Result<Box<dyn crate::GradReduce<Self>>>
+    where
+        Self: Sized,
+    {
+        let _ = (rank, ranks, id);
+        Err(crate::error::GpuOpsError::Unavailable {
+            kind: self.kind(),
+            reason: format!(
+                "NCCL reduces CUDA device buffers; the {} backend has none",
+                self.kind()
+            ),
+        })
     }
-    /// [`Backend::dropout_backward`] of `dy[..n]`, then the activation's backward
-    /// from its output `y` ([`Backend::relu_backward`] / [`Backend::elu_backward`]),
-    /// in one pass on CUDA; bit for bit the two calls (the default).
-    fn dropout_act_backward(
-        &self,
-        mask: &Self::Mask,
-        y: &Self::Buf<f32>,
-        dy: &mut Self::Buf<f32>,
-        n: usize,
-        act: Activation,
-    ) -> Result<()> {
-        self.dropout_backward(mask, dy, n)?;
-        match act {
-            Activation::Relu => self.relu_backward(y, dy, n),
-            Activation::Elu { alpha } => self.elu_backward(y, dy, n, alpha),
-        }
-    }
-    /// Mean softmax cross-entropy of `logits` (`rows × classes`) against `labels`,
-    /// writing `(softmax − onehot)/rows` into `grad` when given. Synchronizes.
-    fn softmax_cross_entropy(
-        &self,
-        logits: &Self::Buf<f32>,
-        rows: usize,
-        classes: usize,
-        labels: &Self::Buf<u32>,
-        grad: Option<&mut Self::Buf<f32>>,
-    ) -> Result<LossStats>;
-    /// One Adam update of `param[..n]` from `grad`, with moments `m`, `v`.
-    fn adam_step(
-        &self,
-        hp: &AdamStep,
-        param: &mut Self::Buf<f32>,
-        grad: &Self::Buf<f32>,
-        m: &mut Self::Buf<f32>,
-        v: &mut Self::Buf<f32>,
-        n: usize,
-    ) -> Result<()>;
 }
 
 #[cfg(test)]

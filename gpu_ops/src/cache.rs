@@ -47,7 +47,7 @@ pub struct CacheUpdate {
     /// insertion order; slots are distinct.
     pub filled: Vec<(u32, u32)>,
     /// Entries of `insert` that are cached after the update (already cached ones and
-    /// repeats included): what [`crate::Backend::update_cache`] returns.
+    /// repeats included): what [`crate::FeatureStore::update_cache`] returns.
     pub cached: usize,
 }
 

@@ -1,6 +1,8 @@
 //! The accelerator layer of Tandem: one [`Backend`] interface (device memory,
-//! streams, events, pinned host buffers, and the ops of sample → gather → train)
-//! with two implementations:
+//! streams, events, pinned host buffers, and the ops of sample → gather → train),
+//! made of one trait per op family ([`DeviceCore`], [`DeviceMemory`], [`Sampling`],
+//! [`FeatureStore`], [`DenseOps`], [`GraphOps`]; all in [`prelude`]), with two
+//! implementations:
 //! - `host`: the same ops on host threads through `cpu_ops` — runs everywhere and is
 //!   the reference every CUDA op is tested against;
 //! - `cuda` (cargo feature, on by default): cudarc with dynamic loading, NVRTC-compiled
@@ -19,8 +21,9 @@ mod reduce;
 
 pub use backend::{
     bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits, Activation,
-    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype, GatGradsDev,
-    GatSaved, LossStats, MemoryInfo, Precision, TopologyPlacement, TransferStats,
+    AdamStep, Backend, CacheStats, DenseOps, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory,
+    Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats, MemoryInfo,
+    Precision, Sampling, TopologyPlacement, TransferStats,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
 pub use cuda::{nccl_available, nccl_unique_id, AllocatorStats, CudaBackend};
@@ -30,3 +33,12 @@ pub use host::{
 };
 pub use model::{AdamMoments, DeviceForward, DeviceModel, HotGrad, HotRows};
 pub use reduce::{check_reduce_args, GradReduce, NcclId};
+
+/// The backend traits, for code that calls ops on a concrete backend
+/// ([`HostBackend`], [`CudaBackend`]): `use gpu_ops::prelude::*;` brings every op
+/// family into scope. (Code generic over `B: Backend` needs only [`Backend`].)
+pub mod prelude {
+    pub use crate::backend::{
+        Backend, DenseOps, DeviceCore, DeviceMemory, FeatureStore, GraphOps, Sampling,
+    };
+}

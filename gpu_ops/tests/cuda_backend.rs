@@ -16,7 +16,8 @@
 use std::collections::{HashMap, HashSet};
 
 use cpu_ops::{AggregateKind, BuildOptions, CsrGraph, Rng, ALL_NEIGHBORS};
-use gpu_ops::{Backend, CudaBackend, GpuOpsError, TopologyPlacement};
+use gpu_ops::prelude::*;
+use gpu_ops::{CudaBackend, GpuOpsError, TopologyPlacement};
 
 /// A backend of this test's own (tests run in parallel: a shared backend would
 /// mix their allocator statistics and device-side errors), or `None` with the
@@ -141,7 +142,7 @@ fn relabel_handles_every_id_and_multi_level_scans() {
 }
 
 /// Edge counts of a block, `num_dst × num_src`, via Sum aggregation of the identity.
-fn counts(d: &CudaBackend, block: &<CudaBackend as Backend>::Block) -> Vec<f32> {
+fn counts(d: &CudaBackend, block: &<CudaBackend as gpu_ops::DeviceCore>::Block) -> Vec<f32> {
     let (ns, nd, _) = d.block_shape(block);
     let mut eye = vec![0.0f32; ns * ns];
     for j in 0..ns {

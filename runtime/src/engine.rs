@@ -3,10 +3,12 @@
 //! The host [`crate::Trainer`] keeps the epoch loop, the batch order and the seeds;
 //! with `device.kind = "cuda"` (or `"auto"` finding a GPU, or the host backend
 //! through `device.host_engine = "ops"`) it hands every batch to a [`DeviceEngine`]:
-//! 1. sample the batch's blocks on the device ([`Backend::sample`], topology loaded
-//!    once, in device memory or pinned host memory);
-//! 2. gather the input rows through the device feature cache ([`Backend::gather`]:
-//!    the highest-degree vertices' rows are cached up to `device.cache_bytes`);
+//! 1. sample the batch's blocks on the device
+//!    ([`Sampling::sample`](gpu_ops::Sampling::sample), topology loaded once, in device
+//!    memory or pinned host memory);
+//! 2. gather the input rows through the device feature cache
+//!    ([`FeatureStore::gather`](gpu_ops::FeatureStore::gather): the highest-degree
+//!    vertices' rows are cached up to `device.cache_bytes`);
 //! 3. forward, loss, backward and Adam on the device ([`DeviceModel::train_step`]).
 //!
 //! `orchestration.policy` picks where steps 1 and 2 run ([`EngineOptions::placement`]):
@@ -157,9 +159,9 @@ pub trait Engine: Send {
     /// side; one download per call on a GPU).
     fn layer0_params(&self) -> Result<Vec<Vec<f32>>>;
     /// Evicts `evict`'s rows from the device feature cache, then caches `insert`'s
-    /// (user ids; [`Backend::update_cache`]): returns how many entries of `insert`
-    /// are cached afterwards. The cache never exceeds its budget: past it, new
-    /// rows are left out.
+    /// (user ids; [`FeatureStore::update_cache`](gpu_ops::FeatureStore::update_cache)):
+    /// returns how many entries of `insert` are cached afterwards. The cache never
+    /// exceeds its budget: past it, new rows are left out.
     fn update_cache(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize>;
     /// From now on every input row (training and evaluation) comes from `rows`
     /// on the host and is uploaded, whatever the placement says about the

@@ -14,7 +14,7 @@ use super::device::CudaBackend;
 use super::kernels::{launch, Grid, Ptr};
 use super::math::elems;
 use super::sample::CudaBlock;
-use crate::backend::{GatGradsDev, GatSaved};
+use crate::backend::{GatGradsDev, GatSaved, GraphOps};
 use crate::error::{GpuOpsError, Result};
 
 /// `KIND_*` of aggregate.cu.
@@ -52,9 +52,11 @@ impl CudaBackend {
             _ => Ok(Ptr::null()),
         }
     }
+}
 
+impl GraphOps for CudaBackend {
     /// `out = A x` ([`cpu_ops::aggregate_forward`]'s semantics).
-    pub(crate) fn aggregate_forward_op(
+    fn aggregate_forward(
         &self,
         block: &CudaBlock,
         kind: AggregateKind,
@@ -91,7 +93,7 @@ impl CudaBackend {
 
     /// `grad_x = Aᵀ grad_out` (all `num_src` rows overwritten; atomics, see the
     /// module doc).
-    pub(crate) fn aggregate_backward_op(
+    fn aggregate_backward(
         &self,
         block: &CudaBlock,
         kind: AggregateKind,
@@ -126,7 +128,7 @@ impl CudaBackend {
     }
 
     /// GAT attention forward ([`cpu_ops::gat_forward`]'s semantics).
-    pub(crate) fn gat_forward_op(
+    fn gat_forward(
         &self,
         block: &CudaBlock,
         heads: usize,
@@ -211,7 +213,7 @@ impl CudaBackend {
     /// GAT attention backward ([`cpu_ops::gat_backward`]'s semantics; steps in
     /// attention.cu).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gat_backward_op(
+    fn gat_backward(
         &self,
         block: &CudaBlock,
         heads: usize,

@@ -3,13 +3,14 @@
 //!
 //! # Errors that happen on the device
 //! A kernel cannot return an error. Where a kernel reads an index that lives in device
-//! memory (ids to gather, labels, row indices), it checks the index, skips the bad
-//! one (the output row becomes zeros) and records it in the backend's *fault word*
-//! (first fault wins: code, value, limit). Every call that synchronizes the compute
-//! stream ([`Backend::synchronize`] on it, [`Backend::download`], the loss, sampling,
+//! memory (ids to gather, labels, row indices), it checks the index, skips the bad one
+//! (the output row becomes zeros) and records it in the backend's *fault word* (first
+//! fault wins: code, value, limit). Every call that synchronizes the compute stream
+//! ([`DeviceCore::synchronize`](crate::DeviceCore::synchronize) on it,
+//! [`DeviceMemory::download`](crate::DeviceMemory::download), the loss, sampling,
 //! unique relabeling) then reads the fault word and returns it as a typed
-//! [`GpuOpsError::InvalidArgument`] naming the op, the value and the bound. Errors
-//! of `Drop` implementations (see `alloc.rs`) are returned the same way.
+//! [`GpuOpsError::InvalidArgument`] naming the op, the value and the bound. Errors of
+//! `Drop` implementations (see `alloc.rs`) are returned the same way.
 
 use parking_lot::Mutex;
 use std::any::Any;
@@ -22,9 +23,13 @@ use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 
 use super::alloc::{CudaBuf, Init, Pool};
+use super::features::CudaFeatures;
 use super::kernels::{require_nvrtc, Kernels, PtrMut};
+use super::math::CudaMask;
+use super::pinned::CudaPinned;
+use super::sample::{CudaBlock, CudaGraph};
 use super::stats::AllocatorStats;
-use crate::backend::{DeviceKind, MemoryInfo};
+use crate::backend::{DeviceCore, DeviceKind, Elem, MemoryInfo};
 use crate::error::{GpuOpsError, Result};
 
 /// Maps a driver error to [`GpuOpsError::Driver`] naming the operation.
@@ -128,7 +133,7 @@ fn fault_error(code: u32, value: u64, limit: u64) -> GpuOpsError {
 }
 
 /// A stream of the CUDA backend (the compute stream or one from
-/// [`crate::Backend::new_stream`]).
+/// [`crate::DeviceCore::new_stream`]).
 #[derive(Clone, Debug)]
 pub struct CudaStreamHandle {
     pub(crate) inner: Arc<CudaStream>,
@@ -361,29 +366,6 @@ impl CudaBackend {
     }
 
     /// The cuBLAS handle (locked: one user at a time).
-    /// Sets the cuBLAS math mode of this backend's handle: TF32 tensor-core
-    /// products (`CUBLAS_TF32_TENSOR_OP_MATH`) or the default fp32.
-    pub(crate) fn set_math_mode(&self, precision: crate::Precision) -> Result<()> {
-        use cublas::sys::cublasMath_t as M;
-        self.bind()?;
-        let mut h = self.blas.lock();
-        let mode = match precision {
-            crate::Precision::Fp32 => M::CUBLAS_DEFAULT_MATH,
-            crate::Precision::Tf32 => M::CUBLAS_TF32_TENSOR_OP_MATH,
-        };
-        // SAFETY: `h.0` is this backend's live handle, used under its mutex.
-        unsafe { cublas::sys::cublasSetMathMode(h.0, mode) }
-            .result()
-            .map_err(blas_err("cublasSetMathMode"))?;
-        h.1 = precision;
-        Ok(())
-    }
-
-    /// The math mode set by [`CudaBackend::set_math_mode`].
-    pub(crate) fn math_mode(&self) -> crate::Precision {
-        self.blas.lock().1
-    }
-
     pub(crate) fn with_blas<R>(&self, f: impl FnOnce(cublas::sys::cublasHandle_t) -> R) -> R {
         let h = self.blas.lock();
         f(h.0)
@@ -428,10 +410,35 @@ impl CudaBackend {
         let limit = words[3] as u64 | (words[4] as u64) << 32;
         Err(fault_error(words[0], value, limit))
     }
+}
 
-    // ---- identity, streams, events (the Backend impl forwards here) ---------------
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Let queued work finish before the handle, modules and buffers go away.
+        if self.bind().is_ok() {
+            let _ = self.compute.inner.synchronize();
+            let h = self.blas.get_mut();
+            // SAFETY: the handle is live, owned by this backend and no longer used.
+            let _ = unsafe { cublas::result::destroy_handle(h.0) };
+        }
+    }
+}
 
-    pub(crate) fn describe_device(&self) -> String {
+impl DeviceCore for CudaBackend {
+    type Buf<T: Elem> = CudaBuf<T>;
+    type Pinned<T: Elem> = CudaPinned<T>;
+    type Stream = CudaStreamHandle;
+    type Event = CudaEventHandle;
+    type Graph = CudaGraph;
+    type Block = CudaBlock;
+    type Features = CudaFeatures;
+    type Mask = CudaMask;
+
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda
+    }
+
+    fn describe(&self) -> String {
         let i = &self.info;
         format!(
             "{} (cuda:{}), compute capability {}.{}, {} SMs, {:.1} GiB",
@@ -444,18 +451,51 @@ impl CudaBackend {
         )
     }
 
-    pub(crate) fn memory(&self) -> Result<MemoryInfo> {
+    fn memory_info(&self) -> Result<MemoryInfo> {
         self.bind()?;
         let (free, total) = result::mem_get_info().map_err(drv("cuMemGetInfo"))?;
         Ok(MemoryInfo { free, total })
     }
 
-    pub(crate) fn create_stream(&self) -> Result<CudaStreamHandle> {
+    /// Sets the cuBLAS math mode of this backend's handle: TF32 tensor-core
+    /// products (`CUBLAS_TF32_TENSOR_OP_MATH`) or the default fp32.
+    fn set_precision(&self, precision: crate::Precision) -> Result<()> {
+        use cublas::sys::cublasMath_t as M;
+        self.bind()?;
+        let mut h = self.blas.lock();
+        let mode = match precision {
+            crate::Precision::Fp32 => M::CUBLAS_DEFAULT_MATH,
+            crate::Precision::Tf32 => M::CUBLAS_TF32_TENSOR_OP_MATH,
+        };
+        // SAFETY: `h.0` is this backend's live handle, used under its mutex.
+        unsafe { cublas::sys::cublasSetMathMode(h.0, mode) }
+            .result()
+            .map_err(blas_err("cublasSetMathMode"))?;
+        h.1 = precision;
+        Ok(())
+    }
+
+    /// The math mode set by [`DeviceCore::set_precision`].
+    fn precision(&self) -> crate::Precision {
+        self.blas.lock().1
+    }
+
+    fn transfer_stats(&self) -> crate::backend::TransferStats {
+        let mut t = self.transfers.get();
+        t.zero_fills = self.allocator_stats().zeroed;
+        t
+    }
+
+    fn stream(&self) -> &CudaStreamHandle {
+        &self.compute
+    }
+
+    fn new_stream(&self) -> Result<CudaStreamHandle> {
         let inner = self.ctx.new_stream().map_err(drv("cuStreamCreate"))?;
         Ok(CudaStreamHandle { inner })
     }
 
-    pub(crate) fn record(&self, stream: &CudaStreamHandle) -> Result<CudaEventHandle> {
+    fn record_event(&self, stream: &CudaStreamHandle) -> Result<CudaEventHandle> {
         let inner = self
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
@@ -464,21 +504,21 @@ impl CudaBackend {
         Ok(CudaEventHandle { inner })
     }
 
-    pub(crate) fn wait(&self, stream: &CudaStreamHandle, event: &CudaEventHandle) -> Result<()> {
+    fn wait_event(&self, stream: &CudaStreamHandle, event: &CudaEventHandle) -> Result<()> {
         stream
             .inner
             .wait(&event.inner)
             .map_err(drv("cuStreamWaitEvent"))
     }
 
-    pub(crate) fn elapsed(&self, start: &CudaEventHandle, end: &CudaEventHandle) -> Result<f32> {
+    fn elapsed_ms(&self, start: &CudaEventHandle, end: &CudaEventHandle) -> Result<f32> {
         start
             .inner
             .elapsed_ms(&end.inner)
             .map_err(drv("cuEventElapsedTime"))
     }
 
-    pub(crate) fn sync_stream(&self, stream: &CudaStreamHandle) -> Result<()> {
+    fn synchronize(&self, stream: &CudaStreamHandle) -> Result<()> {
         if self.is_compute(stream) {
             return self.sync_compute();
         }
@@ -491,18 +531,6 @@ impl CudaBackend {
         match self.pool.take_deferred() {
             Some(e) => Err(e),
             None => Ok(()),
-        }
-    }
-}
-
-impl Drop for CudaBackend {
-    fn drop(&mut self) {
-        // Let queued work finish before the handle, modules and buffers go away.
-        if self.bind().is_ok() {
-            let _ = self.compute.inner.synchronize();
-            let h = self.blas.get_mut();
-            // SAFETY: the handle is live, owned by this backend and no longer used.
-            let _ = unsafe { cublas::result::destroy_handle(h.0) };
         }
     }
 }
@@ -529,7 +557,7 @@ mod tests {
             }
             Ok(b) => {
                 assert!(driver);
-                assert!(b.describe_device().contains("compute capability"));
+                assert!(b.describe().contains("compute capability"));
             }
             Err(e) => assert!(driver, "without a driver only Unavailable is possible: {e}"),
         }

@@ -2,13 +2,17 @@
 //! API, an uninhabited type (no value can exist, so every method body is
 //! `match self.never {}`), and a constructor that explains why it is unavailable.
 //! Code generic over [`Backend`] compiles unchanged.
+//!
+//! Every handle type is [`Never`], so each op family is implemented by
+//! `uninhabited!` from a one-line signature per method (argument types only).
 
 use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix};
 
 use super::stats::AllocatorStats;
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype, GatGradsDev,
-    GatSaved, LossStats, MemoryInfo, TopologyPlacement,
+    AdamStep, Backend, CacheStats, DenseOps, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory,
+    Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats, MemoryInfo,
+    Precision, Sampling, TopologyPlacement, TransferStats,
 };
 use crate::error::{GpuOpsError, Result};
 
@@ -73,293 +77,110 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
-    type Buf<T: Elem> = Never;
-    type Pinned<T: Elem> = Never;
-    type Stream = Never;
-    type Event = Never;
-    type Graph = Never;
-    type Block = Never;
-    type Features = Never;
-    type Mask = Never;
+/// Implements op families for the uninhabited [`CudaBackend`]: each `type` is
+/// [`Never`]; each `fn name[generics](argument types) -> ret;` becomes a method
+/// taking `&self` and those arguments whose body is `match self.never {}`.
+macro_rules! uninhabited {
+    ($(impl $family:ident {
+        $(type $ty:ident $(<$tp:ident: $tb:ident>)?;)*
+        $(fn $name:ident $([$($gen:tt)*])? ($($arg:ty),*) $(-> $ret:ty)?;)*
+    })*) => {$(
+        impl $family for CudaBackend {
+            $(type $ty $(<$tp: $tb>)? = Never;)*
+            $(fn $name $(<$($gen)*>)? (&self, $(_: $arg),*) $(-> $ret)? {
+                match self.never {}
+            })*
+        }
+    )*};
+}
 
-    fn kind(&self) -> DeviceKind {
-        match self.never {}
+uninhabited! {
+    impl DeviceCore {
+        type Buf<T: Elem>;
+        type Pinned<T: Elem>;
+        type Stream;
+        type Event;
+        type Graph;
+        type Block;
+        type Features;
+        type Mask;
+        fn kind() -> DeviceKind;
+        fn describe() -> String;
+        fn memory_info() -> Result<MemoryInfo>;
+        fn transfer_stats() -> TransferStats;
+        fn set_precision(Precision) -> Result<()>;
+        fn precision() -> Precision;
+        fn stream() -> &Never;
+        fn new_stream() -> Result<Never>;
+        fn record_event(&Never) -> Result<Never>;
+        fn wait_event(&Never, &Never) -> Result<()>;
+        fn elapsed_ms(&Never, &Never) -> Result<f32>;
+        fn synchronize(&Never) -> Result<()>;
     }
-    fn describe(&self) -> String {
-        match self.never {}
+    impl DeviceMemory {
+        fn alloc[T: Elem](usize) -> Result<Never>;
+        fn alloc_uninit[T: Elem](usize) -> Result<Never>;
+        fn len[T: Elem](&Never) -> usize;
+        fn alloc_pinned[T: Elem](usize) -> Result<Never>;
+        fn pinned_slice['a, T: Elem](&'a Never) -> &'a [T];
+        fn pinned_slice_mut['a, T: Elem](&'a mut Never) -> &'a mut [T];
+        fn upload[T: Elem](&Never, &[T], &mut Never) -> Result<()>;
+        fn upload_pinned[T: Elem](&Never, &Never, &mut Never) -> Result<()>;
+        fn upload_pinned_at[T: Elem](&Never, &Never, usize, &mut Never, usize) -> Result<()>;
+        fn download[T: Elem](&Never, &Never, &mut [T]) -> Result<()>;
+        fn copy[T: Elem](&Never, &mut Never, usize) -> Result<()>;
+        fn fill_zero[T: Elem](&mut Never, usize) -> Result<()>;
     }
-    fn memory_info(&self) -> Result<MemoryInfo> {
-        match self.never {}
+    impl Sampling {
+        fn load_graph(&CsrGraph, TopologyPlacement) -> Result<Never>;
+        fn sample(&Never, &[u32], &[u32], u64) -> Result<DeviceBatch<Self>>;
+        fn sample_hop(&Never, &Never, usize, u32, u64, Option<&Never>)
+            -> Result<(Never, Never, usize)>;
+        fn unique_relabel(&Never, usize, &Never, usize) -> Result<(Never, Never, usize)>;
+        fn block_from_host(usize, &[u64], &[u32]) -> Result<Never>;
+        fn add_self_loops(&Never) -> Result<Never>;
+        fn block_to_host(&Never) -> Result<(Vec<u64>, Vec<u32>)>;
+        fn block_shape(&Never) -> (usize, usize, usize);
     }
-    fn set_precision(&self, _precision: crate::Precision) -> Result<()> {
-        match self.never {}
+    impl FeatureStore {
+        fn load_features(&FeatureMatrix, &[u32], usize, FeatureDtype) -> Result<Never>;
+        fn update_cache(&mut Never, &[u32], &[u32]) -> Result<usize>;
+        fn is_cached(&Never, u32) -> bool;
+        fn feature_dim(&Never) -> usize;
+        fn gather(&Never, &Never, usize, &mut Never) -> Result<()>;
+        fn cache_stats(&Never) -> CacheStats;
+        fn reset_cache_stats(&Never);
+        fn index_select_rows(&Never, usize, &Never, usize, &mut Never) -> Result<()>;
+        fn index_put_rows(&Never, usize, &Never, usize, &mut Never) -> Result<()>;
     }
-    fn precision(&self) -> crate::Precision {
-        match self.never {}
+    impl DenseOps {
+        fn gemm(bool, bool, usize, usize, usize, &Never, &Never, &mut Never, bool) -> Result<()>;
+        fn add_bias(&mut Never, usize, usize, &Never) -> Result<()>;
+        fn bias_grad(&Never, usize, usize, &mut Never, bool) -> Result<()>;
+        fn relu(&mut Never, usize) -> Result<()>;
+        fn relu_backward(&Never, &mut Never, usize) -> Result<()>;
+        fn elu(&mut Never, usize, f32) -> Result<()>;
+        fn elu_backward(&Never, &mut Never, usize, f32) -> Result<()>;
+        fn dropout(&mut Never, usize, f32, u64) -> Result<Never>;
+        fn dropout_backward(&Never, &mut Never, usize) -> Result<()>;
+        fn softmax_cross_entropy(&Never, usize, usize, &Never, Option<&mut Never>)
+            -> Result<LossStats>;
+        fn adam_step(&AdamStep, &mut Never, &Never, &mut Never, &mut Never, usize) -> Result<()>;
+        fn widen_bf16(&Never, usize, &mut Never) -> Result<()>;
+        fn scale(&mut Never, usize, f32) -> Result<()>;
+        fn count_nonfinite(&Never, usize, &mut Never) -> Result<()>;
     }
-    fn transfer_stats(&self) -> crate::backend::TransferStats {
-        match self.never {}
-    }
-    fn stream(&self) -> &Never {
-        match self.never {}
-    }
-    fn new_stream(&self) -> Result<Never> {
-        match self.never {}
-    }
-    fn record_event(&self, _: &Never) -> Result<Never> {
-        match self.never {}
-    }
-    fn wait_event(&self, _: &Never, _: &Never) -> Result<()> {
-        match self.never {}
-    }
-    fn elapsed_ms(&self, _: &Never, _: &Never) -> Result<f32> {
-        match self.never {}
-    }
-    fn synchronize(&self, _: &Never) -> Result<()> {
-        match self.never {}
-    }
-    fn alloc<T: Elem>(&self, _: usize) -> Result<Never> {
-        match self.never {}
-    }
-    fn alloc_uninit<T: Elem>(&self, _: usize) -> Result<Never> {
-        match self.never {}
-    }
-    fn len<T: Elem>(&self, _: &Never) -> usize {
-        match self.never {}
-    }
-    fn alloc_pinned<T: Elem>(&self, _: usize) -> Result<Never> {
-        match self.never {}
-    }
-    fn pinned_slice<'a, T: Elem>(&self, _: &'a Never) -> &'a [T] {
-        match self.never {}
-    }
-    fn pinned_slice_mut<'a, T: Elem>(&self, _: &'a mut Never) -> &'a mut [T] {
-        match self.never {}
-    }
-    fn upload<T: Elem>(&self, _: &Never, _: &[T], _: &mut Never) -> Result<()> {
-        match self.never {}
-    }
-    fn upload_pinned<T: Elem>(&self, _: &Never, _: &Never, _: &mut Never) -> Result<()> {
-        match self.never {}
-    }
-    fn upload_pinned_at<T: Elem>(
-        &self,
-        _: &Never,
-        _: &Never,
-        _: usize,
-        _: &mut Never,
-        _: usize,
-    ) -> Result<()> {
-        match self.never {}
-    }
-    fn download<T: Elem>(&self, _: &Never, _: &Never, _: &mut [T]) -> Result<()> {
-        match self.never {}
-    }
-    fn copy<T: Elem>(&self, _: &Never, _: &mut Never, _: usize) -> Result<()> {
-        match self.never {}
-    }
-    fn fill_zero<T: Elem>(&self, _: &mut Never, _: usize) -> Result<()> {
-        match self.never {}
-    }
-    fn widen_bf16(&self, _: &Never, _: usize, _: &mut Never) -> Result<()> {
-        match self.never {}
-    }
-    fn scale(&self, _: &mut Never, _: usize, _: f32) -> Result<()> {
-        match self.never {}
-    }
-    fn count_nonfinite(&self, _: &Never, _: usize, _: &mut Never) -> Result<()> {
-        match self.never {}
-    }
-    fn load_graph(&self, _: &CsrGraph, _: TopologyPlacement) -> Result<Never> {
-        match self.never {}
-    }
-    fn sample(&self, _: &Never, _: &[u32], _: &[u32], _: u64) -> Result<DeviceBatch<Self>> {
-        match self.never {}
-    }
-    fn sample_hop(
-        &self,
-        _: &Never,
-        _: &Never,
-        _: usize,
-        _: u32,
-        _: u64,
-        _: Option<&Never>,
-    ) -> Result<(Never, Never, usize)> {
-        match self.never {}
-    }
-    fn unique_relabel(
-        &self,
-        _: &Never,
-        _: usize,
-        _: &Never,
-        _: usize,
-    ) -> Result<(Never, Never, usize)> {
-        match self.never {}
-    }
-    fn block_from_host(&self, _: usize, _: &[u64], _: &[u32]) -> Result<Never> {
-        match self.never {}
-    }
-    fn add_self_loops(&self, _: &Never) -> Result<Never> {
-        match self.never {}
-    }
-    fn block_to_host(&self, _: &Never) -> Result<(Vec<u64>, Vec<u32>)> {
-        match self.never {}
-    }
-    fn block_shape(&self, _: &Never) -> (usize, usize, usize) {
-        match self.never {}
-    }
-    fn load_features(
-        &self,
-        _: &FeatureMatrix,
-        _: &[u32],
-        _: usize,
-        _: FeatureDtype,
-    ) -> Result<Never> {
-        match self.never {}
-    }
-    fn update_cache(&self, _: &mut Never, _: &[u32], _: &[u32]) -> Result<usize> {
-        match self.never {}
-    }
-    fn is_cached(&self, _: &Never, _: u32) -> bool {
-        match self.never {}
-    }
-    fn feature_dim(&self, _: &Never) -> usize {
-        match self.never {}
-    }
-    fn gather(&self, _: &Never, _: &Never, _: usize, _: &mut Never) -> Result<()> {
-        match self.never {}
-    }
-    fn cache_stats(&self, _: &Never) -> CacheStats {
-        match self.never {}
-    }
-    fn reset_cache_stats(&self, _: &Never) {
-        match self.never {}
-    }
-    fn index_select_rows(
-        &self,
-        _: &Never,
-        _: usize,
-        _: &Never,
-        _: usize,
-        _: &mut Never,
-    ) -> Result<()> {
-        match self.never {}
-    }
-    fn index_put_rows(
-        &self,
-        _: &Never,
-        _: usize,
-        _: &Never,
-        _: usize,
-        _: &mut Never,
-    ) -> Result<()> {
-        match self.never {}
-    }
-    fn gemm(
-        &self,
-        _: bool,
-        _: bool,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: &Never,
-        _: &Never,
-        _: &mut Never,
-        _: bool,
-    ) -> Result<()> {
-        match self.never {}
-    }
-    fn aggregate_forward(
-        &self,
-        _: &Never,
-        _: AggregateKind,
-        _: &Never,
-        _: usize,
-        _: &mut Never,
-    ) -> Result<()> {
-        match self.never {}
-    }
-    fn aggregate_backward(
-        &self,
-        _: &Never,
-        _: AggregateKind,
-        _: &Never,
-        _: usize,
-        _: &mut Never,
-    ) -> Result<()> {
-        match self.never {}
-    }
-    fn gat_forward(
-        &self,
-        _: &Never,
-        _: usize,
-        _: usize,
-        _: &Never,
-        _: &Never,
-        _: &Never,
-    ) -> Result<GatSaved<Self>> {
-        match self.never {}
-    }
-    fn gat_backward(
-        &self,
-        _: &Never,
-        _: usize,
-        _: usize,
-        _: &Never,
-        _: &Never,
-        _: &Never,
-        _: &GatSaved<Self>,
-        _: &Never,
-    ) -> Result<GatGradsDev<Self>> {
-        match self.never {}
-    }
-    fn add_bias(&self, _: &mut Never, _: usize, _: usize, _: &Never) -> Result<()> {
-        match self.never {}
-    }
-    fn bias_grad(&self, _: &Never, _: usize, _: usize, _: &mut Never, _: bool) -> Result<()> {
-        match self.never {}
-    }
-    fn relu(&self, _: &mut Never, _: usize) -> Result<()> {
-        match self.never {}
-    }
-    fn relu_backward(&self, _: &Never, _: &mut Never, _: usize) -> Result<()> {
-        match self.never {}
-    }
-    fn elu(&self, _: &mut Never, _: usize, _: f32) -> Result<()> {
-        match self.never {}
-    }
-    fn elu_backward(&self, _: &Never, _: &mut Never, _: usize, _: f32) -> Result<()> {
-        match self.never {}
-    }
-    fn dropout(&self, _: &mut Never, _: usize, _: f32, _: u64) -> Result<Never> {
-        match self.never {}
-    }
-    fn dropout_backward(&self, _: &Never, _: &mut Never, _: usize) -> Result<()> {
-        match self.never {}
-    }
-    fn softmax_cross_entropy(
-        &self,
-        _: &Never,
-        _: usize,
-        _: usize,
-        _: &Never,
-        _: Option<&mut Never>,
-    ) -> Result<LossStats> {
-        match self.never {}
-    }
-    fn adam_step(
-        &self,
-        _: &AdamStep,
-        _: &mut Never,
-        _: &Never,
-        _: &mut Never,
-        _: &mut Never,
-        _: usize,
-    ) -> Result<()> {
-        match self.never {}
+    impl GraphOps {
+        fn aggregate_forward(&Never, AggregateKind, &Never, usize, &mut Never) -> Result<()>;
+        fn aggregate_backward(&Never, AggregateKind, &Never, usize, &mut Never) -> Result<()>;
+        fn gat_forward(&Never, usize, usize, &Never, &Never, &Never) -> Result<GatSaved<Self>>;
+        fn gat_backward(&Never, usize, usize, &Never, &Never, &Never, &GatSaved<Self>, &Never)
+            -> Result<GatGradsDev<Self>>;
     }
 }
+
+/// The collective reduce keeps its default (unreachable here).
+impl Backend for CudaBackend {}
 
 #[cfg(test)]
 mod tests {

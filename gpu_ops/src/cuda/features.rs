@@ -20,7 +20,7 @@
 //! A gather counts hits and misses on the device (per-block shared counters, one
 //! atomic per block) into running totals that live on the device, then enqueues an
 //! asynchronous copy of the totals into a pinned mirror. It does not synchronize:
-//! [`crate::Backend::cache_stats`] reads the mirror, which is current as of the
+//! [`crate::FeatureStore::cache_stats`] reads the mirror, which is current as of the
 //! compute stream's last synchronization (in a training step, the loss read after
 //! the gather), and an id outside the matrix is a device fault reported at that
 //! synchronization. (Before, every gather read its two counts back: one
@@ -33,7 +33,7 @@ use super::device::{drv, CudaBackend};
 use super::kernels::{launch, Grid, PtrMut};
 use super::math::elems;
 use super::pinned::{CudaPinned, HostRegion};
-use crate::backend::{to_bf16_bits, CacheStats, Elem, FeatureDtype};
+use crate::backend::{to_bf16_bits, CacheStats, Elem, FeatureDtype, FeatureStore};
 use crate::cache::{CachePolicy, NO_SLOT};
 use crate::error::{GpuOpsError, Result};
 
@@ -127,8 +127,48 @@ impl CudaBackend {
         Grid::warps_for(n.div_ceil(32) as u64, self.kernels.max_blocks())
     }
 
-    /// [`crate::Backend::load_features`].
-    pub(crate) fn load_features_op(
+    /// Grows the store (before the policy changes) so `extra` more slots fit, never
+    /// past the capacity.
+    fn reserve_slots(&self, f: &mut CudaFeatures, extra: usize) -> Result<()> {
+        let dim = f.policy.dim();
+        if dim == 0 {
+            return Ok(());
+        }
+        let cap = f.policy.capacity_rows();
+        let used = f.policy.slots_used();
+        let need = used.saturating_add(extra).min(cap);
+        let have = f.store_slots();
+        if need <= have {
+            return Ok(());
+        }
+        let rows = need.max(have.saturating_mul(2)).min(cap);
+        let len = elems("cache rows × dim", rows, dim)?;
+        match &mut f.rows {
+            Rows::F32 { store, .. } => self.grow(store, len, used * dim),
+            Rows::Bf16 { store, .. } => self.grow(store, len, used * dim),
+        }
+    }
+
+    /// Replaces `store` by an exact allocation of `len` values holding its first
+    /// `keep`.
+    fn grow<T: Elem>(&self, store: &mut CudaBuf<T>, len: usize, keep: usize) -> Result<()> {
+        let mut bigger = self
+            .pool
+            .alloc_exact::<T>(len, Init::Uninit, "feature cache store")?;
+        self.copy_buf(store, &mut bigger, keep)?;
+        *store = bigger;
+        Ok(())
+    }
+
+    fn to_device_u32(&self, v: &[u32]) -> Result<CudaBuf<u32>> {
+        let mut b = self.buf::<u32>(v.len(), Init::Uninit, "index list")?;
+        self.upload_slice(&self.compute, v, &mut b)?;
+        Ok(b)
+    }
+}
+
+impl FeatureStore for CudaBackend {
+    fn load_features(
         &self,
         features: &FeatureMatrix,
         cached: &[u32],
@@ -175,53 +215,15 @@ impl CudaBackend {
             rows,
             slot_map,
             counters: self.buf::<u64>(2, Init::Zeroed, "gather counters")?,
-            mirror: self.alloc_pinned_buf(2)?,
+            mirror: CudaPinned::new(&self.ctx, 2)?,
             zero: parking_lot::Mutex::new([0; 2]),
         };
-        self.update_cache_op(&mut f, cached, &[])?;
+        self.update_cache(&mut f, cached, &[])?;
         Ok(f)
     }
 
-    /// Grows the store (before the policy changes) so `extra` more slots fit, never
-    /// past the capacity.
-    fn reserve_slots(&self, f: &mut CudaFeatures, extra: usize) -> Result<()> {
-        let dim = f.policy.dim();
-        if dim == 0 {
-            return Ok(());
-        }
-        let cap = f.policy.capacity_rows();
-        let used = f.policy.slots_used();
-        let need = used.saturating_add(extra).min(cap);
-        let have = f.store_slots();
-        if need <= have {
-            return Ok(());
-        }
-        let rows = need.max(have.saturating_mul(2)).min(cap);
-        let len = elems("cache rows × dim", rows, dim)?;
-        match &mut f.rows {
-            Rows::F32 { store, .. } => self.grow(store, len, used * dim),
-            Rows::Bf16 { store, .. } => self.grow(store, len, used * dim),
-        }
-    }
-
-    /// Replaces `store` by an exact allocation of `len` values holding its first
-    /// `keep`.
-    fn grow<T: Elem>(&self, store: &mut CudaBuf<T>, len: usize, keep: usize) -> Result<()> {
-        let mut bigger = self
-            .pool
-            .alloc_exact::<T>(len, Init::Uninit, "feature cache store")?;
-        self.copy_buf(store, &mut bigger, keep)?;
-        *store = bigger;
-        Ok(())
-    }
-
-    /// [`crate::Backend::update_cache`]: policy first, then the device mirror.
-    pub(crate) fn update_cache_op(
-        &self,
-        f: &mut CudaFeatures,
-        insert: &[u32],
-        evict: &[u32],
-    ) -> Result<usize> {
+    /// [`crate::FeatureStore::update_cache`]: policy first, then the device mirror.
+    fn update_cache(&self, f: &mut CudaFeatures, insert: &[u32], evict: &[u32]) -> Result<usize> {
         f.policy.check_ids("evict", evict)?;
         f.policy.check_ids("insert", insert)?;
         let cleared: Vec<u32> = evict
@@ -278,14 +280,16 @@ impl CudaBackend {
         Ok(up.cached)
     }
 
-    fn to_device_u32(&self, v: &[u32]) -> Result<CudaBuf<u32>> {
-        let mut b = self.buf::<u32>(v.len(), Init::Uninit, "index list")?;
-        self.upload_slice(&self.compute, v, &mut b)?;
-        Ok(b)
+    fn is_cached(&self, f: &CudaFeatures, v: u32) -> bool {
+        f.policy.is_cached(v)
     }
 
-    /// [`crate::Backend::gather`] (does not synchronize; see the module doc).
-    pub(crate) fn gather_op(
+    fn feature_dim(&self, f: &CudaFeatures) -> usize {
+        f.policy.dim()
+    }
+
+    /// [`crate::FeatureStore::gather`] (does not synchronize; see the module doc).
+    fn gather(
         &self,
         f: &CudaFeatures,
         ids: &CudaBuf<u32>,
@@ -342,8 +346,8 @@ impl CudaBackend {
         f.mirror.record_copy(&self.compute.inner)
     }
 
-    /// [`crate::Backend::cache_stats`]: the counts as of the last synchronization.
-    pub(crate) fn cache_stats_of(&self, f: &CudaFeatures) -> CacheStats {
+    /// The counts as of the last synchronization.
+    fn cache_stats(&self, f: &CudaFeatures) -> CacheStats {
         let [hits, misses] = f.totals();
         let zero = *f.zero.lock();
         CacheStats {
@@ -353,25 +357,14 @@ impl CudaBackend {
         }
     }
 
-    /// [`crate::Backend::reset_cache_stats`].
-    pub(crate) fn reset_cache_stats_of(&self, f: &CudaFeatures) {
+    fn reset_cache_stats(&self, f: &CudaFeatures) {
         *f.zero.lock() = f.totals();
         f.policy.reset_stats();
     }
 
-    /// [`crate::Backend::is_cached`].
-    pub(crate) fn is_cached_in(&self, f: &CudaFeatures, v: u32) -> bool {
-        f.policy.is_cached(v)
-    }
-
-    /// [`crate::Backend::feature_dim`].
-    pub(crate) fn feature_dim_of(&self, f: &CudaFeatures) -> usize {
-        f.policy.dim()
-    }
-
     /// `out[r] = src[idx[r]]`; a bad index is a device fault (reported at the next
     /// synchronization; the row becomes zeros).
-    pub(crate) fn index_select_op(
+    fn index_select_rows(
         &self,
         src: &CudaBuf<f32>,
         dim: usize,
@@ -403,7 +396,7 @@ impl CudaBackend {
 
     /// `dst[idx[r]] = src[r]`; a bad index is a device fault (reported at the next
     /// synchronization; the row is skipped).
-    pub(crate) fn index_put_op(
+    fn index_put_rows(
         &self,
         src: &CudaBuf<f32>,
         dim: usize,

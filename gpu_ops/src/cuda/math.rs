@@ -18,7 +18,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use super::alloc::{CudaBuf, Init};
 use super::device::{blas_err, CudaBackend};
 use super::kernels::{launch, Grid, Ptr, PtrMut};
-use crate::backend::{Activation, AdamStep, LossStats};
+use crate::backend::{Activation, AdamStep, DenseOps, LossStats};
 use crate::error::{GpuOpsError, Result};
 
 /// Rows per partial sum of the column reductions (fixed: the sum order is fixed).
@@ -121,9 +121,183 @@ impl CudaBackend {
         Grid::warps_for(n as u64, self.kernels.max_blocks())
     }
 
+    /// `out[c] (+)= Σ_r w(r, c) x[r, c]` over a row-major `rows × cols` matrix, in a
+    /// fixed order; `w(r, c) = weights[r · stride + c / div]` when given, else 1.
+    pub(crate) fn colsum(
+        &self,
+        x: Ptr<f32>,
+        rows: usize,
+        cols: usize,
+        weights: Option<(Ptr<f32>, usize, usize)>,
+        out: PtrMut<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        if cols == 0 {
+            return Ok(());
+        }
+        let chunks = rows.div_ceil(COLSUM_CHUNK_ROWS);
+        let mut partial = self.buf::<f32>(
+            elems("chunks × cols", chunks, cols)?,
+            Init::Uninit,
+            "column sum partials",
+        )?;
+        let (w, has_w, stride, div) = match weights {
+            Some((w, stride, div)) => (w, 1u32, stride as u64, div.max(1) as u64),
+            None => (Ptr::null(), 0u32, 0u64, 1u64),
+        };
+        launch::colsum_partial(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(chunks * cols),
+            x,
+            rows as u64,
+            cols as u64,
+            COLSUM_CHUNK_ROWS as u64,
+            w,
+            has_w,
+            stride,
+            div,
+            partial.ptr_mut(),
+        )?;
+        launch::colsum_finish(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(cols),
+            partial.ptr(),
+            chunks as u64,
+            cols as u64,
+            out,
+            u32::from(accumulate),
+        )
+    }
+
+    fn check_alpha(alpha: f32) -> Result<()> {
+        if !(alpha.is_finite() && alpha > 0.0) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "alpha",
+                reason: format!("ELU alpha must be finite and > 0, got {alpha}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Dropout's keep threshold and scale for probability `p` (as
+    /// `cpu_ops::dropout`: keep when the 16-bit draw >= round(p · 2^16)).
+    fn dropout_params(p: f32) -> Result<(u32, f32)> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "p",
+                reason: format!("dropout probability must be in [0, 1], got {p}"),
+            });
+        }
+        let p64 = f64::from(p);
+        let threshold = (p64 * 65_536.0).round() as u32;
+        let scale = if p < 1.0 {
+            (1.0 / (1.0 - p64)) as f32
+        } else {
+            0.0
+        };
+        Ok((threshold, scale))
+    }
+
+    /// The kernels' activation code (0 ReLU, 1 ELU) and alpha.
+    fn activation_code(act: Activation) -> Result<(u32, f32)> {
+        match act {
+            Activation::Relu => Ok((0, 0.0)),
+            Activation::Elu { alpha } => {
+                Self::check_alpha(alpha)?;
+                Ok((1, alpha))
+            }
+        }
+    }
+}
+
+/// Adam's hyper-parameters: finite; `lr, eps, weight_decay >= 0`; `β ∈ [0, 1)`;
+/// `step >= 1`.
+fn check_adam(hp: &AdamStep) -> Result<()> {
+    let bad = |name: &'static str, v: f32, range: &str| {
+        Err(GpuOpsError::InvalidArgument {
+            name,
+            reason: format!("must be finite and {range}, got {v}"),
+        })
+    };
+    if !(hp.lr.is_finite() && hp.lr >= 0.0) {
+        return bad("lr", hp.lr, ">= 0");
+    }
+    if !(hp.beta1.is_finite() && (0.0..1.0).contains(&hp.beta1)) {
+        return bad("beta1", hp.beta1, "in [0, 1)");
+    }
+    if !(hp.beta2.is_finite() && (0.0..1.0).contains(&hp.beta2)) {
+        return bad("beta2", hp.beta2, "in [0, 1)");
+    }
+    if !(hp.eps.is_finite() && hp.eps >= 0.0) {
+        return bad("eps", hp.eps, ">= 0");
+    }
+    if !(hp.weight_decay.is_finite() && hp.weight_decay >= 0.0) {
+        return bad("weight_decay", hp.weight_decay, ">= 0");
+    }
+    if hp.step == 0 {
+        return Err(GpuOpsError::InvalidArgument {
+            name: "step",
+            reason: "Adam steps count from 1 (bias correction divides by 1 − β^step)".into(),
+        });
+    }
+    Ok(())
+}
+
+impl DenseOps for CudaBackend {
+    /// [`crate::DenseOps::widen_bf16`].
+    fn widen_bf16(&self, src: &CudaBuf<u16>, n: usize, out: &mut CudaBuf<f32>) -> Result<()> {
+        src.check_len("widen_bf16 source", n)?;
+        out.check_len("widen_bf16 output", n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        launch::widen_bf16(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n.div_ceil(2)),
+            src.ptr(),
+            n as u64,
+            out.ptr_mut(),
+        )
+    }
+
+    fn scale(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+        x.check_len("scale x", n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        launch::scale_in_place(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            x.ptr_mut(),
+            n as u64,
+            alpha,
+        )
+    }
+
+    fn count_nonfinite(&self, x: &CudaBuf<f32>, n: usize, count: &mut CudaBuf<u32>) -> Result<()> {
+        crate::backend::check_count_len(n)?;
+        x.check_len("count_nonfinite x", n)?;
+        count.check_len("count_nonfinite count", 1)?;
+        if n == 0 {
+            return Ok(());
+        }
+        launch::count_nonfinite(
+            &self.kernels,
+            self.cu(),
+            self.grid_threads(n),
+            x.ptr(),
+            n as u64,
+            count.ptr_mut(),
+        )
+    }
+
     /// `C = op(A)·op(B)` (`+ C` when accumulating), row-major, via cuBLAS.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm_op(
+    fn gemm(
         &self,
         trans_a: bool,
         trans_b: bool,
@@ -182,7 +356,7 @@ impl CudaBackend {
     }
 
     /// `x[r] += bias` for `r < rows`.
-    pub(crate) fn add_bias_op(
+    fn add_bias(
         &self,
         x: &mut CudaBuf<f32>,
         rows: usize,
@@ -203,58 +377,8 @@ impl CudaBackend {
         )
     }
 
-    /// `out[c] (+)= Σ_r w(r, c) x[r, c]` over a row-major `rows × cols` matrix, in a
-    /// fixed order; `w(r, c) = weights[r · stride + c / div]` when given, else 1.
-    pub(crate) fn colsum(
-        &self,
-        x: Ptr<f32>,
-        rows: usize,
-        cols: usize,
-        weights: Option<(Ptr<f32>, usize, usize)>,
-        out: PtrMut<f32>,
-        accumulate: bool,
-    ) -> Result<()> {
-        if cols == 0 {
-            return Ok(());
-        }
-        let chunks = rows.div_ceil(COLSUM_CHUNK_ROWS);
-        let mut partial = self.buf::<f32>(
-            elems("chunks × cols", chunks, cols)?,
-            Init::Uninit,
-            "column sum partials",
-        )?;
-        let (w, has_w, stride, div) = match weights {
-            Some((w, stride, div)) => (w, 1u32, stride as u64, div.max(1) as u64),
-            None => (Ptr::null(), 0u32, 0u64, 1u64),
-        };
-        launch::colsum_partial(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(chunks * cols),
-            x,
-            rows as u64,
-            cols as u64,
-            COLSUM_CHUNK_ROWS as u64,
-            w,
-            has_w,
-            stride,
-            div,
-            partial.ptr_mut(),
-        )?;
-        launch::colsum_finish(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(cols),
-            partial.ptr(),
-            chunks as u64,
-            cols as u64,
-            out,
-            u32::from(accumulate),
-        )
-    }
-
     /// `dbias (+)= Σ_r dy[r]`.
-    pub(crate) fn bias_grad_op(
+    fn bias_grad(
         &self,
         dy: &CudaBuf<f32>,
         rows: usize,
@@ -270,68 +394,7 @@ impl CudaBackend {
         self.colsum(dy.ptr(), rows, cols, None, dbias.ptr_mut(), accumulate)
     }
 
-    /// [`crate::Backend::widen_bf16`].
-    pub(crate) fn widen_bf16_op(
-        &self,
-        src: &CudaBuf<u16>,
-        n: usize,
-        out: &mut CudaBuf<f32>,
-    ) -> Result<()> {
-        src.check_len("widen_bf16 source", n)?;
-        out.check_len("widen_bf16 output", n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        launch::widen_bf16(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n.div_ceil(2)),
-            src.ptr(),
-            n as u64,
-            out.ptr_mut(),
-        )
-    }
-
-    /// [`crate::Backend::scale`].
-    pub(crate) fn scale_op(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
-        x.check_len("scale x", n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        launch::scale_in_place(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            x.ptr_mut(),
-            n as u64,
-            alpha,
-        )
-    }
-
-    /// [`crate::Backend::count_nonfinite`].
-    pub(crate) fn count_nonfinite_op(
-        &self,
-        x: &CudaBuf<f32>,
-        n: usize,
-        count: &mut CudaBuf<u32>,
-    ) -> Result<()> {
-        crate::backend::check_count_len(n)?;
-        x.check_len("count_nonfinite x", n)?;
-        count.check_len("count_nonfinite count", 1)?;
-        if n == 0 {
-            return Ok(());
-        }
-        launch::count_nonfinite(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            x.ptr(),
-            n as u64,
-            count.ptr_mut(),
-        )
-    }
-
-    pub(crate) fn relu_op(&self, x: &mut CudaBuf<f32>, n: usize) -> Result<()> {
+    fn relu(&self, x: &mut CudaBuf<f32>, n: usize) -> Result<()> {
         x.check_len("relu x", n)?;
         launch::relu_forward(
             &self.kernels,
@@ -342,12 +405,7 @@ impl CudaBackend {
         )
     }
 
-    pub(crate) fn relu_backward_op(
-        &self,
-        y: &CudaBuf<f32>,
-        dy: &mut CudaBuf<f32>,
-        n: usize,
-    ) -> Result<()> {
+    fn relu_backward(&self, y: &CudaBuf<f32>, dy: &mut CudaBuf<f32>, n: usize) -> Result<()> {
         y.check_len("relu_backward y", n)?;
         dy.check_len("relu_backward dy", n)?;
         launch::relu_backward(
@@ -360,17 +418,7 @@ impl CudaBackend {
         )
     }
 
-    fn check_alpha(alpha: f32) -> Result<()> {
-        if !(alpha.is_finite() && alpha > 0.0) {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "alpha",
-                reason: format!("ELU alpha must be finite and > 0, got {alpha}"),
-            });
-        }
-        Ok(())
-    }
-
-    pub(crate) fn elu_op(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+    fn elu(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
         Self::check_alpha(alpha)?;
         x.check_len("elu x", n)?;
         launch::elu_forward(
@@ -383,7 +431,7 @@ impl CudaBackend {
         )
     }
 
-    pub(crate) fn elu_backward_op(
+    fn elu_backward(
         &self,
         y: &CudaBuf<f32>,
         dy: &mut CudaBuf<f32>,
@@ -405,32 +453,7 @@ impl CudaBackend {
     }
 
     /// Inverted dropout (mask from `(seed, index)`, module doc of `math.cu`).
-    /// Dropout's keep threshold and scale for probability `p` (as
-    /// `cpu_ops::dropout`: keep when the 16-bit draw >= round(p · 2^16)).
-    fn dropout_params(p: f32) -> Result<(u32, f32)> {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "p",
-                reason: format!("dropout probability must be in [0, 1], got {p}"),
-            });
-        }
-        let p64 = f64::from(p);
-        let threshold = (p64 * 65_536.0).round() as u32;
-        let scale = if p < 1.0 {
-            (1.0 / (1.0 - p64)) as f32
-        } else {
-            0.0
-        };
-        Ok((threshold, scale))
-    }
-
-    pub(crate) fn dropout_op(
-        &self,
-        x: &mut CudaBuf<f32>,
-        n: usize,
-        p: f32,
-        seed: u64,
-    ) -> Result<CudaMask> {
+    fn dropout(&self, x: &mut CudaBuf<f32>, n: usize, p: f32, seed: u64) -> Result<CudaMask> {
         let (threshold, scale) = Self::dropout_params(p)?;
         x.check_len("dropout x", n)?;
         let words = n.div_ceil(32);
@@ -454,8 +477,8 @@ impl CudaBackend {
         })
     }
 
-    /// [`crate::Backend::bias_act_dropout`] in one kernel (`bias_act_dropout`).
-    pub(crate) fn bias_act_dropout_op(
+    /// One kernel (`bias_act_dropout`).
+    fn bias_act_dropout(
         &self,
         x: &mut CudaBuf<f32>,
         rows: usize,
@@ -503,8 +526,8 @@ impl CudaBackend {
         }))
     }
 
-    /// [`crate::Backend::dropout_act_backward`] in one kernel.
-    pub(crate) fn dropout_act_backward_op(
+    /// One kernel (`dropout_act_backward`).
+    fn dropout_act_backward(
         &self,
         mask: &CudaMask,
         y: &CudaBuf<f32>,
@@ -536,23 +559,7 @@ impl CudaBackend {
         )
     }
 
-    /// The kernels' activation code (0 ReLU, 1 ELU) and alpha.
-    fn activation_code(act: Activation) -> Result<(u32, f32)> {
-        match act {
-            Activation::Relu => Ok((0, 0.0)),
-            Activation::Elu { alpha } => {
-                Self::check_alpha(alpha)?;
-                Ok((1, alpha))
-            }
-        }
-    }
-
-    pub(crate) fn dropout_backward_op(
-        &self,
-        mask: &CudaMask,
-        dy: &mut CudaBuf<f32>,
-        n: usize,
-    ) -> Result<()> {
+    fn dropout_backward(&self, mask: &CudaMask, dy: &mut CudaBuf<f32>, n: usize) -> Result<()> {
         if n > mask.len {
             return Err(GpuOpsError::SizeMismatch {
                 what: "dropout_backward n (elements the mask covers)",
@@ -573,7 +580,7 @@ impl CudaBackend {
     }
 
     /// Mean softmax cross-entropy and correct count (synchronizes).
-    pub(crate) fn softmax_xent_op(
+    fn softmax_cross_entropy(
         &self,
         logits: &CudaBuf<f32>,
         rows: usize,
@@ -643,7 +650,7 @@ impl CudaBackend {
 
     /// One Adam step (PyTorch `Adam`, L2 decay), factors computed in f64 as
     /// `cpu_ops::Adam` does.
-    pub(crate) fn adam_op(
+    fn adam_step(
         &self,
         hp: &AdamStep,
         param: &mut CudaBuf<f32>,
@@ -682,39 +689,6 @@ impl CudaBackend {
             inv_bias2_sqrt,
         )
     }
-}
-
-/// Adam's hyper-parameters: finite; `lr, eps, weight_decay >= 0`; `β ∈ [0, 1)`;
-/// `step >= 1`.
-fn check_adam(hp: &AdamStep) -> Result<()> {
-    let bad = |name: &'static str, v: f32, range: &str| {
-        Err(GpuOpsError::InvalidArgument {
-            name,
-            reason: format!("must be finite and {range}, got {v}"),
-        })
-    };
-    if !(hp.lr.is_finite() && hp.lr >= 0.0) {
-        return bad("lr", hp.lr, ">= 0");
-    }
-    if !(hp.beta1.is_finite() && (0.0..1.0).contains(&hp.beta1)) {
-        return bad("beta1", hp.beta1, "in [0, 1)");
-    }
-    if !(hp.beta2.is_finite() && (0.0..1.0).contains(&hp.beta2)) {
-        return bad("beta2", hp.beta2, "in [0, 1)");
-    }
-    if !(hp.eps.is_finite() && hp.eps >= 0.0) {
-        return bad("eps", hp.eps, ">= 0");
-    }
-    if !(hp.weight_decay.is_finite() && hp.weight_decay >= 0.0) {
-        return bad("weight_decay", hp.weight_decay, ">= 0");
-    }
-    if hp.step == 0 {
-        return Err(GpuOpsError::InvalidArgument {
-            name: "step",
-            reason: "Adam steps count from 1 (bias correction divides by 1 − β^step)".into(),
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]

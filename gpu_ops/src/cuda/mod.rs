@@ -12,7 +12,10 @@
 //! host memory), `kernels.rs` (kernel registry, NVRTC, typed launchers), `transfer.rs`
 //! (copies), `scan.rs` (prefix sums), `sample.rs` (topology, sampling, relabel,
 //! blocks), `features.rs` (feature cache, gather, row selection), `math.rs` (dense
-//! math), `aggregate.rs` (aggregation, GAT), `backend_impl.rs` (the trait impl).
+//! math), `aggregate.rs` (aggregation, GAT). Each file implements its op family's
+//! trait ([`crate::DeviceCore`] in `device.rs`, [`crate::DeviceMemory`] in
+//! `transfer.rs`, [`crate::Sampling`], [`crate::FeatureStore`], [`crate::DenseOps`],
+//! [`crate::GraphOps`]); `nccl.rs` adds the umbrella [`crate::Backend`].
 //! Design notes: `docs/gpu.md`.
 
 mod stats;
@@ -23,8 +26,6 @@ pub use stats::AllocatorStats;
 mod aggregate;
 #[cfg(feature = "cuda")]
 mod alloc;
-#[cfg(feature = "cuda")]
-mod backend_impl;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
@@ -94,9 +95,6 @@ pub fn nccl_unique_id() -> crate::Result<crate::NcclId> {
     #[cfg(not(feature = "cuda"))]
     nccl_available().map(|()| crate::NcclId([0; 128]))
 }
-
-#[cfg(feature = "cuda")]
-pub(crate) use nccl::NcclReduce;
 
 #[cfg(not(feature = "cuda"))]
 mod disabled;

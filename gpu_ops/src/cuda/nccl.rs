@@ -12,6 +12,7 @@ use cudarc::nccl::{result as nccl, sys as nsys};
 
 use super::alloc::CudaBuf;
 use super::device::CudaBackend;
+use crate::backend::Backend;
 use crate::error::{GpuOpsError, Result};
 use crate::reduce::{check_reduce_args, GradReduce, NcclId};
 
@@ -141,6 +142,20 @@ impl GradReduce<CudaBackend> for NcclReduce {
             Some(e) => Err(e),
             None => end.map(|_| ()),
         }
+    }
+}
+
+/// The umbrella trait: every family is implemented in its file (`device.rs`,
+/// `transfer.rs`, `sample.rs`, `features.rs`, `math.rs`, `aggregate.rs`); this adds
+/// the collective reduce.
+impl Backend for CudaBackend {
+    fn nccl_reduce(
+        &self,
+        rank: usize,
+        ranks: usize,
+        id: &NcclId,
+    ) -> Result<Box<dyn GradReduce<Self>>> {
+        Ok(Box::new(NcclReduce::new(self, rank, ranks, id)?))
     }
 }
 

@@ -644,3 +644,69 @@ impl CudaBackend {
         self.finish_block(block.num_src, block.num_dst, edges, indptr, indices)
     }
 }
+
+/// The [`crate::Sampling`] family: forwards to the methods above (kept as they are
+/// so that this file's sampling code reads top to bottom).
+impl crate::backend::Sampling for CudaBackend {
+    fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<CudaGraph> {
+        self.load_graph_op(graph, placement)
+    }
+
+    fn sample(
+        &self,
+        graph: &CudaGraph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        seed: u64,
+    ) -> Result<DeviceBatch<Self>> {
+        self.sample_batch(graph, seeds, fanouts, seed)
+    }
+
+    fn sample_hop(
+        &self,
+        graph: &CudaGraph,
+        dst: &CudaBuf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&CudaBuf<u8>>,
+    ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
+        self.sample_hop_op(graph, dst, n_dst, fanout, layer_seed, skip)
+    }
+
+    fn unique_relabel(
+        &self,
+        targets: &CudaBuf<u32>,
+        num_targets: usize,
+        candidates: &CudaBuf<u32>,
+        num_candidates: usize,
+    ) -> Result<(CudaBuf<u32>, CudaBuf<u32>, usize)> {
+        self.relabel(targets, num_targets, candidates, num_candidates, "targets")
+    }
+
+    fn block_from_host(
+        &self,
+        num_src: usize,
+        indptr: &[u64],
+        indices: &[u32],
+    ) -> Result<CudaBlock> {
+        self.transfers
+            .upload(std::mem::size_of_val(indptr) + std::mem::size_of_val(indices));
+        self.block_from_host_op(num_src, indptr, indices)
+    }
+
+    fn add_self_loops(&self, block: &CudaBlock) -> Result<CudaBlock> {
+        self.add_self_loops_op(block)
+    }
+
+    fn block_to_host(&self, block: &CudaBlock) -> Result<(Vec<u64>, Vec<u32>)> {
+        Ok((
+            crate::backend::DeviceMemory::to_host(self, &block.indptr, block.num_dst + 1)?,
+            crate::backend::DeviceMemory::to_host(self, &block.indices, block.num_edges)?,
+        ))
+    }
+
+    fn block_shape(&self, block: &CudaBlock) -> (usize, usize, usize) {
+        (block.num_src, block.num_dst, block.num_edges)
+    }
+}

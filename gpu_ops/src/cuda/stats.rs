@@ -20,7 +20,7 @@ pub struct AllocatorStats {
     pub device_allocs: u64,
     /// Blocks given back with `cuMemFree` (cache releases and shutdown).
     pub device_frees: u64,
-    /// Requests zeroed with a memset (`Backend::alloc`; `alloc_uninit` skips
+    /// Requests zeroed with a memset (`DeviceMemory::alloc`; `alloc_uninit` skips
     /// it): per batch, the memsets a profile of kernels alone does not show.
     pub zeroed: u64,
 }

@@ -12,20 +12,10 @@ use cudarc::driver::result;
 use super::alloc::{CudaBuf, Init};
 use super::device::{drv, CudaBackend, CudaStreamHandle};
 use super::pinned::CudaPinned;
-use crate::backend::Elem;
+use crate::backend::{DeviceCore, DeviceMemory, Elem};
 use crate::error::{GpuOpsError, Result};
 
 impl CudaBackend {
-    /// A zeroed buffer (caching allocator).
-    pub(crate) fn alloc_zeroed<T: Elem>(&self, len: usize) -> Result<CudaBuf<T>> {
-        self.buf(len, Init::Zeroed, "buffer")
-    }
-
-    /// A zeroed pinned host buffer.
-    pub(crate) fn alloc_pinned_buf<T: Elem>(&self, len: usize) -> Result<CudaPinned<T>> {
-        CudaPinned::new(&self.ctx, len)
-    }
-
     /// Orders a copy of `buf` on `stream` (protocol step 3 of `alloc.rs`).
     fn order_on<T: Elem>(&self, stream: &CudaStreamHandle, buf: &CudaBuf<T>) -> Result<()> {
         if self.is_compute(stream) {
@@ -56,45 +46,6 @@ impl CudaBackend {
         // right after; the device-side write is ordered on `stream`.
         unsafe { result::memcpy_htod_async(dst.raw(), src, stream.cu()) }
             .map_err(drv("cuMemcpyHtoDAsync"))
-    }
-
-    /// Pinned host → device, asynchronous on `stream`.
-    pub(crate) fn upload_from_pinned<T: Elem>(
-        &self,
-        stream: &CudaStreamHandle,
-        src: &CudaPinned<T>,
-        dst: &mut CudaBuf<T>,
-    ) -> Result<()> {
-        dst.check_len(
-            "upload destination (elements of the pinned source)",
-            src.len(),
-        )?;
-        self.pinned_to_device(stream, src, src.len(), dst, 0)
-    }
-
-    /// Pinned host → device into a slice, `dst[offset..offset + n] = src[..n]`,
-    /// asynchronous on `stream` ([`crate::Backend::upload_pinned_at`]).
-    pub(crate) fn upload_from_pinned_at<T: Elem>(
-        &self,
-        stream: &CudaStreamHandle,
-        src: &CudaPinned<T>,
-        n: usize,
-        dst: &mut CudaBuf<T>,
-        offset: usize,
-    ) -> Result<()> {
-        if n > src.len() {
-            return Err(GpuOpsError::SizeMismatch {
-                what: "upload_pinned_at source (n)",
-                expected: n,
-                found: src.len(),
-            });
-        }
-        // An overflowing end saturates, which no buffer reaches.
-        dst.check_len(
-            "upload_pinned_at destination (offset + n)",
-            offset.saturating_add(n),
-        )?;
-        self.pinned_to_device(stream, src, n, dst, offset)
     }
 
     /// The copy of both pinned uploads: `dst[offset..offset + n] = src[..n]` on
@@ -144,7 +95,7 @@ impl CudaBackend {
             unsafe { result::memcpy_dtoh_async(dst, src.raw(), stream.cu()) }
                 .map_err(drv("cuMemcpyDtoHAsync"))?;
         }
-        self.sync_stream(stream)
+        self.synchronize(stream)
     }
 
     /// `dst[..len] = src[..len]` on the compute stream.
@@ -164,5 +115,115 @@ impl CudaBackend {
         // (one is borrowed mutably); the copy is ordered on the compute stream.
         unsafe { result::memcpy_dtod_async(dst.raw(), src.raw(), len * size_of::<T>(), self.cu()) }
             .map_err(drv("cuMemcpyDtoDAsync"))
+    }
+}
+
+impl DeviceMemory for CudaBackend {
+    /// A zeroed buffer (caching allocator).
+    fn alloc<T: Elem>(&self, len: usize) -> Result<CudaBuf<T>> {
+        self.buf(len, Init::Zeroed, "buffer")
+    }
+
+    fn alloc_uninit<T: Elem>(&self, len: usize) -> Result<CudaBuf<T>> {
+        self.buf(len, Init::Uninit, "buffer")
+    }
+
+    fn len<T: Elem>(&self, buf: &CudaBuf<T>) -> usize {
+        buf.len()
+    }
+
+    /// A zeroed pinned host buffer.
+    fn alloc_pinned<T: Elem>(&self, len: usize) -> Result<CudaPinned<T>> {
+        CudaPinned::new(&self.ctx, len)
+    }
+
+    fn pinned_slice<'a, T: Elem>(&self, p: &'a CudaPinned<T>) -> &'a [T] {
+        p.as_slice()
+    }
+
+    fn pinned_slice_mut<'a, T: Elem>(&self, p: &'a mut CudaPinned<T>) -> &'a mut [T] {
+        // Waiting for in-flight copies can only fail if the context is broken; the
+        // error is then kept for the next synchronizing call and the view returned
+        // without waiting (the trait requires the caller to have synchronized).
+        if let Err(e) = p.wait_copies() {
+            self.pool.defer(e);
+        }
+        p.as_mut_slice()
+    }
+
+    fn upload<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &[T],
+        dst: &mut CudaBuf<T>,
+    ) -> Result<()> {
+        self.transfers.upload(std::mem::size_of_val(src));
+        self.upload_slice(stream, src, dst)
+    }
+
+    /// Pinned host → device, asynchronous on `stream`.
+    fn upload_pinned<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &CudaPinned<T>,
+        dst: &mut CudaBuf<T>,
+    ) -> Result<()> {
+        self.transfers.upload(src.len() * std::mem::size_of::<T>());
+        dst.check_len(
+            "upload destination (elements of the pinned source)",
+            src.len(),
+        )?;
+        self.pinned_to_device(stream, src, src.len(), dst, 0)
+    }
+
+    /// Pinned host → device into a slice, `dst[offset..offset + n] = src[..n]`,
+    /// asynchronous on `stream` ([`crate::DeviceMemory::upload_pinned_at`]).
+    fn upload_pinned_at<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &CudaPinned<T>,
+        n: usize,
+        dst: &mut CudaBuf<T>,
+        offset: usize,
+    ) -> Result<()> {
+        self.transfers.upload(n * std::mem::size_of::<T>());
+        if n > src.len() {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "upload_pinned_at source (n)",
+                expected: n,
+                found: src.len(),
+            });
+        }
+        // An overflowing end saturates, which no buffer reaches.
+        dst.check_len(
+            "upload_pinned_at destination (offset + n)",
+            offset.saturating_add(n),
+        )?;
+        self.pinned_to_device(stream, src, n, dst, offset)
+    }
+
+    fn download<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &CudaBuf<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        self.transfers.download(std::mem::size_of_val(dst));
+        self.download_slice(stream, src, dst)
+    }
+
+    fn to_device<T: Elem>(&self, src: &[T]) -> Result<CudaBuf<T>> {
+        // No zeroing: the upload overwrites every element.
+        let mut b = self.buf(src.len(), Init::Uninit, "buffer")?;
+        self.upload_slice(&self.compute, src, &mut b)?;
+        Ok(b)
+    }
+
+    fn copy<T: Elem>(&self, src: &CudaBuf<T>, dst: &mut CudaBuf<T>, len: usize) -> Result<()> {
+        self.copy_buf(src, dst, len)
+    }
+
+    fn fill_zero<T: Elem>(&self, buf: &mut CudaBuf<T>, len: usize) -> Result<()> {
+        self.fill_bytes(buf, len, 0)
     }
 }

@@ -52,7 +52,7 @@ impl HostBlock {
         Ok(Self { cell })
     }
 
-    /// [`crate::Backend::add_self_loops`]: destination `i` reads `N(i)` then source
+    /// [`crate::Sampling::add_self_loops`]: destination `i` reads `N(i)` then source
     /// `i` itself (the augmented block `cpu_ops`' GCN layer builds).
     pub(crate) fn with_self_loops(&self) -> Result<Self> {
         let (nd, view) = (self.num_dst(), self.view());

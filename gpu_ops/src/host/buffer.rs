@@ -34,7 +34,7 @@ impl<T: Elem> HostBuf<T> {
     }
 
     /// A buffer of `len` elements filled with `0xFF` bytes (NaN for `f32`,
-    /// the maximum for integers): [`crate::Backend::alloc_uninit`] on the host,
+    /// the maximum for integers): [`crate::DeviceMemory::alloc_uninit`] on the host,
     /// so that an op reading what it should have written first shows in tests.
     pub fn poisoned(len: usize) -> Result<Self> {
         let mut b = Self::zeroed(len)?;

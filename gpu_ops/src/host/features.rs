@@ -1,8 +1,8 @@
 //! Host-backend features and row movement: the feature cache laid out as on a device
 //! (a store of `slots_used × dim` rows that never exceeds the byte budget, in front of
 //! the host [`FeatureMatrix`]), the counting gather through it, and the row
-//! selection ops [`crate::Backend::index_select_rows`] /
-//! [`crate::Backend::index_put_rows`].
+//! selection ops [`crate::FeatureStore::index_select_rows`] /
+//! [`crate::FeatureStore::index_put_rows`].
 //!
 //! The store is real memory, not a flag: a hit copies from the store, a miss from the
 //! matrix, so budget accounting and hit/miss counts mean on the host what they mean
@@ -139,7 +139,7 @@ fn fill_rows<T: Value>(src: &[T], store: &mut [T], filled: &[(u32, u32)], dim: u
 }
 
 impl HostFeatures {
-    /// [`crate::Backend::load_features`]: clones `features` (an `Arc` clone of the map
+    /// [`crate::FeatureStore::load_features`]: clones `features` (an `Arc` clone of the map
     /// for a memory-mapped matrix, a copy for an owned one; with bfloat16 rows only
     /// a converted copy of half its size) and caches the rows of `cached`, in
     /// order, while the budget allows.
@@ -195,7 +195,7 @@ impl HostFeatures {
         }
     }
 
-    /// [`crate::Backend::update_cache`]: evict, insert, copy the new rows in. Room
+    /// [`crate::FeatureStore::update_cache`]: evict, insert, copy the new rows in. Room
     /// for up to `insert.len()` more slots (capped at the capacity) is made before
     /// the policy changes, so a failed allocation changes nothing.
     pub(crate) fn update(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize> {
@@ -239,7 +239,7 @@ impl HostFeatures {
         Ok(up.cached)
     }
 
-    /// [`crate::Backend::gather`]: `out[r] = features[ids[r]]` for `r < n`, from the
+    /// [`crate::FeatureStore::gather`]: `out[r] = features[ids[r]]` for `r < n`, from the
     /// store on a hit and from the host rows on a miss (widened to `f32`); counts
     /// both (only when every id is valid).
     pub(crate) fn gather(&self, ids: &[u32], n: usize, out: &mut [f32]) -> Result<()> {
@@ -328,7 +328,7 @@ fn rows_of(len: usize, dim: usize) -> usize {
     len.checked_div(dim).unwrap_or(0)
 }
 
-/// [`crate::Backend::index_select_rows`]: `out[r] = src[idx[r]]` for `r < n`.
+/// [`crate::FeatureStore::index_select_rows`]: `out[r] = src[idx[r]]` for `r < n`.
 pub(crate) fn index_select_rows(
     src: &[f32],
     dim: usize,
@@ -365,7 +365,7 @@ pub(crate) fn index_select_rows(
     Ok(())
 }
 
-/// [`crate::Backend::index_put_rows`]: `dst[idx[r]] = src[r]` for `r < n`; `idx` must
+/// [`crate::FeatureStore::index_put_rows`]: `dst[idx[r]] = src[r]` for `r < n`; `idx` must
 /// be distinct (a repeat is an error here, where the CUDA backend would race).
 pub(crate) fn index_put_rows(
     src: &[f32],

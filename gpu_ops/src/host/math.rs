@@ -39,7 +39,7 @@ fn accumulate(acc: bool) -> cpu_ops::Accumulate {
     }
 }
 
-/// [`crate::Backend::gemm`]; with `tf32`, on copies of A and B rounded to TF32
+/// [`crate::DenseOps::gemm`]; with `tf32`, on copies of A and B rounded to TF32
 /// ([`crate::round_to_tf32`]), accumulating in fp32 as tensor cores do.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
@@ -78,7 +78,7 @@ pub(crate) fn gemm(
     Ok(())
 }
 
-/// [`crate::Backend::aggregate_forward`].
+/// [`crate::GraphOps::aggregate_forward`].
 pub(crate) fn aggregate_forward(
     simd: Simd,
     block: &HostBlock,
@@ -101,7 +101,7 @@ pub(crate) fn aggregate_forward(
     Ok(())
 }
 
-/// [`crate::Backend::aggregate_backward`].
+/// [`crate::GraphOps::aggregate_backward`].
 pub(crate) fn aggregate_backward(
     simd: Simd,
     block: &HostBlock,
@@ -148,7 +148,7 @@ fn gat_inputs<'a>(
     Ok((inp, width))
 }
 
-/// [`crate::Backend::gat_forward`].
+/// [`crate::GraphOps::gat_forward`].
 pub(crate) fn gat_forward(
     simd: Simd,
     block: &HostBlock,
@@ -169,7 +169,7 @@ pub(crate) fn gat_forward(
     })
 }
 
-/// [`crate::Backend::gat_backward`].
+/// [`crate::GraphOps::gat_backward`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gat_backward(
     simd: Simd,
@@ -224,7 +224,7 @@ pub(crate) fn gat_backward(
     })
 }
 
-/// [`crate::Backend::add_bias`].
+/// [`crate::DenseOps::add_bias`].
 pub(crate) fn add_bias(x: &mut [f32], rows: usize, cols: usize, bias: &[f32]) -> Result<()> {
     let x = prefix_mut(
         "add_bias x (rows × cols)",
@@ -236,7 +236,7 @@ pub(crate) fn add_bias(x: &mut [f32], rows: usize, cols: usize, bias: &[f32]) ->
     Ok(())
 }
 
-/// [`crate::Backend::bias_grad`].
+/// [`crate::DenseOps::bias_grad`].
 pub(crate) fn bias_grad(
     dy: &[f32],
     rows: usize,
@@ -254,26 +254,26 @@ pub(crate) fn bias_grad(
     Ok(())
 }
 
-/// [`crate::Backend::relu`].
+/// [`crate::DenseOps::relu`].
 pub(crate) fn relu(x: &mut [f32], n: usize) -> Result<()> {
     cpu_ops::relu(prefix_mut("relu x", x, n)?);
     Ok(())
 }
 
-/// [`crate::Backend::relu_backward`].
+/// [`crate::DenseOps::relu_backward`].
 pub(crate) fn relu_backward(y: &[f32], dy: &mut [f32], n: usize) -> Result<()> {
     let y = prefix("relu_backward y", y, n)?;
     cpu_ops::relu_backward(y, prefix_mut("relu_backward dy", dy, n)?)?;
     Ok(())
 }
 
-/// [`crate::Backend::elu`].
+/// [`crate::DenseOps::elu`].
 pub(crate) fn elu(x: &mut [f32], n: usize, alpha: f32) -> Result<()> {
     cpu_ops::elu(prefix_mut("elu x", x, n)?, f64::from(alpha))?;
     Ok(())
 }
 
-/// [`crate::Backend::elu_backward`].
+/// [`crate::DenseOps::elu_backward`].
 pub(crate) fn elu_backward(y: &[f32], dy: &mut [f32], n: usize, alpha: f32) -> Result<()> {
     let y = prefix("elu_backward y", y, n)?;
     let dy = prefix_mut("elu_backward dy", dy, n)?;
@@ -281,13 +281,13 @@ pub(crate) fn elu_backward(y: &[f32], dy: &mut [f32], n: usize, alpha: f32) -> R
     Ok(())
 }
 
-/// [`crate::Backend::dropout`].
+/// [`crate::DenseOps::dropout`].
 pub(crate) fn dropout(x: &mut [f32], n: usize, p: f32, seed: u64) -> Result<HostMask> {
     let x = prefix_mut("dropout x", x, n)?;
     Ok(HostMask(cpu_ops::dropout(x, f64::from(p), seed)?))
 }
 
-/// [`crate::Backend::dropout_backward`].
+/// [`crate::DenseOps::dropout_backward`].
 pub(crate) fn dropout_backward(mask: &HostMask, dy: &mut [f32], n: usize) -> Result<()> {
     if n != mask.0.len() {
         return Err(GpuOpsError::SizeMismatch {
@@ -300,7 +300,7 @@ pub(crate) fn dropout_backward(mask: &HostMask, dy: &mut [f32], n: usize) -> Res
     Ok(())
 }
 
-/// [`crate::Backend::softmax_cross_entropy`].
+/// [`crate::DenseOps::softmax_cross_entropy`].
 pub(crate) fn softmax_cross_entropy(
     logits: &[f32],
     rows: usize,
@@ -363,7 +363,7 @@ fn check_adam(hp: &AdamStep) -> Result<()> {
     Ok(())
 }
 
-/// [`crate::Backend::adam_step`]: `cpu_ops::Adam`'s update with L2 decay, the scalar
+/// [`crate::DenseOps::adam_step`]: `cpu_ops::Adam`'s update with L2 decay, the scalar
 /// factors computed in `f64` from the `f32` hyper-parameters, the element update in
 /// `f32` in the same order of operations.
 pub(crate) fn adam_step(

@@ -89,7 +89,7 @@ pub(crate) fn fill_zero<T: Elem>(buf: &mut HostBuf<T>, len: usize) -> Result<()>
     Ok(())
 }
 
-/// [`crate::Backend::widen_bf16`].
+/// [`crate::DenseOps::widen_bf16`].
 pub(crate) fn widen_bf16(src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -> Result<()> {
     let s = prefix("widen_bf16 source", src, n)?;
     for (o, &b) in prefix_mut("widen_bf16 output", out, n)?.iter_mut().zip(s) {
@@ -98,7 +98,7 @@ pub(crate) fn widen_bf16(src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -
     Ok(())
 }
 
-/// [`crate::Backend::scale`].
+/// [`crate::DenseOps::scale`].
 pub(crate) fn scale(x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
     for v in prefix_mut("scale x", x, n)? {
         *v *= alpha;
@@ -106,7 +106,7 @@ pub(crate) fn scale(x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
     Ok(())
 }
 
-/// [`crate::Backend::count_nonfinite`].
+/// [`crate::DenseOps::count_nonfinite`].
 pub(crate) fn count_nonfinite(x: &HostBuf<f32>, n: usize, count: &mut HostBuf<u32>) -> Result<()> {
     crate::backend::check_count_len(n)?;
     let bad = prefix("count_nonfinite x", x, n)?

@@ -24,8 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, Simd};
 
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DeviceBatch, DeviceKind, Elem, FeatureDtype, GatGradsDev,
-    GatSaved, LossStats, MemoryInfo, TopologyPlacement,
+    AdamStep, Backend, CacheStats, DenseOps, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory,
+    Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats, MemoryInfo,
+    Sampling, TopologyPlacement,
 };
 use crate::error::Result;
 
@@ -76,7 +77,7 @@ impl Default for HostBackend {
     }
 }
 
-impl Backend for HostBackend {
+impl DeviceCore for HostBackend {
     type Buf<T: Elem> = HostBuf<T>;
     type Pinned<T: Elem> = HostBuf<T>;
     type Stream = HostStream;
@@ -86,7 +87,6 @@ impl Backend for HostBackend {
     type Features = HostFeatures;
     type Mask = HostMask;
 
-    // ---- identity -------------------------------------------------------------
     fn kind(&self) -> DeviceKind {
         DeviceKind::Host
     }
@@ -127,7 +127,6 @@ impl Backend for HostBackend {
         self.transfers.get()
     }
 
-    // ---- streams and events ---------------------------------------------------
     fn stream(&self) -> &HostStream {
         &self.compute
     }
@@ -155,8 +154,9 @@ impl Backend for HostBackend {
         self.transfers.sync();
         Ok(())
     }
+}
 
-    // ---- memory ---------------------------------------------------------------
+impl DeviceMemory for HostBackend {
     fn alloc<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
         self.transfers.zero_fill();
         HostBuf::zeroed(len)
@@ -233,20 +233,9 @@ impl Backend for HostBackend {
     fn fill_zero<T: Elem>(&self, buf: &mut HostBuf<T>, len: usize) -> Result<()> {
         memory::fill_zero(buf, len)
     }
+}
 
-    fn widen_bf16(&self, src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -> Result<()> {
-        memory::widen_bf16(src, n, out)
-    }
-
-    fn scale(&self, x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
-        memory::scale(x, n, alpha)
-    }
-
-    fn count_nonfinite(&self, x: &HostBuf<f32>, n: usize, count: &mut HostBuf<u32>) -> Result<()> {
-        memory::count_nonfinite(x, n, count)
-    }
-
-    // ---- topology and sampling ---------------------------------------------------
+impl Sampling for HostBackend {
     /// The topology stays in host memory whatever `placement` asks: on this backend
     /// both placements are the same memory.
     fn load_graph(&self, graph: &CsrGraph, _placement: TopologyPlacement) -> Result<HostGraph> {
@@ -311,8 +300,9 @@ impl Backend for HostBackend {
     fn block_shape(&self, block: &HostBlock) -> (usize, usize, usize) {
         (block.num_src(), block.num_dst(), block.num_edges())
     }
+}
 
-    // ---- features -----------------------------------------------------------------
+impl FeatureStore for HostBackend {
     fn load_features(
         &self,
         features: &FeatureMatrix,
@@ -374,8 +364,21 @@ impl Backend for HostBackend {
     ) -> Result<()> {
         features::index_put_rows(src, dim, idx, n, dst)
     }
+}
 
-    // ---- dense and graph math ----------------------------------------------------
+impl DenseOps for HostBackend {
+    fn widen_bf16(&self, src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -> Result<()> {
+        memory::widen_bf16(src, n, out)
+    }
+
+    fn scale(&self, x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+        memory::scale(x, n, alpha)
+    }
+
+    fn count_nonfinite(&self, x: &HostBuf<f32>, n: usize, count: &mut HostBuf<u32>) -> Result<()> {
+        memory::count_nonfinite(x, n, count)
+    }
+
     fn gemm(
         &self,
         trans_a: bool,
@@ -390,56 +393,6 @@ impl Backend for HostBackend {
     ) -> Result<()> {
         let tf32 = self.tf32.load(std::sync::atomic::Ordering::Relaxed);
         math::gemm(trans_a, trans_b, m, n, k, a, b, c, accumulate, tf32)
-    }
-
-    fn aggregate_forward(
-        &self,
-        block: &HostBlock,
-        kind: AggregateKind,
-        x: &HostBuf<f32>,
-        dim: usize,
-        out: &mut HostBuf<f32>,
-    ) -> Result<()> {
-        math::aggregate_forward(self.simd, block, kind, x, dim, out)
-    }
-
-    fn aggregate_backward(
-        &self,
-        block: &HostBlock,
-        kind: AggregateKind,
-        grad_out: &HostBuf<f32>,
-        dim: usize,
-        grad_x: &mut HostBuf<f32>,
-    ) -> Result<()> {
-        math::aggregate_backward(self.simd, block, kind, grad_out, dim, grad_x)
-    }
-
-    fn gat_forward(
-        &self,
-        block: &HostBlock,
-        heads: usize,
-        head_dim: usize,
-        z_src: &HostBuf<f32>,
-        a_src: &HostBuf<f32>,
-        a_dst: &HostBuf<f32>,
-    ) -> Result<GatSaved<Self>> {
-        math::gat_forward(self.simd, block, heads, head_dim, z_src, a_src, a_dst)
-    }
-
-    fn gat_backward(
-        &self,
-        block: &HostBlock,
-        heads: usize,
-        head_dim: usize,
-        z_src: &HostBuf<f32>,
-        a_src: &HostBuf<f32>,
-        a_dst: &HostBuf<f32>,
-        saved: &GatSaved<Self>,
-        grad_out: &HostBuf<f32>,
-    ) -> Result<GatGradsDev<Self>> {
-        math::gat_backward(
-            self.simd, block, heads, head_dim, z_src, a_src, a_dst, saved, grad_out,
-        )
     }
 
     fn add_bias(
@@ -522,3 +475,57 @@ impl Backend for HostBackend {
         math::adam_step(hp, param, grad, m, v, n)
     }
 }
+
+impl GraphOps for HostBackend {
+    fn aggregate_forward(
+        &self,
+        block: &HostBlock,
+        kind: AggregateKind,
+        x: &HostBuf<f32>,
+        dim: usize,
+        out: &mut HostBuf<f32>,
+    ) -> Result<()> {
+        math::aggregate_forward(self.simd, block, kind, x, dim, out)
+    }
+
+    fn aggregate_backward(
+        &self,
+        block: &HostBlock,
+        kind: AggregateKind,
+        grad_out: &HostBuf<f32>,
+        dim: usize,
+        grad_x: &mut HostBuf<f32>,
+    ) -> Result<()> {
+        math::aggregate_backward(self.simd, block, kind, grad_out, dim, grad_x)
+    }
+
+    fn gat_forward(
+        &self,
+        block: &HostBlock,
+        heads: usize,
+        head_dim: usize,
+        z_src: &HostBuf<f32>,
+        a_src: &HostBuf<f32>,
+        a_dst: &HostBuf<f32>,
+    ) -> Result<GatSaved<Self>> {
+        math::gat_forward(self.simd, block, heads, head_dim, z_src, a_src, a_dst)
+    }
+
+    fn gat_backward(
+        &self,
+        block: &HostBlock,
+        heads: usize,
+        head_dim: usize,
+        z_src: &HostBuf<f32>,
+        a_src: &HostBuf<f32>,
+        a_dst: &HostBuf<f32>,
+        saved: &GatSaved<Self>,
+        grad_out: &HostBuf<f32>,
+    ) -> Result<GatGradsDev<Self>> {
+        math::gat_backward(
+            self.simd, block, heads, head_dim, z_src, a_src, a_dst, saved, grad_out,
+        )
+    }
+}
+
+impl Backend for HostBackend {}

@@ -1,6 +1,6 @@
 //! Host-backend topology and sampling: [`cpu_ops::NeighborSampler`] and
 //! [`cpu_ops::sample_hop`] on the graph kept in host memory, and the first-occurrence
-//! relabel of [`crate::Backend::unique_relabel`].
+//! relabel of [`crate::Sampling::unique_relabel`].
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use crate::host::block::HostBlock;
 use crate::host::buffer::{prefix, HostBuf};
 use crate::host::HostBackend;
 
-/// A graph ready for [`crate::Backend::sample`] on the host backend.
+/// A graph ready for [`crate::Sampling::sample`] on the host backend.
 ///
 /// It holds a clone of the [`CsrGraph`] (cheap for a memory-mapped graph, a copy for
 /// an owned one) and a pool of sampler scratch arrays, one per concurrent `sample`
@@ -53,7 +53,7 @@ impl HostGraph {
     }
 }
 
-/// [`crate::Backend::sample`]: layered sampling from `seeds` down, one block per
+/// [`crate::Sampling::sample`]: layered sampling from `seeds` down, one block per
 /// fanout (bottom first), deterministic for `seed` on any thread count.
 pub(crate) fn sample(
     g: &HostGraph,
@@ -81,7 +81,7 @@ pub(crate) fn sample(
     Ok(out)
 }
 
-/// [`crate::Backend::sample_hop`]: [`cpu_ops::sample_hop`] from `dst[..n_dst]`, with
+/// [`crate::Sampling::sample_hop`]: [`cpu_ops::sample_hop`] from `dst[..n_dst]`, with
 /// the first `n_dst` flags of `skip`. Returns `(block, src_ids, num_src)`.
 pub(crate) fn sample_hop(
     g: &HostGraph,
@@ -134,7 +134,7 @@ impl Hasher for IdHasher {
     }
 }
 
-/// [`crate::Backend::unique_relabel`]: `targets[..num_targets]` (distinct) first,
+/// [`crate::Sampling::unique_relabel`]: `targets[..num_targets]` (distinct) first,
 /// then the other ids of `candidates[..num_candidates]` in first-occurrence order;
 /// `local[c]` is candidate `c`'s position in that list.
 pub(crate) fn unique_relabel(

@@ -8,7 +8,8 @@
 //! 1. [`DeviceModel::forward`] over the batch's blocks (bottom first) from the
 //!    gathered input rows, with dropout (layer `l` seeded `derive_seed(seed, l)`, as
 //!    the host model), keeping what the backward needs;
-//! 2. [`Backend::softmax_cross_entropy`] on the logits, giving `∂L/∂logits`;
+//! 2. [`DenseOps::softmax_cross_entropy`](crate::DenseOps::softmax_cross_entropy) on
+//!    the logits, giving `∂L/∂logits`;
 //! 3. [`DeviceModel::backward`]: every parameter's gradient;
 //! 4. [`DeviceModel::step`]: one Adam update of every tensor (PyTorch's `Adam`, L2
 //!    weight decay), after which [`DeviceModel::version`] is one larger.
@@ -23,8 +24,8 @@
 //! some of block 0's destinations (= block 1's sources), by position.
 //! 1. Layer 0 runs over the whole block as usual.
 //! 2. After its activation, the rows at `positions` are overwritten with the given
-//!    embeddings ([`Backend::index_put_rows`]), before layer 1's dropout; layers
-//!    above read them like any other row.
+//!    embeddings ([`crate::FeatureStore::index_put_rows`]), before layer 1's dropout;
+//!    layers above read them like any other row.
 //! 3. In the backward, with [`HotGrad::Constant`] (the paper's default) the
 //!    gradient rows at those positions are zeroed before layer 0's backward:
 //!    historical embeddings are constants, so hot destinations contribute nothing
@@ -40,7 +41,7 @@
 //! `d_in ≤ d_out`, else project first (`A (X·W)`):
 //! - SAGE: `out = X_dst·W_self + A_mean(X)·W_neigh + b`;
 //! - GCN: `out = Â X W + b` over the block with self-loops
-//!   ([`Backend::add_self_loops`]) and `GcnNorm` aggregation;
+//!   ([`Sampling::add_self_loops`](crate::Sampling::add_self_loops)) and `GcnNorm` aggregation;
 //! - GAT: `z = X·W`, `o = gat(z) + b`; the last layer averages heads with one GEMM
 //!   against the constant `H·F × F` matrix `S` (`S[h·F+f, f] = 1/H`), whose backward
 //!   is `G·Sᵀ`.
@@ -129,7 +130,7 @@ pub struct AdamMoments<'a> {
 }
 
 /// Gradients of one layer's input and the layer's parameters.
-type LayerGrad<B> = Option<<B as Backend>::Buf<f32>>;
+type LayerGrad<B> = Option<<B as crate::DeviceCore>::Buf<f32>>;
 
 /// A GNN model whose parameters, gradients and optimizer state live on a device.
 pub struct DeviceModel<B: Backend> {
@@ -467,7 +468,7 @@ impl<B: Backend> DeviceModel<B> {
     }
 
     /// Checks hot rows against the blocks' shapes (positions are checked by
-    /// [`Backend::index_put_rows`]).
+    /// [`FeatureStore::index_put_rows`](crate::FeatureStore::index_put_rows)).
     fn check_hot<'h>(
         &self,
         dev: &B,

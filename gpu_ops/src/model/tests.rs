@@ -7,7 +7,8 @@ use cpu_ops::{
 };
 
 use super::DeviceModel;
-use crate::{Backend, HostBackend};
+use crate::prelude::*;
+use crate::HostBackend;
 
 fn random_graph(n: usize, m: usize, seed: u64) -> CsrGraph {
     let mut rng = Rng::new(seed);
@@ -344,8 +345,8 @@ fn mismatched_blocks_are_errors() {
 fn hot_step(
     dev: &HostBackend,
     dm: &mut DeviceModel<HostBackend>,
-    blocks: &[<HostBackend as Backend>::Block],
-    x: &<HostBackend as Backend>::Buf<f32>,
+    blocks: &[<HostBackend as crate::DeviceCore>::Block],
+    x: &<HostBackend as crate::DeviceCore>::Buf<f32>,
     grad: &[f32],
     rows: usize,
     classes: usize,

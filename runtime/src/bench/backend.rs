@@ -2,17 +2,19 @@
 //! one backend (`--device host | cuda`), each next to a reference measured in the
 //! same run on the same device.
 //!
-//! 1. **sampling**: [`Backend::sample`] of `batches` random seed batches with the
-//!    given fanouts on a graph loaded with [`Backend::load_graph`]; sampled edges
-//!    per second.
-//! 2. **gather**: [`Backend::gather`] of the same random rows three ways — with
-//!    every row in the device cache (hits), with an empty cache (every row read from
-//!    host memory: zero-copy over the bus on CUDA), and the reference, a
-//!    device-to-device copy of as many bytes ([`Backend::copy`]); then the same two
-//!    gathers from bfloat16 rows ([`gpu_ops::FeatureDtype::Bf16`]: half the bytes
-//!    read, widened to `f32`), whose rate counts the `f32` rows delivered, so the
-//!    ratio to the copy shows what halving the read bytes buys.
-//! 3. **GEMM**: [`Backend::gemm`] at a layer shape, in FLOP/s.
+//! 1. **sampling**: [`Sampling::sample`](gpu_ops::Sampling::sample) of `batches` random
+//!    seed batches with the given fanouts on a graph loaded with
+//!    [`Sampling::load_graph`](gpu_ops::Sampling::load_graph); sampled edges per
+//!    second.
+//! 2. **gather**: [`FeatureStore::gather`](gpu_ops::FeatureStore::gather) of the same
+//!    random rows three ways — with every row in the device cache (hits), with an empty
+//!    cache (every row read from host memory: zero-copy over the bus on CUDA), and the
+//!    reference, a device-to-device copy of as many bytes
+//!    ([`DeviceMemory::copy`](gpu_ops::DeviceMemory::copy)); then the same two gathers
+//!    from bfloat16 rows ([`gpu_ops::FeatureDtype::Bf16`]: half the bytes read, widened
+//!    to `f32`), whose rate counts the `f32` rows delivered, so the ratio to the copy
+//!    shows what halving the read bytes buys.
+//! 3. **GEMM**: [`DenseOps::gemm`](gpu_ops::DenseOps::gemm) at a layer shape, in FLOP/s.
 //!
 //! Every number is the best of `reps` timed repetitions after one warm-up, timed
 //! with the backend's events on its compute stream (host wall time on the host
@@ -288,6 +290,7 @@ pub fn bench_backend<B: Backend>(
 #[cfg(test)]
 mod tests {
     use cpu_ops::BuildOptions;
+    use gpu_ops::DeviceCore;
 
     use super::*;
 

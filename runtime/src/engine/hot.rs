@@ -4,11 +4,12 @@
 //!
 //! # Protocol
 //! 1. **Sample the top a super-batch ahead** ([`Engine::prepare_top`]): the layers
-//!    above the bottom hop by hop ([`Backend::sample_hop`] with
-//!    `derive_seed(seed, l)`, exactly as [`Backend::sample`] draws them), kept under
-//!    the batch's key; the bottom layer's destinations (block 1's sources) go to
-//!    the host so the orchestrator can plan the CPU's queue. One download per
-//!    batch, made a super-batch before the batch trains.
+//!    above the bottom hop by hop
+//!    ([`Sampling::sample_hop`](gpu_ops::Sampling::sample_hop) with
+//!    `derive_seed(seed, l)`, exactly as [`Sampling::sample`](gpu_ops::Sampling::sample)
+//!    draws them), kept under the batch's key; the bottom layer's destinations (block
+//!    1's sources) go to the host so the orchestrator can plan the CPU's queue. One
+//!    download per batch, made a super-batch before the batch trains.
 //! 2. **Slabs.** Two device buffers of `rows × width` (`width` = layer 0's output
 //!    width). Super-batch `j` reads slab `j % 2` while the CPU's rows for `j + 1`
 //!    go into the other. [`Engine::hot_slab_reserve`] (called when the queue of

@@ -2,15 +2,18 @@
 //! (a)–(d); `orchestration.policy`). Training always runs on the device; sampling
 //! and gathering run where [`EngineOptions::placement`] says:
 //!
-//! 1. **sample** — on the host: `cpu_ops::NeighborSampler` with the training
-//!    fanouts and the batch's seed (the host backend's sampler is the same code, so
-//!    on it every placement trains on identical blocks); on the device:
-//!    [`Backend::sample`], and with a host gather the input ids are downloaded.
+//! 1. **sample** — on the host: `cpu_ops::NeighborSampler` with the training fanouts
+//!    and the batch's seed (the host backend's sampler is the same code, so on it every
+//!    placement trains on identical blocks); on the device:
+//!    [`Sampling::sample`](gpu_ops::Sampling::sample), and with a host gather the input
+//!    ids are downloaded.
 //! 2. **gather** — on the host: `cpu_ops::gather_rows` into a reused buffer; on the
-//!    device: [`Backend::gather`] through the feature cache (misses read host rows).
+//!    device: [`FeatureStore::gather`](gpu_ops::FeatureStore::gather) through the
+//!    feature cache (misses read host rows).
 //! 3. **device step** — host-sampled blocks are uploaded
-//!    ([`Backend::block_from_host`]; the input ids too when the device gathers),
-//!    host-gathered rows are uploaded ([`Backend::upload`]), the labels are
+//!    ([`Sampling::block_from_host`](gpu_ops::Sampling::block_from_host); the input ids
+//!    too when the device gathers), host-gathered rows are uploaded
+//!    ([`DeviceMemory::upload`](gpu_ops::DeviceMemory::upload)), the labels are
 //!    uploaded, and the model takes its step.
 //!
 //! Every upload and every feature-cache miss adds its bytes to the engine's
@@ -86,7 +89,10 @@ fn block_bytes(b: &cpu_ops::Block) -> u64 {
 }
 
 /// Blocks on the device and, when the device gathers, the input ids.
-type Uploaded<B> = (Vec<<B as Backend>::Block>, Option<<B as Backend>::Buf<u32>>);
+type Uploaded<B> = (
+    Vec<<B as gpu_ops::DeviceCore>::Block>,
+    Option<<B as gpu_ops::DeviceCore>::Buf<u32>>,
+);
 
 impl<B: Backend> DeviceEngine<B> {
     /// [`DeviceEngine::gather`] of a training batch, whose feature-cache misses'
