@@ -1,7 +1,7 @@
 //! Topology on the device, neighbor sampling, unique relabeling and blocks (kernels
 //! in `kernels/sample.cu` and `kernels/aggregate.cu`).
 //!
-//! # One batch ([`CudaBackend::sample_batch`]), from the seeds down
+//! # One batch ([`crate::Sampling::sample`]), from the seeds down
 //! 1. The seeds are checked on the host (in range, distinct) and uploaded.
 //! 2. Per layer: `sample_count` writes `min(fanout, degree)` per destination; an
 //!    in-place scan turns the counts into the block's `indptr`, whose last entry is
@@ -26,12 +26,12 @@
 //!    a GCN aggregation reads them ([`CudaBackend::src_weights`]): SAGE and GAT
 //!    batches skip that work (a memset and two launches per block).
 //!
-//! [`CudaBackend::sample_hop_op`] runs steps 2–5 once from destinations already on
+//! [`crate::Sampling::sample_hop`] runs steps 2–5 once from destinations already on
 //! the device, with an optional skip mask that gives flagged destinations a count of
 //! 0 in step 2 (so step 3 draws nothing for them and step 4 sees none of their
 //! neighbors). Both paths share `sample_layer`, and layer `l` of a batch uses the key
 //! `derive_seed(seed, l)`, so hop-by-hop sampling with those keys reproduces
-//! `sample_batch`.
+//! `sample`.
 //!
 //! Everything but the random choices is a function of the input, so a batch is
 //! reproducible for a seed on a given device; the draws differ from the host
@@ -149,173 +149,6 @@ impl CudaBackend {
 
     fn grid_w(&self, n: usize) -> Grid {
         Grid::warps_for(n as u64, self.kernels.max_blocks())
-    }
-
-    /// Uploads (or maps) a graph's topology.
-    pub(crate) fn load_graph_op(
-        &self,
-        graph: &CsrGraph,
-        placement: TopologyPlacement,
-    ) -> Result<CudaGraph> {
-        let offsets = graph.offsets();
-        let max_degree = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-        if max_degree > u32::MAX as u64 {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "graph",
-                reason: format!(
-                    "a vertex has {max_degree} neighbors; the device sampler supports up to {}",
-                    u32::MAX
-                ),
-            });
-        }
-        let topo = match placement {
-            TopologyPlacement::Device => {
-                let mut indptr =
-                    self.pool
-                        .alloc_exact::<u64>(offsets.len(), Init::Uninit, "graph offsets")?;
-                self.upload_slice(&self.compute, offsets.as_slice(), &mut indptr)?;
-                let idx = graph.indices();
-                let mut indices =
-                    self.pool
-                        .alloc_exact::<u32>(idx.len(), Init::Uninit, "graph indices")?;
-                self.upload_slice(&self.compute, idx.as_slice(), &mut indices)?;
-                Topology::Device { indptr, indices }
-            }
-            TopologyPlacement::PinnedHost => {
-                if !self.info.can_map_host {
-                    return Err(GpuOpsError::InvalidArgument {
-                        name: "placement",
-                        reason: "this device cannot map host memory; use TopologyPlacement::Device"
-                            .into(),
-                    });
-                }
-                let inner = &self.compute.inner;
-                Topology::Host {
-                    indptr: HostRegion::new(&self.ctx, inner, offsets, "graph offsets")?,
-                    indices: HostRegion::new(&self.ctx, inner, graph.indices(), "graph indices")?,
-                }
-            }
-        };
-        Ok(CudaGraph {
-            num_vertices: graph.num_vertices(),
-            num_edges: graph.num_edges(),
-            max_degree,
-            topo,
-        })
-    }
-
-    /// Layered sampling (module doc).
-    pub(crate) fn sample_batch(
-        &self,
-        graph: &CudaGraph,
-        seeds: &[u32],
-        fanouts: &[u32],
-        seed: u64,
-    ) -> Result<DeviceBatch<CudaBackend>> {
-        if fanouts.is_empty() {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "fanouts",
-                reason: "at least one layer is needed".into(),
-            });
-        }
-        if let Some(l) = fanouts.iter().position(|&f| f == 0) {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "fanouts",
-                reason: format!(
-                    "the fanout of layer {l} is 0; use ALL_NEIGHBORS ({}) to take every neighbor",
-                    cpu_ops::ALL_NEIGHBORS
-                ),
-            });
-        }
-        if let Some(&bad) = seeds.iter().find(|&&s| s as usize >= graph.num_vertices) {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "seeds",
-                reason: format!(
-                    "seed {bad} is not below the vertex count {}",
-                    graph.num_vertices
-                ),
-            });
-        }
-        let mut sorted = seeds.to_vec();
-        sorted.sort_unstable();
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "seeds",
-                reason: format!(
-                    "seed {} appears more than once (seeds must be distinct)",
-                    w[0]
-                ),
-            });
-        }
-        let mut seed_buf = self.buf::<u32>(seeds.len(), Init::Uninit, "seeds")?;
-        self.upload_slice(&self.compute, seeds, &mut seed_buf)?;
-        let mut blocks_rev = Vec::with_capacity(fanouts.len());
-        let mut srcs_rev: Vec<CudaBuf<u32>> = Vec::with_capacity(fanouts.len());
-        let mut n = seeds.len();
-        for layer in (0..fanouts.len()).rev() {
-            let frontier = srcs_rev.last().unwrap_or(&seed_buf);
-            let layer_key = cpu_ops::derive_seed(seed, layer as u64);
-            let (block, src, n_src) = self
-                .sample_layer(
-                    graph,
-                    frontier,
-                    n,
-                    fanouts[layer],
-                    layer_key,
-                    None,
-                    "frontier",
-                )
-                .map_err(|e| match e {
-                    GpuOpsError::InvalidArgument {
-                        name: "fanout",
-                        reason,
-                    } => GpuOpsError::InvalidArgument {
-                        name: "fanouts",
-                        reason: format!("layer {layer}: {reason}"),
-                    },
-                    e => e,
-                })?;
-            blocks_rev.push(block);
-            srcs_rev.push(src);
-            n = n_src;
-        }
-        blocks_rev.reverse();
-        srcs_rev.reverse();
-        Ok(DeviceBatch {
-            blocks: blocks_rev,
-            src_ids: srcs_rev,
-            num_seeds: seeds.len(),
-        })
-    }
-
-    /// One hop from device-resident destinations ([`crate::Backend::sample_hop`]):
-    /// checks what the host can check without a synchronization (lengths, fanout),
-    /// then steps 2–5 of the module doc with `skip` as `sample_count`'s mask. A
-    /// destination outside the graph is a device fault reported at the layer's count
-    /// read; a repeated one fails the relabel's distinctness check.
-    pub(crate) fn sample_hop_op(
-        &self,
-        graph: &CudaGraph,
-        dst: &CudaBuf<u32>,
-        n_dst: usize,
-        fanout: u32,
-        layer_seed: u64,
-        skip: Option<&CudaBuf<u8>>,
-    ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
-        if fanout == 0 {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "fanout",
-                reason: format!(
-                    "0 samples nothing; use ALL_NEIGHBORS ({}) to take every neighbor",
-                    cpu_ops::ALL_NEIGHBORS
-                ),
-            });
-        }
-        dst.check_len("sample_hop dst", n_dst)?;
-        if let Some(s) = skip {
-            s.check_len("sample_hop skip (one flag per destination)", n_dst)?;
-        }
-        self.sample_layer(graph, dst, n_dst, fanout, layer_seed, skip, "dst")
     }
 
     /// One layer (steps 2–5 of the module doc) from `frontier[..n]` (distinct, not
@@ -599,15 +432,193 @@ impl CudaBackend {
                 reason: "internal: GCN source weights not kept".into(),
             })
     }
+}
+
+/// The [`crate::Sampling`] family (module doc), on the helpers above.
+impl crate::backend::Sampling for CudaBackend {
+    /// Uploads (or maps) a graph's topology.
+    fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<CudaGraph> {
+        let offsets = graph.offsets();
+        let max_degree = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        if max_degree > u32::MAX as u64 {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "graph",
+                reason: format!(
+                    "a vertex has {max_degree} neighbors; the device sampler supports up to {}",
+                    u32::MAX
+                ),
+            });
+        }
+        let topo = match placement {
+            TopologyPlacement::Device => {
+                let mut indptr =
+                    self.pool
+                        .alloc_exact::<u64>(offsets.len(), Init::Uninit, "graph offsets")?;
+                self.upload_slice(&self.compute, offsets.as_slice(), &mut indptr)?;
+                let idx = graph.indices();
+                let mut indices =
+                    self.pool
+                        .alloc_exact::<u32>(idx.len(), Init::Uninit, "graph indices")?;
+                self.upload_slice(&self.compute, idx.as_slice(), &mut indices)?;
+                Topology::Device { indptr, indices }
+            }
+            TopologyPlacement::PinnedHost => {
+                if !self.info.can_map_host {
+                    return Err(GpuOpsError::InvalidArgument {
+                        name: "placement",
+                        reason: "this device cannot map host memory; use TopologyPlacement::Device"
+                            .into(),
+                    });
+                }
+                let inner = &self.compute.inner;
+                Topology::Host {
+                    indptr: HostRegion::new(&self.ctx, inner, offsets, "graph offsets")?,
+                    indices: HostRegion::new(&self.ctx, inner, graph.indices(), "graph indices")?,
+                }
+            }
+        };
+        Ok(CudaGraph {
+            num_vertices: graph.num_vertices(),
+            num_edges: graph.num_edges(),
+            max_degree,
+            topo,
+        })
+    }
+
+    /// Layered sampling (module doc).
+    fn sample(
+        &self,
+        graph: &CudaGraph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        seed: u64,
+    ) -> Result<DeviceBatch<Self>> {
+        if fanouts.is_empty() {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "fanouts",
+                reason: "at least one layer is needed".into(),
+            });
+        }
+        if let Some(l) = fanouts.iter().position(|&f| f == 0) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "fanouts",
+                reason: format!(
+                    "the fanout of layer {l} is 0; use ALL_NEIGHBORS ({}) to take every neighbor",
+                    cpu_ops::ALL_NEIGHBORS
+                ),
+            });
+        }
+        if let Some(&bad) = seeds.iter().find(|&&s| s as usize >= graph.num_vertices) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "seeds",
+                reason: format!(
+                    "seed {bad} is not below the vertex count {}",
+                    graph.num_vertices
+                ),
+            });
+        }
+        let mut sorted = seeds.to_vec();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "seeds",
+                reason: format!(
+                    "seed {} appears more than once (seeds must be distinct)",
+                    w[0]
+                ),
+            });
+        }
+        let mut seed_buf = self.buf::<u32>(seeds.len(), Init::Uninit, "seeds")?;
+        self.upload_slice(&self.compute, seeds, &mut seed_buf)?;
+        let mut blocks_rev = Vec::with_capacity(fanouts.len());
+        let mut srcs_rev: Vec<CudaBuf<u32>> = Vec::with_capacity(fanouts.len());
+        let mut n = seeds.len();
+        for layer in (0..fanouts.len()).rev() {
+            let frontier = srcs_rev.last().unwrap_or(&seed_buf);
+            let layer_key = cpu_ops::derive_seed(seed, layer as u64);
+            let (block, src, n_src) = self
+                .sample_layer(
+                    graph,
+                    frontier,
+                    n,
+                    fanouts[layer],
+                    layer_key,
+                    None,
+                    "frontier",
+                )
+                .map_err(|e| match e {
+                    GpuOpsError::InvalidArgument {
+                        name: "fanout",
+                        reason,
+                    } => GpuOpsError::InvalidArgument {
+                        name: "fanouts",
+                        reason: format!("layer {layer}: {reason}"),
+                    },
+                    e => e,
+                })?;
+            blocks_rev.push(block);
+            srcs_rev.push(src);
+            n = n_src;
+        }
+        blocks_rev.reverse();
+        srcs_rev.reverse();
+        Ok(DeviceBatch {
+            blocks: blocks_rev,
+            src_ids: srcs_rev,
+            num_seeds: seeds.len(),
+        })
+    }
+
+    /// One hop from device-resident destinations: checks what the host can check
+    /// without a synchronization (lengths, fanout), then steps 2–5 of the module
+    /// doc with `skip` as `sample_count`'s mask. A destination outside the graph is
+    /// a device fault reported at the layer's count read; a repeated one fails the
+    /// relabel's distinctness check.
+    fn sample_hop(
+        &self,
+        graph: &CudaGraph,
+        dst: &CudaBuf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&CudaBuf<u8>>,
+    ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
+        if fanout == 0 {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "fanout",
+                reason: format!(
+                    "0 samples nothing; use ALL_NEIGHBORS ({}) to take every neighbor",
+                    cpu_ops::ALL_NEIGHBORS
+                ),
+            });
+        }
+        dst.check_len("sample_hop dst", n_dst)?;
+        if let Some(s) = skip {
+            s.check_len("sample_hop skip (one flag per destination)", n_dst)?;
+        }
+        self.sample_layer(graph, dst, n_dst, fanout, layer_seed, skip, "dst")
+    }
+
+    fn unique_relabel(
+        &self,
+        targets: &CudaBuf<u32>,
+        num_targets: usize,
+        candidates: &CudaBuf<u32>,
+        num_candidates: usize,
+    ) -> Result<(CudaBuf<u32>, CudaBuf<u32>, usize)> {
+        self.relabel(targets, num_targets, candidates, num_candidates, "targets")
+    }
 
     /// A block from host CSR, validated by `cpu_ops::BlockView::new`.
-    pub(crate) fn block_from_host_op(
+    fn block_from_host(
         &self,
         num_src: usize,
         indptr: &[u64],
         indices: &[u32],
     ) -> Result<CudaBlock> {
         BlockView::new(num_src, indptr, indices)?;
+        self.transfers
+            .upload(std::mem::size_of_val(indptr) + std::mem::size_of_val(indices));
         let num_dst = indptr.len() - 1;
         let mut d_indptr = self.buf::<u64>(indptr.len(), Init::Uninit, "block indptr")?;
         self.upload_slice(&self.compute, indptr, &mut d_indptr)?;
@@ -617,7 +628,7 @@ impl CudaBackend {
     }
 
     /// The block with a self-loop appended to every destination's row.
-    pub(crate) fn add_self_loops_op(&self, block: &CudaBlock) -> Result<CudaBlock> {
+    fn add_self_loops(&self, block: &CudaBlock) -> Result<CudaBlock> {
         let edges = block
             .num_edges
             .checked_add(block.num_dst)
@@ -642,61 +653,6 @@ impl CudaBackend {
             indices.ptr_mut(),
         )?;
         self.finish_block(block.num_src, block.num_dst, edges, indptr, indices)
-    }
-}
-
-/// The [`crate::Sampling`] family: forwards to the methods above (kept as they are
-/// so that this file's sampling code reads top to bottom).
-impl crate::backend::Sampling for CudaBackend {
-    fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<CudaGraph> {
-        self.load_graph_op(graph, placement)
-    }
-
-    fn sample(
-        &self,
-        graph: &CudaGraph,
-        seeds: &[u32],
-        fanouts: &[u32],
-        seed: u64,
-    ) -> Result<DeviceBatch<Self>> {
-        self.sample_batch(graph, seeds, fanouts, seed)
-    }
-
-    fn sample_hop(
-        &self,
-        graph: &CudaGraph,
-        dst: &CudaBuf<u32>,
-        n_dst: usize,
-        fanout: u32,
-        layer_seed: u64,
-        skip: Option<&CudaBuf<u8>>,
-    ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
-        self.sample_hop_op(graph, dst, n_dst, fanout, layer_seed, skip)
-    }
-
-    fn unique_relabel(
-        &self,
-        targets: &CudaBuf<u32>,
-        num_targets: usize,
-        candidates: &CudaBuf<u32>,
-        num_candidates: usize,
-    ) -> Result<(CudaBuf<u32>, CudaBuf<u32>, usize)> {
-        self.relabel(targets, num_targets, candidates, num_candidates, "targets")
-    }
-
-    fn block_from_host(
-        &self,
-        num_src: usize,
-        indptr: &[u64],
-        indices: &[u32],
-    ) -> Result<CudaBlock> {
-        self.transfers
-            .upload(std::mem::size_of_val(indptr) + std::mem::size_of_val(indices));
-        self.block_from_host_op(num_src, indptr, indices)
-    }
-
-    fn add_self_loops(&self, block: &CudaBlock) -> Result<CudaBlock> {
-        self.add_self_loops_op(block)
     }
 
     fn block_to_host(&self, block: &CudaBlock) -> Result<(Vec<u64>, Vec<u32>)> {
