@@ -74,15 +74,17 @@ static void test_scan() {
 static void relabel(const std::vector<u32>& a, const std::vector<u32>& b, const u64* live, std::vector<u32>& uniq, std::vector<u32>& local, u64 counts[3]) {
     u64 na = a.size(), nb = b.size(), total = na + nb;
     u64 cap = 64; while (cap < 2 * total) cap <<= 1;
-    std::vector<u32> keys(cap + 1, 0xffffffffu), minp(cap + 1, 0xffffffffu), slot(total, 0xdeadu), ranks(total + 1, 77);
-    launch(unique_insert, tgrid(total), T, a.data(), na, b.data(), nb, live, keys.data(), minp.data(), cap, slot.data());
-    launch(unique_flag, tgrid(total + 1), T, (const u32*)slot.data(), (const u32*)minp.data(), na, nb, live, ranks.data());
+    // One table: the keys, then the first positions (as the host allocates them).
+    std::vector<u32> table(2 * (cap + 1), 0xffffffffu), slot(total, 0xdeadu), ranks(total + 1, 77);
+    u32* keys = table.data(); u32* minp = table.data() + cap + 1;
+    launch(unique_insert, tgrid(total), T, a.data(), na, b.data(), nb, live, keys, minp, cap, slot.data());
+    launch(unique_flag, tgrid(total + 1), T, (const u32*)slot.data(), (const u32*)minp, na, nb, live, ranks.data());
     scan_in_place<u32>(ranks, total + 1);
     std::vector<u64> out(3, 99);
     launch(relabel_counts, 1, 32, live, nb, (const u32*)ranks.data(), na, out.data());
     for (int i = 0; i < 3; ++i) counts[i] = out[i];
     uniq.assign(out[2], 0); local.assign(nb, 0xabcdu);
-    launch(unique_scatter, tgrid(total), T, a.data(), na, b.data(), nb, live, (const u32*)slot.data(), (const u32*)minp.data(), (const u32*)ranks.data(), uniq.data(), local.data());
+    launch(unique_scatter, tgrid(total), T, a.data(), na, b.data(), nb, live, (const u32*)slot.data(), (const u32*)minp, (const u32*)ranks.data(), uniq.data(), local.data());
 }
 
 static void test_relabel() {

@@ -290,10 +290,11 @@ impl CudaBackend {
         }
         let live_ptr = live.unwrap_or(Ptr::null());
         let cap = (2 * total).next_power_of_two().max(64);
-        let mut keys = self.buf::<u32>(cap + 1, Init::Uninit, "relabel hash keys")?;
-        self.fill_bytes(&mut keys, cap + 1, 0xff)?;
-        let mut min_pos = self.buf::<u32>(cap + 1, Init::Uninit, "relabel first positions")?;
-        self.fill_bytes(&mut min_pos, cap + 1, 0xff)?;
+        // The hash keys and the first positions side by side, both all ones: one
+        // allocation and one memset.
+        let mut table = self.buf::<u32>(2 * (cap + 1), Init::Uninit, "relabel hash table")?;
+        self.fill_bytes(&mut table, 2 * (cap + 1), 0xff)?;
+        let (keys, min_pos) = (table.ptr_mut(), table.ptr().offset(cap + 1));
         let mut slot_of = self.buf::<u32>(total, Init::Uninit, "relabel slots")?;
         launch::unique_insert(
             &self.kernels,
@@ -304,12 +305,11 @@ impl CudaBackend {
             candidates.ptr(),
             n_c as u64,
             live_ptr,
-            keys.ptr_mut(),
-            min_pos.ptr_mut(),
+            keys,
+            keys.offset(cap + 1),
             cap as u64,
             slot_of.ptr_mut(),
         )?;
-        drop(keys);
         // unique_flag writes all total + 1 flags (0 past the live positions), so the
         // scan's entry at `total` is the unique count.
         let mut ranks = self.buf::<u32>(total + 1, Init::Uninit, "relabel ranks")?;
@@ -318,7 +318,7 @@ impl CudaBackend {
             self.cu(),
             self.grid_t(total + 1),
             slot_of.ptr(),
-            min_pos.ptr(),
+            min_pos,
             n_t as u64,
             n_c as u64,
             live_ptr,
@@ -365,7 +365,7 @@ impl CudaBackend {
             n_c as u64,
             live_ptr,
             slot_of.ptr(),
-            min_pos.ptr(),
+            min_pos,
             ranks.ptr(),
             unique.ptr_mut(),
             local.ptr_mut(),
