@@ -80,6 +80,14 @@ pub struct BackendReport {
     pub gemm_tf32_flops: Rate,
     /// The GEMM shape.
     pub gemm: (usize, usize, usize),
+    /// Host synchronizations of one sampled batch (CUDA: one per layer; the
+    /// host backend counts none).
+    pub sample_syncs: u64,
+    /// Host synchronizations of one gather (CUDA: none since the counters stay
+    /// on the device).
+    pub gather_syncs: u64,
+    /// Layers of a sampled batch (the fanouts).
+    pub layers: usize,
 }
 
 impl fmt::Display for BackendReport {
@@ -111,6 +119,11 @@ impl fmt::Display for BackendReport {
                 r(x.per_sec)
             )?;
         }
+        writeln!(
+            f,
+            "host syncs: {} per sampled batch ({} layers), {} per gather",
+            self.sample_syncs, self.layers, self.gather_syncs
+        )?;
         let (m, k, n) = self.gemm;
         let shape = format!("{m}×{k}×{n}");
         writeln!(
@@ -151,6 +164,13 @@ fn time_best<B: Backend>(dev: &B, reps: usize, mut f: impl FnMut() -> Result<()>
         best = best.min(ms);
     }
     Ok(best)
+}
+
+/// Host synchronizations of one call of `f` (the backend's transfer counter).
+fn syncs_of<B: Backend>(dev: &B, f: impl FnOnce() -> Result<()>) -> Result<u64> {
+    let before = dev.transfer_stats();
+    f()?;
+    Ok(dev.transfer_stats().since(&before).syncs)
 }
 
 fn rate(amount: f64, ms: f64) -> Rate {
@@ -209,6 +229,11 @@ pub fn bench_backend<B: Backend>(
         Ok(())
     })?;
     let sample_edges = rate(edges as f64, ms);
+    let sample_syncs = syncs_of(dev, || {
+        dev.sample(&g, &seed_batches[0], &o.fanouts, o.seed)
+            .map(drop)
+            .map_err(dev_err("sampling"))
+    })?;
 
     // 2. Gather: all cached, none cached, and the d2d reference.
     let dim = features.dim();
@@ -222,6 +247,7 @@ pub fn bench_backend<B: Backend>(
     let everyone: Vec<u32> = (0..n as u32).collect();
     // (all cached, all from host) for each stored type.
     let mut gathers = [(0.0, 0.0); 2];
+    let mut gather_syncs = 0;
     for (dtype, times) in [FeatureDtype::F32, FeatureDtype::Bf16]
         .into_iter()
         .zip(&mut gathers)
@@ -233,6 +259,12 @@ pub fn bench_backend<B: Backend>(
             dev.gather(&all, &ids_dev, rows, &mut out)
                 .map_err(dev_err("gather"))
         })?;
+        if dtype == FeatureDtype::F32 {
+            gather_syncs = syncs_of(dev, || {
+                dev.gather(&all, &ids_dev, rows, &mut out)
+                    .map_err(dev_err("gather"))
+            })?;
+        }
         drop(all);
         let none = dev
             .load_features(features, &[], 0, dtype)
@@ -284,6 +316,9 @@ pub fn bench_backend<B: Backend>(
         gemm_flops: rate(2.0 * (m * k * nn) as f64, gemm_ms),
         gemm_tf32_flops: rate(2.0 * (m * k * nn) as f64, tf32_ms),
         gemm: o.gemm,
+        sample_syncs,
+        gather_syncs,
+        layers: o.fanouts.len(),
     })
 }
 
@@ -331,6 +366,11 @@ mod tests {
         let text = rep.to_string();
         assert!(
             text.contains("host backend") && text.contains("gemm tf32"),
+            "{text}"
+        );
+        // The host backend's sampling and gathers never wait on a device.
+        assert!(
+            text.contains("host syncs: 0 per sampled batch (2 layers), 0 per gather"),
             "{text}"
         );
         // A feature matrix that does not match the graph is an error.
