@@ -39,7 +39,12 @@ build)
               sed -n "s/.*Executable .*(\(target\/release\/deps\/$t-[0-9a-f]*\)).*/\1/p" | tail -1)
         cp "$exe" "$bin/$t"
     done
-    strip "$bin"/*
+    strip "$bin"/tandem "$bin"/parity "$bin"/cuda_backend
+    # The PyTorch + PyG peer of the 2026-11-23 run, for issue11.sh's `peer` part
+    # (the device machine sees only this checkout and what is carried).
+    if [ -f ../shared/peers/torch_gpu_train.py ]; then
+        cp ../shared/peers/torch_gpu_train.py "$bin/"
+    fi
     ls -la "$bin"
     ;;
 tests)

@@ -10,10 +10,11 @@
 #   bash bench/gpu/issue11.sh epochs       # products epochs: f32/bf16 rows x fp32/tf32, two cache sizes
 #   bash bench/gpu/issue11.sh ncu          # per-kernel table over a few SAGE batches
 #   bash bench/gpu/issue11.sh syncs        # items 14-18: per-batch slices and host syncs
+#   bash bench/gpu/issue11.sh peer         # Tandem vs the PyTorch + PyG program, same run
 # Every part writes its outputs under $OUT (or ./gpu-out when $OUT is unset).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-part="${1:?usage: issue11.sh tests|backend|epochs|ncu|syncs}"
+part="${1:?usage: issue11.sh tests|backend|epochs|ncu|syncs|peer}"
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
 bin=.gpu
@@ -100,6 +101,22 @@ for arg in ["host_syncs", "zero_fills", "uploads", "downloads"]:
         print(f"{arg} per batch: mean {sum(vals) / len(vals):.2f}, max {max(vals)}")
 PY
     gzip -f "$out/syncs.json"
+    ;;
+peer)
+    # The issue's goal: Tandem's products epoch >= 10x the PyTorch + PyG program
+    # (everything on the GPU; ../shared/peers/torch_gpu_train.py, staged into
+    # .gpu by `issue10.sh build`) on the same graph, measured in the same run.
+    [ -f "$bin/torch_gpu_train.py" ] || { echo "no $bin/torch_gpu_train.py (see issue10.sh build)" >&2; exit 2; }
+    products
+    [ -d /tmp/products-npy ] || "$bin/tandem" export --format npy -o /tmp/products-npy /tmp/products.tds
+    python3 "$bin/torch_gpu_train.py" --data /tmp/products-npy --epochs 3 2>&1 | tail -2 |
+        tee "$out/peer-torch.txt"
+    "$bin/tandem" train --set 'data.path="/tmp/products.tds"' "${model[@]}" \
+        --set train.epochs=3 2>&1 | tail -2 | tee "$out/peer-tandem.txt"
+    torch_s=$(sed -n 's/.*torchgpu epoch_s=\([0-9.]*\).*/\1/p' "$out/peer-torch.txt")
+    tandem_s=$(sed -n 's/.*mean epoch time \([0-9.]*\) s.*/\1/p' "$out/peer-tandem.txt")
+    python3 -c "import sys; t, p = map(float, sys.argv[1:]); print(f'epoch s: tandem {t}, torch {p}; tandem is {p / t:.2f}x faster (goal >= 10x)')" \
+        "$tandem_s" "$torch_s" | tee "$out/peer-ratio.txt"
     ;;
 *)
     echo "unknown part: $part" >&2
