@@ -129,32 +129,6 @@ __device__ __forceinline__ void warp_copy_row(u16* dst, const u16* src, u64 dim)
 __device__ __forceinline__ float bf16_to_float(u32 b) {
     return __uint_as_float(b << 16);
 }
-// One warp writes `dim` bfloat16 values of `src` widened to floats into `dst`: with
-// both rows 16-byte aligned and dim a multiple of 8, each lane loads 8 values in one
-// 16-byte load and stores two float4 (a bfloat16 row is half the bytes of its float
-// row); else one value per lane.
-__device__ __forceinline__ void warp_widen_row(float* dst, const u16* src, u64 dim) {
-    const u32 lane = lane_id();
-    if ((dim & 7) == 0 && ((((u64)dst) | ((u64)src)) & 15) == 0) {
-        const uint4* s = reinterpret_cast<const uint4*>(src);
-        float4* d = reinterpret_cast<float4*>(dst);
-        for (u64 c = lane; c < dim / 8; c += WARP_SIZE) {
-            const uint4 p = s[c];
-            // Little-endian: the lower half of each word is the earlier value.
-            d[2 * c] = make_float4(__uint_as_float(p.x << 16), __uint_as_float(p.x & 0xffff0000u),
-                                   __uint_as_float(p.y << 16), __uint_as_float(p.y & 0xffff0000u));
-            d[2 * c + 1] =
-                make_float4(__uint_as_float(p.z << 16), __uint_as_float(p.z & 0xffff0000u),
-                            __uint_as_float(p.w << 16), __uint_as_float(p.w & 0xffff0000u));
-        }
-    } else {
-        for (u64 c = lane; c < dim; c += WARP_SIZE) dst[c] = bf16_to_float(src[c]);
-    }
-}
-// A row of floats read as floats (the gather's f32 case).
-__device__ __forceinline__ void warp_widen_row(float* dst, const float* src, u64 dim) {
-    warp_copy_row(dst, src, dim);
-}
 // One warp zeroes `dim` floats.
 __device__ __forceinline__ void warp_zero_row(float* dst, u64 dim) {
     for (u64 c = lane_id(); c < dim; c += WARP_SIZE) dst[c] = 0.0f;

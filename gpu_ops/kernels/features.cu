@@ -21,8 +21,9 @@
 #define GATHER_GROUP 32
 #define GATHER_UNROLL 8
 
-// 16 bytes of a stored row (4 floats or 8 bfloat16 values) widened into two
-// float4s' worth: `lo` always, `hi` for bfloat16.
+// Unit `c` of a stored row, 16 bytes, written to the float row `dst`: 4 floats as
+// they are, or 8 bfloat16 values widened to 8 floats (the last argument only picks
+// the stored type).
 __device__ __forceinline__ void store_unit(float* dst, u64 c, uint4 v, const float*) {
     reinterpret_cast<uint4*>(dst)[c] = v;
 }

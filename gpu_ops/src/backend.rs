@@ -787,6 +787,17 @@ pub trait DenseOps: DeviceMemory {
         act: Activation,
     ) -> Result<()> {
         self.dropout_backward(mask, dy, n)?;
+        self.activation_backward(y, dy, n, act)
+    }
+    /// `act`'s backward from its output `y`: [`DenseOps::relu_backward`] or
+    /// [`DenseOps::elu_backward`].
+    fn activation_backward(
+        &self,
+        y: &Self::Buf<f32>,
+        dy: &mut Self::Buf<f32>,
+        n: usize,
+        act: Activation,
+    ) -> Result<()> {
         match act {
             Activation::Relu => self.relu_backward(y, dy, n),
             Activation::Elu { alpha } => self.elu_backward(y, dy, n, alpha),

@@ -67,7 +67,7 @@ static void test_scan() {
     std::printf("scan ok\n");
 }
 
-// Mirrors CudaBackend::relabel_live: `b` holds n_b slots, of which the first *live
+// Mirrors CudaBackend::relabel: `b` holds n_b slots, of which the first *live
 // (when live is given) are candidates; the flags are not zeroed first (unique_flag
 // writes every entry); one relabel_counts read gives the live, distinct and unique
 // counts.

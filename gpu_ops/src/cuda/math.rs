@@ -103,6 +103,20 @@ pub struct CudaMask {
     pub(crate) scale: f32,
 }
 
+impl CudaMask {
+    /// An error naming `what` unless the mask covers `n` elements.
+    fn check_covers(&self, what: &'static str, n: usize) -> Result<()> {
+        if n > self.len {
+            return Err(GpuOpsError::SizeMismatch {
+                what,
+                expected: self.len,
+                found: n,
+            });
+        }
+        Ok(())
+    }
+}
+
 impl std::fmt::Debug for CudaMask {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaMask")
@@ -535,13 +549,7 @@ impl DenseOps for CudaBackend {
         n: usize,
         act: Activation,
     ) -> Result<()> {
-        if n > mask.len {
-            return Err(GpuOpsError::SizeMismatch {
-                what: "dropout_act_backward n (elements the mask covers)",
-                expected: mask.len,
-                found: n,
-            });
-        }
+        mask.check_covers("dropout_act_backward n (elements the mask covers)", n)?;
         y.check_len("dropout_act_backward y", n)?;
         dy.check_len("dropout_act_backward dy", n)?;
         let (act_code, alpha) = Self::activation_code(act)?;
@@ -560,13 +568,7 @@ impl DenseOps for CudaBackend {
     }
 
     fn dropout_backward(&self, mask: &CudaMask, dy: &mut CudaBuf<f32>, n: usize) -> Result<()> {
-        if n > mask.len {
-            return Err(GpuOpsError::SizeMismatch {
-                what: "dropout_backward n (elements the mask covers)",
-                expected: mask.len,
-                found: n,
-            });
-        }
+        mask.check_covers("dropout_backward n (elements the mask covers)", n)?;
         dy.check_len("dropout_backward dy", n)?;
         launch::dropout_backward(
             &self.kernels,

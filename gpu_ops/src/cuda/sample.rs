@@ -130,7 +130,7 @@ impl std::fmt::Debug for CudaBlock {
     }
 }
 
-/// What [`CudaBackend::relabel_live`] returns.
+/// What [`CudaBackend::relabel`] returns.
 struct Relabeled {
     /// The unique ids (targets first).
     unique: CudaBuf<u32>,
@@ -219,7 +219,7 @@ impl CudaBackend {
         )?;
         drop(positions);
         // 4. sources and local ids (the layer's one synchronization).
-        let r = self.relabel_live(frontier, n, &nbrs, cap, live, frontier_name)?;
+        let r = self.relabel(frontier, n, &nbrs, cap, live, frontier_name)?;
         // 5. the block.
         let block = self.finish_block(r.n_unique, n, r.n_candidates, indptr, r.local)?;
         Ok((block, r.unique, r.n_unique))
@@ -242,26 +242,13 @@ impl CudaBackend {
             })
     }
 
-    /// Unique ids of `targets[..n_t] ++ candidates[..n_c]` (targets first, then first
-    /// occurrences) and each candidate's position among them; see `sample.cu`.
+    /// Unique ids of `targets[..n_t] ++ candidates[..n_live]` (targets first, then
+    /// first occurrences) and each candidate's position among them; see
+    /// `sample.cu`. `n_live` is the device count `live` (at most `n_c`) when given,
+    /// else `n_c`; the buffers are sized by `n_c`, and the one synchronization reads
+    /// the live count, the distinct targets and the unique count together.
     /// `targets_name` names the targets in a "not distinct" error.
-    pub(crate) fn relabel(
-        &self,
-        targets: &CudaBuf<u32>,
-        n_t: usize,
-        candidates: &CudaBuf<u32>,
-        n_c: usize,
-        targets_name: &'static str,
-    ) -> Result<(CudaBuf<u32>, CudaBuf<u32>, usize)> {
-        let r = self.relabel_live(targets, n_t, candidates, n_c, None, targets_name)?;
-        Ok((r.unique, r.local, r.n_unique))
-    }
-
-    /// [`CudaBackend::relabel`] of the first `live` candidates when `live` (a device
-    /// count, at most `n_c`) is given, else of all `n_c`. The buffers are sized by
-    /// `n_c`; the one synchronization reads the live count, the distinct targets and
-    /// the unique count together.
-    fn relabel_live(
+    fn relabel(
         &self,
         targets: &CudaBuf<u32>,
         n_t: usize,
@@ -336,7 +323,7 @@ impl CudaBackend {
             n_t as u64,
             counts.ptr_mut(),
         )?;
-        let [n_live, distinct, n_unique] = self.read_first::<u64, 3>(&counts)?;
+        let [n_live, distinct, n_unique] = self.read_n::<u64, 3>(&counts, 0)?;
         let n_live = usize::try_from(n_live)
             .ok()
             .filter(|&l| l <= n_c)
@@ -606,7 +593,15 @@ impl crate::backend::Sampling for CudaBackend {
         candidates: &CudaBuf<u32>,
         num_candidates: usize,
     ) -> Result<(CudaBuf<u32>, CudaBuf<u32>, usize)> {
-        self.relabel(targets, num_targets, candidates, num_candidates, "targets")
+        let r = self.relabel(
+            targets,
+            num_targets,
+            candidates,
+            num_candidates,
+            None,
+            "targets",
+        )?;
+        Ok((r.unique, r.local, r.n_unique))
     }
 
     /// A block from host CSR, validated by `cpu_ops::BlockView::new`.

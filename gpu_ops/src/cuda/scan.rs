@@ -94,29 +94,24 @@ impl CudaBackend {
     /// `buf[at]`, read after the compute stream finishes (then device faults and
     /// deferred errors are checked, as at every synchronization).
     pub(crate) fn read_at<T: Elem>(&self, buf: &CudaBuf<T>, at: usize) -> Result<T> {
-        buf.check_len("read index", at + 1)?;
-        self.bind()?;
-        let mut v = [T::default()];
-        let addr = buf.raw() + (at * size_of::<T>()) as u64;
-        // SAFETY: `addr` is element `at` of `buf` (checked above); the copy is ordered
-        // on the compute stream after every write to it, and the stream is
-        // synchronized before `v` is read.
-        unsafe { result::memcpy_dtoh_async(&mut v[..], addr, self.cu()) }
-            .map_err(drv("cuMemcpyDtoHAsync"))?;
-        self.sync_compute()?;
-        Ok(v[0])
+        self.read_n::<T, 1>(buf, at).map(|[v]| v)
     }
 
-    /// `buf[..N]` in one read after the compute stream finishes (one
-    /// synchronization, then the same checks as [`CudaBackend::read_at`]).
-    pub(crate) fn read_first<T: Elem, const N: usize>(&self, buf: &CudaBuf<T>) -> Result<[T; N]> {
-        buf.check_len("read length", N)?;
+    /// `buf[at..at + N]` in one read (one synchronization), checked as
+    /// [`CudaBackend::read_at`].
+    pub(crate) fn read_n<T: Elem, const N: usize>(
+        &self,
+        buf: &CudaBuf<T>,
+        at: usize,
+    ) -> Result<[T; N]> {
+        buf.check_len("read range end", at.saturating_add(N))?;
         self.bind()?;
         let mut v = [T::default(); N];
-        // SAFETY: `buf` holds at least N elements (checked); the copy is ordered on
-        // the compute stream after every write to them, and the stream is
-        // synchronized before `v` is read.
-        unsafe { result::memcpy_dtoh_async(&mut v[..], buf.raw(), self.cu()) }
+        let addr = buf.raw() + (at * size_of::<T>()) as u64;
+        // SAFETY: `addr` starts N elements of `buf` (checked above); the copy is
+        // ordered on the compute stream after every write to them, and the stream
+        // is synchronized before `v` is read.
+        unsafe { result::memcpy_dtoh_async(&mut v[..], addr, self.cu()) }
             .map_err(drv("cuMemcpyDtoHAsync"))?;
         self.sync_compute()?;
         Ok(v)

@@ -670,9 +670,6 @@ impl<B: Backend> DeviceModel<B> {
             });
         }
         let mut g_owned: Option<B::Buf<f32>> = None;
-        // Whether g_owned already went through the activation's backward (fused
-        // with the dropout's, below).
-        let mut activated = false;
         for l in (0..self.specs.len()).rev() {
             let spec = self.specs[l];
             let (ns, nd) = shapes[l];
@@ -690,14 +687,12 @@ impl<B: Backend> DeviceModel<B> {
                 }
                 // (Zeroing those rows before or after the activation's backward
                 // is the same: it maps a zero gradient to zero.)
-                if !activated {
+                // Layer l + 1's dropout fused this activation's backward with its
+                // own (below), when it had one.
+                let fused = fwd.layers.get(l + 1).is_some_and(|c| c.dropped.is_some());
+                if !fused {
                     let act = cache.act.as_ref().ok_or_else(|| internal("missing act"))?;
-                    match self.activation() {
-                        Activation::Elu { alpha } => {
-                            dev.elu_backward(act, g, nd * spec.d_out, alpha)?
-                        }
-                        Activation::Relu => dev.relu_backward(act, g, nd * spec.d_out)?,
-                    }
+                    dev.activation_backward(act, g, nd * spec.d_out, self.activation())?;
                 }
             }
             let input = match (&cache.dropped, l) {
@@ -711,7 +706,6 @@ impl<B: Backend> DeviceModel<B> {
             let g = g_owned.as_ref().unwrap_or(grad_logits);
             let dx = self.layer_backward(dev, &spec, &blocks[l], cache, input, g, ns, nd, l > 0)?;
             if let Some(mut dx) = dx {
-                activated = false;
                 if let Some((_, mask)) = &cache.dropped {
                     // The dropout's backward and layer l − 1's activation's in
                     // one pass (its output is this layer's input before dropout).
@@ -721,7 +715,6 @@ impl<B: Backend> DeviceModel<B> {
                         .ok_or_else(|| internal("dropout below layer 0"))?;
                     let n = ns * spec.d_in;
                     dev.dropout_act_backward(mask, below, &mut dx, n, self.activation())?;
-                    activated = true;
                 }
                 g_owned = Some(dx);
             }
