@@ -11,10 +11,11 @@
 #   bash bench/gpu/issue11.sh ncu          # per-kernel table over a few SAGE batches
 #   bash bench/gpu/issue11.sh syncs        # items 14-18: per-batch slices and host syncs
 #   bash bench/gpu/issue11.sh peer         # Tandem vs the PyTorch + PyG program, same run
+#   bash bench/gpu/issue11.sh ahead        # item 19: device.sample_ahead off vs on, same run
 # Every part writes its outputs under $OUT (or ./gpu-out when $OUT is unset).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-part="${1:?usage: issue11.sh tests|backend|epochs|ncu|syncs|peer}"
+part="${1:?usage: issue11.sh tests|backend|epochs|ncu|syncs|peer|ahead}"
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
 bin=.gpu
@@ -101,6 +102,23 @@ for arg in ["host_syncs", "zero_fills", "uploads", "downloads"]:
         print(f"{arg} per batch: mean {sum(vals) / len(vals):.2f}, max {max(vals)}")
 PY
     gzip -f "$out/syncs.json"
+    ;;
+ahead)
+    products
+    # Item 19 (docs/gpu-validation.md): the same 3 epochs without and with
+    # sampling ahead on a second stream; the ratio of the mean epoch times
+    # (excluding epoch 0) and the accuracy of each.
+    for ahead in false true; do
+        "$bin/tandem" train --set 'data.path="/tmp/products.tds"' "${model[@]}" \
+            --set train.epochs=3 --set device.sample_ahead=$ahead \
+            --trace "$out/ahead-$ahead.json" > "$out/ahead-$ahead.txt" 2>&1
+        grep -E "^ +[0-9]+ |mean epoch time|sampled ahead" "$out/ahead-$ahead.txt"
+        gzip -f "$out/ahead-$ahead.json"
+    done
+    off=$(sed -n 's/.*mean epoch time \([0-9.]*\) s.*/\1/p' "$out/ahead-false.txt")
+    on=$(sed -n 's/.*mean epoch time \([0-9.]*\) s.*/\1/p' "$out/ahead-true.txt")
+    python3 -c "import sys; a, b = map(float, sys.argv[1:]); print(f'epoch s: sample_ahead off {a}, on {b}; on is {a / b:.2f}x faster')" \
+        "$off" "$on" | tee "$out/ahead-ratio.txt"
     ;;
 peer)
     # The issue's goal: Tandem's products epoch >= 10x the PyTorch + PyG program

@@ -286,6 +286,19 @@ impl TransferStats {
             zero_fills: self.zero_fills.saturating_sub(earlier.zero_fills),
         }
     }
+
+    /// `self + other`, field by field (saturating): e.g. a backend and its
+    /// [`Sampling::sampling_sibling`] together.
+    pub fn plus(&self, other: &TransferStats) -> TransferStats {
+        TransferStats {
+            uploads: self.uploads.saturating_add(other.uploads),
+            upload_bytes: self.upload_bytes.saturating_add(other.upload_bytes),
+            downloads: self.downloads.saturating_add(other.downloads),
+            download_bytes: self.download_bytes.saturating_add(other.download_bytes),
+            syncs: self.syncs.saturating_add(other.syncs),
+            zero_fills: self.zero_fills.saturating_add(other.zero_fills),
+        }
+    }
 }
 
 /// The counters behind [`TransferStats`], shared by the backends (lock-free).
@@ -622,6 +635,28 @@ pub trait Sampling: DeviceCore {
     fn block_to_host(&self, block: &Self::Block) -> Result<(Vec<u64>, Vec<u32>)>;
     /// `(num_src, num_dst, num_edges)` of a block.
     fn block_shape(&self, block: &Self::Block) -> (usize, usize, usize);
+    /// A second backend on the same device to sample ahead with: its ops run on
+    /// their own stream, with their own allocator and fault word, so a batch it
+    /// samples (and the synchronizations that sampling needs) overlaps the work
+    /// this backend has queued. It reads graphs this backend loaded. Hand each of
+    /// its batches over with [`Sampling::adopt_batch`] before this backend uses it.
+    ///
+    /// `None` (the default) where the backend has no sibling; callers then sample
+    /// on this backend. The host backend returns a second host backend: nothing
+    /// runs asynchronously there, so it only keeps callers on the same path.
+    fn sampling_sibling(&self) -> Result<Option<Self>> {
+        Ok(None)
+    }
+    /// Hands `batch`, sampled by `from` (this backend's
+    /// [`Sampling::sampling_sibling`]), to this backend: this backend's stream
+    /// waits for everything `from` has enqueued so far, and when the batch's
+    /// buffers are dropped, `from` reuses their memory only after this backend's
+    /// work enqueued before the drop. Keep `from` alive while the batch lives.
+    /// A no-op where nothing runs asynchronously (the host backend).
+    fn adopt_batch(&self, from: &Self, batch: &mut DeviceBatch<Self>) -> Result<()> {
+        let _ = (from, batch);
+        Ok(())
+    }
 }
 
 /// Vertex features behind a device row cache, the gather through it, and

@@ -258,3 +258,91 @@ fn a_one_rank_nccl_communicator_sums_in_place() {
         .is_err());
     assert!(d.nccl_reduce(1, 1, &id).is_err());
 }
+
+/// `sampling_sibling` + `adopt_batch` (the engine's `device.sample_ahead`): a
+/// batch sampled on the sibling's stream and handed over equals the batch
+/// sampled here; and a batch dropped while this stream still has work queued
+/// that reads it is not overwritten by the sibling's next batch, which may
+/// recycle its blocks (the reads are queued behind busy work, the batch
+/// dropped at once, the next batch sampled, and only then are the reads
+/// checked).
+#[test]
+fn a_batch_sampled_on_the_sibling_stream_is_the_batch_sampled_here() {
+    let Some(d) = dev() else { return };
+    let mut rng = Rng::new(5);
+    let n = 5000u32;
+    let edges: Vec<(u32, u32)> = (0..60_000)
+        .map(|_| {
+            (
+                rng.below(u64::from(n)) as u32,
+                rng.below(u64::from(n)) as u32,
+            )
+        })
+        .collect();
+    let g = CsrGraph::from_edges(n as usize, &edges, BuildOptions::UNDIRECTED).unwrap();
+    let graph = d.load_graph(&g, TopologyPlacement::Device).unwrap();
+    let s = d
+        .sampling_sibling()
+        .unwrap()
+        .expect("CUDA has a sampling sibling");
+    let fanouts = [10u32, 5, 3];
+    let seeds_of = |k: u32| -> Vec<u32> { (0..400).map(|i| (i * 11 + k * 7) % n).collect() };
+    // Work that keeps this backend's stream busy.
+    let busy_len = 1 << 24;
+    let mut busy = d.alloc::<f32>(busy_len).unwrap();
+    let mut keep_busy = || {
+        for _ in 0..20 {
+            d.scale(&mut busy, busy_len, 1.0).unwrap();
+        }
+    };
+    type Copies = Vec<(
+        <CudaBackend as DeviceCore>::Block,
+        <CudaBackend as DeviceCore>::Buf<u32>,
+        usize,
+    )>;
+    let mut read: Vec<(u32, Copies)> = Vec::new();
+    for k in 0..12u32 {
+        keep_busy();
+        let mut b = s
+            .sample(&graph, &seeds_of(k), &fanouts, u64::from(k))
+            .unwrap();
+        d.adopt_batch(&s, &mut b).unwrap();
+        keep_busy();
+        // Reads of the batch on this stream, queued behind the busy work.
+        let copies: Copies = (0..fanouts.len())
+            .map(|l| {
+                let ns = d.block_shape(&b.blocks[l]).0;
+                let mut ids = d.alloc::<u32>(ns).unwrap();
+                d.copy::<u32>(&b.src_ids[l], &mut ids, ns).unwrap();
+                (d.add_self_loops(&b.blocks[l]).unwrap(), ids, ns)
+            })
+            .collect();
+        drop(b);
+        read.push((k, copies));
+    }
+    for (k, copies) in read {
+        let want = d
+            .sample(&graph, &seeds_of(k), &fanouts, u64::from(k))
+            .unwrap();
+        for (l, (block, ids, ns)) in copies.iter().enumerate() {
+            assert_eq!(d.block_shape(&want.blocks[l]).0, *ns, "batch {k} layer {l}");
+            assert_eq!(
+                d.to_host::<u32>(ids, *ns).unwrap(),
+                d.to_host::<u32>(&want.src_ids[l], *ns).unwrap(),
+                "batch {k} layer {l}: source ids"
+            );
+            let loops = d.add_self_loops(&want.blocks[l]).unwrap();
+            assert_eq!(
+                d.block_to_host(block).unwrap(),
+                d.block_to_host(&loops).unwrap(),
+                "batch {k} layer {l}: block"
+            );
+        }
+    }
+    let stats = s.allocator_stats();
+    assert!(
+        stats.reuses > 0,
+        "the sibling's pool recycles blocks: {stats:?}"
+    );
+    s.synchronize(s.stream()).unwrap();
+}

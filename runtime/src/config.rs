@@ -287,6 +287,9 @@ pub struct DeviceSection {
     pub host_engine: HostEngine,
     /// `"f32"` or `"bf16"`: how a device engine stores feature rows.
     pub feature_dtype: FeatureDtypeName,
+    /// Sample each training batch while the one before it trains (a second
+    /// stream on CUDA).
+    pub sample_ahead: bool,
 }
 
 impl Default for DeviceSection {
@@ -298,6 +301,7 @@ impl Default for DeviceSection {
             topology: TopologyPlacement::Device,
             host_engine: HostEngine::Native,
             feature_dtype: FeatureDtypeName::F32,
+            sample_ahead: false,
         }
     }
 }

@@ -59,6 +59,12 @@ pub trait Engine: Send {
     fn describe(&self) -> String;
     /// Trains one batch of `seeds` (sampling with `seed`): (loss × rows, correct).
     fn train_batch(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)>;
+    /// Names the batch the next [`Engine::train_batch`] runs (`None`: none
+    /// known), so an engine with `device.sample_ahead` samples it while this
+    /// one's step runs. Only a hint: a different next batch samples afresh.
+    fn set_next_batch(&mut self, next: Option<(&[u32], u64)>);
+    /// How many batches so far trained on blocks sampled ahead.
+    fn batches_sampled_ahead(&self) -> u64;
     /// The first half of a data-parallel step: [`Engine::train_batch`] without the
     /// optimizer step, for this rank's share `seeds` of a batch. Returns (loss ×
     /// rows, correct, the gradients flattened in parameter order); the gradients
@@ -196,6 +202,9 @@ pub struct EngineOptions {
     pub defer_features: bool,
     /// How the device stores feature rows (`device.feature_dtype`).
     pub feature_dtype: gpu_ops::FeatureDtype,
+    /// Sample the next training batch right after this one's step is queued
+    /// (`device.sample_ahead`; `engine/step_based.rs`).
+    pub sample_ahead: bool,
 }
 
 /// Where a device engine's input rows come from when the device does not hold
@@ -221,6 +230,9 @@ pub trait RowSource: Send + Sync {
 /// A dataset and a model on one backend.
 pub struct DeviceEngine<B: Backend> {
     dev: std::sync::Arc<B>,
+    /// The batch sampled ahead and the sampling sibling (`device.sample_ahead`).
+    /// Declared before `graph` so it drops first: the sibling reads the graph.
+    ahead: step_based::Ahead<B>,
     graph: B::Graph,
     /// The device feature store (`None` until first needed with
     /// [`EngineOptions::defer_features`]).
@@ -359,6 +371,7 @@ impl<B: Backend> DeviceEngine<B> {
             bits: None,
             full_block: None,
             hot: hot::HotDevice::default(),
+            ahead: step_based::Ahead::default(),
             reduce: None,
             opts,
             dev: std::sync::Arc::new(dev),
@@ -442,6 +455,16 @@ impl<B: Backend> Engine for DeviceEngine<B> {
 
     fn train_batch(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)> {
         self.train_batch_placed(seeds, seed)
+    }
+
+    fn set_next_batch(&mut self, next: Option<(&[u32], u64)>) {
+        if self.opts.sample_ahead {
+            self.ahead.set_next(next);
+        }
+    }
+
+    fn batches_sampled_ahead(&self) -> u64 {
+        self.ahead.used
     }
 
     fn batch_gradients(&mut self, seeds: &[u32], seed: u64) -> Result<BatchGradients> {
@@ -624,16 +647,18 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 
     fn transfer_stats(&self) -> gpu_ops::TransferStats {
-        self.dev.transfer_stats()
+        self.transfer_stats_all()
     }
 
     fn set_placement(&mut self, placement: scheduler::StepBased) {
         self.opts.placement = placement;
+        self.ahead.clear();
     }
 
     fn set_tracer(&mut self, tracer: Tracer, acc: TrackId) {
         self.tracer = tracer;
         self.acc = acc;
+        self.ahead.set_tracer();
     }
 
     fn hot_width(&self) -> usize {

@@ -557,6 +557,7 @@ impl Trainer {
                 // exchange (set_communicator): the device never holds them all.
                 defer_features: cfg.dist.features == DistFeatures::Partitioned,
                 feature_dtype: cfg.device.feature_dtype.dtype(),
+                sample_ahead: cfg.device.sample_ahead,
             },
         )?;
         let mut chosen = chosen;
@@ -1027,6 +1028,13 @@ impl Trainer {
     pub fn transfer_stats(&self) -> Option<gpu_ops::TransferStats> {
         let e = self.engine.as_ref()?;
         e.lock().ok().map(|e| e.transfer_stats())
+    }
+
+    /// How many batches trained on blocks sampled while the batch before them
+    /// trained (`device.sample_ahead`; `None` on the native host path).
+    pub fn batches_sampled_ahead(&self) -> Option<u64> {
+        let e = self.engine.as_ref()?;
+        e.lock().ok().map(|e| e.batches_sampled_ahead())
     }
 
     /// What layer-based orchestration did in the last epoch (`None` without
@@ -1733,7 +1741,11 @@ impl Trainer {
                     if !distributed {
                         // The engine records the batch's sample / gather /
                         // device-step slices (with its host → device bytes) into
-                        // its tracer.
+                        // its tracer. With `device.sample_ahead` it samples the
+                        // next batch of this run while this one's step runs.
+                        let next = (k + 1 < end)
+                            .then(|| (batches[k + 1], derive_seed(base, k as u64 + 1)));
+                        e.set_next_batch(next);
                         let (l, c) = e.train_batch(batches[k], seed)?;
                         if tracer.is_enabled() {
                             tracer.counter(CACHE_HIT_RATE, e.cache_stats().hit_rate());

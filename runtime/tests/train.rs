@@ -366,3 +366,58 @@ fn device_gather_misses_are_counted_as_host_to_device_bytes() {
     let row_bytes = 16 * 4;
     assert_eq!(h_none - h_all, s_none.misses * row_bytes);
 }
+
+/// `device.sample_ahead` samples each batch while the one before it trains
+/// (`engine/step_based.rs`): it changes when blocks are sampled, never which.
+/// Under every placement, the epochs' losses, the weights and the host →
+/// device bytes equal those of a run without it, and every batch but each
+/// epoch's first trained on blocks sampled ahead.
+#[test]
+fn sampling_ahead_trains_on_the_same_blocks() {
+    let run = |placement: &str, ahead: bool| {
+        let cfg = small(
+            "sage",
+            &[
+                "device.host_engine=\"ops\"",
+                &format!("orchestration.policy=\"{placement}\""),
+                &format!("device.sample_ahead={ahead}"),
+                "device.cache_bytes=20000",
+                "train.epochs=2",
+                "train.eval_every=0",
+            ],
+        );
+        let ds = load_dataset(&cfg).expect("dataset");
+        let mut t = Trainer::new(ds, cfg).expect("trainer");
+        let stats = [
+            t.train_epoch().expect("epoch 0"),
+            t.train_epoch().expect("epoch 1"),
+        ];
+        let losses: Vec<f64> = stats.iter().map(|s| s.loss).collect();
+        let batches: usize = stats.iter().map(|s| s.batches).sum();
+        let params: Vec<Vec<f32>> = t.model().params().iter().map(|p| p.to_vec()).collect();
+        let ahead = t.batches_sampled_ahead().expect("device engine");
+        (
+            losses,
+            params,
+            t.h2d_bytes().expect("device engine"),
+            batches,
+            ahead,
+        )
+    };
+    for placement in [
+        "gpu-sample-gpu-gather",
+        "gpu-sample-cpu-gather",
+        "cpu-sample-gpu-gather",
+        "cpu-sample-cpu-gather",
+    ] {
+        let (l0, p0, h0, b0, a0) = run(placement, false);
+        let (l1, p1, h1, b1, a1) = run(placement, true);
+        assert_eq!(l0, l1, "{placement}: losses");
+        assert!(p0 == p1, "{placement}: sampling ahead changed the weights");
+        assert_eq!(h0, h1, "{placement}: host → device bytes");
+        assert_eq!(a0, 0, "{placement}: sampled ahead while off");
+        assert!(b1 > 4, "{placement}: {b1} batches");
+        assert_eq!(a1, (b1 - 2) as u64, "{placement}: batches sampled ahead");
+        assert_eq!(b0, b1);
+    }
+}

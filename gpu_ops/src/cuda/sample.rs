@@ -39,8 +39,10 @@
 
 use cpu_ops::{BlockView, CsrGraph};
 
+use cudarc::driver::{result, sys};
+
 use super::alloc::{CudaBuf, Init};
-use super::device::CudaBackend;
+use super::device::{drv, CudaBackend};
 use super::kernels::{launch, Grid, Ptr, PtrMut};
 use super::pinned::HostRegion;
 use crate::backend::{DeviceBatch, TopologyPlacement};
@@ -470,6 +472,53 @@ impl crate::backend::Sampling for CudaBackend {
             max_degree,
             topo,
         })
+    }
+
+    /// A backend on the same device (the primary context, so device pointers are
+    /// shared) with its own stream, pool and fault word. This backend's stream
+    /// is synchronized first, so the sibling can read every graph loaded so far.
+    fn sampling_sibling(&self) -> Result<Option<Self>> {
+        self.sync_compute()?;
+        Ok(Some(Self::new(self.info.ordinal)?))
+    }
+
+    /// Orders this backend's compute stream after `from`'s (an event recorded
+    /// there, waited for here) and marks the batch's buffers as used on this
+    /// stream, so `from`'s pool orders their reuse after this stream's work
+    /// (`alloc.rs`, protocol step 3).
+    fn adopt_batch(&self, from: &Self, batch: &mut DeviceBatch<Self>) -> Result<()> {
+        self.bind()?;
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(drv("cuEventCreate"))?;
+        // SAFETY: `event` is a live event of the shared primary context and both
+        // streams are live streams of it; record + wait only add an ordering edge.
+        // Destroying the event right after is allowed: the wait keeps the recorded
+        // point, and the driver releases the event once it completes.
+        let ordered = unsafe {
+            result::event::record(event, from.cu())
+                .map_err(drv("cuEventRecord"))
+                .and_then(|()| {
+                    result::stream::wait_event(
+                        self.cu(),
+                        event,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                    .map_err(drv("cuStreamWaitEvent"))
+                })
+        };
+        // SAFETY: the event was created above and is not used after this.
+        let destroyed = unsafe { result::event::destroy(event) }.map_err(drv("cuEventDestroy"));
+        ordered?;
+        destroyed?;
+        let stream = &self.compute.inner;
+        for b in &mut batch.blocks {
+            b.indptr.mark_foreign(stream);
+            b.indices.mark_foreign(stream);
+        }
+        for ids in &mut batch.src_ids {
+            ids.mark_foreign(stream);
+        }
+        Ok(())
     }
 
     /// Layered sampling (module doc).

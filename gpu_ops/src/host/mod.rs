@@ -252,6 +252,12 @@ impl Sampling for HostBackend {
         sample::sample(graph, seeds, fanouts, seed)
     }
 
+    fn sampling_sibling(&self) -> Result<Option<Self>> {
+        let sibling = Self::with_simd(self.simd);
+        sibling.set_precision(self.precision())?;
+        Ok(Some(sibling))
+    }
+
     fn sample_hop(
         &self,
         graph: &HostGraph,

@@ -365,6 +365,9 @@ fn train(
         }
         Err(e) => return Err(e),
     };
+    if let Some(n) = trainer.batches_sampled_ahead().filter(|&n| n > 0) {
+        say!("{n} batches trained on blocks sampled ahead (device.sample_ahead)");
+    }
     if ranks > 1 {
         let d = trainer.dist_stats();
         say!(
