@@ -371,6 +371,53 @@ pub struct AdamStep {
     pub step: u64,
 }
 
+/// A row-major `rows × cols` matrix: the first `rows · cols` values of a device
+/// buffer, read as stored or transposed ([`DevMat::t`]). The operands of
+/// [`DenseOps::matmul`].
+pub struct DevMat<'a, B: DeviceCore> {
+    buf: &'a B::Buf<f32>,
+    rows: usize,
+    cols: usize,
+    trans: bool,
+}
+
+impl<B: DeviceCore> Clone for DevMat<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: DeviceCore> Copy for DevMat<'_, B> {}
+
+impl<'a, B: DeviceCore> DevMat<'a, B> {
+    /// `buf` read as `rows × cols`, row-major.
+    pub fn new(buf: &'a B::Buf<f32>, rows: usize, cols: usize) -> Self {
+        Self {
+            buf,
+            rows,
+            cols,
+            trans: false,
+        }
+    }
+
+    /// The transpose (`cols × rows`), without moving data.
+    pub fn t(self) -> Self {
+        Self {
+            trans: !self.trans,
+            ..self
+        }
+    }
+
+    /// `(rows, cols)` as read (after any transpose).
+    pub fn shape(&self) -> (usize, usize) {
+        if self.trans {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        }
+    }
+}
+
 /// Mean loss and correct count of [`DenseOps::softmax_cross_entropy`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossStats {
@@ -739,6 +786,29 @@ pub trait DenseOps: DeviceMemory {
         c: &mut Self::Buf<f32>,
         accumulate: bool,
     ) -> Result<()>;
+    /// `C = A·B` (`+ C` when `accumulate`) for views that carry their shapes:
+    /// [`DenseOps::gemm`] with `m`, `n`, `k` and the transposes taken from `a`
+    /// and `b`. `C` holds at least `rows(A) × cols(B)` values. Errors: the
+    /// columns of `a` differ from the rows of `b`
+    /// ([`GpuOpsError::SizeMismatch`](crate::GpuOpsError::SizeMismatch)), and
+    /// `gemm`'s.
+    fn matmul(
+        &self,
+        a: DevMat<'_, Self>,
+        b: DevMat<'_, Self>,
+        c: &mut Self::Buf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let ((m, k), (kb, n)) = (a.shape(), b.shape());
+        if k != kb {
+            return Err(crate::GpuOpsError::SizeMismatch {
+                what: "matmul: rows of the right operand (the left one's columns)",
+                expected: k,
+                found: kb,
+            });
+        }
+        self.gemm(a.trans, b.trans, m, n, k, a.buf, b.buf, c, accumulate)
+    }
     /// `x[r] += bias` for `r < rows` (`x` is `rows × cols`).
     fn add_bias(
         &self,

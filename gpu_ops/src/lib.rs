@@ -21,9 +21,9 @@ mod reduce;
 
 pub use backend::{
     bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits, Activation,
-    AdamStep, Backend, CacheStats, DenseOps, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory,
-    Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats, MemoryInfo,
-    Precision, Sampling, TopologyPlacement, TransferStats,
+    AdamStep, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind,
+    DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats,
+    MemoryInfo, Precision, Sampling, TopologyPlacement, TransferStats,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
 pub use cuda::{nccl_available, nccl_unique_id, AllocatorStats, CudaBackend};
@@ -39,6 +39,6 @@ pub use reduce::{check_reduce_args, GradReduce, NcclId};
 /// family into scope. (Code generic over `B: Backend` needs only [`Backend`].)
 pub mod prelude {
     pub use crate::backend::{
-        Backend, DenseOps, DeviceCore, DeviceMemory, FeatureStore, GraphOps, Sampling,
+        Backend, DenseOps, DevMat, DeviceCore, DeviceMemory, FeatureStore, GraphOps, Sampling,
     };
 }

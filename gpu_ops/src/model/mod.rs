@@ -51,7 +51,7 @@ mod tests;
 
 use cpu_ops::{derive_seed, AdamConfig, AggregateKind, LayerSpec, Model, ModelConfig, ModelKind};
 
-use crate::backend::{Activation, AdamStep, Backend, GatSaved, LossStats};
+use crate::backend::{Activation, AdamStep, Backend, DevMat, GatSaved, LossStats};
 use crate::error::{GpuOpsError, Result};
 
 /// ELU's `α` in GAT hidden layers (as the host model).
@@ -597,15 +597,30 @@ impl<B: Backend> DeviceModel<B> {
                 if d_in <= d_out {
                     let mut agg = dev.alloc_uninit(nd * d_in)?;
                     dev.aggregate_forward(agg_block, kind, x, d_in, &mut agg)?;
-                    dev.gemm(false, false, nd, d_out, d_in, &agg, w_agg, &mut out, false)?;
+                    dev.matmul(
+                        DevMat::new(&agg, nd, d_in),
+                        DevMat::new(w_agg, d_in, d_out),
+                        &mut out,
+                        false,
+                    )?;
                     state.agg = Some(agg);
                 } else {
                     let mut proj = dev.alloc_uninit(ns * d_out)?;
-                    dev.gemm(false, false, ns, d_out, d_in, x, w_agg, &mut proj, false)?;
+                    dev.matmul(
+                        DevMat::new(x, ns, d_in),
+                        DevMat::new(w_agg, d_in, d_out),
+                        &mut proj,
+                        false,
+                    )?;
                     dev.aggregate_forward(agg_block, kind, &proj, d_out, &mut out)?;
                 }
                 if sage {
-                    dev.gemm(false, false, nd, d_out, d_in, x, &p[0], &mut out, true)?;
+                    dev.matmul(
+                        DevMat::new(x, nd, d_in),
+                        DevMat::new(&p[0], d_in, d_out),
+                        &mut out,
+                        true,
+                    )?;
                 }
                 if with_bias {
                     dev.add_bias(&mut out, nd, d_out, bias)?;
@@ -617,7 +632,12 @@ impl<B: Backend> DeviceModel<B> {
                 let (w, a_src, a_dst, bias) = (&p[0], &p[1], &p[2], &p[3]);
                 let width = spec.width();
                 let mut z = dev.alloc_uninit(ns * width)?;
-                dev.gemm(false, false, ns, width, d_in, x, w, &mut z, false)?;
+                dev.matmul(
+                    DevMat::new(x, ns, d_in),
+                    DevMat::new(w, d_in, width),
+                    &mut z,
+                    false,
+                )?;
                 let saved = dev.gat_forward(block, spec.heads, spec.head_dim, &z, a_src, a_dst)?;
                 let mut o = dev.alloc_uninit(nd * width)?;
                 dev.copy(&saved.out, &mut o, nd * width)?;
@@ -631,7 +651,12 @@ impl<B: Backend> DeviceModel<B> {
                         .as_ref()
                         .ok_or_else(|| internal("missing head-mean matrix"))?;
                     let mut out = dev.alloc_uninit(nd * d_out)?;
-                    dev.gemm(false, false, nd, d_out, width, &o, s, &mut out, false)?;
+                    dev.matmul(
+                        DevMat::new(&o, nd, width),
+                        DevMat::new(s, width, d_out),
+                        &mut out,
+                        false,
+                    )?;
                     out
                 } else {
                     o
@@ -751,45 +776,50 @@ impl<B: Backend> DeviceModel<B> {
                 let (gi_agg, gi_bias) = if sage { (1, 2) } else { (0, 1) };
                 dev.bias_grad(g, nd, d_out, &mut grads[gi_bias], false)?;
                 if sage {
-                    dev.gemm(true, false, d_in, d_out, nd, x, g, &mut grads[0], false)?;
+                    dev.matmul(
+                        DevMat::new(x, nd, d_in).t(),
+                        DevMat::new(g, nd, d_out),
+                        &mut grads[0],
+                        false,
+                    )?;
                 }
                 let mut dx = None;
                 match &cache.agg {
                     None => {
                         let mut dp = dev.alloc_uninit(ns * d_out)?;
                         dev.aggregate_backward(agg_block, kind, g, d_out, &mut dp)?;
-                        dev.gemm(
-                            true,
-                            false,
-                            d_in,
-                            d_out,
-                            ns,
-                            x,
-                            &dp,
+                        dev.matmul(
+                            DevMat::new(x, ns, d_in).t(),
+                            DevMat::new(&dp, ns, d_out),
                             &mut grads[gi_agg],
                             false,
                         )?;
                         if need_dx {
                             let mut d = dev.alloc_uninit(ns * d_in)?;
-                            dev.gemm(false, true, ns, d_in, d_out, &dp, w_agg, &mut d, false)?;
+                            dev.matmul(
+                                DevMat::new(&dp, ns, d_out),
+                                DevMat::new(w_agg, d_in, d_out).t(),
+                                &mut d,
+                                false,
+                            )?;
                             dx = Some(d);
                         }
                     }
                     Some(agg) => {
-                        dev.gemm(
-                            true,
-                            false,
-                            d_in,
-                            d_out,
-                            nd,
-                            agg,
-                            g,
+                        dev.matmul(
+                            DevMat::new(agg, nd, d_in).t(),
+                            DevMat::new(g, nd, d_out),
                             &mut grads[gi_agg],
                             false,
                         )?;
                         if need_dx {
                             let mut dm = dev.alloc_uninit(nd * d_in)?;
-                            dev.gemm(false, true, nd, d_in, d_out, g, w_agg, &mut dm, false)?;
+                            dev.matmul(
+                                DevMat::new(g, nd, d_out),
+                                DevMat::new(w_agg, d_in, d_out).t(),
+                                &mut dm,
+                                false,
+                            )?;
                             let mut d = dev.alloc_uninit(ns * d_in)?;
                             dev.aggregate_backward(agg_block, kind, &dm, d_in, &mut d)?;
                             dx = Some(d);
@@ -798,7 +828,12 @@ impl<B: Backend> DeviceModel<B> {
                 }
                 if sage {
                     if let Some(d) = dx.as_mut() {
-                        dev.gemm(false, true, nd, d_in, d_out, g, &p[0], d, true)?;
+                        dev.matmul(
+                            DevMat::new(g, nd, d_out),
+                            DevMat::new(&p[0], d_in, d_out).t(),
+                            d,
+                            true,
+                        )?;
                     }
                 }
                 Ok(dx)
@@ -818,7 +853,12 @@ impl<B: Backend> DeviceModel<B> {
                         .as_ref()
                         .ok_or_else(|| internal("missing head-mean matrix"))?;
                     let mut d = dev.alloc_uninit(nd * width)?;
-                    dev.gemm(false, true, nd, width, d_out, g, s, &mut d, false)?;
+                    dev.matmul(
+                        DevMat::new(g, nd, d_out),
+                        DevMat::new(s, width, d_out).t(),
+                        &mut d,
+                        false,
+                    )?;
                     spread = d;
                     &spread
                 } else {
@@ -828,14 +868,9 @@ impl<B: Backend> DeviceModel<B> {
                 let gg = dev.gat_backward(block, h, f, z, a_src, a_dst, saved, d_o)?;
                 dev.copy(&gg.a_src, &mut grads[1], width)?;
                 dev.copy(&gg.a_dst, &mut grads[2], width)?;
-                dev.gemm(
-                    true,
-                    false,
-                    d_in,
-                    width,
-                    ns,
-                    x,
-                    &gg.z_src,
+                dev.matmul(
+                    DevMat::new(x, ns, d_in).t(),
+                    DevMat::new(&gg.z_src, ns, width),
                     &mut grads[0],
                     false,
                 )?;
@@ -843,7 +878,12 @@ impl<B: Backend> DeviceModel<B> {
                     return Ok(None);
                 }
                 let mut dx = dev.alloc_uninit(ns * d_in)?;
-                dev.gemm(false, true, ns, d_in, width, &gg.z_src, w, &mut dx, false)?;
+                dev.matmul(
+                    DevMat::new(&gg.z_src, ns, width),
+                    DevMat::new(w, d_in, width).t(),
+                    &mut dx,
+                    false,
+                )?;
                 Ok(Some(dx))
             }
         }

@@ -1,7 +1,7 @@
 //! Parity: malformed input and too-short buffers are typed errors, never panics.
 
 use cpu_ops::{AggregateKind, FeatureMatrix};
-use gpu_ops::{AdamStep, Backend};
+use gpu_ops::{AdamStep, Backend, DevMat};
 
 use crate::helpers::*;
 
@@ -35,6 +35,16 @@ pub(crate) fn too_short_buffers_are_size_mismatch<B: Backend>(d: &B) {
     assert_size_mismatch(
         "gemm c",
         d.gemm(false, true, 4, 6, 5, &f(20), &f(30), &mut f(23), true),
+    );
+    // matmul 4×5 · 6×5: the inner sizes differ (5 ≠ 6), whatever the buffers hold
+    assert_size_mismatch(
+        "matmul inner",
+        d.matmul(
+            DevMat::new(&f(20), 4, 5),
+            DevMat::new(&f(30), 6, 5),
+            &mut f(24),
+            false,
+        ),
     );
     // graph ops on a 3 → 5 block
     let b = d.block_from_host(5, &[0, 2, 3, 3], &[4, 1, 0]).unwrap();
