@@ -574,6 +574,19 @@ impl Trainer {
                  rows: the native host path reads fp32 features",
             );
         }
+        if cfg.device.sample_ahead {
+            if chosen.engine.is_none() {
+                chosen.note.push_str(
+                    "; device.sample_ahead applies to device engines: the native host path \
+                     samples on its own threads while it trains",
+                );
+            } else if cfg.orchestration.reuses_embeddings() {
+                chosen.note.push_str(
+                    "; device.sample_ahead applies to step-based placements: the layer-based \
+                     pipeline samples each super-batch's top layers ahead itself",
+                );
+            }
+        }
         if chosen.engine.is_none()
             && cfg.orchestration.policy != PolicyName::Layer
             && !cfg.orchestration.is_auto()

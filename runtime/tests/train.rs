@@ -420,4 +420,22 @@ fn sampling_ahead_trains_on_the_same_blocks() {
         assert_eq!(a1, (b1 - 2) as u64, "{placement}: batches sampled ahead");
         assert_eq!(b0, b1);
     }
+    // Where it does not apply, the device note says so.
+    for (extra, says) in [
+        (&[][..], "native host path samples on its own threads"),
+        (
+            &[
+                "device.host_engine=\"ops\"",
+                "orchestration.policy=\"layer\"",
+                "orchestration.hot_ratio=0.1",
+            ][..],
+            "layer-based pipeline samples",
+        ),
+    ] {
+        let mut sets = vec!["device.sample_ahead=true", "train.epochs=1"];
+        sets.extend_from_slice(extra);
+        let cfg = small("sage", &sets);
+        let t = Trainer::new(load_dataset(&cfg).expect("dataset"), cfg).expect("trainer");
+        assert!(t.device_note().contains(says), "{}", t.device_note());
+    }
 }
