@@ -12,10 +12,11 @@
 #   bash bench/gpu/issue11.sh syncs        # items 14-18: per-batch slices and host syncs
 #   bash bench/gpu/issue11.sh peer         # Tandem vs the PyTorch + PyG program, same run
 #   bash bench/gpu/issue11.sh ahead        # item 19: device.sample_ahead off vs on, same run
+#   bash bench/gpu/issue11.sh all          # tests + backend + ahead + peer in one command (~5 min)
 # Every part writes its outputs under $OUT (or ./gpu-out when $OUT is unset).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-part="${1:?usage: issue11.sh tests|backend|epochs|ncu|syncs|peer|ahead}"
+part="${1:?usage: issue11.sh tests|backend|epochs|ncu|syncs|peer|ahead|all}"
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
 bin=.gpu
@@ -29,6 +30,34 @@ model=(--set device.kind='"cuda"' --set model.kind='"sage"' --set model.layers=3
        --set orchestration.policy='"gpu-sample-gpu-gather"')
 products() {
     [ -f /tmp/products.tds ] || "$bin/tandem" generate rmat "${graph[@]}" -o /tmp/products.tds
+}
+
+# The mean `device sample` / `device step` slices and the per-batch host syncs
+# (and other copy counts) of a trace, after epoch 0's evaluation.
+summarize() {
+    python3 - "$1" <<'PY'
+import json, sys, collections
+events = json.load(open(sys.argv[1]))
+events = events["traceEvents"] if isinstance(events, dict) else events
+slices = [e for e in events if e.get("ph") == "X"]
+# Skip epoch 0 (NVRTC and cuBLAS start-up): start after its evaluation.
+evals = sorted(e["ts"] + e["dur"] for e in slices if e["name"] == "eval")
+start = evals[0] if evals else 0
+acc = collections.defaultdict(list)
+for e in slices:
+    if e["ts"] >= start:
+        acc[e["name"]].append(e)
+for name in ["device sample", "device step"]:
+    xs = acc.get(name, [])
+    if xs:
+        print(f"{name}: {len(xs)} slices, mean {sum(x['dur'] for x in xs) / len(xs) / 1e3:.3f} ms")
+for name in ["device sample", "device step"]:
+    xs = acc.get(name, [])
+    for arg in ["host_syncs", "zero_fills", "uploads", "downloads"]:
+        vals = [x["args"][arg] for x in xs if arg in x.get("args", {})]
+        if vals:
+            print(f"{name} {arg} per slice: mean {sum(vals) / len(vals):.2f}, max {max(vals)}")
+PY
 }
 
 case "$part" in
@@ -79,28 +108,7 @@ syncs)
     # times and host synchronizations per batch of epochs 1-2.
     "$bin/tandem" train --set 'data.path="/tmp/products.tds"' "${model[@]}" \
         --set train.epochs=3 --trace "$out/syncs.json" 2>&1 | tail -5 | tee "$out/syncs.txt"
-    python3 - "$out/syncs.json" <<'PY' | tee "$out/syncs-summary.txt"
-import json, sys, collections
-events = json.load(open(sys.argv[1]))
-events = events["traceEvents"] if isinstance(events, dict) else events
-slices = [e for e in events if e.get("ph") == "X"]
-# Skip epoch 0 (NVRTC and cuBLAS start-up): start after its evaluation.
-evals = sorted(e["ts"] + e["dur"] for e in slices if e["name"] == "eval")
-start = evals[0] if evals else 0
-acc = collections.defaultdict(list)
-for e in slices:
-    if e["ts"] >= start:
-        acc[e["name"]].append(e)
-for name in ["device sample", "device step"]:
-    xs = acc.get(name, [])
-    if xs:
-        print(f"{name}: {len(xs)} slices, mean {sum(x['dur'] for x in xs) / len(xs) / 1e3:.3f} ms")
-steps = acc.get("device step", [])
-for arg in ["host_syncs", "zero_fills", "uploads", "downloads"]:
-    vals = [x.get("args", {}).get(arg) for x in steps if arg in x.get("args", {})]
-    if vals:
-        print(f"{arg} per batch: mean {sum(vals) / len(vals):.2f}, max {max(vals)}")
-PY
+    summarize "$out/syncs.json" | tee "$out/syncs-summary.txt"
     gzip -f "$out/syncs.json"
     ;;
 ahead)
@@ -113,6 +121,7 @@ ahead)
             --set train.epochs=3 --set device.sample_ahead=$ahead \
             --trace "$out/ahead-$ahead.json" > "$out/ahead-$ahead.txt" 2>&1
         grep -E "^ +[0-9]+ |mean epoch time|sampled ahead" "$out/ahead-$ahead.txt"
+        summarize "$out/ahead-$ahead.json"
         gzip -f "$out/ahead-$ahead.json"
     done
     off=$(sed -n 's/.*mean epoch time \([0-9.]*\) s.*/\1/p' "$out/ahead-false.txt")
@@ -135,6 +144,19 @@ peer)
     tandem_s=$(sed -n 's/.*mean epoch time \([0-9.]*\) s.*/\1/p' "$out/peer-tandem.txt")
     python3 -c "import sys; t, p = map(float, sys.argv[1:]); print(f'epoch s: tandem {t}, torch {p}; tandem is {p / t:.2f}x faster (goal >= 10x)')" \
         "$tandem_s" "$torch_s" | tee "$out/peer-ratio.txt"
+    ;;
+all)
+    # One device command for a short lease: tests, backend, ahead (whose
+    # sample_ahead=false run is the `syncs` measurement) and peer, every part's
+    # text in all.txt (≤ 8 files come back: all.txt and the two traces). A failed
+    # part is reported and the next one runs.
+    products
+    for p in tests backend ahead peer; do
+        echo "=== $p ($(date +%T))"
+        timeout 420 bash "$0" "$p" || echo "=== $p FAILED (exit $?)"
+    done 2>&1 | tee "$out/all.txt"
+    rm -f "$out"/parity.txt "$out"/cuda_backend.txt "$out"/bench-backend.txt \
+        "$out"/ahead-*.txt "$out"/peer-*.txt
     ;;
 *)
     echo "unknown part: $part" >&2
