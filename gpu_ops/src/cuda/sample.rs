@@ -39,13 +39,11 @@
 
 use cpu_ops::{BlockView, CsrGraph};
 
-use cudarc::driver::{result, sys};
-
 use super::alloc::{CudaBuf, Init};
-use super::device::{drv, CudaBackend};
+use super::device::CudaBackend;
 use super::kernels::{launch, Grid, Ptr, PtrMut};
 use super::pinned::HostRegion;
-use crate::backend::{DeviceBatch, TopologyPlacement};
+use crate::backend::{DeviceBatch, DeviceCore, TopologyPlacement};
 use crate::error::{GpuOpsError, Result};
 
 /// Largest `targets + candidates` of one relabel (positions and hash slots are u32).
@@ -483,33 +481,15 @@ impl crate::backend::Sampling for CudaBackend {
     }
 
     /// Orders this backend's compute stream after `from`'s (an event recorded
-    /// there, waited for here) and marks the batch's buffers as used on this
-    /// stream, so `from`'s pool orders their reuse after this stream's work
-    /// (`alloc.rs`, protocol step 3).
+    /// there, waited for here: `DeviceCore::record_event` / `wait_event`, both
+    /// backends being on the same primary context) and marks the batch's
+    /// buffers as used on this stream, so `from`'s pool orders their reuse after
+    /// this stream's work (`alloc.rs`, protocol step 3).
     fn adopt_batch(&self, from: &Self, batch: &mut DeviceBatch<Self>) -> Result<()> {
-        self.bind()?;
-        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(drv("cuEventCreate"))?;
-        // SAFETY: `event` is a live event of the shared primary context and both
-        // streams are live streams of it; record + wait only add an ordering edge.
-        // Destroying the event right after is allowed: the wait keeps the recorded
-        // point, and the driver releases the event once it completes.
-        let ordered = unsafe {
-            result::event::record(event, from.cu())
-                .map_err(drv("cuEventRecord"))
-                .and_then(|()| {
-                    result::stream::wait_event(
-                        self.cu(),
-                        event,
-                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                    )
-                    .map_err(drv("cuStreamWaitEvent"))
-                })
-        };
-        // SAFETY: the event was created above and is not used after this.
-        let destroyed = unsafe { result::event::destroy(event) }.map_err(drv("cuEventDestroy"));
-        ordered?;
-        destroyed?;
+        // Dropping the event right after the wait is allowed: the wait keeps the
+        // recorded point, and the driver releases the event once it completes.
+        let sampled = from.record_event(&from.compute)?;
+        self.wait_event(&self.compute, &sampled)?;
         let stream = &self.compute.inner;
         for b in &mut batch.blocks {
             b.indptr.mark_foreign(stream);
