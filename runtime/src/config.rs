@@ -251,20 +251,6 @@ pub enum TopologyPlacement {
     PinnedHost,
 }
 
-/// `device.host_engine`: how training runs on the host.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HostEngine {
-    /// The native host trainer (`cpu_ops` kernels, sparse inputs, prepare/compute
-    /// overlap): the fast path.
-    #[default]
-    Native,
-    /// `gpu_ops`' host backend through the same device engine as CUDA (sampling,
-    /// cached gather and the model composed from backend ops): validates the device
-    /// path on machines without a GPU.
-    Ops,
-}
-
 /// The default device feature-cache budget: 4 GiB (`4294967296` bytes).
 pub const DEFAULT_CACHE_BYTES: u64 = 4 << 30;
 
@@ -283,8 +269,6 @@ pub struct DeviceSection {
     pub cache_bytes: u64,
     /// `"device"` or `"pinned-host"`.
     pub topology: TopologyPlacement,
-    /// `"native"` or `"ops"`: how training runs when it runs on the host.
-    pub host_engine: HostEngine,
     /// `"f32"` or `"bf16"`: how a device engine stores feature rows.
     pub feature_dtype: FeatureDtypeName,
     /// Sample each training batch while the one before it trains (a second
@@ -299,7 +283,6 @@ impl Default for DeviceSection {
             ordinal: 0,
             cache_bytes: DEFAULT_CACHE_BYTES,
             topology: TopologyPlacement::Device,
-            host_engine: HostEngine::Native,
             feature_dtype: FeatureDtypeName::F32,
             sample_ahead: false,
         }
@@ -334,7 +317,7 @@ pub enum DistFeatures {
 }
 
 /// `dist.full_eval`: how a job's ranks run full-graph evaluation
-/// (`train.eval_mode = "full"`) on the native host path.
+/// (`train.eval_mode = "full"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DistFullEval {
@@ -439,7 +422,7 @@ pub enum PrecisionName {
     #[default]
     Fp32,
     /// TF32 matrix products on a device engine (GPU tensor cores; the host
-    /// backend rounds the same way); the native host path stays fp32.
+    /// backend rounds the same way).
     Tf32,
 }
 config_name!(PrecisionName { Fp32 => "fp32", Tf32 => "tf32" });
@@ -462,7 +445,7 @@ pub enum FeatureDtypeName {
     #[default]
     F32,
     /// bfloat16 rows on a device engine (cache and host rows; half the gather
-    /// bytes, widened to fp32 by the gather); the native host path reads fp32.
+    /// bytes, widened to fp32 by the gather).
     Bf16,
 }
 config_name!(FeatureDtypeName { F32 => "f32", Bf16 => "bf16" });
@@ -1188,43 +1171,22 @@ impl TrainConfig {
             0,
             TOML_INT_MAX,
         )?;
-        if o.policy != PolicyName::Layer && !o.is_auto() {
-            if o.hot_ratio > 0.0 {
-                return Err(range_err(
-                    "orchestration.hot_ratio",
-                    &format!(
-                        "0 with orchestration.policy = \"{}\": step-based placements do not reuse embeddings (only \"layer\" does)",
-                        o.policy
-                    ),
-                    o.hot_ratio,
-                ));
-            }
-            if self.device.kind == DeviceKind::Host && self.device.host_engine == HostEngine::Native
-            {
-                return Err(range_err(
-                    "orchestration.policy",
-                    "\"layer\" on the native host path: step-based placements need a device engine (device.host_engine = \"ops\" or device.kind = \"cuda\")",
-                    format!("\"{}\"", o.policy),
-                ));
-            }
+        if o.policy != PolicyName::Layer && !o.is_auto() && o.hot_ratio > 0.0 {
+            return Err(range_err(
+                "orchestration.hot_ratio",
+                &format!(
+                    "0 with orchestration.policy = \"{}\": step-based placements do not reuse embeddings (only \"layer\" does)",
+                    o.policy
+                ),
+                o.hot_ratio,
+            ));
         }
-        if o.hot_ratio > 0.0 {
-            if self.model.layers < 2 {
-                return Err(range_err(
-                    "orchestration.hot_ratio",
-                    "0 for a 1-layer model (the bottom layer's output is the logits; reuse needs model.layers ≥ 2)",
-                    o.hot_ratio,
-                ));
-            }
-            let host_native = self.device.kind != DeviceKind::Cuda
-                && self.device.host_engine == HostEngine::Native;
-            if host_native {
-                return Err(range_err(
-                    "orchestration.hot_ratio",
-                    "0 on the native host path: orchestration needs a device engine (device.host_engine = \"ops\" or device.kind = \"cuda\")",
-                    o.hot_ratio,
-                ));
-            }
+        if o.hot_ratio > 0.0 && self.model.layers < 2 {
+            return Err(range_err(
+                "orchestration.hot_ratio",
+                "0 for a 1-layer model (the bottom layer's output is the logits; reuse needs model.layers ≥ 2)",
+                o.hot_ratio,
+            ));
         }
         Ok(())
     }
@@ -1608,11 +1570,10 @@ mod tests {
         assert_eq!(c.orchestration.policy, PolicyName::Auto);
         assert_eq!(c.orchestration.hot_ratio, 0.0);
         assert!(!c.orchestration.reuses_embeddings());
-        let ops = "[device]\nhost_engine = \"ops\"\n";
-        let c = parse(&format!(
-            "{ops}[orchestration]\npolicy = \"layer\"\nhot_ratio = 0.2\nhotness = \"degree\"\nsuper_batch = 2\n\
-             staleness_bound = 3\non_late = \"compute\"\npresample_epochs = 1"
-        ))
+        let c = parse(
+            "[orchestration]\npolicy = \"layer\"\nhot_ratio = 0.2\nhotness = \"degree\"\nsuper_batch = 2\n\
+             staleness_bound = 3\non_late = \"compute\"\npresample_epochs = 1",
+        )
         .unwrap();
         let o = &c.orchestration;
         assert!(o.reuses_embeddings());
@@ -1629,10 +1590,6 @@ mod tests {
                 "orchestration.hot_ratio",
             ),
             ("[orchestration]\npolicy = \"gpu\"", "orchestration.policy"),
-            (
-                "[device]\nkind = \"host\"\n[orchestration]\npolicy = \"gpu-sample-gpu-gather\"",
-                "orchestration.policy",
-            ),
             (
                 "[orchestration]\nhotness = \"random\"",
                 "orchestration.hotness",
@@ -1653,14 +1610,9 @@ mod tests {
                 "[orchestration]\nstaleness_bound = -1",
                 "orchestration.staleness_bound",
             ),
-            // Reuse needs a device engine ...
+            // Reuse needs a layer above the bottom.
             (
-                "[orchestration]\nhot_ratio = 0.2",
-                "orchestration.hot_ratio",
-            ),
-            // ... and a layer above the bottom.
-            (
-                "[device]\nhost_engine = \"ops\"\n[model]\nlayers = 1\n[train]\nfanouts = [5]\n\
+                "[model]\nlayers = 1\n[train]\nfanouts = [5]\n\
                  [orchestration]\nhot_ratio = 0.2",
                 "orchestration.hot_ratio",
             ),
@@ -1668,10 +1620,11 @@ mod tests {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.contains(key), "{text}: {e}");
         }
-        let e = parse("[orchestration]\nhot_ratio = 0.2")
+        // Reuse is for the layer-based policy only.
+        let e = parse("[orchestration]\npolicy = \"gpu-sample-gpu-gather\"\nhot_ratio = 0.2")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("device engine"), "{e}");
+        assert!(e.contains("only \"layer\""), "{e}");
     }
 
     #[test]

@@ -4,8 +4,6 @@ use std::path::{Path, PathBuf};
 
 use cpu_ops::CpuOpsError;
 
-use crate::control::StopCause;
-
 /// Everything the runtime reports to its caller. Messages name the file, line or
 /// key involved and what was expected, so the CLI can print them as they are.
 #[derive(Debug, thiserror::Error)]
@@ -171,5 +169,23 @@ impl Error {
             context: context.into(),
             source,
         }
+    }
+}
+
+/// Why training stopped early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopCause {
+    /// The trainer's [`crate::CancelToken`] was cancelled.
+    Token,
+    /// A [`crate::Callback`] returned [`crate::Control::Stop`].
+    Callback,
+}
+
+impl std::fmt::Display for StopCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Token => "cancel token",
+            Self::Callback => "a callback asked to stop",
+        })
     }
 }

@@ -77,43 +77,39 @@
 #![deny(missing_docs)]
 
 pub(crate) mod atomic;
-pub(crate) mod auto;
 #[cfg(feature = "cli")]
 pub mod bench;
-pub mod builder;
 pub mod checkpoint;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
-pub mod control;
 pub mod dataset;
 pub mod dist;
 pub mod embedding;
 pub(crate) mod engine;
 mod error;
+pub(crate) mod executor;
 pub mod export;
 pub mod generate;
 pub mod import;
 pub mod npy;
 pub mod onnx;
-pub(crate) mod orchestrate;
+pub(crate) mod placement;
 pub(crate) mod pool;
 #[cfg(feature = "cli")]
 pub(crate) mod run_dir;
+pub mod session;
 pub mod trace;
-pub mod trainer;
 
-pub use builder::TrainerBuilder;
 pub use checkpoint::Checkpoint;
-pub use control::{on_batch, on_epoch, BatchMetrics, Callback, CancelToken, Control, StopCause};
 pub use embedding::Embeddings;
-pub use error::{Error, Result};
+pub use error::{Error, Result, StopCause};
+pub use executor::OrchestrationStats;
 pub use import::DatasetBuilder;
 /// The `ndarray` version the array-taking and array-returning API uses.
 pub use ndarray;
-/// A fault injected into the layer-based pipeline's CPU workers (tests of the
-/// shutdown protocol; [`Trainer::inject_orchestration_fault`]).
-#[doc(hidden)]
-pub use orchestrate::InjectedFault;
-pub use orchestrate::OrchestrationStats;
-pub use trainer::{EpochStats, Trainer};
+pub use session::builder::TrainerBuilder;
+pub use session::control::{
+    on_batch, on_epoch, test_at_best_val, BatchMetrics, Callback, CancelToken, Control, EpochStats,
+};
+pub use session::{load_dataset, Trainer};

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::atomic::write_file_atomically;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::trainer::EpochStats;
+use crate::session::control::EpochStats;
 
 /// File name of the effective configuration.
 pub const CONFIG_FILE: &str = "config.toml";

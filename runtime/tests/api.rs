@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use cpu_ops::{BlockView, Model, ModelInput};
 use runtime::checkpoint::Checkpoint;
 use runtime::config::TrainConfig;
+use runtime::load_dataset;
 use runtime::ndarray::{s, Array2};
-use runtime::trainer::load_dataset;
 use runtime::{
     on_batch, on_epoch, BatchMetrics, CancelToken, Control, EpochStats, Error, StopCause, Trainer,
     TrainerBuilder,
@@ -48,8 +48,8 @@ fn build(extra: &str) -> Trainer {
 }
 
 fn params(t: &Trainer) -> Vec<Vec<u32>> {
-    t.model()
-        .params()
+    t.params()
+        .unwrap()
         .iter()
         .map(|p| p.iter().map(|x| x.to_bits()).collect())
         .collect()
@@ -121,7 +121,7 @@ fn resume_after_epoch_k_is_bit_identical_to_an_uninterrupted_run() {
         assert_eq!(params(&resumed), params(&whole), "{kind}");
         assert_eq!(resumed.steps(), whole.steps());
         // The Adam moments match too: the final checkpoints are equal but for timing.
-        let (mut a, mut b) = (resumed.checkpoint(), whole.checkpoint());
+        let (mut a, mut b) = (resumed.checkpoint().unwrap(), whole.checkpoint().unwrap());
         a.position.train_secs = 0.0;
         b.position.train_secs = 0.0;
         assert_eq!(a, b, "{kind}");
@@ -357,13 +357,18 @@ fn embeddings_are_the_input_of_the_classifier() {
             (2000, 16, 10)
         );
         // The classifier alone on the embeddings (full graph) gives the logits.
-        let full = t.model();
-        let mut top_cfg = full.config().clone();
+        let ds = t.dataset();
+        let full_cfg = t
+            .config()
+            .model_config(ds.features.dim(), ds.num_classes as usize)
+            .unwrap();
+        let full = t.params().unwrap();
+        let mut top_cfg = full_cfg.clone();
         top_cfg.num_layers = 1;
         top_cfg.in_dim = 16;
         let mut top = Model::<f32>::new(&top_cfg, 0).unwrap();
-        let tail = full.params().len() - top.params().len();
-        for (d, s) in top.params_mut().into_iter().zip(&full.params()[tail..]) {
+        let tail = full.len() - top.params().len();
+        for (d, s) in top.params_mut().into_iter().zip(&full[tail..]) {
             d.copy_from_slice(s);
         }
         let g = &t.dataset().graph;

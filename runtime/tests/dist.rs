@@ -12,7 +12,7 @@ use cpu_ops::FeatureMatrix;
 use runtime::config::TrainConfig;
 use runtime::dataset::Dataset;
 use runtime::dist::{share, Communicator, ThreadGroup};
-use runtime::trainer::load_dataset;
+use runtime::load_dataset;
 use runtime::{on_batch, CancelToken, Control, EpochStats, Error, Trainer, TrainerBuilder};
 
 fn cfg(extra: &[&str]) -> TrainConfig {
@@ -76,7 +76,7 @@ fn train_ranks_with(
                     setup(&mut t);
                     let stats = t.fit().expect("fit");
                     RankRun {
-                        params: t.model().params().iter().map(|p| p.to_vec()).collect(),
+                        params: t.params().unwrap(),
                         stats,
                         dist: t.dist_stats(),
                     }
@@ -231,53 +231,6 @@ fn partitioned_equals_replicated(sparse: &str) {
     }
 }
 
-/// With partitioned features a rank's sparse copy of the features holds its own
-/// rows only (built once the communicator is known, never from the other
-/// ranks' rows); a one-rank run of the same configuration builds every row on
-/// first use.
-#[test]
-fn a_rank_builds_sparse_rows_of_its_own_rows_only() {
-    let c = cfg(&[
-        "train.sparse_features=\"on\"",
-        "dist.features=\"partitioned\"",
-        "train.epochs=1",
-    ]);
-    let ds = load_dataset(&c).unwrap();
-    let n = ds.num_vertices();
-    let comms = ThreadGroup::new(3).unwrap();
-    std::thread::scope(|s| {
-        for comm in comms {
-            let (c, ds) = (c.clone(), ds.clone());
-            s.spawn(move || {
-                let r = comm.rank();
-                let own = share(n, r, 3);
-                let mut t = Trainer::new(foreign_rows_poisoned(&ds, own.clone()), c).unwrap();
-                assert!(
-                    t.sparse_features().is_none(),
-                    "built before the communicator"
-                );
-                t.set_communicator(Arc::new(comm)).unwrap();
-                let m = t.sparse_features().expect("sparse rows").clone();
-                let p = m.indptr();
-                for v in 0..n {
-                    let len = p[v + 1] - p[v];
-                    if own.contains(&v) {
-                        let dense = ds.features.row(v).iter().filter(|&&x| x != 0.0).count();
-                        assert_eq!(len as usize, dense, "rank {r}, own row {v}");
-                    } else {
-                        assert_eq!(len, 0, "rank {r} holds row {v} of another rank");
-                    }
-                }
-                t.fit().unwrap();
-            });
-        }
-    });
-    let mut alone = Trainer::new(ds.clone(), c).unwrap();
-    assert!(alone.sparse_features().is_none());
-    alone.train_epoch().unwrap();
-    assert_eq!(alone.sparse_features().map(|m| m.num_rows()), Some(n));
-}
-
 /// Device ranks (the host backend's device engine) with partitioned features:
 /// each rank gathers its share's input rows on the host through the exchange
 /// and uploads them, wherever the placement samples, and never reads a row it
@@ -286,10 +239,7 @@ fn a_rank_builds_sparse_rows_of_its_own_rows_only() {
 /// for bit, and with a partition file the one-rank model.
 #[test]
 fn device_ranks_with_partitioned_features_train_what_replicated_ranks_train() {
-    let base = [
-        "device.host_engine=\"ops\"",
-        "train.sparse_features=\"off\"",
-    ];
+    let base = ["device.kind=\"host\"", "train.sparse_features=\"off\""];
     let replicated = cfg(&[
         base[0],
         base[1],
@@ -469,17 +419,14 @@ fn a_last_batch_smaller_than_the_ranks_still_trains() {
     assert!(d < 1e-3, "{d}");
 }
 
-/// Device ranks (the GPU code path, here on the host backend with
-/// `device.host_engine = "ops"`): each rank's share runs forward and backward
+/// Device ranks (the GPU code path, here on the host backend): each rank's
+/// share runs forward and backward
 /// on its device, the gradients are summed on the host, and every rank takes
 /// the same device step. `policy = "auto"` keeps its starting placement on
 /// every rank instead of measuring.
 #[test]
 fn device_engine_ranks_train_the_one_rank_model() {
-    let one_cfg = cfg(&[
-        "device.host_engine=\"ops\"",
-        "orchestration.policy=\"gpu-sample-gpu-gather\"",
-    ]);
+    let one_cfg = cfg(&["orchestration.policy=\"gpu-sample-gpu-gather\""]);
     let ds = load_dataset(&one_cfg).unwrap();
     let one = train_ranks(&one_cfg, 1, |_| ds.clone());
     for (policy, n) in [
@@ -487,10 +434,7 @@ fn device_engine_ranks_train_the_one_rank_model() {
         ("gpu-sample-gpu-gather", 3),
         ("cpu-sample-gpu-gather", 2),
     ] {
-        let c = cfg(&[
-            "device.host_engine=\"ops\"",
-            &format!("orchestration.policy=\"{policy}\""),
-        ]);
+        let c = cfg(&[&format!("orchestration.policy=\"{policy}\"")]);
         let many = train_ranks(&c, n, |_| ds.clone());
         for (r, run) in many.iter().enumerate() {
             assert_eq!(run.params, many[0].params, "{policy}: rank {r} of {n}");
@@ -517,13 +461,8 @@ fn device_engine_ranks_train_the_one_rank_model() {
         }
     }
     // Shares of one seed and empty shares (batch 7 over 5 ranks).
-    let c = cfg(&[
-        "device.host_engine=\"ops\"",
-        "train.batch_size=7",
-        "train.epochs=1",
-    ]);
+    let c = cfg(&["train.batch_size=7", "train.epochs=1"]);
     let c1 = cfg(&[
-        "device.host_engine=\"ops\"",
         "orchestration.policy=\"gpu-sample-gpu-gather\"",
         "train.batch_size=7",
         "train.epochs=1",
@@ -532,54 +471,6 @@ fn device_engine_ranks_train_the_one_rank_model() {
     let many = train_ranks(&c, 5, |_| ds.clone());
     let d = max_rel_diff(&many[0].params, &one[0].params);
     assert!(d < 1e-3, "{d}");
-}
-
-/// The device-resident step (`dist.reduce = "nccl"`: scalars over the
-/// communicator, gradients weighted, summed, checked and applied on the device)
-/// trains what the host bucket trains, bit for bit, with the sum taken through
-/// host copies (NCCL needs GPUs): every placement, empty shares, partitioned
-/// features.
-#[test]
-fn the_device_resident_step_trains_what_the_host_bucket_trains() {
-    let on_device = |t: &mut Trainer| t.reduce_on_device_through_host_copies().unwrap();
-    for (sets, n) in [
-        (
-            vec!["orchestration.policy=\"gpu-sample-gpu-gather\""],
-            2usize,
-        ),
-        (vec!["orchestration.policy=\"cpu-sample-gpu-gather\""], 3),
-        (
-            vec![
-                "orchestration.policy=\"gpu-sample-cpu-gather\"",
-                "dist.features=\"partitioned\"",
-            ],
-            2,
-        ),
-        (vec!["train.batch_size=7", "train.epochs=1"], 5),
-        (vec!["model.kind=\"gat\"", "model.dropout=0.3"], 2),
-    ] {
-        let mut all = vec!["device.host_engine=\"ops\""];
-        all.extend(&sets);
-        let c = cfg(&all);
-        let ds = load_dataset(&c).unwrap();
-        let bucket = train_ranks(&c, n, |_| ds.clone());
-        let device = train_ranks_with(&c, n, |_| ds.clone(), on_device);
-        for (r, run) in device.iter().enumerate() {
-            assert_eq!(run.params, bucket[0].params, "{sets:?}: rank {r} of {n}");
-            for (a, b) in run.stats.iter().zip(&bucket[0].stats) {
-                assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{sets:?}");
-                assert_eq!(a.train_acc.to_bits(), b.train_acc.to_bits(), "{sets:?}");
-                assert_eq!((a.steps, a.test_acc), (b.steps, b.test_acc), "{sets:?}");
-            }
-        }
-        assert_eq!(device[0].dist.allreduces, bucket[0].dist.allreduces);
-    }
-    // Only a device engine keeps its gradients on the device.
-    let c = cfg(&[]);
-    let ds = load_dataset(&c).unwrap();
-    let mut t = Trainer::new(ds, c).unwrap();
-    let e = t.reduce_on_device_through_host_copies().unwrap_err();
-    assert!(e.to_string().contains("device engine"), "{e}");
 }
 
 /// The accuracy of `logits` (`n × classes`, row `v` for vertex `v`) on `ids`.
@@ -674,7 +565,7 @@ fn full_graph_evaluation_is_sharded_and_equals_whole_graph_inference() {
 /// (here: host-backend device ranks), and says nothing of NCCL then.
 #[test]
 fn auto_reduce_falls_back_to_the_host_bucket_without_gpus() {
-    let c = cfg(&["device.host_engine=\"ops\"", "dist.reduce=\"auto\""]);
+    let c = cfg(&["dist.reduce=\"auto\""]);
     let ds = load_dataset(&c).unwrap();
     let comms = ThreadGroup::new(2).unwrap();
     std::thread::scope(|s| {
@@ -687,9 +578,9 @@ fn auto_reduce_falls_back_to_the_host_bucket_without_gpus() {
                     .build()
                     .unwrap();
                 assert!(
-                    !t.device_note().contains("on the device over"),
+                    !t.placement_note().contains("on the device over"),
                     "{}",
-                    t.device_note()
+                    t.placement_note()
                 );
             });
         }
@@ -734,11 +625,7 @@ fn a_checkpointed_job_resumes_on_the_same_ranks() {
                         if resume.is_none() && r == 0 {
                             t.save_checkpoint(ck).expect("save");
                         }
-                        t.model()
-                            .params()
-                            .iter()
-                            .map(|p| p.to_vec())
-                            .collect::<Vec<_>>()
+                        t.params().unwrap()
                     })
                 })
                 .collect();
@@ -928,7 +815,6 @@ fn what_is_not_built_says_so() {
     );
     // Layer-based orchestration across ranks is refused on every rank.
     let layer = cfg(&[
-        "device.host_engine=\"ops\"",
         "orchestration.policy=\"layer\"",
         "orchestration.hot_ratio=0.1",
     ]);

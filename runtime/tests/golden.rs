@@ -95,7 +95,6 @@ fn base(extra: &[&str]) -> TrainConfig {
         "data.synthetic.homophily=0.9".into(),
         "data.synthetic.signal=0.4".into(),
         "device.kind=\"host\"".into(),
-        "device.host_engine=\"ops\"".into(),
         // Half the rows (3000 × 16 × 4 B = 192 kB) fit the cache.
         "device.cache_bytes=96000".into(),
         "threads.compute=1".into(),
@@ -121,7 +120,7 @@ fn record(name: &str, extra: &[&str]) -> String {
         )
         .unwrap();
     }
-    for p in &t.checkpoint().tensors {
+    for p in &t.checkpoint().expect("checkpoint").tensors {
         let bits: Vec<u8> = p
             .values
             .iter()

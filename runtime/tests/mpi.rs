@@ -198,10 +198,7 @@ fn mpi_device_ranks_train_the_one_rank_model_and_a_job_resumes() {
     }
     let dir = tempfile::tempdir().unwrap();
     let limit = Duration::from_secs(120);
-    let ops = [
-        "device.host_engine=\"ops\"",
-        "orchestration.policy=\"gpu-sample-gpu-gather\"",
-    ];
+    let ops = ["orchestration.policy=\"gpu-sample-gpu-gather\""];
     let one = dir.path().join("one");
     ok(&train(1, &one, &ops, &[], limit).0, "1 device rank");
     let two = dir.path().join("two");
@@ -220,7 +217,6 @@ fn mpi_device_ranks_train_the_one_rank_model_and_a_job_resumes() {
     let part = dir.path().join("part");
     let partitioned = [
         ops[0],
-        ops[1],
         "dist.features=\"partitioned\"",
         "train.sparse_features=\"off\"",
     ];

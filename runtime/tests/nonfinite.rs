@@ -11,7 +11,7 @@ use cpu_ops::FeatureMatrix;
 use runtime::checkpoint::Checkpoint;
 use runtime::config::TrainConfig;
 use runtime::dataset::{open_dataset, write_dataset, Dataset, Verify};
-use runtime::trainer::{load_dataset, Trainer};
+use runtime::{load_dataset, Trainer};
 use runtime::{Error, TrainerBuilder};
 
 fn cfg(extra: &[&str]) -> TrainConfig {
@@ -104,8 +104,8 @@ fn a_dataset_with_a_nan_feature_is_refused_by_the_builder_and_by_a_full_verify()
 }
 
 fn finite_params(t: &Trainer) -> bool {
-    t.model()
-        .params()
+    t.params()
+        .unwrap()
         .iter()
         .all(|p| p.iter().all(|v| v.is_finite()))
 }
@@ -120,7 +120,7 @@ fn nan_stops(extra: &[&str]) {
     // Trainer::new does not scan the features (a stored dataset opened without
     // --verify): the NaN reaches training.
     let mut t = Trainer::new(ds, c).expect("trainer");
-    let before: Vec<Vec<f32>> = t.model().params().iter().map(|p| p.to_vec()).collect();
+    let before: Vec<Vec<f32>> = t.params().unwrap();
     t.set_checkpoint_path(Some(ck.clone()));
     match t.fit() {
         Err(Error::NonFinite { epoch, batch, loss }) => {
@@ -129,7 +129,7 @@ fn nan_stops(extra: &[&str]) {
             assert_eq!(t.batch_in_epoch(), batch, "the position stays at the batch");
             assert!(finite_params(&t), "{extra:?}: the bad update was applied");
             if batch == 0 {
-                let after: Vec<Vec<f32>> = t.model().params().iter().map(|p| p.to_vec()).collect();
+                let after: Vec<Vec<f32>> = t.params().unwrap();
                 assert_eq!(before, after, "{extra:?}: weights moved");
             }
             let saved = Checkpoint::read(&ck).expect("checkpoint of the last good state");
@@ -146,20 +146,14 @@ fn nan_stops(extra: &[&str]) {
 #[test]
 fn a_nan_loss_stops_training_naming_epoch_and_batch_with_the_weights_before_it() {
     nan_stops(&[]);
-    nan_stops(&[
-        "device.host_engine=\"ops\"",
-        "orchestration.policy=\"gpu-sample-gpu-gather\"",
-    ]);
+    nan_stops(&["orchestration.policy=\"gpu-sample-gpu-gather\""]);
 }
 
 #[test]
 fn skip_batch_trains_on_without_the_poisoned_batches() {
     for extra in [
         &[][..],
-        &[
-            "device.host_engine=\"ops\"",
-            "orchestration.policy=\"gpu-sample-gpu-gather\"",
-        ][..],
+        &["orchestration.policy=\"gpu-sample-gpu-gather\""][..],
     ] {
         let mut sets = vec!["train.on_nonfinite=\"skip-batch\""];
         sets.extend_from_slice(extra);

@@ -424,7 +424,7 @@ fn trainer_export_matches_full_graph_logits_and_embeddings() {
         t.fit().expect("fit");
         let ds = t.dataset();
         let x = ds.features.as_slice().to_vec();
-        let full = OnnxBlock::full_graph(&ds.graph);
+        let (full, dim) = (OnnxBlock::full_graph(&ds.graph), ds.features.dim());
         let logits_path = dir.path().join(format!("{kind}.onnx"));
         t.export_onnx(&logits_path, &ExportOptions::default())
             .expect("export");
@@ -446,7 +446,7 @@ fn trainer_export_matches_full_graph_logits_and_embeddings() {
         t.export_onnx(&emb_path, &opts).expect("export");
         let mut ort = OrtModel::from_file(&lib, &emb_path).expect("session");
         let got = ort.run(&x, std::slice::from_ref(&full)).expect("run");
-        let ids: Vec<u32> = (0..x.len() / ds.features.dim()).map(|v| v as u32).collect();
+        let ids: Vec<u32> = (0..x.len() / dim).map(|v| v as u32).collect();
         let want = t.embedding_table().expect("embeddings");
         let want: Vec<f32> = want.gather(&ids).expect("gather").iter().copied().collect();
         let e = assert_close(&got, &want, &format!("trainer {kind} embeddings"));

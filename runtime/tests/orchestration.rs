@@ -1,14 +1,12 @@
 //! Layer-based orchestration on the host backend: the staleness bound holds, both
-//! late policies work, reuse keeps accuracy, and a failing CPU worker ends the run
-//! promptly with its error.
+//! late policies work, reuse keeps accuracy.
+//! (A failing CPU worker: `runtime/src/session/tests.rs`.)
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use runtime::config::TrainConfig;
-use runtime::trainer::{load_dataset, test_at_best_val, EpochStats, Trainer};
-use runtime::Error;
-use runtime::InjectedFault;
+use runtime::{load_dataset, test_at_best_val, EpochStats, Trainer};
 
 fn cfg(extra: &[&str]) -> TrainConfig {
     let mut sets: Vec<String> = vec![
@@ -24,7 +22,6 @@ fn cfg(extra: &[&str]) -> TrainConfig {
         "data.synthetic.homophily=0.9".into(),
         "data.synthetic.signal=0.4".into(),
         "device.kind=\"host\"".into(),
-        "device.host_engine=\"ops\"".into(),
         "orchestration.policy=\"layer\"".into(),
         "device.cache_bytes=32000".into(),
         "threads.compute=1".into(),
@@ -132,38 +129,6 @@ fn reuse_within_two_super_batches_keeps_accuracy() {
     }
 }
 
-/// The run ends with the worker's error, well within a second of the fault, also
-/// when the accelerator is blocked waiting for the dead worker (bound 0, wait).
-#[test]
-fn a_failing_worker_ends_the_run_with_its_error_promptly() {
-    for (fault, needle) in [
-        (InjectedFault::ErrorAfter(2), "injected failure"),
-        (InjectedFault::PanicAfter(2), "injected panic"),
-    ] {
-        for bound in [
-            "orchestration.staleness_bound=0",
-            "orchestration.staleness_bound=7",
-        ] {
-            let mut t = trainer(cfg(&["orchestration.hot_ratio=0.2", bound]));
-            t.inject_orchestration_fault(Some(fault));
-            let start = Instant::now();
-            let e = t.fit().expect_err("the worker fails");
-            let took = start.elapsed();
-            assert!(
-                matches!(&e, Error::Worker { what, .. } if what.contains(needle)),
-                "{fault:?} {bound}: {e}"
-            );
-            assert!(
-                took < Duration::from_secs(1),
-                "{fault:?} {bound}: took {took:?}"
-            );
-            // The trainer is still usable afterwards: clear the fault, train on.
-            t.inject_orchestration_fault(None);
-            t.fit().expect("trains after the failure");
-        }
-    }
-}
-
 #[test]
 fn trace_shows_hot_compute_train_gaps_and_flows() {
     let tracer = runtime::trace::Tracer::new();
@@ -228,7 +193,6 @@ fn wordnet_reuse_keeps_accuracy() {
             "train.batch_size=256".into(),
             "train.lr=0.01".into(),
             "device.kind=\"host\"".into(),
-            "device.host_engine=\"ops\"".into(),
             "orchestration.policy=\"layer\"".into(),
         ];
         sets.extend(extra.iter().map(|s| s.to_string()));
@@ -313,10 +277,10 @@ fn the_layer_path_copies_a_fixed_few_things_per_batch() {
         "train.eval_every=0",
     ]));
     t.train_epoch().expect("epoch 0");
-    let before = t.transfer_stats().expect("device engine");
+    let before = t.transfer_stats();
     let jobs_before = stats(&t).jobs;
     let s = t.train_epoch().expect("epoch 1");
-    let d = t.transfer_stats().expect("device engine").since(&before);
+    let d = t.transfer_stats().since(&before);
     let installs = stats(&t).jobs - jobs_before;
     let batches = s.batches as u64;
     let super_batches = batches.div_ceil(4);

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use runtime::bench::orchestration::bench_orchestration;
 use runtime::config::TrainConfig;
-use runtime::trainer::{load_dataset, Trainer};
+use runtime::{load_dataset, Trainer};
 
 fn try_cfg(extra: &[&str]) -> runtime::Result<TrainConfig> {
     let mut sets: Vec<String> = vec![
@@ -22,7 +22,6 @@ fn try_cfg(extra: &[&str]) -> runtime::Result<TrainConfig> {
         "data.synthetic.homophily=0.9".into(),
         "data.synthetic.signal=0.4".into(),
         "device.kind=\"host\"".into(),
-        "device.host_engine=\"ops\"".into(),
         // Every row (3000 × 16 × 4 B) fits: a device gather never reads the host.
         "device.cache_bytes=1000000".into(),
         "threads.compute=1".into(),
@@ -109,14 +108,9 @@ fn config_errors_name_the_keys() {
         e.contains("orchestration.hot_ratio") && e.contains("orchestration.policy"),
         "{e}"
     );
-    let e = err(&[
-        "orchestration.policy=\"cpu-sample-cpu-gather\"",
-        "device.host_engine=\"native\"",
-    ]);
-    assert!(
-        e.contains("orchestration.policy") && e.contains("device.host_engine"),
-        "{e}"
-    );
+    // The native host path is gone: its key is an unknown key.
+    let e = err(&["device.host_engine=\"ops\""]);
+    assert!(e.contains("host_engine"), "{e}");
     let e = err(&["orchestration.policy=\"cpu-gather\""]);
     assert!(e.contains("orchestration.policy"), "{e}");
 }

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use runtime::config::TrainConfig;
-use runtime::trainer::{load_dataset, test_at_best_val, Trainer};
+use runtime::{load_dataset, test_at_best_val, Trainer};
 
 fn small(kind: &str, extra: &[&str]) -> TrainConfig {
     let mut sets: Vec<String> = vec![
@@ -24,7 +24,7 @@ fn small(kind: &str, extra: &[&str]) -> TrainConfig {
     TrainConfig::from_toml_with_overrides("", Path::new("test"), &sets).expect("config")
 }
 
-fn run(cfg: TrainConfig) -> Vec<runtime::trainer::EpochStats> {
+fn run(cfg: TrainConfig) -> Vec<runtime::EpochStats> {
     let ds = load_dataset(&cfg).expect("dataset");
     let mut t = Trainer::new(ds, cfg).expect("trainer");
     t.fit().expect("fit")
@@ -49,7 +49,7 @@ fn same_seed_same_run_on_one_and_two_threads() {
     // The trainer runs on its own pool of `threads.compute` workers.
     let a = run(small("sage", &["train.epochs=2", "threads.compute=1"]));
     let b = run(small("sage", &["train.epochs=2", "threads.compute=2"]));
-    let strip = |v: &[runtime::trainer::EpochStats]| {
+    let strip = |v: &[runtime::EpochStats]| {
         v.iter()
             .map(|s| (s.loss, s.train_acc, s.val_acc, s.test_acc))
             .collect::<Vec<_>>()
@@ -111,45 +111,14 @@ fn sparse_and_dense_features_train_the_same() {
     }
 }
 
-/// The device path (sampling, cached gather, model and Adam composed from
-/// `gpu_ops` ops) on the host backend trains every model kind to the accuracy of
-/// the native host trainer: the check that `--device cuda` runs the same model.
-#[test]
-fn device_engine_on_the_host_backend_matches_the_native_trainer() {
-    for kind in ["sage", "gcn", "gat"] {
-        let native = run(small(kind, &[]));
-        let ops = run(small(
-            kind,
-            &[
-                "device.kind=\"host\"",
-                "device.host_engine=\"ops\"",
-                // A cache of 500 rows: gathers mix hits and misses.
-                "device.cache_bytes=32000",
-            ],
-        ));
-        let (_, a) = test_at_best_val(&native).expect("evaluated");
-        let (_, b) = test_at_best_val(&ops).expect("evaluated");
-        assert!(
-            (a - b).abs() <= 0.01,
-            "{kind}: native {a} vs device engine {b}"
-        );
-        assert!(
-            ops.last().expect("epochs").loss < ops[0].loss,
-            "{kind}: {ops:?}"
-        );
-    }
-}
-
 /// `model.precision = "tf32"` on a device engine (here the host backend, which
 /// rounds matrix-product inputs as tensor cores do) trains every model kind
-/// to the fp32 accuracy within a point, on different weights; the native host
-/// path says it stays fp32.
+/// to the fp32 accuracy within a point, on different weights.
 #[test]
 fn tf32_products_train_to_the_fp32_accuracy() {
     for kind in ["sage", "gcn", "gat"] {
-        let ops = ["device.kind=\"host\"", "device.host_engine=\"ops\""];
-        let fp32_cfg = small(kind, &ops);
-        let tf32_cfg = small(kind, &[ops[0], ops[1], "model.precision=\"tf32\""]);
+        let fp32_cfg = small(kind, &["device.kind=\"host\""]);
+        let tf32_cfg = small(kind, &["device.kind=\"host\"", "model.precision=\"tf32\""]);
         let ds = load_dataset(&fp32_cfg).expect("dataset");
         let mut a = Trainer::new(ds.clone(), fp32_cfg).expect("trainer");
         let mut b = Trainer::new(ds, tf32_cfg).expect("trainer");
@@ -163,19 +132,11 @@ fn tf32_products_train_to_the_fp32_accuracy() {
             "{kind}: fp32 {acc_a} vs tf32 {acc_b}"
         );
         assert_ne!(
-            a.model().params()[0],
-            b.model().params()[0],
+            a.params().unwrap()[0],
+            b.params().unwrap()[0],
             "{kind}: tf32 changed nothing"
         );
     }
-    let native = small("sage", &["model.precision=\"tf32\"", "train.epochs=1"]);
-    let ds = load_dataset(&native).expect("dataset");
-    let t = Trainer::new(ds, native).expect("trainer");
-    assert!(
-        t.device_note().contains("computes in fp32"),
-        "{}",
-        t.device_note()
-    );
 }
 
 /// `ds` with every feature rounded to bfloat16 (checked to change some).
@@ -197,27 +158,19 @@ fn rounded_to_bf16(ds: &runtime::dataset::Dataset) -> runtime::dataset::Dataset 
 /// stores bfloat16 rows as a GPU does): training equals, bit for bit, fp32
 /// training on the features rounded to bfloat16 beforehand (the gather widens
 /// exactly, in the cache and from host rows alike), and reaches the fp32
-/// accuracy within a point for every model kind; the native host path says it
-/// reads fp32.
+/// accuracy within a point for every model kind.
 #[test]
 fn bf16_feature_rows_train_to_the_fp32_accuracy() {
     for kind in ["sage", "gcn", "gat"] {
         let ops = [
             "device.kind=\"host\"",
-            "device.host_engine=\"ops\"",
             "device.cache_bytes=20000",
             "orchestration.policy=\"gpu-sample-gpu-gather\"",
         ];
         let f32_cfg = small(kind, &ops);
         let bf16_cfg = small(
             kind,
-            &[
-                ops[0],
-                ops[1],
-                ops[2],
-                ops[3],
-                "device.feature_dtype=\"bf16\"",
-            ],
+            &[ops[0], ops[1], ops[2], "device.feature_dtype=\"bf16\""],
         );
         let ds = load_dataset(&f32_cfg).expect("dataset");
         let rounded = rounded_to_bf16(&ds);
@@ -231,8 +184,8 @@ fn bf16_feature_rows_train_to_the_fp32_accuracy() {
             c.fit().expect("fit"),
         );
         assert_eq!(
-            b.model().params(),
-            c.model().params(),
+            b.params().unwrap(),
+            c.params().unwrap(),
             "{kind}: bf16 rows vs rounded features"
         );
         assert_eq!(
@@ -247,15 +200,14 @@ fn bf16_feature_rows_train_to_the_fp32_accuracy() {
             "{kind}: f32 {acc_a} vs bf16 {acc_b}"
         );
         assert_ne!(
-            a.model().params()[0],
-            b.model().params()[0],
+            a.params().unwrap()[0],
+            b.params().unwrap()[0],
             "{kind}: bf16 changed nothing"
         );
     }
     // A host gather (here every step on the host) rounds the same way, so every
     // step-based placement trains on the same values.
     let host_steps = [
-        "device.host_engine=\"ops\"",
         "orchestration.policy=\"cpu-sample-cpu-gather\"",
         "train.epochs=1",
     ];
@@ -267,7 +219,6 @@ fn bf16_feature_rows_train_to_the_fp32_accuracy() {
         &[
             host_steps[0],
             host_steps[1],
-            host_steps[2],
             "device.feature_dtype=\"bf16\"",
         ],
     );
@@ -275,22 +226,13 @@ fn bf16_feature_rows_train_to_the_fp32_accuracy() {
     let mut c = Trainer::new(rounded, f32_cfg).expect("trainer");
     b.fit().expect("fit");
     c.fit().expect("fit");
-    assert_eq!(b.model().params(), c.model().params(), "host gather");
+    assert_eq!(b.params().unwrap(), c.params().unwrap(), "host gather");
     // The host-gathered rows travel as bfloat16: half their bytes (blocks and
     // labels are the same in both runs).
-    let (hb, hc) = (b.h2d_bytes().unwrap(), c.h2d_bytes().unwrap());
+    let (hb, hc) = (b.h2d_bytes(), c.h2d_bytes());
     let rows_f32 = (hc - hb) * 2;
     eprintln!("host gather: {hc} bytes uploaded with f32 rows, {hb} with bf16 rows");
     assert!(hb < hc && rows_f32 > hc / 2, "{hb} vs {hc}");
-
-    let native = small("sage", &["device.feature_dtype=\"bf16\"", "train.epochs=1"]);
-    let ds = load_dataset(&native).expect("dataset");
-    let t = Trainer::new(ds, native).expect("trainer");
-    assert!(
-        t.device_note().contains("reads fp32 features"),
-        "{}",
-        t.device_note()
-    );
 }
 
 #[test]
@@ -298,7 +240,6 @@ fn device_engine_reports_cache_hits_and_resumes_from_a_checkpoint() {
     let cfg = small(
         "sage",
         &[
-            "device.host_engine=\"ops\"",
             "device.cache_bytes=32000",
             "train.epochs=2",
             "train.eval_mode=\"sampled\"",
@@ -307,12 +248,12 @@ fn device_engine_reports_cache_hits_and_resumes_from_a_checkpoint() {
     let ds = load_dataset(&cfg).expect("dataset");
     let mut straight = Trainer::new(ds.clone(), cfg.clone()).expect("trainer");
     assert!(
-        straight.device_note().contains("ops"),
+        straight.device_note().contains("host backend"),
         "{}",
         straight.device_note()
     );
     let full = straight.fit().expect("fit");
-    let stats = straight.cache_stats().expect("device engine");
+    let stats = straight.cache_stats();
     assert!(stats.hits > 0 && stats.misses > 0, "{stats:?}");
     assert!(stats.cached_bytes <= 32000, "{stats:?}");
 
@@ -326,7 +267,7 @@ fn device_engine_reports_cache_hits_and_resumes_from_a_checkpoint() {
     let rest = resumed.fit().expect("fit");
     assert_eq!(rest.len(), 1);
     assert_eq!(rest[0].loss, full[1].loss, "resumed epoch 1 differs");
-    assert_eq!(resumed.model().params(), straight.model().params());
+    assert_eq!(resumed.params().unwrap(), straight.params().unwrap());
 }
 
 /// The rows a device gather reads from host memory (cache misses) are counted
@@ -339,7 +280,6 @@ fn device_gather_misses_are_counted_as_host_to_device_bytes() {
         let cfg = small(
             "sage",
             &[
-                "device.host_engine=\"ops\"",
                 "orchestration.policy=\"gpu-sample-gpu-gather\"",
                 &format!("device.cache_bytes={cache}"),
                 // Two of three epochs: no evaluation, whose gathers count too.
@@ -351,9 +291,8 @@ fn device_gather_misses_are_counted_as_host_to_device_bytes() {
         let mut t = Trainer::new(ds, cfg).expect("trainer");
         t.train_epoch().expect("epoch 0");
         t.train_epoch().expect("epoch 1");
-        let s = t.cache_stats().expect("device engine");
-        let params: Vec<Vec<f32>> = t.model().params().iter().map(|p| p.to_vec()).collect();
-        (t.h2d_bytes().expect("device engine"), s, params)
+        let s = t.cache_stats();
+        (t.h2d_bytes(), s, t.params().unwrap())
     };
     let (h_none, s_none, p_none) = run("0");
     let (h_all, s_all, p_all) = run("1000000000");
@@ -378,7 +317,6 @@ fn sampling_ahead_trains_on_the_same_blocks() {
         let cfg = small(
             "sage",
             &[
-                "device.host_engine=\"ops\"",
                 &format!("orchestration.policy=\"{placement}\""),
                 &format!("device.sample_ahead={ahead}"),
                 "device.cache_bytes=20000",
@@ -394,15 +332,8 @@ fn sampling_ahead_trains_on_the_same_blocks() {
         ];
         let losses: Vec<f64> = stats.iter().map(|s| s.loss).collect();
         let batches: usize = stats.iter().map(|s| s.batches).sum();
-        let params: Vec<Vec<f32>> = t.model().params().iter().map(|p| p.to_vec()).collect();
-        let ahead = t.batches_sampled_ahead().expect("device engine");
-        (
-            losses,
-            params,
-            t.h2d_bytes().expect("device engine"),
-            batches,
-            ahead,
-        )
+        let ahead = t.batches_sampled_ahead();
+        (losses, t.params().unwrap(), t.h2d_bytes(), batches, ahead)
     };
     for placement in [
         "gpu-sample-gpu-gather",
@@ -421,21 +352,16 @@ fn sampling_ahead_trains_on_the_same_blocks() {
         assert_eq!(b0, b1);
     }
     // Where it does not apply, the device note says so.
-    for (extra, says) in [
-        (&[][..], "native host path samples on its own threads"),
-        (
-            &[
-                "device.host_engine=\"ops\"",
-                "orchestration.policy=\"layer\"",
-                "orchestration.hot_ratio=0.1",
-            ][..],
-            "layer-based pipeline samples",
-        ),
-    ] {
-        let mut sets = vec!["device.sample_ahead=true", "train.epochs=1"];
-        sets.extend_from_slice(extra);
-        let cfg = small("sage", &sets);
-        let t = Trainer::new(load_dataset(&cfg).expect("dataset"), cfg).expect("trainer");
-        assert!(t.device_note().contains(says), "{}", t.device_note());
-    }
+    let cfg = small(
+        "sage",
+        &[
+            "device.sample_ahead=true",
+            "train.epochs=1",
+            "orchestration.policy=\"layer\"",
+            "orchestration.hot_ratio=0.1",
+        ],
+    );
+    let t = Trainer::new(load_dataset(&cfg).expect("dataset"), cfg).expect("trainer");
+    let note = t.device_note();
+    assert!(note.contains("layer-based pipeline samples"), "{note}");
 }

@@ -1,9 +1,8 @@
 //! `tandem bench orchestration`: one config trained under all five placements
 //! (`orchestration.policy`), each traced, compared in one table.
 //!
-//! 1. The config is resolved once; when `device.kind` resolves to the host and
-//!    `device.host_engine` is `"native"`, it is set to `"ops"` (every placement
-//!    needs a device engine) and the report says so.
+//! 1. The config is resolved once; when `device.kind` resolves to the host, the
+//!    report says that the host backend stands in for the accelerator.
 //! 2. Each policy trains from the same seed for the same epochs: the step-based
 //!    ones with `hot_ratio = 0`, `"layer"` with the config's `hot_ratio` (0.2
 //!    when it is 0).
@@ -20,11 +19,11 @@ use std::fmt;
 
 use scheduler::Orchestration;
 
-use crate::config::{DeviceKind, HostEngine, TrainConfig};
+use crate::config::{DeviceKind, TrainConfig};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
+use crate::session::control::test_at_best_val;
 use crate::trace::{fmt_bytes, summarize, Tracer};
-use crate::trainer::test_at_best_val;
 use crate::TrainerBuilder;
 
 /// `hot_ratio` of the `"layer"` row when the config's is 0.
@@ -114,9 +113,8 @@ fn resolves_to_host(cfg: &TrainConfig) -> bool {
 }
 
 /// The config every policy run starts from (module doc, step 1): `cfg` with
-/// `train.epochs = epochs` when given (0 is an error naming `--epochs`), and
-/// `device.host_engine = "ops"` when the device resolves to the host with the
-/// native engine. Returns it with the notes saying what was changed.
+/// `train.epochs = epochs` when given (0 is an error naming `--epochs`). Returns
+/// it with the notes saying what the numbers mean.
 pub fn bench_base_config(
     cfg: &TrainConfig,
     epochs: Option<usize>,
@@ -132,11 +130,10 @@ pub fn bench_base_config(
         base.train.epochs = e;
     }
     let mut notes = Vec::new();
-    if base.device.host_engine == HostEngine::Native && resolves_to_host(&base) {
-        base.device.host_engine = HostEngine::Ops;
+    if resolves_to_host(&base) {
         notes.push(
-            "device.kind resolves to the host: set device.host_engine = \"ops\" (the host \
-             backend stands in for the accelerator; its times say nothing about GPU speed)"
+            "device.kind resolves to the host: the host backend stands in for the \
+             accelerator (its times say nothing about GPU speed)"
                 .to_string(),
         );
     }
@@ -230,7 +227,7 @@ pub fn measure_policy(cfg: TrainConfig, dataset: Option<Dataset>) -> Result<Poli
         epoch_secs: timed.iter().sum::<f64>() / timed.len().max(1) as f64,
         acc_busy: summary.acc_busy.unwrap_or(0) as f64 / wall,
         cpu_busy: summary.cpu_busy as f64 / wall,
-        h2d_per_epoch: trainer.h2d_bytes().unwrap_or(0) / stats.len().max(1) as u64,
+        h2d_per_epoch: trainer.h2d_bytes() / stats.len().max(1) as u64,
         test_acc: test_at_best_val(&stats).map(|(_, t)| t),
         chose: trainer.auto_choice().map(|c| {
             if c.policy == Orchestration::Layer {

@@ -9,7 +9,7 @@
 //!    the same options and seed, so graph, labels and split are the same for every
 //!    width; only the feature columns differ.
 //! 3. The config is prepared as in [`bench_orchestration`](super::orchestration::bench_orchestration)
-//!    ([`bench_base_config`]: epochs, `host_engine = "ops"` on the host); each
+//!    ([`bench_base_config`]: epochs); each
 //!    regime trains every policy of [`REGIME_POLICIES`] on a copy of the dataset
 //!    with [`measure_policy`] (step-based ones with `hot_ratio = 0`, the others
 //!    with [`layer_hot_ratio`]).

@@ -19,7 +19,7 @@ use clap::Args;
 use super::train::Job;
 use crate::config::{env_overrides, DistFeatures, Override, TrainConfig};
 use crate::error::{Error, Result};
-use crate::trainer::test_at_best_val;
+use crate::session::control::test_at_best_val;
 use crate::TrainerBuilder;
 
 #[derive(Debug, Args)]
@@ -153,7 +153,7 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
         .iter()
         .any(|&(_, file, _)| file != PartFile::Ranges)
     {
-        Some(crate::trainer::load_dataset(&cfg)?)
+        Some(crate::session::load_dataset(&cfg)?)
     } else {
         None
     };

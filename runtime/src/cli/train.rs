@@ -24,12 +24,12 @@ use clap::Args;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{env_overrides, Override, TrainConfig};
-use crate::control::{BatchMetrics, Callback, CancelToken, Control};
 use crate::dist::{Communicator, Solo};
 use crate::error::{Error, Result};
 use crate::run_dir::RunDir;
+use crate::session::control::{test_at_best_val, EpochStats};
+use crate::session::control::{BatchMetrics, Callback, CancelToken, Control};
 use crate::trace::{summarize, write_chrome_trace, CounterSampler, SamplerOptions, Tracer};
-use crate::trainer::{test_at_best_val, EpochStats};
 use crate::TrainerBuilder;
 
 #[derive(Debug, Args)]
@@ -289,7 +289,7 @@ fn train(
         trainer.config().model.kind,
         trainer.config().model.layers,
         trainer.config().model.hidden,
-        trainer.model().num_params(),
+        trainer.num_params(),
         trainer.threads()
     );
     say!("{}", trainer.device_note());
@@ -365,7 +365,7 @@ fn train(
         }
         Err(e) => return Err(e),
     };
-    if let Some(n) = trainer.batches_sampled_ahead().filter(|&n| n > 0) {
+    if let Some(n) = Some(trainer.batches_sampled_ahead()).filter(|&n| n > 0) {
         say!("{n} batches trained on blocks sampled ahead (device.sample_ahead)");
     }
     if ranks > 1 {

@@ -305,6 +305,7 @@ impl PartitionedFeatures {
     /// owners in one exchange of requests, then one of each row's column ids
     /// (after its length) and one of its values. Returns the rows of `ids` in
     /// order and the bytes exchanged.
+    #[allow(dead_code)] // TEMP: sparse input on the engine (issue 21)
     pub(crate) fn gather_sparse(
         &self,
         local: &SparseRows<f32>,

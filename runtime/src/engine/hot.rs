@@ -3,7 +3,7 @@
 //! rows read from a slab.
 //!
 //! # Protocol
-//! 1. **Sample the top a super-batch ahead** ([`Engine::prepare_top`]): the layers
+//! 1. **Sample the top a super-batch ahead** ([`LayerDevice::prepare_top`](super::LayerDevice::prepare_top)): the layers
 //!    above the bottom hop by hop
 //!    ([`Sampling::sample_hop`](gpu_ops::Sampling::sample_hop) with
 //!    `derive_seed(seed, l)`, exactly as [`Sampling::sample`](gpu_ops::Sampling::sample)
@@ -12,17 +12,17 @@
 //!    download per batch, made a super-batch before the batch trains.
 //! 2. **Slabs.** Two device buffers of `rows × width` (`width` = layer 0's output
 //!    width). Super-batch `j` reads slab `j % 2` while the CPU's rows for `j + 1`
-//!    go into the other. [`Engine::hot_slab_reserve`] (called when the queue of
+//!    go into the other. [`LayerDevice::hot_slab_reserve`](super::LayerDevice::hot_slab_reserve) (called when the queue of
 //!    `j + 1` is planned, after every batch of `j − 1` was enqueued) grows the slab
 //!    if needed and makes the copy stream wait for the compute stream's work so
 //!    far, so no upload overwrites rows a queued batch of `j − 1` still reads.
-//! 3. **Install** ([`Engine::hot_install`]): a finished CPU chunk's rows go from
+//! 3. **Install** ([`LayerDevice::hot_install`](super::LayerDevice::hot_install)): a finished CPU chunk's rows go from
 //!    its [`HotStaging`] buffer (page-locked on CUDA) into the slab at the chunk's
 //!    first queue position, asynchronously on the copy stream; an event recorded
 //!    after the copy is waited for by the compute stream, so every batch enqueued
 //!    later reads the rows (a GPU-side wait: the host thread does not block). The
 //!    staging buffer's host view waits for the copy before it can be rewritten.
-//! 4. **Train** ([`Engine::train_prepared`]) with a [`HotUse`]: upload the
+//! 4. **Train** ([`LayerDevice::train_prepared`](super::LayerDevice::train_prepared)) with a [`HotUse`]: upload the
 //!    batch's hot positions and slab rows (8 bytes per hot destination) and the
 //!    skip mask (1 byte per bottom destination) into reused buffers; sample the
 //!    bottom hop with the hot destinations skipped (`hot_backward = "constant"`:
@@ -46,11 +46,11 @@ use super::{dev_err, take_at_least, DeviceEngine};
 use crate::error::{Error, Result};
 use crate::trace::Direction;
 
-/// Host memory for CPU-computed hot rows that [`super::Engine::hot_install`]
+/// Host memory for CPU-computed hot rows that [`LayerDevice::hot_install`](super::LayerDevice::hot_install)
 /// uploads: page-locked on CUDA (so the upload is asynchronous), plain memory on
 /// the host backend.
 pub trait HotStaging: Send {
-    /// Rows it holds (each [`super::Engine::hot_width`] values).
+    /// Rows it holds (each [`LayerDevice::hot_width`](super::LayerDevice::hot_width) values).
     fn capacity_rows(&self) -> usize;
     /// The host view, `capacity_rows × width` values. Waits until no upload still
     /// reads the buffer.

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use crate::dist::Communicator;
 
-/// Which transport sums a device engine's gradients ([`super::Engine::set_grad_reduce`]).
+/// Which transport sums a device engine's gradients ([`DeviceEngine::set_grad_reduce`](super::DeviceEngine::set_grad_reduce)).
 pub enum ReduceOn {
     /// NCCL between the ranks' GPUs: rank `rank` of `ranks`, joining the
     /// communicator of `id` (drawn by rank 0, broadcast to every rank).

@@ -1,6 +1,7 @@
 //! One training batch under a step-based placement (NeutronOrch §3, Figure 4
-//! (a)–(d); `orchestration.policy`). Training always runs on the device; sampling
-//! and gathering run where [`EngineOptions::placement`] says:
+//! (a)–(d); `orchestration.policy`), as `executor/step.rs` drives it. Training
+//! always runs on the device; sampling and gathering run where the executor's
+//! [`StepBased`] placement says:
 //!
 //! 1. **sample** — on the host: `cpu_ops::NeighborSampler` with the training fanouts
 //!    and the batch's seed (the host backend's sampler is the same code, so on it every
@@ -16,19 +17,15 @@
 //!    ([`DeviceMemory::upload`](gpu_ops::DeviceMemory::upload)), the labels are
 //!    uploaded, and the model takes its step.
 //!
-//! **Sampling ahead** (`device.sample_ahead`): when the trainer names the next
-//! batch ([`Engine::set_next_batch`](super::Engine::set_next_batch)), the engine
-//! samples it right after this batch's step is queued. On CUDA the step's
-//! backward and Adam kernels are still running then, and the next batch is
-//! sampled on a second stream ([`Sampling::sampling_sibling`](gpu_ops::Sampling::sampling_sibling),
+//! **Sampling ahead** (`device.sample_ahead`): the step executor samples batch
+//! `k + 1` right after batch `k`'s step is queued (`executor/step.rs`). On CUDA
+//! the engine then samples on a second stream ([`Sampling::sampling_sibling`](gpu_ops::Sampling::sampling_sibling),
 //! its own allocator and fault word), so its kernels and its per-layer
-//! synchronizations overlap them; [`Sampling::adopt_batch`](gpu_ops::Sampling::adopt_batch)
-//! orders the compute stream after it. A host sampler's next batch likewise
-//! overlaps the device's backward. This batch's blocks stay alive until the next
-//! batch is sampled, so the sibling cannot reuse their memory (which would make
-//! it wait for the backward). The next batch trains on exactly the blocks it
-//! would have sampled when its turn came (same seeds, same seed); a batch whose
-//! seeds differ from the ones sampled ahead samples afresh.
+//! synchronizations overlap batch `k`'s backward and Adam;
+//! [`Sampling::adopt_batch`](gpu_ops::Sampling::adopt_batch) orders the compute
+//! stream after it. [`DeviceEngine::train_sampled`] hands batch `k`'s blocks
+//! back so that they live until batch `k + 1` is sampled: the sibling cannot
+//! reuse their memory (which would make it wait for the backward).
 //!
 //! Every upload and every feature-cache miss adds its bytes to the engine's
 //! host → device counter; the batch's share goes on its `device step` slice. Host
@@ -40,9 +37,9 @@ use std::sync::Arc;
 
 use cpu_ops::{gather_rows, CsrGraph, NeighborSampler, SampledBatch, SamplerScratch};
 use gpu_ops::Backend;
-use scheduler::Device;
+use scheduler::{Device, StepBased};
 
-use super::{dev_err, record_copies, take_at_least, DeviceEngine, Engine};
+use super::{dev_err, record_copies, take_at_least, DeviceEngine};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::trace::Direction;
@@ -103,72 +100,55 @@ fn block_bytes(b: &cpu_ops::Block) -> u64 {
 }
 
 /// A batch's blocks as sampled: on the host or on the device.
-enum Sampled<B: Backend> {
+pub(crate) enum Sampled<B: Backend> {
+    /// Sampled on the host.
     Host(SampledBatch),
+    /// Sampled on the device.
     Device(gpu_ops::DeviceBatch<B>),
 }
 
-/// What sampling ahead keeps between batches (the module doc).
-pub(crate) struct Ahead<B: Backend> {
-    /// The batch sampled ahead, with the seeds and seed it was sampled for
-    /// (device batches already adopted). Declared before `sampler`, which made
-    /// it, so it drops first.
-    ready: Option<(Vec<u32>, u64, Sampled<B>)>,
-    /// The batch the trainer runs next ([`Engine::set_next_batch`](super::Engine::set_next_batch)).
-    next: Option<(Vec<u32>, u64)>,
-    /// The backend's sampling sibling, made on first device sampling; `None`
-    /// where the backend has none (then the engine's backend samples).
+/// One training batch as the step executor names it: its seeds, its sampling
+/// seed, and where it stands (its slices carry the epoch and batch index).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchRef<'a> {
+    /// The batch's seeds.
+    pub seeds: &'a [u32],
+    /// Its sampling seed.
+    pub seed: u64,
+    /// The epoch.
+    pub epoch: usize,
+    /// The batch index in the epoch.
+    pub k: usize,
+}
+
+impl BatchRef<'_> {
+    /// `slice` with this batch's epoch and index.
+    pub fn tag<'t>(&self, slice: crate::trace::SliceGuard<'t>) -> crate::trace::SliceGuard<'t> {
+        slice.epoch(self.epoch as u64).batch(self.k as u64)
+    }
+}
+
+/// The backend's sampling sibling (`device.sample_ahead`): a second stream in the
+/// same context, with its own allocator and fault word, so that a batch sampled
+/// while the previous one trains overlaps its kernels.
+pub(crate) struct Sibling<B: Backend> {
+    /// Made on first device sampling; `None` where the backend has none (then
+    /// the engine's backend samples).
     sampler: Option<B>,
     /// Whether `sampler` was asked for.
     asked: bool,
-    /// Batches that trained on blocks sampled ahead.
-    pub(super) used: u64,
-    /// The trace track of device sampling ahead (`acc sample`), declared on
-    /// first use.
-    track: Option<crate::trace::TrackId>,
 }
 
-impl<B: Backend> Default for Ahead<B> {
+impl<B: Backend> Default for Sibling<B> {
     fn default() -> Self {
         Self {
-            ready: None,
-            next: None,
             sampler: None,
             asked: false,
-            used: 0,
-            track: None,
         }
     }
 }
 
-impl<B: Backend> Ahead<B> {
-    /// The batch sampled ahead for exactly `seeds` and `seed`, if any; a batch
-    /// sampled for other seeds is dropped.
-    fn take(&mut self, seeds: &[u32], seed: u64) -> Option<Sampled<B>> {
-        let (s, k, b) = self.ready.take()?;
-        (k == seed && s == seeds).then(|| {
-            self.used += 1;
-            b
-        })
-    }
-
-    /// Forgets the batch sampled ahead and the next batch's seeds (a new tracer,
-    /// placement or epoch order makes them stale).
-    pub(super) fn clear(&mut self) {
-        self.ready = None;
-        self.next = None;
-    }
-
-    /// A new tracer: the `acc sample` track is declared again on first use.
-    pub(super) fn set_tracer(&mut self) {
-        self.track = None;
-    }
-
-    /// Sets the next batch (`None`: none known).
-    pub(super) fn set_next(&mut self, next: Option<(&[u32], u64)>) {
-        self.next = next.map(|(s, k)| (s.to_vec(), k));
-    }
-
+impl<B: Backend> Sibling<B> {
     /// The transfers of the sampling sibling.
     pub(super) fn transfer_stats(&self) -> gpu_ops::TransferStats {
         self.sampler
@@ -192,7 +172,7 @@ impl<B: Backend> DeviceEngine<B> {
     /// now would cost one more per batch.
     pub(super) fn gather_counted(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<B::Buf<f32>> {
         // Current: the last batch (or evaluation) ended with a synchronization.
-        self.misses_before = Some(self.cache_stats().misses);
+        self.misses_before = Some(super::ModelState::cache_stats(self).misses);
         self.gather(ids, n)
     }
 
@@ -201,7 +181,9 @@ impl<B: Backend> DeviceEngine<B> {
     /// Call after the step's synchronization.
     pub(super) fn settle_gather_misses(&mut self) {
         if let Some(before) = self.misses_before.take() {
-            let misses = self.cache_stats().misses.saturating_sub(before);
+            let misses = super::ModelState::cache_stats(self)
+                .misses
+                .saturating_sub(before);
             self.h2d += misses * self.host.ds().features.dim() as u64 * 4;
         }
     }
@@ -303,15 +285,15 @@ impl<B: Backend> DeviceEngine<B> {
     /// ahead (the batch handed over to the engine's backend), else on the
     /// engine's backend.
     fn sample_on_device(&mut self, seeds: &[u32], seed: u64) -> Result<gpu_ops::DeviceBatch<B>> {
-        if self.opts.sample_ahead && !self.ahead.asked {
-            self.ahead.asked = true;
-            self.ahead.sampler = self
+        if self.opts.sample_ahead && !self.sibling.asked {
+            self.sibling.asked = true;
+            self.sibling.sampler = self
                 .dev
                 .sampling_sibling()
                 .map_err(dev_err("opening the sampling stream (device.sample_ahead)"))?;
         }
         let fanouts = &self.opts.fanouts;
-        match &self.ahead.sampler {
+        match &self.sibling.sampler {
             Some(s) => {
                 let mut b = s
                     .sample(&self.graph, seeds, fanouts, seed)
@@ -328,9 +310,15 @@ impl<B: Backend> DeviceEngine<B> {
         }
     }
 
-    /// Samples `seeds` where the placement samples (host or device).
-    fn sample_placed(&mut self, seeds: &[u32], seed: u64, host: bool) -> Result<Sampled<B>> {
-        if host {
+    /// Step 1: samples `seeds` with `seed` where `placement` samples (the host
+    /// sampler or the device), with the training fanouts.
+    pub(crate) fn sample_placed(
+        &mut self,
+        placement: StepBased,
+        seeds: &[u32],
+        seed: u64,
+    ) -> Result<Sampled<B>> {
+        if placement.sample_device() == Device::Cpu {
             let (sampler, scratch, graph) = self.host.sampler(&self.opts.fanouts)?;
             let b = sampler
                 .sample(graph, seeds, seed, scratch)
@@ -341,74 +329,35 @@ impl<B: Backend> DeviceEngine<B> {
         }
     }
 
-    /// Samples the batch named by [`Engine::set_next_batch`](super::Engine::set_next_batch)
-    /// now (the module doc): a `sample` slice on the calling thread's track or
-    /// a `device sample` slice on the `acc sample` track. An error drops the
-    /// batch: it samples again when it trains and reports the error then.
-    fn sample_next(&mut self, host: bool) {
-        let Some((seeds, seed)) = self.ahead.next.take() else {
-            return;
-        };
-        let tracer = self.tracer.clone();
-        let before = self.transfer_stats_all();
-        let mut slice = if host {
-            tracer.slice("sample")
-        } else {
-            let track = *self.ahead.track.get_or_insert_with(|| {
-                tracer.declare_track("acc sample", crate::trace::TrackKind::Accelerator)
-            });
-            tracer.slice_on(track, "device sample")
-        };
-        self.ahead.ready = self
-            .sample_placed(&seeds, seed, host)
-            .ok()
-            .map(|b| (seeds, seed, b));
-        let copies = self.transfer_stats_all().since(&before);
-        record_copies(slice.args_mut(), &copies);
-    }
-
     /// The transfers of the engine's backend and its sampling sibling.
     pub(super) fn transfer_stats_all(&self) -> gpu_ops::TransferStats {
-        self.dev.transfer_stats().plus(&self.ahead.transfer_stats())
+        self.dev
+            .transfer_stats()
+            .plus(&self.sibling.transfer_stats())
     }
 
-    /// Trains one batch under the engine's placement (the module doc's steps).
-    pub(super) fn train_batch_placed(&mut self, seeds: &[u32], seed: u64) -> Result<(f64, usize)> {
-        let stats = self.run_batch_placed(seeds, seed, true)?;
-        Ok((stats.loss * seeds.len() as f64, stats.correct))
-    }
-
-    /// One batch under the engine's placement, up to the gradients (`step =
-    /// false`: the model keeps them for a data-parallel all-reduce) or with the
-    /// step (`true`).
-    pub(super) fn run_batch_placed(
+    /// Steps 2 and 3 for a batch sampled by [`DeviceEngine::sample_placed`]:
+    /// gather where `placement` gathers (on the host whenever a row source
+    /// gives the rows), upload what the host made, and train — the whole
+    /// step (`step = true`) or up to the gradients, which the model keeps for
+    /// a data-parallel all-reduce. Returns the loss statistics and the batch's
+    /// blocks, which the caller drops only after it sampled the next batch
+    /// (the sibling must not recycle their memory while the backward runs).
+    /// The `device step` slice records the copies and synchronizations since
+    /// `copies_before` (taken before the batch was sampled: the whole batch).
+    pub(crate) fn train_sampled(
         &mut self,
-        seeds: &[u32],
-        seed: u64,
+        placement: StepBased,
+        sampled: Sampled<B>,
+        batch: BatchRef<'_>,
         step: bool,
-    ) -> Result<gpu_ops::LossStats> {
+        copies_before: gpu_ops::TransferStats,
+    ) -> Result<(gpu_ops::LossStats, Vec<B::Block>)> {
+        let BatchRef { seeds, seed, .. } = batch;
         let tracer = self.tracer.clone();
         let acc = self.acc;
         let start = self.h2d;
-        let copies_before = self.transfer_stats_all();
-        let host_sample = self.opts.placement.sample_device() == Device::Cpu;
-        // A row source (partitioned features) gathers on the host.
-        let host_gather = self.rows.is_some() || self.opts.placement.gather_device() == Device::Cpu;
-
-        // 1. Sample (or take the batch sampled ahead for these seeds).
-        let sampled = match self.ahead.take(seeds, seed) {
-            // Sampled where the placement said then (the same as now: a new
-            // placement clears it).
-            Some(b) => b,
-            None => {
-                let _s = if host_sample {
-                    tracer.slice("sample")
-                } else {
-                    tracer.slice_on(acc, "device sample")
-                };
-                self.sample_placed(seeds, seed, host_sample)?
-            }
-        };
+        let host_gather = self.rows.is_some() || placement.gather_device() == Device::Cpu;
         let (host_batch, dev_batch) = match sampled {
             Sampled::Host(b) => (Some(b), None),
             Sampled::Device(b) => (None, Some(b)),
@@ -426,7 +375,7 @@ impl<B: Backend> DeviceEngine<B> {
         // 2. Gather on the host.
         let mut values = 0;
         if host_gather {
-            let mut g = tracer.slice("gather");
+            let mut g = batch.tag(tracer.slice("gather"));
             let ids = match (&host_batch, &host_ids) {
                 (Some(b), _) => b.input_ids(),
                 (None, Some(ids)) => ids.as_slice(),
@@ -437,7 +386,7 @@ impl<B: Backend> DeviceEngine<B> {
         }
 
         // 3. Upload what the host made, gather on the device if placed there, train.
-        let mut slice = tracer.slice_on(acc, "device step");
+        let mut slice = batch.tag(tracer.slice_on(acc, "device step"));
         let (blocks, dev_ids) = match (host_batch, dev_batch) {
             (Some(hb), _) => self.upload_blocks(&hb, !host_gather)?,
             (None, Some(db)) => {
@@ -475,105 +424,6 @@ impl<B: Backend> DeviceEngine<B> {
         let copies = self.transfer_stats_all().since(&copies_before);
         record_copies(slice.args_mut(), &copies);
         drop(slice);
-        if stats.is_ok() {
-            self.sample_next(host_sample);
-        }
-        // Only now: the sibling must not reuse this batch's blocks (module doc).
-        drop(blocks);
-        stats
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use cpu_ops::{Model, ModelConfig, ModelKind};
-    use gpu_ops::{HostBackend, TopologyPlacement};
-
-    use super::*;
-    use crate::engine::EngineOptions;
-    use crate::generate::{generate_sbm, SbmOptions};
-
-    fn engine(ds: &Arc<Dataset>, ahead: bool, sample: Device) -> DeviceEngine<HostBackend> {
-        let model = Model::new(
-            &ModelConfig {
-                kind: ModelKind::Sage,
-                in_dim: 8,
-                hidden: 8,
-                num_classes: 4,
-                num_layers: 2,
-                heads: 1,
-                dropout: 0.5,
-            },
-            3,
-        )
-        .unwrap();
-        DeviceEngine::new(
-            HostBackend::new(),
-            ds,
-            &model,
-            EngineOptions {
-                fanouts: vec![4, 3],
-                eval_fanouts: vec![4, 3],
-                cache_bytes: 4000,
-                topology: TopologyPlacement::Device,
-                adam: cpu_ops::AdamConfig::default(),
-                placement: scheduler::StepBased::new(sample, Device::Accelerator),
-                batch_size: 64,
-                precision: gpu_ops::Precision::Fp32,
-                defer_features: false,
-                feature_dtype: gpu_ops::FeatureDtype::F32,
-                sample_ahead: ahead,
-            },
-        )
-        .unwrap()
-    }
-
-    /// A batch trains on the blocks of its own seeds and seed whatever the
-    /// engine sampled ahead: a hint naming other seeds, another seed or no
-    /// batch leaves the losses and weights of a run without hints, and only
-    /// hints that came true count as sampled ahead.
-    #[test]
-    fn only_a_batch_sampled_for_the_same_seeds_and_seed_is_used() {
-        let ds = Arc::new(
-            generate_sbm(&SbmOptions {
-                num_vertices: 1000,
-                num_edges: 6000,
-                num_classes: 4,
-                feature_dim: 8,
-                ..SbmOptions::default()
-            })
-            .unwrap(),
-        );
-        let ids: Vec<u32> = (0..640).collect();
-        let batches: Vec<&[u32]> = ids.chunks(64).collect();
-        let seed_of = |k: usize| 100 + k as u64;
-        for sample in [Device::Accelerator, Device::Cpu] {
-            let mut plain = engine(&ds, false, sample);
-            let mut hinted = engine(&ds, true, sample);
-            let mut came_true = 0;
-            for (k, seeds) in batches.iter().enumerate() {
-                let next = batches.get(k + 1).map(|s| (*s, seed_of(k + 1)));
-                let hint = match k % 4 {
-                    // The right batch.
-                    0 | 1 => next,
-                    // The right seeds with another seed.
-                    2 => next.map(|(s, _)| (s, 7)),
-                    // Other seeds with the right seed.
-                    _ => next.map(|(_, k)| (batches[0], k)),
-                };
-                came_true += u64::from(k % 4 < 2 && next.is_some());
-                hinted.set_next_batch(hint);
-                plain.set_next_batch(next);
-                let a = plain.train_batch(seeds, seed_of(k)).unwrap();
-                let b = hinted.train_batch(seeds, seed_of(k)).unwrap();
-                assert_eq!(a, b, "{sample:?}: batch {k}");
-            }
-            assert_eq!(plain.batches_sampled_ahead(), 0, "off: hints ignored");
-            assert_eq!(hinted.batches_sampled_ahead(), came_true, "{sample:?}");
-            assert_eq!(
-                plain.params_to_host().unwrap(),
-                hinted.params_to_host().unwrap()
-            );
-        }
+        Ok((stats?, blocks))
     }
 }

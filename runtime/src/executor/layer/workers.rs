@@ -40,8 +40,9 @@ use super::clock::SharedClock;
 use super::hot_compute::{HotComputer, HotScratch, Published};
 
 /// A fault injected into a CPU worker (tests of the shutdown protocol and of the
-/// monitor).
+/// monitor; only unit tests construct one, through `Trainer`'s test seam).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub enum InjectedFault {
     /// The worker returns an error after this many jobs.
     ErrorAfter(u64),

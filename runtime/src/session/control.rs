@@ -4,13 +4,13 @@
 //!
 //! # Protocol
 //! 1. Before each training batch the trainer checks its [`CancelToken`]; when it is
-//!    cancelled, [`crate::trainer::Trainer::train_epoch`] returns
+//!    cancelled, [`crate::Trainer::train_epoch`] returns
 //!    [`crate::Error::Cancelled`] with [`StopCause::Token`] before computing that
 //!    batch, so a cancel takes effect within one batch.
 //! 2. After each batch's optimizer step, every callback's [`Callback::on_batch`]
 //!    sees its [`BatchMetrics`]. If any returns [`Control::Stop`], the epoch stops
 //!    there: `train_epoch` returns `Cancelled` with [`StopCause::Callback`], and
-//!    [`crate::trainer::Trainer::fit`] returns `Ok` with the epochs completed.
+//!    [`crate::Trainer::fit`] returns `Ok` with the epochs completed.
 //! 3. After each epoch (and its scheduled evaluation), [`Callback::on_epoch`] sees
 //!    the [`EpochStats`]; [`Control::Stop`] makes `fit` return after that epoch.
 //! 4. A stopped or cancelled trainer stays consistent: it remembers the batch it
@@ -51,7 +51,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::trainer::EpochStats;
+use crate::executor::OrchestrationStats;
 
 /// What one training batch did, as [`Callback::on_batch`] sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,6 +75,51 @@ pub struct BatchMetrics {
     pub step: u64,
 }
 
+/// What one epoch did, as [`Callback::on_epoch`] and `Trainer::fit` report it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpochStats {
+    /// 0-based epoch index.
+    pub epoch: usize,
+    /// Mean training loss over the epoch's batches (weighted by batch size).
+    pub loss: f64,
+    /// Training accuracy over the epoch's batches (with dropout, as trained).
+    pub train_acc: f64,
+    /// Validation accuracy, when evaluated this epoch.
+    pub val_acc: Option<f64>,
+    /// Test accuracy, when evaluated this epoch.
+    pub test_acc: Option<f64>,
+    /// Seconds spent training (sampling, gather, forward, backward, step).
+    pub train_secs: f64,
+    /// Seconds spent evaluating.
+    pub eval_secs: f64,
+    /// Number of training batches.
+    pub batches: usize,
+    /// Optimizer steps taken by the end of the epoch (the weight version).
+    pub steps: u64,
+    /// What layer-based orchestration did this epoch (`None` without embedding
+    /// reuse): staleness gaps, waits, vertices computed cold, CPU jobs.
+    pub orchestration: Option<OrchestrationStats>,
+    /// `policy = "auto"` was still measuring placements during this epoch.
+    pub calibrating: bool,
+    /// What `policy = "auto"` chose, and why, in the epoch it decided.
+    pub auto_choice: Option<String>,
+    /// Batches skipped for a non-finite loss (`train.on_nonfinite = "skip-batch"`).
+    pub skipped_batches: usize,
+}
+
+/// The test accuracy at the epoch with the best validation accuracy (the usual
+/// model-selection rule), with that epoch.
+pub fn test_at_best_val(stats: &[EpochStats]) -> Option<(usize, f64)> {
+    stats
+        .iter()
+        .filter_map(|s| Some((s.epoch, s.val_acc?, s.test_acc?)))
+        .fold(None, |best: Option<(usize, f64, f64)>, cur| match best {
+            Some(b) if b.1 >= cur.1 => Some(b),
+            _ => Some(cur),
+        })
+        .map(|(e, _, t)| (e, t))
+}
+
 /// A callback's answer: go on, or stop training.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Control {
@@ -83,24 +128,6 @@ pub enum Control {
     Continue,
     /// Stop (see the module doc for where training stops).
     Stop,
-}
-
-/// Why training stopped early.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopCause {
-    /// The trainer's [`CancelToken`] was cancelled.
-    Token,
-    /// A [`Callback`] returned [`Control::Stop`].
-    Callback,
-}
-
-impl std::fmt::Display for StopCause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Token => "cancel token",
-            Self::Callback => "a callback asked to stop",
-        })
-    }
 }
 
 /// Observes a training run. Both methods default to doing nothing.
@@ -152,7 +179,7 @@ pub fn on_epoch<F: FnMut(&EpochStats) -> Control + Send>(f: F) -> OnEpoch<F> {
 /// clone goes to the trainer and another to whoever may cancel (a request
 /// handler, a signal handler, a watchdog thread). Cancelling is permanent for the
 /// token; give the trainer a fresh one
-/// ([`crate::trainer::Trainer::set_cancel_token`]) to train again.
+/// ([`crate::session::Trainer::set_cancel_token`]) to train again.
 #[derive(Clone, Debug, Default)]
 pub struct CancelToken(Arc<AtomicBool>);
 

@@ -39,12 +39,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::TrainConfig;
-use crate::control::{Callback, CancelToken};
 use crate::dataset::Dataset;
 use crate::dist::Communicator;
 use crate::error::{Error, Result};
 use crate::pool::build_pool;
-use crate::trainer::{load_dataset, Trainer};
+use crate::session::control::{Callback, CancelToken};
+use crate::session::{load_dataset, Trainer};
 
 /// Configures and builds a [`Trainer`] (see the module doc).
 pub struct TrainerBuilder {
@@ -190,7 +190,7 @@ impl TrainerBuilder {
                 c.model.kind,
                 c.model.layers,
                 c.model.hidden,
-                trainer.model().num_params(),
+                trainer.num_params(),
                 trainer.threads()
             );
         }

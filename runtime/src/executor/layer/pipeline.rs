@@ -1,5 +1,5 @@
 //! The super-batch pipeline executor: layer-based orchestration of one epoch on a
-//! device [`Engine`] and the persistent CPU workers. The numbered steps below
+//! device ([`LayerDevice`]) and the persistent CPU workers. The numbered steps below
 //! are the one description of the protocol (with those of `workers.rs` and
 //! `engine/hot.rs`); the scheduler's task graph and simulator model them, and
 //! docs/orchestration.md §9 says why they are so and what was measured.
@@ -18,7 +18,7 @@
 //!    chunks started later are then fresher; fewer are late).
 //! 3. **Launch** super-batch `j` (queues 0 and 1 at the epoch's start, queue
 //!    `j + 1` when `j` starts): sample its batches' top layers on the engine
-//!    ([`Engine::prepare_top`]), plan its queue ([`SuperBatchPlan`]: the CPU-hot
+//!    ([`LayerDevice::prepare_top`]), plan its queue ([`SuperBatchPlan`]: the CPU-hot
 //!    bottom destinations, deduplicated, hottest first, cut into chunks), reserve
 //!    its slab (`j % 2`) for the queue, record per batch which (position, queue
 //!    index) pairs it reads and which chunks, and queue one job per chunk. A
@@ -28,7 +28,7 @@
 //!    otherwise starves layer 0 of gradient: WordNet lost 11 points, 2 with this).
 //! 4. **Install.** At every gate, every report waiting is taken: a chunk of a live
 //!    super-batch computed with newer weights than its slab rows is installed
-//!    ([`Engine::hot_install`]: one asynchronous upload of the chunk, ordered
+//!    ([`LayerDevice::hot_install`]: one asynchronous upload of the chunk, ordered
 //!    before later batches with an event) and becomes *ready* at its version;
 //!    anything else (a dropped job, a chunk of a finished super-batch) only gives
 //!    its staging buffer back.
@@ -42,7 +42,7 @@
 //!      computes); for a stale one, a recomputation after publishing the current
 //!      weights — and the thread blocks on reports (step 4) until every chunk the
 //!      batch reads is ready within the bound.
-//! 6. **Train** the batch ([`Engine::train_prepared`] with the used positions and
+//! 6. **Train** the batch ([`LayerDevice::train_prepared`] with the used positions and
 //!    slab rows), then mark it passed (workers drop regular jobs of super-batches
 //!    every batch of which has passed).
 //! 7. **After the super-batch**: publish (step 2); the hybrid monitor observes.
@@ -70,189 +70,49 @@ use scheduler::{
 };
 
 use crate::config::{HotnessKind, OrchestrationSection};
-use crate::control::{CancelToken, StopCause};
 use crate::dataset::Dataset;
-use crate::engine::{record_copies, Engine, HotUse};
-use crate::error::{Error, Result};
+use crate::engine::{record_copies, HotUse, LayerDevice};
+use crate::error::{Error, Result, StopCause};
+use crate::executor::{BatchDone, EpochEnd, EpochRun};
 use crate::trace::{Direction, FlowId, Tracer, TrackId, TrackKind};
 
 use super::clock::{wall_clock, SharedClock};
 use super::hot_compute::{HotComputer, Published, Snapshot};
 use super::monitor::{HybridMonitor, Window};
+use super::stats::OrchestrationStats;
 use super::workers::{ChunkKey, Done, HotWorkers, Job, Outcome, WorkerShared};
 
-pub use super::workers::InjectedFault;
+use super::workers::InjectedFault;
 
 /// Pipeline depth `D` (NeutronOrch's: the CPU works one super-batch ahead).
 pub const DEPTH: usize = 1;
 /// Largest number of vertices per CPU job (one upload per chunk).
 pub const HOT_CHUNK: usize = 1024;
 
-/// What orchestration did, summed over the epochs it ran.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct OrchestrationStats {
-    /// Gap (optimizer steps) of every reused embedding.
-    pub gaps: GapHistogram,
-    /// Reused embeddings (= `gaps.total()`).
-    pub hot_uses: u64,
-    /// Late hot vertices a batch waited for (`on_late = "wait"`).
-    pub waited: u64,
-    /// Batches that waited.
-    pub wait_batches: u64,
-    /// Seconds the accelerator thread spent waiting for hot rows.
-    pub wait_secs: f64,
-    /// Late hot vertices left to the accelerator (`on_late = "compute"`).
-    pub computed_cold: u64,
-    /// Urgent CPU jobs sent by waiting batches.
-    pub urgent_jobs: u64,
-    /// CPU jobs computed (regular and urgent).
-    pub jobs: u64,
-    /// Regular jobs dropped because every batch of their super-batch had passed.
-    pub dropped_jobs: u64,
-    /// Hot rows computed by the CPU.
-    pub rows_computed: u64,
-    /// Hot rows uploaded to the device (once per computed chunk of a live
-    /// super-batch).
-    pub rows_installed: u64,
-    /// Worker-seconds spent computing hot rows.
-    pub cpu_busy_secs: f64,
-    /// Hot vertices (relabeled ids below this are hot).
-    pub hot_count: u32,
-    /// Whether the hybrid monitor ran (`orchestration.monitor`).
-    pub monitor: bool,
-    /// Monitor moves of hot vertices to the device cache.
-    pub monitor_moves_to_cache: u64,
-    /// Monitor moves of hot vertices back to the CPU.
-    pub monitor_moves_to_cpu: u64,
-    /// Vertices the monitor moved to the cache (only rows the cache took count).
-    pub monitor_rows_to_cache: u64,
-    /// Vertices the monitor moved back to the CPU.
-    pub monitor_rows_to_cpu: u64,
-    /// Rows the monitor's moves held in the device cache at the end.
-    pub monitor_cached_rows: u64,
-    /// Moves against the previous move's direction.
-    pub monitor_reversals: u64,
-}
-
-impl OrchestrationStats {
-    /// Adds `other`'s counts to these.
-    pub fn merge(&mut self, other: &OrchestrationStats) {
-        self.gaps.merge(&other.gaps);
-        self.hot_uses += other.hot_uses;
-        self.waited += other.waited;
-        self.wait_batches += other.wait_batches;
-        self.wait_secs += other.wait_secs;
-        self.computed_cold += other.computed_cold;
-        self.urgent_jobs += other.urgent_jobs;
-        self.jobs += other.jobs;
-        self.dropped_jobs += other.dropped_jobs;
-        self.rows_computed += other.rows_computed;
-        self.rows_installed += other.rows_installed;
-        self.cpu_busy_secs += other.cpu_busy_secs;
-        self.hot_count = self.hot_count.max(other.hot_count);
-        self.monitor |= other.monitor;
-        self.monitor_moves_to_cache += other.monitor_moves_to_cache;
-        self.monitor_moves_to_cpu += other.monitor_moves_to_cpu;
-        self.monitor_rows_to_cache += other.monitor_rows_to_cache;
-        self.monitor_rows_to_cpu += other.monitor_rows_to_cpu;
-        if other.monitor {
-            self.monitor_cached_rows = other.monitor_cached_rows;
-        }
-        self.monitor_reversals += other.monitor_reversals;
-    }
-
-    /// One line: gap max/mean, uses, waits, computed-cold, CPU jobs, and the
-    /// monitor's moves when it ran.
-    pub fn summary(&self) -> String {
-        let max = self
-            .gaps
-            .max()
-            .map_or_else(|| "-".into(), |m| m.to_string());
-        let mean = self
-            .gaps
-            .mean()
-            .map_or_else(|| "-".into(), |m| format!("{m:.2}"));
-        let mut line = format!(
-            "hot: {} reused (gap max {max}, mean {mean}), {} rows computed, {} installed, {} waited ({:.3} s), {} computed cold, {} CPU jobs ({} urgent, {} dropped)",
-            self.hot_uses,
-            self.rows_computed,
-            self.rows_installed,
-            self.waited,
-            self.wait_secs,
-            self.computed_cold,
-            self.jobs,
-            self.urgent_jobs,
-            self.dropped_jobs
-        );
-        if self.monitor {
-            line.push_str(&format!(
-                "; monitor: {} moves to cache ({} rows), {} to CPU ({} rows), {} rows cached, {} reversals",
-                self.monitor_moves_to_cache,
-                self.monitor_rows_to_cache,
-                self.monitor_moves_to_cpu,
-                self.monitor_rows_to_cpu,
-                self.monitor_cached_rows,
-                self.monitor_reversals
-            ));
-        }
-        line
-    }
-}
-
-/// The inputs of one epoch.
-pub(crate) struct EpochRun<'a> {
-    /// The dataset (user ids).
-    pub ds: &'a Arc<Dataset>,
-    /// The epoch's batches (seeds), in the trainer's order.
-    pub batches: &'a [&'a [u32]],
-    /// First batch to train (after an interruption).
-    pub start: usize,
-    /// One past the last batch to train (`batches.len()` for the whole epoch;
-    /// less while `policy = "auto"` measures).
-    pub end: usize,
-    /// Record the clock and the statistics when this batch starts
-    /// ([`Orchestrator::last_mark`]).
-    pub mark: Option<usize>,
-    /// Batch `k` samples with `derive_seed(base_seed, k)`.
-    pub base_seed: u64,
-    /// The epoch index.
-    pub epoch: usize,
-    /// Where slices go.
-    pub tracer: &'a Tracer,
-    /// The accelerator's track in `tracer`.
-    pub acc_track: TrackId,
-    /// Checked before every batch.
-    pub cancel: &'a CancelToken,
-}
-
-/// What one trained batch did, for the trainer's bookkeeping and callbacks.
-pub(crate) struct BatchDone {
-    /// Batch index in the epoch.
-    pub k: usize,
-    /// Loss × rows.
-    pub loss_sum: f64,
-    /// Correct predictions.
-    pub correct: usize,
-    /// Seconds from gate to the end of its step.
-    pub seconds: f64,
-    /// The version after its step.
-    pub version: u64,
-}
-
-/// How an epoch's batch loop ended.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum EpochEnd {
-    /// Every batch trained; `true` if the last batch's callback asked to stop.
-    Finished(bool),
-    /// Stopped before batch `k` (`cause`).
-    Stopped(usize, StopCause),
-}
-
 fn sched(context: &'static str) -> impl Fn(scheduler::SchedulerError) -> Error {
     move |source| Error::Scheduler {
         context: context.into(),
         source,
     }
+}
+
+/// What [`Orchestrator::new`] needs: the `[orchestration]` section, and the
+/// dataset, model and training batches whose hot set it scores.
+pub(crate) struct LayerSetup<'a> {
+    /// `[orchestration]` (its `hot_ratio` sizes the hot set).
+    pub cfg: &'a OrchestrationSection,
+    /// The dataset, in user ids.
+    pub ds: &'a Arc<Dataset>,
+    /// A model of the trained configuration (layer 0's shape for the CPU).
+    pub model: &'a Model<f32>,
+    /// Training fanouts, bottom first.
+    pub fanouts: &'a [u32],
+    /// The training vertices.
+    pub train_ids: &'a [u32],
+    /// `train.batch_size`.
+    pub batch_size: usize,
+    /// `train.seed`.
+    pub seed: u64,
 }
 
 /// Layer-based orchestration for one trainer: the hot set, the rule, the workers.
@@ -294,19 +154,20 @@ pub struct Orchestrator {
 }
 
 impl Orchestrator {
-    /// Step 1: scores hotness over `train_ids` with the training `fanouts` and
-    /// `batch_size`, relabels.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        cfg: &OrchestrationSection,
-        ds: Arc<Dataset>,
-        model: &Model<f32>,
-        fanouts: &[u32],
-        train_ids: &[u32],
-        batch_size: usize,
-        seed: u64,
-        cpu_workers: usize,
-    ) -> Result<Self> {
+    /// Step 1: scores hotness over the training vertices with the training
+    /// fanouts and batch size, relabels.
+    pub fn new(setup: &LayerSetup<'_>) -> Result<Self> {
+        let LayerSetup {
+            cfg,
+            ds,
+            model,
+            fanouts,
+            train_ids,
+            batch_size,
+            seed,
+        } = setup;
+        let (ds, batch_size, seed) = (Arc::clone(ds), *batch_size, *seed);
+        let cpu_workers = cfg.cpu_workers;
         let name = match cfg.hotness {
             HotnessKind::Presample => "presample",
             HotnessKind::Degree => "degree",
@@ -335,7 +196,7 @@ impl Orchestrator {
             pipeline,
             workers_wanted: cpu_workers.max(1),
             bottom_fanout,
-            model: model.clone(),
+            model: (*model).clone(),
             ds,
             relabeling,
             totals: OrchestrationStats {
@@ -439,6 +300,7 @@ impl Orchestrator {
     }
 
     /// Injects a fault into the CPU workers from now on (tests).
+    #[cfg(test)]
     pub fn inject_fault(&mut self, fault: Option<InjectedFault>) {
         self.fault = fault;
         if let Some(w) = &self.workers {
@@ -471,7 +333,7 @@ impl Orchestrator {
     }
 
     /// The workers, started if needed (step 1).
-    fn ensure_workers(&mut self, engine: &dyn Engine) -> Result<()> {
+    fn ensure_workers(&mut self, engine: &dyn LayerDevice) -> Result<()> {
         if self.workers.is_none() {
             let sampler = NeighborSampler::new(vec![self.bottom_fanout])
                 .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
@@ -508,7 +370,7 @@ impl Orchestrator {
     /// `on_batch` sees every trained batch and returns whether to stop after it.
     pub(crate) fn run_epoch(
         &mut self,
-        engine: &mut dyn Engine,
+        engine: &mut dyn LayerDevice,
         run: &EpochRun<'_>,
         on_batch: &mut dyn FnMut(&BatchDone) -> Result<bool>,
     ) -> Result<EpochEnd> {
@@ -657,7 +519,7 @@ struct Accelerator<'a> {
 }
 
 impl Accelerator<'_> {
-    fn publish(&self, engine: &dyn Engine) -> Result<()> {
+    fn publish(&self, engine: &dyn LayerDevice) -> Result<()> {
         let published = &self.workers.shared().published;
         if published.version() == engine.version() {
             return Ok(());
@@ -671,7 +533,12 @@ impl Accelerator<'_> {
     }
 
     /// Step 3 for local super-batch `j` (batches from `run.start`).
-    fn launch(&mut self, engine: &mut dyn Engine, j: u64, split: HotSplit) -> Result<Launched> {
+    fn launch(
+        &mut self,
+        engine: &mut dyn LayerDevice,
+        j: u64,
+        split: HotSplit,
+    ) -> Result<Launched> {
         let run = self.run;
         let g = self.next_sb + j;
         let mut slice = run
@@ -788,7 +655,7 @@ impl Accelerator<'_> {
     /// Step 4 for one report.
     fn handle(
         &mut self,
-        engine: &mut dyn Engine,
+        engine: &mut dyn LayerDevice,
         live: &mut VecDeque<Launched>,
         d: Done,
     ) -> Result<()> {
@@ -846,7 +713,7 @@ impl Accelerator<'_> {
     }
 
     /// Step 4: every report waiting.
-    fn drain(&mut self, engine: &mut dyn Engine, live: &mut VecDeque<Launched>) -> Result<()> {
+    fn drain(&mut self, engine: &mut dyn LayerDevice, live: &mut VecDeque<Launched>) -> Result<()> {
         while let Some(d) = self.workers.try_done() {
             self.handle(engine, live, d)?;
         }
@@ -862,7 +729,7 @@ impl Accelerator<'_> {
     /// `live[0]`.
     fn send_urgent(
         &mut self,
-        engine: &dyn Engine,
+        engine: &dyn LayerDevice,
         sb: &mut Launched,
         late: &[u32],
         b: u64,
@@ -903,7 +770,7 @@ impl Accelerator<'_> {
     /// Step 5 for batch `i` of `live[0]` at version `b`.
     fn gate(
         &mut self,
-        engine: &mut dyn Engine,
+        engine: &mut dyn LayerDevice,
         live: &mut VecDeque<Launched>,
         i: usize,
         b: u64,
@@ -1029,7 +896,7 @@ impl Accelerator<'_> {
     /// steps (`orchestrate::monitor`) around each super-batch when it runs.
     fn run(
         &mut self,
-        engine: &mut dyn Engine,
+        engine: &mut dyn LayerDevice,
         on_batch: &mut dyn FnMut(&BatchDone) -> Result<bool>,
         mut monitor: Option<&mut HybridMonitor>,
     ) -> Result<EpochEnd> {

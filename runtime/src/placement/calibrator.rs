@@ -1,13 +1,13 @@
-//! `orchestration.policy = "auto"` at run time: which candidates to measure, in
+//! `orchestration.policy = "auto"`: which candidates to measure, in
 //! what order, and what the measurements decide (`scheduler::choose`,
 //! `scheduler::LayerFit`; the protocol is in `scheduler/src/auto.rs`).
 //!
-//! # Protocol (the trainer drives it, batch ranges of the first epoch(s))
+//! # Protocol (`placement/auto.rs` drives it over batch ranges of the first epoch(s))
 //! 1. Each step-based placement trains `warm` batches, then `measure` timed
 //!    batches; its seconds per batch are recorded.
 //! 2. The layer-based placement (when the model has two layers or more and the
 //!    hot set is not empty) trains one super-batch to fill its pipeline, then two
-//!    timed super-batches, at the full hot set as CPU split; the trainer reports
+//!    timed super-batches, at the full hot set as CPU split; the executor reports
 //!    a [`LayerProbe`] and [`SplitCounts`] for every candidate split (the hot set
 //!    halved up to four times).
 //! 3. The fit proposes a split; when it differs from the one measured and is
@@ -16,7 +16,7 @@
 //!    reason, never fatal: the measurements still decide.
 //! 4. [`Calibrator::finish`] chooses among the measured candidates.
 //!
-//! All candidates train the same model on the same batches in the trainer's
+//! All candidates train the same model on the same batches in the session's
 //! order, so calibration batches are ordinary training steps.
 
 use std::collections::VecDeque;

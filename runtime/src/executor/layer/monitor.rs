@@ -29,7 +29,7 @@
 //!    idles). So an epoch of fewer than three super-batches gives no evidence.
 //! 5. **To the cache** (an event moving relabeled ids `a..b`): make room by
 //!    evicting filler rows (lowest degree first), then
-//!    [`Engine::update_cache`] with the moved vertices' user ids, now — the
+//!    [`LayerDevice::update_cache`] with the moved vertices' user ids, now — the
 //!    super-batches planned before `effective_from` still compute them on the CPU,
 //!    which is harmless. The cache refuses rows past its budget; only the rows it
 //!    reports cached count as moved (stats and trace). The plan still treats the
@@ -39,7 +39,7 @@
 //!    starts (the super-batch planned before still treats them as cold), then
 //!    those the newest split leaves on the CPU are evicted and the displaced
 //!    filler rows come back, highest degree first, in the same
-//!    [`Engine::update_cache`] call. Their hot-table rows are old: the staleness
+//!    [`LayerDevice::update_cache`] call. Their hot-table rows are old: the staleness
 //!    gate makes the CPU recompute them (wait) or the accelerator compute them
 //!    (compute), as for any late row.
 //! 7. **Trace and count** every applied event: an instant `monitor move` on the
@@ -51,12 +51,12 @@ use scheduler::{
 };
 
 use crate::dataset::Dataset;
-use crate::engine::{degree_order, Engine};
+use crate::engine::{degree_order, LayerDevice};
 use crate::error::{Error, Result};
 use crate::trace::{Direction as TraceDirection, Tracer, TrackId};
 
 use super::clock::Clock;
-use super::pipeline::OrchestrationStats;
+use super::stats::OrchestrationStats;
 
 /// Bytes of one `f32` feature value.
 const F32_BYTES: u64 = 4;
@@ -121,7 +121,7 @@ impl HybridMonitor {
     /// starting from `split` (all of it on the CPU, or the split `policy =
     /// "auto"` chose).
     pub fn new(
-        engine: &dyn Engine,
+        engine: &dyn LayerDevice,
         ds: &Dataset,
         pipeline: PipelineConfig,
         split: HotSplit,
@@ -189,7 +189,7 @@ impl HybridMonitor {
     pub(crate) fn begin_super_batch(
         &mut self,
         g: u64,
-        engine: &mut dyn Engine,
+        engine: &mut dyn LayerDevice,
         relabeling: &Relabeling,
     ) -> Result<()> {
         if self.pending_evictions.iter().all(|(eff, _)| *eff > g) {
@@ -247,7 +247,7 @@ impl HybridMonitor {
         window: &Window,
         clock: &dyn Clock,
         stats: &mut OrchestrationStats,
-        engine: &mut dyn Engine,
+        engine: &mut dyn LayerDevice,
         relabeling: &Relabeling,
         tracer: &Tracer,
         track: TrackId,
@@ -348,7 +348,7 @@ impl HybridMonitor {
     fn move_to_cache(
         &mut self,
         event: &MoveEvent,
-        engine: &mut dyn Engine,
+        engine: &mut dyn LayerDevice,
         relabeling: &Relabeling,
     ) -> Result<u64> {
         // Coldest first: if the cache refuses some, the hottest are left out.
@@ -411,8 +411,8 @@ mod tests {
 
     use super::*;
     use crate::engine::{DeviceEngine, EngineOptions};
+    use crate::executor::layer::clock::ManualClock;
     use crate::generate::{generate_sbm, SbmOptions};
-    use crate::orchestrate::clock::ManualClock;
 
     const HOT: u32 = 400;
     const DIM: usize = 16;
@@ -420,7 +420,7 @@ mod tests {
     const CACHE: usize = 1000 * DIM * 4;
 
     struct Rig {
-        engine: Box<dyn Engine>,
+        engine: Box<dyn LayerDevice>,
         ds: Arc<Dataset>,
         relabeling: Relabeling,
         clock: ManualClock,
@@ -463,10 +463,6 @@ mod tests {
                 cache_bytes: CACHE,
                 topology: TopologyPlacement::Device,
                 adam: cpu_ops::AdamConfig::default(),
-                placement: scheduler::StepBased::new(
-                    scheduler::Device::Accelerator,
-                    scheduler::Device::Accelerator,
-                ),
                 batch_size: 128,
                 precision: gpu_ops::Precision::Fp32,
                 defer_features: false,

@@ -1,0 +1,109 @@
+//! The layer-based executor (docs/orchestration.md §11): the CPU computes hot
+//! vertices' bottom-layer embeddings a super-batch ahead while the device
+//! engine trains, and every batch reuses them within the staleness bound.
+//!
+//! - [`pipeline`]: the super-batch protocol on the accelerator thread
+//!   ([`Orchestrator`]), its numbered steps in one place;
+//! - [`workers`]: the persistent CPU workers and their job channels;
+//! - [`hot_compute`]: published layer-0 weights and the CPU computation of a chunk;
+//! - [`monitor`]: the hybrid monitor at run time: moves hot vertices between CPU
+//!   computation and the device feature cache;
+//! - [`clock`]: the injectable clock every measurement reads;
+//! - [`stats`]: what the pipeline did ([`OrchestrationStats`]).
+
+pub(crate) mod clock;
+pub(crate) mod hot_compute;
+pub(crate) mod monitor;
+pub(crate) mod pipeline;
+pub(crate) mod stats;
+pub(crate) mod workers;
+
+use gpu_ops::Backend;
+
+use super::data_parallel::DistSetup;
+use super::{EpochEnd, EpochRun, Executor, OnBatch};
+use crate::engine::{DeviceEngine, ModelState};
+use crate::error::{Error, Result};
+use crate::trace::{Tracer, TrackId};
+
+pub(crate) use pipeline::{LayerSetup, Orchestrator};
+pub use stats::OrchestrationStats;
+#[cfg(test)]
+pub(crate) use workers::InjectedFault;
+
+/// The super-batch pipeline over one device engine.
+pub(crate) struct LayerExecutor<B: Backend> {
+    engine: DeviceEngine<B>,
+    orch: Orchestrator,
+}
+
+impl<B: Backend> LayerExecutor<B> {
+    /// `orch`'s pipeline over `engine`.
+    pub fn new(engine: DeviceEngine<B>, orch: Orchestrator) -> Self {
+        Self { engine, orch }
+    }
+
+    /// The pipeline's state, to change its split or turn the monitor on.
+    pub fn orchestrator_mut(&mut self) -> &mut Orchestrator {
+        &mut self.orch
+    }
+
+    /// Gives the engine and the pipeline back (another strategy takes the
+    /// engine over; the pipeline, its hot set and workers stay reusable).
+    pub fn into_parts(self) -> (DeviceEngine<B>, Orchestrator) {
+        (self.engine, self.orch)
+    }
+}
+
+impl<B: Backend> Executor for LayerExecutor<B> {
+    fn train(&mut self, run: &EpochRun<'_>, on_batch: &mut OnBatch<'_>) -> Result<EpochEnd> {
+        self.orch.run_epoch(&mut self.engine, run, on_batch)
+    }
+
+    fn state(&mut self) -> &mut dyn ModelState {
+        &mut self.engine
+    }
+
+    fn state_ref(&self) -> &dyn ModelState {
+        &self.engine
+    }
+
+    fn set_tracer(&mut self, tracer: &Tracer, acc: TrackId) {
+        self.engine.set_tracer(tracer.clone(), acc);
+        self.orch.set_tracer(tracer);
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "orchestration: layer ({} hot vertices, CPU split {}, {} CPU workers)",
+            self.orch.hot_count(),
+            self.orch.cpu_split(),
+            self.orch.workers()
+        )
+    }
+
+    fn orchestration(&self) -> Option<(Option<&OrchestrationStats>, &OrchestrationStats)> {
+        Some((self.orch.last_epoch(), self.orch.totals()))
+    }
+
+    fn relabeling(&self) -> Option<&scheduler::Relabeling> {
+        Some(self.orch.relabeling())
+    }
+
+    fn distribute(self: Box<Self>, setup: DistSetup) -> Result<Box<dyn Executor>> {
+        Err(Error::invalid_argument(
+            "orchestration.policy",
+            format!(
+                "distributed training ({} ranks) runs step-based placements: \
+                 layer-based orchestration (policy = \"layer\" with hot_ratio > 0) \
+                 across ranks is not built yet",
+                setup.comm.size()
+            ),
+        ))
+    }
+
+    #[cfg(test)]
+    fn inject_fault(&mut self, fault: Option<InjectedFault>) {
+        self.orch.inject_fault(fault);
+    }
+}

@@ -1,0 +1,175 @@
+//! Executors: how a session's batches are trained, one implementation per
+//! strategy behind one trait (as tokio keeps its scheduler flavours behind one
+//! handle). The session (`crate::session`) sees only `Box<dyn Executor>`; the
+//! placement module (`crate::placement`) builds it from `orchestration.policy`.
+//!
+//! - [`step::StepExecutor`]: a step-based placement — sample → gather → train,
+//!   batch after batch, with sampling the next batch as a stage of the batch
+//!   stream (`device.sample_ahead`);
+//! - [`layer::LayerExecutor`]: the layer-based super-batch pipeline (CPU
+//!   workers compute hot vertices' bottom-layer rows a super-batch ahead);
+//! - [`data_parallel::DataParallel`]: wraps a step executor as one rank of a
+//!   data-parallel job (one gradient all-reduce per step);
+//! - `placement::auto::AutoExecutor`: wraps both while `policy = "auto"`
+//!   measures them, then keeps the one it chose.
+//!
+//! An executor alone owns the weights: its device engine holds the model, its
+//! gradients and Adam's state. The session reads and replaces them, and runs
+//! inference, through [`Executor::state`].
+//!
+//! # One call of [`Executor::train`]
+//! 1. For each batch `k` of `run.start..run.end` (the session's order; batch `k`
+//!    samples with `derive_seed(run.base_seed, k)`): a cancelled token stops
+//!    before the batch ([`EpochEnd::Stopped`] with [`StopCause::Token`]).
+//! 2. The batch trains (where and how is the strategy's business).
+//! 3. `on_batch` sees it ([`BatchDone`]); an error (a non-finite loss the
+//!    session refuses) ends the call; `true` (a callback's stop) ends it after
+//!    this batch: [`EpochEnd::Stopped`] at `k + 1` inside the epoch,
+//!    [`EpochEnd::Finished`]`(true)` after its last batch.
+
+pub(crate) mod data_parallel;
+pub(crate) mod layer;
+pub(crate) mod step;
+
+use std::sync::Arc;
+
+use crate::dataset::Dataset;
+use crate::engine::ModelState;
+use crate::error::{Result, StopCause};
+use crate::session::control::CancelToken;
+use crate::trace::{Tracer, TrackId};
+
+pub use layer::OrchestrationStats;
+
+/// The inputs of one [`Executor::train`] call: a range of an epoch's batches.
+#[derive(Clone, Copy)]
+pub(crate) struct EpochRun<'a> {
+    /// The dataset (user ids).
+    pub ds: &'a Arc<Dataset>,
+    /// The epoch's batches (seeds), in the session's order.
+    pub batches: &'a [&'a [u32]],
+    /// First batch to train.
+    pub start: usize,
+    /// One past the last batch to train (`batches.len()` for the rest of the
+    /// epoch; less while `policy = "auto"` measures).
+    pub end: usize,
+    /// The layer pipeline records the clock and its statistics when this batch
+    /// starts (`policy = "auto"`'s measurement window).
+    pub mark: Option<usize>,
+    /// Batch `k` samples with `derive_seed(base_seed, k)`.
+    pub base_seed: u64,
+    /// The epoch index.
+    pub epoch: usize,
+    /// Where slices go.
+    pub tracer: &'a Tracer,
+    /// The accelerator's track in `tracer`.
+    pub acc_track: TrackId,
+    /// Checked before every batch.
+    pub cancel: &'a CancelToken,
+}
+
+impl<'a> EpochRun<'a> {
+    /// Batch `k` of the epoch: its seeds, its seed, its place.
+    pub fn batch(&self, k: usize) -> crate::engine::BatchRef<'a> {
+        crate::engine::BatchRef {
+            seeds: self.batches[k],
+            seed: cpu_ops::derive_seed(self.base_seed, k as u64),
+            epoch: self.epoch,
+            k,
+        }
+    }
+
+    /// The same run over batches `start..end` (clamped to the epoch).
+    pub fn range(&self, start: usize, end: usize, mark: Option<usize>) -> Self {
+        let len = self.batches.len();
+        Self {
+            start: start.min(len),
+            end: end.min(len),
+            mark,
+            ..*self
+        }
+    }
+}
+
+/// What one trained batch did, for the session's bookkeeping and callbacks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchDone {
+    /// Batch index in the epoch.
+    pub k: usize,
+    /// Loss × rows (NaN when the loss or a gradient was not finite: no update
+    /// was applied).
+    pub loss_sum: f64,
+    /// Correct predictions.
+    pub correct: usize,
+    /// Seconds the batch took.
+    pub seconds: f64,
+    /// The weight version after it.
+    pub version: u64,
+}
+
+/// How a [`Executor::train`] call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EpochEnd {
+    /// Every batch of the range trained; `true` if the last batch's callback
+    /// asked to stop.
+    Finished(bool),
+    /// Stopped before batch `k` (`cause`).
+    Stopped(usize, StopCause),
+}
+
+/// The session's per-batch hook (module doc, step 3).
+pub(crate) type OnBatch<'a> = dyn FnMut(&BatchDone) -> Result<bool> + 'a;
+
+/// What every executor does (module doc).
+pub(crate) trait Executor: Send {
+    /// Trains batches `run.start..run.end` (module doc).
+    fn train(&mut self, run: &EpochRun<'_>, on_batch: &mut OnBatch<'_>) -> Result<EpochEnd>;
+    /// The weights and what is computed from them.
+    fn state(&mut self) -> &mut dyn ModelState;
+    /// [`Executor::state`], read-only.
+    fn state_ref(&self) -> &dyn ModelState;
+    /// Records training into `tracer` from now on (device work on `acc`).
+    fn set_tracer(&mut self, tracer: &Tracer, acc: TrackId);
+    /// One line: the strategy and its settings (the device note's tail).
+    fn describe(&self) -> String;
+    /// The layer pipeline's statistics: (last epoch, every epoch so far);
+    /// `None` for executors that reuse no embedding.
+    fn orchestration(&self) -> Option<(Option<&OrchestrationStats>, &OrchestrationStats)> {
+        None
+    }
+    /// The layer pipeline's hot set as relabeled ids (hot = below
+    /// `hot_count`), when this executor runs one.
+    fn relabeling(&self) -> Option<&scheduler::Relabeling> {
+        None
+    }
+    /// Batches trained on blocks sampled while the batch before them trained.
+    fn batches_sampled_ahead(&self) -> u64 {
+        0
+    }
+    /// What `policy = "auto"` chose, once it has (`None` while it measures and
+    /// for fixed policies).
+    fn auto_choice(&self) -> Option<&scheduler::Choice> {
+        None
+    }
+    /// Whether `policy = "auto"` is still measuring.
+    fn calibrating(&self) -> bool {
+        false
+    }
+    /// Whether this executor is the placeholder a failed
+    /// `Trainer::set_communicator` leaves (it has no weights).
+    fn is_spent(&self) -> bool {
+        false
+    }
+    /// The gradient all-reduces' counters of a data-parallel job.
+    fn dist_stats(&self) -> Option<crate::dist::DistStats> {
+        None
+    }
+    /// This executor as rank `setup.comm.rank()` of a data-parallel job
+    /// (collective; `executor/data_parallel.rs`). Strategies that cannot run
+    /// across ranks say so.
+    fn distribute(self: Box<Self>, setup: data_parallel::DistSetup) -> Result<Box<dyn Executor>>;
+    /// Test seam: a fault for the layer pipeline's CPU workers (`None` clears
+    /// it); no effect elsewhere.
+    #[cfg(test)]
+    fn inject_fault(&mut self, _fault: Option<layer::InjectedFault>) {}
+}

@@ -1,0 +1,214 @@
+//! The step-based executor: sample → gather → train, batch after batch, where a
+//! [`StepBased`] placement puts sampling and gathering (NeutronOrch §3, Figure 4
+//! (a)–(d); `engine/step_based.rs` has the per-batch steps).
+//!
+//! # The batch stream
+//! 1. Batch `k`'s blocks are the ones sampled ahead for it when there are any
+//!    (same seeds, same seed: always, within one call), else sampled now — a
+//!    `sample` slice on the calling thread's track for a host sampler, a `device
+//!    sample` slice on the accelerator track for the device.
+//! 2. Its gather and step are queued ([`DeviceEngine::train_sampled`]).
+//! 3. **Sample ahead** (`device.sample_ahead`): batch `k + 1` of the same call is
+//!    sampled now, while batch `k`'s backward and Adam run (on CUDA on the
+//!    sampling sibling's stream; an `acc sample` track). A failed sample-ahead
+//!    is dropped: the batch samples again at its turn and reports the error then.
+//! 4. Batch `k`'s blocks are dropped only now, so that the sibling does not
+//!    recycle their memory (which would make it wait for the backward).
+//! 5. The session sees the batch (`executor/mod.rs`, step 3).
+//!
+//! A batch sampled ahead is kept across calls only for the batch it was
+//! sampled for; anything else (a new epoch order, a checkpoint load that moved
+//! the position) samples afresh.
+
+use std::time::Instant;
+
+use gpu_ops::Backend;
+use scheduler::StepBased;
+
+use super::data_parallel::{DataParallel, DistSetup};
+use super::{BatchDone, EpochEnd, EpochRun, Executor, OnBatch};
+use crate::engine::{record_copies, BatchRef, DeviceEngine, ModelState, Sampled};
+use crate::error::{Result, StopCause};
+use crate::trace::{TrackId, TrackKind, CACHE_HIT_RATE};
+
+/// Batches sampled ahead and their counters (steps 1 and 3).
+struct Ahead<B: Backend> {
+    /// Whether to sample ahead (`device.sample_ahead`).
+    on: bool,
+    /// The batch sampled ahead: its seeds, its seed and its blocks.
+    ready: Option<(Vec<u32>, u64, Sampled<B>)>,
+    /// Batches that trained on blocks sampled ahead.
+    used: u64,
+    /// The `acc sample` track, declared on first use.
+    track: Option<TrackId>,
+}
+
+/// A step-based placement over one device engine (module doc).
+pub(crate) struct StepExecutor<B: Backend> {
+    engine: DeviceEngine<B>,
+    placement: StepBased,
+    ahead: Ahead<B>,
+}
+
+impl<B: Backend> StepExecutor<B> {
+    /// `placement` over `engine`; `sample_ahead` turns step 3 on.
+    pub fn new(engine: DeviceEngine<B>, placement: StepBased, sample_ahead: bool) -> Self {
+        Self {
+            engine,
+            placement,
+            ahead: Ahead {
+                on: sample_ahead,
+                ready: None,
+                used: 0,
+                track: None,
+            },
+        }
+    }
+
+    /// The placement.
+    pub fn placement(&self) -> StepBased {
+        self.placement
+    }
+
+    /// Samples and gathers where `placement` says from the next batch on.
+    pub fn set_placement(&mut self, placement: StepBased) {
+        if placement != self.placement {
+            self.ahead.ready = None;
+        }
+        self.placement = placement;
+    }
+
+    /// The engine, for the executors that wrap this one.
+    pub fn engine_mut(&mut self) -> &mut DeviceEngine<B> {
+        &mut self.engine
+    }
+
+    /// Gives the engine back (another strategy takes it over).
+    pub fn into_engine(self) -> DeviceEngine<B> {
+        self.engine
+    }
+
+    /// Step 1: `batch`'s blocks, sampled ahead or now.
+    pub fn sample(&mut self, batch: BatchRef<'_>) -> Result<Sampled<B>> {
+        let BatchRef { seeds, seed, .. } = batch;
+        if let Some((s, k, b)) = self.ahead.ready.take() {
+            if k == seed && s == seeds {
+                self.ahead.used += 1;
+                return Ok(b);
+            }
+        }
+        let (tracer, acc) = self.engine.tracer();
+        let tracer = tracer.clone();
+        let _s = batch.tag(
+            if self.placement.sample_device() == scheduler::Device::Cpu {
+                tracer.slice("sample")
+            } else {
+                tracer.slice_on(acc, "device sample")
+            },
+        );
+        self.engine.sample_placed(self.placement, seeds, seed)
+    }
+
+    /// Step 3: samples `batch` now, before its turn.
+    fn sample_ahead(&mut self, batch: BatchRef<'_>) {
+        let BatchRef { seeds, seed, .. } = batch;
+        let tracer = self.engine.tracer().0.clone();
+        let before = ModelState::transfer_stats(&self.engine);
+        let mut slice = batch.tag(
+            if self.placement.sample_device() == scheduler::Device::Cpu {
+                tracer.slice("sample")
+            } else {
+                let track = *self.ahead.track.get_or_insert_with(|| {
+                    tracer.declare_track("acc sample", TrackKind::Accelerator)
+                });
+                tracer.slice_on(track, "device sample")
+            },
+        );
+        self.ahead.ready = self
+            .engine
+            .sample_placed(self.placement, seeds, seed)
+            .ok()
+            .map(|b| (seeds.to_vec(), seed, b));
+        let copies = ModelState::transfer_stats(&self.engine).since(&before);
+        record_copies(slice.args_mut(), &copies);
+    }
+}
+
+impl<B: Backend> Executor for StepExecutor<B> {
+    fn train(&mut self, run: &EpochRun<'_>, on_batch: &mut OnBatch<'_>) -> Result<EpochEnd> {
+        let epoch_len = run.batches.len();
+        let end = run.end.min(epoch_len);
+        for k in run.start..end {
+            if run.cancel.is_cancelled() {
+                return Ok(EpochEnd::Stopped(k, StopCause::Token));
+            }
+            let t = Instant::now();
+            let seeds = run.batches[k];
+            let batch = run.batch(k);
+            let before = ModelState::transfer_stats(&self.engine);
+            let sampled = self.sample(batch)?;
+            let (stats, blocks) =
+                self.engine
+                    .train_sampled(self.placement, sampled, batch, true, before)?;
+            if self.ahead.on && k + 1 < end {
+                self.sample_ahead(run.batch(k + 1));
+            }
+            drop(blocks);
+            if run.tracer.is_enabled() {
+                run.tracer.counter(
+                    CACHE_HIT_RATE,
+                    ModelState::cache_stats(&self.engine).hit_rate(),
+                );
+            }
+            let done = BatchDone {
+                k,
+                loss_sum: stats.loss * seeds.len() as f64,
+                correct: stats.correct,
+                seconds: t.elapsed().as_secs_f64(),
+                version: ModelState::version(&self.engine),
+            };
+            if on_batch(&done)? {
+                return Ok(if k + 1 < epoch_len {
+                    EpochEnd::Stopped(k + 1, StopCause::Callback)
+                } else {
+                    EpochEnd::Finished(true)
+                });
+            }
+        }
+        Ok(EpochEnd::Finished(false))
+    }
+
+    fn state(&mut self) -> &mut dyn ModelState {
+        &mut self.engine
+    }
+
+    fn state_ref(&self) -> &dyn ModelState {
+        &self.engine
+    }
+
+    fn set_tracer(&mut self, tracer: &crate::trace::Tracer, acc: TrackId) {
+        self.engine.set_tracer(tracer.clone(), acc);
+        self.ahead.track = None;
+    }
+
+    fn describe(&self) -> String {
+        let mut line = format!("orchestration: {}", placement_name(self.placement));
+        if self.ahead.on {
+            line.push_str(", sampling ahead");
+        }
+        line
+    }
+
+    fn batches_sampled_ahead(&self) -> u64 {
+        self.ahead.used
+    }
+
+    fn distribute(self: Box<Self>, setup: DistSetup) -> Result<Box<dyn super::Executor>> {
+        Ok(Box::new(DataParallel::new(*self, setup)?))
+    }
+}
+
+/// The config name of a step-based placement.
+pub(crate) fn placement_name(p: StepBased) -> &'static str {
+    crate::placement::policy_of(p).name()
+}

@@ -1,0 +1,457 @@
+//! `orchestration.policy = "auto"` as an executor that wraps the others: it
+//! trains the first batches under each candidate placement in turn, as the
+//! [`Calibrator`] asks, times them on the injectable clock, decides, and from
+//! then on forwards every call to the executor it chose. Calibration batches
+//! are ordinary training steps (same model, same batches, same seeds), so a
+//! run with `"auto"` trains what the chosen placement would have trained.
+//!
+//! # The engine moves between strategies
+//! The one device engine (the weights) is owned by the executor that runs now:
+//! a [`StepExecutor`] with the candidate's placement, or a [`LayerExecutor`].
+//! Switching hands the engine over; the layer pipeline's [`Orchestrator`]
+//! (hot set, workers) is built on the first layer measurement and parked while
+//! a step-based candidate runs, so it is scored once.
+//!
+//! # A measurement
+//! - step-based: `warm` untimed batches, then `measure` timed ones (seconds per
+//!   batch on the clock);
+//! - layer-based: one super-batch to fill the pipeline, then the timed
+//!   super-batches from the mark the pipeline records at their first batch; the
+//!   probe reports the accelerator's share (waits subtracted), the CPU's busy
+//!   time, and per candidate split the rows it would compute.
+//!
+//! A measurement that does not fit in what is left of the epoch moves to the
+//! next one (the batches in between train on the best placement measured so
+//! far); one longer than a whole epoch is skipped.
+
+use std::sync::Arc;
+
+use gpu_ops::Backend;
+use scheduler::{Choice, LayerProbe, Orchestration};
+
+use super::calibrator::{Calibrator, ProbeStep};
+use super::step_placement;
+use crate::engine::{DeviceEngine, ModelState};
+use crate::error::{Error, Result};
+use crate::executor::data_parallel::DistSetup;
+use crate::executor::layer::clock::SharedClock;
+use crate::executor::layer::{LayerExecutor, LayerSetup, OrchestrationStats, Orchestrator};
+use crate::executor::step::StepExecutor;
+use crate::executor::{EpochEnd, EpochRun, Executor, OnBatch};
+use crate::trace::{Tracer, TrackId};
+
+/// `hot_ratio` of the layer-based candidate when the configured one is 0.
+pub const AUTO_HOT_RATIO: f64 = 0.2;
+
+/// The executor running now.
+enum Current<B: Backend> {
+    Step(Box<StepExecutor<B>>),
+    Layer(Box<LayerExecutor<B>>),
+    /// Only while the engine moves from one to the other.
+    Moving,
+}
+
+/// What the layer-based candidate is built from.
+pub(crate) struct LayerPlan {
+    /// `[orchestration]` with the candidate's `hot_ratio`.
+    pub cfg: crate::config::OrchestrationSection,
+    /// The dataset.
+    pub ds: Arc<crate::dataset::Dataset>,
+    /// A model of the trained configuration.
+    pub model: cpu_ops::Model<f32>,
+    /// Training fanouts.
+    pub fanouts: Vec<u32>,
+    /// The training vertices.
+    pub train_ids: Vec<u32>,
+    /// `train.batch_size`.
+    pub batch_size: usize,
+    /// `train.seed`.
+    pub seed: u64,
+    /// First core of the CPU workers when pinning.
+    pub pin_from: Option<usize>,
+}
+
+/// `policy = "auto"` (module doc).
+pub(crate) struct AutoExecutor<B: Backend> {
+    current: Current<B>,
+    /// The layer pipeline while a step-based candidate runs.
+    parked: Option<Orchestrator>,
+    /// Measuring (`None` once decided).
+    calibrator: Option<Calibrator>,
+    choice: Option<Choice>,
+    plan: LayerPlan,
+    sample_ahead: bool,
+    clock: SharedClock,
+    trace: Option<(Tracer, TrackId)>,
+}
+
+fn internal(what: &str) -> Error {
+    Error::invalid_argument(
+        "orchestration.policy = \"auto\"",
+        format!("internal: {what}"),
+    )
+}
+
+impl<B: Backend> AutoExecutor<B> {
+    /// Measures on `engine` from its first batch, starting from
+    /// `gpu-sample-gpu-gather`; measures the layer-based candidate too when the
+    /// model has two layers or more.
+    pub fn new(
+        engine: DeviceEngine<B>,
+        plan: LayerPlan,
+        sample_ahead: bool,
+        clock: SharedClock,
+    ) -> Self {
+        let layer = plan.fanouts.len() >= 2;
+        let calibrator = Calibrator::new(layer, plan.cfg.super_batch);
+        Self {
+            current: Current::Step(Box::new(StepExecutor::new(
+                engine,
+                step_placement(Orchestration::GpuSampleGpuGather),
+                sample_ahead,
+            ))),
+            parked: None,
+            calibrator: Some(calibrator),
+            choice: None,
+            plan,
+            sample_ahead,
+            clock,
+            trace: None,
+        }
+    }
+
+    fn exec(&mut self) -> Result<&mut dyn Executor> {
+        match &mut self.current {
+            Current::Step(s) => Ok(&mut **s),
+            Current::Layer(l) => Ok(&mut **l),
+            Current::Moving => Err(internal("no executor")),
+        }
+    }
+
+    fn exec_ref(&self) -> Option<&dyn Executor> {
+        match &self.current {
+            Current::Step(s) => Some(&**s),
+            Current::Layer(l) => Some(&**l),
+            Current::Moving => None,
+        }
+    }
+
+    /// Runs the step-based placement of `policy` from now on.
+    fn use_step(&mut self, policy: Orchestration) -> Result<()> {
+        let placement = step_placement(policy);
+        match std::mem::replace(&mut self.current, Current::Moving) {
+            Current::Step(mut s) => {
+                s.set_placement(placement);
+                self.current = Current::Step(s);
+            }
+            Current::Layer(l) => {
+                let (engine, orch) = l.into_parts();
+                self.parked = Some(orch);
+                let mut s = StepExecutor::new(engine, placement, self.sample_ahead);
+                if let Some((t, acc)) = &self.trace {
+                    s.set_tracer(t, *acc);
+                }
+                self.current = Current::Step(Box::new(s));
+            }
+            Current::Moving => return Err(internal("no executor")),
+        }
+        Ok(())
+    }
+
+    /// Runs the layer pipeline from now on (built on first use).
+    fn use_layer(&mut self) -> Result<&mut Orchestrator> {
+        if let Current::Step(_) = self.current {
+            let orch = match self.parked.take() {
+                Some(o) => o,
+                None => {
+                    let p = &self.plan;
+                    let mut o = Orchestrator::new(&LayerSetup {
+                        cfg: &p.cfg,
+                        ds: &p.ds,
+                        model: &p.model,
+                        fanouts: &p.fanouts,
+                        train_ids: &p.train_ids,
+                        batch_size: p.batch_size,
+                        seed: p.seed,
+                    })?;
+                    o.set_clock(Arc::clone(&self.clock));
+                    o.pin_workers_from(p.pin_from);
+                    o
+                }
+            };
+            let Current::Step(s) = std::mem::replace(&mut self.current, Current::Moving) else {
+                return Err(internal("no step executor"));
+            };
+            let mut l = LayerExecutor::new(s.into_engine(), orch);
+            if let Some((t, acc)) = &self.trace {
+                l.set_tracer(t, *acc);
+            }
+            self.current = Current::Layer(Box::new(l));
+        }
+        match &mut self.current {
+            Current::Layer(l) => Ok(l.orchestrator_mut()),
+            _ => Err(internal("no layer executor")),
+        }
+    }
+
+    /// A layer-based measurement at `split` over `run` (module doc).
+    fn probe_layer(
+        &mut self,
+        split: u32,
+        run: &EpochRun<'_>,
+        warm: usize,
+        on_batch: &mut OnBatch<'_>,
+    ) -> Result<EpochEnd> {
+        let measure = run.end - run.start - warm;
+        let orch = self.use_layer()?;
+        let hot = orch.hot_count();
+        let split = split.min(hot);
+        let splits = match self.calibrator.as_mut() {
+            Some(c) => {
+                c.set_hot(hot);
+                if hot == 0 {
+                    return Ok(EpochEnd::Finished(false));
+                }
+                c.candidate_splits()
+            }
+            None => return Err(internal("no calibrator")),
+        };
+        let orch = self.use_layer()?;
+        orch.set_cpu_split(split)?;
+        orch.count_splits(splits);
+        let before = orch.totals().clone();
+        let workers = orch.workers() as u32;
+        let end = self.exec()?.train(run, on_batch)?;
+        let orch = self.use_layer()?;
+        let t1 = orch.clock().now().as_secs_f64();
+        let counts = orch.take_split_counts();
+        let (t0, at_mark) = orch
+            .last_mark()
+            .cloned()
+            .ok_or_else(|| internal("no timing mark"))?;
+        let after = orch.totals().clone();
+        // `at_mark` counts from the start of this run; `before`/`after` are
+        // totals over every run.
+        let run_of = |f: fn(&OrchestrationStats) -> u64| f(&after).saturating_sub(f(&before));
+        let wait = (after.wait_secs - before.wait_secs - at_mark.wait_secs).max(0.0);
+        let late = run_of(|s| s.computed_cold + s.waited)
+            .saturating_sub(at_mark.computed_cold + at_mark.waited);
+        let used = run_of(|s| s.hot_uses).saturating_sub(at_mark.hot_uses);
+        let per_batch = (t1 - t0).max(0.0) / measure.max(1) as f64;
+        let probe = LayerProbe {
+            cpu_split: split,
+            per_batch_s: per_batch,
+            acc_per_batch_s: (per_batch - wait / measure.max(1) as f64).max(0.0),
+            cpu_busy_s: (after.cpu_busy_secs - before.cpu_busy_secs).max(0.0),
+            rows_computed: run_of(|s| s.rows_computed),
+            entries_read: used + late,
+            entries_late: late,
+            workers,
+        };
+        if let Some(c) = self.calibrator.as_mut() {
+            c.record_layer(probe, &counts)?;
+        }
+        Ok(end)
+    }
+
+    /// Applies the calibrator's choice: a step-based placement (the pipeline
+    /// and its workers go), or the layer pipeline at the chosen CPU split with
+    /// the monitor on (it keeps correcting the split from what the accelerator
+    /// actually loses to the CPU). An instant `auto choice` on the trace.
+    fn decide(&mut self) -> Result<()> {
+        let Some(calibrator) = self.calibrator.take() else {
+            return Ok(());
+        };
+        let choice = calibrator.finish()?;
+        if choice.policy == Orchestration::Layer {
+            let o = self.use_layer()?;
+            o.set_cpu_split(choice.cpu_split)?;
+            o.enable_monitor();
+        } else {
+            self.use_step(choice.policy)?;
+            self.parked = None;
+        }
+        if let Some((tracer, _)) = &self.trace {
+            let (name, split, ms) = (
+                choice.policy.name(),
+                choice.cpu_split,
+                choice.per_batch_s * 1e3,
+            );
+            tracer.instant("auto choice", |a| {
+                a.extra.push((format!("policy {name}").into(), ms));
+                a.extra.push(("cpu_split".into(), split as f64));
+            });
+        }
+        self.choice = Some(choice);
+        Ok(())
+    }
+
+    /// Every measurement the calibrator asks for that fits in `run`, then the
+    /// decision; returns the first batch left and how the run ended, when a
+    /// stop or the epoch's end came first.
+    fn calibrate(
+        &mut self,
+        run: &EpochRun<'_>,
+        on_batch: &mut OnBatch<'_>,
+    ) -> Result<std::result::Result<usize, EpochEnd>> {
+        let epoch_len = run.batches.len();
+        if let Some(c) = self.calibrator.as_mut() {
+            c.fit_to_epoch(epoch_len);
+        }
+        let mut start = run.start;
+        while let Some(step) = self.calibrator.as_ref().and_then(Calibrator::next) {
+            let need = step.batches();
+            if start + need > epoch_len {
+                if need > epoch_len {
+                    if let Some(c) = self.calibrator.as_mut() {
+                        c.skip(&format!(
+                            "an epoch has {epoch_len} batches, the measurement needs {need}"
+                        ));
+                    }
+                    continue;
+                }
+                // Not enough left in this epoch: finish it on the best
+                // placement measured so far (the all-accelerator one before any).
+                let best = self
+                    .calibrator
+                    .as_ref()
+                    .and_then(Calibrator::best_so_far)
+                    .map(|m| m.policy)
+                    .filter(|&p| p != Orchestration::Layer)
+                    .unwrap_or(Orchestration::GpuSampleGpuGather);
+                self.use_step(best)?;
+                let end = self
+                    .exec()?
+                    .train(&run.range(start, run.end, None), on_batch)?;
+                return Ok(Err(end));
+            }
+            let end = match step {
+                ProbeStep::Fixed {
+                    policy,
+                    warm,
+                    measure,
+                } => {
+                    self.use_step(policy)?;
+                    let warmed = self
+                        .exec()?
+                        .train(&run.range(start, start + warm, None), on_batch)?;
+                    if warmed != EpochEnd::Finished(false) {
+                        return Ok(Err(warmed));
+                    }
+                    let t0 = self.clock.now();
+                    let timed = run.range(start + warm, start + warm + measure, None);
+                    let end = self.exec()?.train(&timed, on_batch)?;
+                    let secs = self.clock.now().saturating_sub(t0).as_secs_f64();
+                    if let Some(c) = self.calibrator.as_mut() {
+                        c.record_fixed(secs / measure as f64)?;
+                    }
+                    end
+                }
+                ProbeStep::Layer {
+                    split,
+                    warm,
+                    measure,
+                } => {
+                    let r = run.range(start, start + warm + measure, Some(start + warm));
+                    self.probe_layer(split, &r, warm, on_batch)?
+                }
+            };
+            if end != EpochEnd::Finished(false) {
+                return Ok(Err(end));
+            }
+            start += need;
+        }
+        self.decide()?;
+        Ok(Ok(start))
+    }
+}
+
+impl<B: Backend> Executor for AutoExecutor<B> {
+    fn train(&mut self, run: &EpochRun<'_>, on_batch: &mut OnBatch<'_>) -> Result<EpochEnd> {
+        let start = if self.calibrator.is_some() {
+            match self.calibrate(run, on_batch)? {
+                Ok(start) => start,
+                Err(end) => return Ok(end),
+            }
+        } else {
+            run.start
+        };
+        self.exec()?
+            .train(&run.range(start, run.end, None), on_batch)
+    }
+
+    fn state(&mut self) -> &mut dyn ModelState {
+        match &mut self.current {
+            Current::Step(s) => s.state(),
+            Current::Layer(l) => l.state(),
+            Current::Moving => unreachable!("the engine is never left moving"),
+        }
+    }
+
+    fn state_ref(&self) -> &dyn ModelState {
+        match &self.current {
+            Current::Step(s) => s.state_ref(),
+            Current::Layer(l) => l.state_ref(),
+            Current::Moving => unreachable!("the engine is never left moving"),
+        }
+    }
+
+    fn set_tracer(&mut self, tracer: &Tracer, acc: TrackId) {
+        self.trace = Some((tracer.clone(), acc));
+        if let Ok(e) = self.exec() {
+            e.set_tracer(tracer, acc);
+        }
+        if let Some(o) = self.parked.as_mut() {
+            o.set_tracer(tracer);
+        }
+    }
+
+    fn describe(&self) -> String {
+        match (&self.choice, self.exec_ref()) {
+            (Some(c), _) => format!("orchestration: auto chose {}", c.reason),
+            (None, Some(e)) => format!("orchestration: auto (measuring; now {})", e.describe()),
+            (None, None) => "orchestration: auto".into(),
+        }
+    }
+
+    fn orchestration(&self) -> Option<(Option<&OrchestrationStats>, &OrchestrationStats)> {
+        self.exec_ref()?.orchestration()
+    }
+
+    fn relabeling(&self) -> Option<&scheduler::Relabeling> {
+        self.exec_ref()?.relabeling()
+    }
+
+    fn batches_sampled_ahead(&self) -> u64 {
+        self.exec_ref().map_or(0, Executor::batches_sampled_ahead)
+    }
+
+    fn auto_choice(&self) -> Option<&Choice> {
+        self.choice.as_ref()
+    }
+
+    fn calibrating(&self) -> bool {
+        self.calibrator.is_some()
+    }
+
+    /// Ranks measuring placements each on their own could choose differently:
+    /// every rank keeps the starting placement, `gpu-sample-gpu-gather`.
+    fn distribute(mut self: Box<Self>, setup: DistSetup) -> Result<Box<dyn Executor>> {
+        let policy = match &self.choice {
+            Some(c) if c.policy != Orchestration::Layer => c.policy,
+            _ => Orchestration::GpuSampleGpuGather,
+        };
+        self.use_step(policy)?;
+        match std::mem::replace(&mut self.current, Current::Moving) {
+            Current::Step(s) => s.distribute(setup),
+            _ => Err(internal("no step executor")),
+        }
+    }
+
+    #[cfg(test)]
+    fn inject_fault(&mut self, fault: Option<crate::executor::layer::InjectedFault>) {
+        if let Ok(e) = self.exec() {
+            e.inject_fault(fault);
+        }
+    }
+}

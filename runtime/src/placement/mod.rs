@@ -1,0 +1,209 @@
+//! Placement: `[orchestration]` and `[device]` resolved into the executor that
+//! trains, in one place (entered once, by the session's constructor).
+//!
+//! 1. **Backend.** `device.kind` opens a GPU or the host backend
+//!    (`engine::open_backend`; `"auto"` falls back to the host and says why).
+//! 2. **Engine.** The dataset and the model go onto it (`engine::DeviceEngine`:
+//!    topology, feature cache, model; the memory check fails first when the run
+//!    cannot fit).
+//! 3. **Strategy.** `orchestration.policy` picks the executor
+//!    (`crate::executor`):
+//!    - a step-based policy → a `StepExecutor` with that placement
+//!      ([`step_placement`], the one mapping from policy to placement);
+//!    - `"layer"` with `hot_ratio > 0` → a `LayerExecutor` (hot set scored and
+//!      relabeled here; with `hot_ratio = 0` nothing is reused and it is the
+//!      all-accelerator step placement);
+//!    - `"auto"` → an `AutoExecutor` ([`auto`]): it measures the candidates in
+//!      the first batches and keeps the fastest. On the host backend there is
+//!      nothing to place (sampling, gathering and training share the CPU and
+//!      its memory; no bus to save), so `"auto"` is `gpu-sample-gpu-gather`
+//!      there, the fastest host placement, and the run stays reproducible.
+//!
+//! What a key does where it does not apply is said in the note (one line the
+//! session prints and `Trainer::device_note` returns), never silently.
+
+pub(crate) mod auto;
+pub(crate) mod calibrator;
+
+use std::sync::Arc;
+
+use cpu_ops::Model;
+use gpu_ops::Backend;
+use scheduler::{Device, Orchestration, StepBased};
+
+use crate::config::{PinPolicy, TrainConfig};
+use crate::dataset::Dataset;
+use crate::engine::{open_backend, DeviceEngine, EngineOptions, ModelState, Opened};
+use crate::error::{Error, Result};
+use crate::executor::layer::clock::wall_clock;
+use crate::executor::layer::{LayerExecutor, LayerSetup, Orchestrator};
+use crate::executor::step::StepExecutor;
+use crate::executor::Executor;
+
+pub use auto::AUTO_HOT_RATIO;
+
+/// Where a step-based policy samples and gathers (`"layer"` samples and gathers
+/// on the accelerator: its CPU work is the hot-vertex compute).
+pub(crate) fn step_placement(o: Orchestration) -> StepBased {
+    use Device::{Accelerator as Acc, Cpu};
+    match o {
+        Orchestration::Layer | Orchestration::GpuSampleGpuGather => StepBased::new(Acc, Acc),
+        Orchestration::CpuSampleCpuGather => StepBased::new(Cpu, Cpu),
+        Orchestration::GpuSampleCpuGather => StepBased::new(Acc, Cpu),
+        Orchestration::CpuSampleGpuGather => StepBased::new(Cpu, Acc),
+    }
+}
+
+/// The policy of a step-based placement ([`step_placement`]'s inverse).
+pub(crate) fn policy_of(p: StepBased) -> Orchestration {
+    use Device::{Accelerator as Acc, Cpu};
+    match (p.sample_device(), p.gather_device()) {
+        (Acc, Acc) => Orchestration::GpuSampleGpuGather,
+        (Cpu, Cpu) => Orchestration::CpuSampleCpuGather,
+        (Acc, Cpu) => Orchestration::GpuSampleCpuGather,
+        (Cpu, Acc) => Orchestration::CpuSampleGpuGather,
+    }
+}
+
+/// What the session needs to build its executor.
+pub(crate) struct PlacementInput<'a> {
+    /// The validated configuration.
+    pub cfg: &'a TrainConfig,
+    /// The dataset.
+    pub ds: &'a Arc<Dataset>,
+    /// The initialized model (its weights go onto the device).
+    pub model: &'a Model<f32>,
+    /// The training vertices.
+    pub train_ids: &'a [u32],
+    /// Added to `device.ordinal` (a rank's local rank).
+    pub gpu_offset: usize,
+    /// Threads of the session's compute pool (hot workers are pinned after
+    /// them with `threads.pin = "cores"`).
+    pub pool_threads: usize,
+    /// `"auto"` measures on the host backend too (tests of its mechanics).
+    pub measure_on_host: bool,
+}
+
+/// The executor and the note saying what was chosen and why.
+pub(crate) struct Placed {
+    /// The executor.
+    pub exec: Box<dyn Executor>,
+    /// One line: the device, why it was chosen, what applies where.
+    pub note: String,
+}
+
+/// Resolves `[device]` and `[orchestration]` into an executor (module doc).
+pub(crate) fn place(input: &PlacementInput<'_>) -> Result<Placed> {
+    let cfg = input.cfg;
+    let ordinal = u32::try_from(cfg.device.ordinal as usize + input.gpu_offset)
+        .map_err(|_| Error::invalid_argument("device.ordinal", "too large"))?;
+    let (exec, mut note) = match open_backend(&cfg.device, ordinal)? {
+        Opened::Cuda(dev) => {
+            let e = engine(*dev, input)?;
+            let note = format!("device: {}", e.describe());
+            (strategy(e, input)?, note)
+        }
+        Opened::Host(dev, why) => {
+            let e = engine(dev, input)?;
+            let mut note = format!("device: {} ({why})", e.describe());
+            if cfg.orchestration.is_auto() && !input.measure_on_host {
+                note.push_str(
+                    "; orchestration.policy = \"auto\" on the host backend is \
+                     gpu-sample-gpu-gather (one device: nothing to place)",
+                );
+                let p = step_placement(Orchestration::GpuSampleGpuGather);
+                let exec = StepExecutor::new(e, p, cfg.device.sample_ahead);
+                return Ok(Placed {
+                    exec: Box::new(exec),
+                    note,
+                });
+            }
+            (strategy(e, input)?, note)
+        }
+    };
+    if cfg.device.sample_ahead && cfg.orchestration.reuses_embeddings() {
+        note.push_str(
+            "; device.sample_ahead applies to step-based placements: the layer-based \
+             pipeline samples each super-batch's top layers ahead itself",
+        );
+    }
+    Ok(Placed { exec, note })
+}
+
+/// Step 2: the engine on `dev`.
+fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<DeviceEngine<B>> {
+    let cfg = input.cfg;
+    DeviceEngine::new(
+        dev,
+        input.ds,
+        input.model,
+        EngineOptions {
+            fanouts: cfg.train_fanouts()?,
+            eval_fanouts: cfg.eval_fanouts()?,
+            cache_bytes: usize::try_from(cfg.device.cache_bytes).unwrap_or(usize::MAX),
+            topology: match cfg.device.topology {
+                crate::config::TopologyPlacement::Device => gpu_ops::TopologyPlacement::Device,
+                crate::config::TopologyPlacement::PinnedHost => {
+                    gpu_ops::TopologyPlacement::PinnedHost
+                }
+            },
+            adam: cpu_ops::AdamConfig {
+                lr: cfg.train.lr,
+                weight_decay: cfg.train.weight_decay,
+                decay: cpu_ops::WeightDecay::L2,
+                ..cpu_ops::AdamConfig::default()
+            },
+            batch_size: cfg.train.batch_size,
+            precision: cfg.model.precision.precision(),
+            // A rank with partitioned features gets its rows from the exchange
+            // (`executor/data_parallel.rs`): the device never holds them all.
+            defer_features: cfg.dist.features == crate::config::DistFeatures::Partitioned,
+            feature_dtype: cfg.device.feature_dtype.dtype(),
+            sample_ahead: cfg.device.sample_ahead,
+        },
+    )
+}
+
+/// Step 3: the executor of `orchestration.policy` over `engine`.
+fn strategy<B: Backend>(
+    engine: DeviceEngine<B>,
+    input: &PlacementInput<'_>,
+) -> Result<Box<dyn Executor>> {
+    let cfg = input.cfg;
+    let o = &cfg.orchestration;
+    let pin_from = (cfg.threads.pin == PinPolicy::Cores).then_some(input.pool_threads);
+    let ahead = cfg.device.sample_ahead;
+    Ok(match o.policy.fixed() {
+        None => {
+            let mut layer = o.clone();
+            if layer.hot_ratio <= 0.0 {
+                layer.hot_ratio = AUTO_HOT_RATIO;
+            }
+            let plan = auto::LayerPlan {
+                cfg: layer,
+                ds: Arc::clone(input.ds),
+                model: input.model.clone(),
+                fanouts: cfg.train_fanouts()?,
+                train_ids: input.train_ids.to_vec(),
+                batch_size: cfg.train.batch_size,
+                seed: cfg.train.seed,
+                pin_from,
+            };
+            Box::new(auto::AutoExecutor::new(engine, plan, ahead, wall_clock()))
+        }
+        Some(_) if o.reuses_embeddings() => {
+            let mut orch = Orchestrator::new(&LayerSetup {
+                cfg: o,
+                ds: input.ds,
+                model: input.model,
+                fanouts: &cfg.train_fanouts()?,
+                train_ids: input.train_ids,
+                batch_size: cfg.train.batch_size,
+                seed: cfg.train.seed,
+            })?;
+            orch.pin_workers_from(pin_from);
+            Box::new(LayerExecutor::new(engine, orch))
+        }
+        Some(policy) => Box::new(StepExecutor::new(engine, step_placement(policy), ahead)),
+    })
+}
