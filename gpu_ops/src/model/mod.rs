@@ -41,8 +41,9 @@
 //!    weight decay), after which [`DeviceModel::version`] is one larger.
 //!
 //! [`DeviceModel::train_step`] does all four. [`DeviceModel::forward_layer`] applies
-//! one layer without dropout, for layer-wise full-graph inference, and
-//! [`layer0_rows`] layer 0 with given weights from host rows (the CPU's hot rows).
+//! one layer without dropout, for layer-wise full-graph inference; [`Layer0`]
+//! and [`layer0_rows`] apply layer 0 with given weights (a published snapshot)
+//! to rows gathered on the host: the CPU's hot rows, for any kind.
 //!
 //! # Sparse input
 //! Layer 0 may read sparse rows ([`LayerInput::Sparse`], [`crate::SparseOps`]), e.g.
@@ -74,22 +75,23 @@ mod emit;
 mod gat;
 mod gcn;
 mod layer;
+mod layer0;
 mod sage;
 #[cfg(test)]
 mod tests;
 
-use std::sync::Arc;
-
-use cpu_ops::{derive_seed, AdamConfig, BlockView, LayerSpec, Model, ModelConfig, ModelInput};
+use cpu_ops::{derive_seed, AdamConfig, LayerSpec, Model, ModelConfig};
 
 use crate::backend::{AdamStep, Backend, LossStats};
 use crate::error::{GpuOpsError, Result};
 use layer::{arch, check_lens, init_params, internal, Arch, DynLayer, State};
+use layer0::layer_alone;
 
 pub use emit::{EmitBlock, GraphEmitter, Reduce, Reduction, Unary};
 pub use layer::{
     Layer, LayerCall, LayerDef, LayerGrad, LayerInput, ModelLayout, ModelParam, ParamSpec, XMat,
 };
+pub use layer0::{layer0_rows, Layer0};
 
 /// What one layer's forward keeps for its backward.
 struct LayerFwd<B: Backend> {
@@ -804,70 +806,4 @@ impl<B: Backend> DeviceModel<B> {
         // were (the caller sees the loss and decides).
         Ok(stats)
     }
-}
-
-/// Layer `layer` alone over `block` with its tensors `params`, without dropout,
-/// bias and activation included below the top ([`DeviceModel::forward_layer`]).
-fn layer_alone<B: Backend>(
-    dev: &B,
-    layer: &dyn DynLayer<B>,
-    params: &[B::Buf<f32>],
-    block: &B::Block,
-    x: LayerInput<'_, B>,
-) -> Result<B::Buf<f32>> {
-    let spec = *layer.spec();
-    let (ns, nd, _) = dev.block_shape(block);
-    x.check(dev, "layer input (num_src × d_in)", ns, spec.d_in)?;
-    let call = LayerCall {
-        params,
-        block,
-        x,
-        num_src: ns,
-        num_dst: nd,
-    };
-    let (mut out, _) = layer.forward_dyn(dev, &call, spec.last)?;
-    if !spec.last {
-        let bias = params
-            .get(layer.bias())
-            .ok_or_else(|| internal("bias index past the layer's tensors"))?;
-        dev.bias_act_dropout(&mut out, nd, spec.d_out, bias, layer.activation(), None)?;
-    }
-    Ok(out)
-}
-
-/// Layer 0 of a model of `cfg` with the tensors `tensors` (layer 0's, in
-/// [`ModelLayout::params`] order: e.g. a published snapshot of older weights)
-/// over `block`, from host input rows `x` (`num_src(block)` rows of `in_dim`,
-/// dense or sparse): `num_dst(block) × d_out` values on the host, activation
-/// included below the top — [`DeviceModel::forward_layer`]`(0, ..)` of a model
-/// holding those weights. On the host backend this is how a CPU worker computes
-/// hot vertices' rows for any model kind (GraphSAGE also has the fused
-/// [`cpu_ops::SageHotKernel`], tested against this).
-pub fn layer0_rows<B: Backend>(
-    dev: &B,
-    cfg: &ModelConfig,
-    tensors: &[Vec<f32>],
-    block: &BlockView<'_>,
-    x: ModelInput<'_, f32>,
-) -> Result<Vec<f32>> {
-    let a = arch::<B>(cfg)?;
-    let range = a.layer_params(0)?;
-    let refs: Vec<&[f32]> = tensors.iter().map(Vec::as_slice).collect();
-    check_lens(&a.params[range], "layer 0's tensors", &refs)?;
-    let params = refs
-        .iter()
-        .map(|t| dev.to_device(t))
-        .collect::<Result<Vec<_>>>()?;
-    let b = dev.block_from_host(block.num_src(), block.indptr(), block.indices())?;
-    let out = match x {
-        ModelInput::Dense(x) => {
-            let xd = dev.to_device(x)?;
-            layer_alone(dev, &*a.layers[0], &params, &b, LayerInput::Dense(&xd))?
-        }
-        ModelInput::Sparse(x) => {
-            let xs = dev.sparse_from_host(Arc::new(x.clone()))?;
-            layer_alone(dev, &*a.layers[0], &params, &b, LayerInput::Sparse(&xs))?
-        }
-    };
-    dev.to_host(&out, block.num_dst() * a.specs[0].d_out)
 }

@@ -8,7 +8,7 @@ use cpu_ops::{
 };
 
 use super::random_graph;
-use crate::model::{layer0_rows, DeviceModel, ModelLayout};
+use crate::model::{layer0_rows, DeviceModel, Layer0, ModelLayout};
 use crate::prelude::*;
 use crate::HostBackend;
 
@@ -135,4 +135,53 @@ fn layer0_rows_is_forward_layer_with_those_weights() {
         assert!(layer0_rows(&dev, &cfg, &tensors[1..], &view, ModelInput::Dense(&x)).is_err());
         assert!(layer0_rows(&dev, &cfg, &tensors, &view, ModelInput::Dense(&x[1..])).is_err());
     }
+}
+
+/// A kept [`Layer0`] with newer weights gives what a fresh one with those
+/// weights gives; wrong weights are refused and leave the old ones.
+#[test]
+fn layer0_keeps_its_weights_until_replaced() {
+    let g = random_graph(97, 700, 6);
+    let dev = HostBackend::new();
+    let graph = dev.load_graph(&g, Default::default()).expect("graph");
+    let cfg = ModelConfig {
+        kind: ModelKind::Gat,
+        in_dim: 7,
+        hidden: 9,
+        num_classes: 2,
+        num_layers: 2,
+        heads: 3,
+        dropout: 0.0,
+    };
+    let batch = dev
+        .sample(&graph, &[3, 1, 4, 15, 9, 26], &[5, 5], 1)
+        .expect("sample");
+    let (ns, nd, _) = dev.block_shape(&batch.blocks[0]);
+    let x = dev.to_device(&random(&mut Rng::new(2), ns * 7)).expect("x");
+    let (old, new) = (layer0_tensors(&cfg, 1), layer0_tensors(&cfg, 2));
+    let mut kept = Layer0::new(&dev, &cfg, &old).expect("layer 0");
+    assert_eq!(kept.spec().d_out, 9);
+    let before = dev
+        .to_host(
+            &kept.forward(&dev, &batch.blocks[0], &x).expect("rows"),
+            nd * 9,
+        )
+        .expect("rows");
+    kept.set_weights(&dev, &new).expect("newer weights");
+    let fresh = Layer0::new(&dev, &cfg, &new).expect("layer 0");
+    let rows = |l: &Layer0<HostBackend>| {
+        dev.to_host(
+            &l.forward(&dev, &batch.blocks[0], &x).expect("rows"),
+            nd * 9,
+        )
+        .expect("rows")
+    };
+    let after = rows(&kept);
+    assert_eq!(after, rows(&fresh));
+    assert_ne!(after, before);
+    assert!(kept.set_weights(&dev, &new[..3]).is_err());
+    let mut short = new.clone();
+    short[1].pop();
+    assert!(kept.set_weights(&dev, &short).is_err());
+    assert_eq!(rows(&kept), after);
 }
