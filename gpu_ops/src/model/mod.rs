@@ -16,11 +16,13 @@
 //!   [`LayerInput::Sparse`]; [`XMat`] runs the projections `X·W` and `Xᵀ·G` on either.
 //!
 //! **To add a model kind:** write `newkind.rs` here with its type and the two
-//! impls, add its `ModelKind` variant (cpu_ops) and the config's name for it,
-//! and add one line to `registry` in `layer.rs`
-//! (`ModelKind::NewKind => Box::new(NewKind::new(cfg, at)),`). Nothing else
-//! matches on the kind: [`DeviceModel`], [`ModelLayout`] (names, shapes,
-//! initialization, export) and [`layer0_rows`] go through the traits.
+//! impls (`mod newkind;` below), and add one line to `registry` in `layer.rs`
+//! (`ModelKind::NewKind => Box::new(NewKind::new(cfg, at)),`). Nothing in
+//! `gpu_ops` or the ONNX export matches on the kind: [`DeviceModel`],
+//! [`ModelLayout`] (names, shapes, initialization, export) and [`Layer0`] go
+//! through the traits. Outside, the kind needs its `cpu_ops::ModelKind` variant
+//! and its name in the configuration (`runtime`'s `model.kind` parser and
+//! `onnx::kind_name`).
 //!
 //! # The model around the layers
 //! [`DeviceModel`] keeps, on the device, the parameters (in layer order, named
@@ -50,7 +52,7 @@
 //! bag-of-words features: it then always projects first (`A (X·W)`), computing
 //! `X·W` with [`crate::SparseOps::spmm`] and the weight gradients `Xᵀ·G` with
 //! [`crate::SparseOps::spmm_tn`]; `∂X` is never formed. Every method taking the
-//! model input accepts `&B::Buf<f32>` (dense) or an [`LayerInput`].
+//! model input accepts `&B::Buf<f32>` (dense) or a [`LayerInput`].
 //!
 //! # Historical embeddings of hot vertices
 //! [`DeviceModel::forward_hot`], [`DeviceModel::backward`] and
