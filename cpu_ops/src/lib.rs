@@ -36,6 +36,7 @@ mod features;
 pub mod gather;
 mod graph;
 pub mod hot_layer;
+mod init;
 mod loss;
 mod matmul;
 pub mod model;
@@ -64,6 +65,7 @@ pub use features::FeatureMatrix;
 pub use gather::{gather_rows, gather_rows_into_vec};
 pub use graph::{BuildOptions, CsrGraph};
 pub use hot_layer::{HotProfile, SageHotKernel};
+pub use init::{Init, RELU_GAIN};
 pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
 pub use matmul::{
     gemm, gemm_reference, matmul, matmul_nt, matmul_tn, Accumulate, MatMut, MatRef, Transpose,

@@ -7,8 +7,9 @@
 //! streams and events. The others extend it: [`DeviceMemory`] (allocation and
 //! copies), [`Sampling`] (topology, sampling, blocks), [`FeatureStore`] (feature
 //! cache, gather, row selection), [`DenseOps`] (matrix products, activations, loss,
-//! optimizer) and [`GraphOps`] (aggregation, GAT). [`Backend`] is all of them, so
-//! generic code bounds on `B: Backend` alone.
+//! optimizer), [`GraphOps`] (aggregation, GAT) and [`SparseOps`] (sparse input
+//! rows and their products). [`Backend`] is all of them, so generic code bounds on
+//! `B: Backend` alone.
 //!
 //! # Contract
 //! 1. **Streams.** Every op below runs on the backend's *compute stream*
@@ -40,8 +41,9 @@
 //!    copy stream.
 
 use std::fmt;
+use std::sync::Arc;
 
-use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix};
+use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, SparseRows};
 
 use crate::error::{GpuOpsError, Result};
 
@@ -995,6 +997,76 @@ pub trait GraphOps: DeviceCore {
     ) -> Result<GatGradsDev<Self>>;
 }
 
+/// The shape of sparse rows on a device ([`SparseOps::sparse_shape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparseShape {
+    /// Rows.
+    pub rows: usize,
+    /// Columns (the feature width).
+    pub cols: usize,
+    /// Stored non-zeros.
+    pub nnz: usize,
+}
+
+/// Sparse input rows (CSR, [`cpu_ops::SparseRows`]' layout) on a device, and the
+/// two products a sparse layer-0 input needs: `Y = X[..rows]·W` and
+/// `dW = X[..rows]ᵀ·G` (layer 0 never needs `∂X`).
+///
+/// E.g. bag-of-words features (WordNet: 2000 columns, ~1% non-zero), for which
+/// the dense layer-0 products multiply mostly zeros. A backend that does not
+/// implement them says so with [`SparseOps::supports_sparse`] `= false`, and every
+/// op then returns [`GpuOpsError::Unsupported`]: the caller loads dense rows
+/// instead (the CUDA backend, for now).
+///
+/// The products are plain IEEE single precision whatever
+/// [`DeviceCore::precision`] says (TF32 applies to [`DenseOps::gemm`] only). On
+/// the host backend they are [`SparseRows::spmm_rows`] and
+/// [`SparseRows::spmm_tn_rows`]: deterministic, bit for bit, on any thread count.
+pub trait SparseOps: DeviceMemory {
+    /// Sparse rows (CSR) on the device.
+    type Sparse: Send + Sync;
+    /// Whether the ops below are implemented (`false`: each returns
+    /// [`GpuOpsError::Unsupported`]).
+    fn supports_sparse(&self) -> bool;
+    /// `rows` on the device: the whole feature matrix (to gather batches from
+    /// with [`SparseOps::sparse_gather`]) or a batch's rows gathered on the host.
+    /// The host backend shares `rows` without copying.
+    fn sparse_from_host(&self, rows: Arc<SparseRows<f32>>) -> Result<Self::Sparse>;
+    /// The rows `ids[0], …, ids[n − 1]` of `src`, in that order (e.g. a batch's
+    /// input rows by the device ids of block 0's sources). An id that is not a
+    /// row of `src` is an error.
+    fn sparse_gather(
+        &self,
+        src: &Self::Sparse,
+        ids: &Self::Buf<u32>,
+        n: usize,
+    ) -> Result<Self::Sparse>;
+    /// Rows, columns and non-zeros of `x`.
+    fn sparse_shape(&self, x: &Self::Sparse) -> SparseShape;
+    /// `out (+)= X[..rows]·W` for `w`: `cols × n` and `out`: `rows × n`
+    /// (row-major prefixes; `+=` when `accumulate`).
+    fn spmm(
+        &self,
+        x: &Self::Sparse,
+        rows: usize,
+        w: &Self::Buf<f32>,
+        n: usize,
+        out: &mut Self::Buf<f32>,
+        accumulate: bool,
+    ) -> Result<()>;
+    /// `dw (+)= X[..rows]ᵀ·G` for `g`: `rows × n` and `dw`: `cols × n` (a weight
+    /// gradient; `+=` when `accumulate`).
+    fn spmm_tn(
+        &self,
+        x: &Self::Sparse,
+        rows: usize,
+        g: &Self::Buf<f32>,
+        n: usize,
+        dw: &mut Self::Buf<f32>,
+        accumulate: bool,
+    ) -> Result<()>;
+}
+
 /// The accelerator: memory, streams, events and the ops of sample → gather → train.
 ///
 /// Implemented by [`crate::HostBackend`] (always) and [`crate::CudaBackend`] (the
@@ -1002,12 +1074,12 @@ pub trait GraphOps: DeviceCore {
 /// [`crate::GpuOpsError::Unavailable`]). Shapes and ordering: the module doc.
 ///
 /// The ops live in one trait per family ([`DeviceCore`], [`DeviceMemory`],
-/// [`Sampling`], [`FeatureStore`], [`DenseOps`], [`GraphOps`]); this trait is all of
-/// them plus the collective reduce, so generic code bounds on `B: Backend` and
+/// [`Sampling`], [`FeatureStore`], [`DenseOps`], [`GraphOps`], [`SparseOps`]); this
+/// trait is all of them plus the collective reduce, so generic code bounds on `B: Backend` and
 /// calls any op. Code calling ops on a concrete backend imports the families
 /// (`use gpu_ops::prelude::*`).
 pub trait Backend:
-    DeviceCore + DeviceMemory + Sampling + FeatureStore + DenseOps + GraphOps
+    DeviceCore + DeviceMemory + Sampling + FeatureStore + DenseOps + GraphOps + SparseOps
 {
     /// Joins rank `rank` of `ranks` to the NCCL communicator of `id` on this
     /// device (collective: every rank calls it with the same `id`, from

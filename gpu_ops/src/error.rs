@@ -15,6 +15,15 @@ pub enum GpuOpsError {
         /// Why, in one line (names the missing library when that is the cause).
         reason: String,
     },
+    /// The backend does not implement this op (yet); the caller can check first
+    /// (e.g. [`crate::SparseOps::supports_sparse`]) and take another path.
+    #[error("{kind} backend does not implement {op}")]
+    Unsupported {
+        /// The backend.
+        kind: DeviceKind,
+        /// The op or op family (`"sparse rows"`).
+        op: &'static str,
+    },
     /// A driver, NVRTC or cuBLAS call failed.
     #[error("{op}: {message}")]
     Driver {

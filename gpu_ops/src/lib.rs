@@ -1,7 +1,7 @@
 //! The accelerator layer of Tandem: one [`Backend`] interface (device memory,
 //! streams, events, pinned host buffers, and the ops of sample → gather → train),
 //! made of one trait per op family ([`DeviceCore`], [`DeviceMemory`], [`Sampling`],
-//! [`FeatureStore`], [`DenseOps`], [`GraphOps`]; all in [`prelude`]), with two
+//! [`FeatureStore`], [`DenseOps`], [`GraphOps`], [`SparseOps`]; all in [`prelude`]), with two
 //! implementations:
 //! - `host`: the same ops on host threads through `cpu_ops` — runs everywhere and is
 //!   the reference every CUDA op is tested against;
@@ -16,22 +16,26 @@ mod cache;
 mod cuda;
 mod error;
 mod host;
-mod model;
+pub mod model;
 mod reduce;
 
 pub use backend::{
     bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits, Activation,
     AdamStep, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind,
     DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats,
-    MemoryInfo, Precision, Sampling, TopologyPlacement, TransferStats,
+    MemoryInfo, Precision, Sampling, SparseOps, SparseShape, TopologyPlacement, TransferStats,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
 pub use cuda::{nccl_available, nccl_unique_id, AllocatorStats, CudaBackend};
 pub use error::{GpuOpsError, Result};
 pub use host::{
-    HostBackend, HostBlock, HostBuf, HostEvent, HostFeatures, HostGraph, HostMask, HostStream,
+    HostBackend, HostBlock, HostBuf, HostEvent, HostFeatures, HostGraph, HostMask, HostSparse,
+    HostStream,
 };
-pub use model::{AdamMoments, DeviceForward, DeviceModel, HotGrad, HotRows};
+pub use model::{
+    layer0_rows, AdamMoments, DeviceForward, DeviceModel, HotGrad, HotRows, Layer0, LayerInput,
+    ModelLayout,
+};
 pub use reduce::{check_reduce_args, GradReduce, NcclId};
 
 /// The backend traits, for code that calls ops on a concrete backend
@@ -40,5 +44,6 @@ pub use reduce::{check_reduce_args, GradReduce, NcclId};
 pub mod prelude {
     pub use crate::backend::{
         Backend, DenseOps, DevMat, DeviceCore, DeviceMemory, FeatureStore, GraphOps, Sampling,
+        SparseOps,
     };
 }

@@ -28,17 +28,23 @@ mod graph;
 mod helpers;
 #[path = "parity/memory.rs"]
 mod memory;
+#[path = "parity/model.rs"]
+mod model;
 #[path = "parity/rows.rs"]
 mod rows;
 #[path = "parity/sampling.rs"]
 mod sampling;
+#[path = "parity/sparse.rs"]
+mod sparse;
 
 use dense::*;
 use errors::*;
 use graph::*;
 use memory::*;
+use model::*;
 use rows::*;
 use sampling::*;
+use sparse::*;
 
 /// Instantiates every test of the submodules for one backend:
 /// `parity_tests!(Type, constructor)`, the constructor returning
@@ -96,6 +102,8 @@ macro_rules! parity_tests {
             unique_relabel_contract,
             malformed_blocks_are_errors,
             too_short_buffers_are_size_mismatch,
+            sparse_rows_gather_and_products,
+            device_model_step_matches_the_host_backend,
         );
     };
     (@each $($name:ident),* $(,)?) => {

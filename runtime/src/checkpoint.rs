@@ -28,7 +28,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use cpu_ops::Model;
+use cpu_ops::{Model, ModelConfig};
+use gpu_ops::model::ModelLayout;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::atomic::write_file_atomically;
@@ -332,10 +333,12 @@ impl Checkpoint {
         Self::from_bytes(&bytes, path)
     }
 
-    /// The trained model alone: its shape from the saved configuration and dataset
-    /// sizes, its parameters from the tensors (names and lengths checked). No
-    /// dataset is needed, e.g. to export it (`tandem export-model`).
-    pub fn model(&self, path: &Path) -> Result<Model<f32>> {
+    /// The trained model alone: its configuration (from the saved configuration
+    /// and dataset sizes) and its parameter tensors (names and lengths checked
+    /// against the configured model's layout). No dataset is needed, e.g. to
+    /// export it (`tandem export-model`), or to build a device model
+    /// (`gpu_ops::DeviceModel::from_params`).
+    pub fn model_params(&self, path: &Path) -> Result<(ModelConfig, Vec<&[f32]>)> {
         let cfg = self.config(path)?;
         let (dim, classes) = (self.dataset.dim, self.dataset.classes);
         let (Ok(dim), Ok(classes)) = (usize::try_from(dim), usize::try_from(classes)) else {
@@ -345,37 +348,49 @@ impl Checkpoint {
             ));
         };
         let mcfg = cfg.model_config(dim, classes)?;
-        let mut model =
-            Model::new(&mcfg, 0).map_err(|e| Error::cpu_ops(path.display().to_string(), e))?;
-        let names = model.param_names();
-        if names.len() != self.tensors.len() {
+        let layout = ModelLayout::new(&mcfg).map_err(|e| match e {
+            gpu_ops::GpuOpsError::CpuOps(e) => Error::cpu_ops(path.display().to_string(), e),
+            source => Error::Device {
+                context: path.display().to_string(),
+                source,
+            },
+        })?;
+        let expected = layout.params();
+        if expected.len() != self.tensors.len() {
             return Err(Error::format(
                 path,
                 format!(
                     "{} parameter tensors, the configured model has {}",
                     self.tensors.len(),
-                    names.len()
+                    expected.len()
                 ),
             ));
         }
-        for ((dst, name), t) in model
-            .params_mut()
-            .into_iter()
-            .zip(&names)
-            .zip(&self.tensors)
-        {
-            if &t.name != name || t.values.len() != dst.len() {
+        for (p, t) in expected.iter().zip(&self.tensors) {
+            if t.name != p.name || t.values.len() != p.len {
                 return Err(Error::format(
                     path,
                     format!(
-                        "tensor `{}` has {} values, the configured model expects `{name}` with {}",
+                        "tensor `{}` has {} values, the configured model expects `{}` with {}",
                         t.name,
                         t.values.len(),
-                        dst.len()
+                        p.name,
+                        p.len
                     ),
                 ));
             }
-            dst.copy_from_slice(&t.values);
+        }
+        let params = self.tensors.iter().map(|t| t.values.as_slice()).collect();
+        Ok((mcfg, params))
+    }
+
+    /// [`Checkpoint::model_params`] as a host [`Model`].
+    pub fn model(&self, path: &Path) -> Result<Model<f32>> {
+        let (cfg, params) = self.model_params(path)?;
+        let mut model =
+            Model::new(&cfg, 0).map_err(|e| Error::cpu_ops(path.display().to_string(), e))?;
+        for (dst, src) in model.params_mut().into_iter().zip(params) {
+            dst.copy_from_slice(src);
         }
         Ok(model)
     }

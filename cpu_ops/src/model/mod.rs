@@ -75,7 +75,7 @@
 //! are bit-identical on any number of rayon threads.
 //!
 //! ## Parameters
-//! Order and names (`l` = layer index), with DGL's initialization (see `init.rs`):
+//! Order and names (`l` = layer index), with DGL's initialization (see [`crate::Init`]):
 //! - GCN: `layer{l}.weight`, `layer{l}.bias`;
 //! - SAGE: `layer{l}.weight_self`, `layer{l}.weight_neigh`, `layer{l}.bias`;
 //! - GAT: `layer{l}.weight`, `layer{l}.attn_src`, `layer{l}.attn_dst`,
@@ -83,7 +83,6 @@
 
 mod gat;
 mod gcn;
-mod init;
 mod kernel;
 mod sage;
 #[cfg(test)]
@@ -98,7 +97,7 @@ use crate::real::Real;
 use crate::rng::derive_seed;
 use crate::sparse::SparseRows;
 
-use init::{Init, RELU_GAIN};
+use crate::init::{Init, RELU_GAIN};
 
 /// ELU's `α` in GAT hidden layers (PyTorch's `F.elu` default).
 const ELU_ALPHA: f64 = 1.0;
@@ -182,7 +181,11 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    fn validate(&self) -> Result<()> {
+    /// Checks the fields ([`CpuOpsError::InvalidArgument`] naming the first bad
+    /// one): at least one layer, `in_dim` and `num_classes` at least 1, `hidden`
+    /// at least 1 with more than one layer, `dropout` in `[0, 1)`, and for GAT at
+    /// least one head dividing `hidden`.
+    pub fn validate(&self) -> Result<()> {
         let bad =
             |name: &'static str, reason: String| Err(CpuOpsError::InvalidArgument { name, reason });
         if self.num_layers == 0 {

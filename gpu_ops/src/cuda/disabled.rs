@@ -6,13 +6,15 @@
 //! Every handle type is [`Never`], so each op family is implemented by
 //! `uninhabited!` from a one-line signature per method (argument types only).
 
-use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix};
+use std::sync::Arc;
+
+use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, SparseRows};
 
 use super::stats::AllocatorStats;
 use crate::backend::{
     AdamStep, Backend, CacheStats, DenseOps, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory,
     Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats, MemoryInfo,
-    Precision, Sampling, TopologyPlacement, TransferStats,
+    Precision, Sampling, SparseOps, SparseShape, TopologyPlacement, TransferStats,
 };
 use crate::error::{GpuOpsError, Result};
 
@@ -176,6 +178,15 @@ uninhabited! {
         fn gat_forward(&Never, usize, usize, &Never, &Never, &Never) -> Result<GatSaved<Self>>;
         fn gat_backward(&Never, usize, usize, &Never, &Never, &Never, &GatSaved<Self>, &Never)
             -> Result<GatGradsDev<Self>>;
+    }
+    impl SparseOps {
+        type Sparse;
+        fn supports_sparse() -> bool;
+        fn sparse_from_host(Arc<SparseRows<f32>>) -> Result<Never>;
+        fn sparse_gather(&Never, &Never, usize) -> Result<Never>;
+        fn sparse_shape(&Never) -> SparseShape;
+        fn spmm(&Never, usize, &Never, usize, &mut Never, bool) -> Result<()>;
+        fn spmm_tn(&Never, usize, &Never, usize, &mut Never, bool) -> Result<()>;
     }
 }
 

@@ -12,10 +12,11 @@
 //! host memory), `kernels.rs` (kernel registry, NVRTC, typed launchers), `transfer.rs`
 //! (copies), `scan.rs` (prefix sums), `sample.rs` (topology, sampling, relabel,
 //! blocks), `features.rs` (feature cache, gather, row selection), `math.rs` (dense
-//! math), `aggregate.rs` (aggregation, GAT). Each file implements its op family's
+//! math), `aggregate.rs` (aggregation, GAT), `sparse.rs` (sparse rows: not
+//! implemented, reported as such). Each file implements its op family's
 //! trait ([`crate::DeviceCore`] in `device.rs`, [`crate::DeviceMemory`] in
 //! `transfer.rs`, [`crate::Sampling`], [`crate::FeatureStore`], [`crate::DenseOps`],
-//! [`crate::GraphOps`]); `nccl.rs` adds the umbrella [`crate::Backend`].
+//! [`crate::GraphOps`], [`crate::SparseOps`]); `nccl.rs` adds the umbrella [`crate::Backend`].
 //! Design notes: `docs/gpu.md`.
 
 mod stats;
@@ -42,6 +43,8 @@ mod pinned;
 mod sample;
 #[cfg(feature = "cuda")]
 mod scan;
+#[cfg(feature = "cuda")]
+mod sparse;
 #[cfg(feature = "cuda")]
 mod transfer;
 

@@ -10,7 +10,8 @@
 //! Files by op family: [`buffer`](self::buffer) (buffers, streams, events, prefix
 //! checks), `memory` (copies, `/proc/meminfo`), `block` (validated blocks with a
 //! cached transpose), `sample` (sampling, relabel), `features` (feature cache, gather,
-//! row selection), `math` (dense and graph math, loss, Adam).
+//! row selection), `math` (dense and graph math, loss, Adam), `sparse` (sparse
+//! input rows and their products).
 
 mod block;
 mod buffer;
@@ -18,15 +19,17 @@ mod features;
 mod math;
 mod memory;
 mod sample;
+mod sparse;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, Simd};
+use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, Simd, SparseRows};
 
 use crate::backend::{
     AdamStep, Backend, CacheStats, DenseOps, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory,
     Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats, MemoryInfo,
-    Sampling, TopologyPlacement,
+    Sampling, SparseOps, SparseShape, TopologyPlacement,
 };
 use crate::error::Result;
 
@@ -35,6 +38,7 @@ pub use buffer::{HostBuf, HostEvent, HostStream};
 pub use features::HostFeatures;
 pub use math::HostMask;
 pub use sample::HostGraph;
+pub use sparse::HostSparse;
 
 /// The host backend (see the module doc). Cheap to create; holds no threads of its
 /// own (ops run on rayon's current pool).
@@ -531,6 +535,50 @@ impl GraphOps for HostBackend {
         math::gat_backward(
             self.simd, block, heads, head_dim, z_src, a_src, a_dst, saved, grad_out,
         )
+    }
+}
+
+impl SparseOps for HostBackend {
+    type Sparse = HostSparse;
+
+    fn supports_sparse(&self) -> bool {
+        true
+    }
+
+    fn sparse_from_host(&self, rows: Arc<SparseRows<f32>>) -> Result<HostSparse> {
+        Ok(HostSparse::new(rows))
+    }
+
+    fn sparse_gather(&self, src: &HostSparse, ids: &HostBuf<u32>, n: usize) -> Result<HostSparse> {
+        src.gather(ids, n)
+    }
+
+    fn sparse_shape(&self, x: &HostSparse) -> SparseShape {
+        x.shape()
+    }
+
+    fn spmm(
+        &self,
+        x: &HostSparse,
+        rows: usize,
+        w: &HostBuf<f32>,
+        n: usize,
+        out: &mut HostBuf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        x.spmm(rows, w, n, out, accumulate)
+    }
+
+    fn spmm_tn(
+        &self,
+        x: &HostSparse,
+        rows: usize,
+        g: &HostBuf<f32>,
+        n: usize,
+        dw: &mut HostBuf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        x.spmm_tn(rows, g, n, dw, accumulate)
     }
 }
 

@@ -1,10 +1,38 @@
-//! GCN, GraphSAGE-mean and GAT on any [`Backend`]: the same math as
-//! [`cpu_ops::Model`] (read its module doc for the formulas, parameter order and
-//! initialization), composed from the backend's ops so that it runs on the GPU.
+//! GCN, GraphSAGE-mean and GAT written once, generic over the [`Backend`] op
+//! families, so the same layers train on the host backend and on CUDA, and
+//! export to ONNX from the same files.
 //!
-//! A [`DeviceModel`] is made from a host [`cpu_ops::Model`] (so both start from the
-//! same initialization) and keeps on the device: the parameters, their gradients and
-//! Adam's moments. One training step is
+//! # How a layer is defined (design note)
+//! Each model kind is one file beside this one — `sage.rs`, `gcn.rs`, `gat.rs` —
+//! holding one type that implements
+//! - [`LayerDef`] (backend-free): the layer's [`LayerSpec`], its parameter tensors
+//!   ([`ParamSpec`]: name, shape, [`cpu_ops::Init`]; checkpoints and golden tests
+//!   depend on names and order), which tensor is the bias, the hidden activation,
+//!   and [`LayerDef::emit`], its export graph over a [`GraphEmitter`] (which
+//!   `runtime` implements with ONNX);
+//! - [`Layer<B>`] for every backend: `forward` (returning its typed
+//!   [`Layer::State`]) and `backward` (its tensors' gradients, and `∂X` when
+//!   asked), from the backend's ops. Inputs are [`LayerInput::Dense`] or, for layer 0,
+//!   [`LayerInput::Sparse`]; [`XMat`] runs the projections `X·W` and `Xᵀ·G` on either.
+//!
+//! **To add a model kind:** write `newkind.rs` here with its type and the two
+//! impls (`mod newkind;` below), and add one line to `registry` in `layer.rs`
+//! (`ModelKind::NewKind => Box::new(NewKind::new(cfg, at)),`). Nothing in
+//! `gpu_ops` or the ONNX export matches on the kind: [`DeviceModel`],
+//! [`ModelLayout`] (names, shapes, initialization, export) and [`Layer0`] go
+//! through the traits. Outside, the kind needs its `cpu_ops::ModelKind` variant
+//! and its name in the configuration (`runtime`'s `model.kind` parser and
+//! `onnx::kind_name`).
+//!
+//! # The model around the layers
+//! [`DeviceModel`] keeps, on the device, the parameters (in layer order, named
+//! `layer{l}.{name}`), their gradients and Adam's moments, the weight version,
+//! and the epilogue between layers: below the top, the layer's bias, its
+//! activation and the next layer's dropout in one fused op
+//! ([`DenseOps::bias_act_dropout`](crate::DenseOps::bias_act_dropout)). It is made
+//! by [`DeviceModel::new`] (initialized from a seed exactly as
+//! `cpu_ops::Model::new`), [`DeviceModel::from_params`] (e.g. a checkpoint), or
+//! [`DeviceModel::from_host`] (a host model's values). One training step is
 //! 1. [`DeviceModel::forward`] over the batch's blocks (bottom first) from the
 //!    gathered input rows, with dropout (layer `l` seeded `derive_seed(seed, l)`, as
 //!    the host model), keeping what the backward needs;
@@ -15,7 +43,16 @@
 //!    weight decay), after which [`DeviceModel::version`] is one larger.
 //!
 //! [`DeviceModel::train_step`] does all four. [`DeviceModel::forward_layer`] applies
-//! one layer without dropout, for layer-wise full-graph inference.
+//! one layer without dropout, for layer-wise full-graph inference; [`Layer0`]
+//! and [`layer0_rows`] apply layer 0 with given weights (a published snapshot)
+//! to rows gathered on the host: the CPU's hot rows, for any kind.
+//!
+//! # Sparse input
+//! Layer 0 may read sparse rows ([`LayerInput::Sparse`], [`crate::SparseOps`]), e.g.
+//! bag-of-words features: it then always projects first (`A (X·W)`), computing
+//! `X·W` with [`crate::SparseOps::spmm`] and the weight gradients `Xᵀ·G` with
+//! [`crate::SparseOps::spmm_tn`]; `∂X` is never formed. Every method taking the
+//! model input accepts `&B::Buf<f32>` (dense) or a [`LayerInput`].
 //!
 //! # Historical embeddings of hot vertices
 //! [`DeviceModel::forward_hot`], [`DeviceModel::backward`] and
@@ -35,38 +72,35 @@
 //!    neighbors: hot destinations also train layer 0 (issue 6's optional mode, in
 //!    which the CPU would send its aggregate; here the accelerator has its own,
 //!    since it computes layer 0 over the whole block).
-//!
-//! Per layer (`X` = input, `n_src`/`n_dst` from the block, `G` = gradient of the
-//! output), with the host model's choice of order: aggregate first when
-//! `d_in ≤ d_out`, else project first (`A (X·W)`):
-//! - SAGE: `out = X_dst·W_self + A_mean(X)·W_neigh + b`;
-//! - GCN: `out = Â X W + b` over the block with self-loops
-//!   ([`Sampling::add_self_loops`](crate::Sampling::add_self_loops)) and `GcnNorm` aggregation;
-//! - GAT: `z = X·W`, `o = gat(z) + b`; the last layer averages heads with one GEMM
-//!   against the constant `H·F × F` matrix `S` (`S[h·F+f, f] = 1/H`), whose backward
-//!   is `G·Sᵀ`.
 
+mod emit;
+mod gat;
+mod gcn;
+mod layer;
+mod layer0;
+mod sage;
 #[cfg(test)]
 mod tests;
 
-use cpu_ops::{derive_seed, AdamConfig, AggregateKind, LayerSpec, Model, ModelConfig, ModelKind};
+use cpu_ops::{derive_seed, AdamConfig, LayerSpec, Model, ModelConfig};
 
-use crate::backend::{Activation, AdamStep, Backend, DevMat, GatSaved, LossStats};
+use crate::backend::{AdamStep, Backend, LossStats};
 use crate::error::{GpuOpsError, Result};
+use layer::{arch, check_lens, init_params, internal, Arch, DynLayer, State};
+use layer0::layer_alone;
 
-/// ELU's `α` in GAT hidden layers (as the host model).
-const ELU_ALPHA: f32 = 1.0;
+pub use emit::{EmitBlock, GraphEmitter, Reduce, Reduction, Unary};
+pub use layer::{
+    Layer, LayerCall, LayerDef, LayerGrad, LayerInput, ModelLayout, ModelParam, ParamSpec, XMat,
+};
+pub use layer0::{layer0_rows, Layer0};
 
 /// What one layer's forward keeps for its backward.
 struct LayerFwd<B: Backend> {
     /// The layer input after dropout, and the mask (layers above 0, when training).
     dropped: Option<(B::Buf<f32>, B::Mask)>,
-    /// GCN: the block with self-loops.
-    aug: Option<B::Block>,
-    /// GCN/SAGE aggregating first: `A X` (`n_dst × d_in`).
-    agg: Option<B::Buf<f32>>,
-    /// GAT: the projected sources `z = X·W` and the attention state.
-    gat: Option<(B::Buf<f32>, GatSaved<B>)>,
+    /// The layer's own state ([`Layer::State`]).
+    state: State,
     /// Hidden layers: the output after the activation.
     act: Option<B::Buf<f32>>,
 }
@@ -129,13 +163,9 @@ pub struct AdamMoments<'a> {
     pub steps: u64,
 }
 
-/// Gradients of one layer's input and the layer's parameters.
-type LayerGrad<B> = Option<<B as crate::DeviceCore>::Buf<f32>>;
-
 /// A GNN model whose parameters, gradients and optimizer state live on a device.
 pub struct DeviceModel<B: Backend> {
-    cfg: ModelConfig,
-    specs: Vec<LayerSpec>,
+    arch: Arch<dyn DynLayer<B>>,
     params: Vec<B::Buf<f32>>,
     grads: Vec<B::Buf<f32>>,
     m: Vec<B::Buf<f32>>,
@@ -144,82 +174,92 @@ pub struct DeviceModel<B: Backend> {
     names: Vec<String>,
     adam: AdamConfig,
     steps: u64,
-    /// GAT: the head-averaging matrix `S` of the last layer.
-    head_mean: Option<B::Buf<f32>>,
     /// Zero rows written over layer 0's output gradient at constant hot rows
     /// (zeroed once, grown when a batch has more hot rows).
     hot_zeros: Option<B::Buf<f32>>,
 }
 
-fn internal(what: &str) -> GpuOpsError {
-    GpuOpsError::InvalidArgument {
-        name: "device model internals",
-        reason: what.into(),
-    }
-}
-
 impl<B: Backend> DeviceModel<B> {
+    /// A model of `cfg` (validated; errors name the field) initialized
+    /// deterministically from `seed` — the values `cpu_ops::Model::new(cfg, seed)`
+    /// holds ([`ModelLayout::init_params`]) — with zero gradients and moments and
+    /// `adam`'s hyper-parameters (only L2 weight decay is supported on devices).
+    pub fn new(dev: &B, cfg: &ModelConfig, seed: u64, adam: AdamConfig) -> Result<Self> {
+        let arch = arch::<B>(cfg)?;
+        let values = init_params(&arch.params, seed);
+        let refs: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
+        Self::with_params(dev, arch, &refs, adam)
+    }
+
+    /// A model of `cfg` holding `params` (in [`ModelLayout::params`] order, e.g.
+    /// a checkpoint's tensors; lengths checked), zero gradients and moments.
+    pub fn from_params(
+        dev: &B,
+        cfg: &ModelConfig,
+        params: &[&[f32]],
+        adam: AdamConfig,
+    ) -> Result<Self> {
+        Self::with_params(dev, arch::<B>(cfg)?, params, adam)
+    }
+
     /// Uploads `model`'s parameters; zero gradients and moments; `adam`'s
     /// hyper-parameters (only L2 weight decay is supported on devices).
     pub fn from_host(dev: &B, model: &Model<f32>, adam: AdamConfig) -> Result<Self> {
+        let arch = arch::<B>(model.config())?;
+        let names: Vec<&str> = arch.params.iter().map(|p| p.name.as_str()).collect();
+        if arch.specs != model.layer_specs() || names != model.param_names() {
+            return Err(internal(
+                "the host model's layers differ from the device model's",
+            ));
+        }
+        Self::with_params(dev, arch, &model.params(), adam)
+    }
+
+    fn with_params(
+        dev: &B,
+        arch: Arch<dyn DynLayer<B>>,
+        host: &[&[f32]],
+        adam: AdamConfig,
+    ) -> Result<Self> {
         if adam.decay != cpu_ops::WeightDecay::L2 {
             return Err(GpuOpsError::InvalidArgument {
                 name: "adam.decay",
                 reason: "device models implement Adam with L2 weight decay only".into(),
             });
         }
-        let cfg = model.config().clone();
-        let specs = model.layer_specs().to_vec();
-        let host = model.params();
-        let expected: usize = match cfg.kind {
-            ModelKind::Gcn => 2,
-            ModelKind::Sage => 3,
-            ModelKind::Gat => 4,
-        } * cfg.num_layers;
-        if host.len() != expected {
-            return Err(internal("host model has an unexpected number of tensors"));
-        }
+        check_lens(&arch.params, "parameter tensors", host)?;
         let lens: Vec<usize> = host.iter().map(|p| p.len()).collect();
         let mut params = Vec::with_capacity(host.len());
         let (mut grads, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        for p in &host {
+        for p in host {
             params.push(dev.to_device(p)?);
             grads.push(dev.alloc(p.len())?);
             m.push(dev.alloc(p.len())?);
             v.push(dev.alloc(p.len())?);
         }
-        let head_mean = match (cfg.kind, specs.last()) {
-            (ModelKind::Gat, Some(top)) => {
-                let (h, f) = (top.heads, top.head_dim);
-                let mut s = vec![0f32; h * f * f];
-                for hh in 0..h {
-                    for ff in 0..f {
-                        s[(hh * f + ff) * f + ff] = 1.0 / h as f32;
-                    }
-                }
-                Some(dev.to_device(&s)?)
-            }
-            _ => None,
-        };
+        let names = arch.params.iter().map(|p| p.name.clone()).collect();
         Ok(Self {
-            cfg,
-            specs,
+            arch,
             params,
             grads,
             m,
             v,
             lens,
-            names: model.param_names(),
+            names,
             adam,
             steps: 0,
-            head_mean,
             hot_zeros: None,
         })
     }
 
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
-        &self.cfg
+        &self.arch.cfg
+    }
+
+    /// Every layer's shape, bottom first.
+    pub fn layer_specs(&self) -> &[LayerSpec] {
+        &self.arch.specs
     }
 
     /// Optimizer steps taken (the weight version).
@@ -227,7 +267,7 @@ impl<B: Backend> DeviceModel<B> {
         self.steps
     }
 
-    /// Parameter names, in order (as [`cpu_ops::Model::param_names`]).
+    /// Parameter names, in order ([`ModelLayout::param_names`]).
     pub fn param_names(&self) -> &[String] {
         &self.names
     }
@@ -268,15 +308,7 @@ impl<B: Backend> DeviceModel<B> {
 
     /// Indices of layer `l`'s tensors in [`DeviceModel::params`].
     pub fn layer_params(&self, l: usize) -> Result<std::ops::Range<usize>> {
-        let spec = self.specs.get(l).ok_or(GpuOpsError::InvalidArgument {
-            name: "layer",
-            reason: format!("the model has {} layers", self.specs.len()),
-        })?;
-        let end = self
-            .specs
-            .get(l + 1)
-            .map_or(self.params.len(), |s| s.first_param);
-        Ok(spec.first_param..end)
+        self.arch.layer_params(l)
     }
 
     /// Replaces all parameters (and optionally Adam's moments and step count), e.g.
@@ -287,29 +319,10 @@ impl<B: Backend> DeviceModel<B> {
         params: &[&[f32]],
         moments: Option<AdamMoments<'_>>,
     ) -> Result<()> {
-        let check = |what: &'static str, got: &[&[f32]]| -> Result<()> {
-            if got.len() != self.lens.len() {
-                return Err(GpuOpsError::SizeMismatch {
-                    what,
-                    expected: self.lens.len(),
-                    found: got.len(),
-                });
-            }
-            for (p, &n) in got.iter().zip(&self.lens) {
-                if p.len() != n {
-                    return Err(GpuOpsError::SizeMismatch {
-                        what,
-                        expected: n,
-                        found: p.len(),
-                    });
-                }
-            }
-            Ok(())
-        };
-        check("parameter tensors", params)?;
+        check_lens(&self.arch.params, "parameter tensors", params)?;
         if let Some(a) = &moments {
-            check("first moments", a.m)?;
-            check("second moments", a.v)?;
+            check_lens(&self.arch.params, "first moments", a.m)?;
+            check_lens(&self.arch.params, "second moments", a.v)?;
         }
         for (dst, src) in self.params.iter_mut().zip(params) {
             dev.upload(dev.stream(), src, dst)?;
@@ -327,10 +340,11 @@ impl<B: Backend> DeviceModel<B> {
     }
 
     fn check_blocks(&self, dev: &B, blocks: &[B::Block]) -> Result<Vec<(usize, usize)>> {
-        if blocks.len() != self.specs.len() {
+        let n = self.arch.specs.len();
+        if blocks.len() != n {
             return Err(GpuOpsError::SizeMismatch {
                 what: "blocks (one per model layer)",
-                expected: self.specs.len(),
+                expected: n,
                 found: blocks.len(),
             });
         }
@@ -354,12 +368,13 @@ impl<B: Backend> DeviceModel<B> {
     }
 
     /// Forward pass over `blocks` (bottom first) from `x`
-    /// (`num_src(blocks[0]) × in_dim`). Dropout runs only when `train`.
-    pub fn forward(
+    /// (`num_src(blocks[0]) × in_dim`, dense or sparse). Dropout runs only when
+    /// `train`.
+    pub fn forward<'x>(
         &self,
         dev: &B,
         blocks: &[B::Block],
-        x: &B::Buf<f32>,
+        x: impl Into<LayerInput<'x, B>>,
         train: bool,
         seed: u64,
     ) -> Result<DeviceForward<B>> {
@@ -368,34 +383,34 @@ impl<B: Backend> DeviceModel<B> {
 
     /// [`DeviceModel::forward`] with layer 0's outputs at `hot.positions` replaced
     /// by `hot.rows` (module doc). Needs at least two layers when `hot` is given.
-    pub fn forward_hot(
+    pub fn forward_hot<'x>(
         &self,
         dev: &B,
         blocks: &[B::Block],
-        x: &B::Buf<f32>,
+        x: impl Into<LayerInput<'x, B>>,
         train: bool,
         seed: u64,
         hot: Option<&HotRows<'_, B>>,
     ) -> Result<DeviceForward<B>> {
+        let x = x.into();
         let shapes = self.check_blocks(dev, blocks)?;
         let hot = match hot {
             Some(h) if h.n > 0 => Some(self.check_hot(dev, &shapes, h)?),
             _ => None,
         };
-        let need = shapes[0].0 * self.cfg.in_dim;
-        if dev.len(x) < need {
-            return Err(GpuOpsError::SizeMismatch {
-                what: "model input (num_src of the first block × in_dim)",
-                expected: need,
-                found: dev.len(x),
-            });
-        }
-        let p = if train { self.cfg.dropout } else { 0.0 };
-        let mut layers: Vec<LayerFwd<B>> = Vec::with_capacity(self.specs.len());
+        x.check(
+            dev,
+            "model input (num_src of the first block × in_dim)",
+            shapes[0].0,
+            self.arch.cfg.in_dim,
+        )?;
+        let p = if train { self.arch.cfg.dropout } else { 0.0 };
+        let mut layers: Vec<LayerFwd<B>> = Vec::with_capacity(self.arch.specs.len());
         let mut logits = None;
         // Layer l's dropped input, made by layer l − 1's fused bias/activation/dropout.
         let mut next_dropped: Option<(B::Buf<f32>, B::Mask)> = None;
-        for (l, (spec, block)) in self.specs.iter().zip(blocks).enumerate() {
+        for (l, (layer, block)) in self.arch.layers.iter().zip(blocks).enumerate() {
+            let spec = self.arch.specs[l];
             let (ns, nd) = shapes[l];
             let dropped = match (next_dropped.take(), layers.last()) {
                 (Some(d), _) => Some(d),
@@ -411,20 +426,34 @@ impl<B: Backend> DeviceModel<B> {
                 (None, _) => None,
             };
             let input = match (&dropped, layers.last()) {
-                (Some((h, _)), _) => h,
+                (Some((h, _)), _) => LayerInput::Dense(h),
                 (None, None) => x,
-                (None, Some(below)) => below.act.as_ref().ok_or_else(|| internal("missing act"))?,
+                (None, Some(below)) => {
+                    LayerInput::Dense(below.act.as_ref().ok_or_else(|| internal("missing act"))?)
+                }
+            };
+            let range = self.arch.layer_params(l)?;
+            let call = layer::LayerCall {
+                params: &self.params[range.clone()],
+                block,
+                x: input,
+                num_src: ns,
+                num_dst: nd,
             };
             // Below the top the bias is added by the fused op below.
-            let (out, mut state) =
-                self.layer_forward(dev, spec, block, input, ns, nd, spec.last)?;
-            state.dropped = dropped;
+            let (out, state) = layer.forward_dyn(dev, &call, spec.last)?;
+            let mut fwd = LayerFwd {
+                dropped,
+                state,
+                act: None,
+            };
             if spec.last {
                 logits = Some(out);
             } else {
                 let mut out = out;
                 let hot_here = l == 0 && hot.is_some();
-                let bias = self.bias_of(spec);
+                let bias = &self.params[range.start + layer.bias()];
+                let act = layer.activation();
                 if p > 0.0 && !hot_here {
                     // Bias, activation and the next layer's dropout in one pass.
                     let n = nd * spec.d_out;
@@ -436,20 +465,20 @@ impl<B: Backend> DeviceModel<B> {
                             nd,
                             spec.d_out,
                             bias,
-                            self.activation(),
+                            act,
                             Some((p, key, &mut h)),
                         )?
                         .ok_or_else(|| internal("no dropout mask"))?;
                     next_dropped = Some((h, mask));
                 } else {
-                    dev.bias_act_dropout(&mut out, nd, spec.d_out, bias, self.activation(), None)?;
+                    dev.bias_act_dropout(&mut out, nd, spec.d_out, bias, act, None)?;
                 }
                 if let (0, Some(h)) = (l, &hot) {
                     dev.index_put_rows(h.rows, spec.d_out, h.positions, h.n, &mut out)?;
                 }
-                state.act = Some(out);
+                fwd.act = Some(out);
             }
-            layers.push(state);
+            layers.push(fwd);
         }
         let hot = match hot {
             Some(h) => {
@@ -475,7 +504,7 @@ impl<B: Backend> DeviceModel<B> {
         shapes: &[(usize, usize)],
         hot: &'h HotRows<'h, B>,
     ) -> Result<&'h HotRows<'h, B>> {
-        let Some(spec) = self.specs.first().filter(|s| !s.last) else {
+        let Some(spec) = self.arch.specs.first().filter(|s| !s.last) else {
             return Err(GpuOpsError::InvalidArgument {
                 name: "hot rows",
                 reason: "historical embeddings replace layer 0's output, which needs a layer above it (model.layers ≥ 2)".into(),
@@ -506,178 +535,45 @@ impl<B: Backend> DeviceModel<B> {
     }
 
     /// Layer `l` alone, without dropout, activation included below the top:
-    /// `x` is `num_src(block) × d_in`, the result `num_dst(block) × d_out`.
-    pub fn forward_layer(
+    /// `x` is `num_src(block) × d_in` (dense, or sparse rows), the result
+    /// `num_dst(block) × d_out`.
+    pub fn forward_layer<'x>(
         &self,
         dev: &B,
         l: usize,
         block: &B::Block,
-        x: &B::Buf<f32>,
+        x: impl Into<LayerInput<'x, B>>,
     ) -> Result<B::Buf<f32>> {
-        let spec = *self.specs.get(l).ok_or(GpuOpsError::InvalidArgument {
-            name: "layer",
-            reason: format!("the model has {} layers", self.specs.len()),
-        })?;
-        let (ns, nd, _) = dev.block_shape(block);
-        if dev.len(x) < ns * spec.d_in {
-            return Err(GpuOpsError::SizeMismatch {
-                what: "layer input (num_src × d_in)",
-                expected: ns * spec.d_in,
-                found: dev.len(x),
-            });
-        }
-        let (mut out, _) = self.layer_forward(dev, &spec, block, x, ns, nd, spec.last)?;
-        if !spec.last {
-            let bias = self.bias_of(&spec);
-            dev.bias_act_dropout(&mut out, nd, spec.d_out, bias, self.activation(), None)?;
-        }
-        Ok(out)
+        let layer = self
+            .arch
+            .layers
+            .get(l)
+            .ok_or(GpuOpsError::InvalidArgument {
+                name: "layer",
+                reason: format!("the model has {} layers", self.arch.layers.len()),
+            })?;
+        let range = self.arch.layer_params(l)?;
+        layer_alone(dev, &**layer, &self.params[range], block, x.into())
     }
 
     /// Output width of layer `l`.
     pub fn layer_out_dim(&self, l: usize) -> Option<usize> {
-        self.specs.get(l).map(|s| s.d_out)
-    }
-
-    /// The hidden layers' activation.
-    fn activation(&self) -> Activation {
-        match self.cfg.kind {
-            ModelKind::Gat => Activation::Elu { alpha: ELU_ALPHA },
-            ModelKind::Gcn | ModelKind::Sage => Activation::Relu,
-        }
-    }
-
-    /// Layer `spec`'s bias.
-    fn bias_of(&self, spec: &LayerSpec) -> &B::Buf<f32> {
-        let bias = match self.cfg.kind {
-            ModelKind::Sage => 2,
-            ModelKind::Gcn => 1,
-            ModelKind::Gat => 3,
-        };
-        &self.params[spec.first_param + bias]
-    }
-
-    /// Layer `spec` on `x`; adds its bias only when `with_bias` (the hidden
-    /// layers' bias goes with their activation, [`Backend::bias_act_dropout`]).
-    #[allow(clippy::too_many_arguments)]
-    fn layer_forward(
-        &self,
-        dev: &B,
-        spec: &LayerSpec,
-        block: &B::Block,
-        x: &B::Buf<f32>,
-        ns: usize,
-        nd: usize,
-        with_bias: bool,
-    ) -> Result<(B::Buf<f32>, LayerFwd<B>)> {
-        let p = &self.params[spec.first_param..];
-        let (d_in, d_out) = (spec.d_in, spec.d_out);
-        let mut state = LayerFwd {
-            dropped: None,
-            aug: None,
-            agg: None,
-            gat: None,
-            act: None,
-        };
-        let out = match self.cfg.kind {
-            ModelKind::Sage | ModelKind::Gcn => {
-                let sage = self.cfg.kind == ModelKind::Sage;
-                let (kind, w_agg, bias) = if sage {
-                    (AggregateKind::Mean, &p[1], &p[2])
-                } else {
-                    (AggregateKind::GcnNorm, &p[0], &p[1])
-                };
-                let aug = if sage {
-                    None
-                } else {
-                    Some(dev.add_self_loops(block)?)
-                };
-                let agg_block = aug.as_ref().unwrap_or(block);
-                let mut out = dev.alloc_uninit(nd * d_out)?;
-                if d_in <= d_out {
-                    let mut agg = dev.alloc_uninit(nd * d_in)?;
-                    dev.aggregate_forward(agg_block, kind, x, d_in, &mut agg)?;
-                    dev.matmul(
-                        DevMat::new(&agg, nd, d_in),
-                        DevMat::new(w_agg, d_in, d_out),
-                        &mut out,
-                        false,
-                    )?;
-                    state.agg = Some(agg);
-                } else {
-                    let mut proj = dev.alloc_uninit(ns * d_out)?;
-                    dev.matmul(
-                        DevMat::new(x, ns, d_in),
-                        DevMat::new(w_agg, d_in, d_out),
-                        &mut proj,
-                        false,
-                    )?;
-                    dev.aggregate_forward(agg_block, kind, &proj, d_out, &mut out)?;
-                }
-                if sage {
-                    dev.matmul(
-                        DevMat::new(x, nd, d_in),
-                        DevMat::new(&p[0], d_in, d_out),
-                        &mut out,
-                        true,
-                    )?;
-                }
-                if with_bias {
-                    dev.add_bias(&mut out, nd, d_out, bias)?;
-                }
-                state.aug = aug;
-                out
-            }
-            ModelKind::Gat => {
-                let (w, a_src, a_dst, bias) = (&p[0], &p[1], &p[2], &p[3]);
-                let width = spec.width();
-                let mut z = dev.alloc_uninit(ns * width)?;
-                dev.matmul(
-                    DevMat::new(x, ns, d_in),
-                    DevMat::new(w, d_in, width),
-                    &mut z,
-                    false,
-                )?;
-                let saved = dev.gat_forward(block, spec.heads, spec.head_dim, &z, a_src, a_dst)?;
-                let mut o = dev.alloc_uninit(nd * width)?;
-                dev.copy(&saved.out, &mut o, nd * width)?;
-                if with_bias {
-                    dev.add_bias(&mut o, nd, width, bias)?;
-                }
-                state.gat = Some((z, saved));
-                if spec.last {
-                    let s = self
-                        .head_mean
-                        .as_ref()
-                        .ok_or_else(|| internal("missing head-mean matrix"))?;
-                    let mut out = dev.alloc_uninit(nd * d_out)?;
-                    dev.matmul(
-                        DevMat::new(&o, nd, width),
-                        DevMat::new(s, width, d_out),
-                        &mut out,
-                        false,
-                    )?;
-                    out
-                } else {
-                    o
-                }
-            }
-        };
-        Ok((out, state))
+        self.arch.specs.get(l).map(|s| s.d_out)
     }
 
     /// Backward pass: fills every parameter's gradient (read them with
     /// [`DeviceModel::grads_to_host`] or apply them with [`DeviceModel::step`]),
     /// given `grad_logits` (`rows × num_classes`) and the [`DeviceForward`] of the
     /// same `blocks` and `x`.
-    pub fn backward(
+    pub fn backward<'x>(
         &mut self,
         dev: &B,
         blocks: &[B::Block],
-        x: &B::Buf<f32>,
+        x: impl Into<LayerInput<'x, B>>,
         fwd: &DeviceForward<B>,
         grad_logits: &B::Buf<f32>,
     ) -> Result<()> {
+        let x = x.into();
         let shapes = self.check_blocks(dev, blocks)?;
         if shapes != fwd.shapes {
             return Err(GpuOpsError::InvalidArgument {
@@ -686,7 +582,7 @@ impl<B: Backend> DeviceModel<B> {
             });
         }
         let top = shapes.len() - 1;
-        let need = shapes[top].1 * self.cfg.num_classes;
+        let need = shapes[top].1 * self.arch.cfg.num_classes;
         if dev.len(grad_logits) < need {
             return Err(GpuOpsError::SizeMismatch {
                 what: "logit gradient (num_dst of the last block × num_classes)",
@@ -695,8 +591,9 @@ impl<B: Backend> DeviceModel<B> {
             });
         }
         let mut g_owned: Option<B::Buf<f32>> = None;
-        for l in (0..self.specs.len()).rev() {
-            let spec = self.specs[l];
+        for l in (0..self.arch.specs.len()).rev() {
+            let spec = self.arch.specs[l];
+            let layer = &self.arch.layers[l];
             let (ns, nd) = shapes[l];
             let cache = &fwd.layers[l];
             if let Some(g) = g_owned.as_mut() {
@@ -717,19 +614,34 @@ impl<B: Backend> DeviceModel<B> {
                 let fused = fwd.layers.get(l + 1).is_some_and(|c| c.dropped.is_some());
                 if !fused {
                     let act = cache.act.as_ref().ok_or_else(|| internal("missing act"))?;
-                    dev.activation_backward(act, g, nd * spec.d_out, self.activation())?;
+                    dev.activation_backward(act, g, nd * spec.d_out, layer.activation())?;
                 }
             }
             let input = match (&cache.dropped, l) {
-                (Some((h, _)), _) => h,
+                (Some((h, _)), _) => LayerInput::Dense(h),
                 (None, 0) => x,
-                (None, _) => fwd.layers[l - 1]
-                    .act
-                    .as_ref()
-                    .ok_or_else(|| internal("missing act"))?,
+                (None, _) => LayerInput::Dense(
+                    fwd.layers[l - 1]
+                        .act
+                        .as_ref()
+                        .ok_or_else(|| internal("missing act"))?,
+                ),
             };
             let g = g_owned.as_ref().unwrap_or(grad_logits);
-            let dx = self.layer_backward(dev, &spec, &blocks[l], cache, input, g, ns, nd, l > 0)?;
+            let range = self.arch.layer_params(l)?;
+            let call = LayerCall {
+                params: &self.params[range.clone()],
+                block: &blocks[l],
+                x: input,
+                num_src: ns,
+                num_dst: nd,
+            };
+            let grad = LayerGrad {
+                g,
+                grads: &mut self.grads[range],
+                need_dx: l > 0,
+            };
+            let dx = layer.backward_dyn(dev, &call, &cache.state, grad)?;
             if let Some(mut dx) = dx {
                 if let Some((_, mask)) = &cache.dropped {
                     // The dropout's backward and layer l − 1's activation's in
@@ -738,155 +650,14 @@ impl<B: Backend> DeviceModel<B> {
                         .checked_sub(1)
                         .and_then(|k| fwd.layers[k].act.as_ref())
                         .ok_or_else(|| internal("dropout below layer 0"))?;
+                    let act = self.arch.layers[l - 1].activation();
                     let n = ns * spec.d_in;
-                    dev.dropout_act_backward(mask, below, &mut dx, n, self.activation())?;
+                    dev.dropout_act_backward(mask, below, &mut dx, n, act)?;
                 }
                 g_owned = Some(dx);
             }
         }
         Ok(())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn layer_backward(
-        &mut self,
-        dev: &B,
-        spec: &LayerSpec,
-        block: &B::Block,
-        cache: &LayerFwd<B>,
-        x: &B::Buf<f32>,
-        g: &B::Buf<f32>,
-        ns: usize,
-        nd: usize,
-        need_dx: bool,
-    ) -> Result<LayerGrad<B>> {
-        let (d_in, d_out) = (spec.d_in, spec.d_out);
-        let first = spec.first_param;
-        let p = &self.params[first..];
-        let grads = &mut self.grads[first..];
-        match self.cfg.kind {
-            ModelKind::Sage | ModelKind::Gcn => {
-                let sage = self.cfg.kind == ModelKind::Sage;
-                let (kind, agg_block, w_agg) = if sage {
-                    (AggregateKind::Mean, block, &p[1])
-                } else {
-                    let aug = cache.aug.as_ref().ok_or_else(|| internal("missing aug"))?;
-                    (AggregateKind::GcnNorm, aug, &p[0])
-                };
-                let (gi_agg, gi_bias) = if sage { (1, 2) } else { (0, 1) };
-                dev.bias_grad(g, nd, d_out, &mut grads[gi_bias], false)?;
-                if sage {
-                    dev.matmul(
-                        DevMat::new(x, nd, d_in).t(),
-                        DevMat::new(g, nd, d_out),
-                        &mut grads[0],
-                        false,
-                    )?;
-                }
-                let mut dx = None;
-                match &cache.agg {
-                    None => {
-                        let mut dp = dev.alloc_uninit(ns * d_out)?;
-                        dev.aggregate_backward(agg_block, kind, g, d_out, &mut dp)?;
-                        dev.matmul(
-                            DevMat::new(x, ns, d_in).t(),
-                            DevMat::new(&dp, ns, d_out),
-                            &mut grads[gi_agg],
-                            false,
-                        )?;
-                        if need_dx {
-                            let mut d = dev.alloc_uninit(ns * d_in)?;
-                            dev.matmul(
-                                DevMat::new(&dp, ns, d_out),
-                                DevMat::new(w_agg, d_in, d_out).t(),
-                                &mut d,
-                                false,
-                            )?;
-                            dx = Some(d);
-                        }
-                    }
-                    Some(agg) => {
-                        dev.matmul(
-                            DevMat::new(agg, nd, d_in).t(),
-                            DevMat::new(g, nd, d_out),
-                            &mut grads[gi_agg],
-                            false,
-                        )?;
-                        if need_dx {
-                            let mut dm = dev.alloc_uninit(nd * d_in)?;
-                            dev.matmul(
-                                DevMat::new(g, nd, d_out),
-                                DevMat::new(w_agg, d_in, d_out).t(),
-                                &mut dm,
-                                false,
-                            )?;
-                            let mut d = dev.alloc_uninit(ns * d_in)?;
-                            dev.aggregate_backward(agg_block, kind, &dm, d_in, &mut d)?;
-                            dx = Some(d);
-                        }
-                    }
-                }
-                if sage {
-                    if let Some(d) = dx.as_mut() {
-                        dev.matmul(
-                            DevMat::new(g, nd, d_out),
-                            DevMat::new(&p[0], d_in, d_out).t(),
-                            d,
-                            true,
-                        )?;
-                    }
-                }
-                Ok(dx)
-            }
-            ModelKind::Gat => {
-                let (w, a_src, a_dst) = (&p[0], &p[1], &p[2]);
-                let (h, f) = (spec.heads, spec.head_dim);
-                let width = spec.width();
-                let (z, saved) = cache
-                    .gat
-                    .as_ref()
-                    .ok_or_else(|| internal("missing GAT state"))?;
-                let spread;
-                let d_o = if spec.last {
-                    let s = self
-                        .head_mean
-                        .as_ref()
-                        .ok_or_else(|| internal("missing head-mean matrix"))?;
-                    let mut d = dev.alloc_uninit(nd * width)?;
-                    dev.matmul(
-                        DevMat::new(g, nd, d_out),
-                        DevMat::new(s, width, d_out).t(),
-                        &mut d,
-                        false,
-                    )?;
-                    spread = d;
-                    &spread
-                } else {
-                    g
-                };
-                dev.bias_grad(d_o, nd, width, &mut grads[3], false)?;
-                let gg = dev.gat_backward(block, h, f, z, a_src, a_dst, saved, d_o)?;
-                dev.copy(&gg.a_src, &mut grads[1], width)?;
-                dev.copy(&gg.a_dst, &mut grads[2], width)?;
-                dev.matmul(
-                    DevMat::new(x, ns, d_in).t(),
-                    DevMat::new(&gg.z_src, ns, width),
-                    &mut grads[0],
-                    false,
-                )?;
-                if !need_dx {
-                    return Ok(None);
-                }
-                let mut dx = dev.alloc_uninit(ns * d_in)?;
-                dev.matmul(
-                    DevMat::new(&gg.z_src, ns, width),
-                    DevMat::new(w, d_in, width).t(),
-                    &mut dx,
-                    false,
-                )?;
-                Ok(Some(dx))
-            }
-        }
     }
 
     /// One Adam update of every parameter from the current gradients.
@@ -919,15 +690,15 @@ impl<B: Backend> DeviceModel<B> {
     /// [`DeviceModel::grads_to_host`], [`DeviceModel::set_grads`] and
     /// [`DeviceModel::step`] (data-parallel training sums them over the ranks in
     /// between). A non-finite loss skips the backward.
-    pub fn forward_backward(
+    pub fn forward_backward<'x>(
         &mut self,
         dev: &B,
         blocks: &[B::Block],
-        x: &B::Buf<f32>,
+        x: impl Into<LayerInput<'x, B>>,
         labels: &B::Buf<u32>,
         seed: u64,
     ) -> Result<LossStats> {
-        self.forward_backward_hot(dev, blocks, x, labels, seed, None)
+        self.forward_backward_hot(dev, blocks, x.into(), labels, seed, None)
     }
 
     /// [`DeviceModel::forward_backward`] with historical embeddings
@@ -936,14 +707,14 @@ impl<B: Backend> DeviceModel<B> {
         &mut self,
         dev: &B,
         blocks: &[B::Block],
-        x: &B::Buf<f32>,
+        x: LayerInput<'_, B>,
         labels: &B::Buf<u32>,
         seed: u64,
         hot: Option<&HotRows<'_, B>>,
     ) -> Result<LossStats> {
         let fwd = self.forward_hot(dev, blocks, x, true, seed, hot)?;
         let rows = fwd.rows();
-        let classes = self.cfg.num_classes;
+        let classes = self.arch.cfg.num_classes;
         let mut dlogits = dev.alloc_uninit(rows * classes)?;
         let stats =
             dev.softmax_cross_entropy(&fwd.logits, rows, classes, labels, Some(&mut dlogits))?;
@@ -1007,11 +778,11 @@ impl<B: Backend> DeviceModel<B> {
     /// Forward (with dropout), loss against `labels` (one per seed), backward and one
     /// Adam step; returns the batch's loss and correct count. A non-finite loss
     /// skips the backward and the step (the version does not move).
-    pub fn train_step(
+    pub fn train_step<'x>(
         &mut self,
         dev: &B,
         blocks: &[B::Block],
-        x: &B::Buf<f32>,
+        x: impl Into<LayerInput<'x, B>>,
         labels: &B::Buf<u32>,
         seed: u64,
     ) -> Result<LossStats> {
@@ -1020,16 +791,16 @@ impl<B: Backend> DeviceModel<B> {
 
     /// [`DeviceModel::train_step`] with historical embeddings for some of layer 0's
     /// outputs ([`DeviceModel::forward_hot`]; their gradient rows are zeroed).
-    pub fn train_step_hot(
+    pub fn train_step_hot<'x>(
         &mut self,
         dev: &B,
         blocks: &[B::Block],
-        x: &B::Buf<f32>,
+        x: impl Into<LayerInput<'x, B>>,
         labels: &B::Buf<u32>,
         seed: u64,
         hot: Option<&HotRows<'_, B>>,
     ) -> Result<LossStats> {
-        let stats = self.forward_backward_hot(dev, blocks, x, labels, seed, hot)?;
+        let stats = self.forward_backward_hot(dev, blocks, x.into(), labels, seed, hot)?;
         if stats.loss.is_finite() {
             self.step(dev)?;
         }

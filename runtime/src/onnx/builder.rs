@@ -1,9 +1,12 @@
 //! A small ONNX graph builder over the generated protobuf types: nodes with fresh
 //! value names, deduplicated constants, float initializers and typed graph inputs
-//! and outputs. Every method returns the name of the value it made, so a layer
-//! reads as a sequence of ops.
+//! and outputs, and the layers' graph ops ([`GraphEmitter`], which the layers in
+//! `gpu_ops::model` emit through). Every method returns the name of the value it
+//! made, so a layer reads as a sequence of ops.
 
 use std::collections::HashMap;
+
+use gpu_ops::model::{GraphEmitter, Reduce, Reduction, Unary};
 
 use super::proto::{
     attribute_proto::AttributeType, tensor_proto::DataType, tensor_shape_proto, type_proto,
@@ -207,36 +210,32 @@ impl GraphBuilder {
             ..Default::default()
         }
     }
+}
 
-    // ---- Named forms of the ops the layers use. ----
-
-    /// `a · b` (`MatMul`).
-    pub(crate) fn matmul(&mut self, a: &str, b: &str) -> String {
+/// The layers' graph ops ([`gpu_ops::model::GraphEmitter`]) as ONNX nodes; each
+/// value is named after its op (`matmul_12`).
+impl GraphEmitter for GraphBuilder {
+    fn matmul(&mut self, a: &str, b: &str) -> String {
         self.op("MatMul", &[a, b], vec![], "matmul")
     }
 
-    /// `a + b` (broadcasting).
-    pub(crate) fn add(&mut self, a: &str, b: &str) -> String {
+    fn add(&mut self, a: &str, b: &str) -> String {
         self.op("Add", &[a, b], vec![], "add")
     }
 
-    /// `a − b` (broadcasting).
-    pub(crate) fn sub(&mut self, a: &str, b: &str) -> String {
+    fn sub(&mut self, a: &str, b: &str) -> String {
         self.op("Sub", &[a, b], vec![], "sub")
     }
 
-    /// `a · b` elementwise (broadcasting).
-    pub(crate) fn mul(&mut self, a: &str, b: &str) -> String {
+    fn mul(&mut self, a: &str, b: &str) -> String {
         self.op("Mul", &[a, b], vec![], "mul")
     }
 
-    /// `a / b` elementwise (broadcasting).
-    pub(crate) fn div(&mut self, a: &str, b: &str) -> String {
+    fn div(&mut self, a: &str, b: &str) -> String {
         self.op("Div", &[a, b], vec![], "div")
     }
 
-    /// Rows `idx` of `data` (`Gather` on axis 0).
-    pub(crate) fn gather_rows(&mut self, data: &str, idx: &str) -> String {
+    fn gather_rows(&mut self, data: &str, idx: &str) -> String {
         self.op(
             "Gather",
             &[data, idx],
@@ -245,20 +244,36 @@ impl GraphBuilder {
         )
     }
 
-    /// `x` with a new axis of size 1 at `axis`.
-    pub(crate) fn unsqueeze(&mut self, x: &str, axis: i64) -> String {
+    fn scatter_rows(
+        &mut self,
+        data: &str,
+        idx: &str,
+        updates: &str,
+        reduction: Reduction,
+    ) -> String {
+        let reduction = match reduction {
+            Reduction::Add => "add",
+            Reduction::Max => "max",
+        };
+        self.op(
+            "ScatterND",
+            &[data, idx, updates],
+            vec![("reduction", Attr::Str(reduction))],
+            "scatter",
+        )
+    }
+
+    fn unsqueeze(&mut self, x: &str, axis: i64) -> String {
         let axes = self.const_i64(&[axis]);
         self.op("Unsqueeze", &[x, &axes], vec![], "unsqueeze")
     }
 
-    /// `x` reshaped to `shape` (`0` keeps that input dimension, `-1` infers one).
-    pub(crate) fn reshape(&mut self, x: &str, shape: &[i64]) -> String {
+    fn reshape(&mut self, x: &str, shape: &[i64]) -> String {
         let s = self.const_i64(shape);
         self.op("Reshape", &[x, &s], vec![], "reshape")
     }
 
-    /// `Shape(x)[0:1]`: the row count of `x` as an `int64` tensor of shape `[1]`.
-    pub(crate) fn rows_of(&mut self, x: &str) -> String {
+    fn rows_of(&mut self, x: &str) -> String {
         self.op(
             "Shape",
             &[x],
@@ -267,9 +282,12 @@ impl GraphBuilder {
         )
     }
 
-    /// A `float` tensor filled with `value`, of shape `rows` (an `int64 [1]` value)
-    /// followed by the fixed `tail` dimensions.
-    pub(crate) fn filled(&mut self, rows: &str, tail: &[i64], value: f32) -> String {
+    fn shape_of(&mut self, x: &str) -> String {
+        // Named for its use: the edge count of an edge list.
+        self.op("Shape", &[x], vec![], "num_edges")
+    }
+
+    fn filled(&mut self, rows: &str, tail: &[i64], value: f32) -> String {
         let shape = if tail.is_empty() {
             rows.to_string()
         } else {
@@ -284,57 +302,61 @@ impl GraphBuilder {
         )
     }
 
-    /// `data` with `updates` row `e` combined into row `idx[e]` by `reduction`
-    /// (`"add"`, `"max"`): `ScatterND` with `idx` of shape `[E, 1]`.
-    pub(crate) fn scatter_rows(
-        &mut self,
-        data: &str,
-        idx: &str,
-        updates: &str,
-        reduction: &'static str,
-    ) -> String {
-        self.op(
-            "ScatterND",
-            &[data, idx, updates],
-            vec![("reduction", Attr::Str(reduction))],
-            "scatter",
-        )
-    }
-
-    /// The first `n` rows of `x` (`n`: an `int64 [1]` value).
-    pub(crate) fn first_rows(&mut self, x: &str, n: &str) -> String {
+    fn first_rows(&mut self, x: &str, n: &str) -> String {
         let zero = self.const_i64(&[0]);
         let axes = self.const_i64(&[0]);
         self.op("Slice", &[x, &zero, n, &axes], vec![], "slice")
     }
 
-    /// `0, 1, …, n − 1` as `int64` (`n`: an `int64 [1]` value).
-    pub(crate) fn arange(&mut self, n: &str) -> String {
+    fn arange(&mut self, n: &str) -> String {
         let scalar = self.reshape(n, &[]);
         let (start, delta) = (self.scalar_i64(0), self.scalar_i64(1));
         self.op("Range", &[&start, &scalar, &delta], vec![], "range")
     }
 
-    /// `a` and `b` joined along axis 0.
-    pub(crate) fn concat0(&mut self, a: &str, b: &str) -> String {
+    fn concat0(&mut self, a: &str, b: &str) -> String {
         self.op("Concat", &[a, b], vec![("axis", Attr::Int(0))], "concat")
     }
 
-    /// A one-input op without attributes (`Relu`, `Sqrt`, `Reciprocal`, `Exp`).
-    pub(crate) fn unary(&mut self, op_type: &str, x: &str) -> String {
-        let hint = op_type.to_ascii_lowercase();
-        self.op(op_type, &[x], vec![], &hint)
+    fn unary(&mut self, op: Unary, x: &str) -> String {
+        let (op_type, hint) = match op {
+            Unary::Relu => ("Relu", "relu"),
+            Unary::Sqrt => ("Sqrt", "sqrt"),
+            Unary::Reciprocal => ("Reciprocal", "reciprocal"),
+            Unary::Exp => ("Exp", "exp"),
+        };
+        self.op(op_type, &[x], vec![], hint)
     }
 
-    /// `max(x, value)` elementwise.
-    pub(crate) fn max_scalar(&mut self, x: &str, value: f32) -> String {
+    fn elu(&mut self, x: &str, alpha: f32) -> String {
+        self.op("Elu", &[x], vec![("alpha", Attr::Float(alpha))], "elu")
+    }
+
+    fn leaky_relu(&mut self, x: &str, alpha: f32) -> String {
+        self.op(
+            "LeakyRelu",
+            &[x],
+            vec![("alpha", Attr::Float(alpha))],
+            "leaky_relu",
+        )
+    }
+
+    fn max_scalar(&mut self, x: &str, value: f32) -> String {
         let c = self.scalar_f32(value);
         self.op("Max", &[x, &c], vec![], "max")
     }
 
-    /// `x` reduced over `axis` (dropped) by `op` (`"ReduceSum"`, `"ReduceMean"`).
-    pub(crate) fn reduce(&mut self, op: &str, x: &str, axis: i64) -> String {
+    fn reduce(&mut self, op: Reduce, x: &str, axis: i64) -> String {
+        let op_type = match op {
+            Reduce::Sum => "ReduceSum",
+            Reduce::Mean => "ReduceMean",
+        };
         let axes = self.const_i64(&[axis]);
-        self.op(op, &[x, &axes], vec![("keepdims", Attr::Int(0))], "reduce")
+        self.op(
+            op_type,
+            &[x, &axes],
+            vec![("keepdims", Attr::Int(0))],
+            "reduce",
+        )
     }
 }

@@ -1,8 +1,14 @@
 //! ONNX export of a trained model, and serving it through ONNX Runtime.
 //!
-//! [`export_model`] writes a [`cpu_ops::Model`] as an ONNX graph (opset [`OPSET`])
-//! whose inputs are the features and the graph structure of every layer's block,
-//! so one file serves a sampled mini-batch and full-graph inference alike.
+//! [`export`] writes a model — its [`ModelConfig`] and parameter tensors — as an
+//! ONNX graph (opset [`OPSET`]) whose inputs are the features and the graph
+//! structure of every layer's block, so one file serves a sampled mini-batch and
+//! full-graph inference alike. Each layer's ops come from its own file in
+//! `gpu_ops::model` ([`gpu_ops::model::LayerDef::emit`]), written over
+//! [`gpu_ops::model::GraphEmitter`], which `builder.rs` implements with ONNX
+//! nodes; this module declares the inputs, the parameters (initializers) and the
+//! activation between layers. [`export_model`] is the same for a
+//! [`cpu_ops::Model`].
 //! [`OrtModel`] runs such a file through ONNX Runtime (the `ort` crate, cargo
 //! feature `onnx-runtime`, library loaded at run time from a path); without the
 //! feature it has the same API and reports that it was not compiled in.
@@ -65,7 +71,6 @@
 //! ```
 
 mod builder;
-mod layer;
 #[allow(clippy::all, missing_docs)]
 mod proto;
 #[cfg(feature = "onnx-runtime")]
@@ -78,14 +83,15 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
-use cpu_ops::{BlockView, CsrGraph, Model, ModelKind};
+use cpu_ops::{BlockView, CsrGraph, Model, ModelConfig, ModelKind};
+use gpu_ops::model::{EmitBlock, GraphEmitter, ModelLayout};
+use gpu_ops::GpuOpsError;
 use prost::Message;
 
 use crate::atomic::write_file_atomically;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use builder::{Dim, GraphBuilder};
-use layer::BlockValues;
 use proto::tensor_proto::DataType;
 use proto::{ModelProto, OperatorSetIdProto, StringStringEntryProto};
 
@@ -158,14 +164,27 @@ pub(crate) fn kind_name(kind: ModelKind) -> &'static str {
     }
 }
 
-/// The ONNX model (serialized `ModelProto`) computing `model`'s forward pass
-/// without dropout, as the module doc describes: `Model::forward_input(.., train =
-/// false, ..)` for [`OnnxOutput::Logits`], its `Forward::hidden(layers − 2)` for
-/// [`OnnxOutput::Embeddings`]. The parameters are stored as initializers under
-/// the model's names (`layer0.weight`, ...).
-pub fn export_model(model: &Model<f32>, opts: &ExportOptions) -> Result<Vec<u8>> {
-    let cfg = model.config();
-    let specs = model.layer_specs();
+/// An error of laying out a model: a bad configuration keeps its `cpu_ops` error.
+fn layout_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
+    move |e| match e {
+        GpuOpsError::CpuOps(source) => Error::cpu_ops(context, source),
+        source => Error::Device {
+            context: context.into(),
+            source,
+        },
+    }
+}
+
+/// The ONNX model (serialized `ModelProto`) computing [`export_model`]'s graph
+/// for a model of `cfg` holding `params` (in `gpu_ops::model::ModelLayout`'s
+/// order, the order of checkpoints and `Model::params`; counts and lengths are
+/// checked).
+pub fn export(cfg: &ModelConfig, params: &[&[f32]], opts: &ExportOptions) -> Result<Vec<u8>> {
+    let layout = ModelLayout::new(cfg).map_err(layout_err("ONNX export"))?;
+    layout
+        .check_params(params)
+        .map_err(layout_err("ONNX export: parameters"))?;
+    let specs = layout.layer_specs();
     let layers = match opts.output {
         OnnxOutput::Logits => specs.len(),
         OnnxOutput::Embeddings if specs.len() < 2 => {
@@ -176,7 +195,6 @@ pub fn export_model(model: &Model<f32>, opts: &ExportOptions) -> Result<Vec<u8>>
         }
         OnnxOutput::Embeddings => specs.len() - 1,
     };
-    let names = model.param_names();
     let mut g = GraphBuilder::default();
     let mut h = g.input(
         "x",
@@ -189,17 +207,27 @@ pub fn export_model(model: &Model<f32>, opts: &ExportOptions) -> Result<Vec<u8>>
     let mut width = cfg.in_dim;
     for (l, spec) in specs.iter().take(layers).enumerate() {
         let edges = || Dim::Named(format!("num_edges_{l}"));
-        let block = BlockValues {
+        let block = EmitBlock {
             src: g.input(&format!("src_{l}"), DataType::Int64, &[edges()]),
             dst: g.input(&format!("dst_{l}"), DataType::Int64, &[edges()]),
             num_dst: g.input(&format!("num_dst_{l}"), DataType::Int64, &[Dim::Fixed(1)]),
         };
-        let params = model
-            .layer_params(l)
-            .map_err(|e| Error::cpu_ops("ONNX export", e))?;
-        let first = spec.first_param;
-        let layer_names = &names[first..first + params.len()];
-        h = layer::emit(&mut g, cfg.kind, spec, params, layer_names, &h, &block);
+        let layer = layout
+            .layer(l)
+            .ok_or_else(|| Error::invalid_argument("ONNX export", "internal: missing layer"))?;
+        let range = layout.layer_params(l).map_err(layout_err("ONNX export"))?;
+        // The layer's tensors as named initializers, then its ops.
+        let names: Vec<String> = range
+            .map(|i| {
+                let p = &layout.params()[i];
+                let dims: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
+                g.param(&p.name, &dims, params[i])
+            })
+            .collect();
+        h = layer.emit(&mut g, &names, &h, &block);
+        if !spec.last {
+            h = g.activation(layer.activation(), &h);
+        }
         width = spec.d_out;
     }
     let top = layers - 1;
@@ -253,12 +281,32 @@ pub fn export_model(model: &Model<f32>, opts: &ExportOptions) -> Result<Vec<u8>>
     Ok(proto.encode_to_vec())
 }
 
-/// [`export_model`] written to `path` atomically.
-pub fn write_model(model: &Model<f32>, opts: &ExportOptions, path: &Path) -> Result<()> {
-    let bytes = export_model(model, opts)?;
+/// The ONNX model (serialized `ModelProto`) computing `model`'s forward pass
+/// without dropout, as the module doc describes: `Model::forward_input(.., train =
+/// false, ..)` for [`OnnxOutput::Logits`], its `Forward::hidden(layers − 2)` for
+/// [`OnnxOutput::Embeddings`]. The parameters are stored as initializers under
+/// the model's names (`layer0.weight`, ...). [`export`] of the model's
+/// configuration and tensors.
+pub fn export_model(model: &Model<f32>, opts: &ExportOptions) -> Result<Vec<u8>> {
+    export(model.config(), &model.params(), opts)
+}
+
+/// [`export`] written to `path` atomically.
+pub fn write(
+    cfg: &ModelConfig,
+    params: &[&[f32]],
+    opts: &ExportOptions,
+    path: &Path,
+) -> Result<()> {
+    let bytes = export(cfg, params, opts)?;
     write_file_atomically(path, |w| {
         std::io::Write::write_all(w, &bytes).map_err(|e| Error::io(path, e))
     })
+}
+
+/// [`export_model`] written to `path` atomically.
+pub fn write_model(model: &Model<f32>, opts: &ExportOptions, path: &Path) -> Result<()> {
+    write(model.config(), &model.params(), opts, path)
 }
 
 /// Exports the model saved in the checkpoint at `checkpoint` to `path` (what
@@ -268,9 +316,10 @@ pub fn export_checkpoint(
     opts: &ExportOptions,
     path: &Path,
 ) -> Result<cpu_ops::ModelConfig> {
-    let model = Checkpoint::read(checkpoint)?.model(checkpoint)?;
-    write_model(&model, opts, path)?;
-    Ok(model.config().clone())
+    let ckpt = Checkpoint::read(checkpoint)?;
+    let (cfg, params) = ckpt.model_params(checkpoint)?;
+    write(&cfg, &params, opts, path)?;
+    Ok(cfg)
 }
 
 /// One block as the graph's inputs take it: edge lists of local ids and the

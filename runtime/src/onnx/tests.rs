@@ -142,6 +142,37 @@ fn one_layer_models_have_no_embeddings_to_export() {
     assert!(e.to_string().contains("1-layer"), "{e}");
 }
 
+/// [`export`] takes a configuration and tensors (e.g. a device model's or a
+/// checkpoint's): the same bytes as [`export_model`] of a host model holding
+/// them; wrong tensors are errors naming what is wrong.
+#[test]
+fn export_from_a_configuration_and_tensors() {
+    for kind in [ModelKind::Gcn, ModelKind::Sage, ModelKind::Gat] {
+        let m = model(kind, 2);
+        let params = m.params();
+        for output in [OnnxOutput::Logits, OnnxOutput::Embeddings] {
+            let opts = ExportOptions { output };
+            assert_eq!(
+                export(m.config(), &params, &opts).expect("export"),
+                export_model(&m, &opts).expect("export model"),
+                "{kind:?} {output}"
+            );
+        }
+        let opts = ExportOptions::default();
+        let e = export(m.config(), &params[1..], &opts).expect_err("a tensor short");
+        assert!(e.to_string().contains("parameter tensors"), "{e}");
+        let mut cut = params.clone();
+        cut[0] = &params[0][1..];
+        assert!(export(m.config(), &cut, &opts).is_err());
+        let bad = ModelConfig {
+            num_layers: 0,
+            ..m.config().clone()
+        };
+        let e = export(&bad, &params, &opts).expect_err("no layers");
+        assert!(e.to_string().contains("num_layers"), "{e}");
+    }
+}
+
 #[test]
 fn output_kind_parses() {
     assert_eq!("logits".parse(), Ok(OnnxOutput::Logits));

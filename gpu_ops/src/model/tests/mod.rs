@@ -1,5 +1,13 @@
 //! [`DeviceModel`] on the host backend against [`cpu_ops::Model`]: the same logits,
 //! gradients and Adam updates for every kind, depth and projection order.
+//!
+//! Submodules: `init` (initialization and layout, also against the host model),
+//! `sparse` (sparse input against dense input), `layer0` (layer 0 from host rows,
+//! and the fused CPU SAGE kernel against the generic layer).
+
+mod init;
+mod layer0;
+mod sparse;
 
 use cpu_ops::{
     softmax_cross_entropy, Adam, AdamConfig, BlockView, BuildOptions, CsrGraph, MatMut, MatRef,
@@ -10,7 +18,7 @@ use super::DeviceModel;
 use crate::prelude::*;
 use crate::HostBackend;
 
-fn random_graph(n: usize, m: usize, seed: u64) -> CsrGraph {
+pub(super) fn random_graph(n: usize, m: usize, seed: u64) -> CsrGraph {
     let mut rng = Rng::new(seed);
     let edges: Vec<(u32, u32)> = (0..m)
         .map(|_| (rng.below(n as u64) as u32, rng.below(n as u64) as u32))
@@ -18,7 +26,7 @@ fn random_graph(n: usize, m: usize, seed: u64) -> CsrGraph {
     CsrGraph::from_edges(n, &edges, BuildOptions::UNDIRECTED).expect("graph")
 }
 
-fn close(what: &str, a: &[f32], b: &[f32], tol: f32) {
+pub(super) fn close(what: &str, a: &[f32], b: &[f32], tol: f32) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");
     let scale = b.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
     for (i, (x, y)) in a.iter().zip(b).enumerate() {

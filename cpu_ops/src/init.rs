@@ -1,4 +1,6 @@
-//! Parameter initialization as DGL 1.1.3's layers do it (PyTorch's `nn.init`).
+//! Parameter initialization as DGL 1.1.3's layers do it (PyTorch's `nn.init`),
+//! shared by [`crate::Model`] and the device models of `gpu_ops` (which declare each
+//! tensor's [`Init`] in their layer files).
 //!
 //! - `GraphConv`: `xavier_uniform_(weight)` (gain 1), zero bias;
 //! - `SAGEConv`: `xavier_uniform_(fc_self.weight, gain=√2)` and the same for
@@ -17,21 +19,27 @@ use crate::real::Real;
 use crate::rng::Rng;
 
 /// PyTorch's `calculate_gain("relu")`.
-pub(crate) const RELU_GAIN: f64 = std::f64::consts::SQRT_2;
+pub const RELU_GAIN: f64 = std::f64::consts::SQRT_2;
 
 /// How a tensor is filled.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Init {
+pub enum Init {
     /// Xavier-uniform with this gain and fans.
     XavierUniform {
+        /// The gain (`1` or [`RELU_GAIN`]).
         gain: f64,
+        /// PyTorch's `fan_in`.
         fan_in: usize,
+        /// PyTorch's `fan_out`.
         fan_out: usize,
     },
     /// Xavier-normal with this gain and fans.
     XavierNormal {
+        /// The gain (`1` or [`RELU_GAIN`]).
         gain: f64,
+        /// PyTorch's `fan_in`.
         fan_in: usize,
+        /// PyTorch's `fan_out`.
         fan_out: usize,
     },
     /// All zeros.
@@ -39,8 +47,9 @@ pub(crate) enum Init {
 }
 
 impl Init {
-    /// `len` values drawn from stream `stream` of `seed`.
-    pub(crate) fn fill<T: Real>(self, len: usize, seed: u64, stream: u64) -> Vec<T> {
+    /// `len` values drawn from stream `stream` of `seed` (a model's tensor `i`
+    /// uses stream `i`, counted over all layers).
+    pub fn fill<T: Real>(self, len: usize, seed: u64, stream: u64) -> Vec<T> {
         let mut rng = Rng::for_stream(seed, stream);
         match self {
             Init::XavierUniform {
