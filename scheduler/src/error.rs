@@ -91,6 +91,23 @@ pub enum SchedulerError {
         task: usize,
     },
 
+    /// An event the protocol does not expect in its current state (a driver
+    /// that answers out of turn).
+    #[error("protocol: unexpected {event} event ({state})")]
+    UnexpectedEvent {
+        /// The event's name.
+        event: &'static str,
+        /// What the protocol was doing or waiting for.
+        state: String,
+    },
+    /// A rule of the protocol would be broken (a row past the staleness bound, a
+    /// batch ahead of its version): a bug, refused rather than carried out.
+    #[error("protocol invariant broken: {what}")]
+    ProtocolInvariant {
+        /// What would have happened.
+        what: String,
+    },
+
     /// A simulation ended with tasks that never ran (a placement whose program
     /// order contradicts the dependencies).
     #[error("simulation stalled at {time_s} s with {pending} tasks never run")]

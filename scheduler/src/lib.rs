@@ -12,6 +12,8 @@
 //!   (CPU part / cached part of the hot set), [`SuperBatchPlan`] (hot queues),
 //!   [`Publication`] (when weights go to the CPU);
 //! - staleness: [`StalenessRule`], [`OnLate`], [`GapHistogram`];
+//! - the protocol: [`Protocol`] consumes [`Event`]s and emits [`Action`]s (module
+//!   [`protocol`]: the super-batch pipeline's decisions as a state machine);
 //! - the monitor: [`Monitor`], [`Observation`], [`MoveEvent`];
 //! - `policy = "auto"`: [`choose`] among measured placements, [`LayerFit`] to
 //!   propose the layer-based split worth measuring;
@@ -31,6 +33,7 @@ mod hotness;
 mod monitor;
 mod pipeline;
 mod placement;
+pub mod protocol;
 mod relabel;
 mod report;
 mod sim;
@@ -52,6 +55,10 @@ pub use pipeline::{
     HotSplit, PipelineConfig, Publication, SuperBatchPlan, VertexClass, MAX_PIPELINE_DEPTH,
 };
 pub use placement::{LayerBased, Orchestration, Placement, StepBased};
+pub use protocol::{
+    Action, ChunkKey, ClaimId, Event, Job, LaunchedBatch, Protocol, ProtocolConfig, ProtocolStats,
+    ReportId, TrainBatch, Urgent,
+};
 pub use relabel::{hot_count, Permutation, Relabeling};
 pub use report::{BatchRecord, SimReport, SimTotals, SuperBatchRecord, TaskSpan};
 pub use sim::{simulate, SimConfig};
