@@ -24,8 +24,8 @@
 //!    0` starts): [`Action::Launch`]; the driver samples its batches' top layers
 //!    and answers [`Event::Launched`] with each batch's bottom destinations and
 //!    the split to plan with (the monitor's). The queue is the CPU-hot bottom
-//!    destinations of its batches, deduplicated, hottest first
-//!    ([`crate::SuperBatchPlan`]), cut into chunks
+//!    destinations of its batches other than their own seeds, deduplicated,
+//!    hottest first ([`crate::SuperBatchPlan`]), cut into chunks
 //!    ([`crate::PipelineConfig::chunk_ranges`]); the protocol reserves slab
 //!    `g % (D + 1)` for it ([`Action::ReserveSlab`]) and queues one regular job per
 //!    chunk, each with a fresh claim ([`Action::QueueJob`]). A batch's own seeds
