@@ -1,10 +1,11 @@
-//! Simulates one synthetic workload under every orchestration and prints a table.
+//! Simulates one synthetic workload through the super-batch protocol under a few
+//! staleness settings, with and without the monitor, and prints a table.
 //!
 //! `cargo run -p scheduler --example simulate -- [batches] [seed]`
 
 use scheduler::{
-    simulate, CostModel, ModelShape, MonitorConfig, OnLate, Orchestration, SimConfig,
-    StalenessRule, SyntheticWorkload,
+    simulate, CostModel, ModelShape, MonitorConfig, OnLate, SimConfig, StalenessRule,
+    SyntheticWorkload,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -14,51 +15,70 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let work = SyntheticWorkload::small(batches, seed).generate()?;
     let model = ModelShape::new(602, 128, 3, 10)?;
     println!(
-        "{batches} batches, hot set {} (synthetic, seed {seed}), model f=602 h=128 L=3 fanout 10",
+        "{batches} batches, hot set {} (synthetic, seed {seed}), model f=602 h=128 L=3 fanout 10, \
+         N=4 D=1, 4 CPU workers",
         work.hot_count()
     );
     println!(
-        "{:<24} {:>9} {:>7} {:>7} {:>9} {:>9} {:>8} {:>6} {:>6}",
-        "orchestration",
+        "{:<30} {:>8} {:>6} {:>6} {:>9} {:>8} {:>6} {:>7} {:>6} {:>5}",
+        "run",
         "epoch_s",
         "acc%",
         "cpu%",
         "hotwait_s",
         "PCIe_MB",
         "maxgap",
-        "late",
+        "cold",
+        "urgent",
         "moves"
     );
-    for (orch, monitor) in Orchestration::ALL
-        .iter()
-        .map(|&o| (o, false))
-        .chain([(Orchestration::Layer, true)])
-    {
+    let on_time = SimConfig::layer(model)?.pipeline.on_time_gap();
+    let runs = [
+        ("bound 7, wait", on_time, OnLate::Wait, 1.0, false),
+        ("bound 7, compute", on_time, OnLate::Compute, 1.0, false),
+        ("bound 3, wait", 3, OnLate::Wait, 1.0, false),
+        ("bound 0, wait", 0, OnLate::Wait, 1.0, false),
+        ("CPU /8, bound 7, wait", on_time, OnLate::Wait, 0.125, false),
+        (
+            "CPU /8, bound 7, compute",
+            on_time,
+            OnLate::Compute,
+            0.125,
+            false,
+        ),
+        (
+            "CPU /8, bound 7, wait, monitor",
+            on_time,
+            OnLate::Wait,
+            0.125,
+            true,
+        ),
+    ];
+    for (name, bound, on_late, cpu_speed, monitor) in runs {
         let mut cfg = SimConfig::layer(model)?;
-        cfg.orchestration = orch;
-        cfg.staleness = StalenessRule::new(cfg.pipeline.on_time_gap(), OnLate::Wait);
+        cfg.staleness = StalenessRule::new(bound, on_late);
         if monitor {
             cfg.monitor = Some(MonitorConfig::with_budget(
                 work.hot_count() as u64 * model.feature_row_bytes(),
             ));
         }
-        let r = simulate(&cfg, &work, CostModel::reference())?;
+        let mut costs = CostModel::reference();
+        costs.cpu.flops_per_s *= cpu_speed;
+        costs.cpu.mem_bytes_per_s *= cpu_speed;
+        costs.cpu.sample_edges_per_s *= cpu_speed;
+        let r = simulate(&cfg, &work, costs)?;
         let t = &r.totals;
-        let name = if monitor {
-            format!("{orch} + monitor")
-        } else {
-            orch.to_string()
-        };
         println!(
-            "{:<24} {:>9.4} {:>6.1}% {:>6.1}% {:>9.4} {:>9.1} {:>8} {:>6} {:>6}",
+            "{:<30} {:>8.4} {:>5.1}% {:>5.1}% {:>9.4} {:>8.1} {:>6} {:>7} {:>6} {:>5}",
             name,
             t.epoch_s,
             100.0 * t.acc_busy_fraction,
             100.0 * t.cpu_busy_fraction,
             t.acc_wait_hot_s,
             t.pcie_bytes as f64 / 1e6,
-            r.gaps.max().map_or("-".into(), |g| g.to_string()),
-            t.late_computed,
+            r.stats.gaps.max().map_or("-".into(), |g| g.to_string()),
+            r.stats.computed_cold,
+            r.stats.urgent_jobs,
             t.moves
         );
     }

@@ -1,29 +1,230 @@
-//! Task costs for the simulator: a rate-based cost model, random scripts around
-//! it, and hand-written scripts.
+//! What simulated work costs: the work a simulated resource does ([`Work`]: its
+//! kind, device and size estimate), a rate-based cost model, random scripts
+//! around it, and hand-written scripts.
 //!
-//! A [`CostSource`] answers one question: how many seconds does this task take on
-//! its device, given the bytes it moves over PCIe under the current placement
-//! ([`crate::TaskGraph::pcie_bytes`])? StarPU's simulation mode answers it from
-//! calibrated per-kernel models; here the default is a roofline-style sum
-//! ([`CostModel`]), [`RandomCosts`] perturbs any source with a seeded generator
-//! (for property tests over many scripts), and [`Scripted`] wraps a closure (for
-//! tests that need exact costs).
+//! A [`CostSource`] answers one question: how many seconds does this piece of
+//! work take on its device? StarPU's simulation mode answers it from calibrated
+//! per-kernel models; here the default is a roofline-style sum ([`CostModel`]),
+//! [`RandomCosts`] perturbs any source with a seeded generator (for property
+//! tests over many scripts), and [`Scripted`] wraps a closure (for tests that
+//! need exact costs).
+//!
+//! # The work, and its estimate
+//! One [`Work`] per thing the simulator's resources do, as the protocol's
+//! actions and the CPU jobs ask (with `hot_backward = "constant"`, the runtime's
+//! default):
+//! - [`WorkKind::SampleTop`] (accelerator, one per batch of an
+//!   [`crate::Action::Launch`]): the layers above the bottom; the bottom
+//!   destinations' ids (4 B each) go to the host to plan the queue.
+//! - [`WorkKind::HotCompute`] (one CPU worker, one job): `k · fanout` sampled
+//!   edges, `k · (fanout + 1)` feature rows read from host memory, the bottom
+//!   layer's flops; `k` rows of [`ModelShape::hot_row_bytes`] into staging.
+//! - [`WorkKind::Install`] (accelerator, [`crate::Action::Install`]): those rows,
+//!   host → device.
+//! - [`WorkKind::Train`] (accelerator, [`crate::Action::Train`]): the used hot
+//!   positions and slab rows (8 B each) and a skip mask (1 B per bottom
+//!   destination when some are hot) go up; the bottom hop of the destinations
+//!   left cold is sampled, their inputs gathered (rows the device cache lacks
+//!   cross PCIe) and computed; the upper layers forward, every layer backward,
+//!   the optimizer step. `est.vertices` counts the bottom destinations the
+//!   accelerator computes.
+//! - [`WorkKind::Publish`] (accelerator, [`crate::Action::Publish`]): layer 0's
+//!   weights, device → host.
 
 use cpu_ops::Rng;
 
 use crate::error::{invalid, Result};
-use crate::task::{Device, Task};
+use crate::placement::Device;
+use crate::workload::{BatchShape, ModelShape};
 
-/// Durations of tasks.
+/// Bytes of an `f32`.
+const F32: u64 = 4;
+
+/// What a piece of simulated work is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WorkKind {
+    /// One batch's top layers, sampled at its super-batch's launch.
+    SampleTop,
+    /// One CPU job: a chunk's rows.
+    HotCompute,
+    /// One chunk's rows into the device slab.
+    Install,
+    /// One batch's training step, gate to optimizer step.
+    Train,
+    /// Layer 0's weights to the host.
+    Publish,
+}
+
+impl WorkKind {
+    /// Snake-case name, as traces print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SampleTop => "sample_top",
+            Self::HotCompute => "hot_compute",
+            Self::Install => "install",
+            Self::Train => "train",
+            Self::Publish => "publish",
+        }
+    }
+
+    /// The device that does it.
+    pub fn device(self) -> Device {
+        match self {
+            Self::HotCompute => Device::Cpu,
+            _ => Device::Accelerator,
+        }
+    }
+}
+
+impl std::fmt::Display for WorkKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Estimated size of a piece of work: what a cost model turns into seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    /// Vertices it handles (destinations computed, rows moved, seeds sampled).
+    pub vertices: u64,
+    /// Neighbor entries it aggregates over (or samples).
+    pub edges: u64,
+    /// Neighbor entries it samples (charged at the device's sampling rate).
+    pub sampled_edges: u64,
+    /// Floating-point operations.
+    pub flops: f64,
+    /// Bytes it reads and writes in the memory of its own device.
+    pub mem_bytes: u64,
+    /// Bytes it moves between host and device.
+    pub pcie_bytes: u64,
+}
+
+/// One piece of simulated work (module doc).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Work {
+    /// What it is.
+    pub kind: WorkKind,
+    /// Where it runs ([`WorkKind::device`]).
+    pub device: Device,
+    /// The global batch, for batch work.
+    pub batch: Option<u64>,
+    /// The super-batch it serves.
+    pub super_batch: u64,
+    /// Its size.
+    pub est: Estimate,
+}
+
+impl Work {
+    fn new(kind: WorkKind, batch: Option<u64>, super_batch: u64, est: Estimate) -> Self {
+        Self {
+            kind,
+            device: kind.device(),
+            batch,
+            super_batch,
+            est,
+        }
+    }
+
+    /// Batch `batch`'s top layers (of super-batch `super_batch`).
+    pub fn sample_top(s: &BatchShape, batch: u64, super_batch: u64) -> Self {
+        let edges = s.upper_edges;
+        let vertices = s.seeds + s.upper_dst;
+        let est = Estimate {
+            vertices,
+            edges,
+            sampled_edges: edges,
+            mem_bytes: 12 * edges + 8 * vertices,
+            pcie_bytes: 4 * (s.hot + s.cold_dst),
+            ..Estimate::default()
+        };
+        Self::new(WorkKind::SampleTop, Some(batch), super_batch, est)
+    }
+
+    /// A CPU job of `k` vertices: one hop with the bottom fanout, the neighbors'
+    /// input features from host memory, the bottom layer (the runtime's
+    /// `HotComputer::compute_into`).
+    pub fn hot_compute(m: &ModelShape, k: u64, super_batch: u64) -> Self {
+        let edges = k * m.bottom_fanout as u64;
+        let row = m.feature_row_bytes();
+        let (f, h) = (m.feature_dim as f64, m.hidden as f64);
+        let est = Estimate {
+            vertices: k,
+            edges,
+            sampled_edges: edges,
+            flops: edges as f64 * f + 2.0 * k as f64 * f * h,
+            mem_bytes: (12 * edges + 8 * k) + 3 * row * (edges + k) + m.hot_row_bytes() * k,
+            pcie_bytes: 0,
+        };
+        Self::new(WorkKind::HotCompute, None, super_batch, est)
+    }
+
+    /// The upload of a chunk of `k` rows into the slab.
+    pub fn install(m: &ModelShape, k: u64, super_batch: u64) -> Self {
+        let bytes = m.hot_row_bytes() * k;
+        let est = Estimate {
+            vertices: k,
+            mem_bytes: bytes,
+            pcie_bytes: bytes,
+            ..Estimate::default()
+        };
+        Self::new(WorkKind::Install, None, super_batch, est)
+    }
+
+    /// Batch `batch`'s step with shape `s` (its hot destinations the rows used,
+    /// the late ones moved to the cold side, [`BatchShape::with_cold`]).
+    pub fn train(m: &ModelShape, s: &BatchShape, batch: u64, super_batch: u64) -> Self {
+        let (f, h) = (m.feature_dim as f64, m.hidden as f64);
+        let row = m.feature_row_bytes();
+        // Hot rows: positions and slab rows up, rows selected on the device.
+        let hot_mem = 2 * m.hot_row_bytes() * s.hot;
+        let mask = if s.hot > 0 { s.hot + s.cold_dst } else { 0 };
+        // The bottom hop, gather and compute of the cold destinations.
+        let bottom_mem = 12 * s.cold_edges + 8 * s.cold_dst;
+        let gather_mem = 2 * row * s.cold_inputs;
+        let host_rows = s.cold_inputs - s.cached_inputs.min(s.cold_inputs);
+        let cold_flops = s.cold_edges as f64 * f + 2.0 * s.cold_dst as f64 * f * h;
+        let cold_mem = row * (s.cold_edges + s.cold_dst) + F32 * m.hidden as u64 * s.cold_dst;
+        // The upper layers, backward (≈ twice the forward, plus the bottom
+        // layer's weight gradient over every bottom destination), the step.
+        let fwd_flops = s.upper_edges as f64 * h + 2.0 * s.upper_dst as f64 * h * h;
+        let act = F32 * m.hidden as u64 * (s.upper_dst + s.upper_edges);
+        let bottom = (s.hot + s.cold_dst) as f64;
+        let bwd_flops = 2.0 * fwd_flops + 2.0 * bottom * f * h;
+        let bwd_mem = 2 * act + row * (s.hot + s.cold_dst);
+        let p = m.parameters();
+        let est = Estimate {
+            vertices: s.cold_dst,
+            edges: s.upper_edges + s.cold_edges,
+            sampled_edges: s.cold_edges,
+            flops: cold_flops + fwd_flops + bwd_flops + 10.0 * p as f64,
+            mem_bytes: hot_mem + bottom_mem + gather_mem + cold_mem + act + bwd_mem + 16 * p,
+            pcie_bytes: 8 * s.hot + mask + row * host_rows,
+        };
+        Self::new(WorkKind::Train, Some(batch), super_batch, est)
+    }
+
+    /// Layer 0's weights to the host.
+    pub fn publish(m: &ModelShape, super_batch: u64) -> Self {
+        let w = m.bottom_weight_bytes();
+        let est = Estimate {
+            mem_bytes: w,
+            pcie_bytes: w,
+            ..Estimate::default()
+        };
+        Self::new(WorkKind::Publish, None, super_batch, est)
+    }
+}
+
+/// Durations of work.
 pub trait CostSource {
-    /// Seconds `task` takes on `task.device` when it moves `pcie_bytes` over PCIe.
-    /// Must be finite and non-negative (the simulator checks).
-    fn duration(&mut self, task: &Task, pcie_bytes: u64) -> f64;
+    /// Seconds `work` takes on `work.device`. Must be finite and non-negative
+    /// (the simulator checks).
+    fn duration(&mut self, work: &Work) -> f64;
 }
 
 impl<C: CostSource + ?Sized> CostSource for &mut C {
-    fn duration(&mut self, task: &Task, pcie_bytes: u64) -> f64 {
-        (**self).duration(task, pcie_bytes)
+    fn duration(&mut self, work: &Work) -> f64 {
+        (**self).duration(work)
     }
 }
 
@@ -65,9 +266,8 @@ impl DeviceRates {
         Ok(())
     }
 
-    /// Seconds for the work of `task` on this device (PCIe excluded).
-    fn seconds(&self, task: &Task) -> f64 {
-        let e = &task.est;
+    /// Seconds for an estimate on this device (PCIe excluded).
+    fn seconds(&self, e: &Estimate) -> f64 {
         self.task_overhead_s
             + e.flops / self.flops_per_s
             + e.mem_bytes as f64 / self.mem_bytes_per_s
@@ -132,15 +332,16 @@ impl CostModel {
         }
     }
 
-    /// Seconds for `task` on its device, moving `pcie_bytes`.
-    pub fn seconds(&self, task: &Task, pcie_bytes: u64) -> f64 {
-        self.rates(task.device).seconds(task) + pcie_bytes as f64 / self.pcie_bytes_per_s
+    /// Seconds for `work` on its device, its PCIe bytes included.
+    pub fn seconds(&self, work: &Work) -> f64 {
+        self.rates(work.device).seconds(&work.est)
+            + work.est.pcie_bytes as f64 / self.pcie_bytes_per_s
     }
 }
 
 impl CostSource for CostModel {
-    fn duration(&mut self, task: &Task, pcie_bytes: u64) -> f64 {
-        self.seconds(task, pcie_bytes)
+    fn duration(&mut self, work: &Work) -> f64 {
+        self.seconds(work)
     }
 }
 
@@ -194,8 +395,8 @@ impl<C: CostSource> RandomCosts<C> {
 }
 
 impl<C: CostSource> CostSource for RandomCosts<C> {
-    fn duration(&mut self, task: &Task, pcie_bytes: u64) -> f64 {
-        let base = self.inner.duration(task, pcie_bytes);
+    fn duration(&mut self, work: &Work) -> f64 {
+        let base = self.inner.duration(work);
         let u = self.rng.next_f64() * 2.0 - 1.0;
         let mut factor = (u * self.log_spread).exp();
         if self.rng.next_f64() < self.spike_probability {
@@ -205,12 +406,12 @@ impl<C: CostSource> CostSource for RandomCosts<C> {
     }
 }
 
-/// Costs from a closure `(task, pcie_bytes) -> seconds`.
+/// Costs from a closure `work -> seconds`.
 pub struct Scripted<F>(pub F);
 
-impl<F: FnMut(&Task, u64) -> f64> CostSource for Scripted<F> {
-    fn duration(&mut self, task: &Task, pcie_bytes: u64) -> f64 {
-        (self.0)(task, pcie_bytes)
+impl<F: FnMut(&Work) -> f64> CostSource for Scripted<F> {
+    fn duration(&mut self, work: &Work) -> f64 {
+        (self.0)(work)
     }
 }
 
@@ -223,20 +424,14 @@ impl<F> std::fmt::Debug for Scripted<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::{Estimate, LayerSpan, TaskKind};
 
-    fn task(kind: TaskKind, device: Device, est: Estimate) -> Task {
-        Task {
-            id: 0,
+    fn work(kind: WorkKind, device: Device, est: Estimate) -> Work {
+        Work {
             kind,
             device,
             batch: Some(0),
             super_batch: 0,
-            chunk: None,
-            layers: LayerSpan::one(0),
-            deps: vec![],
             est,
-            priority: 0,
         }
     }
 
@@ -263,19 +458,21 @@ mod tests {
             mem_bytes: 200,
             edges: 10,
             sampled_edges: 10,
+            pcie_bytes: 100,
             ..Estimate::default()
         };
-        let t = task(TaskKind::SampleTop, Device::Cpu, est);
-        assert!((m.seconds(&t, 100) - (1.0 + 2.0 + 2.0 + 2.0 + 2.0)).abs() < 1e-12);
+        let w = work(WorkKind::SampleTop, Device::Cpu, est);
+        assert!((m.seconds(&w) - (1.0 + 2.0 + 2.0 + 2.0 + 2.0)).abs() < 1e-12);
         // Only sampled edges cost sampling time (aggregated ones do not).
         let aggregated = Estimate {
             sampled_edges: 0,
+            pcie_bytes: 0,
             ..est
         };
-        let t = task(TaskKind::ColdCompute, Device::Cpu, aggregated);
-        assert!((m.seconds(&t, 0) - 5.0).abs() < 1e-12);
-        let t = task(TaskKind::ColdCompute, Device::Accelerator, aggregated);
-        assert!((m.seconds(&t, 0) - 0.22).abs() < 1e-12);
+        let w = work(WorkKind::HotCompute, Device::Cpu, aggregated);
+        assert!((m.seconds(&w) - 5.0).abs() < 1e-12);
+        let w = work(WorkKind::Train, Device::Accelerator, aggregated);
+        assert!((m.seconds(&w) - 0.22).abs() < 1e-12);
         let mut bad = m;
         bad.accelerator.flops_per_s = 0.0;
         assert!(bad
@@ -287,18 +484,50 @@ mod tests {
     }
 
     #[test]
+    fn estimates_move_what_the_module_doc_says_over_pcie() {
+        let m = ModelShape::new(16, 8, 3, 5).unwrap();
+        let s = BatchShape {
+            seeds: 8,
+            upper_dst: 16,
+            upper_edges: 40,
+            hot: 2,
+            cold_dst: 2,
+            cold_edges: 10,
+            cold_inputs: 12,
+            cached_inputs: 2,
+        };
+        assert_eq!(Work::sample_top(&s, 3, 1).est.pcie_bytes, 4 * 4);
+        assert_eq!(Work::sample_top(&s, 3, 1).device, Device::Accelerator);
+        let hot = Work::hot_compute(&m, 2, 1);
+        assert_eq!((hot.device, hot.est.pcie_bytes), (Device::Cpu, 0));
+        assert_eq!(hot.est.sampled_edges, 10);
+        assert_eq!(Work::install(&m, 2, 1).est.pcie_bytes, 2 * 4 * 8);
+        assert_eq!(Work::publish(&m, 1).est.pcie_bytes, m.bottom_weight_bytes());
+        // Positions and rows (8 B per hot row), the mask, the host rows.
+        let t = Work::train(&m, &s, 3, 1);
+        assert_eq!(t.est.pcie_bytes, 16 + 4 + 10 * m.feature_row_bytes());
+        assert_eq!(t.est.vertices, 2);
+        // A late vertex left cold: one fewer position, more bottom work.
+        let late = Work::train(&m, &s.with_cold(1, m.bottom_fanout), 3, 1);
+        assert_eq!(late.est.vertices, 3);
+        assert_eq!(late.est.sampled_edges, 15);
+        assert!(late.est.flops > t.est.flops);
+        assert_eq!(late.est.pcie_bytes, 8 + 4 + 16 * m.feature_row_bytes());
+    }
+
+    #[test]
     fn random_costs_are_seeded_and_bounded() {
-        let t = task(TaskKind::Forward, Device::Accelerator, Estimate::default());
-        let base = Scripted(|_: &Task, _| 1.0);
+        let w = work(WorkKind::Train, Device::Accelerator, Estimate::default());
+        let base = Scripted(|_: &Work| 1.0);
         let mut a = RandomCosts::new(base, 5, 2.0, 0.0, 1.0).unwrap();
-        let xs: Vec<f64> = (0..1000).map(|_| a.duration(&t, 0)).collect();
+        let xs: Vec<f64> = (0..1000).map(|_| a.duration(&w)).collect();
         assert!(xs.iter().all(|&x| (0.5..=2.0).contains(&x)), "{xs:?}");
         assert!(xs.iter().any(|&x| x < 0.8) && xs.iter().any(|&x| x > 1.5));
-        let mut b = RandomCosts::new(Scripted(|_: &Task, _| 1.0), 5, 2.0, 0.0, 1.0).unwrap();
-        let ys: Vec<f64> = (0..1000).map(|_| b.duration(&t, 0)).collect();
+        let mut b = RandomCosts::new(Scripted(|_: &Work| 1.0), 5, 2.0, 0.0, 1.0).unwrap();
+        let ys: Vec<f64> = (0..1000).map(|_| b.duration(&w)).collect();
         assert_eq!(xs, ys);
-        let mut spiky = RandomCosts::new(Scripted(|_: &Task, _| 1.0), 5, 1.0, 1.0, 10.0).unwrap();
-        assert_eq!(spiky.duration(&t, 0), 10.0);
+        let mut spiky = RandomCosts::new(Scripted(|_: &Work| 1.0), 5, 1.0, 1.0, 10.0).unwrap();
+        assert_eq!(spiky.duration(&w), 10.0);
         assert!(RandomCosts::new(CostModel::reference(), 0, 0.5, 0.0, 1.0).is_err());
         assert!(RandomCosts::new(CostModel::reference(), 0, 1.0, 2.0, 1.0).is_err());
         assert!(RandomCosts::new(CostModel::reference(), 0, 1.0, 0.0, 0.1).is_err());

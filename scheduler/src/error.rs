@@ -64,7 +64,7 @@ pub enum SchedulerError {
         reason: String,
     },
 
-    // --- versions and task graphs --------------------------------------------
+    // --- versions and the protocol ----------------------------------------------
     /// A historical embedding claims a weight version newer than the current one.
     #[error(
         "embedding version {embedding} is newer than the current weight version {current} \
@@ -76,29 +76,31 @@ pub enum SchedulerError {
         /// The current version.
         current: u64,
     },
-    /// A task depends on a task id that does not exist or comes later.
-    #[error("task {task}: dependency {dep} is not an earlier task of the graph")]
-    BadDependency {
-        /// The dependent task.
-        task: usize,
-        /// The missing dependency.
-        dep: usize,
+    /// An event the protocol does not expect in its current state (a driver
+    /// that answers out of turn).
+    #[error("protocol: unexpected {event} event ({state})")]
+    UnexpectedEvent {
+        /// The event's name.
+        event: &'static str,
+        /// What the protocol was doing or waiting for.
+        state: String,
     },
-    /// The task graph's dependencies form a cycle.
-    #[error("task graph has a dependency cycle through task {task}")]
-    Cycle {
-        /// A task on the cycle.
-        task: usize,
+    /// A rule of the protocol would be broken (a row past the staleness bound, a
+    /// batch ahead of its version): a bug, refused rather than carried out.
+    #[error("protocol invariant broken: {what}")]
+    ProtocolInvariant {
+        /// What would have happened.
+        what: String,
     },
 
-    /// A simulation ended with tasks that never ran (a placement whose program
-    /// order contradicts the dependencies).
-    #[error("simulation stalled at {time_s} s with {pending} tasks never run")]
+    /// A simulation reached a point where nothing could happen any more (the
+    /// protocol waits for a report no CPU job will send).
+    #[error("simulation stalled at {time_s} s: {what}")]
     SimulationStalled {
         /// Simulated time when nothing could run any more.
         time_s: f64,
-        /// Tasks left.
-        pending: usize,
+        /// What was waiting.
+        what: String,
     },
 
     // --- below us --------------------------------------------------------------

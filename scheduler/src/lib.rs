@@ -1,48 +1,50 @@
-//! Tandem's decisions, with no threads and no clocks: hotness, the layer-based
-//! task graph, placement policies, super-batch planning, staleness rules, the
-//! hybrid monitor, and a deterministic simulator to test them together.
+//! Tandem's decisions, with no threads and no clocks: hotness, placements,
+//! super-batch planning, staleness rules, the super-batch protocol as a state
+//! machine, the hybrid monitor, and a deterministic simulator that drives the
+//! protocol with a cost model.
 //!
 //! - hotness: [`HotnessPolicy`] (pre-sampling or degree order) scores vertices;
 //!   [`Relabeling`] makes the hot set an id prefix and relabels graphs and arrays;
-//! - the task graph: [`Task`], [`TaskKind`], [`Device`], [`TaskGraph`], built per
-//!   super-batch by [`GraphBuilder`] from [`SuperBatchPlan`]s and [`BatchShape`]s;
-//! - placements: the [`Placement`] trait, [`LayerBased`] and [`StepBased`],
-//!   selected by [`Orchestration`] (the config key `orchestration`);
+//! - placements: [`Orchestration`] (the config key `orchestration`), [`Device`],
+//!   the step-based baselines [`StepBased`];
 //! - the pipeline: [`PipelineConfig`] (super-batch size, depth), [`HotSplit`]
 //!   (CPU part / cached part of the hot set), [`SuperBatchPlan`] (hot queues),
 //!   [`Publication`] (when weights go to the CPU);
 //! - staleness: [`StalenessRule`], [`OnLate`], [`GapHistogram`];
+//! - the protocol: [`Protocol`] consumes [`Event`]s and emits [`Action`]s (module
+//!   [`protocol`], whose numbered steps are the one description of the
+//!   super-batch pipeline), counting [`ProtocolStats`];
 //! - the monitor: [`Monitor`], [`Observation`], [`MoveEvent`];
 //! - `policy = "auto"`: [`choose`] among measured placements, [`LayerFit`] to
 //!   propose the layer-based split worth measuring;
-//! - simulation: [`CostSource`] ([`CostModel`], [`RandomCosts`], [`Scripted`]),
-//!   [`Workload`], [`simulate`] — a model of the runtime's protocol, whose one
-//!   description is the numbered steps of `runtime/src/orchestrate/pipeline.rs`.
+//! - simulation: [`simulate`] drives the [`Protocol`] on simulated CPU workers
+//!   and an accelerator thread, with durations from a [`CostSource`]
+//!   ([`CostModel`], [`RandomCosts`], [`Scripted`]) for a [`Workload`].
 //!
 //! The design is in `docs/orchestration.md`.
 
 #![deny(missing_docs)]
 
 mod auto;
-mod builder;
 mod cost;
 mod error;
 mod hotness;
 mod monitor;
 mod pipeline;
 mod placement;
+pub mod protocol;
 mod relabel;
 mod report;
 mod sim;
 mod staleness;
-mod task;
 mod workload;
 
 pub use auto::{
     choose, Choice, LayerFit, LayerProbe, Measured, SplitCounts, DEFAULT_TIE, PREFERENCE,
 };
-pub use builder::{BatchShape, BatchTasks, ChunkTasks, GraphBuilder, ModelShape, SuperBatchTasks};
-pub use cost::{CostModel, CostSource, DeviceRates, RandomCosts, Scripted};
+pub use cost::{
+    CostModel, CostSource, DeviceRates, Estimate, RandomCosts, Scripted, Work, WorkKind,
+};
 pub use error::{Result, SchedulerError};
 pub use hotness::{
     degree_scores, hotness_order, presample_counts, HotnessPolicy, Touch, DEFAULT_PRESAMPLE_EPOCHS,
@@ -51,10 +53,13 @@ pub use monitor::{Direction, Monitor, MonitorConfig, MoveEvent, MoveReason, Obse
 pub use pipeline::{
     HotSplit, PipelineConfig, Publication, SuperBatchPlan, VertexClass, MAX_PIPELINE_DEPTH,
 };
-pub use placement::{LayerBased, Orchestration, Placement, StepBased};
+pub use placement::{Device, Orchestration, StepBased};
+pub use protocol::{
+    Action, ChunkKey, ClaimId, Event, Job, LaunchedBatch, Protocol, ProtocolConfig, ProtocolStats,
+    ReportId, TrainBatch, Urgent,
+};
 pub use relabel::{hot_count, Permutation, Relabeling};
-pub use report::{BatchRecord, SimReport, SimTotals, SuperBatchRecord, TaskSpan};
+pub use report::{BatchRecord, SimReport, SimTotals, Span, SuperBatchRecord};
 pub use sim::{simulate, SimConfig};
 pub use staleness::{Decision, GapHistogram, OnLate, StalenessRule};
-pub use task::{Device, Estimate, LayerSpan, Step, Task, TaskGraph, TaskKind};
-pub use workload::{BatchDemand, SyntheticWorkload, Workload};
+pub use workload::{BatchDemand, BatchShape, ModelShape, SyntheticWorkload, Workload};

@@ -1,7 +1,7 @@
 //! Super-batch planning: which batches form a super-batch, which hot vertices its
 //! queue holds, and when the CPU may compute that queue. These are the rules the
-//! runtime's protocol uses (`runtime/src/orchestrate/pipeline.rs`, steps 2–3 and
-//! 7 there); the simulator models that protocol with them.
+//! protocol plans with ([`crate::protocol`], steps 2, 3, 7 and 9 there), which the
+//! runtime and the simulator both drive.
 //!
 //! # The pipeline, step by step
 //! With `N` batches per super-batch and pipeline depth `D` (NeutronOrch uses
@@ -248,7 +248,7 @@ impl PipelineConfig {
 }
 
 /// When the accelerator publishes layer 0's weights to the CPU workers (step 5;
-/// the runtime's step 2 in `runtime/src/orchestrate/pipeline.rs`). Weights are
+/// step 2 of [`crate::protocol`]). Weights are
 /// always published at the start, and before an urgent recomputation that needs
 /// newer ones.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -1,13 +1,17 @@
-//! What a simulation run reports: per batch, per super-batch, per task, and totals.
+//! What a simulation run reports: per batch, per super-batch, per piece of work,
+//! and totals.
 //!
-//! The runtime's end-of-run summary and trace use the same quantities (waits by
-//! cause, busy and idle time, PCIe bytes, reuse gaps, late vertices, monitor
-//! moves), so a simulated run and a real one can be read side by side.
+//! The counts the protocol keeps ([`ProtocolStats`]: gaps, waits, cold work,
+//! urgent and dropped jobs, installs) are the protocol's own, as the runtime's
+//! `OrchestrationStats` will be; the simulator adds what only a clock knows
+//! (busy, waiting and idle time, PCIe bytes), so a simulated run and a real one
+//! can be read side by side.
 
+use crate::cost::WorkKind;
 use crate::monitor::MoveEvent;
 use crate::pipeline::HotSplit;
-use crate::staleness::GapHistogram;
-use crate::task::{Device, TaskKind};
+use crate::placement::Device;
+use crate::protocol::ProtocolStats;
 
 /// One batch of a run.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -16,47 +20,40 @@ pub struct BatchRecord {
     pub batch: u64,
     /// Its super-batch.
     pub super_batch: u64,
-    /// When the previous batch finished (0 for the first).
+    /// When its gate opened.
     pub start_s: f64,
-    /// When its optimizer step finished.
+    /// When its step finished.
     pub end_s: f64,
-    /// Accelerator time waiting at its hot-embedding gate.
+    /// Accelerator time blocked at its gate.
     pub hot_wait_s: f64,
-    /// Accelerator time waiting for its other inputs (sampling, gathering).
-    pub other_wait_s: f64,
-    /// CPU embeddings it used.
+    /// Rows from the CPU it used.
     pub hot_used: u32,
-    /// Late vertices it computed cold (`on_late = "compute"`): the batch's vertices
-    /// in the chunks its gate found late.
+    /// Late positions it left cold (`on_late = "compute"`).
     pub late_computed: u32,
-    /// Urgent CPU jobs its gate sent (`on_late = "wait"`): one per late chunk,
-    /// a promotion of a chunk not computed yet or a recomputation of a stale one.
-    pub urgent_tasks: u32,
+    /// Urgent CPU jobs its gate queued (`on_late = "wait"`): promotions of
+    /// chunks not computed yet and recomputations of stale ones.
+    pub urgent_jobs: u32,
     /// Its largest reuse gap.
     pub max_gap: Option<u64>,
-    /// Bytes its tasks moved over PCIe (chunk installs are the queue's, not a
-    /// batch's, unless its gate sent them).
+    /// Bytes its training step moved over PCIe.
     pub pcie_bytes: u64,
 }
 
-/// One super-batch window of a run.
+/// One super-batch window of a run (from the end of the previous super-batch,
+/// or the run's first gate, to its own end, [`crate::Action::EndSuperBatch`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SuperBatchRecord {
     /// Super-batch index.
     pub index: u64,
-    /// Window start (the previous super-batch's end).
+    /// Window start.
     pub start_s: f64,
-    /// Window end (its last publication).
+    /// Window end.
     pub end_s: f64,
     /// Accelerator busy time in the window.
     pub acc_busy_s: f64,
-    /// Accelerator time waiting at hot gates in the window.
+    /// Accelerator time blocked at gates in the window.
     pub acc_wait_hot_s: f64,
-    /// Accelerator time waiting for other inputs in the window.
-    pub acc_wait_other_s: f64,
-    /// CPU worker-seconds busy in the window.
-    pub cpu_busy_s: f64,
-    /// Of which on hot-embedding work.
+    /// CPU worker-seconds busy on hot work in the window.
     pub cpu_hot_busy_s: f64,
     /// CPU worker-seconds idle in the window.
     pub cpu_idle_s: f64,
@@ -64,50 +61,48 @@ pub struct SuperBatchRecord {
     pub queue_len: usize,
     /// The split it was planned with.
     pub split: HotSplit,
-    /// Hot chunks of its queue dropped as useless (pipeline step 6).
-    pub dropped_chunks: u32,
+    /// Regular jobs of its queue dropped unstarted.
+    pub dropped_jobs: u32,
     /// Device cache bytes resident at its end.
     pub cache_bytes: u64,
 }
 
-/// One task as it ran (with [`crate::SimConfig::record_trace`]).
+/// One piece of work as it ran (with [`crate::SimConfig::record_trace`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct TaskSpan {
-    /// Task id.
-    pub id: usize,
-    /// Kind.
-    pub kind: TaskKind,
-    /// Device.
+pub struct Span {
+    /// What it was.
+    pub kind: WorkKind,
+    /// Where it ran.
     pub device: Device,
-    /// Batch, for batch tasks and run-time tasks of a batch.
-    pub batch: Option<u64>,
-    /// Super-batch.
-    pub super_batch: u64,
-    /// The chunk of the super-batch's queue, for hot-chunk tasks.
-    pub chunk: Option<u32>,
     /// Start time.
     pub start_s: f64,
     /// End time.
     pub end_s: f64,
-    /// The weight version a hot computation stamped, an install uploaded, or a
-    /// publication published.
+    /// The global batch, for [`WorkKind::SampleTop`], [`WorkKind::Train`] and
+    /// urgent jobs (the batch whose gate sent them).
+    pub batch: Option<u64>,
+    /// The super-batch it served.
+    pub super_batch: u64,
+    /// The chunk, for [`WorkKind::HotCompute`] and [`WorkKind::Install`].
+    pub chunk: Option<u32>,
+    /// Its estimate's vertices ([`crate::Estimate::vertices`]: a computation's or
+    /// an install's rows).
+    pub vertices: u64,
+    /// The version a publication published, a computation stamped, an install
+    /// uploaded, or a batch trained at.
     pub version: Option<u64>,
-    /// For a hot computation or install: its chunk's vertices.
-    pub hot_vertices: Vec<u32>,
-    /// Whether it was dropped and did nothing: a chunk nobody would read
-    /// (pipeline step 6), or an install of rows no newer than the slab's.
-    pub dropped: bool,
-    /// Whether it was created at run time by a gate (urgent work).
-    pub dynamic: bool,
-    /// Its dependencies (the graph's edges; which installs a gate reads is the
-    /// staleness rule's decision, not an edge).
-    pub deps: Vec<usize>,
+    /// For an install: the index in the trace of the computation whose rows it
+    /// uploads.
+    pub source: Option<usize>,
+    /// For a computation: queued by a gate (`Some(true)` a recomputation,
+    /// `Some(false)` a promotion that ran first).
+    pub urgent: Option<bool>,
 }
 
 /// Sums over a run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SimTotals {
-    /// Time until the last task finished (the "epoch time" of the workload).
+    /// Time until the protocol finished (the "epoch time" of the workload).
     pub epoch_s: f64,
     /// Accelerator busy time.
     pub acc_busy_s: f64,
@@ -117,22 +112,10 @@ pub struct SimTotals {
     pub acc_busy_fraction: f64,
     /// `cpu_busy_s / (cpu_workers · epoch_s)`.
     pub cpu_busy_fraction: f64,
-    /// Accelerator time waiting at hot gates.
+    /// Accelerator time blocked at gates.
     pub acc_wait_hot_s: f64,
-    /// Accelerator time waiting for other inputs.
-    pub acc_wait_other_s: f64,
     /// Bytes moved over PCIe.
     pub pcie_bytes: u64,
-    /// CPU embeddings used.
-    pub hot_uses: u64,
-    /// Late vertices computed cold.
-    pub late_computed: u64,
-    /// Urgent CPU jobs sent (promotions and recomputations).
-    pub urgent_tasks: u64,
-    /// Hot chunks dropped.
-    pub dropped_chunks: u64,
-    /// Hot rows uploaded into the device slabs (once per installed chunk).
-    pub rows_installed: u64,
     /// Largest device cache held at any time, bytes.
     pub max_cache_bytes: u64,
     /// Monitor moves.
@@ -148,12 +131,13 @@ pub struct SimReport {
     pub super_batches: Vec<SuperBatchRecord>,
     /// The monitor's moves, in order.
     pub moves: Vec<MoveEvent>,
-    /// Every reuse gap.
-    pub gaps: GapHistogram,
-    /// Per hot vertex: how many times it was computed cold because it was late.
+    /// The protocol's counts (its gap histogram included).
+    pub stats: ProtocolStats,
+    /// Per hot vertex: how many times a batch left it cold because it was late.
     pub cold_computed: Vec<u64>,
     /// Sums.
     pub totals: SimTotals,
-    /// Every task, in start order (empty unless [`crate::SimConfig::record_trace`]).
-    pub trace: Vec<TaskSpan>,
+    /// Every piece of work, in start order (empty unless
+    /// [`crate::SimConfig::record_trace`]).
+    pub trace: Vec<Span>,
 }

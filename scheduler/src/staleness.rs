@@ -4,8 +4,8 @@
 //! guarantee, not a tendency.
 //!
 //! # The protocol, step by step
-//! The runtime applies these rules in its protocol (`runtime/src/orchestrate/
-//! pipeline.rs`): steps 2 (publish), 4 (install) and 5 (gate) there.
+//! The protocol applies these rules ([`crate::protocol`]): steps 2 (publish), 4
+//! (install), 5–7 (gate, late, train) there.
 //!
 //! 1. **Version.** The weight version is the number of optimizer steps taken. Batch
 //!    `b` (global index) runs its forward and backward at version `b`; its optimizer
@@ -19,26 +19,21 @@
 //!    into the super-batch's slab chunk by chunk; a chunk's slab rows only ever
 //!    move to a newer version.
 //! 4. **Check.** Before batch `b` reads its hot rows (the gate,
-//!    [`crate::TaskKind::HotLoad`]), it asks [`StalenessRule::decide`] for every
+//!    [`crate::Action::Gate`]), it asks [`StalenessRule::decide`] for every
 //!    chunk of its super-batch's queue that it reads, with the chunk's version (or
 //!    none) and `v = b`: the chunk's rows may be used iff they exist and
 //!    `v - e <= staleness_bound`.
-//! 5. **Late.** Any other answer makes the chunk *late*, handled as `on_late` says:
-//!    - `"wait"`: the accelerator blocks. A chunk not computed yet gets an urgent
-//!      duplicate of its job (whichever starts first computes it: a promotion); a
-//!      stale one an urgent recomputation, after the current weights are published
-//!      if the published version is older than `v - bound`. Every finished job
-//!      wakes the gate: back to step 4, until every chunk the batch reads is
-//!      usable.
-//!    - `"compute"`: the late chunk's vertices stay cold in this batch — the
-//!      accelerator samples, gathers and computes them itself, at version `v`
-//!      (gap 0). Nothing waits. The runtime counts, per vertex, how often this
-//!      happened.
+//! 5. **Late.** Any other answer makes the chunk *late*, handled as `on_late`
+//!    says (protocol step 6): `"wait"` blocks the accelerator after sending
+//!    urgent work (a promotion of a chunk not computed yet, a recomputation of a
+//!    stale one with weights published within the bound); `"compute"` leaves the
+//!    chunk's vertices cold in this batch — the accelerator samples, gathers and
+//!    computes them itself, at version `v` (gap 0).
 //! 6. **Record.** Every reuse records its gap `v - e` in a [`GapHistogram`]; by
 //!    steps 4–5 no recorded gap exceeds the bound.
 //!
-//! Nothing here reads a clock or locks: the rule is a pure function, the runtime
-//! owns the table and the waiting.
+//! Nothing here reads a clock or locks: the rule is a pure function; the
+//! protocol owns the chunks' versions, its driver the waiting.
 
 use std::collections::BTreeMap;
 use std::fmt;

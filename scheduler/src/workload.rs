@@ -1,5 +1,6 @@
 //! Simulated workloads: what each batch touches, from real sampled batches or
-//! from a seeded synthetic generator.
+//! from a seeded synthetic generator, and the model and batch sizes the
+//! simulator's cost estimates need ([`ModelShape`], [`BatchShape`]).
 //!
 //! A [`Workload`] keeps, per batch, the hot vertices its bottom layer needs (the
 //! part that depends on the split) and the size of everything else. The
@@ -12,9 +13,154 @@
 
 use cpu_ops::{Rng, SampledBatch};
 
-use crate::builder::{BatchShape, ModelShape};
 use crate::error::{invalid, Result, SchedulerError};
 use crate::pipeline::{HotSplit, VertexClass};
+
+/// Bytes of an `f32`.
+const F32: u64 = 4;
+
+/// The model dimensions the estimates need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelShape {
+    /// Input feature width.
+    pub feature_dim: u32,
+    /// Hidden width (the bottom layer's output).
+    pub hidden: u32,
+    /// GNN layers (≥ 1).
+    pub layers: u32,
+    /// Fanout of the bottom layer (neighbors per hot vertex the CPU samples).
+    pub bottom_fanout: u32,
+}
+
+impl ModelShape {
+    /// A shape, after checking every field is at least 1.
+    pub fn new(feature_dim: u32, hidden: u32, layers: u32, bottom_fanout: u32) -> Result<Self> {
+        let m = Self {
+            feature_dim,
+            hidden,
+            layers,
+            bottom_fanout,
+        };
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// Checks every field is at least 1 (for shapes built field by field).
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("feature_dim", self.feature_dim),
+            ("hidden", self.hidden),
+            ("layers", self.layers),
+            ("bottom_fanout", self.bottom_fanout),
+        ] {
+            if v == 0 {
+                return Err(invalid(name, "at least 1", 0));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of one input feature row.
+    pub fn feature_row_bytes(&self) -> u64 {
+        F32 * self.feature_dim as u64
+    }
+
+    /// Bytes of one hot row: layer 0's output for one vertex, as the CPU writes
+    /// it to staging and the install uploads it into the slab (the runtime's
+    /// `Engine::hot_width` values; with `hot_backward = "constant"` nothing else
+    /// of a hot vertex crosses PCIe).
+    pub fn hot_row_bytes(&self) -> u64 {
+        F32 * self.hidden as u64
+    }
+
+    /// Bytes of the bottom layer's weights (what is published).
+    pub fn bottom_weight_bytes(&self) -> u64 {
+        F32 * self.feature_dim as u64 * self.hidden as u64
+    }
+
+    /// Number of weights (bottom layer `f × h`, each other layer `h × h`).
+    pub fn parameters(&self) -> u64 {
+        let (f, h) = (self.feature_dim as u64, self.hidden as u64);
+        f * h + (self.layers as u64).saturating_sub(1) * h * h
+    }
+}
+
+/// How big one batch is, split the way the cost estimates need (upper layers,
+/// hot and cold bottom destinations).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchShape {
+    /// Seed (output) vertices.
+    pub seeds: u64,
+    /// Destinations of the layers above the bottom, summed over layers.
+    pub upper_dst: u64,
+    /// Sampled edges of the layers above the bottom.
+    pub upper_edges: u64,
+    /// Bottom-layer destinations served by CPU embeddings.
+    pub hot: u64,
+    /// Bottom-layer destinations computed on the accelerator (cold and cached-hot).
+    pub cold_dst: u64,
+    /// Sampled bottom-layer edges of those destinations.
+    pub cold_edges: u64,
+    /// Distinct input vertices of those destinations (themselves included).
+    pub cold_inputs: u64,
+    /// Of those inputs, how many have their features in the device cache.
+    pub cached_inputs: u64,
+}
+
+impl BatchShape {
+    /// The shape of a sampled batch under `split` (ids must be relabeled ones).
+    /// The batch may be sampled in full: hot destinations' bottom edges are simply
+    /// not counted.
+    pub fn from_sampled(batch: &SampledBatch, split: &HotSplit) -> Self {
+        let blocks = batch.blocks();
+        let mut s = Self {
+            seeds: batch.seeds().len() as u64,
+            ..Self::default()
+        };
+        let Some(bottom) = blocks.first() else {
+            return s;
+        };
+        for b in &blocks[1..] {
+            s.upper_dst += b.num_dst() as u64;
+            s.upper_edges += b.num_edges() as u64;
+        }
+        let src = bottom.src_ids();
+        let mut input = vec![false; bottom.num_src()];
+        for (j, &v) in bottom.dst_ids().iter().enumerate() {
+            if split.class(v) == VertexClass::CpuHot {
+                s.hot += 1;
+                continue;
+            }
+            s.cold_dst += 1;
+            input[j] = true;
+            let nb = bottom.neighbors(j);
+            s.cold_edges += nb.len() as u64;
+            for &l in nb {
+                input[l as usize] = true;
+            }
+        }
+        for (l, _) in input.iter().enumerate().filter(|(_, &m)| m) {
+            s.cold_inputs += 1;
+            s.cached_inputs += u64::from(split.class(src[l]) == VertexClass::CachedHot);
+        }
+        s
+    }
+
+    /// This shape with `k` of its CPU-hot destinations computed by the accelerator
+    /// instead: each adds `bottom_fanout` sampled edges and `bottom_fanout + 1`
+    /// inputs read from host memory (the workload's approximation).
+    pub fn with_cold(&self, k: u64, bottom_fanout: u32) -> Self {
+        let k = k.min(self.hot);
+        let fan = bottom_fanout as u64;
+        Self {
+            hot: self.hot - k,
+            cold_dst: self.cold_dst + k,
+            cold_edges: self.cold_edges + k * fan,
+            cold_inputs: self.cold_inputs + k * (fan + 1),
+            ..*self
+        }
+    }
+}
 
 /// One batch of a workload.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -273,9 +419,36 @@ impl SyntheticWorkload {
 
 #[cfg(test)]
 mod tests {
-    use cpu_ops::{BuildOptions, CsrGraph, NeighborSampler, SamplerScratch};
+    use cpu_ops::{BuildOptions, CsrGraph, NeighborSampler, SamplerScratch, ALL_NEIGHBORS};
 
     use super::*;
+
+    #[test]
+    fn shape_of_a_sampled_batch_splits_the_bottom_layer() {
+        // Star around 0 plus a path 1-2-3.
+        let edges = [(0, 1), (0, 2), (0, 3), (1, 2), (2, 3), (3, 4)];
+        let g = CsrGraph::from_edges(5, &edges, BuildOptions::UNDIRECTED).unwrap();
+        let sampler = NeighborSampler::new(vec![ALL_NEIGHBORS, ALL_NEIGHBORS]).unwrap();
+        let batch = sampler
+            .sample(&g, &[4], 1, &mut SamplerScratch::new(5))
+            .unwrap();
+        // Top block: 4 ← {3}. Bottom block: dst {4, 3}, 3 ← {0, 2, 4}, 4 ← {3}.
+        let split = HotSplit::new(3, 1).unwrap(); // 0 CPU-hot, 1..3 cached
+        let s = BatchShape::from_sampled(&batch, &split);
+        assert_eq!(s.seeds, 1);
+        assert_eq!((s.upper_dst, s.upper_edges), (1, 1));
+        assert_eq!(s.hot, 0);
+        assert_eq!(s.cold_dst, 2);
+        assert_eq!(s.cold_edges, 4);
+        assert_eq!(s.cold_inputs, 4); // 4, 3, 0, 2
+        assert_eq!(s.cached_inputs, 1); // 2
+        let hot3 = HotSplit::all_cpu(4); // 3 is CPU-hot now
+        let s = BatchShape::from_sampled(&batch, &hot3);
+        assert_eq!(
+            (s.hot, s.cold_dst, s.cold_edges, s.cold_inputs),
+            (1, 1, 1, 2)
+        );
+    }
 
     #[test]
     fn synthetic_workloads_are_seeded_and_zipfian() {

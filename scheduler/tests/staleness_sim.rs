@@ -2,19 +2,19 @@
 //! scripts: no reuse ever exceeds the bound, whatever the costs, the pipeline
 //! shape, the bound, the publication cadence and the late policy.
 //!
-//! Every check recomputes from the run's task trace, independently of the
-//! simulator's own bookkeeping, following the runtime's protocol
-//! (`runtime/src/orchestrate/pipeline.rs`, steps 2, 4 and 5): a publication
-//! publishes the optimizer steps finished before it; a hot computation stamps the
-//! newest publication finished before it started; a chunk's rows are readable by
-//! a batch once an install of them finished before the batch's gate; and a batch
-//! may only have used, per chunk of its super-batch's queue that it reads, the
-//! newest installed rows of that chunk.
+//! Every check recomputes from the run's trace, independently of the protocol's
+//! and the simulator's own bookkeeping, following the protocol's steps 2, 4, 5
+//! and 9 (`scheduler::protocol`): a publication publishes the training steps
+//! finished before it; a CPU job stamps the newest publication finished before
+//! it started; an install uploads its computation's rows; a chunk's rows are
+//! readable by a batch once an install of them finished before the batch's
+//! step; and a batch may only have used, per chunk of its super-batch's queue
+//! that it reads, the newest installed rows of that chunk.
 
 use scheduler::{
-    simulate, CostModel, Device, ModelShape, MonitorConfig, OnLate, Orchestration, PipelineConfig,
-    Publication, RandomCosts, SimConfig, SimReport, StalenessRule, SyntheticWorkload, TaskKind,
-    VertexClass, Workload,
+    simulate, CostModel, Device, ModelShape, MonitorConfig, OnLate, PipelineConfig, Publication,
+    RandomCosts, SimConfig, SimReport, StalenessRule, SyntheticWorkload, VertexClass, WorkKind,
+    Workload,
 };
 
 use cpu_ops::Rng;
@@ -79,42 +79,37 @@ fn scenario(seed: u64, on_late: OnLate) -> (SimConfig, Workload, RandomCosts<Cos
 fn check_run(cfg: &SimConfig, work: &Workload, r: &SimReport) -> u64 {
     let bound = cfg.staleness.bound();
     let n = cfg.pipeline.batches_per_super_batch() as u64;
-    let by_end = |a: &(f64, u64), b: &(f64, u64)| a.0.total_cmp(&b.0);
-    // Publications: the version is the optimizer steps finished at its start.
-    let mut step_ends: Vec<f64> = r
-        .trace
-        .iter()
-        .filter(|s| s.kind == TaskKind::OptimizerStep)
-        .map(|s| s.end_s)
-        .collect();
+    let of = |kind: WorkKind| {
+        r.trace
+            .iter()
+            .enumerate()
+            .filter(move |(_, s)| s.kind == kind)
+    };
+    // Publications: the version is the training steps finished at their start.
+    let mut step_ends: Vec<f64> = of(WorkKind::Train).map(|(_, s)| s.end_s).collect();
     step_ends.sort_by(f64::total_cmp);
     let mut publications: Vec<(f64, u64)> = Vec::new();
-    for s in r
-        .trace
-        .iter()
-        .filter(|s| s.kind == TaskKind::PublishWeights)
-    {
+    for (i, s) in of(WorkKind::Publish) {
         let v = step_ends.partition_point(|&e| e <= s.start_s) as u64;
-        assert_eq!(s.version, Some(v), "version of publication {}", s.id);
+        assert_eq!(s.version, Some(v), "version of publication {i}");
         publications.push((s.end_s, v));
     }
-    publications.sort_by(by_end);
-    // Per super-batch: one publication after its last batch, and after every
+    publications.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert_eq!(publications.len() as u64, r.stats.publications);
+    // One publication after every super-batch's last batch, and after every
     // batch when the cadence says so.
     let per_batch = cfg.effective_publication() == Publication::EveryBatch;
-    let regular = r
-        .trace
-        .iter()
-        .filter(|s| s.kind == TaskKind::PublishWeights && !s.dynamic)
-        .count();
-    let want = if per_batch {
-        work.len()
-    } else {
-        r.super_batches.len()
-    };
-    assert_eq!(regular, want, "publications (every batch: {per_batch})");
-    // Hot computations stamp the newest publication finished at their start
-    // (version 0, published at the start, before any).
+    let published: std::collections::HashSet<u64> = publications.iter().map(|p| p.1).collect();
+    for b in 0..work.len() as u64 {
+        let last = b % n == n - 1 || b + 1 == work.len() as u64;
+        if per_batch || last {
+            assert!(
+                published.contains(&(b + 1)),
+                "no publication after batch {b}"
+            );
+        }
+    }
+    // CPU jobs stamp the newest publication finished at their start.
     let newest_at = |t: f64| {
         publications
             .iter()
@@ -123,44 +118,36 @@ fn check_run(cfg: &SimConfig, work: &Workload, r: &SimReport) -> u64 {
             .max()
             .unwrap_or(0)
     };
-    let mut stamp = std::collections::HashMap::new();
-    for s in r
-        .trace
-        .iter()
-        .filter(|s| s.kind == TaskKind::HotCompute && !s.dropped)
-    {
+    for (i, s) in of(WorkKind::HotCompute) {
         assert_eq!(s.device, Device::Cpu);
-        let v = newest_at(s.start_s);
-        assert_eq!(s.version, Some(v), "version stamp of task {}", s.id);
-        stamp.insert(s.id, v);
+        assert_eq!(s.version, Some(newest_at(s.start_s)), "stamp of job {i}");
     }
-    // Installs: (end, super-batch, chunk, version of the computation they upload).
+    // Installs: (end, super-batch, chunk, the stamp of the computation uploaded).
     let mut installs: Vec<(f64, u64, u32, u64)> = Vec::new();
-    for s in r
-        .trace
-        .iter()
-        .filter(|s| s.kind == TaskKind::HotInstall && !s.dropped)
-    {
+    for (i, s) in of(WorkKind::Install) {
         assert_eq!(s.device, Device::Accelerator);
-        let v = s.deps.iter().find_map(|d| stamp.get(d)).copied();
-        assert!(v.is_some(), "install {} of no computed chunk", s.id);
-        installs.push((s.end_s, s.super_batch, s.chunk.unwrap(), v.unwrap()));
+        let src = &r.trace[s.source.unwrap_or_else(|| panic!("install {i} of nothing"))];
+        assert_eq!(src.kind, WorkKind::HotCompute);
+        assert!(src.end_s <= s.start_s, "install {i} before its rows");
+        assert_eq!((src.super_batch, src.chunk), (s.super_batch, s.chunk));
+        assert_eq!(s.version, src.version, "install {i}");
+        installs.push((s.end_s, s.super_batch, s.chunk.unwrap(), s.version.unwrap()));
     }
     installs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    // Gates: replay each super-batch's slab up to each batch's hot load.
-    let mut hot_loads: Vec<(u64, f64)> = r
-        .trace
-        .iter()
-        .filter(|s| s.kind == TaskKind::HotLoad)
-        .map(|s| (s.batch.unwrap(), s.start_s))
+    assert_eq!(installs.len() as u64, r.stats.installs);
+    // Gates: replay each super-batch's slab up to each batch's step.
+    let mut trains: Vec<(u64, f64, Option<u64>)> = of(WorkKind::Train)
+        .map(|(_, s)| (s.batch.unwrap(), s.start_s, s.version))
         .collect();
-    hot_loads.sort_by(|a, b| a.1.total_cmp(&b.1));
-    assert_eq!(hot_loads.len(), work.len());
+    trains.sort_by(|a, b| a.1.total_cmp(&b.1));
+    assert_eq!(trains.len(), work.len());
     let mut slab: std::collections::HashMap<(u64, u32), u64> = Default::default();
     let mut next = 0;
     let mut late_total = 0u64;
     let mut late_per_vertex = vec![0u64; work.hot_count() as usize];
-    for (b, t) in hot_loads {
+    for (i, &(b, t, version)) in trains.iter().enumerate() {
+        assert_eq!(b, i as u64, "batches train in order");
+        assert_eq!(version, Some(b), "batch {b} trains at version {b}");
         while next < installs.len() && installs[next].0 <= t {
             let (_, sb, c, v) = installs[next];
             let e = slab.entry((sb, c)).or_insert(v);
@@ -177,6 +164,7 @@ fn check_run(cfg: &SimConfig, work: &Workload, r: &SimReport) -> u64 {
             .collect();
         queue.sort_unstable();
         queue.dedup();
+        assert_eq!(queue.len(), r.super_batches[j as usize].queue_len);
         let ranges = cfg.pipeline.chunk_ranges(queue.len());
         let rec = &r.batches[b as usize];
         let mut max_gap = None;
@@ -231,24 +219,29 @@ fn no_reuse_ever_exceeds_the_bound_over_ten_thousand_random_batches() {
                 )
             });
             let bound = cfg.staleness.bound();
+            let st = &r.stats;
             assert!(
-                r.gaps.max().is_none_or(|g| g <= bound),
+                st.gaps.max().is_none_or(|g| g <= bound),
                 "seed {seed}: max gap {:?} > bound {bound}",
-                r.gaps.max()
+                st.gaps.max()
             );
-            assert_eq!(r.gaps.total(), r.totals.hot_uses);
+            assert_eq!(st.gaps.total(), st.hot_uses);
+            let used: u64 = r.batches.iter().map(|b| b.hot_used as u64).sum();
+            assert_eq!(used, st.hot_uses);
             late[i] += check_run(&cfg, &work, &r);
             match on_late {
                 OnLate::Wait => {
-                    assert_eq!(r.totals.late_computed, 0);
-                    urgent += r.totals.urgent_tasks;
+                    assert_eq!(st.computed_cold, 0);
+                    urgent += st.urgent_jobs;
+                    let sent: u64 = r.batches.iter().map(|b| b.urgent_jobs as u64).sum();
+                    assert_eq!(sent, st.urgent_jobs);
                 }
                 OnLate::Compute => {
-                    assert_eq!(r.totals.urgent_tasks, 0);
-                    assert_eq!(r.totals.late_computed, r.cold_computed.iter().sum::<u64>());
+                    assert_eq!(st.urgent_jobs, 0);
+                    assert_eq!(st.computed_cold, r.cold_computed.iter().sum::<u64>());
                 }
             }
-            reuses += r.totals.hot_uses;
+            reuses += st.hot_uses;
             batches += work.len();
         }
         seed += 1;
@@ -277,12 +270,12 @@ fn with_an_on_time_cpu_and_the_natural_bound_nothing_is_late() {
     let n = cfg.pipeline.batches_per_super_batch();
     let late_after_warmup: u32 = r.batches[n..].iter().map(|b| b.late_computed).sum();
     assert_eq!(late_after_warmup, 0);
-    assert_eq!(r.gaps.max(), Some(cfg.pipeline.on_time_gap()));
+    assert_eq!(r.stats.gaps.max(), Some(cfg.pipeline.on_time_gap()));
     // A tighter bound makes the rule step in even with an on-time CPU.
     cfg.staleness = StalenessRule::new(1, OnLate::Compute);
     let r = simulate(&cfg, &work, costs).unwrap();
-    assert!(r.totals.late_computed > 0);
-    assert!(r.gaps.max().unwrap() <= 1);
+    assert!(r.stats.computed_cold > 0);
+    assert!(r.stats.gaps.max().unwrap() <= 1);
 }
 
 #[test]
@@ -294,13 +287,13 @@ fn the_slow_cpu_shows_up_as_waiting_or_as_cold_work() {
     slow.cpu.mem_bytes_per_s /= 50.0;
     slow.cpu.sample_edges_per_s /= 50.0;
     let mut cfg = SimConfig::layer(model).unwrap();
-    cfg.orchestration = Orchestration::Layer;
     let wait = simulate(&cfg, &work, slow).unwrap();
     cfg.staleness = StalenessRule::new(cfg.staleness.bound(), OnLate::Compute);
     let compute = simulate(&cfg, &work, slow).unwrap();
     assert!(wait.totals.acc_wait_hot_s > 0.1 * wait.totals.epoch_s);
     assert!(compute.totals.acc_wait_hot_s == 0.0);
-    assert!(compute.totals.late_computed > 0);
+    assert!(compute.stats.computed_cold > 0);
+    assert!(wait.stats.waited > 0 && wait.stats.wait_batches > 0);
     // Late computation is recorded per vertex, and the hottest are late most.
     let head: u64 = compute.cold_computed[..200].iter().sum();
     let tail: u64 = compute.cold_computed[1800..].iter().sum();

@@ -1,0 +1,120 @@
+//! What the protocol counts per epoch: every reuse's gap, and the late, waited,
+//! computed-cold, urgent, dropped and installed work (the runtime's
+//! `OrchestrationStats` adds the driver's clock readings and the monitor's
+//! counts to these).
+
+use crate::staleness::GapHistogram;
+
+/// The protocol's counts, for one epoch ([`super::Action::Finished`]) or summed
+/// ([`ProtocolStats::merge`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProtocolStats {
+    /// Gap (optimizer steps) of every reused row; by construction none exceeds
+    /// the staleness bound.
+    pub gaps: GapHistogram,
+    /// Reused rows (= `gaps.total()`).
+    pub hot_uses: u64,
+    /// Late hot positions a batch waited for (`on_late = "wait"`), counted when
+    /// its gate first blocked.
+    pub waited: u64,
+    /// Batches whose gate waited.
+    pub wait_batches: u64,
+    /// Late hot positions left cold (`on_late = "compute"`).
+    pub computed_cold: u64,
+    /// Urgent jobs queued (promotions and recomputations).
+    pub urgent_jobs: u64,
+    /// Of which recomputations of stale chunks.
+    pub recomputations: u64,
+    /// Publications (the epoch's reset included).
+    pub publications: u64,
+    /// Worker reports of computed chunks.
+    pub jobs: u64,
+    /// Rows those reports computed.
+    pub rows_computed: u64,
+    /// Regular jobs dropped unstarted.
+    pub dropped_jobs: u64,
+    /// Reports installed.
+    pub installs: u64,
+    /// Rows installed.
+    pub rows_installed: u64,
+    /// Reports discarded (their super-batch had finished, or the slab held rows
+    /// as new).
+    pub discarded: u64,
+}
+
+impl ProtocolStats {
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: &ProtocolStats) {
+        self.gaps.merge(&other.gaps);
+        self.hot_uses += other.hot_uses;
+        self.waited += other.waited;
+        self.wait_batches += other.wait_batches;
+        self.computed_cold += other.computed_cold;
+        self.urgent_jobs += other.urgent_jobs;
+        self.recomputations += other.recomputations;
+        self.publications += other.publications;
+        self.jobs += other.jobs;
+        self.rows_computed += other.rows_computed;
+        self.dropped_jobs += other.dropped_jobs;
+        self.installs += other.installs;
+        self.rows_installed += other.rows_installed;
+        self.discarded += other.discarded;
+    }
+
+    /// One line: reuses and their gaps, rows computed and installed, late work.
+    pub fn summary(&self) -> String {
+        let max = self
+            .gaps
+            .max()
+            .map_or_else(|| "-".into(), |m| m.to_string());
+        let mean = self
+            .gaps
+            .mean()
+            .map_or_else(|| "-".into(), |m| format!("{m:.2}"));
+        format!(
+            "hot: {} reused (gap max {max}, mean {mean}), {} rows computed, {} installed, \
+             {} waited ({} batches), {} computed cold, {} CPU jobs ({} urgent, {} recomputed, \
+             {} dropped)",
+            self.hot_uses,
+            self.rows_computed,
+            self.rows_installed,
+            self.waited,
+            self.wait_batches,
+            self.computed_cold,
+            self.jobs,
+            self.urgent_jobs,
+            self.recomputations,
+            self.dropped_jobs
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_adds_every_count_and_summary_names_them() {
+        let mut a = ProtocolStats::default();
+        assert!(a.summary().contains("gap max -, mean -"), "{}", a.summary());
+        a.gaps.record_n(2, 3);
+        a.hot_uses = 3;
+        a.waited = 1;
+        a.jobs = 4;
+        let mut b = a.clone();
+        b.gaps.record(5);
+        b.hot_uses = 4;
+        b.urgent_jobs = 2;
+        b.recomputations = 1;
+        b.discarded = 6;
+        a.merge(&b);
+        assert_eq!(a.hot_uses, 7);
+        assert_eq!(a.gaps.total(), 7);
+        assert_eq!(a.gaps.max(), Some(5));
+        assert_eq!((a.waited, a.jobs, a.urgent_jobs), (2, 8, 2));
+        assert_eq!((a.recomputations, a.discarded), (1, 6));
+        let s = a.summary();
+        assert!(s.contains("7 reused (gap max 5"), "{s}");
+        assert!(s.contains("2 urgent, 1 recomputed"), "{s}");
+    }
+}

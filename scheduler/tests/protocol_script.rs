@@ -1,0 +1,618 @@
+//! The protocol alone, driven with scripted events: it makes the decisions the
+//! runtime's accelerator thread makes in the scenarios the runtime's tests
+//! cover (`runtime/tests/orchestration.rs`): a late chunk under `on_late =
+//! "wait"` gets an urgent job and the gate waits; under `"compute"` its
+//! vertices stay cold; a stale ready chunk is recomputed after a publication;
+//! a bound below the on-time gap publishes after every batch; jobs of finished
+//! super-batches become droppable; a stop ends the epoch cleanly.
+
+use std::ops::Range;
+
+use scheduler::{
+    Action, ChunkKey, Event, HotSplit, Job, LaunchedBatch, OnLate, PipelineConfig, Protocol,
+    ProtocolConfig, Publication, ReportId, SchedulerError, TrainBatch, Urgent,
+};
+
+/// `N = 2`, `D = 1`, chunks of at most 2: an on-time gap of 3.
+fn pipeline() -> PipelineConfig {
+    PipelineConfig::new(2, 1, 2).unwrap()
+}
+
+/// Bottom destinations of epoch batch `k`: its seed first (a relabeled id
+/// outside the hot set), then hot ids of the hot set `0..4`.
+fn bottom(k: usize) -> Vec<u32> {
+    let hot: &[u32] = match k % 4 {
+        0 => &[0, 1],
+        1 => &[1, 2],
+        2 => &[0, 3],
+        _ => &[2, 3],
+    };
+    std::iter::once(100 + k as u32)
+        .chain(hot.iter().copied())
+        .collect()
+}
+
+/// A protocol and the actions it emitted, answering launches itself.
+struct Script {
+    p: Protocol,
+    log: Vec<Action>,
+}
+
+impl Script {
+    fn new(cfg: ProtocolConfig) -> Self {
+        Self {
+            p: Protocol::new(cfg),
+            log: Vec::new(),
+        }
+    }
+
+    fn with(bound: u64, on_late: OnLate) -> Self {
+        Self::new(ProtocolConfig::new(pipeline(), bound, on_late))
+    }
+
+    fn start(&mut self, batches: Range<usize>, version: u64) {
+        self.p
+            .handle(Event::EpochStarted { batches, version })
+            .unwrap();
+    }
+
+    /// Polls, answering every launch (split: the whole hot set on the CPU),
+    /// up to and including the next `Train`, `Wait` or `Finished`, or until the
+    /// protocol awaits an answer; returns the actions polled.
+    fn step(&mut self) -> Vec<Action> {
+        let mut out = Vec::new();
+        while let Some(a) = self.p.poll().unwrap() {
+            out.push(a.clone());
+            self.log.push(a.clone());
+            match a {
+                Action::Launch {
+                    super_batch,
+                    batches,
+                    ..
+                } => {
+                    let batches = batches
+                        .map(|k| LaunchedBatch {
+                            seeds: 1,
+                            bottom: bottom(k),
+                        })
+                        .collect();
+                    self.p
+                        .handle(Event::Launched {
+                            super_batch,
+                            split: HotSplit::all_cpu(4),
+                            batches,
+                        })
+                        .unwrap();
+                }
+                Action::Train(_) | Action::Wait { .. } | Action::Finished { .. } => break,
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn report(&mut self, super_batch: u64, chunk: u32, version: u64, rows: u32) {
+        self.p
+            .handle(Event::ChunkComputed {
+                key: ChunkKey { super_batch, chunk },
+                version,
+                rows,
+            })
+            .unwrap();
+    }
+
+    fn trained(&mut self, batch: usize, version: u64) {
+        self.p
+            .handle(Event::BatchTrained { batch, version })
+            .unwrap();
+    }
+
+    /// Steps to the next training order, which it returns.
+    fn train(&mut self) -> TrainBatch {
+        match self.step().pop() {
+            Some(Action::Train(t)) => t,
+            other => panic!("expected a training order, got {other:?}"),
+        }
+    }
+
+    /// The regular jobs queued so far.
+    fn regular_jobs(&self) -> Vec<&Job> {
+        self.log
+            .iter()
+            .filter_map(|a| match a {
+                Action::QueueJob(j) if j.urgent.is_none() => Some(j),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn key(super_batch: u64, chunk: u32) -> ChunkKey {
+    ChunkKey { super_batch, chunk }
+}
+
+fn names(actions: &[Action]) -> Vec<&'static str> {
+    actions.iter().map(Action::name).collect()
+}
+
+#[test]
+fn an_epoch_launches_a_stage_ahead_and_gates_every_batch() {
+    let mut s = Script::with(3, OnLate::Wait);
+    s.start(0..4, 0);
+    let first = s.step();
+    assert_eq!(
+        names(&first),
+        [
+            "Publish",
+            "Launch",
+            "ReserveSlab",
+            "QueueJob",
+            "QueueJob",
+            "Launch",
+            "ReserveSlab",
+            "QueueJob",
+            "QueueJob",
+            "BeginSuperBatch",
+            "Gate",
+            "QueueJob",
+            "Wait"
+        ]
+    );
+    assert_eq!(
+        first[0],
+        Action::Publish {
+            version: 0,
+            reset: true
+        }
+    );
+    assert_eq!(
+        first[1],
+        Action::Launch {
+            super_batch: 0,
+            local: 0,
+            batches: 0..2
+        }
+    );
+    // Super-batch 0's queue: hot ids {0, 1, 2} of batches 0 and 1 (their seeds
+    // 100 and 101 are not hot), cut into [0, 1] and [2]; slab 0.
+    assert_eq!(
+        first[2],
+        Action::ReserveSlab {
+            slab: 0,
+            rows: 3,
+            super_batch: 0
+        }
+    );
+    let jobs = s.regular_jobs();
+    assert_eq!(jobs.len(), 4);
+    assert_eq!((jobs[0].key, jobs[0].rows.clone()), (key(0, 0), 0..2));
+    assert_eq!(jobs[0].vertices, vec![0, 1]);
+    assert_eq!(
+        (jobs[1].key, jobs[1].vertices.clone()),
+        (key(0, 1), vec![2])
+    );
+    // Super-batch 1 goes into slab 1: queue {0, 2, 3}.
+    assert_eq!(
+        first[6],
+        Action::ReserveSlab {
+            slab: 1,
+            rows: 3,
+            super_batch: 1
+        }
+    );
+    assert_eq!(jobs[2].vertices, vec![0, 2]);
+    // Every claim is fresh.
+    let mut claims: Vec<_> = jobs.iter().map(|j| j.claim).collect();
+    claims.dedup();
+    assert_eq!(claims.len(), 4);
+    assert_eq!(
+        first[10],
+        Action::Gate {
+            batch: 0,
+            version: 0
+        }
+    );
+}
+
+#[test]
+fn wait_a_late_chunk_gets_an_urgent_duplicate_and_the_gate_waits() {
+    let mut s = Script::with(3, OnLate::Wait);
+    s.start(0..4, 0);
+    let acts = s.step();
+    // Batch 0 reads chunk 0 of super-batch 0 (positions 1 and 2): not computed.
+    let regular = s.regular_jobs()[0].clone();
+    let Action::QueueJob(urgent) = &acts[acts.len() - 2] else {
+        panic!("{acts:?}")
+    };
+    assert_eq!(urgent.key, key(0, 0));
+    assert_eq!(
+        urgent.urgent,
+        Some(Urgent {
+            seq: 1,
+            recompute: false,
+            batch: 0
+        })
+    );
+    // A promotion: it shares the regular job's claim (whichever starts first).
+    assert_eq!(urgent.claim, regular.claim);
+    assert_eq!(
+        acts.last(),
+        Some(&Action::Wait {
+            batch: 0,
+            late_chunks: 1,
+            late_vertices: 2
+        })
+    );
+    // Without a report the gate waits again, with no second urgent job.
+    assert_eq!(names(&s.step()), ["Wait"]);
+    // A report of another chunk installs it and the gate still waits.
+    s.report(0, 1, 0, 1);
+    assert_eq!(names(&s.step()), ["Install", "Wait"]);
+    s.report(0, 0, 0, 2);
+    let acts = s.step();
+    assert_eq!(
+        acts[0],
+        Action::Install {
+            report: ReportId(1),
+            key: key(0, 0),
+            slab: 0,
+            rows: 0..2,
+            version: 0
+        }
+    );
+    let Action::Train(t) = &acts[1] else {
+        panic!("{acts:?}")
+    };
+    assert_eq!((t.batch, t.version, t.slab), (0, 0, 0));
+    assert_eq!(
+        (t.positions.clone(), t.rows.clone()),
+        (vec![1, 2], vec![0, 1])
+    );
+    assert!(t.cold.is_empty());
+    assert_eq!((t.max_gap, t.first_reads.clone()), (Some(0), vec![0]));
+    let stats = s.p.epoch_stats().unwrap();
+    assert_eq!((stats.waited, stats.wait_batches), (2, 1));
+    assert_eq!((stats.urgent_jobs, stats.recomputations), (1, 0));
+    assert_eq!(
+        (stats.hot_uses, stats.installs, stats.rows_installed),
+        (2, 2, 3)
+    );
+    assert_eq!(stats.computed_cold, 0);
+}
+
+#[test]
+fn compute_a_late_chunk_stays_cold_and_nothing_waits() {
+    let mut s = Script::with(3, OnLate::Compute);
+    s.start(0..4, 0);
+    // No chunk is computed yet.
+    let t = s.train();
+    // Batch 0 reads only chunk 0: both its hot positions stay cold.
+    assert_eq!((t.positions.clone(), t.cold.clone()), (vec![], vec![1, 2]));
+    assert_eq!(t.max_gap, None);
+    s.trained(0, 1);
+    s.report(0, 1, 0, 1);
+    let t = s.train();
+    // Batch 1 reads vertex 1 (chunk 0, late, cold) and vertex 2 (chunk 1: the
+    // report above, of version 0, installed at its gate; gap 1).
+    assert_eq!((t.positions.clone(), t.rows.clone()), (vec![2], vec![2]));
+    assert_eq!((t.cold.clone(), t.max_gap), (vec![1], Some(1)));
+    assert!(!s.log.iter().any(|a| matches!(a, Action::Wait { .. })));
+    assert!(!s
+        .log
+        .iter()
+        .any(|a| matches!(a, Action::QueueJob(j) if j.urgent.is_some())));
+    let stats = s.p.epoch_stats().unwrap();
+    assert_eq!(
+        (stats.computed_cold, stats.hot_uses, stats.urgent_jobs),
+        (3, 1, 0)
+    );
+    assert_eq!(stats.gaps.count(1), 1);
+}
+
+#[test]
+fn a_stale_ready_chunk_is_recomputed_after_a_publication() {
+    // Bound 0 with one publication per super-batch: the rows computed with the
+    // weights of version 0 are stale at batch 1.
+    let mut cfg = ProtocolConfig::new(pipeline(), 0, OnLate::Wait);
+    cfg.publication = Publication::EverySuperBatch;
+    let mut s = Script::new(cfg);
+    s.start(0..4, 0);
+    s.step();
+    s.report(0, 0, 0, 2);
+    s.report(0, 1, 0, 1);
+    let acts = s.step();
+    assert_eq!(names(&acts), ["Install", "Install", "Train"]);
+    s.trained(0, 1);
+    let acts = s.step();
+    assert_eq!(
+        names(&acts),
+        ["Gate", "Publish", "QueueJob", "QueueJob", "Wait"]
+    );
+    assert_eq!(
+        acts[1],
+        Action::Publish {
+            version: 1,
+            reset: false
+        }
+    );
+    let regular = s.regular_jobs()[0].claim;
+    let Action::QueueJob(re) = &acts[2] else {
+        panic!()
+    };
+    assert_eq!(
+        (re.key, re.urgent.map(|u| u.recompute)),
+        (key(0, 0), Some(true))
+    );
+    // A recomputation has a claim of its own: the regular job's claim was taken.
+    assert_ne!(re.claim, regular);
+    // A late report of the old computation is no newer: discarded.
+    s.report(0, 0, 0, 2);
+    assert_eq!(names(&s.step()), ["Discard", "Wait"]);
+    s.report(0, 0, 1, 2);
+    assert_eq!(names(&s.step()), ["Install", "Wait"]);
+    s.report(0, 1, 1, 1);
+    let acts = s.step();
+    let Some(Action::Train(t)) = acts.last() else {
+        panic!("{acts:?}")
+    };
+    assert_eq!((t.version, t.max_gap), (1, Some(0)));
+    let stats = s.p.epoch_stats().unwrap();
+    // Batch 0's gate promoted chunk 0 before its rows came.
+    assert_eq!((stats.recomputations, stats.urgent_jobs), (2, 3));
+    assert_eq!((stats.publications, stats.discarded), (2, 1));
+    assert_eq!(stats.gaps.max(), Some(0));
+}
+
+#[test]
+fn a_bound_below_the_on_time_gap_publishes_after_every_batch() {
+    for (bound, every_batch) in [(1, true), (2, true), (3, false), (9, false)] {
+        let mut s = Script::with(bound, OnLate::Compute);
+        s.start(0..4, 0);
+        let mut publications = Vec::new();
+        for k in 0..4 {
+            let t = s.train();
+            assert_eq!(t.batch, k);
+            s.trained(k, k as u64 + 1);
+            let pre: Vec<Action> = std::iter::from_fn(|| s.p.poll().unwrap())
+                .take_while(|a| !matches!(a, Action::Gate { .. } | Action::Finished { .. }))
+                .collect();
+            publications.extend(pre.iter().filter_map(|a| match a {
+                Action::Publish { version, .. } => Some(*version),
+                _ => None,
+            }));
+            s.log.extend(pre);
+        }
+        let want: Vec<u64> = if every_batch {
+            vec![1, 2, 3, 4]
+        } else {
+            vec![2, 4]
+        };
+        assert_eq!(publications, want, "bound {bound}");
+    }
+}
+
+#[test]
+fn jobs_of_finished_super_batches_become_droppable() {
+    let mut s = Script::with(3, OnLate::Compute);
+    s.start(0..6, 0);
+    s.train();
+    s.trained(0, 1);
+    s.train();
+    s.trained(1, 2);
+    // After super-batch 0's last batch: retire it, publish, end it.
+    let acts: Vec<Action> = std::iter::from_fn(|| s.p.poll().unwrap())
+        .take_while(|a| !matches!(a, Action::Gate { .. }))
+        .collect();
+    assert_eq!(
+        acts,
+        vec![
+            Action::Retire { below: 1 },
+            Action::Publish {
+                version: 2,
+                reset: false
+            },
+            Action::EndSuperBatch {
+                super_batch: 0,
+                local: 0,
+                observe: false
+            },
+            Action::BeginSuperBatch {
+                super_batch: 1,
+                local: 1
+            },
+            Action::Launch {
+                super_batch: 2,
+                local: 2,
+                batches: 4..6
+            },
+        ]
+    );
+    assert_eq!(s.p.retired_below(), 1);
+    let jobs: Vec<Job> = s.regular_jobs().into_iter().cloned().collect();
+    for j in &jobs {
+        assert_eq!(j.droppable(1), j.key.super_batch == 0, "{j:?}");
+    }
+    // A report of a finished super-batch is only given back.
+    s.report(0, 0, 0, 2);
+    let acts = s.p.poll().unwrap();
+    assert!(matches!(acts, Some(Action::Discard { .. })), "{acts:?}");
+    s.p.handle(Event::JobDropped { key: key(0, 1) }).unwrap();
+    assert_eq!(s.p.epoch_stats().unwrap().dropped_jobs, 1);
+}
+
+#[test]
+fn the_epoch_ends_retiring_everything_and_the_next_continues_the_numbering() {
+    let mut s = Script::with(3, OnLate::Compute);
+    s.start(0..5, 7);
+    let mut ends = Vec::new();
+    for k in 0..5 {
+        let t = s.train();
+        assert_eq!((t.batch, t.version), (k, 7 + k as u64));
+        s.trained(k, 8 + k as u64);
+    }
+    let rest = s.step();
+    for a in &s.log {
+        if let Action::EndSuperBatch { local, observe, .. } = a {
+            ends.push((*local, *observe));
+        }
+    }
+    // Three super-batches (the last has one batch): only the middle is observed.
+    assert_eq!(ends, vec![(0, false), (1, true), (2, false)]);
+    // The last super-batch's retirement retires the whole epoch.
+    assert_eq!(
+        names(&rest),
+        ["Retire", "Publish", "EndSuperBatch", "Finished"]
+    );
+    assert_eq!(rest[0], Action::Retire { below: 3 });
+    assert_eq!(s.p.retired_below(), 3);
+    let Action::Finished { stats, stopped } = &rest[3] else {
+        panic!("{rest:?}")
+    };
+    assert!(!stopped);
+    assert_eq!(stats.computed_cold, 10);
+    assert!(!s.p.running());
+    assert_eq!(s.p.poll().unwrap(), None);
+    // The next epoch (after an interruption at batch 2) numbers on from 3.
+    s.start(2..4, 12);
+    let acts = s.step();
+    assert!(acts.contains(&Action::Launch {
+        super_batch: 3,
+        local: 0,
+        batches: 2..4
+    }));
+    let t = match acts.last() {
+        Some(Action::Train(t)) => t.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((t.batch, t.version, t.slab), (2, 12, 1));
+}
+
+#[test]
+fn a_batch_s_own_seeds_never_read_hot_rows() {
+    let mut s = Script::with(3, OnLate::Compute);
+    s.start(0..2, 0);
+    s.p.poll().unwrap();
+    s.p.poll().unwrap();
+    // Seeds: the first two destinations, both hot; then hot 2 and cold 9.
+    s.p.handle(Event::Launched {
+        super_batch: 0,
+        split: HotSplit::all_cpu(4),
+        batches: vec![
+            LaunchedBatch {
+                seeds: 2,
+                bottom: vec![0, 1, 2, 9],
+            },
+            LaunchedBatch {
+                seeds: 1,
+                bottom: vec![3, 0],
+            },
+        ],
+    })
+    .unwrap();
+    let acts = s.step();
+    // Queue: 2 (batch 0, position 2) and 0 (batch 1, position 1): {0, 2}.
+    assert!(acts.contains(&Action::ReserveSlab {
+        slab: 0,
+        rows: 2,
+        super_batch: 0
+    }));
+    let Some(Action::Train(t)) = acts.last() else {
+        panic!("{acts:?}")
+    };
+    assert_eq!(t.cold, vec![2]);
+}
+
+#[test]
+fn a_stop_turns_pending_installs_into_discards_and_finishes() {
+    let mut s = Script::with(0, OnLate::Wait);
+    s.start(0..4, 0);
+    assert_eq!(names(&s.step()).last(), Some(&"Wait"));
+    s.report(0, 0, 0, 2);
+    s.report(1, 1, 0, 1);
+    s.p.handle(Event::Stop).unwrap();
+    let acts: Vec<Action> = std::iter::from_fn(|| s.p.poll().unwrap()).collect();
+    assert_eq!(names(&acts), ["Discard", "Discard", "Retire", "Finished"]);
+    assert_eq!(acts[2], Action::Retire { below: 2 });
+    let Action::Finished { stats, stopped } = &acts[3] else {
+        panic!()
+    };
+    assert!(*stopped);
+    assert_eq!((stats.installs, stats.discarded, stats.jobs), (0, 2, 2));
+    assert!(!s.p.running());
+}
+
+#[test]
+fn out_of_turn_events_and_rows_from_the_future_are_refused() {
+    let mut s = Script::with(3, OnLate::Wait);
+    assert!(matches!(
+        s.p.handle(Event::BatchTrained {
+            batch: 0,
+            version: 1
+        }),
+        Err(SchedulerError::UnexpectedEvent { .. })
+    ));
+    s.start(0..4, 5);
+    s.p.poll().unwrap();
+    assert!(matches!(s.p.poll().unwrap(), Some(Action::Launch { .. })));
+    // Awaiting the launch: nothing to do, and no other answer fits.
+    assert_eq!(s.p.poll().unwrap(), None);
+    let e =
+        s.p.handle(Event::Launched {
+            super_batch: 1,
+            split: HotSplit::all_cpu(4),
+            batches: vec![],
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("Launched"), "{e}");
+    assert!(s
+        .p
+        .handle(Event::BatchTrained {
+            batch: 0,
+            version: 6
+        })
+        .is_err());
+    // The right answer with the wrong number of batches.
+    assert!(s
+        .p
+        .handle(Event::Launched {
+            super_batch: 0,
+            split: HotSplit::all_cpu(4),
+            batches: vec![LaunchedBatch::default()],
+        })
+        .is_err());
+    let mut s = Script::with(3, OnLate::Wait);
+    s.start(0..4, 5);
+    s.step();
+    // Rows computed with weights newer than the current ones.
+    let e =
+        s.p.handle(Event::ChunkComputed {
+            key: key(0, 0),
+            version: 6,
+            rows: 2,
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            SchedulerError::VersionAhead {
+                embedding: 6,
+                current: 5
+            }
+        ),
+        "{e}"
+    );
+    // A training answer more than one step ahead.
+    let mut s = Script::with(3, OnLate::Compute);
+    s.start(0..4, 0);
+    s.train();
+    assert!(s
+        .p
+        .handle(Event::BatchTrained {
+            batch: 0,
+            version: 2
+        })
+        .is_err());
+    // A skipped step (a non-finite loss) leaves the version.
+    s.trained(0, 0);
+    assert_eq!(s.train().version, 0);
+}
