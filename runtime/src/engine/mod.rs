@@ -31,7 +31,7 @@ pub(crate) use step_based::{BatchRef, Sampled};
 
 use std::sync::Arc;
 
-use cpu_ops::{AdamConfig, Model, ModelConfig};
+use cpu_ops::{AdamConfig, ModelConfig};
 use gpu_ops::{Backend, CacheStats, DeviceModel, GpuOpsError, TopologyPlacement};
 
 use crate::dataset::Dataset;
@@ -64,6 +64,8 @@ pub struct EngineOptions {
     pub topology: TopologyPlacement,
     /// Adam's hyper-parameters.
     pub adam: AdamConfig,
+    /// The seed the weights are initialized from.
+    pub init_seed: u64,
     /// Seeds per training batch (sizes the memory check, `engine/memory.rs`).
     pub batch_size: usize,
     /// The arithmetic of the model's matrix products (`model.precision`).
@@ -202,12 +204,19 @@ pub fn degree_order(ds: &Dataset) -> Vec<u32> {
 impl<B: Backend> DeviceEngine<B> {
     /// Loads `ds` (topology, features with a cache of the highest-degree rows,
     /// labels) and `model` onto `dev`.
-    pub fn new(dev: B, ds: &Arc<Dataset>, model: &Model<f32>, opts: EngineOptions) -> Result<Self> {
+    pub fn new(
+        dev: B,
+        ds: &Arc<Dataset>,
+        model: &ModelConfig,
+        opts: EngineOptions,
+    ) -> Result<Self> {
+        let layout = gpu_ops::ModelLayout::new(model).map_err(dev_err("model"))?;
+        let num_params = layout.params().iter().map(|p| p.len).sum();
         // Fail before loading anything when the run cannot fit.
         let need = memory::estimate(
             ds,
-            model.config(),
-            model.num_params(),
+            model,
+            num_params,
             opts.batch_size,
             &opts.fanouts,
             opts.cache_bytes as u64,
@@ -225,7 +234,8 @@ impl<B: Backend> DeviceEngine<B> {
         } else {
             Some(load_features(&dev, ds, &opts)?)
         };
-        let dm = DeviceModel::from_host(&dev, model, opts.adam).map_err(dev_err("model"))?;
+        let dm =
+            DeviceModel::new(&dev, model, opts.init_seed, opts.adam).map_err(dev_err("model"))?;
         let host = HostSide::new(Arc::clone(ds));
         let tracer = Tracer::disabled();
         Ok(Self {

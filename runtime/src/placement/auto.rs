@@ -57,8 +57,8 @@ pub(crate) struct LayerPlan {
     pub cfg: crate::config::OrchestrationSection,
     /// The dataset.
     pub ds: Arc<crate::dataset::Dataset>,
-    /// A model of the trained configuration.
-    pub model: cpu_ops::Model<f32>,
+    /// The trained model's configuration.
+    pub model: cpu_ops::ModelConfig,
     /// Training fanouts.
     pub fanouts: Vec<u32>,
     /// The training vertices.

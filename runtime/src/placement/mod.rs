@@ -27,7 +27,7 @@ pub(crate) mod calibrator;
 
 use std::sync::Arc;
 
-use cpu_ops::Model;
+use cpu_ops::{derive_seed, ModelConfig};
 use gpu_ops::Backend;
 use scheduler::{Device, Orchestration, StepBased};
 
@@ -71,8 +71,9 @@ pub(crate) struct PlacementInput<'a> {
     pub cfg: &'a TrainConfig,
     /// The dataset.
     pub ds: &'a Arc<Dataset>,
-    /// The initialized model (its weights go onto the device).
-    pub model: &'a Model<f32>,
+    /// The model's configuration (its weights are initialized on the device
+    /// from `train.seed`).
+    pub model: &'a ModelConfig,
     /// The training vertices.
     pub train_ids: &'a [u32],
     /// Added to `device.ordinal` (a rank's local rank).
@@ -153,6 +154,7 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<DeviceEngine
                 decay: cpu_ops::WeightDecay::L2,
                 ..cpu_ops::AdamConfig::default()
             },
+            init_seed: derive_seed(cfg.train.seed, 1),
             batch_size: cfg.train.batch_size,
             precision: cfg.model.precision.precision(),
             // A rank with partitioned features gets its rows from the exchange

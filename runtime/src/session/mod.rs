@@ -58,7 +58,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use cpu_ops::{derive_seed, Model, Rng};
+use cpu_ops::{derive_seed, Rng};
 use rayon::ThreadPool;
 
 use crate::checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
@@ -307,9 +307,7 @@ impl Trainer {
                 what: format!("dataset `{}` has no training vertices", ds.name),
             });
         }
-        let mcfg = cfg.model_config(ds.features.dim(), ds.num_classes as usize)?;
-        let model = Model::new(&mcfg, derive_seed(cfg.train.seed, 1))
-            .map_err(|e| Error::cpu_ops("model", e))?;
+        let model = cfg.model_config(ds.features.dim(), ds.num_classes as usize)?;
         let placed = place(&PlacementInput {
             cfg: &cfg,
             ds: &ds,
@@ -972,21 +970,13 @@ impl Trainer {
         Ok(())
     }
 
-    /// The model at the current weights, on the host (export).
-    fn host_model(&self) -> Result<Model<f32>> {
-        let state = self.state_ref()?;
-        let mut model =
-            Model::new(state.model_config(), 0).map_err(|e| Error::cpu_ops("model", e))?;
-        for (dst, src) in model.params_mut().into_iter().zip(state.params_to_host()?) {
-            dst.copy_from_slice(&src);
-        }
-        Ok(model)
-    }
-
     /// Writes the model at the current weights to `path` as an ONNX graph,
     /// atomically ([`crate::onnx`]; `opts` picks logits or embeddings). The file
     /// serves sampled blocks and full-graph inference alike.
     pub fn export_onnx(&self, path: &Path, opts: &crate::onnx::ExportOptions) -> Result<()> {
-        crate::onnx::write_model(&self.host_model()?, opts, path)
+        let state = self.state_ref()?;
+        let params = state.params_to_host()?;
+        let refs: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
+        crate::onnx::write(state.model_config(), &refs, opts, path)
     }
 }

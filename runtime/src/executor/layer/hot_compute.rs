@@ -8,15 +8,17 @@
 //!    (`cpu_ops` sampler semantics, seeded per chunk).
 //! 3. Aggregate and transform straight from the host feature matrix into the
 //!    chunk's staging buffer (the rows the engine uploads): GraphSAGE through the
-//!    fused kernel when available, other models through `gather_rows` +
-//!    [`Model::forward_layer_with`] (activation included).
+//!    fused kernel (`cpu_ops::SageHotKernel`, tested against the generic layer),
+//!    other models through `gather_rows` and the generic layer 0 on the host
+//!    backend ([`gpu_ops::Layer0`]: the layer the model trains, activation
+//!    included).
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use cpu_ops::{
-    gather_rows, BlockView, Model, ModelInput, ModelKind, NeighborSampler, SageHotKernel,
+    gather_rows, BlockView, ModelConfig, ModelInput, ModelKind, NeighborSampler, SageHotKernel,
     SamplerScratch,
 };
 
@@ -71,24 +73,27 @@ impl Published {
     }
 }
 
-/// What one CPU worker needs to compute hot rows: the dataset (user ids), a model
-/// of the right shape (for layer 0's spec; its own weights are not used) and the
-/// bottom layer's one-hop sampler.
+/// What one CPU worker needs to compute hot rows: the dataset (user ids), the
+/// model's configuration (layer 0's shape) and the bottom layer's one-hop
+/// sampler.
 pub struct HotComputer {
     /// The dataset, in user ids.
     pub ds: Arc<Dataset>,
-    /// A model with the trained model's configuration.
-    pub model: Model<f32>,
+    /// The trained model's configuration.
+    pub model: ModelConfig,
     /// One hop with the bottom fanout.
     pub sampler: NeighborSampler,
 }
 
-/// A worker's reusable buffers, and its fused GraphSAGE kernel with the weights
-/// of the version it last computed with.
+/// A worker's reusable buffers, and its layer 0 with the weights of the
+/// version it last computed with: the fused GraphSAGE kernel, or the generic
+/// layer on the host backend.
 pub struct HotScratch {
     sampler: SamplerScratch,
     gathered: Vec<f32>,
     sage: Option<(u64, SageHotKernel)>,
+    generic: Option<(u64, gpu_ops::Layer0<gpu_ops::HostBackend>)>,
+    host: gpu_ops::HostBackend,
 }
 
 impl HotScratch {
@@ -98,6 +103,8 @@ impl HotScratch {
             sampler: SamplerScratch::new(num_vertices),
             gathered: Vec::new(),
             sage: None,
+            generic: None,
+            host: gpu_ops::HostBackend::new(),
         }
     }
 }
@@ -105,7 +112,7 @@ impl HotScratch {
 impl HotComputer {
     /// Layer 0's output width.
     pub fn width(&self) -> usize {
-        self.model.config().hidden
+        self.model.hidden
     }
 
     /// Steps 2–3: the rows of `ids` (user ids) with `weights`, written to
@@ -131,7 +138,7 @@ impl HotComputer {
                 ),
             ));
         }
-        if self.model.config().kind == ModelKind::Sage {
+        if self.model.kind == ModelKind::Sage {
             return self.compute_sage(ids, weights, seed, scratch, &mut out[..need]);
         }
         let batch = self
@@ -145,10 +152,27 @@ impl HotComputer {
         let b = &batch.blocks()[0];
         let view =
             BlockView::new(b.num_src(), b.indptr(), b.indices()).map_err(kernel("hot block"))?;
-        let rows = self
-            .model
-            .forward_layer_with(0, &weights.tensors, &view, ModelInput::Dense(buf))
-            .map_err(kernel("hot compute"))?;
+        let device = |e| Error::Device {
+            context: "hot compute".into(),
+            source: e,
+        };
+        let layer = match &mut scratch.generic {
+            Some((v, l)) if *v == weights.version => l,
+            Some((v, l)) => {
+                l.set_weights(&scratch.host, &weights.tensors)
+                    .map_err(device)?;
+                *v = weights.version;
+                l
+            }
+            slot @ None => {
+                let l = gpu_ops::Layer0::new(&scratch.host, &self.model, &weights.tensors)
+                    .map_err(device)?;
+                &mut slot.insert((weights.version, l)).1
+            }
+        };
+        let rows = layer
+            .rows(&scratch.host, &view, ModelInput::Dense(buf))
+            .map_err(device)?;
         out[..need].copy_from_slice(&rows[..need]);
         Ok(())
     }

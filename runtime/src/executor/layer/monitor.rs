@@ -406,7 +406,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use cpu_ops::{Model, ModelConfig, ModelKind};
+    use cpu_ops::{ModelConfig, ModelKind};
     use gpu_ops::{HostBackend, TopologyPlacement};
 
     use super::*;
@@ -440,19 +440,15 @@ mod tests {
             })
             .unwrap(),
         );
-        let model = Model::new(
-            &ModelConfig {
-                kind: ModelKind::Sage,
-                in_dim: DIM,
-                hidden: 8,
-                num_classes: 4,
-                num_layers: 2,
-                heads: 1,
-                dropout: 0.0,
-            },
-            1,
-        )
-        .unwrap();
+        let model = ModelConfig {
+            kind: ModelKind::Sage,
+            in_dim: DIM,
+            hidden: 8,
+            num_classes: 4,
+            num_layers: 2,
+            heads: 1,
+            dropout: 0.0,
+        };
         let engine = DeviceEngine::new(
             HostBackend::new(),
             &ds,
@@ -463,6 +459,7 @@ mod tests {
                 cache_bytes: CACHE,
                 topology: TopologyPlacement::Device,
                 adam: cpu_ops::AdamConfig::default(),
+                init_seed: 1,
                 batch_size: 128,
                 precision: gpu_ops::Precision::Fp32,
                 defer_features: false,

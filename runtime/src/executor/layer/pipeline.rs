@@ -64,7 +64,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cpu_ops::{derive_seed, Model, NeighborSampler};
+use cpu_ops::{derive_seed, ModelConfig, NeighborSampler};
 use scheduler::{
     GapHistogram, HotSplit, HotnessPolicy, OnLate, PipelineConfig, Relabeling, SuperBatchPlan,
 };
@@ -103,8 +103,8 @@ pub(crate) struct LayerSetup<'a> {
     pub cfg: &'a OrchestrationSection,
     /// The dataset, in user ids.
     pub ds: &'a Arc<Dataset>,
-    /// A model of the trained configuration (layer 0's shape for the CPU).
-    pub model: &'a Model<f32>,
+    /// The trained model's configuration (layer 0's shape for the CPU).
+    pub model: &'a ModelConfig,
     /// Training fanouts, bottom first.
     pub fanouts: &'a [u32],
     /// The training vertices.
@@ -126,7 +126,7 @@ pub struct Orchestrator {
     pipeline: PipelineConfig,
     workers_wanted: usize,
     bottom_fanout: u32,
-    model: Model<f32>,
+    model: ModelConfig,
     ds: Arc<Dataset>,
     totals: OrchestrationStats,
     last_epoch: Option<OrchestrationStats>,
