@@ -2,21 +2,74 @@
 //! every op runs before it touches a buffer (contract item 2 of [`crate::Backend`]).
 
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::time::Instant;
 
+use super::pool::HostPool;
 use crate::backend::Elem;
 use crate::error::{GpuOpsError, Result};
 
 /// A "device" buffer of the host backend: a host vector (also its pinned buffer).
+/// A buffer the backend allocated gives its storage back to the backend's pool
+/// when dropped (`host/pool.rs`).
 ///
 /// Derefs to the whole slice, so tests and host code can read it directly.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct HostBuf<T: Elem>(Vec<T>);
+#[derive(Clone, Default)]
+pub struct HostBuf<T: Elem> {
+    data: Vec<T>,
+    pool: Option<Arc<HostPool>>,
+}
+
+impl<T: Elem> std::fmt::Debug for HostBuf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("HostBuf").field(&self.data).finish()
+    }
+}
+
+impl<T: Elem + PartialEq> PartialEq for HostBuf<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.data == other.data
+    }
+}
+
+impl<T: Elem> Drop for HostBuf<T> {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.give(std::mem::take(&mut self.data));
+        }
+    }
+}
 
 impl<T: Elem> HostBuf<T> {
     /// Wraps a vector.
     pub fn from_vec(v: Vec<T>) -> Self {
-        Self(v)
+        Self {
+            data: v,
+            pool: None,
+        }
+    }
+
+    /// `len` zeros in storage from `pool` (returned to it on drop).
+    pub(crate) fn zeroed_in(pool: &Arc<HostPool>, len: usize) -> Result<Self> {
+        let mut data: Vec<T> = pool.take(len);
+        data.try_reserve_exact(len.saturating_sub(data.capacity()))
+            .map_err(|_| GpuOpsError::OutOfMemory {
+                what: format!("host buffer of {len} {}", std::any::type_name::<T>()),
+                requested: len.saturating_mul(std::mem::size_of::<T>()),
+                available: 0,
+            })?;
+        data.resize(len, T::zeroed());
+        Ok(Self {
+            data,
+            pool: Some(Arc::clone(pool)),
+        })
+    }
+
+    /// [`HostBuf::poisoned`] in storage from `pool`.
+    pub(crate) fn poisoned_in(pool: &Arc<HostPool>, len: usize) -> Result<Self> {
+        let mut b = Self::zeroed_in(pool, len)?;
+        bytemuck::cast_slice_mut::<T, u8>(&mut b.data).fill(0xFF);
+        Ok(b)
     }
 
     /// A buffer of `len` zeros, or [`GpuOpsError::OutOfMemory`] when the allocation
@@ -30,7 +83,7 @@ impl<T: Elem> HostBuf<T> {
                 available: 0,
             })?
             .into_vec();
-        Ok(Self(v))
+        Ok(Self::from_vec(v))
     }
 
     /// A buffer of `len` elements filled with `0xFF` bytes (NaN for `f32`,
@@ -38,42 +91,43 @@ impl<T: Elem> HostBuf<T> {
     /// so that an op reading what it should have written first shows in tests.
     pub fn poisoned(len: usize) -> Result<Self> {
         let mut b = Self::zeroed(len)?;
-        bytemuck::cast_slice_mut::<T, u8>(&mut b.0).fill(0xFF);
+        bytemuck::cast_slice_mut::<T, u8>(&mut b.data).fill(0xFF);
         Ok(b)
     }
 
-    /// Takes the vector out.
-    pub fn into_vec(self) -> Vec<T> {
-        self.0
+    /// Takes the vector out (its storage leaves the pool).
+    pub fn into_vec(mut self) -> Vec<T> {
+        self.pool = None;
+        std::mem::take(&mut self.data)
     }
 
     /// The elements.
     pub fn as_slice(&self) -> &[T] {
-        &self.0
+        &self.data
     }
 
     /// The elements, mutable.
     pub fn as_mut_slice(&mut self) -> &mut [T] {
-        &mut self.0
+        &mut self.data
     }
 }
 
 impl<T: Elem> Deref for HostBuf<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        &self.0
+        &self.data
     }
 }
 
 impl<T: Elem> DerefMut for HostBuf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        &mut self.0
+        &mut self.data
     }
 }
 
 impl<T: Elem> From<Vec<T>> for HostBuf<T> {
     fn from(v: Vec<T>) -> Self {
-        Self(v)
+        Self::from_vec(v)
     }
 }
 

@@ -18,6 +18,7 @@ mod buffer;
 mod features;
 mod math;
 mod memory;
+mod pool;
 mod sample;
 mod sparse;
 
@@ -50,6 +51,8 @@ pub struct HostBackend {
     compute: HostStream,
     next_stream: AtomicU64,
     transfers: crate::backend::TransferCounter,
+    /// Storage of dropped buffers, reused by later allocations (`host/pool.rs`).
+    pool: Arc<pool::HostPool>,
 }
 
 impl HostBackend {
@@ -66,6 +69,7 @@ impl HostBackend {
             compute: HostStream::new(0),
             next_stream: AtomicU64::new(1),
             transfers: crate::backend::TransferCounter::default(),
+            pool: Arc::default(),
         }
     }
 
@@ -163,13 +167,13 @@ impl DeviceCore for HostBackend {
 impl DeviceMemory for HostBackend {
     fn alloc<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
         self.transfers.zero_fill();
-        HostBuf::zeroed(len)
+        HostBuf::zeroed_in(&self.pool, len)
     }
 
     /// Poisoned with `0xFF` bytes (NaN for `f32`): a read before the write the
     /// contract requires gives NaN (or an out-of-range integer) in tests.
     fn alloc_uninit<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
-        HostBuf::poisoned(len)
+        HostBuf::poisoned_in(&self.pool, len)
     }
 
     fn len<T: Elem>(&self, buf: &HostBuf<T>) -> usize {

@@ -40,16 +40,27 @@ pub(crate) struct PartitionedFeatures {
 }
 
 /// A device engine's input rows through a rank's partitioned features
-/// ([`crate::engine::RowSource`]).
+/// ([`crate::engine::RowSource`]): dense rows, or sparse ones from the rank's
+/// sparse copy of its own rows.
 pub(crate) struct ExchangeRows {
     ds: Arc<Dataset>,
     features: Arc<PartitionedFeatures>,
+    local: Option<Arc<SparseRows<f32>>>,
 }
 
 impl ExchangeRows {
-    /// Rows of `ds` through `features`.
-    pub(crate) fn new(ds: Arc<Dataset>, features: Arc<PartitionedFeatures>) -> Self {
-        Self { ds, features }
+    /// Rows of `ds` through `features`; sparse rows when `local` (this rank's
+    /// own rows, the others empty) is given.
+    pub(crate) fn new(
+        ds: Arc<Dataset>,
+        features: Arc<PartitionedFeatures>,
+        local: Option<Arc<SparseRows<f32>>>,
+    ) -> Self {
+        Self {
+            ds,
+            features,
+            local,
+        }
     }
 }
 
@@ -60,6 +71,13 @@ impl crate::engine::RowSource for ExchangeRows {
 
     fn gather_bf16(&self, ids: &[u32], out: &mut Vec<u16>) -> Result<u64> {
         self.features.gather_bf16(&self.ds, ids, out)
+    }
+
+    fn gather_sparse(&self, ids: &[u32]) -> Result<Option<(SparseRows<f32>, u64)>> {
+        self.local
+            .as_deref()
+            .map(|local| self.features.gather_sparse(local, ids))
+            .transpose()
     }
 }
 
@@ -305,7 +323,6 @@ impl PartitionedFeatures {
     /// owners in one exchange of requests, then one of each row's column ids
     /// (after its length) and one of its values. Returns the rows of `ids` in
     /// order and the bytes exchanged.
-    #[allow(dead_code)] // TEMP: sparse input on the engine (issue 21)
     pub(crate) fn gather_sparse(
         &self,
         local: &SparseRows<f32>,

@@ -442,10 +442,10 @@ impl<B: Backend> DeviceEngine<B> {
                 _ => None,
             };
             self.model
-                .train_step_hot(&*dev, &blocks, &x, labels, seed, rows.as_ref())
+                .train_step_hot(&*dev, &blocks, x.layer(), labels, seed, rows.as_ref())
                 .map_err(dev_err("training step"))
         })();
-        self.x = Some(x);
+        self.recycle(x);
         self.settle_gather_misses();
         step.set_transfer(Direction::HostToDevice, self.h2d - start);
         let stats = result?;

@@ -21,11 +21,13 @@
 //! graph as one block per layer) or sampled mini-batches.
 
 mod hot;
+mod input;
 mod memory;
 mod reduce;
 mod step_based;
 
 pub(crate) use hot::{HotStaging, HotUse};
+pub(crate) use input::{density, sparse_rows_where};
 pub(crate) use reduce::{CopyReduce, ReduceOn};
 pub(crate) use step_based::{BatchRef, Sampled};
 
@@ -77,6 +79,8 @@ pub struct EngineOptions {
     pub defer_features: bool,
     /// How the device stores feature rows (`device.feature_dtype`).
     pub feature_dtype: gpu_ops::FeatureDtype,
+    /// Input rows are sparse (`train.sparse_features`; `engine/input.rs`).
+    pub sparse: bool,
     /// Sample device batches on a sibling stream (`device.sample_ahead`:
     /// `executor/step.rs` samples the next batch while this one trains).
     pub sample_ahead: bool,
@@ -100,6 +104,12 @@ pub trait RowSource: Send + Sync {
         out.extend(rows.iter().map(|&v| gpu_ops::f32_to_bf16_bits(v)));
         Ok(bytes)
     }
+    /// The rows of `ids` as sparse rows, and the bytes exchanged; `None` for a
+    /// source without sparse rows (the engine then converts dense ones).
+    fn gather_sparse(&self, ids: &[u32]) -> Result<Option<(cpu_ops::SparseRows<f32>, u64)>> {
+        let _ = ids;
+        Ok(None)
+    }
 }
 
 /// A dataset and a model on one backend.
@@ -115,6 +125,8 @@ pub struct DeviceEngine<B: Backend> {
     /// Input rows from the host instead of the device store
     /// ([`DeviceEngine::set_row_source`]).
     rows: Option<Arc<dyn RowSource>>,
+    /// Sparse feature rows (`train.sparse_features`; built on first use).
+    sparse: Option<input::SparseStore<B>>,
     model: DeviceModel<B>,
     opts: EngineOptions,
     labels: Vec<u32>,
@@ -229,7 +241,7 @@ impl<B: Backend> DeviceEngine<B> {
         let graph = dev
             .load_graph(&ds.graph, opts.topology)
             .map_err(dev_err("loading the topology"))?;
-        let features = if opts.defer_features {
+        let features = if opts.defer_features || opts.sparse {
             None
         } else {
             Some(load_features(&dev, ds, &opts)?)
@@ -247,6 +259,7 @@ impl<B: Backend> DeviceEngine<B> {
             graph,
             features,
             rows: None,
+            sparse: None,
             model: dm,
             labels: ds.labels.to_vec(),
             num_classes: ds.num_classes as usize,
@@ -300,7 +313,7 @@ impl<B: Backend> DeviceEngine<B> {
         seeds: &[u32],
         eval: bool,
         seed: u64,
-    ) -> Result<(gpu_ops::DeviceBatch<B>, B::Buf<f32>)> {
+    ) -> Result<(gpu_ops::DeviceBatch<B>, input::Input<B>)> {
         let fanouts = if eval {
             &self.opts.eval_fanouts
         } else {
@@ -311,7 +324,7 @@ impl<B: Backend> DeviceEngine<B> {
             .sample(&self.graph, seeds, fanouts, seed)
             .map_err(dev_err("sampling"))?;
         let n_in = self.dev.block_shape(&batch.blocks[0]).0;
-        let x = self.gather(&batch.src_ids[0], n_in)?;
+        let x = self.gather_input(&batch.src_ids[0], n_in)?;
         Ok((batch, x))
     }
 
@@ -356,9 +369,11 @@ pub(crate) trait ModelState: Send {
     /// Logits (`seeds × classes`) of `seeds` on blocks sampled with the
     /// evaluation fanouts and `seed`.
     fn sampled_logits(&mut self, seeds: &[u32], seed: u64) -> Result<Vec<f32>>;
-    /// Layer `l` (no dropout) over a host block whose source rows are `x`
-    /// (`block.num_src() × in_width`): `num_dst × out_width` (sharded
-    /// full-graph evaluation).
+    /// Layer `l` (no dropout) over a host block (sharded full-graph
+    /// evaluation): `num_dst × out_width`. Its input is `x`
+    /// (`block.num_src() × in_width`) above layer 0; at layer 0 the features
+    /// of the block's sources, each row scaled by `x`'s value when `x` is not
+    /// empty (GCN's degree correction).
     fn layer_rows(&mut self, l: usize, block: &cpu_ops::Block, x: &[f32]) -> Result<Vec<f32>>;
     /// Feature-cache statistics since the start.
     fn cache_stats(&self) -> CacheStats;
@@ -367,6 +382,8 @@ pub(crate) trait ModelState: Send {
     fn transfer_stats(&self) -> gpu_ops::TransferStats;
     /// Bytes training batches moved host → device since the start.
     fn h2d_bytes(&self) -> u64;
+    /// Whether input rows are sparse (`train.sparse_features`).
+    fn sparse_input(&self) -> bool;
 }
 
 impl<B: Backend> ModelState for DeviceEngine<B> {
@@ -441,28 +458,32 @@ impl<B: Backend> ModelState for DeviceEngine<B> {
                     .map_err(dev_err("full-graph block"))?,
             );
         }
-        let all: Vec<u32> = (0..n as u32).collect();
-        let ids = self.dev.to_device(&all).map_err(dev_err("vertex ids"))?;
-        let mut h = self.gather(&ids, n)?;
-        let mut width = self.host.ds().features.dim();
+        let x = self.all_inputs()?;
         let Some(block) = self.full_block.as_ref() else {
             return Err(Error::invalid_argument(
                 "full-graph block",
                 "internal: not built",
             ));
         };
-        for l in 0..layers.min(self.model.config().num_layers) {
-            let out = self
+        let layers = layers.min(self.model.config().num_layers);
+        if layers == 0 {
+            return Err(Error::invalid_argument(
+                "full-graph inference",
+                "internal: no layer to apply",
+            ));
+        }
+        let mut h = self
+            .model
+            .forward_layer(&self.dev, 0, block, x.layer())
+            .map_err(dev_err("full-graph inference"))?;
+        for l in 1..layers {
+            h = self
                 .model
                 .forward_layer(&self.dev, l, block, &h)
                 .map_err(dev_err("full-graph inference"))?;
-            width = self.model.layer_out_dim(l).unwrap_or(width);
-            if l == 0 {
-                self.x = Some(std::mem::replace(&mut h, out));
-            } else {
-                h = out;
-            }
         }
+        self.recycle(x);
+        let width = self.model.layer_out_dim(layers - 1).unwrap_or(0);
         self.dev
             .to_host(&h, n * width)
             .map_err(dev_err("full-graph rows"))
@@ -472,9 +493,9 @@ impl<B: Backend> ModelState for DeviceEngine<B> {
         let (batch, x) = self.sample_and_gather(seeds, true, seed)?;
         let fwd = self
             .model
-            .forward(&self.dev, &batch.blocks, &x, false, 0)
+            .forward(&self.dev, &batch.blocks, x.layer(), false, 0)
             .map_err(dev_err("forward"));
-        self.x = Some(x);
+        self.recycle(x);
         let fwd = fwd?;
         self.dev
             .to_host(fwd.logits(), seeds.len() * self.num_classes)
@@ -482,16 +503,23 @@ impl<B: Backend> ModelState for DeviceEngine<B> {
     }
 
     fn layer_rows(&mut self, l: usize, block: &cpu_ops::Block, x: &[f32]) -> Result<Vec<f32>> {
+        let input = if l == 0 {
+            let scale = (!x.is_empty()).then_some(x);
+            self.scaled_rows(block.src_ids(), scale)?
+        } else {
+            let h = self
+                .dev
+                .to_device(x)
+                .map_err(dev_err("uploading layer inputs"))?;
+            input::Input::Dense(h)
+        };
         let dev = &*self.dev;
         let b = dev
             .block_from_host(block.num_src(), block.indptr(), block.indices())
             .map_err(dev_err("uploading a shard block"))?;
-        let h = dev
-            .to_device(x)
-            .map_err(dev_err("uploading layer inputs"))?;
         let out = self
             .model
-            .forward_layer(dev, l, &b, &h)
+            .forward_layer(dev, l, &b, input.layer())
             .map_err(dev_err("sharded full-graph inference"))?;
         let width = self
             .model
@@ -514,6 +542,10 @@ impl<B: Backend> ModelState for DeviceEngine<B> {
 
     fn h2d_bytes(&self) -> u64 {
         self.h2d
+    }
+
+    fn sparse_input(&self) -> bool {
+        self.opts.sparse
     }
 }
 

@@ -39,6 +39,7 @@ use cpu_ops::{gather_rows, CsrGraph, NeighborSampler, SampledBatch, SamplerScrat
 use gpu_ops::Backend;
 use scheduler::{Device, StepBased};
 
+use super::input::Input;
 use super::{dev_err, record_copies, take_at_least, DeviceEngine};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
@@ -170,10 +171,10 @@ impl<B: Backend> DeviceEngine<B> {
     /// counter after the step. The counts are not read here: on CUDA they reach
     /// `cache_stats` at the next synchronization (the loss read), so reading them
     /// now would cost one more per batch.
-    pub(super) fn gather_counted(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<B::Buf<f32>> {
+    pub(super) fn gather_counted(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<Input<B>> {
         // Current: the last batch (or evaluation) ended with a synchronization.
         self.misses_before = Some(super::ModelState::cache_stats(self).misses);
-        self.gather(ids, n)
+        self.gather_input(ids, n)
     }
 
     /// Adds the rows the batch's gather read from host memory (cache misses
@@ -372,8 +373,8 @@ impl<B: Backend> DeviceEngine<B> {
             );
         }
 
-        // 2. Gather on the host.
-        let mut values = 0;
+        // 2. Gather on the host (and upload what it gathered).
+        let mut host_x = None;
         if host_gather {
             let mut g = batch.tag(tracer.slice("gather"));
             let ids = match (&host_batch, &host_ids) {
@@ -381,8 +382,9 @@ impl<B: Backend> DeviceEngine<B> {
                 (None, Some(ids)) => ids.as_slice(),
                 (None, None) => return Err(missing("input ids")),
             };
-            values = self.gather_on_host(ids)?;
-            g.set_bytes((values * 4) as u64);
+            let (x, bytes) = self.host_input(ids)?;
+            g.set_bytes(bytes);
+            host_x = Some(x);
         }
 
         // 3. Upload what the host made, gather on the device if placed there, train.
@@ -395,12 +397,13 @@ impl<B: Backend> DeviceEngine<B> {
             }
             (None, None) => return Err(missing("batch")),
         };
-        let x = if host_gather {
-            self.upload_gathered(values)?
-        } else {
-            let ids = dev_ids.ok_or_else(|| missing("input ids"))?;
-            let n_in = self.dev.block_shape(&blocks[0]).0;
-            self.gather_counted(&ids, n_in)?
+        let x = match host_x {
+            Some(x) => x,
+            None => {
+                let ids = dev_ids.ok_or_else(|| missing("input ids"))?;
+                let n_in = self.dev.block_shape(&blocks[0]).0;
+                self.gather_counted(&ids, n_in)?
+            }
         };
         let labels = self.labels_of(seeds);
         self.h2d += (labels.len() * 4) as u64;
@@ -410,14 +413,15 @@ impl<B: Backend> DeviceEngine<B> {
             .map_err(dev_err("labels"))
             .and_then(|labels| {
                 if step {
-                    self.model.train_step(&self.dev, &blocks, &x, &labels, seed)
+                    self.model
+                        .train_step(&self.dev, &blocks, x.layer(), &labels, seed)
                 } else {
                     self.model
-                        .forward_backward(&self.dev, &blocks, &x, &labels, seed)
+                        .forward_backward(&self.dev, &blocks, x.layer(), &labels, seed)
                 }
                 .map_err(dev_err("training step"))
             });
-        self.x = Some(x);
+        self.recycle(x);
         self.settle_gather_misses();
         slice.set_transfer(Direction::HostToDevice, self.h2d - start);
         // What the whole batch, sampling included, cost.

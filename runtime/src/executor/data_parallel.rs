@@ -43,6 +43,9 @@ pub(crate) struct DistSetup {
     /// "partitioned"` with more than one rank): input rows then come from the
     /// exchange.
     pub features: Option<Arc<PartitionedFeatures>>,
+    /// With sparse input rows: this rank's own rows as sparse rows (the
+    /// others empty), which the exchange sends.
+    pub local_sparse: Option<Arc<cpu_ops::SparseRows<f32>>>,
     /// `dist.reduce`.
     pub reduce: DistReduce,
     /// Sum the gradients on the device through host copies (the step
@@ -106,12 +109,13 @@ impl<B: Backend> DataParallel<B> {
         let DistSetup {
             comm,
             features,
+            local_sparse,
             reduce,
             host_copy_reduce,
         } = setup;
         if let Some(pf) = &features {
             let ds = Arc::clone(inner.engine_mut().dataset());
-            let source = ExchangeRows::new(ds, Arc::clone(pf));
+            let source = ExchangeRows::new(ds, Arc::clone(pf), local_sparse);
             inner.engine_mut().set_row_source(Some(Arc::new(source)));
         }
         let device_reduce = if host_copy_reduce {

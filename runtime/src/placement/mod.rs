@@ -31,9 +31,9 @@ use cpu_ops::{derive_seed, ModelConfig};
 use gpu_ops::Backend;
 use scheduler::{Device, Orchestration, StepBased};
 
-use crate::config::{PinPolicy, TrainConfig};
+use crate::config::{PinPolicy, SparseFeatures, TrainConfig};
 use crate::dataset::Dataset;
-use crate::engine::{open_backend, DeviceEngine, EngineOptions, ModelState, Opened};
+use crate::engine::{density, open_backend, DeviceEngine, EngineOptions, ModelState, Opened};
 use crate::error::{Error, Result};
 use crate::executor::layer::clock::wall_clock;
 use crate::executor::layer::{LayerExecutor, LayerSetup, Orchestrator};
@@ -100,13 +100,13 @@ pub(crate) fn place(input: &PlacementInput<'_>) -> Result<Placed> {
         .map_err(|_| Error::invalid_argument("device.ordinal", "too large"))?;
     let (exec, mut note) = match open_backend(&cfg.device, ordinal)? {
         Opened::Cuda(dev) => {
-            let e = engine(*dev, input)?;
-            let note = format!("device: {}", e.describe());
+            let (e, sparse) = engine(*dev, input)?;
+            let note = format!("device: {}{sparse}", e.describe());
             (strategy(e, input)?, note)
         }
         Opened::Host(dev, why) => {
-            let e = engine(dev, input)?;
-            let mut note = format!("device: {} ({why})", e.describe());
+            let (e, sparse) = engine(dev, input)?;
+            let mut note = format!("device: {} ({why}){sparse}", e.describe());
             if cfg.orchestration.is_auto() && !input.measure_on_host {
                 note.push_str(
                     "; orchestration.policy = \"auto\" on the host backend is \
@@ -131,10 +131,26 @@ pub(crate) fn place(input: &PlacementInput<'_>) -> Result<Placed> {
     Ok(Placed { exec, note })
 }
 
-/// Step 2: the engine on `dev`.
-fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<DeviceEngine<B>> {
+/// Step 2: the engine on `dev`, and what the note says of its input rows
+/// (`train.sparse_features`: sparse rows where the backend has the ops).
+fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngine<B>, String)> {
     let cfg = input.cfg;
-    DeviceEngine::new(
+    let t = &cfg.train;
+    let wanted = match t.sparse_features {
+        SparseFeatures::On => true,
+        SparseFeatures::Off => false,
+        SparseFeatures::Auto => density(&input.ds.features) <= t.sparse_threshold,
+    };
+    let sparse = wanted && dev.supports_sparse();
+    let note = match (wanted, sparse) {
+        (true, false) => format!(
+            "; train.sparse_features: the {} backend has no sparse ops, input rows are dense",
+            dev.kind()
+        ),
+        (true, true) => "; sparse input rows".to_string(),
+        _ => String::new(),
+    };
+    let engine = DeviceEngine::new(
         dev,
         input.ds,
         input.model,
@@ -161,9 +177,11 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<DeviceEngine
             // (`executor/data_parallel.rs`): the device never holds them all.
             defer_features: cfg.dist.features == crate::config::DistFeatures::Partitioned,
             feature_dtype: cfg.device.feature_dtype.dtype(),
+            sparse,
             sample_ahead: cfg.device.sample_ahead,
         },
-    )
+    )?;
+    Ok((engine, note))
 }
 
 /// Step 3: the executor of `orchestration.policy` over `engine`.

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use cpu_ops::{accuracy_count, derive_seed, gather_rows, BlockView, MatRef, Rng, SamplerScratch};
+use cpu_ops::{accuracy_count, derive_seed, BlockView, MatRef, Rng, SamplerScratch};
 use ndarray::Array2;
 
 use super::Trainer;
@@ -273,20 +273,13 @@ impl Trainer {
             }
         };
         let layers = self.cfg.model.layers;
-        let (ds, comm, tracer) = (
-            Arc::clone(&self.ds),
-            Arc::clone(&self.dist.comm),
-            self.tracer.clone(),
-        );
+        let (comm, tracer) = (Arc::clone(&self.dist.comm), self.tracer.clone());
         let mut h: Vec<f32> = Vec::new();
         let mut out = Vec::new();
         for l in 0..layers {
+            // Layer 0 reads the features of the block's sources (GCN: scaled).
             let x = if l == 0 {
-                let dim = ds.features.dim();
-                let mut x = vec![0.0f32; src.len() * dim];
-                gather_rows(&ds.features, src, &mut x).map_err(kernel("input rows"))?;
-                scale_rows(&mut x, dim);
-                x
+                scale.clone().unwrap_or_default()
             } else {
                 let dim = h.len() / n.max(1);
                 let mut x = Vec::with_capacity(src.len() * dim);

@@ -67,6 +67,7 @@ use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
 use crate::dist::features::PartitionedFeatures;
 use crate::dist::{Communicator, DistStats, Solo};
 use crate::embedding::Embeddings;
+use crate::engine::sparse_rows_where;
 use crate::error::{Error, Result, StopCause};
 use crate::executor::data_parallel::{nccl_lacks, DistSetup};
 use crate::executor::{BatchDone, EpochEnd, EpochRun, Executor, OrchestrationStats};
@@ -443,15 +444,33 @@ impl Trainer {
                 )?),
                 None => None,
             };
-            // The device uploads dense rows; bfloat16 ones when it stores
-            // bfloat16 rows, so they may travel as bfloat16 too.
+            // Sparse input rows: this rank's own rows only (never another
+            // rank's); dense ones travel as bfloat16 when the device stores
+            // bfloat16 rows.
+            let local = if self.state_ref()?.sparse_input() {
+                let (rank, ranks, n) = (comm.rank(), comm.size(), ds.num_vertices());
+                let own = crate::dist::share(n, rank, ranks);
+                let p = parts.as_deref();
+                let keep = |v| crate::dist::features::owned_by(p, &own, rank, v);
+                let pool = Arc::clone(&self.pool);
+                Some(Arc::new(
+                    pool.install(|| sparse_rows_where(&ds.features, keep))?,
+                ))
+            } else {
+                None
+            };
             let bf16 = self.cfg.device.feature_dtype == crate::config::FeatureDtypeName::Bf16;
             let pool = Arc::clone(&self.pool);
-            let pf =
-                pool.install(|| PartitionedFeatures::new(ds, channel, cache, parts, None, bf16))?;
-            Some(Arc::new(pf))
+            let pf = pool.install(|| {
+                PartitionedFeatures::new(ds, channel, cache, parts, local.as_deref(), bf16)
+            })?;
+            Some((Arc::new(pf), local))
         } else {
             None
+        };
+        let (features, local_sparse) = match features {
+            Some((f, l)) => (Some(f), l),
+            None => (None, None),
         };
         if distributed {
             if self.cfg.orchestration.is_auto() {
@@ -466,6 +485,7 @@ impl Trainer {
             self.exec = exec.distribute(DistSetup {
                 comm: Arc::clone(&comm),
                 features: features.clone(),
+                local_sparse,
                 reduce: self.cfg.dist.reduce,
                 host_copy_reduce,
             })?;

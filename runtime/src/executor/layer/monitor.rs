@@ -464,6 +464,7 @@ mod tests {
                 precision: gpu_ops::Precision::Fp32,
                 defer_features: false,
                 feature_dtype: gpu_ops::FeatureDtype::F32,
+                sparse: false,
                 sample_ahead: false,
             },
         )
