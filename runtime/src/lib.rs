@@ -79,6 +79,7 @@
 pub(crate) mod atomic;
 #[cfg(feature = "cli")]
 pub mod bench;
+pub(crate) mod cancel;
 pub mod checkpoint;
 #[cfg(feature = "cli")]
 pub mod cli;

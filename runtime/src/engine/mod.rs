@@ -9,7 +9,7 @@
 //! calls them:
 //! - `engine/step_based.rs`: one batch under a step-based placement (sample and
 //!   gather on the host or the device, upload what the host made, train), for
-//!   `executor/step.rs` and `executor/data_parallel.rs`;
+//!   `executor/step/mod.rs` and `executor/step/data_parallel.rs`;
 //! - `engine/hot.rs`: the hot-row slabs and the batch trained with them, behind
 //!   [`LayerDevice`], for the layer-based pipeline (`executor/layer/`);
 //! - this file: setup, the gather, evaluation and the weights, behind
@@ -82,7 +82,7 @@ pub struct EngineOptions {
     /// Input rows are sparse (`train.sparse_features`; `engine/input.rs`).
     pub sparse: bool,
     /// Sample device batches on a sibling stream (`device.sample_ahead`:
-    /// `executor/step.rs` samples the next batch while this one trains).
+    /// `executor/step/mod.rs` samples the next batch while this one trains).
     pub sample_ahead: bool,
 }
 
@@ -683,7 +683,7 @@ impl<B: Backend> LayerDevice for DeviceEngine<B> {
     }
 }
 
-/// The data-parallel step's halves (`executor/data_parallel.rs`).
+/// The data-parallel step's halves (`executor/step/data_parallel.rs`).
 impl<B: Backend> DeviceEngine<B> {
     /// Sums the gradients of the device-resident data-parallel step over `on`
     /// from now on (collective for NCCL: every rank calls it). Returns one line
@@ -802,35 +802,5 @@ impl<B: Backend> DeviceEngine<B> {
     /// The dataset.
     pub(crate) fn dataset(&self) -> &Arc<Dataset> {
         self.host.ds()
-    }
-}
-
-/// The backend a `[device]` section asks for: a GPU, or the host backend with
-/// the reason the host was taken.
-pub(crate) enum Opened {
-    /// A CUDA device.
-    Cuda(Box<gpu_ops::CudaBackend>),
-    /// The host backend, and why.
-    Host(gpu_ops::HostBackend, String),
-}
-
-/// Opens the backend `device` asks for: `kind = "cuda"` a GPU or an error naming
-/// what is missing; `"auto"` a GPU when one is usable, else the host backend (the
-/// reason says why); `"host"` the host backend.
-pub(crate) fn open_backend(device: &crate::config::DeviceSection, ordinal: u32) -> Result<Opened> {
-    use crate::config::DeviceKind;
-    let host = |why: String| Ok(Opened::Host(gpu_ops::HostBackend::new(), why));
-    match device.kind {
-        DeviceKind::Host => host("device.kind = \"host\"".into()),
-        DeviceKind::Cuda | DeviceKind::Auto => match gpu_ops::CudaBackend::new(ordinal as usize) {
-            Ok(dev) => Ok(Opened::Cuda(Box::new(dev))),
-            Err(e) if device.kind == DeviceKind::Auto => {
-                host(format!("device.kind = \"auto\": no usable GPU — {e}"))
-            }
-            Err(source) => Err(Error::Device {
-                context: "device.kind = \"cuda\"".into(),
-                source,
-            }),
-        },
     }
 }

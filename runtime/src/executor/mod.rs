@@ -8,8 +8,8 @@
 //!   stream (`device.sample_ahead`);
 //! - [`layer::LayerExecutor`]: the layer-based super-batch pipeline (CPU
 //!   workers compute hot vertices' bottom-layer rows a super-batch ahead);
-//! - [`data_parallel::DataParallel`]: wraps a step executor as one rank of a
-//!   data-parallel job (one gradient all-reduce per step);
+//! - [`step::data_parallel::DataParallel`]: wraps a step executor as one rank
+//!   of a data-parallel job (one gradient all-reduce per step);
 //! - `placement::auto::AutoExecutor`: wraps both while `policy = "auto"`
 //!   measures them, then keeps the one it chose.
 //!
@@ -27,16 +27,15 @@
 //!    this batch: [`EpochEnd::Stopped`] at `k + 1` inside the epoch,
 //!    [`EpochEnd::Finished`]`(true)` after its last batch.
 
-pub(crate) mod data_parallel;
 pub(crate) mod layer;
 pub(crate) mod step;
 
 use std::sync::Arc;
 
+use crate::cancel::CancelToken;
 use crate::dataset::Dataset;
 use crate::engine::ModelState;
 use crate::error::{Result, StopCause};
-use crate::session::control::CancelToken;
 use crate::trace::{Tracer, TrackId};
 
 pub use layer::OrchestrationStats;
@@ -120,6 +119,25 @@ pub(crate) enum EpochEnd {
 /// The session's per-batch hook (module doc, step 3).
 pub(crate) type OnBatch<'a> = dyn FnMut(&BatchDone) -> Result<bool> + 'a;
 
+/// What an executor needs to become one rank of a job
+/// ([`Executor::distribute`]).
+pub(crate) struct DistSetup {
+    /// The job's ranks.
+    pub comm: Arc<dyn crate::dist::Communicator>,
+    /// This rank's share of the feature rows (`dist.features =
+    /// "partitioned"` with more than one rank): input rows then come from the
+    /// exchange.
+    pub features: Option<Arc<crate::dist::features::PartitionedFeatures>>,
+    /// With sparse input rows: this rank's own rows as sparse rows (the
+    /// others empty), which the exchange sends.
+    pub local_sparse: Option<Arc<cpu_ops::SparseRows<f32>>>,
+    /// `dist.reduce`.
+    pub reduce: crate::config::DistReduce,
+    /// Sum the gradients on the device through host copies (the step
+    /// `dist.reduce = "nccl"` takes, checkable on the host backend).
+    pub host_copy_reduce: bool,
+}
+
 /// What every executor does (module doc).
 pub(crate) trait Executor: Send {
     /// Trains batches `run.start..run.end` (module doc).
@@ -165,9 +183,9 @@ pub(crate) trait Executor: Send {
         None
     }
     /// This executor as rank `setup.comm.rank()` of a data-parallel job
-    /// (collective; `executor/data_parallel.rs`). Strategies that cannot run
+    /// (collective; `executor/step/data_parallel.rs`). Strategies that cannot run
     /// across ranks say so.
-    fn distribute(self: Box<Self>, setup: data_parallel::DistSetup) -> Result<Box<dyn Executor>>;
+    fn distribute(self: Box<Self>, setup: DistSetup) -> Result<Box<dyn Executor>>;
     /// Test seam: a fault for the layer pipeline's CPU workers (`None` clears
     /// it); no effect elsewhere.
     #[cfg(test)]

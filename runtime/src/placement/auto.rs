@@ -33,10 +33,10 @@ use super::calibrator::{Calibrator, ProbeStep};
 use super::step_placement;
 use crate::engine::{DeviceEngine, ModelState};
 use crate::error::{Error, Result};
-use crate::executor::data_parallel::DistSetup;
 use crate::executor::layer::clock::SharedClock;
 use crate::executor::layer::{LayerExecutor, LayerSetup, OrchestrationStats, Orchestrator};
 use crate::executor::step::StepExecutor;
+use crate::executor::DistSetup;
 use crate::executor::{EpochEnd, EpochRun, Executor, OnBatch};
 use crate::trace::{Tracer, TrackId};
 

@@ -2,14 +2,14 @@
 //! trains, in one place (entered once, by the session's constructor).
 //!
 //! 1. **Backend.** `device.kind` opens a GPU or the host backend
-//!    (`engine::open_backend`; `"auto"` falls back to the host and says why).
+//!    ([`open_backend`]; `"auto"` falls back to the host and says why).
 //! 2. **Engine.** The dataset and the model go onto it (`engine::DeviceEngine`:
 //!    topology, feature cache, model; the memory check fails first when the run
 //!    cannot fit).
 //! 3. **Strategy.** `orchestration.policy` picks the executor
 //!    (`crate::executor`):
 //!    - a step-based policy → a `StepExecutor` with that placement
-//!      ([`step_placement`], the one mapping from policy to placement);
+//!      (`scheduler::Orchestration::step_based`, the one mapping);
 //!    - `"layer"` with `hot_ratio > 0` → a `LayerExecutor` (hot set scored and
 //!      relabeled here; with `hot_ratio = 0` nothing is reused and it is the
 //!      all-accelerator step placement);
@@ -33,7 +33,7 @@ use scheduler::{Device, Orchestration, StepBased};
 
 use crate::config::{PinPolicy, SparseFeatures, TrainConfig};
 use crate::dataset::Dataset;
-use crate::engine::{density, open_backend, DeviceEngine, EngineOptions, ModelState, Opened};
+use crate::engine::{density, DeviceEngine, EngineOptions, ModelState};
 use crate::error::{Error, Result};
 use crate::executor::layer::clock::wall_clock;
 use crate::executor::layer::{LayerExecutor, LayerSetup, Orchestrator};
@@ -42,27 +42,12 @@ use crate::executor::Executor;
 
 pub use auto::AUTO_HOT_RATIO;
 
-/// Where a step-based policy samples and gathers (`"layer"` samples and gathers
-/// on the accelerator: its CPU work is the hot-vertex compute).
+/// Where a policy samples and gathers (`scheduler::Orchestration::step_based`,
+/// the one mapping); `"layer"` samples and gathers on the accelerator (its CPU
+/// work is the hot-vertex compute).
 pub(crate) fn step_placement(o: Orchestration) -> StepBased {
-    use Device::{Accelerator as Acc, Cpu};
-    match o {
-        Orchestration::Layer | Orchestration::GpuSampleGpuGather => StepBased::new(Acc, Acc),
-        Orchestration::CpuSampleCpuGather => StepBased::new(Cpu, Cpu),
-        Orchestration::GpuSampleCpuGather => StepBased::new(Acc, Cpu),
-        Orchestration::CpuSampleGpuGather => StepBased::new(Cpu, Acc),
-    }
-}
-
-/// The policy of a step-based placement ([`step_placement`]'s inverse).
-pub(crate) fn policy_of(p: StepBased) -> Orchestration {
-    use Device::{Accelerator as Acc, Cpu};
-    match (p.sample_device(), p.gather_device()) {
-        (Acc, Acc) => Orchestration::GpuSampleGpuGather,
-        (Cpu, Cpu) => Orchestration::CpuSampleCpuGather,
-        (Acc, Cpu) => Orchestration::GpuSampleCpuGather,
-        (Cpu, Acc) => Orchestration::CpuSampleGpuGather,
-    }
+    o.step_based()
+        .unwrap_or(StepBased::new(Device::Accelerator, Device::Accelerator))
 }
 
 /// What the session needs to build its executor.
@@ -174,7 +159,7 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             batch_size: cfg.train.batch_size,
             precision: cfg.model.precision.precision(),
             // A rank with partitioned features gets its rows from the exchange
-            // (`executor/data_parallel.rs`): the device never holds them all.
+            // (`executor/step/data_parallel.rs`): the device never holds them all.
             defer_features: cfg.dist.features == crate::config::DistFeatures::Partitioned,
             feature_dtype: cfg.device.feature_dtype.dtype(),
             sparse,
@@ -226,4 +211,34 @@ fn strategy<B: Backend>(
         }
         Some(policy) => Box::new(StepExecutor::new(engine, step_placement(policy), ahead)),
     })
+}
+
+/// The backend a `[device]` section asks for: a GPU, or the host backend with
+/// the reason the host was taken.
+enum Opened {
+    /// A CUDA device.
+    Cuda(Box<gpu_ops::CudaBackend>),
+    /// The host backend, and why.
+    Host(gpu_ops::HostBackend, String),
+}
+
+/// Opens the backend `device` asks for: `kind = "cuda"` a GPU or an error naming
+/// what is missing; `"auto"` a GPU when one is usable, else the host backend (the
+/// reason says why); `"host"` the host backend.
+fn open_backend(device: &crate::config::DeviceSection, ordinal: u32) -> Result<Opened> {
+    use crate::config::DeviceKind;
+    let host = |why: String| Ok(Opened::Host(gpu_ops::HostBackend::new(), why));
+    match device.kind {
+        DeviceKind::Host => host("device.kind = \"host\"".into()),
+        DeviceKind::Cuda | DeviceKind::Auto => match gpu_ops::CudaBackend::new(ordinal as usize) {
+            Ok(dev) => Ok(Opened::Cuda(Box::new(dev))),
+            Err(e) if device.kind == DeviceKind::Auto => {
+                host(format!("device.kind = \"auto\": no usable GPU — {e}"))
+            }
+            Err(source) => Err(Error::Device {
+                context: "device.kind = \"cuda\"".into(),
+                source,
+            }),
+        },
+    }
 }

@@ -69,8 +69,8 @@ use crate::dist::{Communicator, DistStats, Solo};
 use crate::embedding::Embeddings;
 use crate::engine::sparse_rows_where;
 use crate::error::{Error, Result, StopCause};
-use crate::executor::data_parallel::{nccl_lacks, DistSetup};
-use crate::executor::{BatchDone, EpochEnd, EpochRun, Executor, OrchestrationStats};
+use crate::executor::step::data_parallel::nccl_lacks;
+use crate::executor::{BatchDone, DistSetup, EpochEnd, EpochRun, Executor, OrchestrationStats};
 use crate::generate::{generate_sbm, SbmOptions};
 use crate::placement::{place, PlacementInput};
 use crate::pool::build_pool;
@@ -359,7 +359,7 @@ impl Trainer {
     ///
     /// Each rank trains its share of every batch on its device and the
     /// gradients are summed over the communicator on the host
-    /// (`executor/data_parallel.rs`); `policy = "auto"` keeps its starting
+    /// (`executor/step/data_parallel.rs`); `policy = "auto"` keeps its starting
     /// placement (`gpu-sample-gpu-gather`) instead of measuring, so that every
     /// rank runs the same one. With partitioned features every batch's input
     /// rows are gathered on the host through the exchange and uploaded; the

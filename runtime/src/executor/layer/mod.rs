@@ -20,8 +20,7 @@ pub(crate) mod workers;
 
 use gpu_ops::Backend;
 
-use super::data_parallel::DistSetup;
-use super::{EpochEnd, EpochRun, Executor, OnBatch};
+use super::{DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
 use crate::engine::{DeviceEngine, ModelState};
 use crate::error::{Error, Result};
 use crate::trace::{Tracer, TrackId};

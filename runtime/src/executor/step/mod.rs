@@ -25,11 +25,13 @@ use std::time::Instant;
 use gpu_ops::Backend;
 use scheduler::StepBased;
 
-use super::data_parallel::{DataParallel, DistSetup};
-use super::{BatchDone, EpochEnd, EpochRun, Executor, OnBatch};
+pub(crate) mod data_parallel;
+
+use super::{BatchDone, DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
 use crate::engine::{record_copies, BatchRef, DeviceEngine, ModelState, Sampled};
 use crate::error::{Result, StopCause};
 use crate::trace::{TrackId, TrackKind, CACHE_HIT_RATE};
+use data_parallel::DataParallel;
 
 /// Batches sampled ahead and their counters (steps 1 and 3).
 struct Ahead<B: Backend> {
@@ -192,7 +194,7 @@ impl<B: Backend> Executor for StepExecutor<B> {
     }
 
     fn describe(&self) -> String {
-        let mut line = format!("orchestration: {}", placement_name(self.placement));
+        let mut line = format!("orchestration: {}", self.placement.name());
         if self.ahead.on {
             line.push_str(", sampling ahead");
         }
@@ -206,9 +208,4 @@ impl<B: Backend> Executor for StepExecutor<B> {
     fn distribute(self: Box<Self>, setup: DistSetup) -> Result<Box<dyn super::Executor>> {
         Ok(Box::new(DataParallel::new(*self, setup)?))
     }
-}
-
-/// The config name of a step-based placement.
-pub(crate) fn placement_name(p: StepBased) -> &'static str {
-    crate::placement::policy_of(p).name()
 }

@@ -25,33 +25,13 @@ use std::time::Instant;
 
 use gpu_ops::Backend;
 
-use super::step::{placement_name, StepExecutor};
-use super::{BatchDone, EpochEnd, EpochRun, Executor, OnBatch};
+use super::StepExecutor;
 use crate::config::DistReduce;
-use crate::dist::features::PartitionedFeatures;
 use crate::dist::{share, Communicator, DistStats, ExchangeRows};
 use crate::engine::{BatchGradients, BatchRef, ModelState, ReduceOn};
 use crate::error::{Error, Result, StopCause};
+use crate::executor::{BatchDone, DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
 use crate::trace::{Tracer, TrackId, CACHE_HIT_RATE};
-
-/// What an executor needs to become one rank of a job
-/// ([`Executor::distribute`]).
-pub(crate) struct DistSetup {
-    /// The job's ranks.
-    pub comm: Arc<dyn Communicator>,
-    /// This rank's share of the feature rows (`dist.features =
-    /// "partitioned"` with more than one rank): input rows then come from the
-    /// exchange.
-    pub features: Option<Arc<PartitionedFeatures>>,
-    /// With sparse input rows: this rank's own rows as sparse rows (the
-    /// others empty), which the exchange sends.
-    pub local_sparse: Option<Arc<cpu_ops::SparseRows<f32>>>,
-    /// `dist.reduce`.
-    pub reduce: DistReduce,
-    /// Sum the gradients on the device through host copies (the step
-    /// `dist.reduce = "nccl"` takes, checkable on the host backend).
-    pub host_copy_reduce: bool,
-}
 
 /// Scalars at the end of a step's all-reduce bucket (module doc, step 3).
 const BUCKET_SCALARS: usize = 5;
@@ -92,7 +72,7 @@ struct Reduced {
 pub(crate) struct DataParallel<B: Backend> {
     inner: StepExecutor<B>,
     comm: Arc<dyn Communicator>,
-    features: Option<Arc<PartitionedFeatures>>,
+    features: Option<Arc<crate::dist::features::PartitionedFeatures>>,
     /// The gradient all-reduces' counters (the exchanges keep their own).
     stats: DistStats,
     /// The step's all-reduce bucket.
@@ -412,7 +392,7 @@ impl<B: Backend> Executor for DataParallel<B> {
     fn describe(&self) -> String {
         let mut line = format!(
             "orchestration: {}, rank {} of {}",
-            placement_name(self.inner.placement()),
+            self.inner.placement().name(),
             self.comm.rank(),
             self.comm.size()
         );
