@@ -46,15 +46,7 @@ use std::sync::Arc;
 use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, SparseRows};
 
 use crate::error::{GpuOpsError, Result};
-
-/// Which backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DeviceKind {
-    /// Host threads through `cpu_ops` (always available).
-    Host,
-    /// An NVIDIA GPU through cudarc.
-    Cuda,
-}
+pub use crate::kind::DeviceKind;
 
 /// A hidden layer's activation, for the fused ops
 /// ([`DenseOps::bias_act_dropout`], [`DenseOps::dropout_act_backward`]).
@@ -176,15 +168,6 @@ pub(crate) fn check_count_len(n: usize) -> Result<()> {
         });
     }
     Ok(())
-}
-
-impl fmt::Display for DeviceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Host => "host",
-            Self::Cuda => "cuda",
-        })
-    }
 }
 
 /// Element types a device buffer may hold.

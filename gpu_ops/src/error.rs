@@ -1,6 +1,6 @@
 //! The error type of `gpu_ops`.
 
-use crate::backend::DeviceKind;
+use crate::kind::DeviceKind;
 
 /// Everything that can go wrong on a device.
 #[derive(Debug, thiserror::Error)]

@@ -16,6 +16,7 @@ mod cache;
 mod cuda;
 mod error;
 mod host;
+mod kind;
 pub mod model;
 mod reduce;
 

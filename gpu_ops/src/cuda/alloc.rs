@@ -35,7 +35,7 @@ use std::sync::Arc;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::{sys, CudaContext, CudaStream};
 
-use super::device::drv;
+use super::driver::drv;
 use super::kernels::{Ptr, PtrMut};
 use super::stats::AllocatorStats;
 use crate::backend::Elem;

@@ -13,58 +13,20 @@
 //! `Drop` implementations (see `alloc.rs`) are returned the same way.
 
 use parking_lot::Mutex;
-use std::any::Any;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use cudarc::cublas;
-use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::result;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 
 use super::alloc::{CudaBuf, Init, Pool};
-use super::features::CudaFeatures;
+use super::driver::{blas_err, describe_driver_error, drv, panic_message};
 use super::kernels::{require_nvrtc, Kernels, PtrMut};
-use super::math::CudaMask;
-use super::pinned::CudaPinned;
-use super::sample::{CudaBlock, CudaGraph};
 use super::stats::AllocatorStats;
-use crate::backend::{DeviceCore, DeviceKind, Elem, MemoryInfo};
+use crate::backend::DeviceKind;
 use crate::error::{GpuOpsError, Result};
-
-/// Maps a driver error to [`GpuOpsError::Driver`] naming the operation.
-pub(crate) fn drv(op: &str) -> impl FnOnce(DriverError) -> GpuOpsError + '_ {
-    move |e| GpuOpsError::Driver {
-        op: op.to_string(),
-        message: describe_driver_error(e),
-    }
-}
-
-/// Maps a cuBLAS error to [`GpuOpsError::Driver`] naming the operation.
-pub(crate) fn blas_err(op: &str) -> impl FnOnce(cublas::result::CublasError) -> GpuOpsError + '_ {
-    move |e| GpuOpsError::Driver {
-        op: op.to_string(),
-        message: format!("{e:?}"),
-    }
-}
-
-fn describe_driver_error(e: DriverError) -> String {
-    match (e.error_name(), e.error_string()) {
-        (Ok(name), Ok(text)) => format!("{} ({})", name.to_string_lossy(), text.to_string_lossy()),
-        _ => format!("{:?}", e.0),
-    }
-}
-
-/// The text of a panic payload.
-pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
-}
 
 fn unavailable(reason: impl Into<String>) -> GpuOpsError {
     GpuOpsError::Unavailable {
@@ -366,6 +328,28 @@ impl CudaBackend {
     }
 
     /// The cuBLAS handle (locked: one user at a time).
+    /// cuBLAS's math mode for `precision` ([`DeviceCore::set_precision`]).
+    pub(crate) fn set_blas_math(&self, precision: crate::Precision) -> Result<()> {
+        use cublas::sys::cublasMath_t as M;
+        self.bind()?;
+        let mut h = self.blas.lock();
+        let mode = match precision {
+            crate::Precision::Fp32 => M::CUBLAS_DEFAULT_MATH,
+            crate::Precision::Tf32 => M::CUBLAS_TF32_TENSOR_OP_MATH,
+        };
+        // SAFETY: `h.0` is this backend's live handle, used under its mutex.
+        unsafe { cublas::sys::cublasSetMathMode(h.0, mode) }
+            .result()
+            .map_err(blas_err("cublasSetMathMode"))?;
+        h.1 = precision;
+        Ok(())
+    }
+
+    /// The math mode set by [`CudaBackend::set_blas_math`].
+    pub(crate) fn blas_math(&self) -> crate::Precision {
+        self.blas.lock().1
+    }
+
     pub(crate) fn with_blas<R>(&self, f: impl FnOnce(cublas::sys::cublasHandle_t) -> R) -> R {
         let h = self.blas.lock();
         f(h.0)
@@ -424,120 +408,10 @@ impl Drop for CudaBackend {
     }
 }
 
-impl DeviceCore for CudaBackend {
-    type Buf<T: Elem> = CudaBuf<T>;
-    type Pinned<T: Elem> = CudaPinned<T>;
-    type Stream = CudaStreamHandle;
-    type Event = CudaEventHandle;
-    type Graph = CudaGraph;
-    type Block = CudaBlock;
-    type Features = CudaFeatures;
-    type Mask = CudaMask;
-
-    fn kind(&self) -> DeviceKind {
-        DeviceKind::Cuda
-    }
-
-    fn describe(&self) -> String {
-        let i = &self.info;
-        format!(
-            "{} (cuda:{}), compute capability {}.{}, {} SMs, {:.1} GiB",
-            i.name,
-            i.ordinal,
-            i.cc.0,
-            i.cc.1,
-            i.sm_count,
-            i.total_mem as f64 / (1u64 << 30) as f64
-        )
-    }
-
-    fn memory_info(&self) -> Result<MemoryInfo> {
-        self.bind()?;
-        let (free, total) = result::mem_get_info().map_err(drv("cuMemGetInfo"))?;
-        Ok(MemoryInfo { free, total })
-    }
-
-    /// Sets the cuBLAS math mode of this backend's handle: TF32 tensor-core
-    /// products (`CUBLAS_TF32_TENSOR_OP_MATH`) or the default fp32.
-    fn set_precision(&self, precision: crate::Precision) -> Result<()> {
-        use cublas::sys::cublasMath_t as M;
-        self.bind()?;
-        let mut h = self.blas.lock();
-        let mode = match precision {
-            crate::Precision::Fp32 => M::CUBLAS_DEFAULT_MATH,
-            crate::Precision::Tf32 => M::CUBLAS_TF32_TENSOR_OP_MATH,
-        };
-        // SAFETY: `h.0` is this backend's live handle, used under its mutex.
-        unsafe { cublas::sys::cublasSetMathMode(h.0, mode) }
-            .result()
-            .map_err(blas_err("cublasSetMathMode"))?;
-        h.1 = precision;
-        Ok(())
-    }
-
-    /// The math mode set by [`DeviceCore::set_precision`].
-    fn precision(&self) -> crate::Precision {
-        self.blas.lock().1
-    }
-
-    fn transfer_stats(&self) -> crate::backend::TransferStats {
-        let mut t = self.transfers.get();
-        t.zero_fills = self.allocator_stats().zeroed;
-        t
-    }
-
-    fn stream(&self) -> &CudaStreamHandle {
-        &self.compute
-    }
-
-    fn new_stream(&self) -> Result<CudaStreamHandle> {
-        let inner = self.ctx.new_stream().map_err(drv("cuStreamCreate"))?;
-        Ok(CudaStreamHandle { inner })
-    }
-
-    fn record_event(&self, stream: &CudaStreamHandle) -> Result<CudaEventHandle> {
-        let inner = self
-            .ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(drv("cuEventCreate"))?;
-        inner.record(&stream.inner).map_err(drv("cuEventRecord"))?;
-        Ok(CudaEventHandle { inner })
-    }
-
-    fn wait_event(&self, stream: &CudaStreamHandle, event: &CudaEventHandle) -> Result<()> {
-        stream
-            .inner
-            .wait(&event.inner)
-            .map_err(drv("cuStreamWaitEvent"))
-    }
-
-    fn elapsed_ms(&self, start: &CudaEventHandle, end: &CudaEventHandle) -> Result<f32> {
-        start
-            .inner
-            .elapsed_ms(&end.inner)
-            .map_err(drv("cuEventElapsedTime"))
-    }
-
-    fn synchronize(&self, stream: &CudaStreamHandle) -> Result<()> {
-        if self.is_compute(stream) {
-            return self.sync_compute();
-        }
-        self.transfers.sync();
-        self.bind()?;
-        stream
-            .inner
-            .synchronize()
-            .map_err(drv("cuStreamSynchronize"))?;
-        match self.pool.take_deferred() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::DeviceCore;
 
     /// On a machine without the NVIDIA driver (like the CI's), the constructor names
     /// libcuda and does not panic; with a driver it opens the device or explains why

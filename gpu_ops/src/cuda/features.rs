@@ -29,7 +29,8 @@
 use cpu_ops::FeatureMatrix;
 
 use super::alloc::{CudaBuf, Init};
-use super::device::{drv, CudaBackend};
+use super::device::CudaBackend;
+use super::driver::drv;
 use super::kernels::{launch, Grid, PtrMut};
 use super::math::elems;
 use super::pinned::{CudaPinned, HostRegion};

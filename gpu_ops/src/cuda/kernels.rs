@@ -31,7 +31,7 @@ use cudarc::driver::result as dresult;
 use cudarc::driver::{sys, CudaContext, CudaModule};
 use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
 
-use super::device::{drv, panic_message};
+use super::driver::{drv, panic_message};
 use crate::backend::DeviceKind;
 use crate::error::{GpuOpsError, Result};
 

@@ -16,7 +16,8 @@ use cudarc::cublas;
 use cudarc::cublas::sys::cublasOperation_t;
 
 use super::alloc::{CudaBuf, Init};
-use super::device::{blas_err, CudaBackend};
+use super::device::CudaBackend;
+use super::driver::blas_err;
 use super::kernels::{launch, Grid, Ptr, PtrMut};
 use crate::backend::{Activation, AdamStep, DenseOps, LossStats};
 use crate::error::{GpuOpsError, Result};

@@ -28,7 +28,11 @@ mod aggregate;
 #[cfg(feature = "cuda")]
 mod alloc;
 #[cfg(feature = "cuda")]
+mod core_impl;
+#[cfg(feature = "cuda")]
 mod device;
+#[cfg(feature = "cuda")]
+mod driver;
 #[cfg(feature = "cuda")]
 mod features;
 #[cfg(feature = "cuda")]

@@ -25,7 +25,7 @@ use cpu_ops::HostArray;
 use cudarc::driver::result;
 use cudarc::driver::{sys, CudaContext, CudaStream};
 
-use super::device::drv;
+use super::driver::drv;
 use super::kernels::Ptr;
 use crate::backend::Elem;
 use crate::error::{GpuOpsError, Result};

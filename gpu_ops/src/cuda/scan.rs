@@ -5,7 +5,8 @@
 use cudarc::driver::result;
 
 use super::alloc::{CudaBuf, Init};
-use super::device::{drv, CudaBackend};
+use super::device::CudaBackend;
+use super::driver::drv;
 use super::kernels::{launch, Grid};
 use crate::backend::Elem;
 use crate::error::{GpuOpsError, Result};

@@ -10,7 +10,8 @@
 use cudarc::driver::result;
 
 use super::alloc::{CudaBuf, Init};
-use super::device::{drv, CudaBackend, CudaStreamHandle};
+use super::device::{CudaBackend, CudaStreamHandle};
+use super::driver::drv;
 use super::pinned::CudaPinned;
 use crate::backend::{DeviceCore, DeviceMemory, Elem};
 use crate::error::{GpuOpsError, Result};
