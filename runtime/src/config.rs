@@ -1627,6 +1627,25 @@ mod tests {
         assert!(e.contains("only \"layer\""), "{e}");
     }
 
+    /// The shipped example configs load and validate; `run.toml` spells out
+    /// the defaults (so the README's first example is the default run).
+    #[test]
+    fn example_configs_load_and_run_toml_is_the_defaults() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs");
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("examples/configs") {
+            let path = entry.expect("entry").path();
+            let c = TrainConfig::load(&path, &[]).unwrap_or_else(|e| panic!("{e}"));
+            c.validate()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            names.push(path.file_name().unwrap().to_string_lossy().into_owned());
+            if path.ends_with("run.toml") {
+                assert_eq!(c, TrainConfig::default(), "run.toml is not the defaults");
+            }
+        }
+        assert!(names.iter().any(|n| n == "run.toml"), "{names:?}");
+    }
+
     #[test]
     fn docs_list_every_key_with_its_default() {
         let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/config.md");

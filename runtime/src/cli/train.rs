@@ -391,14 +391,10 @@ fn train(
             dir.display()
         );
     }
-    let mean_train = if stats.len() > 1 {
-        stats[1..].iter().map(|s| s.train_secs).sum::<f64>() / (stats.len() - 1) as f64
-    } else {
-        stats.first().map_or(0.0, |s| s.train_secs)
-    };
     if let Some((e, acc)) = test_at_best_val(&stats) {
         say!(
-            "test accuracy {acc:.4} at the best validation epoch {e}; mean epoch time {mean_train:.3} s (excluding epoch 0); total {:.1} s",
+            "test accuracy {acc:.4} at the best validation epoch {e}; {}; total {:.1} s",
+            epoch_time_line(&stats),
             progress_total(&stats)
         );
     }
@@ -452,4 +448,54 @@ impl Callback for EpochLines {
 
 fn progress_total(stats: &[EpochStats]) -> f64 {
     stats.iter().map(|s| s.train_secs + s.eval_secs).sum()
+}
+
+/// The summary's epoch time: the mean over the epochs after the first (which
+/// pays one-time costs: presampling, first-use allocations, `policy = "auto"`'s
+/// measurements), or the one epoch's time when only one ran.
+fn epoch_time_line(stats: &[EpochStats]) -> String {
+    match stats {
+        [] => "no epoch trained".into(),
+        [one] => format!("epoch time {:.3} s (one epoch)", one.train_secs),
+        [_, rest @ ..] => format!(
+            "mean epoch time {:.3} s (excluding epoch 0)",
+            rest.iter().map(|s| s.train_secs).sum::<f64>() / rest.len() as f64
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn epoch(train_secs: f64) -> EpochStats {
+        EpochStats {
+            epoch: 0,
+            loss: 1.0,
+            train_acc: 0.5,
+            val_acc: None,
+            test_acc: None,
+            train_secs,
+            eval_secs: 0.0,
+            batches: 1,
+            steps: 1,
+            orchestration: None,
+            calibrating: false,
+            auto_choice: None,
+            skipped_batches: 0,
+        }
+    }
+
+    #[test]
+    fn the_epoch_time_excludes_epoch_0_only_when_there_are_others() {
+        assert_eq!(
+            epoch_time_line(&[epoch(2.0)]),
+            "epoch time 2.000 s (one epoch)"
+        );
+        assert_eq!(
+            epoch_time_line(&[epoch(9.0), epoch(1.0), epoch(2.0)]),
+            "mean epoch time 1.500 s (excluding epoch 0)"
+        );
+        assert_eq!(epoch_time_line(&[]), "no epoch trained");
+    }
 }
