@@ -4,9 +4,8 @@
 //! In layer-based orchestration the CPU workers compute the bottom-layer output rows
 //! of "hot" vertices from the features in host memory. Done with the generic pieces
 //! (one-hop [`NeighborSampler`](crate::NeighborSampler),
-//! [`gather_rows`](crate::gather_rows) of every source, then
-//! [`Model::forward_layer_with`](crate::Model::forward_layer_with)) it copies every
-//! source row once and, when `d_in > d_out`, multiplies every *source* row by
+//! [`gather_rows`](crate::gather_rows) of every source, then the generic layer 0,
+//! `gpu_ops::Layer0` on the host backend) it copies every source row once and, when `d_in > d_out`, multiplies every *source* row by
 //! `W_neigh` (project first), about `fanout + 1` times the work of the destinations.
 //! [`SageHotKernel`] computes, for each destination `i`,
 //!
@@ -152,8 +151,9 @@ fn checked_mul(a: usize, b: usize, name: &'static str) -> Result<usize> {
 }
 
 impl SageHotKernel {
-    /// A kernel for a SAGE layer 0 of shape `d_in → d_out` with `tensors` in
-    /// [`Model::layer_params`](crate::Model::layer_params) order: `W_self`
+    /// A kernel for a SAGE layer 0 of shape `d_in → d_out` with `tensors` in the
+    /// model's parameter order (`layer0.weight_self`, `layer0.weight_neigh`,
+    /// `layer0.bias`, as `gpu_ops::ModelLayout` lists them): `W_self`
     /// (`d_in × d_out`), `W_neigh` (`d_in × d_out`), `b` (`d_out`). Stacks the
     /// weights; runs at the fastest SIMD level of this CPU.
     ///
@@ -551,7 +551,7 @@ mod tests {
     use crate::aggregate::BlockView;
     use crate::gather::gather_rows_into_vec;
     use crate::graph::BuildOptions;
-    use crate::model::{Model, ModelConfig, ModelInput, ModelKind};
+    use crate::init::{Init, RELU_GAIN};
     use crate::rng::Rng;
     use crate::sampler::{NeighborSampler, SamplerScratch, ALL_NEIGHBORS};
     use crate::simd::SimdLevel;
@@ -590,46 +590,64 @@ mod tests {
         FeatureMatrix::new(data.into(), n, dim).unwrap()
     }
 
-    /// A SAGE model whose layer 0 is `d_in → d_out`, the last layer unless `relu`,
-    /// with a random (non-zero) bias.
-    fn model(d_in: usize, d_out: usize, relu: bool, seed: u64) -> Model {
-        let cfg = ModelConfig {
-            kind: ModelKind::Sage,
-            in_dim: d_in,
-            hidden: d_out,
-            num_classes: if relu { 3 } else { d_out },
-            num_layers: if relu { 2 } else { 1 },
-            heads: 1,
-            dropout: 0.0,
+    /// A SAGE layer 0 of `d_in → d_out`: `W_self`, `W_neigh` initialized as the
+    /// model does (Xavier-uniform, ReLU's gain, streams 0 and 1 of `seed`), and a
+    /// random (non-zero) bias.
+    fn layer0(d_in: usize, d_out: usize, seed: u64) -> Vec<Vec<f32>> {
+        let w = Init::XavierUniform {
+            gain: RELU_GAIN,
+            fan_in: d_in,
+            fan_out: d_out,
         };
-        let mut m = Model::new(&cfg, seed).unwrap();
         let mut r = Rng::new(seed ^ 0xb1a5);
-        for b in m.params_mut()[2].iter_mut() {
-            *b = r.next_f32() - 0.5;
-        }
-        assert_eq!(m.layer_specs()[0].last, !relu);
-        m
+        vec![
+            w.fill(d_in * d_out, seed, 0),
+            w.fill(d_in * d_out, seed, 1),
+            (0..d_out).map(|_| r.next_f32() - 0.5).collect(),
+        ]
     }
 
-    /// The generic path the kernel replaces: one-hop sampler, gather of every
-    /// source, `forward_layer_with(0, ..)`.
+    /// The path the kernel replaces, in plain `f64` scalar code: the one-hop
+    /// sampler's block, the gathered rows of its sources, and for destination `i`
+    /// `act(x_i·W_self + mean_{j∈N(i)} x_j·W_neigh + b)` (an isolated
+    /// destination's mean is 0; ReLU when `relu`).
+    #[allow(clippy::too_many_arguments)]
     fn reference(
-        m: &Model,
+        t: &[Vec<f32>],
+        d_out: usize,
+        relu: bool,
         g: &CsrGraph,
         f: &FeatureMatrix,
         dst: &[u32],
         fanout: u32,
         seed: u64,
     ) -> Vec<f32> {
+        let d_in = f.dim();
         let sampler = NeighborSampler::new(vec![fanout]).unwrap();
         let mut scratch = SamplerScratch::new(g.num_vertices());
         let batch = sampler.sample(g, dst, seed, &mut scratch).unwrap();
         let x = gather_rows_into_vec(f, batch.input_ids()).unwrap();
         let b = &batch.blocks()[0];
         let view = BlockView::new(b.num_src(), b.indptr(), b.indices()).unwrap();
-        let tensors = m.layer_params(0).unwrap();
-        m.forward_layer_with(0, tensors, &view, ModelInput::Dense(&x))
-            .unwrap()
+        let lin = |j: usize, w: &[f32], k: usize| -> f64 {
+            (0..d_in)
+                .map(|c| f64::from(x[j * d_in + c]) * f64::from(w[c * d_out + k]))
+                .sum()
+        };
+        let mut out = Vec::with_capacity(dst.len() * d_out);
+        for i in 0..view.num_dst() {
+            let nb = view.neighbors(i);
+            for k in 0..d_out {
+                let mean = if nb.is_empty() {
+                    0.0
+                } else {
+                    nb.iter().map(|&j| lin(j as usize, &t[1], k)).sum::<f64>() / nb.len() as f64
+                };
+                let v = lin(i, &t[0], k) + mean + f64::from(t[2][k]);
+                out.push((if relu { v.max(0.0) } else { v }) as f32);
+            }
+        }
+        out
     }
 
     fn assert_close(got: &[f32], want: &[f32], what: &str) {
@@ -663,12 +681,11 @@ mod tests {
             let f = features(n, d_in, d_in as u64);
             let dst = destinations(n, 150, case);
             for relu in [true, false] {
-                let m = model(d_in, d_out, relu, (d_in * d_out) as u64);
-                let tensors = m.layer_params(0).unwrap();
+                let tensors = &layer0(d_in, d_out, (d_in * d_out) as u64);
                 for fanout in [1, 5, 12, 25, ALL_NEIGHBORS] {
                     case += 1;
                     let seed = 100 + case;
-                    let want = reference(&m, &g, &f, &dst, fanout, seed);
+                    let want = reference(tensors, d_out, relu, &g, &f, &dst, fanout, seed);
                     // Every SIMD level in turn, and block sizes that leave a partial
                     // last block as well as the default (one block here).
                     let level = levels[case as usize % levels.len()];
@@ -697,8 +714,7 @@ mod tests {
         for d_in in [1, 7, 13, 33, 100, 129] {
             let d_out = 19;
             let f = features(n, d_in, 3);
-            let m = model(d_in, d_out, true, 4);
-            let tensors = m.layer_params(0).unwrap();
+            let tensors = &layer0(d_in, d_out, 4);
             let dst = destinations(n, 97, d_in as u64);
             let mut scalar = SageHotKernel::new(tensors, d_in, d_out)
                 .unwrap()
@@ -721,12 +737,12 @@ mod tests {
         let n = 400;
         let g = graph(n, false, 5);
         let f = features(n, 13, 6);
-        let m = model(13, 8, true, 7);
-        let mut k = SageHotKernel::new(m.layer_params(0).unwrap(), 13, 8).unwrap();
+        let t = layer0(13, 8, 7);
+        let mut k = SageHotKernel::new(&t, 13, 8).unwrap();
         let dst = [5u32, 9, 5, 30, 9, 5];
         let mut got = vec![0.0; dst.len() * 8];
         k.compute(&g, &f, &dst, 3, 11, true, &mut got).unwrap();
-        let want = reference(&m, &g, &f, &[5, 9, 30], 3, 11);
+        let want = reference(&t, 8, true, &g, &f, &[5, 9, 30], 3, 11);
         for (i, &d) in dst.iter().enumerate() {
             let j = [5, 9, 30].iter().position(|&x| x == d).unwrap();
             assert_close(
@@ -742,28 +758,32 @@ mod tests {
         let n = 600;
         let g = graph(n, true, 8);
         let f = features(n, 33, 9);
-        let (old, new) = (model(33, 20, true, 10), model(33, 20, true, 11));
+        let (old, new) = (layer0(33, 20, 10), layer0(33, 20, 11));
         let dst = destinations(n, 300, 12);
-        let mut k = SageHotKernel::new(old.layer_params(0).unwrap(), 33, 20).unwrap();
+        let mut k = SageHotKernel::new(&old, 33, 20).unwrap();
         let mut out = vec![0.0; dst.len() * 20];
         // A long call, a short one, then the long one again with newer weights.
         k.compute(&g, &f, &dst, ALL_NEIGHBORS, 1, true, &mut out)
             .unwrap();
         assert_close(
             &out,
-            &reference(&old, &g, &f, &dst, ALL_NEIGHBORS, 1),
+            &reference(&old, 20, true, &g, &f, &dst, ALL_NEIGHBORS, 1),
             "first call",
         );
         k.compute(&g, &f, &dst[..3], 4, 2, true, &mut out[..60])
             .unwrap();
         assert_close(
             &out[..60],
-            &reference(&old, &g, &f, &dst[..3], 4, 2),
+            &reference(&old, 20, true, &g, &f, &dst[..3], 4, 2),
             "short call",
         );
-        k.set_weights(new.layer_params(0).unwrap()).unwrap();
+        k.set_weights(&new).unwrap();
         k.compute(&g, &f, &dst, 10, 3, true, &mut out).unwrap();
-        assert_close(&out, &reference(&new, &g, &f, &dst, 10, 3), "new weights");
+        assert_close(
+            &out,
+            &reference(&new, 20, true, &g, &f, &dst, 10, 3),
+            "new weights",
+        );
         // Nothing to do is fine.
         k.compute(&g, &f, &[], 10, 3, true, &mut []).unwrap();
     }
@@ -773,8 +793,7 @@ mod tests {
         let n = 50;
         let g = graph(n, false, 13);
         let f = features(n, 6, 14);
-        let m = model(6, 4, true, 15);
-        let t = m.layer_params(0).unwrap().to_vec();
+        let t = layer0(6, 4, 15);
         let msg = |e: CpuOpsError| e.to_string();
 
         // Construction.

@@ -1,6 +1,6 @@
 //! Parameter initialization as DGL 1.1.3's layers do it (PyTorch's `nn.init`),
-//! shared by [`crate::Model`] and the device models of `gpu_ops` (which declare each
-//! tensor's [`Init`] in their layer files).
+//! for the models of `gpu_ops` (which declare each tensor's [`Init`] in their
+//! layer files).
 //!
 //! - `GraphConv`: `xavier_uniform_(weight)` (gain 1), zero bias;
 //! - `SAGEConv`: `xavier_uniform_(fc_self.weight, gain=√2)` and the same for
@@ -12,8 +12,8 @@
 //! Xavier-uniform draws from `U(−a, a)`, `a = gain·√(6 / (fan_in + fan_out))`;
 //! Xavier-normal from `N(0, σ²)`, `σ = gain·√(2 / (fan_in + fan_out))`. Every
 //! tensor draws from its own stream `Rng::for_stream(seed, tensor index)`, in `f64`,
-//! then rounds to `T`: an `f32` and an `f64` model with the same seed hold the same
-//! weights up to rounding.
+//! then rounds to `T` (so `f32` and `f64` fills of the same stream agree up to
+//! rounding).
 
 use crate::real::Real;
 use crate::rng::Rng;

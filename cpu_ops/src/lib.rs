@@ -17,8 +17,10 @@
 //!   [`softmax_cross_entropy`]; the [`Adam`] and [`Sgd`] optimizers;
 //! - [`SparseRows`]: CSR input rows with the sparse products `X·W` and `Xᵀ·G` of a
 //!   sparse layer-0 input;
-//! - [`model`]: GCN, GraphSAGE and GAT models on blocks ([`Model`], [`Forward`]),
-//!   forward and hand-written backward;
+//! - a model's configuration ([`ModelConfig`], [`ModelKind`], [`LayerSpec`],
+//!   [`ModelInput`]) and DGL's parameter initializers ([`Init`]); the models
+//!   themselves (GCN, GraphSAGE, GAT) are written once in `gpu_ops::model`, over
+//!   the kernels here (through `gpu_ops`' host backend) and CUDA's;
 //! - [`hot_layer`]: [`SageHotKernel`], GraphSAGE-mean layer 0 for a list of
 //!   destinations fused from sampling to output rows (hot vertices computed on CPU).
 //!
@@ -39,7 +41,7 @@ pub mod hot_layer;
 mod init;
 mod loss;
 mod matmul;
-pub mod model;
+mod model_config;
 mod optim;
 mod real;
 mod rng;
@@ -70,7 +72,7 @@ pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
 pub use matmul::{
     gemm, gemm_reference, matmul, matmul_nt, matmul_tn, Accumulate, MatMut, MatRef, Transpose,
 };
-pub use model::{Forward, LayerSpec, Model, ModelConfig, ModelInput, ModelKind};
+pub use model_config::{LayerSpec, ModelConfig, ModelInput, ModelKind};
 pub use optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig, WeightDecay};
 pub use real::Real;
 pub use rng::{derive_seed, splitmix64, Rng};

@@ -28,7 +28,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use cpu_ops::{Model, ModelConfig};
+use cpu_ops::ModelConfig;
 use gpu_ops::model::ModelLayout;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -384,17 +384,6 @@ impl Checkpoint {
         Ok((mcfg, params))
     }
 
-    /// [`Checkpoint::model_params`] as a host [`Model`].
-    pub fn model(&self, path: &Path) -> Result<Model<f32>> {
-        let (cfg, params) = self.model_params(path)?;
-        let mut model =
-            Model::new(&cfg, 0).map_err(|e| Error::cpu_ops(path.display().to_string(), e))?;
-        for (dst, src) in model.params_mut().into_iter().zip(params) {
-            dst.copy_from_slice(src);
-        }
-        Ok(model)
-    }
-
     /// The run's configuration, parsed (errors name the checkpoint file).
     pub fn config(&self, path: &Path) -> Result<TrainConfig> {
         TrainConfig::from_toml(&self.config_toml, path)
@@ -629,11 +618,12 @@ mod tests {
     #[test]
     fn the_model_alone_is_rebuilt_from_config_shape_and_tensors() {
         let cfg = TrainConfig::default();
-        let trained = Model::<f32>::new(&cfg.model_config(3, 2).unwrap(), 11).unwrap();
-        let tensors = trained
+        let mcfg = cfg.model_config(3, 2).unwrap();
+        let layout = ModelLayout::new(&mcfg).unwrap();
+        let tensors = layout
             .param_names()
             .into_iter()
-            .zip(trained.params())
+            .zip(layout.init_params(11))
             .map(|(name, p)| TensorState {
                 name,
                 values: p.iter().map(|v| v + 0.25).collect(),
@@ -647,19 +637,25 @@ mod tests {
             ..sample(0)
         };
         let p = Path::new("ck.tck");
-        let m = c.model(p).unwrap();
-        assert_eq!(m.config(), &cfg.model_config(3, 2).unwrap());
-        for (got, t) in m.params().iter().zip(&c.tensors) {
+        let (got_cfg, params) = c.model_params(p).unwrap();
+        assert_eq!(got_cfg, mcfg);
+        assert_eq!(params.len(), c.tensors.len());
+        for (got, t) in params.iter().zip(&c.tensors) {
             assert_eq!(*got, t.values.as_slice(), "{}", t.name);
         }
         let mut renamed = c.clone();
         renamed.tensors[1].name = "layer0.other".into();
-        let e = renamed.model(p).unwrap_err();
+        let e = renamed.model_params(p).unwrap_err();
         assert!(e.to_string().contains("layer0.other"), "{e}");
+        let mut cut = c.clone();
+        cut.tensors[0].values.pop();
+        let e = cut.model_params(p).unwrap_err();
+        assert!(e.to_string().contains("layer0.weight"), "{e}");
         let short = Checkpoint {
             tensors: c.tensors[..2].to_vec(),
             ..c
         };
-        assert!(short.model(p).is_err());
+        let e = short.model_params(p).unwrap_err();
+        assert!(e.to_string().contains("parameter tensors"), "{e}");
     }
 }

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use cpu_ops::{BlockView, Model, ModelInput};
+use cpu_ops::AdamConfig;
+use gpu_ops::prelude::*;
+use gpu_ops::{DeviceModel, HostBackend};
 use runtime::checkpoint::Checkpoint;
 use runtime::config::TrainConfig;
 use runtime::load_dataset;
@@ -366,17 +368,22 @@ fn embeddings_are_the_input_of_the_classifier() {
         let mut top_cfg = full_cfg.clone();
         top_cfg.num_layers = 1;
         top_cfg.in_dim = 16;
-        let mut top = Model::<f32>::new(&top_cfg, 0).unwrap();
-        let tail = full.len() - top.params().len();
-        for (d, s) in top.params_mut().into_iter().zip(&full[tail..]) {
-            d.copy_from_slice(s);
-        }
+        // The top layer's tensors are the last ones.
+        let top_len = gpu_ops::ModelLayout::new(&top_cfg).unwrap().params().len();
+        let top_params: Vec<&[f32]> = full[full.len() - top_len..]
+            .iter()
+            .map(Vec::as_slice)
+            .collect();
+        let dev = HostBackend::new();
+        let top =
+            DeviceModel::from_params(&dev, &top_cfg, &top_params, AdamConfig::default()).unwrap();
         let g = &t.dataset().graph;
-        let block = BlockView::new(2000, g.offsets(), g.indices()).unwrap();
-        let logits = top
-            .forward_input(&[block], ModelInput::Dense(table.as_slice()), false, 0)
-            .unwrap()
-            .into_logits();
+        let block = dev
+            .block_from_host(2000, g.offsets().as_slice(), g.indices().as_slice())
+            .unwrap();
+        let x = dev.to_device(table.as_slice()).unwrap();
+        let fwd = top.forward(&dev, &[block], &x, false, 0).unwrap();
+        let logits = dev.to_host(fwd.logits(), 2000 * 4).unwrap();
         let full = t.full_graph_logits().unwrap();
         assert_eq!(full.dim(), (2000, 4), "{kind}");
         assert_eq!(full.as_slice().unwrap(), &logits[..], "{kind}");

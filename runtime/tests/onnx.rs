@@ -14,11 +14,13 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use cpu_ops::{
-    BlockView, BuildOptions, CsrGraph, Model, ModelConfig, ModelInput, ModelKind, NeighborSampler,
-    Rng, SamplerScratch,
+    AdamConfig, BlockView, BuildOptions, CsrGraph, ModelConfig, ModelKind, NeighborSampler, Rng,
+    SamplerScratch,
 };
+use gpu_ops::prelude::*;
+use gpu_ops::{DeviceModel, HostBackend, ModelLayout};
 use runtime::onnx::{
-    export_model, load_onnx_runtime, ExportOptions, OnnxBlock, OnnxOutput, OrtModel, ORT_LIB_ENV,
+    export, load_onnx_runtime, ExportOptions, OnnxBlock, OnnxOutput, OrtModel, ORT_LIB_ENV,
 };
 use runtime::TrainerBuilder;
 
@@ -92,14 +94,34 @@ fn random_values(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// A model with random parameters everywhere (biases too: they start at zero).
-fn random_model(rng: &mut Rng, cfg: &ModelConfig) -> Model<f32> {
-    let mut m = Model::new(cfg, rng.next_u64()).expect("model");
-    for p in m.params_mut() {
-        let v = random_values(rng, p.len(), 0.6);
-        p.copy_from_slice(&v);
+/// A model: its configuration and parameter tensors.
+struct Model {
+    cfg: ModelConfig,
+    params: Vec<Vec<f32>>,
+}
+
+impl Model {
+    fn params(&self) -> Vec<&[f32]> {
+        self.params.iter().map(Vec::as_slice).collect()
     }
-    m
+
+    fn export(&self, opts: &ExportOptions) -> Vec<u8> {
+        export(&self.cfg, &self.params(), opts).expect("export")
+    }
+}
+
+/// A model with random parameters everywhere (biases too: they start at zero).
+fn random_model(rng: &mut Rng, cfg: &ModelConfig) -> Model {
+    let layout = ModelLayout::new(cfg).expect("layout");
+    let params = layout
+        .params()
+        .iter()
+        .map(|p| random_values(rng, p.len, 0.6))
+        .collect();
+    Model {
+        cfg: cfg.clone(),
+        params,
+    }
 }
 
 fn configs() -> Vec<ModelConfig> {
@@ -107,7 +129,7 @@ fn configs() -> Vec<ModelConfig> {
     for kind in [ModelKind::Gcn, ModelKind::Sage, ModelKind::Gat] {
         for layers in 1..=3 {
             // in_dim above and below the hidden width: both orders of projection
-            // and aggregation that cpu_ops picks.
+            // and aggregation that the layers pick.
             for (in_dim, hidden) in [(9, 6), (4, 8)] {
                 out.push(ModelConfig {
                     kind,
@@ -137,19 +159,35 @@ impl Case {
     }
 }
 
-/// Tandem's forward pass without dropout: logits and the hidden layer below the
-/// classifier.
-fn tandem_forward(m: &Model<f32>, blocks: &[BlockView<'_>], x: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let fwd = m
-        .forward_input(blocks, ModelInput::Dense(x), false, 0)
-        .expect("forward");
-    let layers = m.config().num_layers;
-    let hidden = if layers >= 2 {
-        fwd.hidden(layers - 2).expect("hidden").to_vec()
-    } else {
-        Vec::new()
-    };
-    (fwd.into_logits(), hidden)
+/// Tandem's forward pass without dropout, on the host backend: the logits
+/// ([`DeviceModel::forward`]) and the hidden layer below the classifier (the
+/// layers below the top one by one, [`DeviceModel::forward_layer`], as
+/// full-graph inference runs them).
+fn tandem_forward(m: &Model, blocks: &[BlockView<'_>], x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let dev = HostBackend::new();
+    let dm =
+        DeviceModel::from_params(&dev, &m.cfg, &m.params(), AdamConfig::default()).expect("model");
+    let bufs: Vec<_> = blocks
+        .iter()
+        .map(|b| {
+            dev.block_from_host(b.num_src(), b.indptr(), b.indices())
+                .expect("block")
+        })
+        .collect();
+    let xd = dev.to_device(x).expect("x");
+    let fwd = dm.forward(&dev, &bufs, &xd, false, 0).expect("forward");
+    let logits = dev.to_host(fwd.logits(), fwd.rows() * m.cfg.num_classes);
+    let layers = m.cfg.num_layers;
+    let mut hidden = Vec::new();
+    if layers >= 2 {
+        let mut h = xd;
+        for (l, b) in bufs[..layers - 1].iter().enumerate() {
+            h = dm.forward_layer(&dev, l, b, &h).expect("layer");
+        }
+        let rows = blocks[layers - 2].num_dst() * m.cfg.hidden;
+        hidden = dev.to_host(&h, rows).expect("hidden");
+    }
+    (logits.expect("logits"), hidden)
 }
 
 #[test]
@@ -167,16 +205,13 @@ fn exported_models_match_tandem_on_sampled_blocks_and_the_full_graph() {
         let case = Case::new(&mut rng, 60 + 13 * c, cfg.in_dim);
         let n = case.graph.num_vertices();
         let m = random_model(&mut rng, &cfg);
-        let mut logits = OrtModel::from_bytes(
-            &lib,
-            &export_model(&m, &ExportOptions::default()).expect("export"),
-        )
-        .expect("session");
+        let mut logits =
+            OrtModel::from_bytes(&lib, &m.export(&ExportOptions::default())).expect("session");
         let mut embeddings = (cfg.num_layers >= 2).then(|| {
             let opts = ExportOptions {
                 output: OnnxOutput::Embeddings,
             };
-            OrtModel::from_bytes(&lib, &export_model(&m, &opts).expect("export")).expect("session")
+            OrtModel::from_bytes(&lib, &m.export(&opts)).expect("session")
         });
         let mut check = |blocks: &[BlockView<'_>], x: &[f32], label: &str| {
             let (want, want_h) = tandem_forward(&m, blocks, x);
@@ -250,11 +285,8 @@ fn blocks_without_edges_give_the_bias_path() {
             dropout: 0.0,
         };
         let m = random_model(&mut rng, &cfg);
-        let mut ort = OrtModel::from_bytes(
-            &lib,
-            &export_model(&m, &ExportOptions::default()).expect("export"),
-        )
-        .expect("session");
+        let mut ort =
+            OrtModel::from_bytes(&lib, &m.export(&ExportOptions::default())).expect("session");
         // 4 sources, 3 then 2 destinations, no edges at all.
         let (p0, p1) = ([0u64; 4], [0u64; 3]);
         let views = [
@@ -332,11 +364,8 @@ fn repeated_edges_in_any_order_match_the_csr_blocks() {
                 }
             })
             .collect();
-        let mut ort = OrtModel::from_bytes(
-            &lib,
-            &export_model(&m, &ExportOptions::default()).expect("export"),
-        )
-        .expect("session");
+        let mut ort =
+            OrtModel::from_bytes(&lib, &m.export(&ExportOptions::default())).expect("session");
         let got = ort.run(&x, &blocks).expect("run");
         let e = assert_close(&got, &want, &format!("{kind:?}, repeated shuffled edges"));
         eprintln!("onnx repeated edges: {kind:?}, relative error {e:.3e}");
@@ -357,12 +386,9 @@ fn requests_that_do_not_fit_are_errors() {
         heads: 1,
         dropout: 0.0,
     };
-    let m = Model::new(&cfg, 1).expect("model");
-    let mut ort = OrtModel::from_bytes(
-        &lib,
-        &export_model(&m, &ExportOptions::default()).expect("export"),
-    )
-    .expect("session");
+    let m = random_model(&mut Rng::new(1), &cfg);
+    let mut ort =
+        OrtModel::from_bytes(&lib, &m.export(&ExportOptions::default())).expect("session");
     let x = vec![0.5f32; 2 * 3];
     let ok = OnnxBlock {
         src: vec![1],

@@ -30,12 +30,12 @@
 //! and the epilogue between layers: below the top, the layer's bias, its
 //! activation and the next layer's dropout in one fused op
 //! ([`DenseOps::bias_act_dropout`](crate::DenseOps::bias_act_dropout)). It is made
-//! by [`DeviceModel::new`] (initialized from a seed exactly as
-//! `cpu_ops::Model::new`), [`DeviceModel::from_params`] (e.g. a checkpoint), or
-//! [`DeviceModel::from_host`] (a host model's values). One training step is
+//! by [`DeviceModel::new`] (DGL's initialization from a seed, each tensor from
+//! its own stream: [`ModelLayout::init_params`]) or [`DeviceModel::from_params`]
+//! (e.g. a checkpoint's tensors). One training step is
 //! 1. [`DeviceModel::forward`] over the batch's blocks (bottom first) from the
-//!    gathered input rows, with dropout (layer `l` seeded `derive_seed(seed, l)`, as
-//!    the host model), keeping what the backward needs;
+//!    gathered input rows, with dropout of the hidden representation entering
+//!    layer `l ≥ 1` seeded `derive_seed(seed, l)`, keeping what the backward needs;
 //! 2. [`DenseOps::softmax_cross_entropy`](crate::DenseOps::softmax_cross_entropy) on
 //!    the logits, giving `∂L/∂logits`;
 //! 3. [`DeviceModel::backward`]: every parameter's gradient;
@@ -82,7 +82,7 @@ mod sage;
 #[cfg(test)]
 mod tests;
 
-use cpu_ops::{derive_seed, AdamConfig, LayerSpec, Model, ModelConfig};
+use cpu_ops::{derive_seed, AdamConfig, LayerSpec, ModelConfig};
 
 use crate::backend::{AdamStep, Backend, LossStats};
 use crate::error::{GpuOpsError, Result};
@@ -181,8 +181,8 @@ pub struct DeviceModel<B: Backend> {
 
 impl<B: Backend> DeviceModel<B> {
     /// A model of `cfg` (validated; errors name the field) initialized
-    /// deterministically from `seed` — the values `cpu_ops::Model::new(cfg, seed)`
-    /// holds ([`ModelLayout::init_params`]) — with zero gradients and moments and
+    /// deterministically from `seed` ([`ModelLayout::init_params`]: DGL's
+    /// initializers, tensor `i` from stream `i`) — with zero gradients and moments and
     /// `adam`'s hyper-parameters (only L2 weight decay is supported on devices).
     pub fn new(dev: &B, cfg: &ModelConfig, seed: u64, adam: AdamConfig) -> Result<Self> {
         let arch = arch::<B>(cfg)?;
@@ -200,19 +200,6 @@ impl<B: Backend> DeviceModel<B> {
         adam: AdamConfig,
     ) -> Result<Self> {
         Self::with_params(dev, arch::<B>(cfg)?, params, adam)
-    }
-
-    /// Uploads `model`'s parameters; zero gradients and moments; `adam`'s
-    /// hyper-parameters (only L2 weight decay is supported on devices).
-    pub fn from_host(dev: &B, model: &Model<f32>, adam: AdamConfig) -> Result<Self> {
-        let arch = arch::<B>(model.config())?;
-        let names: Vec<&str> = arch.params.iter().map(|p| p.name.as_str()).collect();
-        if arch.specs != model.layer_specs() || names != model.param_names() {
-            return Err(internal(
-                "the host model's layers differ from the device model's",
-            ));
-        }
-        Self::with_params(dev, arch, &model.params(), adam)
     }
 
     fn with_params(

@@ -6,10 +6,11 @@
 //! workers take them, and the layer is GraphSAGE-mean `dim → hidden` with ReLU
 //! (layer 0 of a 2-layer model). Each repetition times, in alternating order:
 //!
-//! 1. **old**: what `runtime::orchestrate::hot_compute` does per chunk: one-hop
-//!    [`NeighborSampler::sample`], [`gather_rows`] of every source,
-//!    [`Model::forward_layer_with`]`(0, ..)` (which projects every source when
-//!    `dim > hidden`), and a copy into the output rows;
+//! 1. **old**: what the hot computation does per chunk for GCN and GAT: one-hop
+//!    [`NeighborSampler::sample`], [`gather_rows`] of every source, the generic
+//!    layer 0 on the host backend ([`Layer0::rows`], the layer the model trains,
+//!    which projects every source when `dim > hidden`), and a copy into the
+//!    output rows;
 //! 2. **fused**: [`SageHotKernel::compute_profiled`] writing into the output rows.
 //!
 //! Both run on a pool of `threads` threads, one chunk per task (so `threads = 1`
@@ -27,9 +28,10 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use cpu_ops::{
-    gather_rows, BlockView, CsrGraph, FeatureMatrix, HotProfile, Model, ModelConfig, ModelInput,
+    gather_rows, BlockView, CsrGraph, FeatureMatrix, HotProfile, ModelConfig, ModelInput,
     ModelKind, NeighborSampler, SageHotKernel, SamplerScratch,
 };
+use gpu_ops::{GpuOpsError, HostBackend, Layer0, ModelLayout};
 use rayon::prelude::*;
 
 use super::gemm::{fma_peak, FmaPeak};
@@ -201,29 +203,41 @@ struct Worker {
     scratch: SamplerScratch,
     buf: Vec<f32>,
     kernel: SageHotKernel,
+    host: HostBackend,
+    layer: Layer0<HostBackend>,
+}
+
+/// A host-backend error of the generic path.
+fn device_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
+    move |source| Error::Device {
+        context: context.into(),
+        source,
+    }
 }
 
 /// The generic path over one chunk, into its output rows.
-#[allow(clippy::too_many_arguments)]
 fn old_chunk(
     graph: &CsrGraph,
     features: &FeatureMatrix,
-    model: &Model,
     sampler: &NeighborSampler,
     chunk: &[u32],
     seed: u64,
-    scratch: &mut SamplerScratch,
-    buf: &mut Vec<f32>,
+    w: &mut Worker,
     out: &mut [f32],
-) -> std::result::Result<(), cpu_ops::CpuOpsError> {
-    let batch = sampler.sample(graph, chunk, seed, scratch)?;
+) -> Result<()> {
+    let cpu = |e| Error::cpu_ops("old hot path", e);
+    let batch = sampler
+        .sample(graph, chunk, seed, &mut w.scratch)
+        .map_err(cpu)?;
     let ids = batch.input_ids();
-    buf.resize(ids.len() * features.dim(), 0.0);
-    gather_rows(features, ids, buf)?;
+    w.buf.resize(ids.len() * features.dim(), 0.0);
+    gather_rows(features, ids, &mut w.buf).map_err(cpu)?;
     let b = &batch.blocks()[0];
-    let view = BlockView::new(b.num_src(), b.indptr(), b.indices())?;
-    let tensors = model.layer_params(0)?;
-    let rows = model.forward_layer_with(0, tensors, &view, ModelInput::Dense(buf))?;
+    let view = BlockView::new(b.num_src(), b.indptr(), b.indices()).map_err(cpu)?;
+    let rows = w
+        .layer
+        .rows(&w.host, &view, ModelInput::Dense(&w.buf))
+        .map_err(device_err("old hot path"))?;
     out.copy_from_slice(&rows);
     Ok(())
 }
@@ -256,12 +270,14 @@ pub fn bench_hot(
         heads: 1,
         dropout: 0.0,
     };
-    let model = Model::<f32>::new(&cfg, o.seed).map_err(kernel_err("hot bench model"))?;
-    let tensors = model
+    // Layer 0's tensors of the model `DeviceModel::new(cfg, seed)` trains from.
+    let layout = ModelLayout::new(&cfg).map_err(device_err("hot bench model"))?;
+    let range = layout
         .layer_params(0)
-        .map_err(kernel_err("hot bench model"))?;
+        .map_err(device_err("hot bench model"))?;
+    let tensors = layout.init_params(o.seed)[range].to_vec();
     let mut kernel =
-        SageHotKernel::new(tensors, dim, o.hidden).map_err(kernel_err("hot kernel weights"))?;
+        SageHotKernel::new(&tensors, dim, o.hidden).map_err(kernel_err("hot kernel weights"))?;
     if let Some(r) = o.block_rows {
         kernel
             .set_block_rows(r)
@@ -287,14 +303,18 @@ pub fn bench_hot(
     // Per-worker state lives across repetitions, as a CPU worker's does, so no
     // timed run pays for first-touch allocations.
     let workers: Vec<Mutex<Worker>> = (0..o.threads)
-        .map(|_| {
-            Mutex::new(Worker {
+        .map(|_| -> Result<Mutex<Worker>> {
+            let host = HostBackend::new();
+            let layer = Layer0::new(&host, &cfg, &tensors).map_err(device_err("hot layer 0"))?;
+            Ok(Mutex::new(Worker {
                 scratch: SamplerScratch::new(n),
                 buf: Vec::new(),
                 kernel: kernel.clone(),
-            })
+                host,
+                layer,
+            }))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let worker = || {
         let i = rayon::current_thread_index().unwrap_or(0) % workers.len();
         workers[i].lock()
@@ -305,20 +325,16 @@ pub fn bench_hot(
             .zip(dst.par_chunks(o.chunk))
             .enumerate()
             .try_for_each(|(c, (out, chunk))| {
-                let w = &mut *worker();
                 old_chunk(
                     graph,
                     features,
-                    &model,
                     &sampler,
                     chunk,
                     chunk_seed(c),
-                    &mut w.scratch,
-                    &mut w.buf,
+                    &mut worker(),
                     out,
                 )
-            })
-            .map_err(kernel_err("old hot path"))?;
+            })?;
         Ok(t.elapsed())
     };
     let run_fused = |out: &mut [f32]| -> Result<(Duration, HotProfile)> {

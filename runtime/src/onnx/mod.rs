@@ -7,8 +7,7 @@
 //! `gpu_ops::model` ([`gpu_ops::model::LayerDef::emit`]), written over
 //! [`gpu_ops::model::GraphEmitter`], which `builder.rs` implements with ONNX
 //! nodes; this module declares the inputs, the parameters (initializers) and the
-//! activation between layers. [`export_model`] is the same for a
-//! [`cpu_ops::Model`].
+//! activation between layers.
 //! [`OrtModel`] runs such a file through ONNX Runtime (the `ort` crate, cargo
 //! feature `onnx-runtime`, library loaded at run time from a path); without the
 //! feature it has the same API and reports that it was not compiled in.
@@ -83,7 +82,7 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
-use cpu_ops::{BlockView, CsrGraph, Model, ModelConfig, ModelKind};
+use cpu_ops::{BlockView, CsrGraph, ModelConfig, ModelKind};
 use gpu_ops::model::{EmitBlock, GraphEmitter, ModelLayout};
 use gpu_ops::GpuOpsError;
 use prost::Message;
@@ -148,7 +147,7 @@ impl FromStr for OnnxOutput {
     }
 }
 
-/// Options of [`export_model`].
+/// Options of [`export`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExportOptions {
     /// What the graph returns.
@@ -175,10 +174,15 @@ fn layout_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
     }
 }
 
-/// The ONNX model (serialized `ModelProto`) computing [`export_model`]'s graph
-/// for a model of `cfg` holding `params` (in `gpu_ops::model::ModelLayout`'s
-/// order, the order of checkpoints and `Model::params`; counts and lengths are
-/// checked).
+/// The ONNX model (serialized `ModelProto`) computing the forward pass of a
+/// model of `cfg` holding `params` (in `gpu_ops::model::ModelLayout`'s order, the
+/// order of checkpoints and `DeviceModel::params`; counts and lengths are
+/// checked), without dropout, as the module doc describes:
+/// `gpu_ops::DeviceModel::forward(.., train = false, ..)` for
+/// [`OnnxOutput::Logits`]; for [`OnnxOutput::Embeddings`], the layers below the
+/// top one by one (`DeviceModel::forward_layer`, activation included). The
+/// parameters are stored as initializers under the model's names
+/// (`layer0.weight`, ...).
 pub fn export(cfg: &ModelConfig, params: &[&[f32]], opts: &ExportOptions) -> Result<Vec<u8>> {
     let layout = ModelLayout::new(cfg).map_err(layout_err("ONNX export"))?;
     layout
@@ -281,16 +285,6 @@ pub fn export(cfg: &ModelConfig, params: &[&[f32]], opts: &ExportOptions) -> Res
     Ok(proto.encode_to_vec())
 }
 
-/// The ONNX model (serialized `ModelProto`) computing `model`'s forward pass
-/// without dropout, as the module doc describes: `Model::forward_input(.., train =
-/// false, ..)` for [`OnnxOutput::Logits`], its `Forward::hidden(layers − 2)` for
-/// [`OnnxOutput::Embeddings`]. The parameters are stored as initializers under
-/// the model's names (`layer0.weight`, ...). [`export`] of the model's
-/// configuration and tensors.
-pub fn export_model(model: &Model<f32>, opts: &ExportOptions) -> Result<Vec<u8>> {
-    export(model.config(), &model.params(), opts)
-}
-
 /// [`export`] written to `path` atomically.
 pub fn write(
     cfg: &ModelConfig,
@@ -302,11 +296,6 @@ pub fn write(
     write_file_atomically(path, |w| {
         std::io::Write::write_all(w, &bytes).map_err(|e| Error::io(path, e))
     })
-}
-
-/// [`export_model`] written to `path` atomically.
-pub fn write_model(model: &Model<f32>, opts: &ExportOptions, path: &Path) -> Result<()> {
-    write(model.config(), &model.params(), opts, path)
 }
 
 /// Exports the model saved in the checkpoint at `checkpoint` to `path` (what
@@ -431,7 +420,7 @@ pub struct OnnxSignature {
 }
 
 impl OnnxSignature {
-    /// Reads the signature of a file written by [`export_model`].
+    /// Reads the signature of a file written by [`export`].
     pub fn of(bytes: &[u8]) -> Result<Self> {
         let bad = |what: String| Error::invalid_argument("ONNX model", what);
         let model =

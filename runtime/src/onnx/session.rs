@@ -7,7 +7,7 @@
 //!    different path an error (a process holds one ONNX Runtime). A failed
 //!    attempt keeps nothing, so a later call with a good path still loads.
 //! 2. [`OrtModel::from_bytes`] / [`OrtModel::from_file`] make a session for a file
-//!    written by [`super::export_model`] and read its [`OnnxSignature`].
+//!    written by [`super::export`] and read its [`OnnxSignature`].
 //! 3. [`OrtModel::run`] checks a request (features and blocks) against the
 //!    signature, hands the buffers to ONNX Runtime without copying the features,
 //!    and returns the output rows.
@@ -125,7 +125,7 @@ pub struct OrtModel {
 
 impl OrtModel {
     /// Loads ONNX Runtime from `library` (see [`load_onnx_runtime`]) and a session
-    /// for the model `bytes` (a file written by [`super::export_model`]).
+    /// for the model `bytes` (a file written by [`super::export`]).
     pub fn from_bytes(library: &Path, bytes: &[u8]) -> Result<Self> {
         let signature = OnnxSignature::of(bytes)?;
         let (_, _, env) = environment(library)?;

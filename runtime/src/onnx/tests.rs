@@ -1,16 +1,34 @@
 //! Export structure without ONNX Runtime: the file decodes, declares opset 18 and
 //! only the documented ops, carries the parameters, and its signature reads back.
-//! Numerical parity with `cpu_ops` is in `runtime/tests/onnx.rs` (needs the library).
+//! Numerical parity with the model's forward pass is in `runtime/tests/onnx.rs`
+//! (needs the library).
 
 use std::collections::BTreeSet;
 
-use cpu_ops::{Model, ModelConfig, ModelKind};
+use cpu_ops::{ModelConfig, ModelKind};
 use prost::Message;
 
 use super::proto::ModelProto;
 use super::*;
 
-fn model(kind: ModelKind, layers: usize) -> Model<f32> {
+/// A model's configuration and parameter tensors (freshly initialized).
+struct Model {
+    cfg: ModelConfig,
+    names: Vec<String>,
+    params: Vec<Vec<f32>>,
+}
+
+impl Model {
+    fn params(&self) -> Vec<&[f32]> {
+        self.params.iter().map(Vec::as_slice).collect()
+    }
+
+    fn export(&self, opts: &ExportOptions) -> Result<Vec<u8>> {
+        export(&self.cfg, &self.params(), opts)
+    }
+}
+
+fn model(kind: ModelKind, layers: usize) -> Model {
     let cfg = ModelConfig {
         kind,
         in_dim: 5,
@@ -20,7 +38,12 @@ fn model(kind: ModelKind, layers: usize) -> Model<f32> {
         heads: 2,
         dropout: 0.5,
     };
-    Model::new(&cfg, 7).expect("model")
+    let layout = ModelLayout::new(&cfg).expect("layout");
+    Model {
+        names: layout.param_names(),
+        params: layout.init_params(7),
+        cfg,
+    }
 }
 
 const DOCUMENTED_OPS: &[&str] = &[
@@ -55,7 +78,7 @@ fn exported_graphs_use_opset_18_and_only_documented_ops() {
     for kind in [ModelKind::Gcn, ModelKind::Sage, ModelKind::Gat] {
         for layers in 1..=3 {
             let m = model(kind, layers);
-            let bytes = export_model(&m, &ExportOptions::default()).expect("export");
+            let bytes = m.export(&ExportOptions::default()).expect("export");
             let p = ModelProto::decode(bytes.as_slice()).expect("decode");
             assert_eq!(p.ir_version, Some(IR_VERSION));
             assert_eq!(p.opset_import.len(), 1);
@@ -70,7 +93,7 @@ fn exported_graphs_use_opset_18_and_only_documented_ops() {
                 );
             }
             // Every parameter is an initializer with the model's values.
-            for (name, values) in m.param_names().iter().zip(m.params()) {
+            for (name, values) in m.names.iter().zip(m.params()) {
                 let t = g
                     .initializer
                     .iter()
@@ -99,7 +122,7 @@ fn exported_graphs_use_opset_18_and_only_documented_ops() {
 fn signature_reads_back() {
     for kind in [ModelKind::Gcn, ModelKind::Sage, ModelKind::Gat] {
         let m = model(kind, 3);
-        let logits = export_model(&m, &ExportOptions::default()).expect("export");
+        let logits = m.export(&ExportOptions::default()).expect("export");
         assert_eq!(
             OnnxSignature::of(&logits).expect("signature"),
             OnnxSignature {
@@ -109,13 +132,11 @@ fn signature_reads_back() {
                 out_dim: 3,
             }
         );
-        let emb = export_model(
-            &m,
-            &ExportOptions {
+        let emb = m
+            .export(&ExportOptions {
                 output: OnnxOutput::Embeddings,
-            },
-        )
-        .expect("export");
+            })
+            .expect("export");
         assert_eq!(
             OnnxSignature::of(&emb).expect("signature"),
             OnnxSignature {
@@ -132,41 +153,42 @@ fn signature_reads_back() {
 #[test]
 fn one_layer_models_have_no_embeddings_to_export() {
     let m = model(ModelKind::Sage, 1);
-    let e = export_model(
-        &m,
-        &ExportOptions {
+    let e = m
+        .export(&ExportOptions {
             output: OnnxOutput::Embeddings,
-        },
-    )
-    .expect_err("1 layer");
+        })
+        .expect_err("1 layer");
     assert!(e.to_string().contains("1-layer"), "{e}");
 }
 
 /// [`export`] takes a configuration and tensors (e.g. a device model's or a
-/// checkpoint's): the same bytes as [`export_model`] of a host model holding
-/// them; wrong tensors are errors naming what is wrong.
+/// checkpoint's): the same tensors give the same bytes, other tensors other
+/// initializers; wrong tensors are errors naming what is wrong.
 #[test]
 fn export_from_a_configuration_and_tensors() {
     for kind in [ModelKind::Gcn, ModelKind::Sage, ModelKind::Gat] {
         let m = model(kind, 2);
         let params = m.params();
-        for output in [OnnxOutput::Logits, OnnxOutput::Embeddings] {
-            let opts = ExportOptions { output };
-            assert_eq!(
-                export(m.config(), &params, &opts).expect("export"),
-                export_model(&m, &opts).expect("export model"),
-                "{kind:?} {output}"
-            );
-        }
         let opts = ExportOptions::default();
-        let e = export(m.config(), &params[1..], &opts).expect_err("a tensor short");
+        let bytes = export(&m.cfg, &params, &opts).expect("export");
+        assert_eq!(bytes, m.export(&opts).expect("export"), "{kind:?}");
+        let shifted: Vec<Vec<f32>> = m
+            .params
+            .iter()
+            .map(|t| t.iter().map(|v| v + 0.25).collect())
+            .collect();
+        let refs: Vec<&[f32]> = shifted.iter().map(Vec::as_slice).collect();
+        let other = export(&m.cfg, &refs, &opts).expect("export");
+        assert_ne!(other, bytes, "{kind:?}");
+        assert_eq!(other.len(), bytes.len(), "{kind:?}: same graph");
+        let e = export(&m.cfg, &params[1..], &opts).expect_err("a tensor short");
         assert!(e.to_string().contains("parameter tensors"), "{e}");
         let mut cut = params.clone();
         cut[0] = &params[0][1..];
-        assert!(export(m.config(), &cut, &opts).is_err());
+        assert!(export(&m.cfg, &cut, &opts).is_err());
         let bad = ModelConfig {
             num_layers: 0,
-            ..m.config().clone()
+            ..m.cfg.clone()
         };
         let e = export(&bad, &params, &opts).expect_err("no layers");
         assert!(e.to_string().contains("num_layers"), "{e}");

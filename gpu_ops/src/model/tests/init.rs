@@ -1,8 +1,8 @@
-//! [`DeviceModel::new`] and [`ModelLayout`]: the host model's initialization,
-//! names, shapes and layer specs for every kind and depth; invalid
+//! [`DeviceModel::new`] and [`ModelLayout`]: DGL's initialization, names, shapes
+//! and layer specs for every kind and depth, spelled out here; invalid
 //! configurations are errors naming the field.
 
-use cpu_ops::{AdamConfig, Model, ModelConfig, ModelKind};
+use cpu_ops::{AdamConfig, Init, LayerSpec, ModelConfig, ModelKind, RELU_GAIN};
 
 use crate::model::{DeviceModel, ModelLayout};
 use crate::HostBackend;
@@ -19,20 +19,96 @@ fn cfg(kind: ModelKind, layers: usize) -> ModelConfig {
     }
 }
 
+/// A tensor's name, shape and initialization.
+type Tensor = (String, Vec<usize>, Init);
+
+/// DGL 1.1.3's layers (`GraphConv`, `SAGEConv`, `GATConv`) as `cpu_ops::Init`
+/// describes them: every layer's spec and its tensors (name, shape, init), in
+/// order.
+fn dgl(c: &ModelConfig) -> (Vec<LayerSpec>, Vec<Tensor>) {
+    let (mut specs, mut tensors) = (Vec::new(), Vec::new());
+    for l in 0..c.num_layers {
+        let last = l + 1 == c.num_layers;
+        let d_in = if l == 0 { c.in_dim } else { c.hidden };
+        let d_out = if last { c.num_classes } else { c.hidden };
+        let (heads, f) = match c.kind {
+            ModelKind::Gat if last => (c.heads, c.num_classes),
+            ModelKind::Gat => (c.heads, c.hidden / c.heads),
+            _ => (1, d_out),
+        };
+        specs.push(LayerSpec {
+            d_in,
+            d_out,
+            heads,
+            head_dim: f,
+            last,
+            first_param: tensors.len(),
+        });
+        let uniform = |gain| Init::XavierUniform {
+            gain,
+            fan_in: d_in,
+            fan_out: d_out,
+        };
+        let normal = |fan_in, fan_out| Init::XavierNormal {
+            gain: RELU_GAIN,
+            fan_in,
+            fan_out,
+        };
+        let layer: Vec<(&str, Vec<usize>, Init)> = match c.kind {
+            ModelKind::Gcn => vec![
+                ("weight", vec![d_in, d_out], uniform(1.0)),
+                ("bias", vec![d_out], Init::Zeros),
+            ],
+            ModelKind::Sage => vec![
+                ("weight_self", vec![d_in, d_out], uniform(RELU_GAIN)),
+                ("weight_neigh", vec![d_in, d_out], uniform(RELU_GAIN)),
+                ("bias", vec![d_out], Init::Zeros),
+            ],
+            ModelKind::Gat => vec![
+                ("weight", vec![d_in, heads * f], normal(d_in, heads * f)),
+                ("attn_src", vec![heads, f], normal(heads * f, f)),
+                ("attn_dst", vec![heads, f], normal(heads * f, f)),
+                // At the top, one bias per head (added before the heads' mean).
+                (
+                    "bias",
+                    if last {
+                        vec![heads, f]
+                    } else {
+                        vec![heads * f]
+                    },
+                    Init::Zeros,
+                ),
+            ],
+        };
+        tensors.extend(
+            layer
+                .into_iter()
+                .map(|(name, shape, init)| (format!("layer{l}.{name}"), shape, init)),
+        );
+    }
+    (specs, tensors)
+}
+
 #[test]
-fn new_initializes_exactly_as_the_host_model() {
+fn new_initializes_as_dgl() {
     let dev = HostBackend::new();
     for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gat] {
         for layers in [1, 2, 3] {
             let c = cfg(kind, layers);
+            let (specs, tensors) = dgl(&c);
+            let names: Vec<String> = tensors.iter().map(|t| t.0.clone()).collect();
             for seed in [0, 7, 12345] {
-                let host = Model::<f32>::new(&c, seed).expect("host model");
+                // Tensor i draws from stream i of the seed.
+                let want: Vec<Vec<f32>> = tensors
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (_, shape, init))| init.fill(shape.iter().product(), seed, i as u64))
+                    .collect();
                 let dm = DeviceModel::new(&dev, &c, seed, AdamConfig::default()).expect("model");
                 let what = format!("{kind:?} × {layers}, seed {seed}");
-                assert_eq!(dm.param_names(), host.param_names(), "{what}: names");
-                assert_eq!(dm.layer_specs(), host.layer_specs(), "{what}: specs");
+                assert_eq!(dm.param_names(), names, "{what}: names");
+                assert_eq!(dm.layer_specs(), specs, "{what}: specs");
                 let got = dm.params_to_host(&dev).expect("params");
-                let want: Vec<Vec<f32>> = host.params().iter().map(|p| p.to_vec()).collect();
                 // Bit for bit (same streams, same rounding).
                 let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
                     v.iter()
@@ -45,32 +121,72 @@ fn new_initializes_exactly_as_the_host_model() {
                 // The layout without a device says the same, with shapes that
                 // hold the tensors.
                 let layout = ModelLayout::new(&c).expect("layout");
-                assert_eq!(layout.param_names(), host.param_names());
-                assert_eq!(layout.layer_specs(), host.layer_specs());
+                assert_eq!(layout.param_names(), names);
+                assert_eq!(layout.layer_specs(), specs);
                 assert_eq!(layout.init_params(seed), want);
-                for (p, t) in layout.params().iter().zip(&want) {
-                    assert_eq!(p.shape.iter().product::<usize>(), t.len(), "{}", p.name);
-                    assert_eq!(p.len, t.len(), "{}", p.name);
+                for (p, (name, shape, init)) in layout.params().iter().zip(&tensors) {
+                    assert_eq!((&p.name, &p.shape, &p.init), (name, shape, init));
+                    assert_eq!(p.len, shape.iter().product::<usize>(), "{name}");
                 }
                 for l in 0..layers {
+                    let end = specs.get(l + 1).map_or(tensors.len(), |s| s.first_param);
                     assert_eq!(
                         layout.layer_params(l).expect("range"),
-                        host.layer_params(l)
-                            .map(|t| {
-                                let first = host.layer_specs()[l].first_param;
-                                first..first + t.len()
-                            })
-                            .expect("host range")
+                        specs[l].first_param..end
                     );
-                    assert_eq!(
-                        layout.layer(l).expect("layer").spec(),
-                        &host.layer_specs()[l]
-                    );
+                    assert_eq!(layout.layer(l).expect("layer").spec(), &specs[l]);
                 }
                 assert!(layout.layer(layers).is_none());
                 assert!(layout.layer_params(layers).is_err());
             }
         }
+    }
+}
+
+/// The values themselves: Xavier-uniform within its bound and filling it,
+/// Xavier-normal with its standard deviation, independent streams.
+#[test]
+fn initial_values_follow_the_xavier_bounds() {
+    let c = ModelConfig {
+        in_dim: 50,
+        hidden: 40,
+        heads: 4,
+        ..cfg(ModelKind::Sage, 2)
+    };
+    let sage = ModelLayout::new(&c).expect("layout").init_params(1);
+    let bound = RELU_GAIN * (6.0f64 / 90.0).sqrt();
+    for t in &sage[..2] {
+        assert!(t.iter().all(|&v| f64::from(v).abs() <= bound));
+        assert!(t.iter().any(|&v| f64::from(v).abs() > 0.9 * bound));
+    }
+    assert_ne!(sage[0], sage[1], "independent streams");
+    let gcn = ModelLayout::new(&ModelConfig {
+        kind: ModelKind::Gcn,
+        ..c.clone()
+    })
+    .expect("layout")
+    .init_params(1);
+    let bound = (6.0f64 / 90.0).sqrt();
+    assert!(gcn[0].iter().all(|&v| f64::from(v).abs() <= bound));
+    assert!(gcn[0].iter().any(|&v| f64::from(v).abs() > 0.9 * bound));
+    let gat = ModelLayout::new(&ModelConfig {
+        kind: ModelKind::Gat,
+        ..c
+    })
+    .expect("layout")
+    .init_params(1);
+    // fc: fans (50, 40); attention (1, 4, 10): fans (40, 10).
+    for (t, std) in [
+        (&gat[0], RELU_GAIN * (2.0f64 / 90.0).sqrt()),
+        (&gat[1], RELU_GAIN * (2.0f64 / 50.0).sqrt()),
+    ] {
+        let n = t.len() as f64;
+        let var = t.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n;
+        assert!(
+            (var.sqrt() / std - 1.0).abs() < 4.0 / n.sqrt() + 0.05,
+            "std {} vs {std}",
+            var.sqrt()
+        );
     }
 }
 
