@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use cpu_ops::{BlockView, LayerSpec, ModelConfig, ModelInput};
 
-use super::layer::{arch, check_lens, internal, DynLayer, LayerCall, LayerInput, ModelParam};
+use super::layer::{internal, DynLayer, LayerCall, LayerInput, ModelParam};
+use super::registry::{arch, check_lens};
 use crate::backend::Backend;
 use crate::error::Result;
 

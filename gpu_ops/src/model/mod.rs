@@ -16,7 +16,7 @@
 //!   [`LayerInput::Sparse`]; [`XMat`] runs the projections `X·W` and `Xᵀ·G` on either.
 //!
 //! **To add a model kind:** write `newkind.rs` here with its type and the two
-//! impls (`mod newkind;` below), and add one line to `registry` in `layer.rs`
+//! impls (`mod newkind;` below), and add one line to `registry` in `registry.rs`
 //! (`ModelKind::NewKind => Box::new(NewKind::new(cfg, at)),`). Nothing in
 //! `gpu_ops` or the ONNX export matches on the kind: [`DeviceModel`],
 //! [`ModelLayout`] (names, shapes, initialization, export) and [`Layer0`] go
@@ -78,6 +78,7 @@ mod gat;
 mod gcn;
 mod layer;
 mod layer0;
+mod registry;
 mod sage;
 #[cfg(test)]
 mod tests;
@@ -86,14 +87,14 @@ use cpu_ops::{derive_seed, AdamConfig, LayerSpec, ModelConfig};
 
 use crate::backend::{AdamStep, Backend, LossStats};
 use crate::error::{GpuOpsError, Result};
-use layer::{arch, check_lens, init_params, internal, Arch, DynLayer, State};
+use layer::{internal, DynLayer, State};
 use layer0::layer_alone;
+use registry::{arch, check_lens, init_params, Arch};
 
 pub use emit::{EmitBlock, GraphEmitter, Reduce, Reduction, Unary};
-pub use layer::{
-    Layer, LayerCall, LayerDef, LayerGrad, LayerInput, ModelLayout, ModelParam, ParamSpec, XMat,
-};
+pub use layer::{Layer, LayerCall, LayerDef, LayerGrad, LayerInput, ModelParam, ParamSpec, XMat};
 pub use layer0::{layer0_rows, Layer0};
+pub use registry::ModelLayout;
 
 /// What one layer's forward keeps for its backward.
 struct LayerFwd<B: Backend> {

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use cpu_ops::{AdamConfig, ModelConfig, ModelKind, Rng, SparseRows};
 
 use super::{random_blocks, random_params, TestBlock};
-use crate::model::layer::{arch, LayerCall, LayerGrad};
+use crate::model::layer::{LayerCall, LayerGrad};
+use crate::model::registry::arch;
 use crate::model::{DeviceModel, LayerInput, ModelLayout};
 use crate::prelude::*;
 use crate::HostBackend;
