@@ -31,7 +31,7 @@ pub struct ParamSpec {
     /// The shape, row-major (an exported initializer's dimensions); the tensor
     /// holds the product of these values.
     pub shape: Vec<usize>,
-    /// How [`ModelLayout::init_params`] fills it.
+    /// How [`ModelLayout::init_params`](super::ModelLayout::init_params) fills it.
     pub init: Init,
 }
 
@@ -323,7 +323,7 @@ pub(crate) fn internal(what: &str) -> GpuOpsError {
     }
 }
 
-/// One parameter tensor of a model ([`ModelLayout::params`]).
+/// One parameter tensor of a model ([`ModelLayout::params`](super::ModelLayout::params)).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelParam {
     /// `layer{l}.{name}`.

@@ -148,7 +148,7 @@ impl ModelLayout {
     }
 
     /// Freshly initialized parameters, deterministically from `seed`: tensor `i`
-    /// drawn from stream `i` by its [`Init`] (what [`DeviceModel::new`](super::DeviceModel::new)
+    /// drawn from stream `i` by its [`Init`](cpu_ops::Init) (what [`DeviceModel::new`](super::DeviceModel::new)
     /// holds for the same configuration and seed).
     pub fn init_params(&self, seed: u64) -> Vec<Vec<f32>> {
         init_params(&self.arch.params, seed)
