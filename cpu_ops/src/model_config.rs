@@ -31,15 +31,31 @@ impl<T: Real> ModelInput<'_, T> {
     }
 }
 
-/// The layer family of a model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The layer family of a model (`model.kind` in a config file).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum ModelKind {
     /// `GraphConv(norm="both")` with self-loops, ReLU between layers.
     Gcn,
     /// `SAGEConv(aggregator_type="mean")`, ReLU between layers.
+    #[default]
     Sage,
     /// `GATConv` with `heads` heads, ELU between layers, heads averaged at the top.
     Gat,
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Gcn => "gcn",
+            Self::Sage => "sage",
+            Self::Gat => "gat",
+        })
+    }
 }
 
 /// The shape and hyper-parameters of a model.

@@ -63,6 +63,11 @@ pub enum Activation {
 
 /// The arithmetic of a backend's matrix products ([`DenseOps::gemm`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum Precision {
     /// IEEE single precision throughout.
     #[default]
@@ -100,6 +105,11 @@ pub fn round_to_tf32(x: f32) -> f32 {
 /// How a backend stores feature rows ([`FeatureStore::load_features`]): the device
 /// cache and the host rows it misses to. A gather always writes `f32` rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum FeatureDtype {
     /// IEEE single precision (4 bytes a value).
     #[default]
@@ -201,6 +211,11 @@ pub struct MemoryInfo {
 
 /// Where a graph's topology lives for device-side sampling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum TopologyPlacement {
     /// Copied into device memory (fastest; costs `8(n+1) + 4m` bytes).
     #[default]

@@ -54,6 +54,7 @@
 use std::path::{Path, PathBuf};
 
 use cpu_ops::{ModelConfig, ModelKind, ALL_NEIGHBORS};
+use gpu_ops::{FeatureDtype, Precision, TopologyPlacement};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -128,7 +129,7 @@ impl Default for SyntheticConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
     /// `"gcn"`, `"sage"` or `"gat"`.
-    pub kind: ModelKindName,
+    pub kind: ModelKind,
     /// Number of GNN layers (≥ 1); equals the number of fanouts.
     pub layers: usize,
     /// Hidden width (≥ 1).
@@ -138,18 +139,18 @@ pub struct ModelSection {
     /// Dropout probability on hidden activations, in [0, 1).
     pub dropout: f32,
     /// `"fp32"` or `"tf32"`: the arithmetic of a device engine's matrix products.
-    pub precision: PrecisionName,
+    pub precision: Precision,
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
         Self {
-            kind: ModelKindName::Sage,
+            kind: ModelKind::Sage,
             layers: 2,
             hidden: 256,
             heads: 4,
             dropout: 0.5,
-            precision: PrecisionName::Fp32,
+            precision: Precision::Fp32,
         }
     }
 }
@@ -238,19 +239,6 @@ pub enum DeviceKind {
     Cuda,
 }
 
-/// `device.topology`: where the graph's topology lives for device-side sampling
-/// (`gpu_ops::TopologyPlacement`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TopologyPlacement {
-    /// Copied into device memory (fastest; costs `8(n+1) + 4m` bytes).
-    #[default]
-    Device,
-    /// Left in pinned host memory and read over the bus (graphs too large for the
-    /// device).
-    PinnedHost,
-}
-
 /// The default device feature-cache budget: 4 GiB (`4294967296` bytes).
 pub const DEFAULT_CACHE_BYTES: u64 = 4 << 30;
 
@@ -270,7 +258,7 @@ pub struct DeviceSection {
     /// `"device"` or `"pinned-host"`.
     pub topology: TopologyPlacement,
     /// `"f32"` or `"bf16"`: how a device engine stores feature rows.
-    pub feature_dtype: FeatureDtypeName,
+    pub feature_dtype: FeatureDtype,
     /// Sample each training batch while the one before it trains (a second
     /// stream on CUDA).
     pub sample_ahead: bool,
@@ -283,7 +271,7 @@ impl Default for DeviceSection {
             ordinal: 0,
             cache_bytes: DEFAULT_CACHE_BYTES,
             topology: TopologyPlacement::Device,
-            feature_dtype: FeatureDtypeName::F32,
+            feature_dtype: FeatureDtype::F32,
             sample_ahead: false,
         }
     }
@@ -398,66 +386,6 @@ macro_rules! config_name {
             }
         }
     };
-}
-
-/// `model.kind`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ModelKindName {
-    /// Graph convolution (DGL's `GraphConv`, symmetric normalization).
-    Gcn,
-    /// GraphSAGE with the mean aggregator.
-    #[default]
-    Sage,
-    /// Graph attention.
-    Gat,
-}
-config_name!(ModelKindName { Gcn => "gcn", Sage => "sage", Gat => "gat" });
-
-/// `model.precision`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PrecisionName {
-    /// IEEE single precision.
-    #[default]
-    Fp32,
-    /// TF32 matrix products on a device engine (GPU tensor cores; the host
-    /// backend rounds the same way).
-    Tf32,
-}
-config_name!(PrecisionName { Fp32 => "fp32", Tf32 => "tf32" });
-
-impl PrecisionName {
-    /// The backend's precision.
-    pub fn precision(self) -> gpu_ops::Precision {
-        match self {
-            Self::Fp32 => gpu_ops::Precision::Fp32,
-            Self::Tf32 => gpu_ops::Precision::Tf32,
-        }
-    }
-}
-
-/// `device.feature_dtype`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FeatureDtypeName {
-    /// IEEE single precision rows.
-    #[default]
-    F32,
-    /// bfloat16 rows on a device engine (cache and host rows; half the gather
-    /// bytes, widened to fp32 by the gather).
-    Bf16,
-}
-config_name!(FeatureDtypeName { F32 => "f32", Bf16 => "bf16" });
-
-impl FeatureDtypeName {
-    /// The backend's stored type.
-    pub fn dtype(self) -> gpu_ops::FeatureDtype {
-        match self {
-            Self::F32 => gpu_ops::FeatureDtype::F32,
-            Self::Bf16 => gpu_ops::FeatureDtype::Bf16,
-        }
-    }
 }
 
 /// `train.eval_mode`.
@@ -941,20 +869,11 @@ impl TrainConfig {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print config: {e}\n"))
     }
 
-    /// The model kind.
-    pub fn model_kind(&self) -> Result<ModelKind> {
-        Ok(match self.model.kind {
-            ModelKindName::Gcn => ModelKind::Gcn,
-            ModelKindName::Sage => ModelKind::Sage,
-            ModelKindName::Gat => ModelKind::Gat,
-        })
-    }
-
     /// The model's shape for a dataset with `in_dim` feature columns and
     /// `num_classes` classes.
     pub fn model_config(&self, in_dim: usize, num_classes: usize) -> Result<ModelConfig> {
         Ok(ModelConfig {
-            kind: self.model_kind()?,
+            kind: self.model.kind,
             in_dim,
             hidden: self.model.hidden,
             num_classes,
@@ -980,14 +899,13 @@ impl TrainConfig {
 
     /// Checks every range; errors name the key, the allowed range and the value.
     pub fn validate(&self) -> Result<()> {
-        self.model_kind()?;
         let m = &self.model;
         let t = &self.train;
         let s = &self.data.synthetic;
         in_range("model.layers", m.layers, 1, MAX_LAYERS)?;
         in_range("model.hidden", m.hidden, 1, MAX_HIDDEN)?;
         in_range("model.heads", m.heads, 1, MAX_HIDDEN)?;
-        if m.kind == ModelKindName::Gat && !m.hidden.is_multiple_of(m.heads) {
+        if m.kind == ModelKind::Gat && !m.hidden.is_multiple_of(m.heads) {
             return Err(range_err(
                 "model.hidden",
                 &format!("a multiple of model.heads = {}", m.heads),
@@ -1309,7 +1227,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.train.epochs, 7);
-        assert_eq!(c.model.kind, ModelKindName::Gcn);
+        assert_eq!(c.model.kind, ModelKind::Gcn);
         assert_eq!(c.train_fanouts().unwrap(), vec![5, ALL_NEIGHBORS]);
         assert_eq!(c.data.path.as_deref(), Some(Path::new("x.tds")));
         let e = TrainConfig::from_toml_with_overrides("", Path::new("t"), &["x".into()])

@@ -143,12 +143,7 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             fanouts: cfg.train_fanouts()?,
             eval_fanouts: cfg.eval_fanouts()?,
             cache_bytes: usize::try_from(cfg.device.cache_bytes).unwrap_or(usize::MAX),
-            topology: match cfg.device.topology {
-                crate::config::TopologyPlacement::Device => gpu_ops::TopologyPlacement::Device,
-                crate::config::TopologyPlacement::PinnedHost => {
-                    gpu_ops::TopologyPlacement::PinnedHost
-                }
-            },
+            topology: cfg.device.topology,
             adam: cpu_ops::AdamConfig {
                 lr: cfg.train.lr,
                 weight_decay: cfg.train.weight_decay,
@@ -157,11 +152,11 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             },
             init_seed: derive_seed(cfg.train.seed, 1),
             batch_size: cfg.train.batch_size,
-            precision: cfg.model.precision.precision(),
+            precision: cfg.model.precision,
             // A rank with partitioned features gets its rows from the exchange
             // (`executor/step/data_parallel.rs`): the device never holds them all.
             defer_features: cfg.dist.features == crate::config::DistFeatures::Partitioned,
-            feature_dtype: cfg.device.feature_dtype.dtype(),
+            feature_dtype: cfg.device.feature_dtype,
             sparse,
             sample_ahead: cfg.device.sample_ahead,
         },

@@ -316,7 +316,7 @@ impl Trainer {
         let view = BlockView::new(block.num_src(), block.indptr(), block.indices())
             .map_err(kernel("full-graph block"))?;
         let nd = dst.len();
-        let scale = (self.cfg.model.kind == crate::config::ModelKindName::Gcn).then(|| {
+        let scale = (self.cfg.model.kind == cpu_ops::ModelKind::Gcn).then(|| {
             let mut deg = vec![0u32; n];
             for &v in g.indices().iter() {
                 deg[v as usize] += 1;

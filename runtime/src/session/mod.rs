@@ -459,7 +459,7 @@ impl Trainer {
             } else {
                 None
             };
-            let bf16 = self.cfg.device.feature_dtype == crate::config::FeatureDtypeName::Bf16;
+            let bf16 = self.cfg.device.feature_dtype == gpu_ops::FeatureDtype::Bf16;
             let pool = Arc::clone(&self.pool);
             let pf = pool.install(|| {
                 PartitionedFeatures::new(ds, channel, cache, parts, local.as_deref(), bf16)
