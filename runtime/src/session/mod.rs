@@ -7,7 +7,7 @@
 //! 1. Shuffle the training vertices with `(seed, epoch)`; cut batches of
 //!    `train.batch_size` seeds; batch `k` samples with `derive_seed(base, k)`.
 //! 2. The executor trains the remaining batches of the epoch
-//!    ([`crate::executor::Executor::train`]); after each, the session adds it to
+//!    (`crate::executor::Executor::train`); after each, the session adds it to
 //!    the epoch's position and shows its [`BatchMetrics`] to the callbacks
 //!    (a non-finite loss stops with [`Error::NonFinite`], or is skipped with
 //!    `train.on_nonfinite = "skip-batch"`).
@@ -842,7 +842,7 @@ impl Trainer {
     /// Trains until `train.epochs` epochs are complete (continuing an interrupted
     /// epoch or a loaded checkpoint), evaluating as configured, and returns the
     /// statistics of the epochs it trained. Callbacks see every batch and epoch; a
-    /// callback's stop ends `fit` early with `Ok` (see [`crate::session::control`]); a
+    /// callback's stop ends `fit` early with `Ok` (see `session/control.rs`); a
     /// cancelled token is [`Error::Cancelled`].
     ///
     /// With a checkpoint path ([`Trainer::set_checkpoint_path`]) it also writes a
