@@ -67,19 +67,23 @@ fn observed_gap_never_exceeds_the_bound() {
                 "wait" => bound > 0,
                 _ => bound >= 7,
             };
-            assert!(o.hot_uses > 0 || !reuse_expected, "{what}");
-            assert!(o.gaps.max().unwrap_or(0) <= bound, "{what}");
-            assert_eq!(o.gaps.total(), o.hot_uses, "{what}");
+            assert!(o.protocol.hot_uses > 0 || !reuse_expected, "{what}");
+            assert!(o.protocol.gaps.max().unwrap_or(0) <= bound, "{what}");
+            assert_eq!(o.protocol.gaps.total(), o.protocol.hot_uses, "{what}");
             // Every epoch reports its own numbers.
             assert!(s.iter().all(|e| e.orchestration.is_some()), "{what}");
             match on_late {
-                "wait" => assert_eq!(o.computed_cold, 0, "{what}"),
-                _ => assert_eq!((o.waited, o.urgent_jobs), (0, 0), "{what}"),
+                "wait" => assert_eq!(o.protocol.computed_cold, 0, "{what}"),
+                _ => assert_eq!(
+                    (o.protocol.waited, o.protocol.urgent_jobs),
+                    (0, 0),
+                    "{what}"
+                ),
             }
             if bound == 0 && on_late == "compute" {
                 // Regular chunks mostly run a step or more behind: most hot rows
                 // are computed cold (how many exactly depends on timing).
-                assert!(o.computed_cold > o.hot_uses, "{what}");
+                assert!(o.protocol.computed_cold > o.protocol.hot_uses, "{what}");
             }
         }
     }
@@ -99,7 +103,7 @@ fn bound_zero_computing_cold_matches_no_reuse() {
         "orchestration.on_late=\"compute\"",
     ]));
     let cold = best_test(&s);
-    assert!(stats(&t).computed_cold > 0);
+    assert!(stats(&t).protocol.computed_cold > 0);
     assert!(
         (plain - cold).abs() <= 0.01,
         "no reuse {plain} vs bound 0 {cold}"
@@ -120,7 +124,7 @@ fn reuse_within_two_super_batches_keeps_accuracy() {
         ]));
         let reuse = best_test(&s);
         let o = stats(&t);
-        assert!(o.hot_uses > 1000, "{}", o.summary());
+        assert!(o.protocol.hot_uses > 1000, "{}", o.summary());
         assert!(
             (plain - reuse).abs() <= 0.01,
             "{on_late}: no reuse {plain} vs hot_ratio 0.2 {reuse} ({})",
@@ -248,7 +252,10 @@ fn fresh_hot_rows_give_the_first_batch_the_no_reuse_loss() {
             .expect("trainer");
         t.fit().expect("fit");
         let losses = seen.lock().unwrap().clone();
-        (losses[0], t.orchestration_totals().map(|o| o.hot_uses))
+        (
+            losses[0],
+            t.orchestration_totals().map(|o| o.protocol.hot_uses),
+        )
     };
     let (plain, _) = first_loss(&[]);
     let (reuse, uses) = first_loss(&[
@@ -278,10 +285,10 @@ fn the_layer_path_copies_a_fixed_few_things_per_batch() {
     ]));
     t.train_epoch().expect("epoch 0");
     let before = t.transfer_stats();
-    let jobs_before = stats(&t).jobs;
+    let jobs_before = stats(&t).protocol.jobs;
     let s = t.train_epoch().expect("epoch 1");
     let d = t.transfer_stats().since(&before);
-    let installs = stats(&t).jobs - jobs_before;
+    let installs = stats(&t).protocol.jobs - jobs_before;
     let batches = s.batches as u64;
     let super_batches = batches.div_ceil(4);
     // SAGE's layer 0 has three tensors: one publication is three downloads.
