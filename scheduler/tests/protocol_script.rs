@@ -1,6 +1,8 @@
 //! The protocol alone, driven with scripted events: it makes the decisions the
-//! runtime's accelerator thread makes in the scenarios the runtime's tests
-//! cover (`runtime/tests/orchestration.rs`): a late chunk under `on_late =
+//! runtime's accelerator thread carries out (its driver,
+//! `runtime/src/executor/layer/pipeline.rs`, decides nothing itself) in the
+//! scenarios the runtime's tests cover (`runtime/tests/orchestration.rs`): a
+//! late chunk under `on_late =
 //! "wait"` gets an urgent job and the gate waits; under `"compute"` its
 //! vertices stay cold; a stale ready chunk is recomputed after a publication;
 //! a bound below the on-time gap publishes after every batch; jobs of finished
