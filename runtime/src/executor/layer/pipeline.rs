@@ -40,7 +40,8 @@
 //!    - `Gate`: a cancelled token answers [`Event::Stop`]; else the batch's
 //!      clock starts (and [`EpochRun::mark`]'s reading is taken);
 //!    - `Wait`: block for one report and hand it in (all workers dead: their
-//!      error);
+//!      error); a report handed in after the gate decided to wait withdraws
+//!      the `Wait` (protocol step 6), so the one awaited is still to come;
 //!    - `Train`: [`LayerDevice::train_prepared`] with the order's positions and
 //!      slab rows, answer [`Event::BatchTrained`] with the engine's version;
 //!      `on_batch` sees the batch, and a callback's stop answers `Stop`;
