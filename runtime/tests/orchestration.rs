@@ -67,19 +67,23 @@ fn observed_gap_never_exceeds_the_bound() {
                 "wait" => bound > 0,
                 _ => bound >= 7,
             };
-            assert!(o.hot_uses > 0 || !reuse_expected, "{what}");
-            assert!(o.gaps.max().unwrap_or(0) <= bound, "{what}");
-            assert_eq!(o.gaps.total(), o.hot_uses, "{what}");
+            assert!(o.protocol.hot_uses > 0 || !reuse_expected, "{what}");
+            assert!(o.protocol.gaps.max().unwrap_or(0) <= bound, "{what}");
+            assert_eq!(o.protocol.gaps.total(), o.protocol.hot_uses, "{what}");
             // Every epoch reports its own numbers.
             assert!(s.iter().all(|e| e.orchestration.is_some()), "{what}");
             match on_late {
-                "wait" => assert_eq!(o.computed_cold, 0, "{what}"),
-                _ => assert_eq!((o.waited, o.urgent_jobs), (0, 0), "{what}"),
+                "wait" => assert_eq!(o.protocol.computed_cold, 0, "{what}"),
+                _ => assert_eq!(
+                    (o.protocol.waited, o.protocol.urgent_jobs),
+                    (0, 0),
+                    "{what}"
+                ),
             }
             if bound == 0 && on_late == "compute" {
                 // Regular chunks mostly run a step or more behind: most hot rows
                 // are computed cold (how many exactly depends on timing).
-                assert!(o.computed_cold > o.hot_uses, "{what}");
+                assert!(o.protocol.computed_cold > o.protocol.hot_uses, "{what}");
             }
         }
     }
@@ -99,7 +103,7 @@ fn bound_zero_computing_cold_matches_no_reuse() {
         "orchestration.on_late=\"compute\"",
     ]));
     let cold = best_test(&s);
-    assert!(stats(&t).computed_cold > 0);
+    assert!(stats(&t).protocol.computed_cold > 0);
     assert!(
         (plain - cold).abs() <= 0.01,
         "no reuse {plain} vs bound 0 {cold}"
@@ -120,7 +124,7 @@ fn reuse_within_two_super_batches_keeps_accuracy() {
         ]));
         let reuse = best_test(&s);
         let o = stats(&t);
-        assert!(o.hot_uses > 1000, "{}", o.summary());
+        assert!(o.protocol.hot_uses > 1000, "{}", o.summary());
         assert!(
             (plain - reuse).abs() <= 0.01,
             "{on_late}: no reuse {plain} vs hot_ratio 0.2 {reuse} ({})",
@@ -248,7 +252,10 @@ fn fresh_hot_rows_give_the_first_batch_the_no_reuse_loss() {
             .expect("trainer");
         t.fit().expect("fit");
         let losses = seen.lock().unwrap().clone();
-        (losses[0], t.orchestration_totals().map(|o| o.hot_uses))
+        (
+            losses[0],
+            t.orchestration_totals().map(|o| o.protocol.hot_uses),
+        )
     };
     let (plain, _) = first_loss(&[]);
     let (reuse, uses) = first_loss(&[
@@ -278,10 +285,10 @@ fn the_layer_path_copies_a_fixed_few_things_per_batch() {
     ]));
     t.train_epoch().expect("epoch 0");
     let before = t.transfer_stats();
-    let jobs_before = stats(&t).jobs;
+    let jobs_before = stats(&t).protocol.jobs;
     let s = t.train_epoch().expect("epoch 1");
     let d = t.transfer_stats().since(&before);
-    let installs = stats(&t).jobs - jobs_before;
+    let installs = stats(&t).protocol.jobs - jobs_before;
     let batches = s.batches as u64;
     let super_batches = batches.div_ceil(4);
     // SAGE's layer 0 has three tensors: one publication is three downloads.
@@ -301,4 +308,77 @@ fn the_layer_path_copies_a_fixed_few_things_per_batch() {
     // reused per-batch buffers are not zeroed, and the zero rows that stop the
     // gradient at constant hot rows are zeroed once, when they grow.
     assert!(d.zero_fills <= 2, "{what}");
+}
+
+/// A stop inside a super-batch — a cancelled token (seen at the batch's gate) or a
+/// callback's stop (after the batch trained) — ends the pipeline's epoch cleanly,
+/// and training on from there gives exactly the weights and losses of a run that
+/// never stopped: with fresh rows (bound 0, wait) and all-neighbour bottom sampling
+/// no hot row depends on where the resumed epoch's super-batches start.
+#[test]
+fn a_stop_inside_a_super_batch_then_training_on_matches_an_uninterrupted_run() {
+    use runtime::{on_batch, BatchMetrics, CancelToken, Control, Error, StopCause};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let c = cfg(&[
+        "train.fanouts=[-1, 5]",
+        "model.dropout=0.0",
+        "train.epochs=2",
+        "orchestration.hot_ratio=0.3",
+        "orchestration.staleness_bound=0",
+        "orchestration.on_late=\"wait\"",
+        "orchestration.super_batch=4",
+    ]);
+    let ds = load_dataset(&c).expect("dataset");
+    let bits = |t: &Trainer, s: &[EpochStats]| {
+        let params: Vec<Vec<u32>> = t
+            .params()
+            .expect("params")
+            .iter()
+            .map(|p| p.iter().map(|x| x.to_bits()).collect())
+            .collect();
+        let losses: Vec<u64> = s.iter().map(|e| e.loss.to_bits()).collect();
+        (params, losses)
+    };
+    let mut whole = Trainer::new(ds.clone(), c.clone()).expect("trainer");
+    let all = whole.fit().expect("fit");
+    let expected = bits(&whole, &all);
+
+    for cause in [StopCause::Token, StopCause::Callback] {
+        // Batch 5 is the second batch of super-batch 1.
+        let token = CancelToken::new();
+        let (stopper, fired) = (token.clone(), Arc::new(AtomicBool::new(false)));
+        let mut t = runtime::TrainerBuilder::new(c.clone())
+            .dataset(ds.clone())
+            .cancel_token(token)
+            .callback(on_batch(move |m: &BatchMetrics| {
+                if m.epoch != 0 || m.batch != 5 || fired.swap(true, Ordering::Relaxed) {
+                    return Control::Continue;
+                }
+                match cause {
+                    StopCause::Token => {
+                        stopper.cancel();
+                        Control::Continue
+                    }
+                    _ => Control::Stop,
+                }
+            }))
+            .build()
+            .expect("trainer");
+        match t.train_epoch() {
+            Err(Error::Cancelled {
+                epoch: 0,
+                batch: 6,
+                cause: found,
+            }) if found == cause => {}
+            other => panic!("{cause:?}: expected a stop before batch 6, got {other:?}"),
+        }
+        t.set_cancel_token(CancelToken::new());
+        let rest = t.fit().expect("training on");
+        assert_eq!(bits(&t, &rest), expected, "{cause:?}");
+        let o = stats(&t);
+        assert!(o.protocol.hot_uses > 0, "{cause:?}: {}", o.summary());
+        assert_eq!(o.protocol.gaps.max(), Some(0), "{cause:?}: {}", o.summary());
+    }
 }

@@ -1,6 +1,8 @@
 //! The protocol alone, driven with scripted events: it makes the decisions the
-//! runtime's accelerator thread makes in the scenarios the runtime's tests
-//! cover (`runtime/tests/orchestration.rs`): a late chunk under `on_late =
+//! runtime's accelerator thread carries out (its driver,
+//! `runtime/src/executor/layer/pipeline.rs`, decides nothing itself) in the
+//! scenarios the runtime's tests cover (`runtime/tests/orchestration.rs`): a
+//! late chunk under `on_late =
 //! "wait"` gets an urgent job and the gate waits; under `"compute"` its
 //! vertices stay cold; a stale ready chunk is recomputed after a publication;
 //! a bound below the on-time gap publishes after every batch; jobs of finished
@@ -60,6 +62,16 @@ impl Script {
     /// up to and including the next `Train`, `Wait` or `Finished`, or until the
     /// protocol awaits an answer; returns the actions polled.
     fn step(&mut self) -> Vec<Action> {
+        self.step_to(|a| {
+            matches!(
+                a,
+                Action::Train(_) | Action::Wait { .. } | Action::Finished { .. }
+            )
+        })
+    }
+
+    /// [`Script::step`], up to and including the first action `last` accepts.
+    fn step_to(&mut self, last: impl Fn(&Action) -> bool) -> Vec<Action> {
         let mut out = Vec::new();
         while let Some(a) = self.p.poll().unwrap() {
             out.push(a.clone());
@@ -84,7 +96,7 @@ impl Script {
                         })
                         .unwrap();
                 }
-                Action::Train(_) | Action::Wait { .. } | Action::Finished { .. } => break,
+                a if last(&a) => break,
                 _ => {}
             }
         }
@@ -278,6 +290,33 @@ fn wait_a_late_chunk_gets_an_urgent_duplicate_and_the_gate_waits() {
         (2, 2, 3)
     );
     assert_eq!(stats.computed_cold, 0);
+}
+
+/// A concurrent driver hands reports in before every poll, so the report a gate
+/// waits for may come in after the gate decided to wait and before the driver
+/// polled the `Wait`: the `Wait` is withdrawn and the gate decides again (a
+/// driver blocking on it would wait for a report it already handed in).
+#[test]
+fn a_report_handed_in_before_the_wait_is_polled_withdraws_it() {
+    let mut s = Script::with(3, OnLate::Wait);
+    s.start(0..4, 0);
+    let acts = s.step_to(|a| matches!(a, Action::QueueJob(j) if j.urgent.is_some()));
+    assert!(!names(&acts).contains(&"Wait"), "{acts:?}");
+    // The regular job of chunk 0 (batch 0's late chunk) reports now.
+    s.report(0, 0, 0, 2);
+    let acts = s.step();
+    assert_eq!(names(&acts), ["Install", "Train"]);
+    let Action::Train(t) = &acts[1] else {
+        panic!("{acts:?}")
+    };
+    assert_eq!((t.batch, t.positions.clone()), (0, vec![1, 2]));
+    // A report the gate does not wait for (super-batch 1's) withdraws the Wait
+    // too; the gate then waits again, with no second urgent job.
+    s.trained(0, 1);
+    let acts = s.step_to(|a| matches!(a, Action::QueueJob(j) if j.urgent.is_some()));
+    assert_eq!(acts.last().map(Action::name), Some("QueueJob"), "{acts:?}");
+    s.report(1, 0, 1, 2);
+    assert_eq!(names(&s.step()), ["Install", "Wait"]);
 }
 
 #[test]

@@ -201,7 +201,8 @@ impl<B: Backend> DeviceEngine<B> {
         if self.hot.slab_rows[slab] < rows {
             let cap = rows + rows / 4;
             // Not zeroed: a batch reads only rows of chunks installed into
-            // the slab (the gate's protocol, `orchestrate/pipeline.rs`).
+            // the slab (`scheduler::protocol` steps 4–7, driven by
+            // `executor/layer/pipeline.rs`).
             self.hot.slabs[slab] = Some(
                 dev.alloc_uninit(cap.max(1) * width)
                     .map_err(dev_err("hot-row slab"))?,

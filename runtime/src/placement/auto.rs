@@ -234,16 +234,16 @@ impl<B: Backend> AutoExecutor<B> {
         // totals over every run.
         let run_of = |f: fn(&OrchestrationStats) -> u64| f(&after).saturating_sub(f(&before));
         let wait = (after.wait_secs - before.wait_secs - at_mark.wait_secs).max(0.0);
-        let late = run_of(|s| s.computed_cold + s.waited)
-            .saturating_sub(at_mark.computed_cold + at_mark.waited);
-        let used = run_of(|s| s.hot_uses).saturating_sub(at_mark.hot_uses);
+        let late = run_of(|s| s.protocol.computed_cold + s.protocol.waited)
+            .saturating_sub(at_mark.protocol.computed_cold + at_mark.protocol.waited);
+        let used = run_of(|s| s.protocol.hot_uses).saturating_sub(at_mark.protocol.hot_uses);
         let per_batch = (t1 - t0).max(0.0) / measure.max(1) as f64;
         let probe = LayerProbe {
             cpu_split: split,
             per_batch_s: per_batch,
             acc_per_batch_s: (per_batch - wait / measure.max(1) as f64).max(0.0),
             cpu_busy_s: (after.cpu_busy_secs - before.cpu_busy_secs).max(0.0),
-            rows_computed: run_of(|s| s.rows_computed),
+            rows_computed: run_of(|s| s.protocol.rows_computed),
             entries_read: used + late,
             entries_late: late,
             workers,

@@ -180,7 +180,7 @@ mod monitor {
             "{cache:?}"
         );
         // The staleness bound still holds.
-        assert!(on.gaps.max().unwrap_or(0) <= 3, "{}", on.summary());
+        assert!(on.protocol.gaps.max().unwrap_or(0) <= 3, "{}", on.summary());
     }
 
     #[test]
@@ -193,7 +193,7 @@ mod monitor {
         assert!(on.monitor_moves_to_cache > 0, "{}", on.summary());
         assert!(on.monitor_cached_rows <= 100, "{}", on.summary());
         assert!(cache.cached_bytes <= 6400, "{cache:?}");
-        assert!(on.gaps.max().unwrap_or(0) <= 3, "{}", on.summary());
+        assert!(on.protocol.gaps.max().unwrap_or(0) <= 3, "{}", on.summary());
     }
 
     #[test]
@@ -221,8 +221,8 @@ mod monitor {
                 "{on_late}: every move is traced once"
             );
             assert!(cache.cached_bytes <= CACHE_BYTES, "{cache:?}");
-            assert!(on.gaps.max().unwrap_or(0) <= 7, "{}", on.summary());
-            assert!(on.hot_uses > 0, "{}", on.summary());
+            assert!(on.protocol.gaps.max().unwrap_or(0) <= 7, "{}", on.summary());
+            assert!(on.protocol.hot_uses > 0, "{}", on.summary());
         }
     }
 }

@@ -53,7 +53,11 @@
 //!      whichever starts first computes), for a stale one a recomputation with a
 //!      fresh claim, after publishing the current weights when the published ones
 //!      are older than `b − bound` — and the gate blocks ([`Action::Wait`]) until
-//!      the next report, then goes back to step 5.
+//!      the next report, then goes back to step 5. A chunk report handed in
+//!      after the gate decided to wait but before the driver polled the `Wait`
+//!      withdraws it (the gate decides again at the next poll): a driver whose
+//!      reports arrive concurrently never blocks for a report it already handed
+//!      in.
 //! 7. **Train** ([`Action::Train`]) with the usable chunks' positions and slab
 //!    rows; every row's gap `b − e` is recorded, and a row past the bound or from
 //!    the future is an error, never a use. The driver answers
@@ -290,7 +294,10 @@ impl Protocol {
                 split,
                 batches,
             } => self.launched(super_batch, split, &batches),
-            Event::ChunkComputed { key, version, rows } => self.computed(key, version, rows),
+            Event::ChunkComputed { key, version, rows } => {
+                self.withdraw_wait();
+                self.computed(key, version, rows)
+            }
             Event::JobDropped { .. } => {
                 self.stats_mut().dropped_jobs += 1;
                 Ok(())
@@ -584,6 +591,13 @@ impl Protocol {
         };
         self.actions.push_back(action);
         Ok(())
+    }
+
+    /// Step 6: a report handed in while a [`Action::Wait`] is queued may be what
+    /// the gate waits for; the `Wait` goes, and the gate (`pc` is still its
+    /// `Decide`) decides again once the queue is empty.
+    fn withdraw_wait(&mut self) {
+        self.actions.retain(|a| !matches!(a, Action::Wait { .. }));
     }
 
     /// Steps 5–7 for epoch batch `k`.

@@ -66,11 +66,6 @@ impl Published {
     pub fn newest(&self) -> Arc<Snapshot> {
         Arc::clone(&self.newest.lock())
     }
-
-    /// The newest snapshot's version.
-    pub fn version(&self) -> u64 {
-        self.newest().version
-    }
 }
 
 /// What one CPU worker needs to compute hot rows: the dataset (user ids), the

@@ -1,9 +1,11 @@
-//! The layer-based executor (docs/orchestration.md §11): the CPU computes hot
-//! vertices' bottom-layer embeddings a super-batch ahead while the device
-//! engine trains, and every batch reuses them within the staleness bound.
+//! The layer-based executor (docs/orchestration.md §2, §9): the CPU computes
+//! hot vertices' bottom-layer embeddings a super-batch ahead while the device
+//! engine trains, and every batch reuses them within the staleness bound. The
+//! decisions are `scheduler::protocol`'s; this module carries them out.
 //!
-//! - [`pipeline`]: the super-batch protocol on the accelerator thread
-//!   ([`Orchestrator`]), its numbered steps in one place;
+//! - [`pipeline`]: the protocol's driver on the accelerator thread
+//!   ([`Orchestrator`]): engine calls, worker channels, claim flags, staging
+//!   buffers, the clock and the trace;
 //! - [`workers`]: the persistent CPU workers and their job channels;
 //! - [`hot_compute`]: published layer-0 weights and the CPU computation of a chunk;
 //! - [`monitor`]: the hybrid monitor at run time: moves hot vertices between CPU

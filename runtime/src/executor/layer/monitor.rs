@@ -23,10 +23,12 @@
 //!    worker-seconds (`workers × wall − busy`, at least 0); and as free device
 //!    memory the cache headroom the monitor may still claim (its budget minus
 //!    what its live splits hold: filler rows count as free, they are displaced).
-//! 4. **Observe** ([`Monitor::observe`]), except for the first and the last
-//!    super-batch of an epoch: the pipeline is filling (the accelerator waits for
-//!    queue 0 whatever the split) or draining (the CPU has no next queue and
-//!    idles). So an epoch of fewer than three super-batches gives no evidence.
+//! 4. **Observe** ([`Monitor::observe`]) when the protocol's
+//!    [`scheduler::Action::EndSuperBatch`] says so (`observe`): not for the first
+//!    and the last super-batch of an epoch, where the pipeline is filling (the
+//!    accelerator waits for queue 0 whatever the split) or draining (the CPU has
+//!    no next queue and idles). So an epoch of fewer than three super-batches
+//!    gives no evidence.
 //! 5. **To the cache** (an event moving relabeled ids `a..b`): make room by
 //!    evicting filler rows (lowest degree first), then
 //!    [`LayerDevice::update_cache`] with the moved vertices' user ids, now — the
@@ -110,10 +112,27 @@ impl Window {
             start_secs: clock.now().as_secs_f64(),
             wait_secs: stats.wait_secs,
             cpu_busy_secs: stats.cpu_busy_secs,
-            late: stats.computed_cold + stats.waited,
-            hot_uses: stats.hot_uses,
+            late: stats.protocol.computed_cold + stats.protocol.waited,
+            hot_uses: stats.protocol.hot_uses,
         }
     }
+}
+
+/// A finished super-batch, as [`HybridMonitor::end_super_batch`] sees it (the
+/// protocol's [`scheduler::Action::EndSuperBatch`] and the driver's window).
+pub(crate) struct SuperBatchEnd<'a> {
+    /// The monitor's global index of the super-batch (`g`, step 2).
+    pub global: u64,
+    /// Its index in the epoch (the `monitor move` instant's `super_batch`).
+    pub local: u64,
+    /// Whether its window is evidence (step 4; the action's `observe`).
+    pub observe: bool,
+    /// Its measurements so far.
+    pub window: &'a Window,
+    /// The clock that closes the window.
+    pub clock: &'a dyn Clock,
+    /// Where the `monitor move` instant goes (step 7), and its track.
+    pub trace: (&'a Tracer, TrackId),
 }
 
 impl HybridMonitor {
@@ -235,35 +254,30 @@ impl HybridMonitor {
         Ok(())
     }
 
-    /// Steps 4–7 after global super-batch `g` (local `j` of `num_sb`) finished:
-    /// observes the window (unless it is the epoch's first or last) and applies a
-    /// move to the cache now (a move back is queued for step 6).
-    #[allow(clippy::too_many_arguments)]
+    /// Steps 4–7 after a super-batch finished: observes its window (when
+    /// `end.observe`) and applies a move to the cache now (a move back is queued
+    /// for step 6).
     pub(crate) fn end_super_batch(
         &mut self,
-        g: u64,
-        j: u64,
-        num_sb: u64,
-        window: &Window,
-        clock: &dyn Clock,
+        end: &SuperBatchEnd<'_>,
         stats: &mut OrchestrationStats,
         engine: &mut dyn LayerDevice,
         relabeling: &Relabeling,
-        tracer: &Tracer,
-        track: TrackId,
     ) -> Result<()> {
         stats.monitor = true;
         stats.monitor_cached_rows = self.monitor_rows;
-        if j == 0 || j + 1 >= num_sb {
+        if !end.observe {
             return Ok(());
         }
-        let duration = (clock.now().as_secs_f64() - window.start_secs).max(0.0);
+        let window = end.window;
+        let duration = (end.clock.now().as_secs_f64() - window.start_secs).max(0.0);
         // Time the accelerator lost to a late CPU: blocked in hot waits
         // (`on_late = "wait"`), or, with `"compute"`, the share of the window's
         // hot rows it had to compute itself (late rows / rows the batches read) —
         // work moved back onto the accelerator by a CPU that did not keep up.
-        let late = (stats.computed_cold + stats.waited).saturating_sub(window.late);
-        let reads = (stats.hot_uses - window.hot_uses) + late;
+        let late =
+            (stats.protocol.computed_cold + stats.protocol.waited).saturating_sub(window.late);
+        let reads = (stats.protocol.hot_uses - window.hot_uses) + late;
         let late_share = if reads == 0 {
             0.0
         } else {
@@ -279,7 +293,7 @@ impl HybridMonitor {
         let capacity = self.workers as f64 * duration;
         let budget = self.monitor.config().memory_budget_bytes;
         let obs = Observation {
-            super_batch: g,
+            super_batch: end.global,
             duration_s: duration,
             acc_busy_s: duration - wait,
             acc_wait_hot_s: wait,
@@ -329,8 +343,9 @@ impl HybridMonitor {
         };
         stats.monitor_cached_rows = self.monitor_rows;
         let cached = self.monitor_rows;
+        let (tracer, track) = end.trace;
         tracer.instant_on(track, "monitor move", |a| {
-            a.super_batch = Some(j);
+            a.super_batch = Some(end.local);
             if bytes > 0 {
                 a.bytes = Some(bytes);
                 a.direction = Some(TraceDirection::HostToDevice);
@@ -506,19 +521,16 @@ mod tests {
                     self.stats.monitor_moves_to_cache,
                     self.stats.monitor_moves_to_cpu,
                 );
+                let end = SuperBatchEnd {
+                    global: base + j,
+                    local: j,
+                    observe: j > 0 && j + 1 < n,
+                    window: &w,
+                    clock: &self.clock,
+                    trace: (&tracer, track),
+                };
                 self.monitor
-                    .end_super_batch(
-                        base + j,
-                        j,
-                        n,
-                        &w,
-                        &self.clock,
-                        &mut self.stats,
-                        &mut *self.engine,
-                        &self.relabeling,
-                        &tracer,
-                        track,
-                    )
+                    .end_super_batch(&end, &mut self.stats, &mut *self.engine, &self.relabeling)
                     .unwrap();
                 if self.stats.monitor_moves_to_cache > before.0 {
                     self.moves.push((base + j, Direction::ToCache));
@@ -594,22 +606,19 @@ mod tests {
                 .unwrap();
             let w = Window::open(&r.stats, &r.clock);
             r.clock.advance(Duration::from_millis(10));
-            r.stats.hot_uses += 500;
-            r.stats.computed_cold += 500;
+            r.stats.protocol.hot_uses += 500;
+            r.stats.protocol.computed_cold += 500;
             r.stats.cpu_busy_secs += 0.02;
+            let end = SuperBatchEnd {
+                global: base + j,
+                local: j,
+                observe: j > 0 && j + 1 < 8,
+                window: &w,
+                clock: &r.clock,
+                trace: (&tracer, track),
+            };
             r.monitor
-                .end_super_batch(
-                    base + j,
-                    j,
-                    8,
-                    &w,
-                    &r.clock,
-                    &mut r.stats,
-                    &mut *r.engine,
-                    &r.relabeling,
-                    &tracer,
-                    track,
-                )
+                .end_super_batch(&end, &mut r.stats, &mut *r.engine, &r.relabeling)
                 .unwrap();
         }
         assert!(r.stats.monitor_moves_to_cache > 0, "{}", r.stats.summary());

@@ -1,88 +1,89 @@
-//! The super-batch pipeline executor: layer-based orchestration of one epoch on a
-//! device ([`LayerDevice`]) and the persistent CPU workers. The numbered steps below
-//! are the one description of the protocol (with those of `workers.rs` and
-//! `engine/hot.rs`); the scheduler's task graph and simulator model them, and
-//! docs/orchestration.md §9 says why they are so and what was measured.
+//! The super-batch pipeline's driver: [`Orchestrator`] trains an epoch of the
+//! layer-based executor on a device ([`LayerDevice`]) and the persistent CPU
+//! workers by carrying out the actions of [`scheduler::Protocol`].
 //!
-//! # Protocol (one epoch, the accelerator thread)
+//! The protocol is `scheduler::protocol`: what is launched, queued, installed,
+//! gated, waited for, trained with which hot rows, published and retired is
+//! decided there, and its module doc's numbered steps are the one description
+//! of it (docs/orchestration.md §2; §9 says why it is so and what was measured).
+//! Nothing here decides any of it: this module owns the resources the protocol
+//! names with plain numbers — the engine, the worker channels, claim flags,
+//! staging buffers, the clock, the monitor and the trace — and executes.
+//!
+//! # Driving it (one epoch, the accelerator thread)
 //! 1. **Setup** (once per trainer, [`Orchestrator::new`]): score hotness
-//!    (`orchestration.hotness`), build the [`Relabeling`] (hot = relabeled id below
-//!    `hot_count`). The workers (`orchestrate/workers.rs`) start on the first
-//!    epoch and live as long as the orchestrator.
-//! 2. **Publish** layer 0's weights with their version at the epoch's start and
-//!    after every super-batch (one download per super-batch, not per batch). A
-//!    chunk of queue `j + 1` starts during super-batch `j` with weights of version
-//!    ≥ `j · N`, so its rows are at most `2N − 1` steps old when used
-//!    ([`PipelineConfig::on_time_gap`] with `D = 1`). With a `staleness_bound`
-//!    below that gap, weights are published after every batch instead (rows of
-//!    chunks started later are then fresher; fewer are late).
-//! 3. **Launch** super-batch `j` (queues 0 and 1 at the epoch's start, queue
-//!    `j + 1` when `j` starts): sample its batches' top layers on the engine
-//!    ([`LayerDevice::prepare_top`]), plan its queue ([`SuperBatchPlan`]: the CPU-hot
-//!    bottom destinations, deduplicated, hottest first, cut into chunks), reserve
-//!    its slab (`j % 2`) for the queue, record per batch which (position, queue
-//!    index) pairs it reads and which chunks, and queue one job per chunk. A
-//!    batch's own seeds never read a hot row: their bottom-layer rows are computed
-//!    fresh on the accelerator, so the training vertices' own paths always train
-//!    layer 0 (with constant historical rows, a training set inside the hot set
-//!    otherwise starves layer 0 of gradient: WordNet lost 11 points, 2 with this).
-//! 4. **Install.** At every gate, every report waiting is taken: a chunk of a live
-//!    super-batch computed with newer weights than its slab rows is installed
-//!    ([`LayerDevice::hot_install`]: one asynchronous upload of the chunk, ordered
-//!    before later batches with an event) and becomes *ready* at its version;
-//!    anything else (a dropped job, a chunk of a finished super-batch) only gives
-//!    its staging buffer back.
-//! 5. **Gate**, per batch `b` (the engine's version), per chunk it reads: ready at
-//!    version `e` with `b − e ≤ staleness_bound` is used (every reuse's gap is
-//!    recorded). A late chunk, by `on_late`:
-//!    - `"compute"`: its vertices stay cold in this batch: the accelerator samples,
-//!      gathers and computes them itself (gap 0). Nothing waits.
-//!    - `"wait"`: an urgent job is queued — for a chunk not computed yet, a
-//!      duplicate sharing its claim flag (promotion: whichever starts first
-//!      computes); for a stale one, a recomputation after publishing the current
-//!      weights — and the thread blocks on reports (step 4) until every chunk the
-//!      batch reads is ready within the bound.
-//! 6. **Train** the batch ([`LayerDevice::train_prepared`] with the used positions and
-//!    slab rows), then mark it passed (workers drop regular jobs of super-batches
-//!    every batch of which has passed).
-//! 7. **After the super-batch**: publish (step 2); the hybrid monitor observes.
-//! 8. **End.** At the epoch's end, on a stop or an error, the prepared batches are
-//!    forgotten and every queued job of the epoch becomes droppable; a worker's
-//!    failure is returned as the epoch's error and the workers are restarted on
-//!    the next epoch.
+//!    (`orchestration.hotness`), build the [`Relabeling`] (hot = relabeled id
+//!    below `hot_count`) and the [`Protocol`], which lives across epochs. The
+//!    workers (`workers.rs`) start on the first epoch and live as long as the
+//!    orchestrator.
+//! 2. **Start**: [`Event::EpochStarted`] with the run's batches and the
+//!    engine's version.
+//! 3. **Hand in** every worker report waiting before every poll: computed rows
+//!    as [`Event::ChunkComputed`] (the staging buffer is held, in report order,
+//!    until the protocol's `Install` or `Discard` for it), a dropped job as
+//!    [`Event::JobDropped`]; a worker's failure is the epoch's error.
+//! 4. **Carry out** each [`Action`], in order:
+//!    - `Publish`: layer 0's weights at the engine's version to the workers
+//!      ([`Published`]; a reset at the epoch's start);
+//!    - `Launch`: sample the batches' top layers ([`LayerDevice::prepare_top`]),
+//!      relabel their bottom destinations, count the candidate splits (`policy =
+//!      "auto"`), answer `Launched` with the monitor's split (or the fixed one);
+//!    - `ReserveSlab`: [`LayerDevice::hot_slab_reserve`];
+//!    - `QueueJob`: the job with its vertices' user ids, the flag of its claim,
+//!      a trace flow (regular jobs) and its sampling seed: a regular job's
+//!      `derive_seed(derive_seed(base_seed, 5_000_000 + local), chunk)`, an
+//!      urgent one's `derive_seed(derive_seed(base_seed, 6_000_000), seq)`;
+//!    - `Install`: [`LayerDevice::hot_install`] of the report's rows; `Discard`:
+//!      nothing; either way its staging buffer goes back to the workers;
+//!    - `BeginSuperBatch` / `EndSuperBatch`: the hybrid monitor's evictions /
+//!      its observation of the super-batch's window (`monitor.rs`);
+//!    - `Gate`: a cancelled token answers [`Event::Stop`]; else the batch's
+//!      clock starts (and [`EpochRun::mark`]'s reading is taken);
+//!    - `Wait`: block for one report and hand it in (all workers dead: their
+//!      error); a report handed in after the gate decided to wait withdraws
+//!      the `Wait` (protocol step 6), so the one awaited is still to come;
+//!    - `Train`: [`LayerDevice::train_prepared`] with the order's positions and
+//!      slab rows, answer [`Event::BatchTrained`] with the engine's version;
+//!      `on_batch` sees the batch, and a callback's stop answers `Stop`;
+//!    - `Retire`: the workers' drop watermark;
+//!    - `Finished`: the epoch's counts; the epoch is over.
+//! 5. **End** (finished, stopped or failed): a protocol still running is
+//!    stopped, the actions left are carried out (staging buffers go back, the
+//!    watermark covers the epoch), the prepared batches are forgotten; after a
+//!    worker's failure the workers are restarted on the next epoch.
 //!
 //! Trace (`acc stream compute` track): `launch` slices (with `super_batch`; the
-//! engine's `sample top` inside), `gate`, `hot wait`, `train` (with
-//! `staleness_gap` = the batch's largest gap, the engine's `sample bottom` and
-//! `device step` inside), `publish`; instants `hot install` (rows, bytes host →
-//! device) and `compute cold` (vertices); `hot compute` slices on `hot worker i`
-//! tracks with a flow to the first batch reading their rows.
+//! engine's `sample top` inside), `gate`, `hot wait` (inside the gate), `train`
+//! (with `staleness_gap` = the batch's largest gap, the engine's `sample bottom`
+//! and `device step` inside), `publish`; instants `hot install` (rows, bytes host
+//! → device) and `compute cold` (vertices); `hot compute` slices on `hot worker
+//! i` tracks with a flow to the first batch reading their rows.
 
 use parking_lot::Mutex;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use cpu_ops::{derive_seed, ModelConfig, NeighborSampler};
 use scheduler::{
-    GapHistogram, HotSplit, HotnessPolicy, OnLate, PipelineConfig, Relabeling, SuperBatchPlan,
+    Action, ChunkKey, ClaimId, Event, HotSplit, HotnessPolicy, LaunchedBatch, PipelineConfig,
+    Protocol, ProtocolConfig, Relabeling, ReportId, TrainBatch,
 };
 
 use crate::config::{HotnessKind, OrchestrationSection};
 use crate::dataset::Dataset;
-use crate::engine::{record_copies, HotUse, LayerDevice};
+use crate::engine::{record_copies, HotStaging, HotUse, LayerDevice};
 use crate::error::{Error, Result, StopCause};
-use crate::executor::{BatchDone, EpochEnd, EpochRun};
-use crate::trace::{Direction, FlowId, Tracer, TrackId, TrackKind};
+use crate::executor::{BatchDone, EpochEnd, EpochRun, OnBatch};
+use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind};
 
-use super::clock::{wall_clock, SharedClock};
+use super::clock::{wall_clock, Clock, SharedClock};
 use super::hot_compute::{HotComputer, Published, Snapshot};
-use super::monitor::{HybridMonitor, Window};
+use super::monitor::{HybridMonitor, SuperBatchEnd, Window};
 use super::stats::OrchestrationStats;
-use super::workers::{ChunkKey, Done, HotWorkers, Job, Outcome, WorkerShared};
-
-use super::workers::InjectedFault;
+use super::workers::{Done, HotWorkers, InjectedFault, Job, Outcome, WorkerShared};
 
 /// Pipeline depth `D` (NeutronOrch's: the CPU works one super-batch ahead).
 pub const DEPTH: usize = 1;
@@ -115,12 +116,15 @@ pub(crate) struct LayerSetup<'a> {
     pub seed: u64,
 }
 
-/// Layer-based orchestration for one trainer: the hot set, the rule, the workers.
+/// Layer-based orchestration for one trainer: the hot set, the protocol, the
+/// workers, and what the driver holds for the numbers the protocol names.
 pub struct Orchestrator {
     relabeling: Relabeling,
     split: HotSplit,
-    bound: u64,
-    on_late: OnLate,
+    /// The super-batch protocol (module doc); it lives across epochs.
+    protocol: Protocol,
+    /// Staging buffers, claim flags and trace flows the protocol names.
+    held: Held,
     /// `orchestration.hot_backward`.
     hot_grad: gpu_ops::HotGrad,
     pipeline: PipelineConfig,
@@ -139,10 +143,8 @@ pub struct Orchestrator {
     /// First core for the workers when pinning (`threads.pin = "cores"`).
     pin_from: Option<usize>,
     clock: SharedClock,
-    /// The next global super-batch index (never reused, across epochs).
-    next_super_batch: u64,
-    /// Global super-batches below this are finished: their jobs are droppable.
-    min_live: Arc<AtomicU64>,
+    /// The protocol's [`Action::Retire`] watermark, shared with the workers.
+    retired: Arc<AtomicU64>,
     /// Where the workers' slices go, one track per worker.
     trace: (Tracer, Vec<TrackId>),
     /// Candidate splits whose counts launches accumulate (`policy = "auto"`).
@@ -155,7 +157,7 @@ pub struct Orchestrator {
 
 impl Orchestrator {
     /// Step 1: scores hotness over the training vertices with the training
-    /// fanouts and batch size, relabels.
+    /// fanouts and batch size, relabels, builds the protocol.
     pub fn new(setup: &LayerSetup<'_>) -> Result<Self> {
         let LayerSetup {
             cfg,
@@ -188,10 +190,15 @@ impl Orchestrator {
         let bottom_fanout = *fanouts.first().ok_or_else(|| {
             Error::invalid_argument("train.fanouts", "orchestration needs at least one layer")
         })?;
+        let protocol = Protocol::new(ProtocolConfig::new(
+            pipeline,
+            cfg.staleness_bound,
+            cfg.on_late.to_scheduler(),
+        ));
         Ok(Self {
             split: HotSplit::all_cpu(hot),
-            bound: cfg.staleness_bound,
-            on_late: cfg.on_late.to_scheduler(),
+            protocol,
+            held: Held::default(),
             hot_grad: cfg.hot_backward.to_device(),
             pipeline,
             workers_wanted: cpu_workers.max(1),
@@ -210,8 +217,7 @@ impl Orchestrator {
             workers: None,
             pin_from: None,
             clock: wall_clock(),
-            next_super_batch: 0,
-            min_live: Arc::new(AtomicU64::new(0)),
+            retired: Arc::new(AtomicU64::new(0)),
             trace: (Tracer::disabled(), Vec::new()),
             count_splits: Vec::new(),
             split_counts: (Vec::new(), 0),
@@ -347,8 +353,7 @@ impl Orchestrator {
                     version: engine.version(),
                     tensors: engine.layer0_params()?,
                 }),
-                passed: AtomicU64::new(0),
-                min_live: Arc::clone(&self.min_live),
+                retired: Arc::clone(&self.retired),
                 fault: Mutex::new(self.fault),
                 clock: Arc::clone(&self.clock),
                 tracer: Mutex::new(self.trace.clone()),
@@ -366,15 +371,15 @@ impl Orchestrator {
         Ok(())
     }
 
-    /// Runs batches `run.start..` of an epoch through the pipeline (module doc);
-    /// `on_batch` sees every trained batch and returns whether to stop after it.
+    /// Runs batches `run.start..run.end` of an epoch through the pipeline
+    /// (module doc, steps 2–5); `on_batch` sees every trained batch and returns
+    /// whether to stop after it.
     pub(crate) fn run_epoch(
         &mut self,
         engine: &mut dyn LayerDevice,
         run: &EpochRun<'_>,
-        on_batch: &mut dyn FnMut(&BatchDone) -> Result<bool>,
+        on_batch: &mut OnBatch<'_>,
     ) -> Result<EpochEnd> {
-        let acc_track = run.acc_track;
         self.ensure_workers(&*engine)?;
         if self.use_monitor && self.monitor.is_none() {
             self.monitor = Some(HybridMonitor::new(
@@ -386,51 +391,48 @@ impl Orchestrator {
             )?);
         }
         let Some(workers) = self.workers.as_ref() else {
-            return Err(Error::invalid_argument(
-                "orchestration",
-                "internal: workers not started",
-            ));
+            return Err(internal("workers not started"));
         };
-        // Step 2 at the epoch's start (a checkpoint may have moved the weights back).
-        workers
-            .shared()
-            .passed
-            .store(engine.version(), Ordering::Release);
-        workers.shared().published.reset(Snapshot {
-            version: engine.version(),
-            tensors: engine.layer0_params()?,
-        });
-        let mut acc = Accelerator {
-            bound: self.bound,
-            on_late: self.on_late,
-            pipeline: self.pipeline,
-            split: self.split,
-            relabeling: &self.relabeling,
-            run,
-            workers,
-            acc_track,
-            hot_grad: self.hot_grad,
-            clock: Arc::clone(&self.clock),
-            stats: OrchestrationStats {
-                hot_count: self.split.hot(),
-                ..OrchestrationStats::default()
-            },
-            next_sb: self.next_super_batch,
-            urgent_seq: 0,
-            count_splits: &self.count_splits,
-            split_counts: std::mem::take(&mut self.split_counts),
-            mark: None,
-            v0: engine.version(),
+        let total = run.end.min(run.batches.len());
+        let batches = run.start.min(total)..total;
+        let num_sb = batches
+            .len()
+            .div_ceil(self.pipeline.batches_per_super_batch()) as u64;
+        let mut monitor = self.monitor.as_mut();
+        let base = monitor.as_deref_mut().map_or(0, |m| m.start_epoch(num_sb));
+        let stats = OrchestrationStats {
+            hot_count: self.split.hot(),
+            ..OrchestrationStats::default()
         };
-        let result = acc.run(engine, on_batch, self.monitor.as_mut());
-        self.next_super_batch = acc.next_sb;
-        self.split_counts = std::mem::take(&mut acc.split_counts);
-        self.mark = acc.mark.take();
-        // Step 8: nothing queued for this epoch is worth computing any more.
-        self.min_live
-            .store(self.next_super_batch, Ordering::Release);
-        let stats = std::mem::take(&mut acc.stats);
-        drop(acc);
+        let (result, stats, mark) = {
+            let mut driver = Driver {
+                run: *run,
+                protocol: &mut self.protocol,
+                held: &mut self.held,
+                workers,
+                relabeling: &self.relabeling,
+                monitor,
+                base,
+                split: self.split,
+                hot_grad: self.hot_grad,
+                retired: &self.retired,
+                clock: &*self.clock,
+                count_splits: &self.count_splits,
+                split_counts: &mut self.split_counts,
+                window: Window::open(&stats, &*self.clock),
+                stats,
+                mark: None,
+                launch: None,
+                gate: None,
+                end: None,
+            };
+            let result = driver.drive(engine, batches, on_batch);
+            // Step 5, whatever happened.
+            let settled = driver.settle();
+            let result = result.and_then(|end| settled.map(|()| end));
+            (result, driver.stats, driver.mark)
+        };
+        self.mark = mark;
         engine.discard_prepared();
         self.totals.merge(&stats);
         self.last_epoch = Some(stats);
@@ -442,612 +444,566 @@ impl Orchestrator {
     }
 }
 
-/// Where a chunk stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ChunkState {
-    /// Queued or being computed.
-    Pending,
-    /// Its rows are in the slab, computed with weights of this version.
-    Ready(u64),
+fn internal(what: impl std::fmt::Display) -> Error {
+    Error::invalid_argument("orchestration", format!("internal: {what}"))
 }
 
-/// One chunk of a launched super-batch's queue.
-struct Chunk {
-    /// Queue positions (= slab rows).
-    range: Range<u32>,
-    /// User ids of the queue positions.
-    ids: Arc<[u32]>,
-    state: ChunkState,
-    claim: Arc<AtomicBool>,
-    flow: FlowId,
-    flow_used: bool,
-    /// An urgent job for it is queued or running.
-    urgent: bool,
+fn protocol_error(source: scheduler::SchedulerError) -> Error {
+    sched("orchestration protocol")(source)
 }
 
-/// A super-batch whose top layers are sampled and whose queue is out (step 3).
-struct Launched {
-    /// Global super-batch index.
-    g: u64,
-    /// Local super-batch index in the epoch.
-    j: u64,
-    slab: usize,
-    /// Batch indices in the epoch.
-    batches: Range<usize>,
-    /// Per batch: (position among block 0's destinations, queue index) of its
-    /// CPU-hot bottom destinations.
-    entries: Vec<Vec<(u32, u32)>>,
-    /// Per batch: the chunks it reads, sorted.
-    reads: Vec<Vec<u32>>,
-    /// Chunk of each queue index.
-    chunk_of: Vec<u32>,
-    chunks: Vec<Chunk>,
+/// What the driver holds for the numbers the protocol names (they outlive an
+/// epoch as the protocol does).
+#[derive(Default)]
+struct Held {
+    /// Staging buffers of reports handed in, in report order, until the
+    /// protocol's `Install` or `Discard` for them.
+    staged: VecDeque<(ReportId, Box<dyn HotStaging>)>,
+    /// The id the protocol gives the next report (it numbers them from 0).
+    next_report: u64,
+    /// The flag of each claim of a live super-batch (and its super-batch).
+    claims: HashMap<ClaimId, (u64, Arc<AtomicBool>)>,
+    /// Trace flows of regular jobs whose chunk no batch has read yet.
+    flows: HashMap<ChunkKey, FlowId>,
 }
 
-/// What a batch's gate let through (step 5).
-struct Gated {
-    /// Positions among block 0's destinations that take slab rows.
-    positions: Vec<u32>,
-    /// The slab row of each position.
-    rows: Vec<u32>,
-    /// The largest gap used.
-    max_gap: Option<u64>,
-    /// Flows of chunks first read by this batch.
-    flows: Vec<FlowId>,
-}
+impl Held {
+    /// Holds the staging buffer of the next report.
+    fn stage(&mut self, staging: Box<dyn HotStaging>) {
+        self.staged.push_back((ReportId(self.next_report), staging));
+        self.next_report += 1;
+    }
 
-/// The accelerator thread's side (steps 2–7).
-struct Accelerator<'a> {
-    bound: u64,
-    on_late: OnLate,
-    pipeline: PipelineConfig,
-    split: HotSplit,
-    relabeling: &'a Relabeling,
-    run: &'a EpochRun<'a>,
-    workers: &'a HotWorkers,
-    acc_track: TrackId,
-    hot_grad: gpu_ops::HotGrad,
-    clock: SharedClock,
-    stats: OrchestrationStats,
-    next_sb: u64,
-    urgent_seq: u64,
-    count_splits: &'a [u32],
-    split_counts: (Vec<(u64, u64)>, u64),
-    mark: Option<(f64, OrchestrationStats)>,
-    /// The engine's version when the run started (batch `start` trains at it).
-    v0: u64,
-}
-
-impl Accelerator<'_> {
-    fn publish(&self, engine: &dyn LayerDevice) -> Result<()> {
-        let published = &self.workers.shared().published;
-        if published.version() == engine.version() {
-            return Ok(());
+    /// The staging buffer of `report`, which must be the oldest held (answers
+    /// come in report order).
+    fn take(&mut self, report: ReportId) -> Result<Box<dyn HotStaging>> {
+        match self.staged.pop_front() {
+            Some((r, s)) if r == report => Ok(s),
+            front => {
+                let oldest = front.as_ref().map(|(r, _)| r.0);
+                if let Some(f) = front {
+                    self.staged.push_front(f);
+                }
+                Err(internal(format!(
+                    "no staging buffer for report {} (the oldest held: {oldest:?})",
+                    report.0
+                )))
+            }
         }
-        let _s = self.run.tracer.slice_on(self.acc_track, "publish");
-        published.publish(Snapshot {
-            version: engine.version(),
-            tensors: engine.layer0_params()?,
+    }
+
+    /// Forgets what belongs to super-batches below `below`.
+    fn retire(&mut self, below: u64) {
+        self.claims.retain(|_, (sb, _)| *sb >= below);
+        self.flows.retain(|k, _| k.super_batch >= below);
+    }
+}
+
+/// A batch between its [`Action::Gate`] and its [`Action::Train`].
+struct OpenGate<'a> {
+    /// The clock when the gate opened (the batch's time starts).
+    start: Duration,
+    /// The version it trains at.
+    version: u64,
+    slice: SliceGuard<'a>,
+    /// Once the gate waits: the clock then, and the `hot wait` slice.
+    wait: Option<(Duration, SliceGuard<'a>)>,
+}
+
+/// One epoch's driver (module doc, steps 2–5): the orchestrator's parts it
+/// uses, the run, and the slices open.
+struct Driver<'a> {
+    run: EpochRun<'a>,
+    protocol: &'a mut Protocol,
+    held: &'a mut Held,
+    workers: &'a HotWorkers,
+    relabeling: &'a Relabeling,
+    monitor: Option<&'a mut HybridMonitor>,
+    /// The monitor's global index of the epoch's first super-batch.
+    base: u64,
+    /// The split launches plan with when the monitor does not run.
+    split: HotSplit,
+    hot_grad: gpu_ops::HotGrad,
+    retired: &'a AtomicU64,
+    clock: &'a dyn Clock,
+    count_splits: &'a [u32],
+    split_counts: &'a mut (Vec<(u64, u64)>, u64),
+    /// The epoch's numbers: the driver's, and the protocol's as of the last
+    /// sync ([`Driver::synced_stats`]) or its `Finished`.
+    stats: OrchestrationStats,
+    /// The monitor's window of the super-batch in progress.
+    window: Window,
+    mark: Option<(f64, OrchestrationStats)>,
+    /// The `launch` slice, until its slab is reserved.
+    launch: Option<SliceGuard<'a>>,
+    gate: Option<OpenGate<'a>>,
+    /// How the epoch ends, once the driver stopped it.
+    end: Option<EpochEnd>,
+}
+
+impl<'a> Driver<'a> {
+    /// Steps 2–4, until `Finished` or an error.
+    fn drive(
+        &mut self,
+        engine: &mut dyn LayerDevice,
+        batches: Range<usize>,
+        on_batch: &mut OnBatch<'_>,
+    ) -> Result<EpochEnd> {
+        let version = engine.version();
+        self.protocol
+            .handle(Event::EpochStarted { batches, version })
+            .map_err(protocol_error)?;
+        loop {
+            self.hand_in_waiting()?;
+            let action = self
+                .protocol
+                .poll()
+                .map_err(protocol_error)?
+                .ok_or_else(|| internal("the protocol awaits an answer"))?;
+            if let Action::Finished { stats, .. } = action {
+                self.stats.protocol = stats;
+                return Ok(self.end.unwrap_or(EpochEnd::Finished(false)));
+            }
+            self.act(engine, action, on_batch)?;
+        }
+    }
+
+    /// Step 5: stops a protocol still running and carries out what is left (only
+    /// answers to reports, the watermark and the end come out after a stop).
+    fn settle(&mut self) -> Result<()> {
+        self.launch = None;
+        self.gate = None;
+        let mut result = Ok(());
+        if self.protocol.running() {
+            result = self.protocol.handle(Event::Stop).map_err(protocol_error);
+        }
+        loop {
+            let action = match self.protocol.poll() {
+                Ok(Some(a)) => a,
+                Ok(None) => break,
+                Err(e) => {
+                    result = result.and(Err(protocol_error(e)));
+                    break;
+                }
+            };
+            match action {
+                Action::Discard { report, .. } => match self.held.take(report) {
+                    Ok(s) => self.workers.recycle(s),
+                    Err(e) => result = result.and(Err(e)),
+                },
+                Action::Retire { below } => self.retire(below),
+                Action::Finished { stats, .. } => self.stats.protocol = stats,
+                _ => {}
+            }
+        }
+        // Nothing is held for a report the protocol has no answer for any more.
+        for (_, s) in self.held.staged.drain(..) {
+            self.workers.recycle(s);
+        }
+        result
+    }
+
+    /// Step 3.
+    fn hand_in_waiting(&mut self) -> Result<()> {
+        while let Some(d) = self.workers.try_done() {
+            self.hand_in(d)?;
+        }
+        Ok(())
+    }
+
+    /// Step 3 for one report.
+    fn hand_in(&mut self, d: Done) -> Result<()> {
+        self.stats.cpu_busy_secs += d.busy_secs;
+        match d.outcome {
+            Outcome::Failed(e) => Err(e),
+            Outcome::Dropped => self
+                .protocol
+                .handle(Event::JobDropped { key: d.key })
+                .map_err(protocol_error),
+            Outcome::Rows {
+                version,
+                rows,
+                staging,
+            } => {
+                let rows = u32::try_from(rows).map_err(|_| internal("a chunk of 2³² rows"))?;
+                self.held.stage(staging);
+                let handed = self.protocol.handle(Event::ChunkComputed {
+                    key: d.key,
+                    version,
+                    rows,
+                });
+                if let Err(e) = handed {
+                    // A refused report gets no answer: its buffer goes back now.
+                    if let Some((_, s)) = self.held.staged.pop_back() {
+                        self.workers.recycle(s);
+                    }
+                    return Err(protocol_error(e));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Step 4 for one action (all but `Finished`).
+    fn act(
+        &mut self,
+        engine: &mut dyn LayerDevice,
+        action: Action,
+        on_batch: &mut OnBatch<'_>,
+    ) -> Result<()> {
+        match action {
+            Action::Publish { version, reset } => self.publish(&*engine, version, reset),
+            Action::Launch {
+                super_batch,
+                local,
+                batches,
+            } => self.launch(engine, super_batch, local, batches),
+            Action::ReserveSlab { slab, rows, .. } => {
+                engine.hot_slab_reserve(slab, rows)?;
+                if let Some(mut s) = self.launch.take() {
+                    s.set_bytes((rows * 4) as u64);
+                }
+                Ok(())
+            }
+            Action::QueueJob(job) => self.queue(job),
+            Action::Install {
+                report,
+                key,
+                slab,
+                rows,
+                version,
+            } => {
+                let mut staging = self.held.take(report)?;
+                let n = rows.len();
+                let installed = engine.hot_install(slab, rows.start as usize, n, &mut *staging);
+                self.workers.recycle(staging);
+                installed?;
+                let bytes = (n * engine.hot_width() * 4) as u64;
+                let run = self.run;
+                run.tracer.instant_on(run.acc_track, "hot install", |a| {
+                    a.super_batch = Some(key.super_batch);
+                    a.bytes = Some(bytes);
+                    a.direction = Some(Direction::HostToDevice);
+                    a.extra.push(("rows".into(), n as f64));
+                    a.extra.push(("version".into(), version as f64));
+                });
+                Ok(())
+            }
+            Action::Discard { report, .. } => {
+                let staging = self.held.take(report)?;
+                self.workers.recycle(staging);
+                Ok(())
+            }
+            Action::BeginSuperBatch { local, .. } => match self.monitor.as_deref_mut() {
+                Some(m) => m.begin_super_batch(self.base + local, engine, self.relabeling),
+                None => Ok(()),
+            },
+            Action::EndSuperBatch { local, observe, .. } => {
+                self.end_super_batch(engine, local, observe)
+            }
+            Action::Gate { batch, version } => self.gate(batch, version),
+            Action::Wait { late_vertices, .. } => {
+                if let Some(g) = self.gate.as_mut() {
+                    if g.wait.is_none() {
+                        let run = self.run;
+                        let mut s = run
+                            .tracer
+                            .slice_on(run.acc_track, "hot wait")
+                            .batch(g.version);
+                        s.set_bytes(late_vertices);
+                        g.wait = Some((self.clock.now(), s));
+                    }
+                }
+                let d = self.workers.wait_done()?;
+                self.hand_in(d)
+            }
+            Action::Train(t) => self.train(engine, &t, on_batch),
+            Action::Retire { below } => {
+                self.retire(below);
+                Ok(())
+            }
+            Action::Finished { .. } => Err(internal("Finished carried out as an action")),
+        }
+    }
+
+    /// Answers [`Event::Stop`]; the epoch ends as `end`.
+    fn stop(&mut self, end: EpochEnd) -> Result<()> {
+        self.end = Some(end);
+        self.protocol.handle(Event::Stop).map_err(protocol_error)
+    }
+
+    /// The epoch's numbers with the protocol's counts so far.
+    fn synced_stats(&mut self) -> &mut OrchestrationStats {
+        if let Some(s) = self.protocol.epoch_stats() {
+            self.stats.protocol.clone_from(s);
+        }
+        &mut self.stats
+    }
+
+    /// `Publish`.
+    fn publish(&mut self, engine: &dyn LayerDevice, version: u64, reset: bool) -> Result<()> {
+        if version != engine.version() {
+            return Err(internal(format!(
+                "the protocol publishes version {version}, the weights are at {}",
+                engine.version()
+            )));
+        }
+        let published = &self.workers.shared().published;
+        if reset {
+            published.reset(Snapshot {
+                version,
+                tensors: engine.layer0_params()?,
+            });
+        } else {
+            let run = self.run;
+            let _s = run.tracer.slice_on(run.acc_track, "publish");
+            published.publish(Snapshot {
+                version,
+                tensors: engine.layer0_params()?,
+            });
+        }
+        Ok(())
+    }
+
+    /// `Launch` of local super-batch `local` (global `super_batch`).
+    fn launch(
+        &mut self,
+        engine: &mut dyn LayerDevice,
+        super_batch: u64,
+        local: u64,
+        batches: Range<usize>,
+    ) -> Result<()> {
+        let run = self.run;
+        self.launch = Some(
+            run.tracer
+                .slice_on(run.acc_track, "launch")
+                .epoch(run.epoch as u64)
+                .super_batch(local),
+        );
+        let mut launched = Vec::with_capacity(batches.len());
+        for k in batches {
+            let b = run.batch(k);
+            let ids = engine.prepare_top(k as u64, b.seeds, b.seed)?;
+            launched.push(LaunchedBatch {
+                seeds: b.seeds.len(),
+                bottom: ids.iter().map(|&v| self.relabeling.new_id(v)).collect(),
+            });
+        }
+        self.count_splits(&launched);
+        let split = self
+            .monitor
+            .as_deref()
+            .map_or(self.split, |m| m.split_for(self.base + local));
+        self.protocol
+            .handle(Event::Launched {
+                super_batch,
+                split,
+                batches: launched,
+            })
+            .map_err(protocol_error)
+    }
+
+    /// `policy = "auto"`: what each candidate split would cost in these batches
+    /// (rows the CPU would compute, hot positions the accelerator would skip).
+    fn count_splits(&mut self, launched: &[LaunchedBatch]) {
+        if self.count_splits.is_empty() {
+            return;
+        }
+        let mut all: Vec<u32> = launched.iter().flat_map(|b| &b.bottom).copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        let (sums, batches) = &mut *self.split_counts;
+        sums.resize(self.count_splits.len(), (0, 0));
+        *batches += launched.len() as u64;
+        for (i, &c) in self.count_splits.iter().enumerate() {
+            sums[i].0 += all.partition_point(|&v| v < c) as u64;
+            sums[i].1 += launched
+                .iter()
+                .map(|b| b.bottom.iter().filter(|&&v| v < c).count() as u64)
+                .sum::<u64>();
+        }
+    }
+
+    /// `QueueJob`.
+    fn queue(&mut self, order: scheduler::Job) -> Result<()> {
+        let run = self.run;
+        let (seed, flow) = match order.urgent {
+            None => {
+                let flow = run.tracer.flow("hot compute→train");
+                self.held.flows.insert(order.key, flow);
+                let local = derive_seed(run.base_seed, 5_000_000 + order.local);
+                (derive_seed(local, u64::from(order.key.chunk)), flow)
+            }
+            Some(u) => (
+                derive_seed(derive_seed(run.base_seed, 6_000_000), u.seq),
+                FlowId::NONE,
+            ),
+        };
+        let (_, flag) = self
+            .held
+            .claims
+            .entry(order.claim)
+            .or_insert_with(|| (order.key.super_batch, Arc::new(AtomicBool::new(false))));
+        let claim = Arc::clone(flag);
+        let ids = order
+            .vertices
+            .iter()
+            .map(|&r| self.relabeling.old_id(r))
+            .collect();
+        self.workers.push(Job {
+            order,
+            ids,
+            seed,
+            claim,
+            flow,
+        })
+    }
+
+    /// `Gate` of epoch batch `batch` at `version`.
+    fn gate(&mut self, batch: usize, version: u64) -> Result<()> {
+        let run = self.run;
+        if run.cancel.is_cancelled() {
+            return self.stop(EpochEnd::Stopped(batch, StopCause::Token));
+        }
+        let start = self.clock.now();
+        if run.mark == Some(batch) {
+            self.mark = Some((start.as_secs_f64(), self.synced_stats().clone()));
+        }
+        self.gate = Some(OpenGate {
+            start,
+            version,
+            slice: run.tracer.slice_on(run.acc_track, "gate").batch(version),
+            wait: None,
         });
         Ok(())
     }
 
-    /// Step 3 for local super-batch `j` (batches from `run.start`).
-    fn launch(
+    /// `Train`: closes the batch's gate, trains, answers, shows `on_batch`.
+    fn train(
         &mut self,
         engine: &mut dyn LayerDevice,
-        j: u64,
-        split: HotSplit,
-    ) -> Result<Launched> {
+        t: &TrainBatch,
+        on_batch: &mut OnBatch<'_>,
+    ) -> Result<()> {
         let run = self.run;
-        let g = self.next_sb + j;
+        let k = t.batch;
+        if !t.cold.is_empty() {
+            run.tracer.instant_on(run.acc_track, "compute cold", |a| {
+                a.batch = Some(t.version);
+                a.extra.push(("vertices".into(), t.cold.len() as f64));
+            });
+        }
+        let start = match self.gate.take() {
+            Some(OpenGate {
+                start, slice, wait, ..
+            }) => {
+                if let Some((waited_from, s)) = wait {
+                    drop(s);
+                    let waited = self.clock.now().saturating_sub(waited_from);
+                    self.stats.wait_secs += waited.as_secs_f64();
+                }
+                drop(slice);
+                start
+            }
+            None => self.clock.now(),
+        };
         let mut slice = run
             .tracer
-            .slice_on(self.acc_track, "launch")
+            .slice_on(run.acc_track, "train")
             .epoch(run.epoch as u64)
-            .super_batch(j);
-        let n = self.pipeline.batches_per_super_batch();
-        let total = run.end.min(run.batches.len());
-        let first = run.start + j as usize * n;
-        let last = (first + n).min(total);
-        let mut bottom: Vec<Vec<u32>> = Vec::with_capacity(last - first);
-        for k in first..last {
-            let ids = engine.prepare_top(
-                k as u64,
-                run.batches[k],
-                derive_seed(run.base_seed, k as u64),
-            )?;
-            bottom.push(ids.iter().map(|&v| self.relabeling.new_id(v)).collect());
+            .batch(k as u64)
+            .super_batch(t.local);
+        if let Some(g) = t.max_gap {
+            slice.set_staleness_gap(g);
         }
-        if !self.count_splits.is_empty() {
-            // `policy = "auto"`: what each candidate split would cost here.
-            let mut all: Vec<u32> = bottom.iter().flatten().copied().collect();
-            all.sort_unstable();
-            all.dedup();
-            let (sums, batches) = &mut self.split_counts;
-            sums.resize(self.count_splits.len(), (0, 0));
-            *batches += bottom.len() as u64;
-            for (i, &c) in self.count_splits.iter().enumerate() {
-                sums[i].0 += all.partition_point(|&v| v < c) as u64;
-                sums[i].1 += bottom
-                    .iter()
-                    .map(|b| b.iter().filter(|&&v| v < c).count() as u64)
-                    .sum::<u64>();
-            }
-        }
-        // Batch `k` of the epoch trains at version `v0 + (k − start)`.
-        let global = |k: usize| self.v0 + (k - run.start) as u64;
-        let plan = SuperBatchPlan::new(j, global(first), split, &bottom);
-        let queue = &plan.queue;
-        let slab = (g % 2) as usize;
-        engine.hot_slab_reserve(slab, queue.len())?;
-        // Queue index of each CPU-hot vertex: the queue is sorted, so a binary
-        // search per bottom destination.
-        let mut chunks = Vec::new();
-        let mut chunk_of = vec![0u32; queue.len()];
-        for (c, (range, ids)) in plan.chunks(&self.pipeline).enumerate() {
-            let user: Arc<[u32]> = ids.iter().map(|&r| self.relabeling.old_id(r)).collect();
-            for q in range.clone() {
-                chunk_of[q] = c as u32;
-            }
-            let chunk = Chunk {
-                range: range.start as u32..range.end as u32,
-                ids: user,
-                state: ChunkState::Pending,
-                claim: Arc::new(AtomicBool::new(false)),
-                flow: run.tracer.flow("hot compute→train"),
-                flow_used: false,
-                urgent: false,
+        for &chunk in &t.first_reads {
+            let key = ChunkKey {
+                super_batch: t.super_batch,
+                chunk,
             };
-            self.workers.push(Job {
-                key: ChunkKey {
-                    super_batch: g,
-                    chunk: c as u32,
-                },
-                ids: Arc::clone(&chunk.ids),
-                last_batch: global(last - 1),
-                seed: derive_seed(derive_seed(run.base_seed, 5_000_000 + j), c as u64),
-                urgent: false,
-                claim: Arc::clone(&chunk.claim),
-                flow: chunk.flow,
-            })?;
-            chunks.push(chunk);
-        }
-        let mut entries = Vec::with_capacity(bottom.len());
-        let mut reads = Vec::with_capacity(bottom.len());
-        for (bi, b) in bottom.iter().enumerate() {
-            let mut e = Vec::new();
-            let mut r: Vec<u32> = Vec::new();
-            // A batch's seeds are the first positions of every layer's
-            // destinations; they never take a hot row (see step 3).
-            let seeds = run.batches[first + bi].len();
-            for (p, &v) in b.iter().enumerate() {
-                if v >= split.cpu() || p < seeds {
-                    continue;
-                }
-                let q = queue.binary_search(&v).map_err(|_| {
-                    Error::invalid_argument(
-                        "orchestration",
-                        format!("internal: CPU-hot vertex {v} missing from its queue"),
-                    )
-                })? as u32;
-                e.push((p as u32, q));
-                r.push(chunk_of[q as usize]);
-            }
-            r.sort_unstable();
-            r.dedup();
-            entries.push(e);
-            reads.push(r);
-        }
-        slice.set_bytes((queue.len() * 4) as u64);
-        Ok(Launched {
-            g,
-            j,
-            slab,
-            batches: first..last,
-            entries,
-            reads,
-            chunk_of,
-            chunks,
-        })
-    }
-
-    /// Step 4 for one report.
-    fn handle(
-        &mut self,
-        engine: &mut dyn LayerDevice,
-        live: &mut VecDeque<Launched>,
-        d: Done,
-    ) -> Result<()> {
-        self.stats.cpu_busy_secs += d.busy_secs;
-        match d.outcome {
-            Outcome::Failed(e) => Err(e),
-            Outcome::Dropped => {
-                self.stats.dropped_jobs += 1;
-                Ok(())
-            }
-            Outcome::Rows {
-                version,
-                rows,
-                mut staging,
-            } => {
-                self.stats.jobs += 1;
-                self.stats.rows_computed += rows as u64;
-                let target = live
-                    .iter_mut()
-                    .find(|l| l.g == d.key.super_batch)
-                    .and_then(|l| {
-                        let slab = l.slab;
-                        l.chunks.get_mut(d.key.chunk as usize).map(|c| (slab, c))
-                    });
-                let result = match target {
-                    Some((slab, c))
-                        if matches!(c.state, ChunkState::Pending)
-                            || matches!(c.state, ChunkState::Ready(e) if e < version) =>
-                    {
-                        let n = c.range.len();
-                        let r = engine.hot_install(slab, c.range.start as usize, n, &mut *staging);
-                        if r.is_ok() {
-                            c.state = ChunkState::Ready(version);
-                            c.urgent = false;
-                            self.stats.rows_installed += n as u64;
-                            let bytes = (n * engine.hot_width() * 4) as u64;
-                            self.run
-                                .tracer
-                                .instant_on(self.acc_track, "hot install", |a| {
-                                    a.super_batch = Some(d.key.super_batch);
-                                    a.bytes = Some(bytes);
-                                    a.direction = Some(Direction::HostToDevice);
-                                    a.extra.push(("rows".into(), n as f64));
-                                    a.extra.push(("version".into(), version as f64));
-                                });
-                        }
-                        r
-                    }
-                    _ => Ok(()),
-                };
-                self.workers.recycle(staging);
-                result
+            if let Some(flow) = self.held.flows.remove(&key) {
+                slice.flow_in(flow);
             }
         }
-    }
-
-    /// Step 4: every report waiting.
-    fn drain(&mut self, engine: &mut dyn LayerDevice, live: &mut VecDeque<Launched>) -> Result<()> {
-        while let Some(d) = self.workers.try_done() {
-            self.handle(engine, live, d)?;
+        let h2d_before = engine.h2d_bytes();
+        let copies_before = engine.transfer_stats();
+        let b = run.batch(k);
+        let (loss_sum, correct) = engine.train_prepared(
+            k as u64,
+            b.seeds,
+            b.seed,
+            &HotUse {
+                slab: t.slab,
+                positions: &t.positions,
+                rows: &t.rows,
+                grad: self.hot_grad,
+            },
+        )?;
+        slice.set_transfer(
+            Direction::HostToDevice,
+            engine.h2d_bytes().saturating_sub(h2d_before),
+        );
+        // What crossed between host and device in the batch's step (the gate's
+        // installs and the launch's downloads are not in it).
+        let copies = engine.transfer_stats().since(&copies_before);
+        record_copies(slice.args_mut(), &copies);
+        if let Some(a) = slice.args_mut() {
+            a.extra.push(("hot_rows".into(), t.positions.len() as f64));
         }
-        Ok(())
-    }
-
-    /// Whether chunk `c` is usable at batch version `b`.
-    fn usable(&self, state: ChunkState, b: u64) -> bool {
-        matches!(state, ChunkState::Ready(e) if e <= b && b - e <= self.bound)
-    }
-
-    /// Step 5, `"wait"`: queues urgent work for the late chunks of batch `i` of
-    /// `live[0]`.
-    fn send_urgent(
-        &mut self,
-        engine: &dyn LayerDevice,
-        sb: &mut Launched,
-        late: &[u32],
-        b: u64,
-    ) -> Result<()> {
-        let oldest = b.saturating_sub(self.bound);
-        for &c in late {
-            let chunk = &mut sb.chunks[c as usize];
-            if chunk.urgent {
-                continue;
-            }
-            let recompute = matches!(chunk.state, ChunkState::Ready(e) if e < oldest);
-            if recompute {
-                // The recomputation must read weights of version ≥ b − bound.
-                if self.workers.shared().published.version() < oldest {
-                    self.publish(engine)?;
-                }
-                chunk.claim = Arc::new(AtomicBool::new(false));
-            }
-            self.urgent_seq += 1;
-            self.stats.urgent_jobs += 1;
-            chunk.urgent = true;
-            self.workers.push(Job {
-                key: ChunkKey {
-                    super_batch: sb.g,
-                    chunk: c,
-                },
-                ids: Arc::clone(&chunk.ids),
-                last_batch: b,
-                seed: derive_seed(derive_seed(self.run.base_seed, 6_000_000), self.urgent_seq),
-                urgent: true,
-                claim: Arc::clone(&chunk.claim),
-                flow: FlowId::NONE,
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Step 5 for batch `i` of `live[0]` at version `b`.
-    fn gate(
-        &mut self,
-        engine: &mut dyn LayerDevice,
-        live: &mut VecDeque<Launched>,
-        i: usize,
-        b: u64,
-    ) -> Result<Gated> {
-        let _gate = self.run.tracer.slice_on(self.acc_track, "gate").batch(b);
-        self.drain(engine, live)?;
-        let late: Vec<u32> = {
-            let sb = &live[0];
-            sb.reads[i]
-                .iter()
-                .copied()
-                .filter(|&c| !self.usable(sb.chunks[c as usize].state, b))
-                .collect()
+        drop(slice);
+        let version = engine.version();
+        self.protocol
+            .handle(Event::BatchTrained { batch: k, version })
+            .map_err(protocol_error)?;
+        let done = BatchDone {
+            k,
+            loss_sum,
+            correct,
+            seconds: (self.clock.now().saturating_sub(start)).as_secs_f64(),
+            version,
         };
-        let mut skip = vec![false; live[0].chunks.len()];
-        if !late.is_empty() {
-            let late_rows: u64 = {
-                let sb = &live[0];
-                sb.entries[i]
-                    .iter()
-                    .filter(|(_, q)| late.binary_search(&sb.chunk_of[*q as usize]).is_ok())
-                    .count() as u64
+        if on_batch(&done)? {
+            let end = if k + 1 < run.batches.len() {
+                EpochEnd::Stopped(k + 1, StopCause::Callback)
+            } else {
+                EpochEnd::Finished(true)
             };
-            match self.on_late {
-                OnLate::Compute => {
-                    self.stats.computed_cold += late_rows;
-                    self.run
-                        .tracer
-                        .instant_on(self.acc_track, "compute cold", |a| {
-                            a.batch = Some(b);
-                            a.extra.push(("vertices".into(), late_rows as f64));
-                        });
-                    for &c in &late {
-                        skip[c as usize] = true;
-                    }
-                }
-                OnLate::Wait => {
-                    let t = self.clock.now();
-                    let mut waiting = self
-                        .run
-                        .tracer
-                        .slice_on(self.acc_track, "hot wait")
-                        .batch(b);
-                    waiting.set_bytes(late_rows);
-                    loop {
-                        let still: Vec<u32> = late
-                            .iter()
-                            .copied()
-                            .filter(|&c| !self.usable(live[0].chunks[c as usize].state, b))
-                            .collect();
-                        if still.is_empty() {
-                            break;
-                        }
-                        let mut sb = live.pop_front().ok_or_else(|| {
-                            Error::invalid_argument(
-                                "orchestration",
-                                "internal: no live super-batch",
-                            )
-                        })?;
-                        let sent = self.send_urgent(&*engine, &mut sb, &still, b);
-                        live.push_front(sb);
-                        sent?;
-                        let d = self.workers.wait_done()?;
-                        self.handle(engine, live, d)?;
-                        self.drain(engine, live)?;
-                    }
-                    drop(waiting);
-                    self.stats.waited += late_rows;
-                    self.stats.wait_batches += 1;
-                    self.stats.wait_secs += (self.clock.now().saturating_sub(t)).as_secs_f64();
-                }
-            }
+            self.stop(end)?;
         }
-        let sb = &mut live[0];
-        let mut positions = Vec::with_capacity(sb.entries[i].len());
-        let mut rows = Vec::with_capacity(sb.entries[i].len());
-        let mut gaps = GapHistogram::new();
-        let mut max_gap = None;
-        for &(p, q) in &sb.entries[i] {
-            let c = sb.chunk_of[q as usize] as usize;
-            if skip[c] {
-                continue;
-            }
-            let ChunkState::Ready(e) = sb.chunks[c].state else {
-                return Err(Error::invalid_argument(
-                    "orchestration",
-                    format!("internal: chunk {c} passed the gate without rows"),
-                ));
-            };
-            if e > b || b - e > self.bound {
-                return Err(Error::invalid_argument(
-                    "orchestration",
-                    format!(
-                        "internal: a row of version {e} at batch version {b} (bound {})",
-                        self.bound
-                    ),
-                ));
-            }
-            gaps.record(b - e);
-            max_gap = max_gap.max(Some(b - e));
-            positions.push(p);
-            rows.push(q);
-        }
-        let mut flows = Vec::new();
-        for &c in &sb.reads[i] {
-            let chunk = &mut sb.chunks[c as usize];
-            if !skip[c as usize] && !chunk.flow_used {
-                chunk.flow_used = true;
-                flows.push(chunk.flow);
-            }
-        }
-        self.stats.hot_uses += gaps.total();
-        self.stats.gaps.merge(&gaps);
-        Ok(Gated {
-            positions,
-            rows,
-            max_gap,
-            flows,
-        })
+        Ok(())
     }
 
-    /// Steps 2–7 for every super-batch of the epoch, with the hybrid monitor's
-    /// steps (`orchestrate::monitor`) around each super-batch when it runs.
-    fn run(
+    /// `Retire`: the workers drop regular jobs below `below` from now on.
+    fn retire(&mut self, below: u64) {
+        self.retired.store(below, Ordering::Release);
+        self.held.retire(below);
+    }
+
+    /// `EndSuperBatch`: the monitor observes (when `observe`) and may move
+    /// vertices; its next window opens.
+    fn end_super_batch(
         &mut self,
         engine: &mut dyn LayerDevice,
-        on_batch: &mut dyn FnMut(&BatchDone) -> Result<bool>,
-        mut monitor: Option<&mut HybridMonitor>,
-    ) -> Result<EpochEnd> {
+        local: u64,
+        observe: bool,
+    ) -> Result<()> {
+        if self.monitor.is_none() {
+            return Ok(());
+        }
+        self.synced_stats();
         let run = self.run;
-        let total = run.end.min(run.batches.len());
-        let epoch_len = run.batches.len();
-        if run.start >= total {
-            return Ok(EpochEnd::Finished(false));
-        }
-        let n = self.pipeline.batches_per_super_batch();
-        let num_sb = (total - run.start).div_ceil(n) as u64;
-        let base = monitor.as_deref_mut().map_or(0, |m| m.start_epoch(num_sb));
-        let default_split = self.split;
-        let split_for = |m: &Option<&mut HybridMonitor>, j: u64| {
-            m.as_deref()
-                .map_or(default_split, |m| m.split_for(base + j))
+        let end = SuperBatchEnd {
+            global: self.base + local,
+            local,
+            observe,
+            window: &self.window,
+            clock: self.clock,
+            trace: (run.tracer, run.acc_track),
         };
-        let v0 = engine.version();
-        self.v0 = v0;
-        let mut live: VecDeque<Launched> = VecDeque::new();
-        let result = (|| -> Result<EpochEnd> {
-            for j in 0..=(DEPTH as u64).min(num_sb - 1) {
-                let split = split_for(&monitor, j);
-                let l = self.launch(engine, j, split)?;
-                live.push_back(l);
-            }
-            let mut window = Window::open(&self.stats, &*self.clock);
-            for j in 0..num_sb {
-                if let Some(m) = monitor.as_deref_mut() {
-                    m.begin_super_batch(base + j, engine, self.relabeling)?;
-                }
-                if j > 0 && j + (DEPTH as u64) < num_sb {
-                    let split = split_for(&monitor, j + DEPTH as u64);
-                    let l = self.launch(engine, j + DEPTH as u64, split)?;
-                    live.push_back(l);
-                }
-                if live.front().map(|l| l.j) != Some(j) {
-                    return Err(Error::Worker {
-                        worker: "pipeline".into(),
-                        what: format!("internal: super-batch {j} was not launched"),
-                    });
-                }
-                let batches = live[0].batches.clone();
-                for (i, k) in batches.enumerate() {
-                    if run.cancel.is_cancelled() {
-                        return Ok(EpochEnd::Stopped(k, StopCause::Token));
-                    }
-                    // Batch `k` runs at `v0 + (k − start)` minus the batches skipped
-                    // for a non-finite loss (their step was not applied).
-                    let b = engine.version();
-                    if b > v0 + (k - run.start) as u64 {
-                        return Err(Error::invalid_argument(
-                            "orchestration",
-                            format!("internal: batch {k} runs at version {b}"),
-                        ));
-                    }
-                    let t = self.clock.now();
-                    if run.mark == Some(k) {
-                        self.mark = Some((t.as_secs_f64(), self.stats.clone()));
-                    }
-                    let Gated {
-                        positions,
-                        rows,
-                        max_gap,
-                        flows,
-                    } = self.gate(engine, &mut live, i, b)?;
-                    let mut slice = run
-                        .tracer
-                        .slice_on(self.acc_track, "train")
-                        .epoch(run.epoch as u64)
-                        .batch(k as u64)
-                        .super_batch(j);
-                    if let Some(g) = max_gap {
-                        slice.set_staleness_gap(g);
-                    }
-                    for flow in flows {
-                        slice.flow_in(flow);
-                    }
-                    let h2d_before = engine.h2d_bytes();
-                    let copies_before = engine.transfer_stats();
-                    let (loss_sum, correct) = engine.train_prepared(
-                        k as u64,
-                        run.batches[k],
-                        derive_seed(run.base_seed, k as u64),
-                        &HotUse {
-                            slab: live[0].slab,
-                            positions: &positions,
-                            rows: &rows,
-                            grad: self.hot_grad,
-                        },
-                    )?;
-                    slice.set_transfer(
-                        Direction::HostToDevice,
-                        engine.h2d_bytes().saturating_sub(h2d_before),
-                    );
-                    // What crossed between host and device in the batch's step (the
-                    // gate's installs and the launch's downloads are not in it).
-                    let copies = engine.transfer_stats().since(&copies_before);
-                    record_copies(slice.args_mut(), &copies);
-                    if let Some(a) = slice.args_mut() {
-                        a.extra.push(("hot_rows".into(), positions.len() as f64));
-                    }
-                    drop(slice);
-                    self.workers.shared().passed.store(b + 1, Ordering::Release);
-                    if self.bound < self.pipeline.on_time_gap() {
-                        // A bound tighter than the pipeline's on-time gap (step 2):
-                        // rows are usable only if computed with nearly current
-                        // weights, so every step is published.
-                        self.publish(&*engine)?;
-                    }
-                    let done = BatchDone {
-                        k,
-                        loss_sum,
-                        correct,
-                        seconds: (self.clock.now().saturating_sub(t)).as_secs_f64(),
-                        version: engine.version(),
-                    };
-                    if on_batch(&done)? {
-                        if k + 1 < epoch_len {
-                            return Ok(EpochEnd::Stopped(k + 1, StopCause::Callback));
-                        }
-                        return Ok(EpochEnd::Finished(true));
-                    }
-                }
-                live.pop_front();
-                self.publish(&*engine)?;
-                if let Some(m) = monitor.as_deref_mut() {
-                    m.end_super_batch(
-                        base + j,
-                        j,
-                        num_sb,
-                        &window,
-                        &*self.clock,
-                        &mut self.stats,
-                        engine,
-                        self.relabeling,
-                        run.tracer,
-                        self.acc_track,
-                    )?;
-                    window = Window::open(&self.stats, &*self.clock);
-                }
-            }
-            Ok(EpochEnd::Finished(false))
-        })();
-        // Reports that already arrived give their staging buffers back now.
-        let drained = self.drain(engine, &mut VecDeque::new());
-        self.next_sb += num_sb;
-        match (result, drained) {
-            (Err(e), _) => Err(e),
-            (Ok(_), Err(e)) => Err(e),
-            (Ok(r), Ok(())) => Ok(r),
+        if let Some(m) = self.monitor.as_deref_mut() {
+            m.end_super_batch(&end, &mut self.stats, engine, self.relabeling)?;
         }
+        self.window = Window::open(&self.stats, self.clock);
+        Ok(())
     }
 }

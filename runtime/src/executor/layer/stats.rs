@@ -1,34 +1,18 @@
-//! What the layer-based pipeline did: staleness gaps, waits, CPU work, the
-//! monitor's moves ([`OrchestrationStats`]), summed per epoch and over a run.
+//! What the layer-based pipeline did: the protocol's counts
+//! ([`scheduler::ProtocolStats`]: staleness gaps, waits, cold and CPU work) with
+//! the driver's clock readings and the monitor's moves ([`OrchestrationStats`]),
+//! per epoch and summed over a run.
 
-use scheduler::GapHistogram;
+use scheduler::ProtocolStats;
 
 /// What orchestration did, summed over the epochs it ran.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OrchestrationStats {
-    /// Gap (optimizer steps) of every reused embedding.
-    pub gaps: GapHistogram,
-    /// Reused embeddings (= `gaps.total()`).
-    pub hot_uses: u64,
-    /// Late hot vertices a batch waited for (`on_late = "wait"`).
-    pub waited: u64,
-    /// Batches that waited.
-    pub wait_batches: u64,
+    /// What the protocol counted: every reuse's gap, late, waited, computed-cold,
+    /// urgent, dropped, computed and installed work.
+    pub protocol: ProtocolStats,
     /// Seconds the accelerator thread spent waiting for hot rows.
     pub wait_secs: f64,
-    /// Late hot vertices left to the accelerator (`on_late = "compute"`).
-    pub computed_cold: u64,
-    /// Urgent CPU jobs sent by waiting batches.
-    pub urgent_jobs: u64,
-    /// CPU jobs computed (regular and urgent).
-    pub jobs: u64,
-    /// Regular jobs dropped because every batch of their super-batch had passed.
-    pub dropped_jobs: u64,
-    /// Hot rows computed by the CPU.
-    pub rows_computed: u64,
-    /// Hot rows uploaded to the device (once per computed chunk of a live
-    /// super-batch).
-    pub rows_installed: u64,
     /// Worker-seconds spent computing hot rows.
     pub cpu_busy_secs: f64,
     /// Hot vertices (relabeled ids below this are hot).
@@ -52,17 +36,8 @@ pub struct OrchestrationStats {
 impl OrchestrationStats {
     /// Adds `other`'s counts to these.
     pub fn merge(&mut self, other: &OrchestrationStats) {
-        self.gaps.merge(&other.gaps);
-        self.hot_uses += other.hot_uses;
-        self.waited += other.waited;
-        self.wait_batches += other.wait_batches;
+        self.protocol.merge(&other.protocol);
         self.wait_secs += other.wait_secs;
-        self.computed_cold += other.computed_cold;
-        self.urgent_jobs += other.urgent_jobs;
-        self.jobs += other.jobs;
-        self.dropped_jobs += other.dropped_jobs;
-        self.rows_computed += other.rows_computed;
-        self.rows_installed += other.rows_installed;
         self.cpu_busy_secs += other.cpu_busy_secs;
         self.hot_count = self.hot_count.max(other.hot_count);
         self.monitor |= other.monitor;
@@ -76,28 +51,14 @@ impl OrchestrationStats {
         self.monitor_reversals += other.monitor_reversals;
     }
 
-    /// One line: gap max/mean, uses, waits, computed-cold, CPU jobs, and the
-    /// monitor's moves when it ran.
+    /// One line: the protocol's counts ([`ProtocolStats::summary`]), the time
+    /// waited and the CPU's busy time, and the monitor's moves when it ran.
     pub fn summary(&self) -> String {
-        let max = self
-            .gaps
-            .max()
-            .map_or_else(|| "-".into(), |m| m.to_string());
-        let mean = self
-            .gaps
-            .mean()
-            .map_or_else(|| "-".into(), |m| format!("{m:.2}"));
         let mut line = format!(
-            "hot: {} reused (gap max {max}, mean {mean}), {} rows computed, {} installed, {} waited ({:.3} s), {} computed cold, {} CPU jobs ({} urgent, {} dropped)",
-            self.hot_uses,
-            self.rows_computed,
-            self.rows_installed,
-            self.waited,
+            "{}; {:.3} s waited, {:.3} CPU worker-s",
+            self.protocol.summary(),
             self.wait_secs,
-            self.computed_cold,
-            self.jobs,
-            self.urgent_jobs,
-            self.dropped_jobs
+            self.cpu_busy_secs
         );
         if self.monitor {
             line.push_str(&format!(
@@ -111,5 +72,33 @@ impl OrchestrationStats {
             ));
         }
         line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_adds_the_protocol_counts_and_the_clock_readings() {
+        let mut a = OrchestrationStats {
+            wait_secs: 0.5,
+            hot_count: 10,
+            ..OrchestrationStats::default()
+        };
+        a.protocol.gaps.record(2);
+        a.protocol.hot_uses = 1;
+        let mut b = a.clone();
+        b.cpu_busy_secs = 2.0;
+        b.monitor = true;
+        b.monitor_cached_rows = 7;
+        a.merge(&b);
+        assert_eq!((a.protocol.hot_uses, a.protocol.gaps.total()), (2, 2));
+        assert_eq!((a.wait_secs, a.cpu_busy_secs), (1.0, 2.0));
+        assert_eq!((a.hot_count, a.monitor_cached_rows), (10, 7));
+        let s = a.summary();
+        assert!(s.contains("2 reused (gap max 2"), "{s}");
+        assert!(s.contains("1.000 s waited, 2.000 CPU worker-s"), "{s}");
+        assert!(s.contains("monitor: 0 moves to cache"), "{s}");
     }
 }

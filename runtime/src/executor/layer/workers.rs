@@ -10,10 +10,12 @@
 //! 2. **Jobs** arrive on two crossbeam channels, urgent and regular; a worker
 //!    takes an urgent job whenever one is waiting (biased choice), else blocks on
 //!    both. Closing = dropping the senders; nothing polls.
-//! 3. **Claim.** Every job of a chunk (its regular job and any urgent duplicate)
-//!    shares one claim flag: the first worker to claim it computes, the others
-//!    skip it silently. A regular job whose super-batch has passed every gate
-//!    (`last_batch < passed`) is dropped unstarted and reported as such.
+//! 3. **Claim.** A regular job below the protocol's [`scheduler::Action::Retire`]
+//!    watermark ([`scheduler::Job::droppable`]: every batch reading it has
+//!    trained, or its epoch ended) is dropped unstarted and reported as such.
+//!    Every job of one computation of a chunk (its regular job and an urgent
+//!    duplicate promoting it) shares one claim flag: the first worker to claim
+//!    it computes, the others skip it silently (protocol step 9).
 //! 4. **Compute** with a staging buffer from the free list (blocking until the
 //!    accelerator returns one) and the newest published weights, read once; the
 //!    result (rows, version, busy time on the shared clock) goes back on the done
@@ -31,6 +33,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{select, unbounded, Receiver, Sender};
+use scheduler::ChunkKey;
 
 use crate::engine::HotStaging;
 use crate::error::{Error, Result};
@@ -53,27 +56,16 @@ pub enum InjectedFault {
     SlowCpu(Duration),
 }
 
-/// Names a chunk: global super-batch and chunk index (urgent recomputations of a
-/// chunk get their own index, see the pipeline).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ChunkKey {
-    /// Global super-batch.
-    pub super_batch: u64,
-    /// Chunk within the super-batch's queue.
-    pub chunk: u32,
-}
-
-/// One CPU job.
+/// One CPU job: the protocol's order and what the driver added to carry it out.
 pub(crate) struct Job {
-    pub key: ChunkKey,
-    /// User ids, in queue order.
+    /// The protocol's job (its chunk, relabeled vertices, claim and urgency).
+    pub order: scheduler::Job,
+    /// The vertices' user ids, in queue order.
     pub ids: Arc<[u32]>,
-    /// Global index of the last batch that reads it (a regular job is dropped once
-    /// it passed).
-    pub last_batch: u64,
+    /// The sampling seed of the chunk's one hop.
     pub seed: u64,
-    pub urgent: bool,
-    /// Shared by every job of the chunk; the first to set it computes.
+    /// The flag of `order.claim`, shared by every job of one computation of the
+    /// chunk; the first to set it computes.
     pub claim: Arc<AtomicBool>,
     /// Trace flow from the computation to the first batch reading it.
     pub flow: FlowId,
@@ -87,7 +79,7 @@ pub(crate) enum Outcome {
         rows: usize,
         staging: Box<dyn HotStaging>,
     },
-    /// Not started: its super-batch had passed.
+    /// Not started: below the retire watermark.
     Dropped,
     /// The worker failed (error or panic).
     Failed(Error),
@@ -104,11 +96,9 @@ pub(crate) struct Done {
 /// State the workers share with the orchestrator.
 pub(crate) struct WorkerShared {
     pub published: Published,
-    /// Global index + 1 of the last batch past its gate.
-    pub passed: AtomicU64,
-    /// Global super-batches below this are finished (an epoch ended): their
-    /// regular jobs are dropped.
-    pub min_live: Arc<AtomicU64>,
+    /// The newest [`scheduler::Action::Retire`] watermark: regular jobs of
+    /// global super-batches below it are dropped.
+    pub retired: Arc<AtomicU64>,
     pub fault: Mutex<Option<InjectedFault>>,
     pub clock: SharedClock,
     /// Where the workers' slices go, and each worker's track.
@@ -205,7 +195,7 @@ impl HotWorkers {
 
     /// Queues a job (step 2).
     pub(crate) fn push(&self, job: Job) -> Result<()> {
-        let tx = if job.urgent {
+        let tx = if job.order.urgent.is_some() {
             &self.urgent
         } else {
             &self.regular
@@ -292,10 +282,11 @@ fn worker(ctx: WorkerCtx) {
     let mut scratch = HotScratch::new(ctx.computer.ds.num_vertices());
     let mut jobs_done = 0u64;
     while let Some(job) = next_job(&ctx.urgent, &ctx.regular) {
-        let key = job.key;
-        let finished = key.super_batch < ctx.shared.min_live.load(Ordering::Acquire)
-            || job.last_batch < ctx.shared.passed.load(Ordering::Acquire);
-        if !job.urgent && finished {
+        let key = job.order.key;
+        if job
+            .order
+            .droppable(ctx.shared.retired.load(Ordering::Acquire))
+        {
             let _ = ctx.done.send(Done {
                 key,
                 outcome: Outcome::Dropped,
@@ -375,7 +366,7 @@ fn compute(
     let mut slice = track.map(|track| {
         tracer
             .slice_on(track, "hot compute")
-            .super_batch(job.key.super_batch)
+            .super_batch(job.order.key.super_batch)
     });
     if let Some(s) = slice.as_mut() {
         s.flow_out(job.flow);
