@@ -54,7 +54,8 @@
 use std::path::{Path, PathBuf};
 
 use cpu_ops::{ModelConfig, ModelKind, ALL_NEIGHBORS};
-use gpu_ops::{FeatureDtype, Precision, TopologyPlacement};
+use gpu_ops::{FeatureDtype, HotGrad, Precision, TopologyPlacement};
+use scheduler::{Hotness, OnLate, Orchestration, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -429,118 +430,6 @@ pub enum OnNonFiniteKind {
 }
 config_name!(OnNonFiniteKind { Stop => "stop", SkipBatch => "skip-batch" });
 
-/// `orchestration.policy`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PolicyName {
-    /// Measure the placements in the first batches and keep the fastest.
-    #[default]
-    Auto,
-    /// NeutronOrch's layer-based orchestration.
-    Layer,
-    /// Sampling and gathering on the CPU (DGL).
-    CpuSampleCpuGather,
-    /// Sampling on the accelerator, gathering on the CPU.
-    GpuSampleCpuGather,
-    /// Sampling on the CPU, gathering on the accelerator (PaGraph).
-    CpuSampleGpuGather,
-    /// Sampling and gathering on the accelerator (GNNLab).
-    GpuSampleGpuGather,
-}
-config_name!(PolicyName {
-    Auto => "auto",
-    Layer => "layer",
-    CpuSampleCpuGather => "cpu-sample-cpu-gather",
-    GpuSampleCpuGather => "gpu-sample-cpu-gather",
-    CpuSampleGpuGather => "cpu-sample-gpu-gather",
-    GpuSampleGpuGather => "gpu-sample-gpu-gather",
-});
-
-impl PolicyName {
-    /// The fixed placement, `None` for `"auto"`.
-    pub fn fixed(self) -> Option<scheduler::Orchestration> {
-        use scheduler::Orchestration as O;
-        Some(match self {
-            Self::Auto => return None,
-            Self::Layer => O::Layer,
-            Self::CpuSampleCpuGather => O::CpuSampleCpuGather,
-            Self::GpuSampleCpuGather => O::GpuSampleCpuGather,
-            Self::CpuSampleGpuGather => O::CpuSampleGpuGather,
-            Self::GpuSampleGpuGather => O::GpuSampleGpuGather,
-        })
-    }
-}
-
-impl From<scheduler::Orchestration> for PolicyName {
-    fn from(o: scheduler::Orchestration) -> Self {
-        use scheduler::Orchestration as O;
-        match o {
-            O::Layer => Self::Layer,
-            O::CpuSampleCpuGather => Self::CpuSampleCpuGather,
-            O::GpuSampleCpuGather => Self::GpuSampleCpuGather,
-            O::CpuSampleGpuGather => Self::CpuSampleGpuGather,
-            O::GpuSampleGpuGather => Self::GpuSampleGpuGather,
-        }
-    }
-}
-
-/// `orchestration.hotness`: how vertices are ranked hot.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HotnessKind {
-    /// Count, over `presample_epochs` epochs of the training sampler, the batches
-    /// whose bottom block touches each vertex (GNNLab's method).
-    #[default]
-    Presample,
-    /// The stored degree (no sampling).
-    Degree,
-}
-
-/// `orchestration.on_late`: what a batch does with a hot vertex whose embedding is
-/// older than the bound (or missing).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OnLateKind {
-    /// Block until the CPU has a fresh-enough embedding.
-    #[default]
-    Wait,
-    /// Compute the vertex on the accelerator, as a cold one.
-    Compute,
-}
-
-impl OnLateKind {
-    /// The scheduler's policy of the same name.
-    pub fn to_scheduler(self) -> scheduler::OnLate {
-        match self {
-            Self::Wait => scheduler::OnLate::Wait,
-            Self::Compute => scheduler::OnLate::Compute,
-        }
-    }
-}
-
-/// `orchestration.hot_backward`: what layer 0's backward does with reused rows.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HotBackward {
-    /// Historical embeddings are constants (the paper's default): hot destinations
-    /// give layer 0 no gradient.
-    #[default]
-    Constant,
-    /// Hot destinations' gradient flows into layer 0 through the accelerator's
-    /// aggregate of their sampled neighbors (masked by the historical activation).
-    Aggregate,
-}
-
-impl HotBackward {
-    /// The device model's mode of the same meaning.
-    pub fn to_device(self) -> gpu_ops::HotGrad {
-        match self {
-            Self::Constant => gpu_ops::HotGrad::Constant,
-            Self::Aggregate => gpu_ops::HotGrad::Aggregate,
-        }
-    }
-}
-
 /// Default `orchestration.super_batch` (batches per super-batch).
 pub const DEFAULT_SUPER_BATCH: usize = 4;
 /// Largest accepted `orchestration.super_batch`.
@@ -556,11 +445,11 @@ pub struct OrchestrationSection {
     /// fastest), `"layer"` (NeutronOrch) or a step-based baseline
     /// (`"cpu-sample-cpu-gather"`, `"gpu-sample-cpu-gather"`,
     /// `"cpu-sample-gpu-gather"`, `"gpu-sample-gpu-gather"`).
-    pub policy: PolicyName,
+    pub policy: Policy,
     /// Fraction of vertices that are hot, in [0, 1]; 0 disables embedding reuse.
     pub hot_ratio: f64,
     /// `"presample"` or `"degree"`.
-    pub hotness: HotnessKind,
+    pub hotness: Hotness,
     /// Epochs of pre-sampling for `hotness = "presample"` (≥ 1).
     pub presample_epochs: u32,
     /// Batches per super-batch (≥ 1).
@@ -569,9 +458,9 @@ pub struct OrchestrationSection {
     /// embedding was computed with and the weights it is used at.
     pub staleness_bound: u64,
     /// `"wait"` or `"compute"`.
-    pub on_late: OnLateKind,
+    pub on_late: OnLate,
     /// `"constant"` or `"aggregate"`.
-    pub hot_backward: HotBackward,
+    pub hot_backward: HotGrad,
     /// Whether the hybrid monitor moves hot vertices between CPU compute and the
     /// device feature cache.
     pub monitor: bool,
@@ -582,14 +471,14 @@ pub struct OrchestrationSection {
 impl Default for OrchestrationSection {
     fn default() -> Self {
         Self {
-            policy: PolicyName::Auto,
+            policy: Policy::Auto,
             hot_ratio: 0.0,
-            hotness: HotnessKind::Presample,
+            hotness: Hotness::Presample,
             presample_epochs: scheduler::DEFAULT_PRESAMPLE_EPOCHS,
             super_batch: DEFAULT_SUPER_BATCH,
             staleness_bound: 2 * DEFAULT_SUPER_BATCH as u64 - 1,
-            on_late: OnLateKind::Wait,
-            hot_backward: HotBackward::Constant,
+            on_late: OnLate::Wait,
+            hot_backward: HotGrad::Constant,
             monitor: false,
             cpu_workers: 1,
         }
@@ -599,37 +488,21 @@ impl Default for OrchestrationSection {
 impl OrchestrationSection {
     /// Whether the policy is `"auto"`.
     pub fn is_auto(&self) -> bool {
-        self.policy == PolicyName::Auto
+        self.policy == Policy::Auto
     }
 
-    /// The parsed policy (an error naming `orchestration.policy` and the accepted
-    /// names); `"auto"` gives the placement it starts from,
+    /// The policy's placement; `"auto"` gives the placement it starts from,
     /// `"gpu-sample-gpu-gather"`.
-    pub fn orchestration(&self) -> Result<scheduler::Orchestration> {
-        Ok(self
-            .policy
+    pub fn orchestration(&self) -> Orchestration {
+        self.policy
             .fixed()
-            .unwrap_or(scheduler::Orchestration::GpuSampleGpuGather))
-    }
-
-    /// Where sampling and gathering run under the policy (training is on the
-    /// accelerator): the step-based policies name it; `"layer"` samples and
-    /// gathers on the accelerator (its CPU work is the hot-vertex compute).
-    pub fn step_placement(&self) -> Result<scheduler::StepBased> {
-        use scheduler::{Device::Accelerator as Acc, Device::Cpu, Orchestration as O};
-        let (sample, gather) = match self.orchestration()? {
-            O::Layer | O::GpuSampleGpuGather => (Acc, Acc),
-            O::CpuSampleCpuGather => (Cpu, Cpu),
-            O::GpuSampleCpuGather => (Acc, Cpu),
-            O::CpuSampleGpuGather => (Cpu, Acc),
-        };
-        Ok(scheduler::StepBased::new(sample, gather))
+            .unwrap_or(Orchestration::GpuSampleGpuGather)
     }
 
     /// Whether training reuses CPU-computed hot embeddings (policy `"layer"` with a
     /// positive `hot_ratio`).
     pub fn reuses_embeddings(&self) -> bool {
-        self.hot_ratio > 0.0 && self.policy == PolicyName::Layer
+        self.hot_ratio > 0.0 && self.policy == Policy::Fixed(Orchestration::Layer)
     }
 }
 
@@ -1061,7 +934,6 @@ impl TrainConfig {
     /// Checks `[orchestration]`: ranges, names, and that reuse has what it needs.
     fn validate_orchestration(&self) -> Result<()> {
         let o = &self.orchestration;
-        o.orchestration()?;
         if !(0.0..=1.0).contains(&o.hot_ratio) {
             return Err(range_err("orchestration.hot_ratio", "[0, 1]", o.hot_ratio));
         }
@@ -1089,7 +961,7 @@ impl TrainConfig {
             0,
             TOML_INT_MAX,
         )?;
-        if o.policy != PolicyName::Layer && !o.is_auto() && o.hot_ratio > 0.0 {
+        if o.policy != Policy::Fixed(Orchestration::Layer) && !o.is_auto() && o.hot_ratio > 0.0 {
             return Err(range_err(
                 "orchestration.hot_ratio",
                 &format!(
@@ -1485,7 +1357,7 @@ mod tests {
     #[test]
     fn orchestration_section_parses_and_names_bad_values() {
         let c = parse("").unwrap();
-        assert_eq!(c.orchestration.policy, PolicyName::Auto);
+        assert_eq!(c.orchestration.policy, Policy::Auto);
         assert_eq!(c.orchestration.hot_ratio, 0.0);
         assert!(!c.orchestration.reuses_embeddings());
         let c = parse(
@@ -1495,8 +1367,8 @@ mod tests {
         .unwrap();
         let o = &c.orchestration;
         assert!(o.reuses_embeddings());
-        assert_eq!(o.hotness, HotnessKind::Degree);
-        assert_eq!(o.on_late, OnLateKind::Compute);
+        assert_eq!(o.hotness, Hotness::Degree);
+        assert_eq!(o.on_late, OnLate::Compute);
         assert_eq!((o.super_batch, o.staleness_bound), (2, 3));
         for (text, key) in [
             (

@@ -55,9 +55,34 @@ pub enum HotnessPolicy {
     Degree,
 }
 
+/// How vertices are ranked hot (the config key `hotness`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
+pub enum Hotness {
+    /// Count, over `presample_epochs` epochs of the training sampler, the batches
+    /// whose bottom block touches each vertex (GNNLab's method).
+    #[default]
+    Presample,
+    /// The stored degree (no sampling).
+    Degree,
+}
+
 impl HotnessPolicy {
     /// The names accepted by [`HotnessPolicy::from_name`].
     pub const NAMES: &'static [&'static str] = &["presample", "degree"];
+
+    /// The policy of `hotness`, with `presample_epochs` as `K` for pre-sampling
+    /// (ignored for degree order; at least 1 for pre-sampling).
+    pub fn new(hotness: Hotness, presample_epochs: u32) -> Result<Self> {
+        match hotness {
+            Hotness::Presample => Self::from_name("presample", presample_epochs),
+            Hotness::Degree => Ok(Self::Degree),
+        }
+    }
 
     /// Parses the config key `hotness` (`"presample"` or `"degree"`), with
     /// `presample_epochs` as `K` for pre-sampling (ignored for degree order).

@@ -47,13 +47,14 @@ pub use cost::{
 };
 pub use error::{Result, SchedulerError};
 pub use hotness::{
-    degree_scores, hotness_order, presample_counts, HotnessPolicy, Touch, DEFAULT_PRESAMPLE_EPOCHS,
+    degree_scores, hotness_order, presample_counts, Hotness, HotnessPolicy, Touch,
+    DEFAULT_PRESAMPLE_EPOCHS,
 };
 pub use monitor::{Direction, Monitor, MonitorConfig, MoveEvent, MoveReason, Observation};
 pub use pipeline::{
     HotSplit, PipelineConfig, Publication, SuperBatchPlan, VertexClass, MAX_PIPELINE_DEPTH,
 };
-pub use placement::{Device, Orchestration, StepBased};
+pub use placement::{Device, Orchestration, Policy, StepBased, POLICY_NAMES};
 pub use protocol::{
     Action, ChunkKey, ClaimId, Event, Job, LaunchedBatch, Protocol, ProtocolConfig, ProtocolStats,
     ReportId, TrainBatch, Urgent,

@@ -51,6 +51,11 @@ impl fmt::Display for Device {
 
 /// The value of the config key `orchestration`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum Orchestration {
     /// NeutronOrch's hotness-aware layer-based policy (the default).
     #[default]
@@ -128,6 +133,88 @@ impl FromStr for Orchestration {
 }
 
 impl fmt::Display for Orchestration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a config asks for (the key `orchestration.policy`): `"auto"` (measure
+/// the placements in the first batches and keep the fastest) or one placement.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(try_from = "String", into = "String")
+)]
+pub enum Policy {
+    /// Measure the placements and keep the fastest.
+    #[default]
+    Auto,
+    /// This placement.
+    Fixed(Orchestration),
+}
+
+impl Policy {
+    /// The fixed placement, `None` for `"auto"`.
+    pub fn fixed(self) -> Option<Orchestration> {
+        match self {
+            Self::Auto => None,
+            Self::Fixed(o) => Some(o),
+        }
+    }
+
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Fixed(o) => o.name(),
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = SchedulerError;
+
+    /// `"auto"` or a name of [`Orchestration::NAMES`]; anything else is an
+    /// error that lists them.
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "auto" {
+            return Ok(Self::Auto);
+        }
+        s.parse::<Orchestration>()
+            .map(Self::Fixed)
+            .map_err(|_| SchedulerError::UnknownVariant {
+                name: "policy",
+                allowed: POLICY_NAMES,
+                found: s.to_string(),
+            })
+    }
+}
+
+/// The names [`Policy`] accepts.
+pub const POLICY_NAMES: &[&str] = &[
+    "auto",
+    "layer",
+    "cpu-sample-cpu-gather",
+    "gpu-sample-cpu-gather",
+    "cpu-sample-gpu-gather",
+    "gpu-sample-gpu-gather",
+];
+
+impl TryFrom<String> for Policy {
+    type Error = SchedulerError;
+    fn try_from(s: String) -> Result<Self> {
+        s.parse()
+    }
+}
+
+impl From<Policy> for String {
+    fn from(p: Policy) -> Self {
+        p.name().to_string()
+    }
+}
+
+impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }

@@ -43,6 +43,11 @@ use crate::error::{Result, SchedulerError};
 
 /// What the accelerator does with a late embedding (config key `on_late`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum OnLate {
     /// Block until a fresh-enough embedding exists (the default).
     #[default]

@@ -108,6 +108,11 @@ struct LayerFwd<B: Backend> {
 
 /// How layer 0's backward treats the rows replaced by historical embeddings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum HotGrad {
     /// Constants: no gradient flows into layer 0 through them (the paper).
     #[default]

@@ -170,8 +170,8 @@ pub fn is_step_based(policy: BenchPolicy) -> bool {
 pub fn policy_config(base: &TrainConfig, policy: BenchPolicy) -> TrainConfig {
     let mut c = base.clone();
     c.orchestration.policy = match policy {
-        BenchPolicy::Fixed(o) => o.into(),
-        BenchPolicy::Auto => crate::config::PolicyName::Auto,
+        BenchPolicy::Fixed(o) => scheduler::Policy::Fixed(o),
+        BenchPolicy::Auto => scheduler::Policy::Auto,
     };
     c.orchestration.hot_ratio = if is_step_based(policy) {
         0.0
@@ -197,7 +197,7 @@ pub fn measure_policy(cfg: TrainConfig, dataset: Option<Dataset>) -> Result<Poli
     let policy = if cfg.orchestration.is_auto() {
         BenchPolicy::Auto
     } else {
-        BenchPolicy::Fixed(cfg.orchestration.orchestration()?)
+        BenchPolicy::Fixed(cfg.orchestration.orchestration())
     };
     let mut builder = TrainerBuilder::new(cfg);
     if let Some(ds) = dataset {

@@ -34,7 +34,9 @@ use super::step_placement;
 use crate::engine::{DeviceEngine, ModelState};
 use crate::error::{Error, Result};
 use crate::executor::layer::clock::SharedClock;
-use crate::executor::layer::{LayerExecutor, LayerSetup, OrchestrationStats, Orchestrator};
+use crate::executor::layer::{
+    LayerExecutor, LayerOptions, LayerSetup, OrchestrationStats, Orchestrator,
+};
 use crate::executor::step::StepExecutor;
 use crate::executor::DistSetup;
 use crate::executor::{EpochEnd, EpochRun, Executor, OnBatch};
@@ -53,8 +55,8 @@ enum Current<B: Backend> {
 
 /// What the layer-based candidate is built from.
 pub(crate) struct LayerPlan {
-    /// `[orchestration]` with the candidate's `hot_ratio`.
-    pub cfg: crate::config::OrchestrationSection,
+    /// The pipeline's options with the candidate's `hot_ratio`.
+    pub opts: LayerOptions,
     /// The dataset.
     pub ds: Arc<crate::dataset::Dataset>,
     /// The trained model's configuration.
@@ -103,7 +105,7 @@ impl<B: Backend> AutoExecutor<B> {
         clock: SharedClock,
     ) -> Self {
         let layer = plan.fanouts.len() >= 2;
-        let calibrator = Calibrator::new(layer, plan.cfg.super_batch);
+        let calibrator = Calibrator::new(layer, plan.opts.super_batch);
         Self {
             current: Current::Step(Box::new(StepExecutor::new(
                 engine,
@@ -166,7 +168,7 @@ impl<B: Backend> AutoExecutor<B> {
                 None => {
                     let p = &self.plan;
                     let mut o = Orchestrator::new(&LayerSetup {
-                        cfg: &p.cfg,
+                        opts: &p.opts,
                         ds: &p.ds,
                         model: &p.model,
                         fanouts: &p.fanouts,

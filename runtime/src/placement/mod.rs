@@ -36,7 +36,7 @@ use crate::dataset::Dataset;
 use crate::engine::{density, DeviceEngine, EngineOptions, ModelState};
 use crate::error::{Error, Result};
 use crate::executor::layer::clock::wall_clock;
-use crate::executor::layer::{LayerExecutor, LayerSetup, Orchestrator};
+use crate::executor::layer::{LayerExecutor, LayerOptions, LayerSetup, Orchestrator};
 use crate::executor::step::StepExecutor;
 use crate::executor::Executor;
 
@@ -48,6 +48,25 @@ pub use auto::AUTO_HOT_RATIO;
 pub(crate) fn step_placement(o: Orchestration) -> StepBased {
     o.step_based()
         .unwrap_or(StepBased::new(Device::Accelerator, Device::Accelerator))
+}
+
+/// The layer pipeline's options from `[orchestration]`.
+fn layer_options(o: &crate::config::OrchestrationSection) -> Result<LayerOptions> {
+    Ok(LayerOptions {
+        hotness: scheduler::HotnessPolicy::new(o.hotness, o.presample_epochs).map_err(
+            |source| Error::Scheduler {
+                context: "orchestration.hotness".into(),
+                source,
+            },
+        )?,
+        hot_ratio: o.hot_ratio,
+        super_batch: o.super_batch,
+        staleness_bound: o.staleness_bound,
+        on_late: o.on_late,
+        hot_grad: o.hot_backward,
+        monitor: o.monitor,
+        cpu_workers: o.cpu_workers,
+    })
 }
 
 /// What the session needs to build its executor.
@@ -175,12 +194,12 @@ fn strategy<B: Backend>(
     let ahead = cfg.device.sample_ahead;
     Ok(match o.policy.fixed() {
         None => {
-            let mut layer = o.clone();
+            let mut layer = layer_options(o)?;
             if layer.hot_ratio <= 0.0 {
                 layer.hot_ratio = AUTO_HOT_RATIO;
             }
             let plan = auto::LayerPlan {
-                cfg: layer,
+                opts: layer,
                 ds: Arc::clone(input.ds),
                 model: input.model.clone(),
                 fanouts: cfg.train_fanouts()?,
@@ -193,7 +212,7 @@ fn strategy<B: Backend>(
         }
         Some(_) if o.reuses_embeddings() => {
             let mut orch = Orchestrator::new(&LayerSetup {
-                cfg: o,
+                opts: &layer_options(o)?,
                 ds: input.ds,
                 model: input.model,
                 fanouts: &cfg.train_fanouts()?,

@@ -362,7 +362,7 @@ mod auto {
     #[test]
     fn auto_is_the_default_and_measures_every_candidate_then_trains_with_its_choice() {
         let c = cfg(&[]);
-        assert_eq!(c.orchestration.policy, crate::config::PolicyName::Auto);
+        assert_eq!(c.orchestration.policy, scheduler::Policy::Auto);
         let mut t = auto_trainer(c);
         let tracer = Tracer::new();
         t.set_tracer(tracer.clone());

@@ -27,7 +27,7 @@ use crate::engine::{DeviceEngine, ModelState};
 use crate::error::{Error, Result};
 use crate::trace::{Tracer, TrackId};
 
-pub(crate) use pipeline::{LayerSetup, Orchestrator};
+pub(crate) use pipeline::{LayerOptions, LayerSetup, Orchestrator};
 pub use stats::OrchestrationStats;
 #[cfg(test)]
 pub(crate) use workers::InjectedFault;

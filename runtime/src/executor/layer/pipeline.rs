@@ -72,7 +72,6 @@ use scheduler::{
     Protocol, ProtocolConfig, Relabeling, ReportId, TrainBatch,
 };
 
-use crate::config::{HotnessKind, OrchestrationSection};
 use crate::dataset::Dataset;
 use crate::engine::{record_copies, HotStaging, HotUse, LayerDevice};
 use crate::error::{Error, Result, StopCause};
@@ -97,11 +96,33 @@ fn sched(context: &'static str) -> impl Fn(scheduler::SchedulerError) -> Error {
     }
 }
 
-/// What [`Orchestrator::new`] needs: the `[orchestration]` section, and the
-/// dataset, model and training batches whose hot set it scores.
+/// How the layer pipeline runs (`[orchestration]`, as the placement module
+/// resolves it).
+#[derive(Clone, Debug)]
+pub(crate) struct LayerOptions {
+    /// How vertices are ranked hot.
+    pub hotness: HotnessPolicy,
+    /// Fraction of vertices that are hot.
+    pub hot_ratio: f64,
+    /// Batches per super-batch.
+    pub super_batch: usize,
+    /// Largest allowed gap, in optimizer steps, of a reused row.
+    pub staleness_bound: u64,
+    /// What a batch does with a late row.
+    pub on_late: scheduler::OnLate,
+    /// What layer 0's backward does with reused rows.
+    pub hot_grad: gpu_ops::HotGrad,
+    /// Whether the hybrid monitor runs.
+    pub monitor: bool,
+    /// CPU workers computing hot rows.
+    pub cpu_workers: usize,
+}
+
+/// What [`Orchestrator::new`] needs: the pipeline's options, and the dataset,
+/// model and training batches whose hot set it scores.
 pub(crate) struct LayerSetup<'a> {
-    /// `[orchestration]` (its `hot_ratio` sizes the hot set).
-    pub cfg: &'a OrchestrationSection,
+    /// The pipeline's options (`hot_ratio` sizes the hot set).
+    pub opts: &'a LayerOptions,
     /// The dataset, in user ids.
     pub ds: &'a Arc<Dataset>,
     /// The trained model's configuration (layer 0's shape for the CPU).
@@ -160,7 +181,7 @@ impl Orchestrator {
     /// fanouts and batch size, relabels, builds the protocol.
     pub fn new(setup: &LayerSetup<'_>) -> Result<Self> {
         let LayerSetup {
-            cfg,
+            opts: cfg,
             ds,
             model,
             fanouts,
@@ -170,12 +191,7 @@ impl Orchestrator {
         } = setup;
         let (ds, batch_size, seed) = (Arc::clone(ds), *batch_size, *seed);
         let cpu_workers = cfg.cpu_workers;
-        let name = match cfg.hotness {
-            HotnessKind::Presample => "presample",
-            HotnessKind::Degree => "degree",
-        };
-        let policy = HotnessPolicy::from_name(name, cfg.presample_epochs)
-            .map_err(sched("orchestration.hotness"))?;
+        let policy = cfg.hotness;
         let sampler = NeighborSampler::new(fanouts.to_vec())
             .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
         let scores = policy
@@ -193,13 +209,13 @@ impl Orchestrator {
         let protocol = Protocol::new(ProtocolConfig::new(
             pipeline,
             cfg.staleness_bound,
-            cfg.on_late.to_scheduler(),
+            cfg.on_late,
         ));
         Ok(Self {
             split: HotSplit::all_cpu(hot),
             protocol,
             held: Held::default(),
-            hot_grad: cfg.hot_backward.to_device(),
+            hot_grad: cfg.hot_grad,
             pipeline,
             workers_wanted: cpu_workers.max(1),
             bottom_fanout,
