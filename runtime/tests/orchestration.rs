@@ -30,6 +30,18 @@ fn cfg(extra: &[&str]) -> TrainConfig {
     TrainConfig::from_toml_with_overrides("", Path::new("test"), &sets).expect("config")
 }
 
+/// What a CPU worker gets done while the accelerator thread trains is timing:
+/// with `on_late = "compute"` nothing waits for it, and on two cores a test
+/// training beside another (the WordNet one above all) starves the worker until
+/// nothing is reused (`observed_gap_never_exceeds_the_bound` failed so, before
+/// and after the pipeline drove `scheduler::Protocol`). The tests run one at a
+/// time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn trainer(c: TrainConfig) -> Trainer {
     let ds = load_dataset(&c).expect("dataset");
     Trainer::new(ds, c).expect("trainer")
@@ -47,6 +59,7 @@ fn stats(t: &Trainer) -> runtime::OrchestrationStats {
 
 #[test]
 fn observed_gap_never_exceeds_the_bound() {
+    let _serial = serial();
     for on_late in ["wait", "compute"] {
         for bound in [0u64, 1, 3, 7] {
             let b = format!("orchestration.staleness_bound={bound}");
@@ -95,6 +108,7 @@ fn best_test(s: &[EpochStats]) -> f64 {
 
 #[test]
 fn bound_zero_computing_cold_matches_no_reuse() {
+    let _serial = serial();
     let plain = best_test(&run(cfg(&["train.epochs=3"])).0);
     let (s, t) = run(cfg(&[
         "train.epochs=3",
@@ -112,6 +126,7 @@ fn bound_zero_computing_cold_matches_no_reuse() {
 
 #[test]
 fn reuse_within_two_super_batches_keeps_accuracy() {
+    let _serial = serial();
     let plain = best_test(&run(cfg(&["train.epochs=4"])).0);
     for on_late in ["wait", "compute"] {
         let l = format!("orchestration.on_late=\"{on_late}\"");
@@ -135,6 +150,7 @@ fn reuse_within_two_super_batches_keeps_accuracy() {
 
 #[test]
 fn trace_shows_hot_compute_train_gaps_and_flows() {
+    let _serial = serial();
     let tracer = runtime::trace::Tracer::new();
     let mut t = trainer(cfg(&[
         "train.epochs=1",
@@ -174,6 +190,7 @@ fn trace_shows_hot_compute_train_gaps_and_flows() {
 /// lower; docs/orchestration.md §9.) About 20 s on two cores.
 #[test]
 fn wordnet_reuse_keeps_accuracy() {
+    let _serial = serial();
     let dir = Path::new("/usr/share/wordnet");
     if !dir.join("data.noun").exists() {
         assert!(
@@ -230,6 +247,7 @@ fn wordnet_reuse_keeps_accuracy() {
 /// rows land at the right positions for the right vertices.
 #[test]
 fn fresh_hot_rows_give_the_first_batch_the_no_reuse_loss() {
+    let _serial = serial();
     use std::sync::{Arc, Mutex};
     let first_loss = |extra: &[&str]| {
         let mut sets = vec![
@@ -276,6 +294,7 @@ fn fresh_hot_rows_give_the_first_batch_the_no_reuse_loss() {
 /// layer-0 weights come down once per super-batch.
 #[test]
 fn the_layer_path_copies_a_fixed_few_things_per_batch() {
+    let _serial = serial();
     let mut t = trainer(cfg(&[
         "orchestration.hot_ratio=0.2",
         "orchestration.super_batch=4",
@@ -317,6 +336,7 @@ fn the_layer_path_copies_a_fixed_few_things_per_batch() {
 /// no hot row depends on where the resumed epoch's super-batches start.
 #[test]
 fn a_stop_inside_a_super_batch_then_training_on_matches_an_uninterrupted_run() {
+    let _serial = serial();
     use runtime::{on_batch, BatchMetrics, CancelToken, Control, Error, StopCause};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
