@@ -278,19 +278,7 @@ impl Default for DeviceSection {
     }
 }
 
-/// `dist.reduce`: how gradients are summed across ranks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DistReduce {
-    /// NCCL when every rank trains on a GPU and loads NCCL, else MPI.
-    #[default]
-    Auto,
-    /// MPI `Allreduce` (host memory).
-    Mpi,
-    /// NCCL between GPUs: the gradients are summed on the device (every rank
-    /// needs `device.kind = "cuda"` and `libnccl.so`, else a one-line error).
-    Nccl,
-}
+pub use crate::executor::step::data_parallel::DistReduce;
 
 /// `dist.features`: where each rank keeps the feature rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -400,7 +388,6 @@ pub enum EvalMode {
     Sampled,
 }
 config_name!(EvalMode { Full => "full", Sampled => "sampled" });
-config_name!(DistReduce { Auto => "auto", Mpi => "mpi", Nccl => "nccl" });
 config_name!(DistFeatures { Replicated => "replicated", Partitioned => "partitioned" });
 config_name!(DistFullEval { Auto => "auto", Sharded => "sharded", Replicated => "replicated" });
 

@@ -26,12 +26,35 @@ use std::time::Instant;
 use gpu_ops::Backend;
 
 use super::StepExecutor;
-use crate::config::DistReduce;
 use crate::dist::{share, Communicator, DistStats, ExchangeRows};
 use crate::engine::{BatchGradients, BatchRef, ModelState, ReduceOn};
 use crate::error::{Error, Result, StopCause};
 use crate::executor::{BatchDone, DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
 use crate::trace::{Tracer, TrackId, CACHE_HIT_RATE};
+
+/// `dist.reduce`: how gradients are summed across ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DistReduce {
+    /// NCCL when every rank trains on a GPU and loads NCCL, else MPI.
+    #[default]
+    Auto,
+    /// MPI `Allreduce` (host memory).
+    Mpi,
+    /// NCCL between GPUs: the gradients are summed on the device (every rank
+    /// needs `device.kind = "cuda"` and `libnccl.so`, else a one-line error).
+    Nccl,
+}
+
+impl std::fmt::Display for DistReduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Mpi => "mpi",
+            Self::Nccl => "nccl",
+        })
+    }
+}
 
 /// Scalars at the end of a step's all-reduce bucket (module doc, step 3).
 const BUCKET_SCALARS: usize = 5;
