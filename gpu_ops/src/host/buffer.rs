@@ -49,15 +49,23 @@ impl<T: Elem> HostBuf<T> {
         }
     }
 
-    /// `len` zeros in storage from `pool` (returned to it on drop).
-    pub(crate) fn zeroed_in(pool: &Arc<HostPool>, len: usize) -> Result<Self> {
+    /// Storage for `len` values from `pool` (returned to it on drop): a free
+    /// block with whatever values it held, or a new, empty vector.
+    fn storage_in(pool: &Arc<HostPool>, len: usize) -> Result<Vec<T>> {
         let mut data: Vec<T> = pool.take(len);
-        data.try_reserve_exact(len.saturating_sub(data.capacity()))
+        data.try_reserve_exact(len.saturating_sub(data.len()))
             .map_err(|_| GpuOpsError::OutOfMemory {
                 what: format!("host buffer of {len} {}", std::any::type_name::<T>()),
                 requested: len.saturating_mul(std::mem::size_of::<T>()),
                 available: 0,
             })?;
+        Ok(data)
+    }
+
+    /// `len` zeros in storage from `pool` (returned to it on drop).
+    pub(crate) fn zeroed_in(pool: &Arc<HostPool>, len: usize) -> Result<Self> {
+        let mut data = Self::storage_in(pool, len)?;
+        data.clear();
         data.resize(len, T::zeroed());
         Ok(Self {
             data,
@@ -65,11 +73,25 @@ impl<T: Elem> HostBuf<T> {
         })
     }
 
-    /// [`HostBuf::poisoned`] in storage from `pool`.
-    pub(crate) fn poisoned_in(pool: &Arc<HostPool>, len: usize) -> Result<Self> {
-        let mut b = Self::zeroed_in(pool, len)?;
-        bytemuck::cast_slice_mut::<T, u8>(&mut b.data).fill(0xFF);
-        Ok(b)
+    /// `len` values the caller overwrites, in storage from `pool`: a reused
+    /// block keeps its old values (no write: what `alloc_uninit` is for);
+    /// only values the block never held are zeroed. With debug assertions
+    /// (tests) every value is `0xFF` bytes instead, as [`HostBuf::poisoned`],
+    /// so that an op reading what it should have written first shows.
+    pub(crate) fn uninit_in(pool: &Arc<HostPool>, len: usize) -> Result<Self> {
+        let mut data = Self::storage_in(pool, len)?;
+        if data.len() >= len {
+            data.truncate(len);
+        } else {
+            data.resize(len, T::zeroed());
+        }
+        if cfg!(debug_assertions) {
+            bytemuck::cast_slice_mut::<T, u8>(&mut data).fill(0xFF);
+        }
+        Ok(Self {
+            data,
+            pool: Some(Arc::clone(pool)),
+        })
     }
 
     /// A buffer of `len` zeros, or [`GpuOpsError::OutOfMemory`] when the allocation

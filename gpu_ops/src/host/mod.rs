@@ -170,10 +170,12 @@ impl DeviceMemory for HostBackend {
         HostBuf::zeroed_in(&self.pool, len)
     }
 
-    /// Poisoned with `0xFF` bytes (NaN for `f32`): a read before the write the
-    /// contract requires gives NaN (or an out-of-range integer) in tests.
+    /// Unspecified contents (a reused block's old values). With debug
+    /// assertions, poisoned with `0xFF` bytes (NaN for `f32`): a read before
+    /// the write the contract requires gives NaN (or an out-of-range integer)
+    /// in tests.
     fn alloc_uninit<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
-        HostBuf::poisoned_in(&self.pool, len)
+        HostBuf::uninit_in(&self.pool, len)
     }
 
     fn len<T: Elem>(&self, buf: &HostBuf<T>) -> usize {

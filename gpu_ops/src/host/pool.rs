@@ -32,7 +32,9 @@ pub const MIN_POOLED_BYTES: usize = 64 << 10;
 /// Bytes the pool holds at most (free blocks beyond it are freed).
 pub const POOL_LIMIT_BYTES: usize = 2 << 30;
 
-/// Free blocks by element type and class (module doc).
+/// Free blocks by element type and class (module doc). A free block keeps the
+/// values it held, so an allocation whose contents the caller overwrites
+/// (`alloc_uninit`) takes it without writing it first.
 #[derive(Default)]
 pub(crate) struct HostPool {
     inner: Mutex<Free>,
@@ -40,7 +42,7 @@ pub(crate) struct HostPool {
 
 #[derive(Default)]
 struct Free {
-    /// Free vectors (empty, capacity = the class), as `Vec<T>` behind `Any`.
+    /// Free vectors (capacity = the class), as `Vec<T>` behind `Any`.
     blocks: HashMap<(TypeId, usize), Vec<Box<dyn Any + Send>>>,
     /// Bytes of every free block.
     bytes: usize,
@@ -76,8 +78,8 @@ fn is_class(cap: usize, size: usize) -> bool {
 }
 
 impl HostPool {
-    /// Step 2: an empty vector with room for `len` elements: a free block of
-    /// its class, or a new one.
+    /// Step 2: a vector with room for `len` elements: a free block of its class
+    /// (with the values it held when freed), or a new, empty one.
     pub fn take<T: Send + 'static>(&self, len: usize) -> Vec<T> {
         let size = std::mem::size_of::<T>().max(1);
         let Some(class) = class_of(len, size) else {
@@ -100,8 +102,9 @@ impl HostPool {
         Vec::with_capacity(class)
     }
 
-    /// Step 3: keeps `v`'s storage for a later request of its class.
-    pub fn give<T: Send + 'static>(&self, mut v: Vec<T>) {
+    /// Step 3: keeps `v` (its storage and its values) for a later request of
+    /// its class.
+    pub fn give<T: Send + 'static>(&self, v: Vec<T>) {
         let size = std::mem::size_of::<T>().max(1);
         let cap = v.capacity();
         if !is_class(cap, size) {
@@ -112,7 +115,6 @@ impl HostPool {
         if g.bytes + bytes > POOL_LIMIT_BYTES {
             return;
         }
-        v.clear();
         g.bytes += bytes;
         g.blocks
             .entry((TypeId::of::<T>(), cap))
@@ -163,9 +165,9 @@ mod tests {
         // Another type of the same size does not take it.
         let u: Vec<u32> = pool.take(20_000);
         assert_ne!(u.as_ptr() as *const f32, ptr);
-        // The same type and class does, empty.
+        // The same type and class does, with the values it held.
         let w: Vec<f32> = pool.take(19_000);
-        assert_eq!((w.as_ptr(), w.len(), w.capacity()), (ptr, 0, cap));
+        assert_eq!((w.as_ptr(), w.len(), w.capacity()), (ptr, 20_000, cap));
         assert_eq!(pool.stats().0, 1);
         // A vector that is not a class boundary is freed, not kept.
         pool.give(Vec::<f32>::with_capacity(20_001));
