@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::thread;
 
 use runtime::config::{ModelSection, ThreadsSection, TrainConfig, TrainSection};
-use runtime::dataset::{Amount, SplitSpec};
+use runtime::data::{Amount, SplitSpec};
 use runtime::ndarray::{Array1, Array2};
 use runtime::{DatasetBuilder, Result, TrainerBuilder};
 

@@ -2,10 +2,10 @@
 //! read) → export/import round trip → sample blocks → gather features.
 
 use cpu_ops::{gather_rows, NeighborSampler, SamplerScratch};
-use runtime::dataset::{open_dataset, write_dataset, Dataset, Verify};
-use runtime::export::export_npy;
-use runtime::generate::{generate_rmat, generate_sbm, RmatOptions, SbmOptions};
-use runtime::import::import_npy_dir;
+use runtime::data::export_npy;
+use runtime::data::import_npy_dir;
+use runtime::data::{generate_rmat, generate_sbm, RmatOptions, SbmOptions};
+use runtime::data::{open_dataset, write_dataset, Dataset, Verify};
 
 fn sbm() -> Dataset {
     generate_sbm(&SbmOptions {
@@ -137,7 +137,7 @@ fn wordnet_import_when_installed() {
         eprintln!("skip: /usr/share/wordnet/data.noun missing (apt-get install wordnet-base)");
         return;
     }
-    let ds = runtime::import::import_wordnet(&runtime::import::WordNetOptions::default())
+    let ds = runtime::data::import_wordnet(&runtime::data::WordNetOptions::default())
         .expect("import wordnet");
     assert_eq!(ds.num_vertices(), 117_659);
     assert_eq!(ds.graph.num_edges(), 2 * 183_789);

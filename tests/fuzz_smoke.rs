@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use cpu_ops::Rng;
-use runtime::dataset::{parse_dataset_bytes, write_dataset, Dataset, Verify};
-use runtime::generate::{generate_sbm, SbmOptions};
+use runtime::data::{generate_sbm, SbmOptions};
+use runtime::data::{parse_dataset_bytes, write_dataset, Dataset, Verify};
 
 fn small_dataset() -> Dataset {
     generate_sbm(&SbmOptions {
@@ -133,7 +133,7 @@ const METIS: &[u8] = b"% the METIS manual's example, with edge weights
 fn metis_parser_never_panics_on_mutations() {
     let mut ok = 0;
     mutate_through_file(METIS, 3000, 7, |p| {
-        if let Ok(g) = runtime::import::read_metis(p) {
+        if let Ok(g) = runtime::data::read_metis(p) {
             g.validate().expect("valid CSR");
             ok += 1;
         }
@@ -148,13 +148,13 @@ fn edge_list_parser_never_panics_on_mutations() {
         .into_iter()
         .enumerate()
     {
-        let opts = runtime::import::GraphImportOptions {
+        let opts = runtime::data::GraphImportOptions {
             directed,
             relabel,
             ..Default::default()
         };
         mutate_through_file(input, 800, i as u64, |p| {
-            if let Ok(g) = runtime::import::read_edge_list(p, &opts) {
+            if let Ok(g) = runtime::data::read_edge_list(p, &opts) {
                 g.graph.validate().expect("valid CSR");
             }
         });
@@ -167,30 +167,31 @@ fn npy_readers_never_panic_on_mutations() {
     let seeds = [
         ("f.npy", {
             let p = dir.path().join("f.npy");
-            runtime::npy::write_f32_matrix(&p, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2).expect("w");
+            runtime::data::npy::write_f32_matrix(&p, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2)
+                .expect("w");
             std::fs::read(&p).expect("r")
         }),
         ("i.npy", {
             let p = dir.path().join("i.npy");
-            runtime::npy::write_i64(&p, &[2, 3], [0i64, 1, 2, 1, 2, 0]).expect("w");
+            runtime::data::npy::write_i64(&p, &[2, 3], [0i64, 1, 2, 1, 2, 0]).expect("w");
             std::fs::read(&p).expect("r")
         }),
         ("b.npy", {
             let p = dir.path().join("b.npy");
-            runtime::npy::write_bool(&p, &[1, 0, 1, 1]).expect("w");
+            runtime::data::npy::write_bool(&p, &[1, 0, 1, 1]).expect("w");
             std::fs::read(&p).expect("r")
         }),
     ];
     for (i, (_, bytes)) in seeds.iter().enumerate() {
         mutate_through_file(bytes, 1000, 100 + i as u64, |p| {
-            if let Ok(m) = runtime::npy::read_f32_matrix(p) {
+            if let Ok(m) = runtime::data::npy::read_f32_matrix(p) {
                 assert_eq!(m.as_slice().len(), m.num_rows() * m.dim());
             }
-            let _ = runtime::npy::read_labels(p);
-            if let Ok(mask) = runtime::npy::read_mask(p) {
+            let _ = runtime::data::npy::read_labels(p);
+            if let Ok(mask) = runtime::data::npy::read_mask(p) {
                 assert!(mask.iter().all(|&b| b <= 1));
             }
-            if let Ok((v, r, c)) = runtime::npy::read_index_matrix(p) {
+            if let Ok((v, r, c)) = runtime::data::npy::read_index_matrix(p) {
                 assert_eq!(v.len(), r * c);
             }
         });

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use runtime::dataset::{parse_dataset_bytes, Verify};
+use runtime::data::{parse_dataset_bytes, Verify};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(ds) = parse_dataset_bytes(Path::new("fuzz.tds"), data, Verify::Full) {

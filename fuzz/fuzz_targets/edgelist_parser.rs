@@ -5,7 +5,7 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use runtime::import::{read_edge_list, GraphImportOptions};
+use runtime::data::{read_edge_list, GraphImportOptions};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, body)) = data.split_first() else {

@@ -7,7 +7,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let p = common::scratch_file("metis.graph", data);
-    if let Ok(g) = runtime::import::read_metis(&p) {
+    if let Ok(g) = runtime::data::read_metis(&p) {
         g.validate().expect("parsed graph validates");
     }
 });

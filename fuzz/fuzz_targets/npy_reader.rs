@@ -5,7 +5,7 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use runtime::npy;
+use runtime::data::npy;
 
 fuzz_target!(|data: &[u8]| {
     let p = common::scratch_file("x.npy", data);

@@ -34,7 +34,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::atomic::write_file_atomically;
 use crate::config::TrainConfig;
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 
 /// The first 8 bytes of every checkpoint.

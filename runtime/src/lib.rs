@@ -1,11 +1,18 @@
-//! Tandem's runtime: the dataset store and importers, generators, the trainer and
-//! its library API, configuration, and the `tandem` CLI.
+//! Tandem's runtime: the library a training service embeds, and the `tandem`
+//! CLI (feature `cli`).
+//!
+//! The public API is the names re-exported here and six modules: [`config`] (the
+//! configuration schema), [`data`] (datasets: store, importers, generators,
+//! export), [`dist`] (data-parallel jobs), [`onnx`] (export and serving),
+//! [`trace`] (Chrome traces, summaries, utilization), and `cli`. Everything else
+//! — the session, the placement module, the executors, the device engine — is
+//! internal; `docs/architecture.md` maps it.
 //!
 //! Dependency direction: `cpu_ops` ← `gpu_ops` ← `scheduler` ← `runtime`.
 //!
 //! # Training from a program
 //! [`TrainerBuilder`] (from a [`config::TrainConfig`], a TOML string or a file;
-//! optionally an in-memory [`dataset::Dataset`] — from arrays with
+//! optionally an in-memory [`Dataset`] — from arrays with
 //! [`DatasetBuilder`] —, callbacks, a [`CancelToken`], `verbose`) → [`Trainer`]:
 //! - [`Trainer::fit`] trains up to `train.epochs`; [`Trainer::train_epoch`] trains
 //!   one epoch; [`Trainer::evaluate`] / [`Trainer::evaluate_val_test`] measure
@@ -78,35 +85,31 @@
 
 pub(crate) mod atomic;
 #[cfg(feature = "cli")]
-pub mod bench;
+pub(crate) mod bench;
 pub(crate) mod cancel;
-pub mod checkpoint;
+pub(crate) mod checkpoint;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
-pub mod dataset;
+pub mod data;
 pub mod dist;
-pub mod embedding;
+pub(crate) mod embedding;
 pub(crate) mod engine;
 mod error;
 pub(crate) mod executor;
-pub mod export;
-pub mod generate;
-pub mod import;
-pub mod npy;
 pub mod onnx;
 pub(crate) mod placement;
 pub(crate) mod pool;
 #[cfg(feature = "cli")]
 pub(crate) mod run_dir;
-pub mod session;
+pub(crate) mod session;
 pub mod trace;
 
-pub use checkpoint::Checkpoint;
+pub use checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
+pub use data::{Dataset, DatasetBuilder};
 pub use embedding::Embeddings;
 pub use error::{Error, Result, StopCause};
 pub use executor::OrchestrationStats;
-pub use import::DatasetBuilder;
 /// The `ndarray` version the array-taking and array-returning API uses.
 pub use ndarray;
 pub use session::builder::TrainerBuilder;

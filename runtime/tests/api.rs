@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use cpu_ops::AdamConfig;
 use gpu_ops::prelude::*;
 use gpu_ops::{DeviceModel, HostBackend};
-use runtime::checkpoint::Checkpoint;
 use runtime::config::TrainConfig;
 use runtime::load_dataset;
 use runtime::ndarray::{s, Array2};
+use runtime::Checkpoint;
 use runtime::{
     on_batch, on_epoch, BatchMetrics, CancelToken, Control, EpochStats, Error, StopCause, Trainer,
     TrainerBuilder,

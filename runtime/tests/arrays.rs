@@ -3,13 +3,14 @@
 //! is an error naming the field.
 
 use cpu_ops::Rng;
-use runtime::dataset::{Dataset, SplitSpec};
-use runtime::generate::{generate_sbm, SbmOptions};
-use runtime::import::{
+use runtime::data::npy;
+use runtime::data::{generate_sbm, SbmOptions};
+use runtime::data::{
     import_edge_list, import_npy_dir, FeatureSource, GraphImportOptions, LabelSource,
 };
+use runtime::data::{Dataset, SplitSpec};
 use runtime::ndarray::{array, Array1, Array2, ShapeBuilder};
-use runtime::{npy, DatasetBuilder, Error};
+use runtime::{DatasetBuilder, Error};
 
 /// A generated dataset: 300 vertices, 4 classes, 6 features.
 fn generated() -> Dataset {

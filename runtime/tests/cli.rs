@@ -67,8 +67,8 @@ fn generate_info_export_import_round_trip() {
     let back = d.path().join("back.tds");
     ok(&["import", "npy", s(&npy), "-o", s(&back)]);
     // Same content; the name differs only if the exporter did not record it.
-    let a = runtime::dataset::open_dataset(&ds, runtime::dataset::Verify::Full).expect("a");
-    let b = runtime::dataset::open_dataset(&back, runtime::dataset::Verify::Full).expect("b");
+    let a = runtime::data::open_dataset(&ds, runtime::data::Verify::Full).expect("a");
+    let b = runtime::data::open_dataset(&back, runtime::data::Verify::Full).expect("b");
     assert_eq!(
         (a.graph, a.features, a.labels),
         (b.graph, b.features, b.labels)

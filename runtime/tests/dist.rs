@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cpu_ops::FeatureMatrix;
 use runtime::config::TrainConfig;
-use runtime::dataset::Dataset;
+use runtime::data::Dataset;
 use runtime::dist::{share, Communicator, ThreadGroup};
 use runtime::load_dataset;
 use runtime::{on_batch, CancelToken, Control, EpochStats, Error, Trainer, TrainerBuilder};

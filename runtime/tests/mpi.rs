@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use runtime::checkpoint::Checkpoint;
+use runtime::Checkpoint;
 
 /// `mpirun`, or `None` (with the reason printed) when absent and not required.
 fn mpirun() -> Option<PathBuf> {

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cpu_ops::FeatureMatrix;
-use runtime::checkpoint::Checkpoint;
 use runtime::config::TrainConfig;
-use runtime::dataset::{open_dataset, write_dataset, Dataset, Verify};
+use runtime::data::{open_dataset, write_dataset, Dataset, Verify};
+use runtime::Checkpoint;
 use runtime::{load_dataset, Trainer};
 use runtime::{Error, TrainerBuilder};
 
@@ -64,8 +64,8 @@ fn a_nan_in_a_features_npy_file_is_an_error_naming_the_file_row_and_column() {
     let path = dir.path().join("x.npy");
     let mut x = vec![0.5f32; 6 * 4];
     x[2 * 4 + 1] = f32::INFINITY;
-    runtime::npy::write_f32_matrix(&path, &x, 6, 4).expect("write");
-    let e = runtime::npy::read_f32_matrix(&path).expect_err("refused");
+    runtime::data::npy::write_f32_matrix(&path, &x, 6, 4).expect("write");
+    let e = runtime::data::npy::read_f32_matrix(&path).expect_err("refused");
     let msg = e.to_string();
     assert!(msg.contains("x.npy"), "{msg}");
     assert!(msg.contains("row 2, column 1"), "{msg}");

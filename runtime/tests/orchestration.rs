@@ -200,7 +200,7 @@ fn wordnet_reuse_keeps_accuracy() {
         eprintln!("skip: /usr/share/wordnet/data.noun missing (apt-get install wordnet-base)");
         return;
     }
-    let ds = runtime::import::import_wordnet(&runtime::import::WordNetOptions::default())
+    let ds = runtime::data::import_wordnet(&runtime::data::WordNetOptions::default())
         .expect("import wordnet");
     let run_wn = |extra: &[&str]| {
         let mut sets: Vec<String> = vec![

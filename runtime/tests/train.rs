@@ -140,7 +140,7 @@ fn tf32_products_train_to_the_fp32_accuracy() {
 }
 
 /// `ds` with every feature rounded to bfloat16 (checked to change some).
-fn rounded_to_bf16(ds: &runtime::dataset::Dataset) -> runtime::dataset::Dataset {
+fn rounded_to_bf16(ds: &runtime::data::Dataset) -> runtime::data::Dataset {
     let mut rounded = ds.clone();
     let x = gpu_ops::to_bf16_bits(ds.features.as_slice());
     let x: Vec<f32> = x.into_iter().map(gpu_ops::bf16_bits_to_f32).collect();

@@ -26,8 +26,8 @@ pub mod orchestration;
 pub mod regimes;
 mod sample;
 
-pub use gather::{bench_gather, CopyStats, GatherReport};
-pub use sample::{bench_sample, SampleLayerStats, SampleReport};
+pub use gather::bench_gather;
+pub use sample::bench_sample;
 
 use std::time::Duration;
 

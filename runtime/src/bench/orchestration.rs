@@ -20,7 +20,7 @@ use std::fmt;
 use scheduler::Orchestration;
 
 use crate::config::{DeviceKind, TrainConfig};
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::session::control::test_at_best_val;
 use crate::trace::{fmt_bytes, summarize, Tracer};
@@ -295,5 +295,81 @@ impl fmt::Display for OrchestrationReport {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn try_cfg(extra: &[&str]) -> crate::Result<TrainConfig> {
+        let mut sets: Vec<String> = vec![
+            "model.kind=\"sage\"".into(),
+            "model.hidden=32".into(),
+            "train.epochs=3".into(),
+            "train.batch_size=128".into(),
+            "train.lr=0.01".into(),
+            "data.synthetic.vertices=3000".into(),
+            "data.synthetic.edges=20000".into(),
+            "data.synthetic.classes=4".into(),
+            "data.synthetic.dim=16".into(),
+            "data.synthetic.homophily=0.9".into(),
+            "data.synthetic.signal=0.4".into(),
+            "device.kind=\"host\"".into(),
+            // Every row (3000 × 16 × 4 B) fits: a device gather never reads the host.
+            "device.cache_bytes=1000000".into(),
+            "threads.compute=1".into(),
+        ];
+        sets.extend(extra.iter().map(|s| s.to_string()));
+        TrainConfig::from_toml_with_overrides("", std::path::Path::new("test"), &sets).and_then(
+            |c| {
+                c.validate()?;
+                Ok(c)
+            },
+        )
+    }
+
+    fn cfg(extra: &[&str]) -> TrainConfig {
+        try_cfg(extra).expect("config")
+    }
+
+    #[test]
+    fn every_policy_trains_to_the_device_path_accuracy_and_host_gathers_move_more_bytes() {
+        let report = bench_orchestration(&cfg(&[]), None).expect("bench");
+        // The five placements and "auto".
+        assert_eq!(report.rows.len(), 6);
+        let row = |name: &str| {
+            report
+                .rows
+                .iter()
+                .find(|r| r.policy == name)
+                .unwrap_or_else(|| panic!("no row {name}"))
+        };
+        let reference = row("gpu-sample-gpu-gather");
+        let ref_acc = reference.test_acc.expect("evaluated");
+        assert!(ref_acc > 0.5, "the reference run did not learn: {ref_acc}");
+        for r in &report.rows {
+            let acc = r.test_acc.expect("evaluated");
+            assert!(
+                (acc - ref_acc).abs() <= 0.01,
+                "{}: test accuracy {acc} vs {ref_acc}",
+                r.policy
+            );
+            assert!(r.h2d_per_epoch > 0, "{}: no bytes counted", r.policy);
+        }
+        // With every row cached, a device gather uploads labels only; a host gather
+        // uploads every input row, and host sampling uploads the blocks.
+        for host in ["cpu-sample-cpu-gather", "gpu-sample-cpu-gather"] {
+            for dev in ["cpu-sample-gpu-gather", "gpu-sample-gpu-gather"] {
+                assert!(
+                    row(host).h2d_per_epoch > row(dev).h2d_per_epoch,
+                    "{host} {} vs {dev} {}",
+                    row(host).h2d_per_epoch,
+                    row(dev).h2d_per_epoch
+                );
+            }
+        }
+        assert!(row("cpu-sample-gpu-gather").h2d_per_epoch > reference.h2d_per_epoch);
+        assert_eq!(row("layer").hot_ratio, 0.2);
     }
 }

@@ -31,8 +31,8 @@ use super::orchestration::{
 };
 use crate::atomic::write_file_atomically;
 use crate::config::TrainConfig;
+use crate::data::generate::{generate_rmat, RmatOptions};
 use crate::error::{Error, Result};
-use crate::generate::{generate_rmat, RmatOptions};
 use crate::trace::fmt_bytes;
 
 /// The policies each regime trains, in table order. A new policy is one line

@@ -17,9 +17,9 @@ use crate::bench::orchestration::bench_orchestration;
 use crate::bench::regimes::{bench_regimes, fmt_percent, RegimeOptions};
 use crate::bench::{bench_gather, bench_sample};
 use crate::config::{env_overrides, Override, TrainConfig};
-use crate::dataset::{open_dataset, SplitSpec, Verify};
+use crate::data::dataset::{open_dataset, SplitSpec, Verify};
+use crate::data::generate::{generate_rmat, RmatOptions};
 use crate::error::{Error, Result};
-use crate::generate::{generate_rmat, RmatOptions};
 
 #[derive(Debug, Subcommand)]
 pub(super) enum BenchCmd {

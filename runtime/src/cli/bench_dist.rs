@@ -301,12 +301,12 @@ impl PartFile {
 }
 
 #[cfg(feature = "metis")]
-fn metis_parts(ds: &crate::dataset::Dataset, n: usize) -> Result<Vec<u32>> {
+fn metis_parts(ds: &crate::data::dataset::Dataset, n: usize) -> Result<Vec<u32>> {
     crate::dist::partition_graph(&ds.graph, n, 0)
 }
 
 #[cfg(not(feature = "metis"))]
-fn metis_parts(_ds: &crate::dataset::Dataset, _n: usize) -> Result<Vec<u32>> {
+fn metis_parts(_ds: &crate::data::dataset::Dataset, _n: usize) -> Result<Vec<u32>> {
     Err(Error::invalid_argument(
         "--features",
         "`metis` needs a build with the `metis` feature",

@@ -6,13 +6,13 @@ use std::time::Instant;
 use clap::{Args, Subcommand};
 
 use super::OutputArg;
-use crate::dataset::{open_dataset, write_dataset, Dataset, SplitSpec, Verify};
-use crate::error::{Error, Result};
-use crate::generate::{generate_rmat, generate_sbm, RmatOptions, SbmOptions};
-use crate::import::{
+use crate::data::dataset::{open_dataset, write_dataset, Dataset, SplitSpec, Verify};
+use crate::data::generate::{generate_rmat, generate_sbm, RmatOptions, SbmOptions};
+use crate::data::import::{
     import_edge_list, import_metis, import_npy_dir, import_wordnet, FeatureSource,
     GraphImportOptions, LabelSource, WordNetOptions,
 };
+use crate::error::{Error, Result};
 
 #[derive(Debug, Subcommand)]
 pub(super) enum ImportCmd {
@@ -257,7 +257,7 @@ pub(super) fn export(a: ExportArgs) -> Result<()> {
         ));
     }
     let ds = open_dataset(&a.dataset, Verify::Default)?;
-    crate::export::export_npy(&ds, &a.output)?;
+    crate::data::export::export_npy(&ds, &a.output)?;
     println!("exported {} to {}", a.dataset.display(), a.output.display());
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::Args;
 
-use crate::dataset::{open_dataset, Verify};
+use crate::data::dataset::{open_dataset, Verify};
 use crate::dist::write_partition_file;
 use crate::error::{Error, Result};
 

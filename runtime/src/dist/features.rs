@@ -14,7 +14,7 @@ use cpu_ops::SparseRows;
 use parking_lot::Mutex;
 
 use super::{owner, ranks_agree, share, Communicator, DistStats};
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 
 /// A rank's view of partitioned features; see the module doc.
@@ -588,8 +588,8 @@ fn ranges(counts: &[usize]) -> impl Iterator<Item = Range<usize>> + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::generate::{generate_sbm, SbmOptions};
     use crate::dist::ThreadGroup;
-    use crate::generate::{generate_sbm, SbmOptions};
 
     fn dataset() -> Dataset {
         generate_sbm(&SbmOptions {

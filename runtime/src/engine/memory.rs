@@ -19,7 +19,7 @@
 
 use cpu_ops::{ModelConfig, ALL_NEIGHBORS};
 
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::trace::fmt_bytes;
 
@@ -123,7 +123,7 @@ pub(crate) fn check(need: &MemoryNeed, free: u64, device: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::{generate_sbm, SbmOptions};
+    use crate::data::generate::{generate_sbm, SbmOptions};
     use cpu_ops::ModelKind;
 
     fn ds() -> Dataset {

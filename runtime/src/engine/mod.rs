@@ -36,7 +36,7 @@ use std::sync::Arc;
 use cpu_ops::{AdamConfig, ModelConfig};
 use gpu_ops::{Backend, CacheStats, DeviceModel, GpuOpsError, TopologyPlacement};
 
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::trace::{Tracer, TrackId, TrackKind};
 

@@ -41,7 +41,7 @@ use scheduler::{Device, StepBased};
 
 use super::input::Input;
 use super::{dev_err, record_copies, take_at_least, DeviceEngine};
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::trace::Direction;
 

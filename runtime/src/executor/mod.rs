@@ -33,7 +33,7 @@ pub(crate) mod step;
 use std::sync::Arc;
 
 use crate::cancel::CancelToken;
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::engine::ModelState;
 use crate::error::{Result, StopCause};
 use crate::trace::{Tracer, TrackId};

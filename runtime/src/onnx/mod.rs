@@ -45,7 +45,7 @@
 //! use std::path::Path;
 //!
 //! use cpu_ops::{gather_rows_into_vec, NeighborSampler, SamplerScratch};
-//! use runtime::dataset::{open_dataset, Verify};
+//! use runtime::data::{open_dataset, Verify};
 //! use runtime::onnx::{OnnxBlock, OrtModel, ORT_LIB_ENV};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -58,7 +58,7 @@ pub(crate) struct LayerPlan {
     /// The pipeline's options with the candidate's `hot_ratio`.
     pub opts: LayerOptions,
     /// The dataset.
-    pub ds: Arc<crate::dataset::Dataset>,
+    pub ds: Arc<crate::data::dataset::Dataset>,
     /// The trained model's configuration.
     pub model: cpu_ops::ModelConfig,
     /// Training fanouts.

@@ -32,7 +32,7 @@ use gpu_ops::Backend;
 use scheduler::{Device, Orchestration, StepBased};
 
 use crate::config::{PinPolicy, SparseFeatures, TrainConfig};
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::engine::{density, DeviceEngine, EngineOptions, ModelState};
 use crate::error::{Error, Result};
 use crate::executor::layer::clock::wall_clock;

@@ -13,7 +13,7 @@
 //!
 //! ```
 //! use runtime::config::TrainConfig;
-//! use runtime::generate::{generate_sbm, SbmOptions};
+//! use runtime::data::{generate_sbm, SbmOptions};
 //! use runtime::TrainerBuilder;
 //!
 //! # fn main() -> runtime::Result<()> {
@@ -39,7 +39,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::TrainConfig;
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::dist::Communicator;
 use crate::error::{Error, Result};
 use crate::pool::build_pool;

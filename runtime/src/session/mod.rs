@@ -63,7 +63,8 @@ use rayon::ThreadPool;
 
 use crate::checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
 use crate::config::{DistFeatures, DistFullEval, DistReduce, OnNonFiniteKind, TrainConfig};
-use crate::dataset::{open_dataset, Dataset, SplitSpec, Verify};
+use crate::data::dataset::{open_dataset, Dataset, SplitSpec, Verify};
+use crate::data::generate::{generate_sbm, SbmOptions};
 use crate::dist::features::PartitionedFeatures;
 use crate::dist::{Communicator, DistStats, Solo};
 use crate::embedding::Embeddings;
@@ -71,7 +72,6 @@ use crate::engine::sparse_rows_where;
 use crate::error::{Error, Result, StopCause};
 use crate::executor::step::data_parallel::nccl_lacks;
 use crate::executor::{BatchDone, DistSetup, EpochEnd, EpochRun, Executor, OrchestrationStats};
-use crate::generate::{generate_sbm, SbmOptions};
 use crate::placement::{place, PlacementInput};
 use crate::pool::build_pool;
 use crate::trace::{Tracer, TrackId, TrackKind};
@@ -948,7 +948,7 @@ impl Trainer {
 
     /// Saves the configuration, position (epoch, batch), optimizer step count,
     /// parameters and Adam moments to `path`, atomically (format:
-    /// [`crate::checkpoint`]).
+    /// [`Checkpoint`](crate::Checkpoint)).
     pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
         self.checkpoint()?.write(path)
     }

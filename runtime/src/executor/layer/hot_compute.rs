@@ -22,7 +22,7 @@ use cpu_ops::{
     SamplerScratch,
 };
 
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 
 /// Layer 0's weights as of one optimizer step.

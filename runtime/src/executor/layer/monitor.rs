@@ -52,7 +52,7 @@ use scheduler::{
     Direction, HotSplit, Monitor, MonitorConfig, MoveEvent, Observation, PipelineConfig, Relabeling,
 };
 
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::engine::{degree_order, LayerDevice};
 use crate::error::{Error, Result};
 use crate::trace::{Direction as TraceDirection, Tracer, TrackId};
@@ -425,9 +425,9 @@ mod tests {
     use gpu_ops::{HostBackend, TopologyPlacement};
 
     use super::*;
+    use crate::data::generate::{generate_sbm, SbmOptions};
     use crate::engine::{DeviceEngine, EngineOptions};
     use crate::executor::layer::clock::ManualClock;
-    use crate::generate::{generate_sbm, SbmOptions};
 
     const HOT: u32 = 400;
     const DIM: usize = 16;

@@ -72,7 +72,7 @@ use scheduler::{
     Protocol, ProtocolConfig, Relabeling, ReportId, TrainBatch,
 };
 
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::engine::{record_copies, HotStaging, HotUse, LayerDevice};
 use crate::error::{Error, Result, StopCause};
 use crate::executor::{BatchDone, EpochEnd, EpochRun, OnBatch};

@@ -11,7 +11,7 @@ use cpu_ops::{derive_seed, BuildOptions, CsrGraph, Rng};
 use rayon::prelude::*;
 
 use super::features::class_features;
-use crate::dataset::{Dataset, SplitSpec};
+use crate::data::dataset::{Dataset, SplitSpec};
 use crate::error::{Error, Result};
 
 /// Edges per generation chunk. Fixed: changing it changes every generated graph.

@@ -30,7 +30,7 @@ use cpu_ops::Rng;
 use super::assembly::{
     assemble, chunked_edges, draw_split, permuted_labels, random_permutation, Common,
 };
-use crate::dataset::{Dataset, SplitSpec};
+use crate::data::dataset::{Dataset, SplitSpec};
 use crate::error::{Error, Result};
 
 /// Options of [`generate_sbm`]. See the module docs for the model.
@@ -225,9 +225,9 @@ pub fn generate_sbm(opts: &SbmOptions) -> Result<Dataset> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::{open_dataset, write_dataset, Verify};
-    use crate::generate::assembly::{in_pool, EDGE_CHUNK};
-    use crate::generate::stats::{centroid_accuracies, GraphStats};
+    use crate::data::dataset::{open_dataset, write_dataset, Verify};
+    use crate::data::generate::assembly::{in_pool, EDGE_CHUNK};
+    use crate::data::generate::stats::{centroid_accuracies, GraphStats};
 
     fn small() -> SbmOptions {
         SbmOptions {

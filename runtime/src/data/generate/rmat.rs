@@ -68,7 +68,7 @@ use super::assembly::{
     assemble, check_probability, chunked_edges, draw_split, permuted_labels, random_permutation,
     Common, Stream,
 };
-use crate::dataset::{Dataset, SplitSpec};
+use crate::data::dataset::{Dataset, SplitSpec};
 use crate::error::{Error, Result};
 
 /// Draws per edge before falling back to scaling an out-of-range draw into range.
@@ -311,9 +311,9 @@ pub fn generate_rmat(opts: &RmatOptions) -> Result<Dataset> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::{open_dataset, write_dataset, Verify};
-    use crate::generate::assembly::{in_pool, EDGE_CHUNK};
-    use crate::generate::stats::{centroid_accuracies, GraphStats};
+    use crate::data::dataset::{open_dataset, write_dataset, Verify};
+    use crate::data::generate::assembly::{in_pool, EDGE_CHUNK};
+    use crate::data::generate::stats::{centroid_accuracies, GraphStats};
 
     fn small() -> RmatOptions {
         RmatOptions {

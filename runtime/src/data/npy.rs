@@ -19,7 +19,7 @@
 //! how to convert the array in NumPy. The data must fill the rest of the file
 //! exactly: missing bytes ("truncated") and trailing bytes are both errors.
 //!
-//! Readers convert to what a [`Dataset`](crate::dataset::Dataset) holds: `f32`
+//! Readers convert to what a [`Dataset`](crate::data::dataset::Dataset) holds: `f32`
 //! features ([`read_f32_matrix`], `<f8` is narrowed), `u32` labels
 //! ([`read_labels`], any integer type, values checked), `0/1` masks
 //! ([`read_mask`], bool or integer), and non-negative integer matrices
@@ -30,7 +30,7 @@
 //! files that `numpy.load` reads, each written atomically.
 //!
 //! ```
-//! use runtime::npy::{read_f32_matrix, write_f32_matrix};
+//! use runtime::data::npy::{read_f32_matrix, write_f32_matrix};
 //!
 //! # fn main() -> runtime::Result<()> {
 //! let path = std::env::temp_dir().join(format!("tandem-doc-{}.npy", std::process::id()));

@@ -35,7 +35,7 @@ use cpu_ops::{BuildOptions, CsrGraph};
 use rayon::prelude::*;
 
 use super::attach::{dataset_from_graph, name_from_path, GraphImportOptions};
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 
 /// Reads a text file line by line into one reused buffer.

@@ -85,7 +85,7 @@ use std::path::{Path, PathBuf};
 
 use cpu_ops::{BuildOptions, CsrGraph, FeatureMatrix};
 
-use crate::dataset::{Amount, Dataset, SplitSpec};
+use crate::data::dataset::{Amount, Dataset, SplitSpec};
 use crate::error::{Error, Result};
 
 /// Number of classes: WordNet 3.0 has 45 lexicographer files, numbered 0..=44.

@@ -1,5 +1,5 @@
 //! Export a [`Dataset`] as a directory of `.npy` files for Python tools (DGL, PyG),
-//! read back by [`crate::import::import_npy_dir`].
+//! read back by [`crate::data::import::import_npy_dir`].
 //!
 //! | file | dtype, shape | content |
 //! |---|---|---|
@@ -45,9 +45,9 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::atomic::{write_dir_atomically, write_file_atomically};
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
+use crate::data::npy;
 use crate::error::{Error, Result};
-use crate::npy;
 
 /// The value of `format` in `meta.json`.
 pub const NPY_DIR_FORMAT: &str = "tandem-npy-1";
@@ -113,7 +113,7 @@ struct Meta<'a> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::npy::{
+    use crate::data::npy::{
         read_f32_matrix, read_header, read_index_matrix, read_labels, read_mask, Dtype,
     };
     use cpu_ops::{CsrGraph, FeatureMatrix};

@@ -28,7 +28,7 @@ use cpu_ops::{BuildOptions, CsrGraph};
 
 use super::attach::{dataset_from_graph, name_from_path, GraphImportOptions};
 use super::edgelist::{first_non_blank, parse_u64, show, Lines, Tokens};
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 
 /// What a METIS header declares.

@@ -4,9 +4,9 @@
 //!
 //! Steps of [`dataset_from_graph`]:
 //!
-//! 1. labels: read from `.npy` ([`crate::npy::read_labels`], `num_classes = max + 1`)
+//! 1. labels: read from `.npy` ([`crate::data::npy::read_labels`], `num_classes = max + 1`)
 //!    or grown from the topology with [`region_labels`];
-//! 2. features: read from `.npy` ([`crate::npy::read_f32_matrix`]) or drawn around
+//! 2. features: read from `.npy` ([`crate::data::npy::read_f32_matrix`]) or drawn around
 //!    per-class centers with [`class_features`] (which uses the labels of step 1,
 //!    wherever they came from);
 //! 3. masks: [`SplitSpec::apply`] on the labels.
@@ -20,10 +20,10 @@ use std::path::{Path, PathBuf};
 
 use cpu_ops::{derive_seed, CsrGraph};
 
-use crate::dataset::{Dataset, SplitSpec};
+use crate::data::dataset::{Dataset, SplitSpec};
+use crate::data::generate::{class_features, region_labels};
+use crate::data::npy;
 use crate::error::{Error, Result};
-use crate::generate::{class_features, region_labels};
-use crate::npy;
 
 /// Where vertex features come from.
 #[derive(Clone, Debug, PartialEq)]

@@ -19,7 +19,7 @@
 //! [`GraphStats`] reports degrees and the measured edge homophily.
 //!
 //! ```
-//! use runtime::generate::{generate_rmat, RmatOptions};
+//! use runtime::data::{generate_rmat, RmatOptions};
 //!
 //! # fn main() -> runtime::Result<()> {
 //! let ds = generate_rmat(&RmatOptions {

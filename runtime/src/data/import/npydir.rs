@@ -1,4 +1,4 @@
-//! Importer for a directory of `.npy` files in the layout [`crate::export`] writes:
+//! Importer for a directory of `.npy` files in the layout [`crate::data::export`] writes:
 //! `edge_index.npy`, `features.npy`, `labels.npy`, `{train,val,test}_mask.npy` and
 //! an optional `meta.json`. Export followed by import is an exact round trip,
 //! CSR included.
@@ -22,9 +22,9 @@ use std::path::Path;
 
 use cpu_ops::{BuildOptions, CsrGraph};
 
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
+use crate::data::npy;
 use crate::error::{Error, Result};
-use crate::npy;
 
 /// What `meta.json` says; every field is optional in the file.
 #[derive(Debug, Default, PartialEq)]
@@ -343,9 +343,9 @@ impl Json<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::export_npy;
-    use crate::export::tests::odd_dataset;
-    use crate::import::{import_edge_list, import_metis, GraphImportOptions};
+    use crate::data::export::export_npy;
+    use crate::data::export::tests::odd_dataset;
+    use crate::data::import::{import_edge_list, import_metis, GraphImportOptions};
 
     #[test]
     fn export_import_round_trip_is_exact() {

@@ -43,7 +43,7 @@ use rayon::prelude::*;
 use super::attach::draw_split;
 use super::edgelist::graph_from_edges;
 use super::npydir::graph_from_edge_index;
-use crate::dataset::{Dataset, SplitSpec};
+use crate::data::dataset::{Dataset, SplitSpec};
 use crate::error::{Error, Result};
 
 mod sealed {

@@ -1,17 +1,17 @@
-//! Importers from real-world formats into [`crate::dataset::Dataset`].
+//! Importers from real-world formats into [`crate::data::dataset::Dataset`].
 //!
 //! - [`import_wordnet`]: WordNet 3.0 data files (synsets, pointers, lexicographer
 //!   classes, bag-of-words glosses);
 //! - [`import_metis`]: METIS `.graph` files (topology only);
 //! - [`import_edge_list`]: SNAP-style edge lists (topology only);
-//! - [`import_npy_dir`]: a directory of `.npy` arrays, as [`crate::export`] writes;
+//! - [`import_npy_dir`]: a directory of `.npy` arrays, as [`crate::data::export`] writes;
 //! - [`DatasetBuilder`]: in-memory arrays (`ndarray` views, slices), no files.
 //!
 //! Topology-only formats get labels, features and a split from
 //! [`GraphImportOptions`] (from `.npy` files or generated).
 //!
 //! ```
-//! use runtime::import::{import_edge_list, GraphImportOptions};
+//! use runtime::data::{import_edge_list, GraphImportOptions};
 //!
 //! # fn main() -> runtime::Result<()> {
 //! let path = std::env::temp_dir().join(format!("tandem-doc-{}.txt", std::process::id()));

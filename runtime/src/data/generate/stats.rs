@@ -6,7 +6,7 @@ use std::fmt;
 use cpu_ops::CsrGraph;
 use rayon::prelude::*;
 
-use crate::dataset::Dataset;
+use crate::data::dataset::Dataset;
 
 /// Degree and label statistics of a dataset's graph.
 #[derive(Clone, Debug, PartialEq)]

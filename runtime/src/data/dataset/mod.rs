@@ -2,8 +2,8 @@
 //! their on-disk store (`store`).
 //!
 //! ```
-//! use runtime::dataset::{open_dataset, write_dataset, Verify};
-//! use runtime::generate::{generate_sbm, SbmOptions};
+//! use runtime::data::{open_dataset, write_dataset, Verify};
+//! use runtime::data::{generate_sbm, SbmOptions};
 //!
 //! # fn main() -> runtime::Result<()> {
 //! let ds = generate_sbm(&SbmOptions { num_vertices: 300, num_edges: 900, ..SbmOptions::default() })?;
@@ -94,7 +94,7 @@ impl Dataset {
     /// otherwise train with a NaN loss); the error names the row and column. Reads
     /// the whole matrix: [`Dataset::from_parts`] (every importer and generator) and
     /// [`crate::TrainerBuilder::dataset`] call it, a stored dataset only when
-    /// opened with [`crate::dataset::Verify::Full`].
+    /// opened with [`crate::data::dataset::Verify::Full`].
     pub fn check_features(&self) -> Result<()> {
         match self.first_non_finite_feature() {
             Some((row, col, v)) => Err(Error::InvalidDataset {
