@@ -1,0 +1,279 @@
+//! One epoch of a session, and `fit`: the batch order and seeds, the books each
+//! trained batch updates (position, loss, callbacks, non-finite losses), the
+//! epoch's evaluation, statistics and callbacks (module doc of `session`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cpu_ops::{derive_seed, Rng};
+
+use super::control::{BatchMetrics, Callback, Control, EpochStats};
+use super::Trainer;
+use crate::checkpoint::Position;
+use crate::error::{Error, Result, StopCause};
+use crate::executor::{BatchDone, EpochEnd, EpochRun};
+
+/// What a batch with a non-finite loss does (`train.on_nonfinite`); its update
+/// was never applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OnNonFinite {
+    /// End training with [`Error::NonFinite`]; the position stays at the batch.
+    Stop,
+    /// Count it and go on with the next batch.
+    Skip,
+}
+
+/// The books of the epoch in progress that each trained batch updates.
+struct Books<'a> {
+    pos: &'a mut Position,
+    callbacks: &'a mut [Box<dyn Callback>],
+    on_nonfinite: OnNonFinite,
+    skipped: &'a mut usize,
+    epoch: usize,
+    batches: &'a [&'a [u32]],
+}
+
+impl Books<'_> {
+    /// Adds a trained batch to the position and shows its metrics to the
+    /// callbacks; returns whether one asked to stop. A batch whose loss is not
+    /// finite is an [`Error::NonFinite`] (`Stop`), or only moves the position on
+    /// and counts as skipped (`Skip`), without callbacks.
+    fn batch(&mut self, d: &BatchDone) -> Result<bool> {
+        let size = self.batches[d.k].len();
+        if !d.loss_sum.is_finite() {
+            return match self.on_nonfinite {
+                OnNonFinite::Stop => Err(Error::NonFinite {
+                    epoch: self.epoch,
+                    batch: d.k,
+                    loss: d.loss_sum / size.max(1) as f64,
+                }),
+                OnNonFinite::Skip => {
+                    self.pos.batch = d.k + 1;
+                    *self.skipped += 1;
+                    Ok(false)
+                }
+            };
+        }
+        self.pos.batch = d.k + 1;
+        self.pos.loss_sum += d.loss_sum;
+        self.pos.correct += d.correct as u64;
+        self.pos.seen += size as u64;
+        let metrics = BatchMetrics {
+            epoch: self.epoch,
+            batch: d.k,
+            batches: self.batches.len(),
+            batch_size: size,
+            loss: d.loss_sum / size.max(1) as f64,
+            accuracy: d.correct as f64 / size.max(1) as f64,
+            seconds: d.seconds,
+            step: d.version,
+        };
+        let mut stop = false;
+        for cb in self.callbacks.iter_mut() {
+            stop |= cb.on_batch(&metrics) == Control::Stop;
+        }
+        Ok(stop)
+    }
+}
+
+impl Trainer {
+    /// Trains the next epoch (or the rest of an interrupted one), evaluates when
+    /// `train.eval_every` says so (and at epoch `train.epochs - 1`), calls the
+    /// callbacks, and returns the epoch's statistics. A cancelled token or a
+    /// callback's stop inside the epoch returns [`Error::Cancelled`]; the trainer
+    /// then remembers the position, and the next call continues from there.
+    pub fn train_epoch(&mut self) -> Result<EpochStats> {
+        let pool = Arc::clone(&self.pool);
+        pool.install(|| self.train_epoch_here())
+    }
+
+    fn train_epoch_here(&mut self) -> Result<EpochStats> {
+        self.stop_requested = false;
+        self.embeddings = None;
+        self.logits = None;
+        let calibrating = self.exec.calibrating();
+        let stop_at_end = self.train_batches()?;
+        self.check_ranks_agree()?;
+        let pos = std::mem::take(&mut self.pos);
+        let e = pos.epoch;
+        self.pos.epoch = e + 1;
+        let (epochs, every) = (self.cfg.train.epochs, self.cfg.train.eval_every);
+        let eval_now = e + 1 == epochs || (every > 0 && (e + 1).is_multiple_of(every));
+        let t = Instant::now();
+        let (val_acc, test_acc) = if eval_now {
+            let (v, t) = self.evaluate_val_test_here()?;
+            (Some(v), Some(t))
+        } else {
+            (None, None)
+        };
+        let seen = pos.seen.max(1) as f64;
+        let stats = EpochStats {
+            epoch: e,
+            loss: pos.loss_sum / seen,
+            train_acc: pos.correct as f64 / seen,
+            val_acc,
+            test_acc,
+            train_secs: pos.train_secs,
+            eval_secs: t.elapsed().as_secs_f64(),
+            batches: pos.batch,
+            steps: self.steps(),
+            orchestration: self.orchestration_stats().cloned(),
+            calibrating,
+            skipped_batches: std::mem::take(&mut self.skipped),
+            auto_choice: match (calibrating, self.exec.auto_choice()) {
+                (true, Some(c)) => Some(c.reason.clone()),
+                _ => None,
+            },
+        };
+        if self.verbose {
+            if let Some(reason) = &stats.auto_choice {
+                eprintln!("orchestration.policy = \"auto\": {reason}");
+            }
+            let acc = |a: Option<f64>| a.map_or_else(|| "-".into(), |x| format!("{x:.4}"));
+            eprintln!(
+                "epoch {e}: loss {:.4}, train acc {:.4}, val acc {}, test acc {}, {:.2} s train, {:.2} s eval",
+                stats.loss,
+                stats.train_acc,
+                acc(stats.val_acc),
+                acc(stats.test_acc),
+                stats.train_secs,
+                stats.eval_secs
+            );
+            if let Some(o) = &stats.orchestration {
+                eprintln!("  {}", o.summary());
+            }
+        }
+        let mut stop = stop_at_end;
+        for cb in &mut self.callbacks {
+            stop |= cb.on_epoch(&stats) == Control::Stop;
+        }
+        if self.dist.ranks() > 1 {
+            // Every rank ends together: a stop asked on any rank ends them all.
+            let mut any = [if stop { 1.0 } else { 0.0 }];
+            self.dist.comm.all_reduce_sum_f64(&mut any)?;
+            stop = any[0] > 0.0;
+        }
+        self.stop_requested = stop;
+        Ok(stats)
+    }
+
+    /// Epoch `epoch`'s seed and its shuffled training vertices, which the
+    /// executor trains in `train.batch_size` batches (batch `k` seeded
+    /// `derive_seed(base, k)`).
+    fn epoch_order(&self, epoch: usize) -> (u64, Vec<u32>) {
+        let base = derive_seed(self.cfg.train.seed, 1000 + epoch as u64);
+        let mut order = self.splits.train.clone();
+        Rng::new(base).shuffle(&mut order);
+        (base, order)
+    }
+
+    /// Trains the remaining batches of the epoch in progress. Returns whether a
+    /// callback asked to stop after the last batch; a cancel or a stop before it
+    /// is [`Error::Cancelled`].
+    fn train_batches(&mut self) -> Result<bool> {
+        let t = Instant::now();
+        let epoch = self.pos.epoch;
+        let (base, order) = self.epoch_order(epoch);
+        let batches: Vec<&[u32]> = order.chunks(self.cfg.train.batch_size).collect();
+        let total = batches.len();
+        let Self {
+            ds,
+            exec,
+            pos,
+            callbacks,
+            cancel,
+            tracer,
+            acc_track,
+            on_nonfinite,
+            skipped,
+            ..
+        } = self;
+        let run = EpochRun {
+            ds,
+            batches: &batches,
+            start: pos.batch.min(total),
+            end: total,
+            mark: None,
+            base_seed: base,
+            epoch,
+            tracer,
+            acc_track: *acc_track,
+            cancel,
+        };
+        let mut books = Books {
+            pos,
+            callbacks,
+            on_nonfinite: *on_nonfinite,
+            skipped,
+            epoch,
+            batches: &batches,
+        };
+        let end = exec.train(&run, &mut |d: &BatchDone| books.batch(d));
+        books.pos.train_secs += t.elapsed().as_secs_f64();
+        match end? {
+            EpochEnd::Finished(stop) => Ok(stop),
+            EpochEnd::Stopped(k, cause) => Err(Error::Cancelled {
+                epoch,
+                batch: k,
+                cause,
+            }),
+        }
+    }
+
+    /// Trains until `train.epochs` epochs are complete (continuing an interrupted
+    /// epoch or a loaded checkpoint), evaluating as configured, and returns the
+    /// statistics of the epochs it trained. Callbacks see every batch and epoch; a
+    /// callback's stop ends `fit` early with `Ok` (see `session::control`); a
+    /// cancelled token is [`Error::Cancelled`].
+    ///
+    /// With a checkpoint path ([`Trainer::set_checkpoint_path`]) it also writes a
+    /// checkpoint every `train.checkpoint_every` epochs (before the last), when a
+    /// cancel stops it (the position inside the epoch, for a bit-exact resume),
+    /// when a non-finite loss stops it ([`Error::NonFinite`]: the weights before
+    /// that batch), and at the end.
+    pub fn fit(&mut self) -> Result<Vec<EpochStats>> {
+        let mut all = Vec::new();
+        let every = self.cfg.train.checkpoint_every;
+        while self.pos.epoch < self.cfg.train.epochs {
+            match self.train_epoch() {
+                Ok(s) => all.push(s),
+                Err(Error::Cancelled {
+                    cause: StopCause::Callback,
+                    ..
+                }) => break,
+                Err(e @ (Error::Cancelled { .. } | Error::NonFinite { .. })) => {
+                    // The position inside the epoch and the last good weights.
+                    if let Some(p) = self.checkpoint_path.clone() {
+                        self.save_checkpoint(&p)?;
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
+            if self.stop_requested {
+                break;
+            }
+            let done = self.pos.epoch;
+            if let Some(p) = self.checkpoint_path.clone() {
+                if done < self.cfg.train.epochs && every > 0 && done.is_multiple_of(every) {
+                    self.save_checkpoint(&p)?;
+                }
+            }
+        }
+        if let Some(p) = self.checkpoint_path.clone() {
+            self.save_checkpoint(&p)?;
+        }
+        Ok(all)
+    }
+
+    /// Where [`Trainer::fit`] writes its checkpoints (`None`: nowhere).
+    pub fn set_checkpoint_path(&mut self, path: Option<PathBuf>) {
+        self.checkpoint_path = path;
+    }
+
+    /// Where [`Trainer::fit`] writes its checkpoints.
+    pub fn checkpoint_path(&self) -> Option<&Path> {
+        self.checkpoint_path.as_deref()
+    }
+}
