@@ -1,0 +1,560 @@
+//! The training configuration: one TOML file, `TANDEM_` environment overrides and
+//! `--set key=value` overrides. `docs/config.md` lists every key with its type,
+//! default, unit and allowed range (a test keeps it in step with this file).
+//!
+//! Every section and key is optional; missing ones take the defaults below. Unknown
+//! keys, wrong types and out-of-range values are errors that name the key (with the
+//! file, variable or `--set` it came from). The effective configuration can be
+//! printed back as TOML ([`TrainConfig::to_toml`]), which is what `tandem train`
+//! prints at start and saves beside the run's outputs.
+//!
+//! # Layers, in order
+//! 1. The file (or the built-in defaults, or a checkpoint's configuration).
+//! 2. Environment variables `TANDEM_<SECTION>__<KEY>=value` ([`env_overrides`]):
+//!    the part after `TANDEM_` is lower-cased and `__` (double underscore) separates
+//!    the levels of the dotted key, so `TANDEM_TRAIN__BATCH_SIZE=512` sets
+//!    `train.batch_size` and `TANDEM_DATA__SYNTHETIC__VERTICES=1000` sets
+//!    `data.synthetic.vertices`. Variables without `__` (e.g. `TANDEM_REQUIRE_WORDNET`)
+//!    are not configuration and are ignored. The library never reads the environment
+//!    itself: the CLI passes [`env_overrides`]`(std::env::vars_os())` in.
+//! 3. `--set key=value` (dotted keys).
+//!
+//! Values of layers 2 and 3 are TOML (`512`, `0.01`, `[5, 5]`, `"gcn"`); a bare word
+//! is taken as a string. Each override is type-checked as it is applied, so an
+//! unknown key or a wrong type names the variable or `--set` argument; the ranges
+//! are checked once all layers are applied, and a range error names the key and the
+//! layer that last set it.
+//!
+//! ```toml
+//! [data]
+//! path = "wordnet.tds"      # omit for the built-in synthetic graph ([data.synthetic])
+//!
+//! [model]
+//! kind = "sage"             # "gcn" | "sage" | "gat"
+//! layers = 2
+//! hidden = 256
+//! heads = 4                 # GAT only; hidden must be a multiple
+//! dropout = 0.5
+//!
+//! [train]
+//! fanouts = [10, 10]        # per layer, input layer first (DGL order); -1 = all
+//! batch_size = 1024
+//! epochs = 20
+//! lr = 0.003
+//!
+//! [device]
+//! kind = "auto"             # "auto" | "host" | "cuda"
+//! cache_bytes = 4294967296  # device feature-cache budget (4 GiB)
+//!
+//! [threads]
+//! compute = 0               # rayon pool size; 0 = all cores
+//! pin = "none"              # "none" | "cores" (needs the `hwloc` feature)
+//! ```
+
+mod layers;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+pub use layers::{env_overrides, Override, ENV_PREFIX};
+pub use validate::{MAX_BATCH, MAX_EPOCHS, MAX_HIDDEN, MAX_LAYERS, TOML_INT_MAX};
+
+use std::path::PathBuf;
+
+use cpu_ops::{ModelConfig, ModelKind, ALL_NEIGHBORS};
+use gpu_ops::{FeatureDtype, HotGrad, Precision, TopologyPlacement};
+use scheduler::{Hotness, OnLate, Orchestration, Policy};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The whole training configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Which dataset to train on.
+    pub data: DataConfig,
+    /// The model.
+    pub model: ModelSection,
+    /// The training loop.
+    pub train: TrainSection,
+    /// The accelerator.
+    pub device: DeviceSection,
+    /// Host worker threads.
+    pub threads: ThreadsSection,
+    /// Layer-based orchestration (hot-vertex embeddings computed by the CPU).
+    pub orchestration: OrchestrationSection,
+    /// Data-parallel training over several ranks (`mpirun -np N tandem train`).
+    pub dist: DistSection,
+}
+
+/// `[data]`: a stored dataset, or the built-in synthetic graph.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// A `.tds` dataset; when absent, `synthetic` is generated in-process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// The built-in dataset's parameters.
+    pub synthetic: SyntheticConfig,
+}
+
+/// `[data.synthetic]`: a stochastic block model with class-correlated features.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SyntheticConfig {
+    /// Vertices.
+    pub vertices: usize,
+    /// Undirected edges drawn.
+    pub edges: usize,
+    /// Classes (= blocks).
+    pub classes: u32,
+    /// Feature dimension.
+    pub dim: usize,
+    /// Fraction of edges inside a class, in [0, 1].
+    pub homophily: f64,
+    /// Class signal strength in the features (≥ 0).
+    pub signal: f32,
+    /// Seed of the generated graph.
+    pub seed: u64,
+}
+
+impl Default for SyntheticConfig {
+    fn default() -> Self {
+        Self {
+            vertices: 50_000,
+            edges: 400_000,
+            classes: 16,
+            dim: 64,
+            homophily: 0.6,
+            signal: 0.1,
+            seed: 0,
+        }
+    }
+}
+
+/// `[model]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// `"gcn"`, `"sage"` or `"gat"`.
+    pub kind: ModelKind,
+    /// Number of GNN layers (≥ 1); equals the number of fanouts.
+    pub layers: usize,
+    /// Hidden width (≥ 1).
+    pub hidden: usize,
+    /// Attention heads (GAT; `hidden` must be a multiple).
+    pub heads: usize,
+    /// Dropout probability on hidden activations, in [0, 1).
+    pub dropout: f32,
+    /// `"fp32"` or `"tf32"`: the arithmetic of a device engine's matrix products.
+    pub precision: Precision,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            kind: ModelKind::Sage,
+            layers: 2,
+            hidden: 256,
+            heads: 4,
+            dropout: 0.5,
+            precision: Precision::Fp32,
+        }
+    }
+}
+
+/// `[train]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    /// Sampling fanout per layer, input layer first; -1 takes every neighbor.
+    pub fanouts: Vec<i64>,
+    /// How validation/test accuracy is computed: `"full"` applies each layer to the
+    /// whole graph before the next (layer-wise full-neighbor inference, as DGL's
+    /// `inference`; exact GCN normalization with full-graph degrees), `"sampled"`
+    /// runs mini-batches of `eval_batch_size` seeds sampled with `eval_fanouts`.
+    pub eval_mode: EvalMode,
+    /// Fanouts for `eval_mode = "sampled"`; empty means every neighbor at every layer.
+    pub eval_fanouts: Vec<i64>,
+    /// Seeds per training batch (≥ 1).
+    pub batch_size: usize,
+    /// Seeds per evaluation batch (≥ 1).
+    pub eval_batch_size: usize,
+    /// Epochs (≥ 1).
+    pub epochs: usize,
+    /// Adam learning rate (> 0).
+    pub lr: f64,
+    /// L2 weight decay added to the gradient, as `torch.optim.Adam` (≥ 0).
+    pub weight_decay: f64,
+    /// Evaluate validation and test accuracy every this many epochs (0: only at the end).
+    pub eval_every: usize,
+    /// Input-feature representation for the first layer: `"auto"` keeps a sparse
+    /// (CSR) copy when at most `sparse_threshold` of the values are non-zero (e.g.
+    /// bag-of-words features), `"on"` always, `"off"` never. Results are the same
+    /// either way up to float rounding; sparse skips the multiplications by zero.
+    pub sparse_features: SparseFeatures,
+    /// Density at or below which `sparse_features = "auto"` goes sparse, in [0, 1].
+    pub sparse_threshold: f64,
+    /// Seed of initialization, shuffling, sampling and dropout.
+    pub seed: u64,
+    /// `tandem train --out DIR` writes `DIR/checkpoint.tck` every this many epochs
+    /// (0: only at the end of the run).
+    pub checkpoint_every: usize,
+    /// What a batch with a non-finite loss does: `"stop"` ends training with an
+    /// error naming the epoch and batch (the weights are those before the batch,
+    /// checkpointed when there is a checkpoint path), `"skip-batch"` leaves the
+    /// weights untouched and trains on (counted per epoch).
+    pub on_nonfinite: OnNonFiniteKind,
+    /// Deprecated spelling of `threads.compute`, still accepted so older files keep
+    /// working: it must agree with `threads.compute` when both are set, and it is
+    /// folded into `threads.compute` when a file is loaded (so it is never printed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        Self {
+            fanouts: vec![10, 10],
+            eval_mode: EvalMode::Full,
+            eval_fanouts: Vec::new(),
+            batch_size: 1024,
+            eval_batch_size: 4096,
+            epochs: 10,
+            lr: 0.003,
+            weight_decay: 0.0,
+            eval_every: 1,
+            sparse_features: SparseFeatures::Auto,
+            sparse_threshold: 0.1,
+            seed: 0,
+            checkpoint_every: 0,
+            on_nonfinite: OnNonFiniteKind::Stop,
+            threads: None,
+        }
+    }
+}
+
+/// `device.kind`: where training runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceKind {
+    /// A CUDA device when one is present and the build has CUDA, else the host.
+    #[default]
+    Auto,
+    /// The host backend (CPU threads), even when a GPU is present.
+    Host,
+    /// A CUDA device; an error when none is usable.
+    Cuda,
+}
+
+/// The default device feature-cache budget: 4 GiB (`4294967296` bytes).
+pub const DEFAULT_CACHE_BYTES: u64 = 4 << 30;
+
+/// Largest accepted `device.ordinal` (CUDA ordinals are C `int`s).
+pub const MAX_DEVICE_ORDINAL: u32 = i32::MAX as u32;
+
+/// `[device]`: which accelerator trains and how its memory is used.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeviceSection {
+    /// `"auto"`, `"host"` or `"cuda"`.
+    pub kind: DeviceKind,
+    /// GPU index (CUDA ordinal) when `kind` selects a GPU.
+    pub ordinal: u32,
+    /// Device feature-cache budget in bytes (0: no cache).
+    pub cache_bytes: u64,
+    /// `"device"` or `"pinned-host"`.
+    pub topology: TopologyPlacement,
+    /// `"f32"` or `"bf16"`: how a device engine stores feature rows.
+    pub feature_dtype: FeatureDtype,
+    /// Sample each training batch while the one before it trains (a second
+    /// stream on CUDA).
+    pub sample_ahead: bool,
+}
+
+impl Default for DeviceSection {
+    fn default() -> Self {
+        Self {
+            kind: DeviceKind::Auto,
+            ordinal: 0,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            topology: TopologyPlacement::Device,
+            feature_dtype: FeatureDtype::F32,
+            sample_ahead: false,
+        }
+    }
+}
+
+pub use crate::executor::step::data_parallel::DistReduce;
+
+/// `dist.features`: where each rank keeps the feature rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DistFeatures {
+    /// Every rank holds every row (what one rank does).
+    #[default]
+    Replicated,
+    /// Rank `r` of `N` owns the contiguous rows `[r·n/N, (r+1)·n/N)` and fetches
+    /// the others from their owners once per batch (one all-to-all of requests,
+    /// one of rows), through a cache of `remote_cache_rows` remote rows.
+    Partitioned,
+}
+
+/// `dist.full_eval`: how a job's ranks run full-graph evaluation
+/// (`train.eval_mode = "full"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DistFullEval {
+    /// `"sharded"` when the ranks run on more than one machine, else
+    /// `"replicated"`.
+    #[default]
+    Auto,
+    /// Rank `r` infers its vertex range layer by layer; the ranks exchange
+    /// each hidden layer's rows (one all-gather per layer below the top).
+    Sharded,
+    /// Every rank infers the whole graph (no communication: what pays when the
+    /// ranks share one machine's cores and memory bandwidth).
+    Replicated,
+}
+
+/// `[dist]`: data-parallel training over several ranks. One process (no MPI
+/// launcher) ignores it. `train.batch_size` is the *global* batch: each of `N`
+/// ranks trains its share of every batch, so `N` ranks train the model one rank
+/// trains with the same configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistSection {
+    /// `"auto"`, `"mpi"` or `"nccl"`.
+    pub reduce: DistReduce,
+    /// `"replicated"` or `"partitioned"`.
+    pub features: DistFeatures,
+    /// `"auto"`, `"sharded"` or `"replicated"`.
+    pub full_eval: DistFullEval,
+    /// With `features = "partitioned"`: remote rows each rank keeps (those of the
+    /// highest-degree vertices it does not own), fetched once at start.
+    pub remote_cache_rows: usize,
+    /// With `features = "partitioned"`: a partition file (METIS format, one
+    /// rank per vertex per line; `runtime::dist::partition`) giving each rank
+    /// its rows and the seeds it trains, instead of contiguous ranges.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition_file: Option<PathBuf>,
+}
+
+/// `threads.pin`: whether compute workers are bound to cores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PinPolicy {
+    /// Threads float as the OS schedules them.
+    #[default]
+    None,
+    /// Worker `i` is bound to core `i` (modulo the number of cores); needs a build
+    /// with the `hwloc` feature.
+    Cores,
+}
+
+/// Largest accepted `threads.compute`.
+pub const MAX_COMPUTE_THREADS: usize = 4096;
+
+/// `[threads]`: the trainer's compute pool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThreadsSection {
+    /// Rayon pool size (0: one per core, or `RAYON_NUM_THREADS` when set).
+    pub compute: usize,
+    /// `"none"` or `"cores"`.
+    pub pin: PinPolicy,
+}
+
+/// Implements `Display` as the config spelling (serde's kebab-case name).
+macro_rules! config_name {
+    ($t:ty { $($v:ident => $name:literal),* $(,)? }) => {
+        impl $t {
+            /// The name as written in a config file.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Self::$v => $name,)*
+                }
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+/// `train.eval_mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EvalMode {
+    /// Layer-wise full-graph inference.
+    #[default]
+    Full,
+    /// Mini-batches sampled with `train.eval_fanouts`.
+    Sampled,
+}
+config_name!(EvalMode { Full => "full", Sampled => "sampled" });
+config_name!(DistFeatures { Replicated => "replicated", Partitioned => "partitioned" });
+config_name!(DistFullEval { Auto => "auto", Sharded => "sharded", Replicated => "replicated" });
+
+/// `train.sparse_features`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SparseFeatures {
+    /// Sparse when the density is at most `train.sparse_threshold`.
+    #[default]
+    Auto,
+    /// Always sparse.
+    On,
+    /// Never sparse.
+    Off,
+}
+config_name!(SparseFeatures { Auto => "auto", On => "on", Off => "off" });
+
+/// `train.on_nonfinite`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnNonFiniteKind {
+    /// End training with an error naming the epoch and batch.
+    #[default]
+    Stop,
+    /// Leave the weights untouched and train on.
+    SkipBatch,
+}
+config_name!(OnNonFiniteKind { Stop => "stop", SkipBatch => "skip-batch" });
+
+/// Default `orchestration.super_batch` (batches per super-batch).
+pub const DEFAULT_SUPER_BATCH: usize = 4;
+/// Largest accepted `orchestration.super_batch`.
+pub const MAX_SUPER_BATCH: usize = 1 << 20;
+/// Largest accepted `orchestration.presample_epochs`.
+pub const MAX_PRESAMPLE_EPOCHS: u32 = 1000;
+
+/// `[orchestration]`: how work is split between the CPU and the accelerator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrchestrationSection {
+    /// `"auto"` (measure the candidates in the first batches and keep the
+    /// fastest), `"layer"` (NeutronOrch) or a step-based baseline
+    /// (`"cpu-sample-cpu-gather"`, `"gpu-sample-cpu-gather"`,
+    /// `"cpu-sample-gpu-gather"`, `"gpu-sample-gpu-gather"`).
+    pub policy: Policy,
+    /// Fraction of vertices that are hot, in [0, 1]; 0 disables embedding reuse.
+    pub hot_ratio: f64,
+    /// `"presample"` or `"degree"`.
+    pub hotness: Hotness,
+    /// Epochs of pre-sampling for `hotness = "presample"` (≥ 1).
+    pub presample_epochs: u32,
+    /// Batches per super-batch (≥ 1).
+    pub super_batch: usize,
+    /// Largest allowed gap, in optimizer steps, between the weights a reused
+    /// embedding was computed with and the weights it is used at.
+    pub staleness_bound: u64,
+    /// `"wait"` or `"compute"`.
+    pub on_late: OnLate,
+    /// `"constant"` or `"aggregate"`.
+    pub hot_backward: HotGrad,
+    /// Whether the hybrid monitor moves hot vertices between CPU compute and the
+    /// device feature cache.
+    pub monitor: bool,
+    /// CPU worker threads computing hot embeddings (≥ 1).
+    pub cpu_workers: usize,
+}
+
+impl Default for OrchestrationSection {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Auto,
+            hot_ratio: 0.0,
+            hotness: Hotness::Presample,
+            presample_epochs: scheduler::DEFAULT_PRESAMPLE_EPOCHS,
+            super_batch: DEFAULT_SUPER_BATCH,
+            staleness_bound: 2 * DEFAULT_SUPER_BATCH as u64 - 1,
+            on_late: OnLate::Wait,
+            hot_backward: HotGrad::Constant,
+            monitor: false,
+            cpu_workers: 1,
+        }
+    }
+}
+
+impl OrchestrationSection {
+    /// Whether the policy is `"auto"`.
+    pub fn is_auto(&self) -> bool {
+        self.policy == Policy::Auto
+    }
+
+    /// The policy's placement; `"auto"` gives the placement it starts from,
+    /// `"gpu-sample-gpu-gather"`.
+    pub fn orchestration(&self) -> Orchestration {
+        self.policy
+            .fixed()
+            .unwrap_or(Orchestration::GpuSampleGpuGather)
+    }
+
+    /// Whether training reuses CPU-computed hot embeddings (policy `"layer"` with a
+    /// positive `hot_ratio`).
+    pub fn reuses_embeddings(&self) -> bool {
+        self.hot_ratio > 0.0 && self.policy == Policy::Fixed(Orchestration::Layer)
+    }
+}
+
+fn range_err(key: &str, expected: &str, found: impl std::fmt::Display) -> Error {
+    Error::invalid_argument(key, format!("expected {expected}, found {found}"))
+}
+
+fn fanouts(key: &str, v: &[i64]) -> Result<Vec<u32>> {
+    v.iter()
+        .map(|&f| match f {
+            -1 => Ok(ALL_NEIGHBORS),
+            1..=0xFFFF_FFFE => Ok(f as u32),
+            _ => Err(range_err(key, "positive fanouts or -1 (all neighbors)", f)),
+        })
+        .collect()
+}
+
+impl TrainConfig {
+    /// Compute threads in force: `threads.compute`, or the deprecated
+    /// `train.threads` when only that is set (0: all cores).
+    pub fn compute_threads(&self) -> usize {
+        match (self.threads.compute, self.train.threads) {
+            (0, Some(t)) => t,
+            (c, _) => c,
+        }
+    }
+
+    /// The effective configuration as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot print config: {e}\n"))
+    }
+
+    /// The model's shape for a dataset with `in_dim` feature columns and
+    /// `num_classes` classes.
+    pub fn model_config(&self, in_dim: usize, num_classes: usize) -> Result<ModelConfig> {
+        Ok(ModelConfig {
+            kind: self.model.kind,
+            in_dim,
+            hidden: self.model.hidden,
+            num_classes,
+            num_layers: self.model.layers,
+            heads: self.model.heads,
+            dropout: self.model.dropout,
+        })
+    }
+
+    /// Training fanouts as the sampler takes them.
+    pub fn train_fanouts(&self) -> Result<Vec<u32>> {
+        fanouts("train.fanouts", &self.train.fanouts)
+    }
+
+    /// Evaluation fanouts (every neighbor when not configured).
+    pub fn eval_fanouts(&self) -> Result<Vec<u32>> {
+        if self.train.eval_fanouts.is_empty() {
+            Ok(vec![ALL_NEIGHBORS; self.model.layers])
+        } else {
+            fanouts("train.eval_fanouts", &self.train.eval_fanouts)
+        }
+    }
+}
