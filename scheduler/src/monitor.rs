@@ -224,8 +224,12 @@ pub struct Monitor {
 
 impl Monitor {
     /// A monitor starting from `initial`, whose cache rows cost `row_bytes` of
-    /// device memory each (a feature row). Fails if the initial cache exceeds the
-    /// budget.
+    /// device memory each (a feature row, in the dtype the device stores). Hot
+    /// rows above the CPU share that the budget cannot hold are not the
+    /// monitor's: they stay cold (gathered from host memory like any other), so
+    /// the initial split keeps the CPU share and at most the budget's rows above
+    /// it ([`Monitor::split`] says what was kept). Any split a caller can choose
+    /// is thus valid.
     pub fn new(
         cfg: MonitorConfig,
         pipeline: PipelineConfig,
@@ -236,17 +240,8 @@ impl Monitor {
         if row_bytes == 0 {
             return Err(invalid("row_bytes", "at least 1 byte per cached row", 0));
         }
-        let bytes = initial.cached() as u64 * row_bytes;
-        if bytes > cfg.memory_budget_bytes {
-            return Err(invalid(
-                "initial split",
-                format!(
-                    "a cache within the budget of {} bytes",
-                    cfg.memory_budget_bytes
-                ),
-                format!("{} rows = {bytes} bytes", initial.cached()),
-            ));
-        }
+        let fits = (cfg.memory_budget_bytes / row_bytes).min(u64::from(initial.cached())) as u32;
+        let initial = HotSplit::new(initial.cpu() + fits, initial.cpu())?;
         Ok(Self {
             cfg,
             pipeline,
@@ -619,13 +614,40 @@ mod tests {
         let mut c = MonitorConfig::with_budget(0);
         c.wait_low = 0.5;
         assert!(c.validate().unwrap_err().to_string().contains("wait_low"));
+    }
+
+    /// A split whose rows above the CPU share do not fit the cache (`auto`
+    /// choosing a small CPU share of a large hot set; 2026-11-26: 420,000 rows
+    /// for a 250 MB cache) is not an error: the monitor keeps the CPU share and
+    /// the rows the budget holds; the rest are cold.
+    #[test]
+    fn an_initial_split_beyond_the_budget_keeps_the_cpu_share_and_what_fits() {
         let pipe = PipelineConfig::new(1, 1, 1).unwrap();
-        let over = Monitor::new(
-            MonitorConfig::with_budget(50),
+        let m = Monitor::new(
+            MonitorConfig::with_budget(250),
             pipe,
             HotSplit::new(10, 5).unwrap(),
             100,
-        );
-        assert!(over.unwrap_err().to_string().contains("budget"));
+        )
+        .unwrap();
+        assert_eq!((m.split().cpu(), m.split().cached()), (5, 2));
+        // Within the budget, the split is kept as it is.
+        let m = Monitor::new(
+            MonitorConfig::with_budget(1000),
+            pipe,
+            HotSplit::new(10, 5).unwrap(),
+            100,
+        )
+        .unwrap();
+        assert_eq!(m.split(), HotSplit::new(10, 5).unwrap());
+        // No room at all: every hot row above the CPU share is cold.
+        let m = Monitor::new(
+            MonitorConfig::with_budget(0),
+            pipe,
+            HotSplit::new(10, 0).unwrap(),
+            100,
+        )
+        .unwrap();
+        assert_eq!(m.split(), HotSplit::new(0, 0).unwrap());
     }
 }

@@ -598,6 +598,8 @@ pub(crate) trait LayerDevice: Send {
     fn update_cache(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize>;
     /// Feature-cache statistics.
     fn cache_stats(&self) -> CacheStats;
+    /// Bytes of one feature row as the device stores it (`device.feature_dtype`).
+    fn row_bytes(&self) -> u64;
     /// Bytes training batches moved host → device since the start.
     fn h2d_bytes(&self) -> u64;
     /// Copies and synchronizations so far.
@@ -672,6 +674,10 @@ impl<B: Backend> LayerDevice for DeviceEngine<B> {
 
     fn cache_stats(&self) -> CacheStats {
         ModelState::cache_stats(self)
+    }
+
+    fn row_bytes(&self) -> u64 {
+        (self.host.ds().features.dim() * self.opts.feature_dtype.value_bytes()) as u64
     }
 
     fn h2d_bytes(&self) -> u64 {

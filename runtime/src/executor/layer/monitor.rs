@@ -60,9 +60,6 @@ use crate::trace::{Direction as TraceDirection, Tracer, TrackId};
 use super::clock::Clock;
 use super::stats::OrchestrationStats;
 
-/// Bytes of one `f32` feature value.
-const F32_BYTES: u64 = 4;
-
 /// Who holds a vertex's cache row, in the runtime's model of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Owner {
@@ -150,7 +147,7 @@ impl HybridMonitor {
             context: "orchestration.monitor".into(),
             source,
         };
-        let row_bytes = ds.features.dim() as u64 * F32_BYTES;
+        let row_bytes = engine.row_bytes();
         if row_bytes == 0 {
             return Err(Error::invalid_argument(
                 "orchestration.monitor",
@@ -442,6 +439,61 @@ mod tests {
         stats: OrchestrationStats,
         monitor: HybridMonitor,
         moves: Vec<(u64, Direction)>,
+    }
+
+    /// A small cache of bfloat16 rows and a hot set with a small CPU share
+    /// (what `policy = "auto"` chose on 2026-11-26 before `tandem train` exited
+    /// with "invalid 'initial split'"): the monitor starts, keeps the CPU share,
+    /// and counts rows at the bytes the device stores (2 per value).
+    #[test]
+    fn a_hot_set_larger_than_a_bf16_cache_starts_with_the_cpu_share() {
+        let ds = Arc::new(
+            generate_sbm(&SbmOptions {
+                num_vertices: 4000,
+                num_edges: 20_000,
+                num_classes: 4,
+                feature_dim: DIM,
+                ..SbmOptions::default()
+            })
+            .unwrap(),
+        );
+        let model = ModelConfig {
+            kind: ModelKind::Sage,
+            in_dim: DIM,
+            hidden: 8,
+            num_classes: 4,
+            num_layers: 2,
+            heads: 1,
+            dropout: 0.0,
+        };
+        // Room for 50 fp32 rows, i.e. 100 bfloat16 rows.
+        let engine = DeviceEngine::new(
+            HostBackend::new(),
+            &ds,
+            &model,
+            EngineOptions {
+                fanouts: vec![5, 5],
+                eval_fanouts: vec![5, 5],
+                cache_bytes: 50 * DIM * 4,
+                topology: TopologyPlacement::Device,
+                adam: cpu_ops::AdamConfig::default(),
+                init_seed: 1,
+                batch_size: 128,
+                precision: gpu_ops::Precision::Fp32,
+                defer_features: false,
+                feature_dtype: gpu_ops::FeatureDtype::Bf16,
+                sparse: false,
+                sample_ahead: false,
+            },
+        )
+        .unwrap();
+        assert_eq!(engine.row_bytes(), (DIM * 2) as u64);
+        let pipeline = PipelineConfig::new(2, 1, 256).unwrap();
+        let split = HotSplit::new(HOT, 20).unwrap();
+        let m = HybridMonitor::new(&engine, &ds, pipeline, split, 2).unwrap();
+        let s = m.split_for(0);
+        assert_eq!(s.cpu(), 20, "{s:?}");
+        assert!(s.cached() <= 100, "{s:?}");
     }
 
     fn rig() -> Rig {
