@@ -1,7 +1,7 @@
-//! `tandem train`: train a GNN on the CPU from a TOML config (or the built-in
-//! default), printing one line per epoch; with `--out DIR`, save the effective
-//! configuration, per-epoch metrics and checkpoints there; with `--resume`,
-//! continue from a checkpoint.
+//! `tandem train`: train a GNN (on a GPU, or on the host backend) from a TOML
+//! config (or the built-in default), printing one line per epoch; with
+//! `--out DIR`, save the effective configuration, per-epoch metrics and
+//! checkpoints there; with `--resume`, continue from a checkpoint.
 //!
 //! Under an MPI launcher (`mpirun -np N tandem train ...`, a build with the
 //! `mpi` feature) every process is one rank of a data-parallel job

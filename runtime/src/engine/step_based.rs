@@ -1,5 +1,5 @@
 //! One training batch under a step-based placement (NeutronOrch §3, Figure 4
-//! (a)–(d); `orchestration.policy`), as `executor/step.rs` drives it. Training
+//! (a)–(d); `orchestration.policy`), as `executor/step/mod.rs` drives it. Training
 //! always runs on the device; sampling and gathering run where the executor's
 //! [`StepBased`] placement says:
 //!
@@ -18,7 +18,7 @@
 //!    uploaded, and the model takes its step.
 //!
 //! **Sampling ahead** (`device.sample_ahead`): the step executor samples batch
-//! `k + 1` right after batch `k`'s step is queued (`executor/step.rs`). On CUDA
+//! `k + 1` right after batch `k`'s step is queued (`executor/step/mod.rs`). On CUDA
 //! the engine then samples on a second stream ([`Sampling::sampling_sibling`](gpu_ops::Sampling::sampling_sibling),
 //! its own allocator and fault word), so its kernels and its per-layer
 //! synchronizations overlap batch `k`'s backward and Adam;

@@ -11,10 +11,10 @@
 //!    - an edge index ([`DatasetBuilder::edge_index`]) of shape `(2, E)` in PyG's
 //!      convention: column `j` is the message `edge_index[0, j] → edge_index[1, j]`
 //!      (source → target), so the target's row holds the source; `n` is the
-//!      number of feature rows, as in `tandem import npy-dir`.
+//!      number of feature rows, as in `tandem import npy`.
 //!
 //!    Without [`DatasetBuilder::symmetrize`] the edges are kept exactly as given
-//!    (the `npy-dir` importer's code: a PyG edge index of an undirected graph
+//!    (the `npy` importer's code: a PyG edge index of an undirected graph
 //!    already holds both directions). With it every edge is stored in both
 //!    directions and repeated edges and self-loops are dropped (the code of
 //!    `tandem import edgelist` for undirected lists);
