@@ -52,9 +52,12 @@ pub(crate) struct EpochRun<'a> {
     /// One past the last batch to train (`batches.len()` for the rest of the
     /// epoch; less while `policy = "auto"` measures).
     pub end: usize,
-    /// The layer pipeline records the clock and its statistics when this batch
-    /// starts (`policy = "auto"`'s measurement window).
-    pub mark: Option<usize>,
+    /// The layer pipeline records the clock and its statistics at the start
+    /// of batches `mark.0..mark.1` and after the last of them (`policy =
+    /// "auto"`'s measurement window; a window starting a super-batch starts
+    /// before its launch-ahead, so it holds one launch per super-batch it
+    /// times when the run goes on past it).
+    pub mark: Option<(usize, usize)>,
     /// Batch `k` samples with `derive_seed(base_seed, k)`.
     pub base_seed: u64,
     /// The epoch index.
@@ -79,7 +82,7 @@ impl<'a> EpochRun<'a> {
     }
 
     /// The same run over batches `start..end` (clamped to the epoch).
-    pub fn range(&self, start: usize, end: usize, mark: Option<usize>) -> Self {
+    pub fn range(&self, start: usize, end: usize, mark: Option<(usize, usize)>) -> Self {
         let len = self.batches.len();
         Self {
             start: start.min(len),

@@ -196,15 +196,16 @@ impl<B: Backend> AutoExecutor<B> {
         }
     }
 
-    /// A layer-based measurement at `split` over `run` (module doc).
+    /// A layer-based measurement at `split` over `run`, timed over its window
+    /// `run.mark` (module doc), with the monitor on as the choice would run.
     fn probe_layer(
         &mut self,
         split: u32,
         run: &EpochRun<'_>,
-        warm: usize,
         on_batch: &mut OnBatch<'_>,
     ) -> Result<EpochEnd> {
-        let measure = run.end - run.start - warm;
+        let (first, last) = run.mark.ok_or_else(|| internal("no measurement window"))?;
+        let measure = last.saturating_sub(first);
         let orch = self.use_layer()?;
         let hot = orch.hot_count();
         let split = split.min(hot);
@@ -221,31 +222,26 @@ impl<B: Backend> AutoExecutor<B> {
         let orch = self.use_layer()?;
         orch.set_cpu_split(split)?;
         orch.count_splits(splits);
-        let before = orch.totals().clone();
+        orch.enable_monitor();
         let workers = orch.workers() as u32;
         let end = self.exec()?.train(run, on_batch)?;
         let orch = self.use_layer()?;
-        let t1 = orch.clock().now().as_secs_f64();
         let counts = orch.take_split_counts();
-        let (t0, at_mark) = orch
-            .last_mark()
-            .cloned()
-            .ok_or_else(|| internal("no timing mark"))?;
-        let after = orch.totals().clone();
-        // `at_mark` counts from the start of this run; `before`/`after` are
-        // totals over every run.
-        let run_of = |f: fn(&OrchestrationStats) -> u64| f(&after).saturating_sub(f(&before));
-        let wait = (after.wait_secs - before.wait_secs - at_mark.wait_secs).max(0.0);
-        let late = run_of(|s| s.protocol.computed_cold + s.protocol.waited)
-            .saturating_sub(at_mark.protocol.computed_cold + at_mark.protocol.waited);
-        let used = run_of(|s| s.protocol.hot_uses).saturating_sub(at_mark.protocol.hot_uses);
+        let Some(((t0, s0), (t1, s1))) = orch.last_window() else {
+            // Stopped before the window closed: nothing measured.
+            return Ok(end);
+        };
+        let window = |f: fn(&OrchestrationStats) -> u64| f(s1).saturating_sub(f(s0));
+        let wait = (s1.wait_secs - s0.wait_secs).max(0.0);
+        let late = window(|s| s.protocol.computed_cold + s.protocol.waited);
+        let used = window(|s| s.protocol.hot_uses);
         let per_batch = (t1 - t0).max(0.0) / measure.max(1) as f64;
         let probe = LayerProbe {
             cpu_split: split,
             per_batch_s: per_batch,
             acc_per_batch_s: (per_batch - wait / measure.max(1) as f64).max(0.0),
-            cpu_busy_s: (after.cpu_busy_secs - before.cpu_busy_secs).max(0.0),
-            rows_computed: run_of(|s| s.protocol.rows_computed),
+            cpu_busy_s: (s1.cpu_busy_secs - s0.cpu_busy_secs).max(0.0),
+            rows_computed: window(|s| s.protocol.rows_computed),
             entries_read: used + late,
             entries_late: late,
             workers,
@@ -353,9 +349,11 @@ impl<B: Backend> AutoExecutor<B> {
                     split,
                     warm,
                     measure,
+                    tail,
                 } => {
-                    let r = run.range(start, start + warm + measure, Some(start + warm));
-                    self.probe_layer(split, &r, warm, on_batch)?
+                    let window = (start + warm, start + warm + measure);
+                    let r = run.range(start, start + warm + measure + tail, Some(window));
+                    self.probe_layer(split, &r, on_batch)?
                 }
             };
             if end != EpochEnd::Finished(false) {

@@ -60,7 +60,10 @@ pub enum ProbeStep {
         measure: usize,
     },
     /// The layer-based placement at CPU split `split`: `warm` untimed batches
-    /// (one super-batch), then `measure` timed.
+    /// (one super-batch), then `measure` timed, then `tail` untimed (one
+    /// super-batch: the pipeline launches one super-batch ahead, so the last
+    /// timed super-batch launches the tail, as in steady state, and the window
+    /// holds one launch per timed super-batch).
     Layer {
         /// Hot ids below it are computed by the CPU.
         split: u32,
@@ -68,6 +71,8 @@ pub enum ProbeStep {
         warm: usize,
         /// Timed batches.
         measure: usize,
+        /// Untimed batches after.
+        tail: usize,
     },
 }
 
@@ -75,7 +80,13 @@ impl ProbeStep {
     /// Batches the step trains.
     pub fn batches(&self) -> usize {
         match *self {
-            Self::Fixed { warm, measure, .. } | Self::Layer { warm, measure, .. } => warm + measure,
+            Self::Fixed { warm, measure, .. } => warm + measure,
+            Self::Layer {
+                warm,
+                measure,
+                tail,
+                ..
+            } => warm + measure + tail,
         }
     }
 }
@@ -125,6 +136,7 @@ impl Calibrator {
             split,
             warm: n,
             measure: MEASURE_SUPER_BATCHES * n,
+            tail: n,
         }
     }
 
@@ -166,7 +178,18 @@ impl Calibrator {
                 }
                 true
             }
-            ProbeStep::Layer { warm, measure, .. } => {
+            ProbeStep::Layer {
+                warm,
+                measure,
+                tail,
+                ..
+            } => {
+                if *warm + *measure + *tail <= epoch_len {
+                    return true;
+                }
+                // Without the tail the last timed launch is missing, which
+                // short epochs accept.
+                *tail = 0;
                 if *warm + *measure <= epoch_len {
                     return true;
                 }
@@ -352,7 +375,8 @@ mod tests {
             Some(ProbeStep::Layer {
                 split: ALL_HOT,
                 warm: 4,
-                measure: 8
+                measure: 8,
+                tail: 4
             })
         ));
         let k = counts(&c, |s| (s as f64, 2.0 * s as f64));
@@ -401,7 +425,8 @@ mod tests {
             Some(ProbeStep::Layer {
                 split: 800,
                 warm: 4,
-                measure: 8
+                measure: 8,
+                tail: 4
             })
         );
         let probe2 = LayerProbe {

@@ -18,6 +18,8 @@ pub(crate) mod hot_compute;
 pub(crate) mod monitor;
 pub(crate) mod pipeline;
 pub(crate) mod stats;
+#[cfg(test)]
+mod window_tests;
 pub(crate) mod workers;
 
 use gpu_ops::Backend;
