@@ -66,7 +66,7 @@ pub use error::{CpuOpsError, Result};
 pub use features::FeatureMatrix;
 pub use gather::{gather_rows, gather_rows_into_vec};
 pub use graph::{BuildOptions, CsrGraph};
-pub use hot_layer::{HotProfile, SageHotKernel};
+pub use hot_layer::{HotProfile, HotRequest, SageHotKernel};
 pub use init::{Init, RELU_GAIN};
 pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
 pub use matmul::{
