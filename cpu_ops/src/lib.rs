@@ -59,7 +59,7 @@ pub use aggregate::{
 pub use array::HostArray;
 pub use attention::{
     gat_backward, gat_backward_f32, gat_forward, gat_forward_f32, GatForward, GatGrads, GatInputs,
-    GAT_NEGATIVE_SLOPE,
+    GatParts, GAT_NEGATIVE_SLOPE,
 };
 pub use dropout::{dropout, DropoutMask};
 pub use error::{CpuOpsError, Result};

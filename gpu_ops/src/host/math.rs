@@ -3,7 +3,9 @@
 //! `f32` SIMD path where one exists. Adam is written out here, operation for
 //! operation as [`cpu_ops::Adam`] with L2 decay does it, so both give the same bits.
 
-use cpu_ops::{AggregateKind, DropoutMask, GatForward, GatInputs, MatMut, MatRef, Simd, Transpose};
+use cpu_ops::{
+    AggregateKind, DropoutMask, GatForward, GatInputs, GatParts, MatMut, MatRef, Simd, Transpose,
+};
 use rayon::prelude::*;
 
 use crate::backend::{AdamStep, GatGradsDev, GatSaved, LossStats};
@@ -160,7 +162,7 @@ pub(crate) fn gat_forward(
 ) -> Result<GatSaved<HostBackend>> {
     let (inp, _) = gat_inputs(block, heads, head_dim, z_src, a_src, a_dst)?;
     let fwd = cpu_ops::gat_forward_f32(simd, block.view(), &inp)?;
-    let (out, alpha, el, er) = fwd.into_parts();
+    let GatParts { out, alpha, el, er } = fwd.into_parts();
     Ok(GatSaved {
         out: out.into(),
         alpha: alpha.into(),
@@ -190,32 +192,29 @@ pub(crate) fn gat_backward(
         mul("num_dst × width", nd, width)?,
     )?;
     let part = |what, buf: &HostBuf<f32>, len| prefix(what, buf, len).map(<[f32]>::to_vec);
-    let fwd = GatForward::from_parts(
-        heads,
-        head_dim,
-        ns,
-        nd,
-        part(
+    let parts = GatParts {
+        out: part(
             "GAT saved out (num_dst × heads·head_dim)",
             &saved.out,
             mul("num_dst × width", nd, width)?,
         )?,
-        part(
+        alpha: part(
             "GAT saved alpha (edges × heads)",
             &saved.alpha,
             mul("edges × heads", ne, heads)?,
         )?,
-        part(
+        el: part(
             "GAT saved el (num_src × heads)",
             &saved.el,
             mul("num_src × heads", ns, heads)?,
         )?,
-        part(
+        er: part(
             "GAT saved er (num_dst × heads)",
             &saved.er,
             mul("num_dst × heads", nd, heads)?,
         )?,
-    )?;
+    };
+    let fwd = GatForward::from_parts(heads, head_dim, ns, nd, parts)?;
     let g = cpu_ops::gat_backward_f32(simd, block.view(), &inp, &fwd, grad_out)?;
     Ok(GatGradsDev {
         z_src: g.z_src.into(),
