@@ -12,9 +12,9 @@ use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, SparseRows};
 
 use super::stats::AllocatorStats;
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DenseOps, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory,
-    Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats, MemoryInfo,
-    Precision, Sampling, SparseOps, SparseShape, TopologyPlacement, TransferStats,
+    AdamStep, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind,
+    DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats,
+    MemoryInfo, Precision, Sampling, SparseOps, SparseShape, TopologyPlacement, TransferStats,
 };
 use crate::error::{GpuOpsError, Result};
 
@@ -156,7 +156,7 @@ uninhabited! {
         fn index_put_rows(&Never, usize, &Never, usize, &mut Never) -> Result<()>;
     }
     impl DenseOps {
-        fn gemm(bool, bool, usize, usize, usize, &Never, &Never, &mut Never, bool) -> Result<()>;
+        fn matmul(DevMat<'_, Self>, DevMat<'_, Self>, &mut Never, bool) -> Result<()>;
         fn add_bias(&mut Never, usize, usize, &Never) -> Result<()>;
         fn bias_grad(&Never, usize, usize, &mut Never, bool) -> Result<()>;
         fn relu(&mut Never, usize) -> Result<()>;

@@ -19,7 +19,7 @@ use super::alloc::{CudaBuf, Init};
 use super::device::CudaBackend;
 use super::driver::blas_err;
 use super::kernels::{launch, Grid, Ptr, PtrMut};
-use crate::backend::{Activation, AdamStep, DenseOps, LossStats};
+use crate::backend::{Activation, AdamStep, DenseOps, DevMat, LossStats};
 use crate::error::{GpuOpsError, Result};
 
 /// Rows per partial sum of the column reductions (fixed: the sum order is fixed).
@@ -300,20 +300,17 @@ impl DenseOps for CudaBackend {
         .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
-    /// `C = op(A)·op(B)` (`+ C` when accumulating), row-major, via cuBLAS.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(
+    /// `C = A·B` (`+ C` when accumulating), row-major, via cuBLAS.
+    fn matmul(
         &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: &CudaBuf<f32>,
-        b: &CudaBuf<f32>,
+        a: DevMat<'_, Self>,
+        b: DevMat<'_, Self>,
         c: &mut CudaBuf<f32>,
         accumulate: bool,
     ) -> Result<()> {
+        let (m, n, k) = a.product_dims(&b)?;
+        let (trans_a, trans_b) = (a.is_transposed(), b.is_transposed());
+        let (a, b) = (a.buf(), b.buf());
         a.check_len("gemm A (m × k values)", elems("m × k", m, k)?)?;
         b.check_len("gemm B (k × n values)", elems("k × n", k, n)?)?;
         let mn = elems("m × n", m, n)?;
@@ -668,22 +665,13 @@ impl DenseOps for CudaBackend {
 mod tests {
     use super::*;
 
-    /// Column-major `C = op(X)·op(Y)` (+ `beta`·C), as cuBLAS's sgemm defines it.
-    #[allow(clippy::too_many_arguments)]
-    fn sgemm_col_major(
-        tx: bool,
-        ty: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        x: &[f64],
-        ldx: usize,
-        y: &[f64],
-        ldy: usize,
-        beta: f64,
-        c: &mut [f64],
-        ldc: usize,
-    ) {
+    /// Column-major `C = op(X)·op(Y)` (+ `beta`·C) with `p`'s sizes, transposes
+    /// and leading dimensions (`X` its first operand, `Y` its second), as cuBLAS's
+    /// sgemm defines it.
+    fn sgemm_col_major(p: &ColMajorGemm, x: &[f64], y: &[f64], beta: f64, c: &mut [f64]) {
+        let (tx, ty) = (p.op_first, p.op_second);
+        let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+        let (ldx, ldy, ldc) = (p.ld_first as usize, p.ld_second as usize, p.ldc as usize);
         // Element (r, col) of a column-major matrix with leading dimension ld.
         let at = |v: &[f64], ld: usize, r: usize, col: usize| v[col * ld + r];
         for j in 0..n {
@@ -728,20 +716,7 @@ mod tests {
                     }
                     let p = ColMajorGemm::from_row_major(ta, tb, m, n, k).unwrap();
                     let mut got = c0.clone();
-                    sgemm_col_major(
-                        p.op_first,
-                        p.op_second,
-                        p.m as usize,
-                        p.n as usize,
-                        p.k as usize,
-                        &b,
-                        p.ld_first as usize,
-                        &a,
-                        p.ld_second as usize,
-                        if acc { 1.0 } else { 0.0 },
-                        &mut got,
-                        p.ldc as usize,
-                    );
+                    sgemm_col_major(&p, &b, &a, if acc { 1.0 } else { 0.0 }, &mut got);
                     for (g, w) in got.iter().zip(&want) {
                         assert!((g - w).abs() < 1e-12, "m={m} n={n} k={k} ta={ta} tb={tb}");
                     }

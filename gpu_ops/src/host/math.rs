@@ -8,7 +8,7 @@ use cpu_ops::{
 };
 use rayon::prelude::*;
 
-use crate::backend::{AdamStep, GatGradsDev, GatSaved, LossStats};
+use crate::backend::{AdamStep, DevMat, GatGradsDev, GatSaved, LossStats};
 use crate::error::{GpuOpsError, Result};
 use crate::host::block::HostBlock;
 use crate::host::buffer::{mul, prefix, prefix_mut, HostBuf};
@@ -41,21 +41,18 @@ fn accumulate(acc: bool) -> cpu_ops::Accumulate {
     }
 }
 
-/// [`crate::DenseOps::gemm`]; with `tf32`, on copies of A and B rounded to TF32
+/// [`crate::DenseOps::matmul`]; with `tf32`, on copies of A and B rounded to TF32
 /// ([`crate::round_to_tf32`]), accumulating in fp32 as tensor cores do.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
-    trans_a: bool,
-    trans_b: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[f32],
-    b: &[f32],
+pub(crate) fn matmul(
+    a: DevMat<'_, HostBackend>,
+    b: DevMat<'_, HostBackend>,
     c: &mut [f32],
     acc: bool,
     tf32: bool,
 ) -> Result<()> {
+    let (m, n, k) = a.product_dims(&b)?;
+    let (trans_a, trans_b) = (a.is_transposed(), b.is_transposed());
+    let (a, b): (&[f32], &[f32]) = (a.buf(), b.buf());
     let a = prefix("gemm A (m × k)", a, mul("m × k", m, k)?)?;
     let b = prefix("gemm B (k × n)", b, mul("k × n", k, n)?)?;
     let rounded: Option<(Vec<f32>, Vec<f32>)> = tf32.then(|| {

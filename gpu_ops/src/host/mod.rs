@@ -28,9 +28,9 @@ use std::sync::Arc;
 use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, Simd, SparseRows};
 
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DenseOps, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory,
-    Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats, MemoryInfo,
-    Sampling, SparseOps, SparseShape, TopologyPlacement,
+    AdamStep, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind,
+    DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats,
+    MemoryInfo, Sampling, SparseOps, SparseShape, TopologyPlacement,
 };
 use crate::error::Result;
 
@@ -395,20 +395,15 @@ impl DenseOps for HostBackend {
         memory::count_nonfinite(x, n, count)
     }
 
-    fn gemm(
+    fn matmul(
         &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: &HostBuf<f32>,
-        b: &HostBuf<f32>,
+        a: DevMat<'_, Self>,
+        b: DevMat<'_, Self>,
         c: &mut HostBuf<f32>,
         accumulate: bool,
     ) -> Result<()> {
         let tf32 = self.tf32.load(std::sync::atomic::Ordering::Relaxed);
-        math::gemm(trans_a, trans_b, m, n, k, a, b, c, accumulate, tf32)
+        math::matmul(a, b, c, accumulate, tf32)
     }
 
     fn add_bias(

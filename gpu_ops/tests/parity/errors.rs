@@ -23,18 +23,33 @@ pub(crate) fn too_short_buffers_are_size_mismatch<B: Backend>(d: &B) {
     assert_size_mismatch("copy src", d.copy(&f(3), &mut f(5), 4));
     assert_size_mismatch("copy dst", d.copy(&f(5), &mut f(3), 4));
     assert_size_mismatch("fill_zero", d.fill_zero(&mut f(3), 4));
-    // gemm 4×5 · 5×6
+    // matmul 4×5 · 5×6, stored as read or transposed
     assert_size_mismatch(
-        "gemm a",
-        d.gemm(false, false, 4, 6, 5, &f(19), &f(30), &mut f(24), false),
+        "matmul a",
+        d.matmul(
+            DevMat::new(&f(19), 4, 5),
+            DevMat::new(&f(30), 5, 6),
+            &mut f(24),
+            false,
+        ),
     );
     assert_size_mismatch(
-        "gemm b",
-        d.gemm(true, true, 4, 6, 5, &f(20), &f(29), &mut f(24), false),
+        "matmul b",
+        d.matmul(
+            DevMat::new(&f(20), 5, 4).t(),
+            DevMat::new(&f(29), 6, 5).t(),
+            &mut f(24),
+            false,
+        ),
     );
     assert_size_mismatch(
-        "gemm c",
-        d.gemm(false, true, 4, 6, 5, &f(20), &f(30), &mut f(23), true),
+        "matmul c",
+        d.matmul(
+            DevMat::new(&f(20), 4, 5),
+            DevMat::new(&f(30), 6, 5).t(),
+            &mut f(23),
+            true,
+        ),
     );
     // matmul 4×5 · 6×5: the inner sizes differ (5 ≠ 6), whatever the buffers hold
     assert_size_mismatch(
