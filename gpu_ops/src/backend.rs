@@ -465,6 +465,23 @@ pub struct DeviceBatch<B: DeviceCore> {
     pub num_seeds: usize,
 }
 
+/// The inputs of a GAT attention layer on one block, on a device: `heads` heads
+/// of width `head_dim` and the buffers they are read from
+/// ([`cpu_ops::GatInputs`]' shapes, as prefixes of the buffers). What
+/// [`GraphOps::gat_forward`] and [`GraphOps::gat_backward`] read.
+pub struct GatInputsDev<'a, B: DeviceCore> {
+    /// Number of heads `H` (at least 1).
+    pub heads: usize,
+    /// Width `F` of each head (at least 1).
+    pub head_dim: usize,
+    /// Projected source features, `num_src × H·F`, row-major.
+    pub z_src: &'a B::Buf<f32>,
+    /// Source attention vectors, `H × F`.
+    pub a_src: &'a B::Buf<f32>,
+    /// Destination attention vectors, `H × F`.
+    pub a_dst: &'a B::Buf<f32>,
+}
+
 /// Saved state of [`GraphOps::gat_forward`], consumed by [`GraphOps::gat_backward`].
 pub struct GatSaved<B: DeviceCore> {
     /// Attention output, `num_dst × heads·head_dim`.
@@ -970,26 +987,19 @@ pub trait GraphOps: DeviceCore {
         dim: usize,
         grad_x: &mut Self::Buf<f32>,
     ) -> Result<()>;
-    /// GAT edge attention ([`cpu_ops::gat_forward`]'s semantics).
+    /// GAT edge attention over `block` ([`cpu_ops::gat_forward`]'s semantics).
     fn gat_forward(
         &self,
         block: &Self::Block,
-        heads: usize,
-        head_dim: usize,
-        z_src: &Self::Buf<f32>,
-        a_src: &Self::Buf<f32>,
-        a_dst: &Self::Buf<f32>,
+        inp: &GatInputsDev<'_, Self>,
     ) -> Result<GatSaved<Self>>;
-    /// GAT attention backward ([`cpu_ops::gat_backward`]'s semantics).
-    #[allow(clippy::too_many_arguments)]
+    /// GAT attention backward from `grad_out` (`num_dst × heads·head_dim`), with
+    /// the inputs and saved state of the forward ([`cpu_ops::gat_backward`]'s
+    /// semantics).
     fn gat_backward(
         &self,
         block: &Self::Block,
-        heads: usize,
-        head_dim: usize,
-        z_src: &Self::Buf<f32>,
-        a_src: &Self::Buf<f32>,
-        a_dst: &Self::Buf<f32>,
+        inp: &GatInputsDev<'_, Self>,
         saved: &GatSaved<Self>,
         grad_out: &Self::Buf<f32>,
     ) -> Result<GatGradsDev<Self>>;

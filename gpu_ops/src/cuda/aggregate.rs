@@ -14,7 +14,7 @@ use super::device::CudaBackend;
 use super::kernels::{launch, Grid, Ptr};
 use super::math::elems;
 use super::sample::CudaBlock;
-use crate::backend::{GatGradsDev, GatSaved, GraphOps};
+use crate::backend::{GatGradsDev, GatInputsDev, GatSaved, GraphOps};
 use crate::error::{GpuOpsError, Result};
 
 /// `KIND_*` of aggregate.cu.
@@ -127,12 +127,15 @@ impl GraphOps for CudaBackend {
     fn gat_forward(
         &self,
         block: &CudaBlock,
-        heads: usize,
-        head_dim: usize,
-        z_src: &CudaBuf<f32>,
-        a_src: &CudaBuf<f32>,
-        a_dst: &CudaBuf<f32>,
+        inp: &GatInputsDev<'_, Self>,
     ) -> Result<GatSaved<CudaBackend>> {
+        let GatInputsDev {
+            heads,
+            head_dim,
+            z_src,
+            a_src,
+            a_dst,
+        } = *inp;
         let width = gat_width(heads, head_dim)?;
         z_src.check_len(
             "GAT z_src (num_src × heads·head_dim values)",
@@ -200,18 +203,20 @@ impl GraphOps for CudaBackend {
 
     /// GAT attention backward ([`cpu_ops::gat_backward`]'s semantics; steps in
     /// attention.cu).
-    #[allow(clippy::too_many_arguments)]
     fn gat_backward(
         &self,
         block: &CudaBlock,
-        heads: usize,
-        head_dim: usize,
-        z_src: &CudaBuf<f32>,
-        a_src: &CudaBuf<f32>,
-        a_dst: &CudaBuf<f32>,
+        inp: &GatInputsDev<'_, Self>,
         saved: &GatSaved<CudaBackend>,
         grad_out: &CudaBuf<f32>,
     ) -> Result<GatGradsDev<CudaBackend>> {
+        let GatInputsDev {
+            heads,
+            head_dim,
+            z_src,
+            a_src,
+            a_dst,
+        } = *inp;
         let width = gat_width(heads, head_dim)?;
         let (ns, nd, ne) = (block.num_src, block.num_dst, block.num_edges);
         let n_z = elems("num_src × width", ns, width)?;

@@ -13,8 +13,9 @@ use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, SparseRows};
 use super::stats::AllocatorStats;
 use crate::backend::{
     AdamStep, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind,
-    DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats,
-    MemoryInfo, Precision, Sampling, SparseOps, SparseShape, TopologyPlacement, TransferStats,
+    DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatInputsDev, GatSaved, GraphOps,
+    LossStats, MemoryInfo, Precision, Sampling, SparseOps, SparseShape, TopologyPlacement,
+    TransferStats,
 };
 use crate::error::{GpuOpsError, Result};
 
@@ -175,8 +176,8 @@ uninhabited! {
     impl GraphOps {
         fn aggregate_forward(&Never, AggregateKind, &Never, usize, &mut Never) -> Result<()>;
         fn aggregate_backward(&Never, AggregateKind, &Never, usize, &mut Never) -> Result<()>;
-        fn gat_forward(&Never, usize, usize, &Never, &Never, &Never) -> Result<GatSaved<Self>>;
-        fn gat_backward(&Never, usize, usize, &Never, &Never, &Never, &GatSaved<Self>, &Never)
+        fn gat_forward(&Never, &GatInputsDev<'_, Self>) -> Result<GatSaved<Self>>;
+        fn gat_backward(&Never, &GatInputsDev<'_, Self>, &GatSaved<Self>, &Never)
             -> Result<GatGradsDev<Self>>;
     }
     impl SparseOps {

@@ -8,7 +8,7 @@ use cpu_ops::{
 };
 use rayon::prelude::*;
 
-use crate::backend::{AdamStep, DevMat, GatGradsDev, GatSaved, LossStats};
+use crate::backend::{AdamStep, DevMat, GatGradsDev, GatInputsDev, GatSaved, LossStats};
 use crate::error::{GpuOpsError, Result};
 use crate::host::block::HostBlock;
 use crate::host::buffer::{mul, prefix, prefix_mut, HostBuf};
@@ -126,12 +126,15 @@ pub(crate) fn aggregate_backward(
 /// The GAT inputs' prefixes; `width = heads · head_dim`.
 fn gat_inputs<'a>(
     block: &HostBlock,
-    heads: usize,
-    head_dim: usize,
-    z_src: &'a [f32],
-    a_src: &'a [f32],
-    a_dst: &'a [f32],
+    inp: &GatInputsDev<'a, HostBackend>,
 ) -> Result<(GatInputs<'a, f32>, usize)> {
+    let GatInputsDev {
+        heads,
+        head_dim,
+        z_src,
+        a_src,
+        a_dst,
+    } = *inp;
     let width = mul("heads × head_dim", heads, head_dim)?;
     let inp = GatInputs {
         heads,
@@ -151,13 +154,9 @@ fn gat_inputs<'a>(
 pub(crate) fn gat_forward(
     simd: Simd,
     block: &HostBlock,
-    heads: usize,
-    head_dim: usize,
-    z_src: &[f32],
-    a_src: &[f32],
-    a_dst: &[f32],
+    inp: &GatInputsDev<'_, HostBackend>,
 ) -> Result<GatSaved<HostBackend>> {
-    let (inp, _) = gat_inputs(block, heads, head_dim, z_src, a_src, a_dst)?;
+    let (inp, _) = gat_inputs(block, inp)?;
     let fwd = cpu_ops::gat_forward_f32(simd, block.view(), &inp)?;
     let GatParts { out, alpha, el, er } = fwd.into_parts();
     Ok(GatSaved {
@@ -169,19 +168,15 @@ pub(crate) fn gat_forward(
 }
 
 /// [`crate::GraphOps::gat_backward`].
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn gat_backward(
     simd: Simd,
     block: &HostBlock,
-    heads: usize,
-    head_dim: usize,
-    z_src: &[f32],
-    a_src: &[f32],
-    a_dst: &[f32],
+    inp: &GatInputsDev<'_, HostBackend>,
     saved: &GatSaved<HostBackend>,
     grad_out: &[f32],
 ) -> Result<GatGradsDev<HostBackend>> {
-    let (inp, width) = gat_inputs(block, heads, head_dim, z_src, a_src, a_dst)?;
+    let (inp, width) = gat_inputs(block, inp)?;
+    let (heads, head_dim) = (inp.heads, inp.head_dim);
     let (ns, nd, ne) = (block.num_src(), block.num_dst(), block.num_edges());
     let grad_out = prefix(
         "GAT output gradient (num_dst × heads·head_dim)",
