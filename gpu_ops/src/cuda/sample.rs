@@ -130,6 +130,17 @@ impl std::fmt::Debug for CudaBlock {
     }
 }
 
+/// The destinations of one sampled layer ([`CudaBackend::sample_layer`]): the
+/// first `n` ids of `ids`, distinct (not checked before the relabel, which
+/// reports a repeat naming them `name`), and an optional mask: a destination
+/// flagged in `skip[..n]` gets no neighbors.
+struct Frontier<'a> {
+    ids: &'a CudaBuf<u32>,
+    n: usize,
+    skip: Option<&'a CudaBuf<u8>>,
+    name: &'static str,
+}
+
 /// What [`CudaBackend::relabel`] returns.
 struct Relabeled {
     /// The unique ids (targets first).
@@ -151,21 +162,23 @@ impl CudaBackend {
         Grid::warps_for(n as u64, self.kernels.max_blocks())
     }
 
-    /// One layer (steps 2–5 of the module doc) from `frontier[..n]` (distinct, not
-    /// checked here: the relabel reports repeats naming `frontier_name`): returns
-    /// `(block, src_ids, num_src)`. Destinations flagged in `skip[..n]` get no
-    /// neighbors. Callers check `fanout > 0` and the buffer lengths.
-    #[allow(clippy::too_many_arguments)]
+    /// One layer (steps 2–5 of the module doc) from `frontier`, drawing `fanout`
+    /// neighbors per destination with `layer_key`: returns
+    /// `(block, src_ids, num_src)`. Callers check `fanout > 0` and the buffer
+    /// lengths.
     fn sample_layer(
         &self,
         graph: &CudaGraph,
-        frontier: &CudaBuf<u32>,
-        n: usize,
+        frontier: Frontier<'_>,
         fanout: u32,
         layer_key: u64,
-        skip: Option<&CudaBuf<u8>>,
-        frontier_name: &'static str,
     ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
+        let Frontier {
+            ids: frontier,
+            n,
+            skip,
+            name: frontier_name,
+        } = frontier;
         let (g_indptr, g_indices) = graph.ptrs();
         let nv = graph.num_vertices as u64;
         // 2. counts → indptr.
@@ -539,12 +552,14 @@ impl crate::backend::Sampling for CudaBackend {
             let (block, src, n_src) = self
                 .sample_layer(
                     graph,
-                    frontier,
-                    n,
+                    Frontier {
+                        ids: frontier,
+                        n,
+                        skip: None,
+                        name: "frontier",
+                    },
                     fanouts[layer],
                     layer_key,
-                    None,
-                    "frontier",
                 )
                 .map_err(|e| match e {
                     GpuOpsError::InvalidArgument {
@@ -596,7 +611,13 @@ impl crate::backend::Sampling for CudaBackend {
         if let Some(s) = skip {
             s.check_len("sample_hop skip (one flag per destination)", n_dst)?;
         }
-        self.sample_layer(graph, dst, n_dst, fanout, layer_seed, skip, "dst")
+        let frontier = Frontier {
+            ids: dst,
+            n: n_dst,
+            skip,
+            name: "dst",
+        };
+        self.sample_layer(graph, frontier, fanout, layer_seed)
     }
 
     fn unique_relabel(
