@@ -96,6 +96,21 @@ impl<T> GatInputs<'_, T> {
     }
 }
 
+/// The buffers of a [`GatForward`], unchecked: what [`GatForward::into_parts`]
+/// hands out and [`GatForward::from_parts`] checks and takes back (shapes as the
+/// [`GatForward`] accessors of the same names lay them out).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatParts<T> {
+    /// The output, `num_dst × heads·head_dim`.
+    pub out: Vec<T>,
+    /// Attention weights, edge-major, `num_edges × heads`.
+    pub alpha: Vec<T>,
+    /// Source scores, `num_src × heads`.
+    pub el: Vec<T>,
+    /// Destination scores, `num_dst × heads`.
+    pub er: Vec<T>,
+}
+
 /// What [`gat_forward`] computes and [`gat_backward`] needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GatForward<T> {
@@ -145,26 +160,30 @@ impl<T: Real> GatForward<T> {
         &self.er
     }
 
-    /// Takes the state apart: `(out, alpha, el, er)`, as the accessors lay them out.
-    pub fn into_parts(self) -> (Vec<T>, Vec<T>, Vec<T>, Vec<T>) {
-        (self.out, self.alpha, self.el, self.er)
+    /// Takes the state apart into its buffers, as the accessors lay them out.
+    pub fn into_parts(self) -> GatParts<T> {
+        GatParts {
+            out: self.out,
+            alpha: self.alpha,
+            el: self.el,
+            er: self.er,
+        }
     }
 
     /// Rebuilds the state from its parts (e.g. kept in a device backend's buffers
-    /// between forward and backward). Checks that `out` is `num_dst × heads·head_dim`,
-    /// `el` is `num_src × heads`, `er` is `num_dst × heads` and `alpha` holds whole
-    /// edges (a multiple of `heads`); [`gat_backward`] checks `alpha` against the block.
-    #[allow(clippy::too_many_arguments)]
+    /// between forward and backward) for `heads` heads of width `head_dim` over a
+    /// block of `num_src` sources and `num_dst` destinations. Checks that `out` is
+    /// `num_dst × heads·head_dim`, `el` is `num_src × heads`, `er` is
+    /// `num_dst × heads` and `alpha` holds whole edges (a multiple of `heads`);
+    /// [`gat_backward`] checks `alpha` against the block.
     pub fn from_parts(
         heads: usize,
         head_dim: usize,
         num_src: usize,
         num_dst: usize,
-        out: Vec<T>,
-        alpha: Vec<T>,
-        el: Vec<T>,
-        er: Vec<T>,
+        parts: GatParts<T>,
     ) -> Result<Self> {
+        let GatParts { out, alpha, el, er } = parts;
         if heads == 0 || head_dim == 0 {
             return Err(CpuOpsError::InvalidArgument {
                 name: "heads, head_dim",
@@ -797,59 +816,34 @@ mod tests {
         let want = gat_backward_f32(s, &b, &c.inputs(), &fwd, &c.g).unwrap();
         assert_eq!(fwd.el().len(), 21 * 2);
         assert_eq!(fwd.er().len(), 9 * 2);
-        let (out, alpha, el, er) = fwd.clone().into_parts();
-        let parts = (out.clone(), alpha.clone(), el.clone(), er.clone());
-        let back = GatForward::from_parts(2, 5, 21, 9, out, alpha, el, er).unwrap();
+        let parts = fwd.clone().into_parts();
+        let back = GatForward::from_parts(2, 5, 21, 9, parts.clone()).unwrap();
         assert_eq!(back, fwd);
         let got = gat_backward_f32(s, &b, &c.inputs(), &back, &c.g).unwrap();
         assert_eq!(got, want);
         // Wrong sizes are errors naming the part.
-        let (out, alpha, el, er) = parts;
         let short = |v: &Vec<f32>| v[1..].to_vec();
-        assert!(GatForward::from_parts(
-            0,
-            5,
-            21,
-            9,
-            out.clone(),
-            alpha.clone(),
-            el.clone(),
-            er.clone()
-        )
-        .is_err());
-        assert!(GatForward::from_parts(
-            2,
-            5,
-            21,
-            9,
-            short(&out),
-            alpha.clone(),
-            el.clone(),
-            er.clone()
-        )
-        .is_err());
-        assert!(GatForward::from_parts(
-            2,
-            5,
-            21,
-            9,
-            out.clone(),
-            short(&alpha),
-            el.clone(),
-            er.clone()
-        )
-        .is_err());
-        assert!(GatForward::from_parts(
-            2,
-            5,
-            21,
-            9,
-            out.clone(),
-            alpha.clone(),
-            short(&el),
-            er.clone()
-        )
-        .is_err());
-        assert!(GatForward::from_parts(2, 5, 21, 9, out, alpha, el, short(&er)).is_err());
+        assert!(GatForward::from_parts(0, 5, 21, 9, parts.clone()).is_err());
+        let bad = [
+            GatParts {
+                out: short(&parts.out),
+                ..parts.clone()
+            },
+            GatParts {
+                alpha: short(&parts.alpha),
+                ..parts.clone()
+            },
+            GatParts {
+                el: short(&parts.el),
+                ..parts.clone()
+            },
+            GatParts {
+                er: short(&parts.er),
+                ..parts.clone()
+            },
+        ];
+        for p in bad {
+            assert!(GatForward::from_parts(2, 5, 21, 9, p).is_err());
+        }
     }
 }

@@ -111,6 +111,27 @@ impl HotProfile {
     }
 }
 
+/// What one [`SageHotKernel::compute`] call computes: the layer-0 rows of `dst`
+/// (global ids; repeats allowed), with neighbors drawn from `graph` as a one-layer
+/// `NeighborSampler::new(vec![fanout]).sample(graph, dst, seed, ..)` would
+/// ([`ALL_NEIGHBORS`](crate::ALL_NEIGHBORS) takes every neighbor), and ReLU applied
+/// when `relu` (every layer but the last).
+#[derive(Clone, Copy, Debug)]
+pub struct HotRequest<'a> {
+    /// The graph: row `v` lists the in-neighbors of `v`.
+    pub graph: &'a CsrGraph,
+    /// One row of `d_in` values per vertex of `graph`.
+    pub features: &'a FeatureMatrix,
+    /// The destinations, global ids.
+    pub dst: &'a [u32],
+    /// Neighbors drawn per destination (at least 1).
+    pub fanout: u32,
+    /// The draw's seed.
+    pub seed: u64,
+    /// Whether ReLU follows the bias.
+    pub relu: bool,
+}
+
 /// The fused GraphSAGE-mean layer-0 kernel with its stacked weights and reusable
 /// scratch (module doc). One per worker thread; `Clone` to make more.
 #[derive(Clone, Debug)]
@@ -268,68 +289,34 @@ impl SageHotKernel {
         self.simd
     }
 
-    /// Writes the layer-0 rows of `dst` (global ids; repeats allowed) to `out`
-    /// (`dst.len() × d_out`, row-major; written directly, e.g. a pinned staging
-    /// buffer), with neighbors drawn as a one-layer
-    /// `NeighborSampler::new(vec![fanout]).sample(graph, dst, seed, ..)` would
-    /// ([`ALL_NEIGHBORS`](crate::ALL_NEIGHBORS) takes every neighbor), and ReLU
-    /// applied when `relu` (every layer but the last). Row `v` of `graph` lists the
-    /// in-neighbors of `v`; `features` has one row of `d_in` values per vertex.
+    /// Writes the rows `req` asks for to `out` (`req.dst.len() × d_out`,
+    /// row-major; written directly, e.g. a pinned staging buffer).
     ///
     /// Errors, checked before anything is written: [`CpuOpsError::InvalidArgument`]
     /// for a fanout of 0; [`CpuOpsError::SizeMismatch`] when the features are not
     /// `num_vertices × d_in` or `out` is not `dst.len() × d_out`;
     /// [`CpuOpsError::VertexOutOfRange`] for a destination that is not a vertex.
-    #[allow(clippy::too_many_arguments)]
-    pub fn compute(
-        &mut self,
-        graph: &CsrGraph,
-        features: &FeatureMatrix,
-        dst: &[u32],
-        fanout: u32,
-        seed: u64,
-        relu: bool,
-        out: &mut [f32],
-    ) -> Result<()> {
-        self.run(graph, features, dst, fanout, seed, relu, out, None)
+    pub fn compute(&mut self, req: HotRequest<'_>, out: &mut [f32]) -> Result<()> {
+        self.run(req, out, None)
     }
 
     /// [`SageHotKernel::compute`], also timing its phases (a few clock reads per
     /// block; for benchmarks).
-    #[allow(clippy::too_many_arguments)]
-    pub fn compute_profiled(
-        &mut self,
-        graph: &CsrGraph,
-        features: &FeatureMatrix,
-        dst: &[u32],
-        fanout: u32,
-        seed: u64,
-        relu: bool,
-        out: &mut [f32],
-    ) -> Result<HotProfile> {
+    pub fn compute_profiled(&mut self, req: HotRequest<'_>, out: &mut [f32]) -> Result<HotProfile> {
         let mut profile = HotProfile::default();
-        self.run(
-            graph,
-            features,
-            dst,
-            fanout,
-            seed,
-            relu,
-            out,
-            Some(&mut profile),
-        )?;
+        self.run(req, out, Some(&mut profile))?;
         Ok(profile)
     }
 
     /// Step 1: every check of [`SageHotKernel::compute`].
-    fn check(
-        &self,
-        graph: &CsrGraph,
-        features: &FeatureMatrix,
-        dst: &[u32],
-        fanout: u32,
-        out_len: usize,
-    ) -> Result<()> {
+    fn check(&self, req: &HotRequest<'_>, out_len: usize) -> Result<()> {
+        let HotRequest {
+            graph,
+            features,
+            dst,
+            fanout,
+            ..
+        } = *req;
         if fanout == 0 {
             return Err(CpuOpsError::InvalidArgument {
                 name: "fanout",
@@ -372,19 +359,21 @@ impl SageHotKernel {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
-        graph: &CsrGraph,
-        features: &FeatureMatrix,
-        dst: &[u32],
-        fanout: u32,
-        seed: u64,
-        relu: bool,
+        req: HotRequest<'_>,
         out: &mut [f32],
         mut profile: Option<&mut HotProfile>,
     ) -> Result<()> {
-        self.check(graph, features, dst, fanout, out.len())?;
+        self.check(&req, out.len())?;
+        let HotRequest {
+            graph,
+            features,
+            dst,
+            fanout,
+            seed,
+            relu,
+        } = req;
         let clock = |on: bool| on.then(Instant::now);
         let elapsed = |t: Option<Instant>| t.map_or(Duration::ZERO, |t| t.elapsed());
         let timed = profile.is_some();
@@ -607,21 +596,38 @@ mod tests {
         ]
     }
 
+    /// The request for `dst` of `g` and `f`.
+    fn req<'a>(
+        g: &'a CsrGraph,
+        f: &'a FeatureMatrix,
+        dst: &'a [u32],
+        fanout: u32,
+        seed: u64,
+        relu: bool,
+    ) -> HotRequest<'a> {
+        HotRequest {
+            graph: g,
+            features: f,
+            dst,
+            fanout,
+            seed,
+            relu,
+        }
+    }
+
     /// The path the kernel replaces, in plain `f64` scalar code: the one-hop
     /// sampler's block, the gathered rows of its sources, and for destination `i`
     /// `act(x_i·W_self + mean_{j∈N(i)} x_j·W_neigh + b)` (an isolated
-    /// destination's mean is 0; ReLU when `relu`).
-    #[allow(clippy::too_many_arguments)]
-    fn reference(
-        t: &[Vec<f32>],
-        d_out: usize,
-        relu: bool,
-        g: &CsrGraph,
-        f: &FeatureMatrix,
-        dst: &[u32],
-        fanout: u32,
-        seed: u64,
-    ) -> Vec<f32> {
+    /// destination's mean is 0; ReLU when `req.relu`).
+    fn reference(t: &[Vec<f32>], d_out: usize, req: HotRequest<'_>) -> Vec<f32> {
+        let HotRequest {
+            graph: g,
+            features: f,
+            dst,
+            fanout,
+            seed,
+            relu,
+        } = req;
         let d_in = f.dim();
         let sampler = NeighborSampler::new(vec![fanout]).unwrap();
         let mut scratch = SamplerScratch::new(g.num_vertices());
@@ -685,7 +691,8 @@ mod tests {
                 for fanout in [1, 5, 12, 25, ALL_NEIGHBORS] {
                     case += 1;
                     let seed = 100 + case;
-                    let want = reference(tensors, d_out, relu, &g, &f, &dst, fanout, seed);
+                    let r = req(&g, &f, &dst, fanout, seed, relu);
+                    let want = reference(tensors, d_out, r);
                     // Every SIMD level in turn, and block sizes that leave a partial
                     // last block as well as the default (one block here).
                     let level = levels[case as usize % levels.len()];
@@ -695,8 +702,7 @@ mod tests {
                     for rows in [16, 7, default_block_rows(d_in)] {
                         k.set_block_rows(rows).unwrap();
                         let mut got = vec![f32::NAN; dst.len() * d_out];
-                        k.compute(&g, &f, &dst, fanout, seed, relu, &mut got)
-                            .unwrap();
+                        k.compute(r, &mut got).unwrap();
                         let what = format!(
                             "{d_in}→{d_out} relu {relu} fanout {fanout} {level} rows {rows}"
                         );
@@ -720,13 +726,15 @@ mod tests {
                 .unwrap()
                 .with_simd(Simd::scalar());
             let mut want = vec![0.0; dst.len() * d_out];
-            scalar.compute(&g, &f, &dst, 5, 9, true, &mut want).unwrap();
+            scalar
+                .compute(req(&g, &f, &dst, 5, 9, true), &mut want)
+                .unwrap();
             for level in SimdLevel::available() {
                 let mut k = SageHotKernel::new(tensors, d_in, d_out)
                     .unwrap()
                     .with_simd(Simd::new(level).unwrap());
                 let mut got = vec![0.0; dst.len() * d_out];
-                k.compute(&g, &f, &dst, 5, 9, true, &mut got).unwrap();
+                k.compute(req(&g, &f, &dst, 5, 9, true), &mut got).unwrap();
                 assert_close(&got, &want, &format!("d_in {d_in} {level}"));
             }
         }
@@ -741,8 +749,8 @@ mod tests {
         let mut k = SageHotKernel::new(&t, 13, 8).unwrap();
         let dst = [5u32, 9, 5, 30, 9, 5];
         let mut got = vec![0.0; dst.len() * 8];
-        k.compute(&g, &f, &dst, 3, 11, true, &mut got).unwrap();
-        let want = reference(&t, 8, true, &g, &f, &[5, 9, 30], 3, 11);
+        k.compute(req(&g, &f, &dst, 3, 11, true), &mut got).unwrap();
+        let want = reference(&t, 8, req(&g, &f, &[5, 9, 30], 3, 11, true));
         for (i, &d) in dst.iter().enumerate() {
             let j = [5, 9, 30].iter().position(|&x| x == d).unwrap();
             assert_close(
@@ -763,29 +771,29 @@ mod tests {
         let mut k = SageHotKernel::new(&old, 33, 20).unwrap();
         let mut out = vec![0.0; dst.len() * 20];
         // A long call, a short one, then the long one again with newer weights.
-        k.compute(&g, &f, &dst, ALL_NEIGHBORS, 1, true, &mut out)
+        k.compute(req(&g, &f, &dst, ALL_NEIGHBORS, 1, true), &mut out)
             .unwrap();
         assert_close(
             &out,
-            &reference(&old, 20, true, &g, &f, &dst, ALL_NEIGHBORS, 1),
+            &reference(&old, 20, req(&g, &f, &dst, ALL_NEIGHBORS, 1, true)),
             "first call",
         );
-        k.compute(&g, &f, &dst[..3], 4, 2, true, &mut out[..60])
+        k.compute(req(&g, &f, &dst[..3], 4, 2, true), &mut out[..60])
             .unwrap();
         assert_close(
             &out[..60],
-            &reference(&old, 20, true, &g, &f, &dst[..3], 4, 2),
+            &reference(&old, 20, req(&g, &f, &dst[..3], 4, 2, true)),
             "short call",
         );
         k.set_weights(&new).unwrap();
-        k.compute(&g, &f, &dst, 10, 3, true, &mut out).unwrap();
+        k.compute(req(&g, &f, &dst, 10, 3, true), &mut out).unwrap();
         assert_close(
             &out,
-            &reference(&new, 20, true, &g, &f, &dst, 10, 3),
+            &reference(&new, 20, req(&g, &f, &dst, 10, 3, true)),
             "new weights",
         );
         // Nothing to do is fine.
-        k.compute(&g, &f, &[], 10, 3, true, &mut []).unwrap();
+        k.compute(req(&g, &f, &[], 10, 3, true), &mut []).unwrap();
     }
 
     #[test]
@@ -830,7 +838,8 @@ mod tests {
         // A failed weight update keeps the old weights.
         let mut k = SageHotKernel::new(&t, 6, 4).unwrap();
         let mut want = vec![0.0; 8];
-        k.compute(&g, &f, &[3, 4], 5, 1, true, &mut want).unwrap();
+        k.compute(req(&g, &f, &[3, 4], 5, 1, true), &mut want)
+            .unwrap();
         let mut bad = t.clone();
         bad[1] = vec![7.0; 23];
         assert!(k.set_weights(&bad).is_err());
@@ -839,7 +848,7 @@ mod tests {
         // Compute: every check, and `out` untouched on error.
         let mut out = vec![-3.0f32; 8];
         let e = k
-            .compute(&g, &f, &[3, 50], 5, 1, true, &mut out)
+            .compute(req(&g, &f, &[3, 50], 5, 1, true), &mut out)
             .unwrap_err();
         assert!(
             matches!(
@@ -853,7 +862,7 @@ mod tests {
             "{e}"
         );
         let e = k
-            .compute(&g, &f, &[3, 4], 5, 1, true, &mut out[..7])
+            .compute(req(&g, &f, &[3, 4], 5, 1, true), &mut out[..7])
             .unwrap_err();
         assert!(
             matches!(
@@ -868,7 +877,7 @@ mod tests {
         );
         let wide = features(n, 7, 16);
         let e = k
-            .compute(&g, &wide, &[3, 4], 5, 1, true, &mut out)
+            .compute(req(&g, &wide, &[3, 4], 5, 1, true), &mut out)
             .unwrap_err();
         assert!(
             matches!(
@@ -883,7 +892,7 @@ mod tests {
         );
         let short = features(n - 1, 6, 17);
         let e = k
-            .compute(&g, &short, &[3, 4], 5, 1, true, &mut out)
+            .compute(req(&g, &short, &[3, 4], 5, 1, true), &mut out)
             .unwrap_err();
         assert!(
             matches!(
@@ -897,7 +906,7 @@ mod tests {
             "{e}"
         );
         let e = k
-            .compute(&g, &f, &[3, 4], 0, 1, true, &mut out)
+            .compute(req(&g, &f, &[3, 4], 0, 1, true), &mut out)
             .unwrap_err();
         assert!(
             matches!(e, CpuOpsError::InvalidArgument { name: "fanout", .. }),
@@ -906,7 +915,8 @@ mod tests {
         assert!(out.iter().all(|&x| x == -3.0), "out was written on error");
 
         // Still the old weights.
-        k.compute(&g, &f, &[3, 4], 5, 1, true, &mut out).unwrap();
+        k.compute(req(&g, &f, &[3, 4], 5, 1, true), &mut out)
+            .unwrap();
         assert_eq!(out, want);
     }
 }

@@ -59,14 +59,14 @@ pub use aggregate::{
 pub use array::HostArray;
 pub use attention::{
     gat_backward, gat_backward_f32, gat_forward, gat_forward_f32, GatForward, GatGrads, GatInputs,
-    GAT_NEGATIVE_SLOPE,
+    GatParts, GAT_NEGATIVE_SLOPE,
 };
 pub use dropout::{dropout, DropoutMask};
 pub use error::{CpuOpsError, Result};
 pub use features::FeatureMatrix;
 pub use gather::{gather_rows, gather_rows_into_vec};
 pub use graph::{BuildOptions, CsrGraph};
-pub use hot_layer::{HotProfile, SageHotKernel};
+pub use hot_layer::{HotProfile, HotRequest, SageHotKernel};
 pub use init::{Init, RELU_GAIN};
 pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
 pub use matmul::{

@@ -61,7 +61,7 @@ pub enum Activation {
     },
 }
 
-/// The arithmetic of a backend's matrix products ([`DenseOps::gemm`]).
+/// The arithmetic of a backend's matrix products ([`DenseOps::matmul`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(
     feature = "serde",
@@ -373,7 +373,7 @@ pub struct AdamStep {
 
 /// A row-major `rows × cols` matrix: the first `rows · cols` values of a device
 /// buffer, read as stored or transposed ([`DevMat::t`]). The operands of
-/// [`DenseOps::matmul`].
+/// [`DenseOps::matmul`], which take their shapes and transposes from it.
 pub struct DevMat<'a, B: DeviceCore> {
     buf: &'a B::Buf<f32>,
     rows: usize,
@@ -416,6 +416,31 @@ impl<'a, B: DeviceCore> DevMat<'a, B> {
             (self.rows, self.cols)
         }
     }
+
+    /// The buffer, holding the matrix as stored (row-major, before any transpose).
+    pub fn buf(&self) -> &'a B::Buf<f32> {
+        self.buf
+    }
+
+    /// Whether the matrix is read transposed: the buffer holds its transpose.
+    pub fn is_transposed(&self) -> bool {
+        self.trans
+    }
+
+    /// `(m, n, k)` of the product `self · rhs`: `self` read as `m × k`, `rhs` as
+    /// `k × n`. Errors: the columns of `self` differ from the rows of `rhs`
+    /// ([`GpuOpsError::SizeMismatch`]).
+    pub fn product_dims(&self, rhs: &DevMat<'_, B>) -> Result<(usize, usize, usize)> {
+        let ((m, k), (kb, n)) = (self.shape(), rhs.shape());
+        if k != kb {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "matmul: rows of the right operand (the left one's columns)",
+                expected: k,
+                found: kb,
+            });
+        }
+        Ok((m, n, k))
+    }
 }
 
 /// Mean loss and correct count of [`DenseOps::softmax_cross_entropy`].
@@ -438,6 +463,23 @@ pub struct DeviceBatch<B: DeviceCore> {
     pub src_ids: Vec<B::Buf<u32>>,
     /// Number of seeds.
     pub num_seeds: usize,
+}
+
+/// The inputs of a GAT attention layer on one block, on a device: `heads` heads
+/// of width `head_dim` and the buffers they are read from
+/// ([`cpu_ops::GatInputs`]' shapes, as prefixes of the buffers). What
+/// [`GraphOps::gat_forward`] and [`GraphOps::gat_backward`] read.
+pub struct GatInputsDev<'a, B: DeviceCore> {
+    /// Number of heads `H` (at least 1).
+    pub heads: usize,
+    /// Width `F` of each head (at least 1).
+    pub head_dim: usize,
+    /// Projected source features, `num_src × H·F`, row-major.
+    pub z_src: &'a B::Buf<f32>,
+    /// Source attention vectors, `H × F`.
+    pub a_src: &'a B::Buf<f32>,
+    /// Destination attention vectors, `H × F`.
+    pub a_dst: &'a B::Buf<f32>,
 }
 
 /// Saved state of [`GraphOps::gat_forward`], consumed by [`GraphOps::gat_backward`].
@@ -495,10 +537,10 @@ pub trait DeviceCore: Send + Sync + Sized + 'static {
     fn memory_info(&self) -> Result<MemoryInfo>;
     /// Copies and synchronizations so far ([`TransferStats`]).
     fn transfer_stats(&self) -> TransferStats;
-    /// Sets the arithmetic of this backend's later [`DenseOps::gemm`] calls
+    /// Sets the arithmetic of this backend's later [`DenseOps::matmul`] calls
     /// (this instance only).
     fn set_precision(&self, precision: Precision) -> Result<()>;
-    /// The arithmetic of [`DenseOps::gemm`] now.
+    /// The arithmetic of [`DenseOps::matmul`] now.
     fn precision(&self) -> Precision;
 
     // ---- streams and events ---------------------------------------------------
@@ -771,44 +813,19 @@ pub trait FeatureStore: DeviceCore {
 /// Dense math on row-major `f32` buffers: matrix products, bias, activations,
 /// dropout, the loss, the optimizer step and elementwise helpers.
 pub trait DenseOps: DeviceMemory {
-    /// `C = op(A)·op(B)` (`+ C` when `accumulate`), `C` is `m × n`; `op(A)` is
-    /// `m × k` (`A` stored `k × m` when `trans_a`), `op(B)` is `k × n`.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(
-        &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: &Self::Buf<f32>,
-        b: &Self::Buf<f32>,
-        c: &mut Self::Buf<f32>,
-        accumulate: bool,
-    ) -> Result<()>;
-    /// `C = A·B` (`+ C` when `accumulate`) for views that carry their shapes:
-    /// [`DenseOps::gemm`] with `m`, `n`, `k` and the transposes taken from `a`
-    /// and `b`. `C` holds at least `rows(A) × cols(B)` values. Errors: the
-    /// columns of `a` differ from the rows of `b`
-    /// ([`GpuOpsError::SizeMismatch`](crate::GpuOpsError::SizeMismatch)), and
-    /// `gemm`'s.
+    /// `C = A·B` (`+ C` when `accumulate`; without it `C`'s old values are never
+    /// read) for views that carry their shapes and transposes: with `A` read as
+    /// `m × k` and `B` as `k × n` ([`DevMat::product_dims`]), `C` is the row-major
+    /// `m × n` prefix of `c`. Errors: the columns of `a` differ from the rows of
+    /// `b`, or a buffer holds fewer values than its matrix
+    /// ([`GpuOpsError::SizeMismatch`](crate::GpuOpsError::SizeMismatch)).
     fn matmul(
         &self,
         a: DevMat<'_, Self>,
         b: DevMat<'_, Self>,
         c: &mut Self::Buf<f32>,
         accumulate: bool,
-    ) -> Result<()> {
-        let ((m, k), (kb, n)) = (a.shape(), b.shape());
-        if k != kb {
-            return Err(crate::GpuOpsError::SizeMismatch {
-                what: "matmul: rows of the right operand (the left one's columns)",
-                expected: k,
-                found: kb,
-            });
-        }
-        self.gemm(a.trans, b.trans, m, n, k, a.buf, b.buf, c, accumulate)
-    }
+    ) -> Result<()>;
     /// `x[r] += bias` for `r < rows` (`x` is `rows × cols`).
     fn add_bias(
         &self,
@@ -970,26 +987,19 @@ pub trait GraphOps: DeviceCore {
         dim: usize,
         grad_x: &mut Self::Buf<f32>,
     ) -> Result<()>;
-    /// GAT edge attention ([`cpu_ops::gat_forward`]'s semantics).
+    /// GAT edge attention over `block` ([`cpu_ops::gat_forward`]'s semantics).
     fn gat_forward(
         &self,
         block: &Self::Block,
-        heads: usize,
-        head_dim: usize,
-        z_src: &Self::Buf<f32>,
-        a_src: &Self::Buf<f32>,
-        a_dst: &Self::Buf<f32>,
+        inp: &GatInputsDev<'_, Self>,
     ) -> Result<GatSaved<Self>>;
-    /// GAT attention backward ([`cpu_ops::gat_backward`]'s semantics).
-    #[allow(clippy::too_many_arguments)]
+    /// GAT attention backward from `grad_out` (`num_dst × heads·head_dim`), with
+    /// the inputs and saved state of the forward ([`cpu_ops::gat_backward`]'s
+    /// semantics).
     fn gat_backward(
         &self,
         block: &Self::Block,
-        heads: usize,
-        head_dim: usize,
-        z_src: &Self::Buf<f32>,
-        a_src: &Self::Buf<f32>,
-        a_dst: &Self::Buf<f32>,
+        inp: &GatInputsDev<'_, Self>,
         saved: &GatSaved<Self>,
         grad_out: &Self::Buf<f32>,
     ) -> Result<GatGradsDev<Self>>;
@@ -1017,7 +1027,7 @@ pub struct SparseShape {
 /// instead (the CUDA backend, for now).
 ///
 /// The products are plain IEEE single precision whatever
-/// [`DeviceCore::precision`] says (TF32 applies to [`DenseOps::gemm`] only). On
+/// [`DeviceCore::precision`] says (TF32 applies to [`DenseOps::matmul`] only). On
 /// the host backend they are [`SparseRows::spmm_rows`] and
 /// [`SparseRows::spmm_tn_rows`]: deterministic, bit for bit, on any thread count.
 pub trait SparseOps: DeviceMemory {

@@ -14,7 +14,7 @@ use super::device::CudaBackend;
 use super::kernels::{launch, Grid, Ptr};
 use super::math::elems;
 use super::sample::CudaBlock;
-use crate::backend::{GatGradsDev, GatSaved, GraphOps};
+use crate::backend::{GatGradsDev, GatInputsDev, GatSaved, GraphOps};
 use crate::error::{GpuOpsError, Result};
 
 /// `KIND_*` of aggregate.cu.
@@ -76,19 +76,17 @@ impl GraphOps for CudaBackend {
             return Ok(());
         }
         let src_w = self.weights_for(block, kind)?;
-        launch::aggregate_forward(
-            &self.kernels,
-            self.cu(),
-            self.warps(block.num_dst),
-            block.indptr.ptr(),
-            block.indices.ptr(),
+        launch::aggregate_forward {
+            indptr: block.indptr.ptr(),
+            indices: block.indices.ptr(),
             src_w,
-            block.num_dst as u64,
-            dim as u64,
-            kind_code(kind),
-            x.ptr(),
-            out.ptr_mut(),
-        )
+            num_dst: block.num_dst as u64,
+            dim: dim as u64,
+            kind: kind_code(kind),
+            x: x.ptr(),
+            out: out.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.warps(block.num_dst))
     }
 
     /// `grad_x = Aᵀ grad_out` (all `num_src` rows overwritten; atomics, see the
@@ -112,31 +110,32 @@ impl GraphOps for CudaBackend {
         }
         self.fill_bytes(grad_x, n_x, 0)?;
         let src_w = self.weights_for(block, kind)?;
-        launch::aggregate_backward(
-            &self.kernels,
-            self.cu(),
-            self.warps(block.num_dst),
-            block.indptr.ptr(),
-            block.indices.ptr(),
+        launch::aggregate_backward {
+            indptr: block.indptr.ptr(),
+            indices: block.indices.ptr(),
             src_w,
-            block.num_dst as u64,
-            dim as u64,
-            kind_code(kind),
-            grad_out.ptr(),
-            grad_x.ptr_mut(),
-        )
+            num_dst: block.num_dst as u64,
+            dim: dim as u64,
+            kind: kind_code(kind),
+            grad_out: grad_out.ptr(),
+            grad_x: grad_x.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.warps(block.num_dst))
     }
 
     /// GAT attention forward ([`cpu_ops::gat_forward`]'s semantics).
     fn gat_forward(
         &self,
         block: &CudaBlock,
-        heads: usize,
-        head_dim: usize,
-        z_src: &CudaBuf<f32>,
-        a_src: &CudaBuf<f32>,
-        a_dst: &CudaBuf<f32>,
+        inp: &GatInputsDev<'_, Self>,
     ) -> Result<GatSaved<CudaBackend>> {
+        let GatInputsDev {
+            heads,
+            head_dim,
+            z_src,
+            a_src,
+            a_dst,
+        } = *inp;
         let width = gat_width(heads, head_dim)?;
         z_src.check_len(
             "GAT z_src (num_src × heads·head_dim values)",
@@ -160,70 +159,64 @@ impl GraphOps for CudaBackend {
             "GAT output",
         )?;
         let (h, f) = (heads as u64, head_dim as u64);
-        launch::gat_scores(
-            &self.kernels,
-            self.cu(),
-            self.warps(ns * heads),
-            z_src.ptr(),
-            ns as u64,
-            h,
-            f,
-            a_src.ptr(),
-            el.ptr_mut(),
-        )?;
-        launch::gat_scores(
-            &self.kernels,
-            self.cu(),
-            self.warps(nd * heads),
-            z_src.ptr(),
-            nd as u64,
-            h,
-            f,
-            a_dst.ptr(),
-            er.ptr_mut(),
-        )?;
-        launch::gat_softmax(
-            &self.kernels,
-            self.cu(),
-            self.warps(nd * heads),
-            block.indptr.ptr(),
-            block.indices.ptr(),
-            nd as u64,
-            h,
-            el.ptr(),
-            er.ptr(),
-            alpha.ptr_mut(),
-        )?;
-        launch::gat_aggregate(
-            &self.kernels,
-            self.cu(),
-            self.warps(nd),
-            block.indptr.ptr(),
-            block.indices.ptr(),
-            nd as u64,
-            h,
-            f,
-            alpha.ptr(),
-            z_src.ptr(),
-            out.ptr_mut(),
-        )?;
+        launch::gat_scores {
+            z: z_src.ptr(),
+            rows: ns as u64,
+            heads: h,
+            head_dim: f,
+            a: a_src.ptr(),
+            s: el.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.warps(ns * heads))?;
+        launch::gat_scores {
+            z: z_src.ptr(),
+            rows: nd as u64,
+            heads: h,
+            head_dim: f,
+            a: a_dst.ptr(),
+            s: er.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.warps(nd * heads))?;
+        launch::gat_softmax {
+            indptr: block.indptr.ptr(),
+            indices: block.indices.ptr(),
+            num_dst: nd as u64,
+            heads: h,
+            el: el.ptr(),
+            er: er.ptr(),
+            alpha: alpha.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.warps(nd * heads))?;
+        launch::gat_aggregate {
+            indptr: block.indptr.ptr(),
+            indices: block.indices.ptr(),
+            num_dst: nd as u64,
+            heads: h,
+            head_dim: f,
+            alpha: alpha.ptr(),
+            z: z_src.ptr(),
+            out: out.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.warps(nd))?;
         Ok(GatSaved { out, alpha, el, er })
     }
 
     /// GAT attention backward ([`cpu_ops::gat_backward`]'s semantics; steps in
     /// attention.cu).
-    #[allow(clippy::too_many_arguments)]
     fn gat_backward(
         &self,
         block: &CudaBlock,
-        heads: usize,
-        head_dim: usize,
-        z_src: &CudaBuf<f32>,
-        a_src: &CudaBuf<f32>,
-        a_dst: &CudaBuf<f32>,
+        inp: &GatInputsDev<'_, Self>,
         saved: &GatSaved<CudaBackend>,
         grad_out: &CudaBuf<f32>,
     ) -> Result<GatGradsDev<CudaBackend>> {
+        let GatInputsDev {
+            heads,
+            head_dim,
+            z_src,
+            a_src,
+            a_dst,
+        } = *inp;
         let width = gat_width(heads, head_dim)?;
         let (ns, nd, ne) = (block.num_src, block.num_dst, block.num_edges);
         let n_z = elems("num_src × width", ns, width)?;
@@ -250,54 +243,52 @@ impl GraphOps for CudaBackend {
         // 1. ∂u per edge, ∂er per destination.
         let mut du = self.buf::<f32>(ne * heads, Init::Uninit, "GAT du")?;
         let mut der = self.buf::<f32>(nd * heads, Init::Uninit, "GAT der")?;
-        launch::gat_backward_dst(
-            &self.kernels,
-            self.cu(),
-            self.warps(nd * heads),
-            block.indptr.ptr(),
-            block.indices.ptr(),
-            nd as u64,
-            h,
-            f,
-            z_src.ptr(),
-            grad_out.ptr(),
-            saved.alpha.ptr(),
-            saved.el.ptr(),
-            saved.er.ptr(),
-            du.ptr_mut(),
-            der.ptr_mut(),
-        )?;
+        launch::gat_backward_dst {
+            indptr: block.indptr.ptr(),
+            indices: block.indices.ptr(),
+            num_dst: nd as u64,
+            heads: h,
+            head_dim: f,
+            z: z_src.ptr(),
+            grad_out: grad_out.ptr(),
+            alpha: saved.alpha.ptr(),
+            el: saved.el.ptr(),
+            er: saved.er.ptr(),
+            du: du.ptr_mut(),
+            der: der.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.warps(nd * heads))?;
         // 2. ∂z and ∂el (scatter), then the attention-vector terms of ∂z.
         let mut gz = self.buf::<f32>(n_z, Init::Zeroed, "GAT dz")?;
         let mut del = self.buf::<f32>(ns * heads, Init::Zeroed, "GAT del")?;
-        launch::gat_backward_src(
-            &self.kernels,
-            self.cu(),
-            self.warps(nd),
-            block.indptr.ptr(),
-            block.indices.ptr(),
-            nd as u64,
-            h,
-            f,
-            saved.alpha.ptr(),
-            grad_out.ptr(),
-            du.ptr(),
-            gz.ptr_mut(),
-            del.ptr_mut(),
-        )?;
-        launch::gat_backward_finish(
+        launch::gat_backward_src {
+            indptr: block.indptr.ptr(),
+            indices: block.indices.ptr(),
+            num_dst: nd as u64,
+            heads: h,
+            head_dim: f,
+            alpha: saved.alpha.ptr(),
+            grad_out: grad_out.ptr(),
+            du: du.ptr(),
+            gz: gz.ptr_mut(),
+            del: del.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.warps(nd))?;
+        launch::gat_backward_finish {
+            gz: gz.ptr_mut(),
+            del: del.ptr(),
+            der: der.ptr(),
+            a_src: a_src.ptr(),
+            a_dst: a_dst.ptr(),
+            num_src: ns as u64,
+            num_dst: nd as u64,
+            heads: h,
+            head_dim: f,
+        }
+        .launch(
             &self.kernels,
             self.cu(),
             Grid::threads_for(n_z as u64, self.kernels.max_blocks()),
-            gz.ptr_mut(),
-            del.ptr(),
-            der.ptr(),
-            a_src.ptr(),
-            a_dst.ptr(),
-            ns as u64,
-            nd as u64,
-            h,
-            f,
         )?;
         // 3. ∂a_src = Σ_j ∂el_j z_j, ∂a_dst = Σ_i ∂er_i z_i (fixed-order sums).
         let mut ga_src = self.buf::<f32>(width, Init::Uninit, "GAT da_src")?;

@@ -12,9 +12,10 @@ use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, SparseRows};
 
 use super::stats::AllocatorStats;
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DenseOps, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory,
-    Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats, MemoryInfo,
-    Precision, Sampling, SparseOps, SparseShape, TopologyPlacement, TransferStats,
+    AdamStep, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind,
+    DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatInputsDev, GatSaved, GraphOps,
+    LossStats, MemoryInfo, Precision, Sampling, SparseOps, SparseShape, TopologyPlacement,
+    TransferStats,
 };
 use crate::error::{GpuOpsError, Result};
 
@@ -156,7 +157,7 @@ uninhabited! {
         fn index_put_rows(&Never, usize, &Never, usize, &mut Never) -> Result<()>;
     }
     impl DenseOps {
-        fn gemm(bool, bool, usize, usize, usize, &Never, &Never, &mut Never, bool) -> Result<()>;
+        fn matmul(DevMat<'_, Self>, DevMat<'_, Self>, &mut Never, bool) -> Result<()>;
         fn add_bias(&mut Never, usize, usize, &Never) -> Result<()>;
         fn bias_grad(&Never, usize, usize, &mut Never, bool) -> Result<()>;
         fn relu(&mut Never, usize) -> Result<()>;
@@ -175,8 +176,8 @@ uninhabited! {
     impl GraphOps {
         fn aggregate_forward(&Never, AggregateKind, &Never, usize, &mut Never) -> Result<()>;
         fn aggregate_backward(&Never, AggregateKind, &Never, usize, &mut Never) -> Result<()>;
-        fn gat_forward(&Never, usize, usize, &Never, &Never, &Never) -> Result<GatSaved<Self>>;
-        fn gat_backward(&Never, usize, usize, &Never, &Never, &Never, &GatSaved<Self>, &Never)
+        fn gat_forward(&Never, &GatInputsDev<'_, Self>) -> Result<GatSaved<Self>>;
+        fn gat_backward(&Never, &GatInputsDev<'_, Self>, &GatSaved<Self>, &Never)
             -> Result<GatGradsDev<Self>>;
     }
     impl SparseOps {

@@ -236,13 +236,15 @@ impl FeatureStore for CudaBackend {
         let up = f.policy.update(insert, evict)?;
         if !cleared.is_empty() {
             let ids = self.to_device_u32(&cleared)?;
-            launch::cache_evict(
+            launch::cache_evict {
+                slot_map: f.slot_map.ptr_mut(),
+                ids: ids.ptr(),
+                n: cleared.len() as u64,
+            }
+            .launch(
                 &self.kernels,
                 self.cu(),
                 Grid::threads_for(cleared.len() as u64, self.kernels.max_blocks()),
-                f.slot_map.ptr_mut(),
-                ids.ptr(),
-                cleared.len() as u64,
             )?;
         }
         if !up.filled.is_empty() {
@@ -258,24 +260,22 @@ impl FeatureStore for CudaBackend {
             );
             // The two kernels take the same arguments over different row types.
             macro_rules! insert {
-                ($kernel:path, $host:expr, $store:expr) => {
-                    $kernel(
-                        &self.kernels,
-                        self.cu(),
-                        grid,
-                        $host.ptr(),
-                        ids.ptr(),
-                        slots.ptr(),
+                ($kernel:ident, $host:expr, $store:expr) => {
+                    launch::$kernel {
+                        host_rows: $host.ptr(),
+                        ids: ids.ptr(),
+                        slots: slots.ptr(),
                         n,
                         dim,
-                        $store.ptr_mut(),
-                        f.slot_map.ptr_mut(),
-                    )?
+                        cache: $store.ptr_mut(),
+                        slot_map: f.slot_map.ptr_mut(),
+                    }
+                    .launch(&self.kernels, self.cu(), grid)?
                 };
             }
             match &mut f.rows {
-                Rows::F32 { host, store } => insert!(launch::cache_insert, host, store),
-                Rows::Bf16 { host, store } => insert!(launch::cache_insert_bf16, host, store),
+                Rows::F32 { host, store } => insert!(cache_insert, host, store),
+                Rows::Bf16 { host, store } => insert!(cache_insert_bf16, host, store),
             }
         }
         Ok(up.cached)
@@ -308,27 +308,25 @@ impl FeatureStore for CudaBackend {
         let (grid, rows) = (self.grid_gather(n), f.policy.num_vertices() as u64);
         // The two kernels take the same arguments over different row types.
         macro_rules! gather {
-            ($kernel:path, $host:expr, $store:expr) => {
-                $kernel(
-                    &self.kernels,
-                    self.cu(),
-                    grid,
-                    f.slot_map.ptr(),
-                    $store.ptr(),
-                    $host.ptr(),
-                    ids.ptr(),
-                    n as u64,
-                    rows,
-                    dim as u64,
-                    out.ptr_mut(),
+            ($kernel:ident, $host:expr, $store:expr) => {
+                launch::$kernel {
+                    slot_map: f.slot_map.ptr(),
+                    cache: $store.ptr(),
+                    host_rows: $host.ptr(),
+                    ids: ids.ptr(),
+                    n: n as u64,
+                    num_rows: rows,
+                    dim: dim as u64,
+                    out: out.ptr_mut(),
                     counters,
-                    self.fault_ptr(),
-                )?
+                    fault: self.fault_ptr(),
+                }
+                .launch(&self.kernels, self.cu(), grid)?
             };
         }
         match &f.rows {
-            Rows::F32 { host, store } => gather!(launch::gather_rows, host, store),
-            Rows::Bf16 { host, store } => gather!(launch::gather_rows_bf16, host, store),
+            Rows::F32 { host, store } => gather!(gather_rows, host, store),
+            Rows::Bf16 { host, store } => gather!(gather_rows_bf16, host, store),
         }
         self.bind()?;
         // SAFETY: the mirror and the counters hold 2 u64s each and live as long as
@@ -381,18 +379,16 @@ impl FeatureStore for CudaBackend {
         if dim == 0 {
             return Ok(());
         }
-        launch::index_select_rows(
-            &self.kernels,
-            self.cu(),
-            self.grid_rows(n),
-            src.ptr(),
-            (src.len() / dim) as u64,
-            dim as u64,
-            idx.ptr(),
-            n as u64,
-            out.ptr_mut(),
-            self.fault_ptr(),
-        )
+        launch::index_select_rows {
+            src: src.ptr(),
+            src_rows: (src.len() / dim) as u64,
+            dim: dim as u64,
+            idx: idx.ptr(),
+            n: n as u64,
+            out: out.ptr_mut(),
+            fault: self.fault_ptr(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_rows(n))
     }
 
     /// `dst[idx[r]] = src[r]`; a bad index is a device fault (reported at the next
@@ -414,17 +410,15 @@ impl FeatureStore for CudaBackend {
             return Ok(());
         }
         let dst_rows = (dst.len() / dim) as u64;
-        launch::index_put_rows(
-            &self.kernels,
-            self.cu(),
-            self.grid_rows(n),
-            src.ptr(),
-            dim as u64,
-            idx.ptr(),
-            n as u64,
-            dst.ptr_mut(),
+        launch::index_put_rows {
+            src: src.ptr(),
+            dim: dim as u64,
+            idx: idx.ptr(),
+            n: n as u64,
+            dst: dst.ptr_mut(),
             dst_rows,
-            self.fault_ptr(),
-        )
+            fault: self.fault_ptr(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_rows(n))
     }
 }

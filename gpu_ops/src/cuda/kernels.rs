@@ -353,7 +353,7 @@ impl Kernels {
     }
 
     /// Launches `id` on `stream` with `params` (pointers to the argument values, in
-    /// kernel order; the typed launchers in [`launch`] build them).
+    /// kernel order; the typed launch arguments in [`launch`] build them).
     fn launch(
         &self,
         id: KernelId,
@@ -368,7 +368,7 @@ impl Kernels {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: `f` is a live function of a module this registry keeps loaded;
         // `params` holds one pointer per kernel parameter, each to a value of the
-        // parameter's exact type (the typed launcher's signature, checked against the
+        // parameter's exact type (the typed launch arguments' fields, checked against the
         // kernel source by `signatures_match_the_sources`), alive for this call (the
         // driver copies them before returning). Device pointers among them come from
         // buffers the caller checked to be long enough for the grid-stride bounds the
@@ -389,7 +389,7 @@ impl Kernels {
 }
 
 /// Declares every kernel: family, name and parameters (name: Rust type). Generates
-/// [`KernelId`] and the typed launchers in [`launch`].
+/// [`KernelId`] and the typed launch arguments in [`launch`].
 macro_rules! define_kernels {
     ($( $family:ident { $( $name:ident ( $( $arg:ident : $ty:ty ),* $(,)? ); )* } )*) => {
         /// Every kernel of every family (the variant is the kernel's C name).
@@ -418,7 +418,8 @@ macro_rules! define_kernels {
             }
         }
 
-        /// One typed launcher per kernel: `launch::name(kernels, stream, grid, args...)`.
+        /// One struct per kernel, named as the kernel, whose fields are its arguments
+        /// by name: `launch::name { arg: value, .. }.launch(kernels, stream, grid)`.
         pub(crate) mod launch {
             #[allow(unused_imports)]
             use super::{Grid, Kernels, KernelId, Ptr, PtrMut};
@@ -426,17 +427,24 @@ macro_rules! define_kernels {
             use cudarc::driver::sys::CUstream;
             use crate::error::Result;
             $( $(
-                #[doc = concat!("Launches `", stringify!($name), "` (", stringify!($family), " family).")]
-                #[allow(clippy::too_many_arguments, dead_code)]
-                pub(crate) fn $name(
-                    k: &Kernels,
-                    stream: CUstream,
-                    grid: Grid,
-                    $( $arg: $ty, )*
-                ) -> Result<()> {
-                    let mut params: [*mut c_void; [$( stringify!($arg) ),*].len()] =
-                        [ $( &$arg as *const $ty as *mut c_void, )* ];
-                    k.launch(KernelId::$name, grid, stream, &mut params)
+                #[doc = concat!("The arguments of `", stringify!($name), "` (", stringify!($family), " family).")]
+                #[allow(non_camel_case_types)]
+                pub(crate) struct $name {
+                    $( pub(crate) $arg: $ty, )*
+                }
+
+                impl $name {
+                    /// Launches the kernel with these arguments on `stream` over `grid`.
+                    pub(crate) fn launch(
+                        self,
+                        k: &Kernels,
+                        stream: CUstream,
+                        grid: Grid,
+                    ) -> Result<()> {
+                        let mut params: [*mut c_void; [$( stringify!($arg) ),*].len()] =
+                            [ $( &self.$arg as *const $ty as *mut c_void, )* ];
+                        k.launch(KernelId::$name, grid, stream, &mut params)
+                    }
                 }
             )* )*
         }

@@ -19,7 +19,7 @@ use super::alloc::{CudaBuf, Init};
 use super::device::CudaBackend;
 use super::driver::blas_err;
 use super::kernels::{launch, Grid, Ptr, PtrMut};
-use crate::backend::{Activation, AdamStep, DenseOps, LossStats};
+use crate::backend::{Activation, AdamStep, DenseOps, DevMat, LossStats};
 use crate::error::{GpuOpsError, Result};
 
 /// Rows per partial sum of the column reductions (fixed: the sum order is fixed).
@@ -160,30 +160,26 @@ impl CudaBackend {
             Some((w, stride, div)) => (w, 1u32, stride as u64, div.max(1) as u64),
             None => (Ptr::null(), 0u32, 0u64, 1u64),
         };
-        launch::colsum_partial(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(chunks * cols),
+        launch::colsum_partial {
             x,
-            rows as u64,
-            cols as u64,
-            COLSUM_CHUNK_ROWS as u64,
+            rows: rows as u64,
+            cols: cols as u64,
+            chunk_rows: COLSUM_CHUNK_ROWS as u64,
             w,
             has_w,
-            stride,
-            div,
-            partial.ptr_mut(),
-        )?;
-        launch::colsum_finish(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(cols),
-            partial.ptr(),
-            chunks as u64,
-            cols as u64,
+            w_stride: stride,
+            w_div: div,
+            partial: partial.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(chunks * cols))?;
+        launch::colsum_finish {
+            partial: partial.ptr(),
+            chunks: chunks as u64,
+            cols: cols as u64,
             out,
-            u32::from(accumulate),
-        )
+            accumulate: u32::from(accumulate),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(cols))
     }
 
     fn check_alpha(alpha: f32) -> Result<()> {
@@ -268,14 +264,12 @@ impl DenseOps for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        launch::widen_bf16(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n.div_ceil(2)),
-            src.ptr(),
-            n as u64,
-            out.ptr_mut(),
-        )
+        launch::widen_bf16 {
+            src: src.ptr(),
+            n: n as u64,
+            out: out.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n.div_ceil(2)))
     }
 
     fn scale(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
@@ -283,14 +277,12 @@ impl DenseOps for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        launch::scale_in_place(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            x.ptr_mut(),
-            n as u64,
+        launch::scale_in_place {
+            x: x.ptr_mut(),
+            n: n as u64,
             alpha,
-        )
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
     fn count_nonfinite(&self, x: &CudaBuf<f32>, n: usize, count: &mut CudaBuf<u32>) -> Result<()> {
@@ -300,30 +292,25 @@ impl DenseOps for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        launch::count_nonfinite(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            x.ptr(),
-            n as u64,
-            count.ptr_mut(),
-        )
+        launch::count_nonfinite {
+            x: x.ptr(),
+            n: n as u64,
+            count: count.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
-    /// `C = op(A)·op(B)` (`+ C` when accumulating), row-major, via cuBLAS.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(
+    /// `C = A·B` (`+ C` when accumulating), row-major, via cuBLAS.
+    fn matmul(
         &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: &CudaBuf<f32>,
-        b: &CudaBuf<f32>,
+        a: DevMat<'_, Self>,
+        b: DevMat<'_, Self>,
         c: &mut CudaBuf<f32>,
         accumulate: bool,
     ) -> Result<()> {
+        let (m, n, k) = a.product_dims(&b)?;
+        let (trans_a, trans_b) = (a.is_transposed(), b.is_transposed());
+        let (a, b) = (a.buf(), b.buf());
         a.check_len("gemm A (m × k values)", elems("m × k", m, k)?)?;
         b.check_len("gemm B (k × n values)", elems("k × n", k, n)?)?;
         let mn = elems("m × n", m, n)?;
@@ -381,15 +368,13 @@ impl DenseOps for CudaBackend {
         let n = elems("rows × cols", rows, cols)?;
         x.check_len("add_bias x (rows × cols values)", n)?;
         bias.check_len("add_bias bias (cols values)", cols)?;
-        launch::add_bias(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            x.ptr_mut(),
-            bias.ptr(),
-            rows as u64,
-            cols as u64,
-        )
+        launch::add_bias {
+            x: x.ptr_mut(),
+            bias: bias.ptr(),
+            rows: rows as u64,
+            cols: cols as u64,
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
     /// `dbias (+)= Σ_r dy[r]`.
@@ -411,39 +396,33 @@ impl DenseOps for CudaBackend {
 
     fn relu(&self, x: &mut CudaBuf<f32>, n: usize) -> Result<()> {
         x.check_len("relu x", n)?;
-        launch::relu_forward(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            x.ptr_mut(),
-            n as u64,
-        )
+        launch::relu_forward {
+            x: x.ptr_mut(),
+            n: n as u64,
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
     fn relu_backward(&self, y: &CudaBuf<f32>, dy: &mut CudaBuf<f32>, n: usize) -> Result<()> {
         y.check_len("relu_backward y", n)?;
         dy.check_len("relu_backward dy", n)?;
-        launch::relu_backward(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            y.ptr(),
-            dy.ptr_mut(),
-            n as u64,
-        )
+        launch::relu_backward {
+            y: y.ptr(),
+            dy: dy.ptr_mut(),
+            n: n as u64,
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
     fn elu(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
         Self::check_alpha(alpha)?;
         x.check_len("elu x", n)?;
-        launch::elu_forward(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            x.ptr_mut(),
-            n as u64,
+        launch::elu_forward {
+            x: x.ptr_mut(),
+            n: n as u64,
             alpha,
-        )
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
     fn elu_backward(
@@ -456,15 +435,13 @@ impl DenseOps for CudaBackend {
         Self::check_alpha(alpha)?;
         y.check_len("elu_backward y", n)?;
         dy.check_len("elu_backward dy", n)?;
-        launch::elu_backward(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            y.ptr(),
-            dy.ptr_mut(),
-            n as u64,
+        launch::elu_backward {
+            y: y.ptr(),
+            dy: dy.ptr_mut(),
+            n: n as u64,
             alpha,
-        )
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
     /// Inverted dropout (mask from `(seed, index)`, module doc of `math.cu`).
@@ -474,17 +451,15 @@ impl DenseOps for CudaBackend {
         let words = n.div_ceil(32);
         let mut mask = self.buf::<u32>(words, Init::Uninit, "dropout mask")?;
         let key = cpu_ops::derive_seed(seed, DROPOUT_STREAM);
-        launch::dropout_forward(
-            &self.kernels,
-            self.cu(),
-            self.grid_warps(words),
-            x.ptr_mut(),
-            n as u64,
+        launch::dropout_forward {
+            x: x.ptr_mut(),
+            n: n as u64,
             threshold,
             scale,
             key,
-            mask.ptr_mut(),
-        )?;
+            mask: mask.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_warps(words))?;
         Ok(CudaMask {
             words: mask,
             len: n,
@@ -517,23 +492,21 @@ impl DenseOps for CudaBackend {
             }
             None => (0u32, 0, 0.0, 0, PtrMut::null(), None),
         };
-        launch::bias_act_dropout(
-            &self.kernels,
-            self.cu(),
-            self.grid_warps(words),
-            x.ptr_mut(),
-            bias.ptr(),
-            rows as u64,
-            cols as u64,
-            act_code,
+        launch::bias_act_dropout {
+            x: x.ptr_mut(),
+            bias: bias.ptr(),
+            rows: rows as u64,
+            cols: cols as u64,
+            act: act_code,
             alpha,
             has_drop,
             threshold,
             scale,
             key,
             out,
-            mask.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
-        )?;
+            mask: mask.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_warps(words))?;
         Ok(mask.map(|words| CudaMask {
             words,
             len: n,
@@ -554,32 +527,28 @@ impl DenseOps for CudaBackend {
         y.check_len("dropout_act_backward y", n)?;
         dy.check_len("dropout_act_backward dy", n)?;
         let (act_code, alpha) = Self::activation_code(act)?;
-        launch::dropout_act_backward(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            mask.words.ptr(),
-            y.ptr(),
-            dy.ptr_mut(),
-            n as u64,
-            mask.scale,
-            act_code,
+        launch::dropout_act_backward {
+            mask: mask.words.ptr(),
+            y: y.ptr(),
+            dy: dy.ptr_mut(),
+            n: n as u64,
+            scale: mask.scale,
+            act: act_code,
             alpha,
-        )
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
     fn dropout_backward(&self, mask: &CudaMask, dy: &mut CudaBuf<f32>, n: usize) -> Result<()> {
         mask.check_covers("dropout_backward n (elements the mask covers)", n)?;
         dy.check_len("dropout_backward dy", n)?;
-        launch::dropout_backward(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            mask.words.ptr(),
-            dy.ptr_mut(),
-            n as u64,
-            mask.scale,
-        )
+        launch::dropout_backward {
+            mask: mask.words.ptr(),
+            dy: dy.ptr_mut(),
+            n: n as u64,
+            scale: mask.scale,
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
     /// Mean softmax cross-entropy and correct count (synchronizes).
@@ -617,31 +586,31 @@ impl DenseOps for CudaBackend {
             Some(g) => (g.ptr_mut(), 1u32),
             None => (PtrMut::null(), 0u32),
         };
-        launch::xent_rows(
-            &self.kernels,
-            self.cu(),
-            self.grid_warps(rows),
-            logits.ptr(),
-            rows as u64,
-            classes as u64,
-            labels.ptr(),
-            grad_ptr,
+        launch::xent_rows {
+            logits: logits.ptr(),
+            rows: rows as u64,
+            classes: classes as u64,
+            labels: labels.ptr(),
+            grad: grad_ptr,
             has_grad,
-            (1.0 / rows as f64) as f32,
-            row_loss.ptr_mut(),
-            row_correct.ptr_mut(),
-            self.fault_ptr(),
-        )?;
+            inv_rows: (1.0 / rows as f64) as f32,
+            row_loss: row_loss.ptr_mut(),
+            row_correct: row_correct.ptr_mut(),
+            fault: self.fault_ptr(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_warps(rows))?;
         let totals_ptr = totals.ptr_mut();
-        launch::xent_reduce(
+        launch::xent_reduce {
+            row_loss: row_loss.ptr(),
+            row_correct: row_correct.ptr(),
+            rows: rows as u64,
+            out_loss: PtrMut::new(totals.raw()),
+            out_correct: totals_ptr.offset(1),
+        }
+        .launch(
             &self.kernels,
             self.cu(),
             Grid::exact(1, XENT_REDUCE_THREADS),
-            row_loss.ptr(),
-            row_correct.ptr(),
-            rows as u64,
-            PtrMut::new(totals.raw()),
-            totals_ptr.offset(1),
         )?;
         let mut out = [0u64; 2];
         self.download_slice(&self.compute, &totals, &mut out)?;
@@ -673,24 +642,22 @@ impl DenseOps for CudaBackend {
         let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
         let step_size = (f64::from(hp.lr) / bias1) as f32;
         let inv_bias2_sqrt = (1.0 / bias2_sqrt) as f32;
-        launch::adam_step(
-            &self.kernels,
-            self.cu(),
-            self.grid_threads(n),
-            param.ptr_mut(),
-            grad.ptr(),
-            m.ptr_mut(),
-            v.ptr_mut(),
-            n as u64,
-            hp.beta1,
-            hp.beta2,
-            (1.0 - b1) as f32,
-            (1.0 - b2) as f32,
-            hp.eps,
-            hp.weight_decay,
+        launch::adam_step {
+            param: param.ptr_mut(),
+            grad: grad.ptr(),
+            m: m.ptr_mut(),
+            v: v.ptr_mut(),
+            n: n as u64,
+            beta1: hp.beta1,
+            beta2: hp.beta2,
+            one_minus_beta1: (1.0 - b1) as f32,
+            one_minus_beta2: (1.0 - b2) as f32,
+            eps: hp.eps,
+            weight_decay: hp.weight_decay,
             step_size,
             inv_bias2_sqrt,
-        )
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 }
 
@@ -698,22 +665,13 @@ impl DenseOps for CudaBackend {
 mod tests {
     use super::*;
 
-    /// Column-major `C = op(X)·op(Y)` (+ `beta`·C), as cuBLAS's sgemm defines it.
-    #[allow(clippy::too_many_arguments)]
-    fn sgemm_col_major(
-        tx: bool,
-        ty: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        x: &[f64],
-        ldx: usize,
-        y: &[f64],
-        ldy: usize,
-        beta: f64,
-        c: &mut [f64],
-        ldc: usize,
-    ) {
+    /// Column-major `C = op(X)·op(Y)` (+ `beta`·C) with `p`'s sizes, transposes
+    /// and leading dimensions (`X` its first operand, `Y` its second), as cuBLAS's
+    /// sgemm defines it.
+    fn sgemm_col_major(p: &ColMajorGemm, x: &[f64], y: &[f64], beta: f64, c: &mut [f64]) {
+        let (tx, ty) = (p.op_first, p.op_second);
+        let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+        let (ldx, ldy, ldc) = (p.ld_first as usize, p.ld_second as usize, p.ldc as usize);
         // Element (r, col) of a column-major matrix with leading dimension ld.
         let at = |v: &[f64], ld: usize, r: usize, col: usize| v[col * ld + r];
         for j in 0..n {
@@ -758,20 +716,7 @@ mod tests {
                     }
                     let p = ColMajorGemm::from_row_major(ta, tb, m, n, k).unwrap();
                     let mut got = c0.clone();
-                    sgemm_col_major(
-                        p.op_first,
-                        p.op_second,
-                        p.m as usize,
-                        p.n as usize,
-                        p.k as usize,
-                        &b,
-                        p.ld_first as usize,
-                        &a,
-                        p.ld_second as usize,
-                        if acc { 1.0 } else { 0.0 },
-                        &mut got,
-                        p.ldc as usize,
-                    );
+                    sgemm_col_major(&p, &b, &a, if acc { 1.0 } else { 0.0 }, &mut got);
                     for (g, w) in got.iter().zip(&want) {
                         assert!((g - w).abs() < 1e-12, "m={m} n={n} k={k} ta={ta} tb={tb}");
                     }

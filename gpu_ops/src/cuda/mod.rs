@@ -9,7 +9,7 @@
 //!
 //! Files, by concern: `device.rs` (the backend: context, streams, events, faults),
 //! `alloc.rs` (caching allocator, device buffers), `pinned.rs` (pinned and zero-copy
-//! host memory), `kernels.rs` (kernel registry, NVRTC, typed launchers), `transfer.rs`
+//! host memory), `kernels.rs` (kernel registry, NVRTC, typed launch arguments), `transfer.rs`
 //! (copies), `scan.rs` (prefix sums), `sample.rs` (topology, sampling, relabel,
 //! blocks), `features.rs` (feature cache, gather, row selection), `math.rs` (dense
 //! math), `aggregate.rs` (aggregation, GAT), `sparse.rs` (sparse rows: not

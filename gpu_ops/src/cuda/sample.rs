@@ -130,6 +130,17 @@ impl std::fmt::Debug for CudaBlock {
     }
 }
 
+/// The destinations of one sampled layer ([`CudaBackend::sample_layer`]): the
+/// first `n` ids of `ids`, distinct (not checked before the relabel, which
+/// reports a repeat naming them `name`), and an optional mask: a destination
+/// flagged in `skip[..n]` gets no neighbors.
+struct Frontier<'a> {
+    ids: &'a CudaBuf<u32>,
+    n: usize,
+    skip: Option<&'a CudaBuf<u8>>,
+    name: &'static str,
+}
+
 /// What [`CudaBackend::relabel`] returns.
 struct Relabeled {
     /// The unique ids (targets first).
@@ -151,38 +162,38 @@ impl CudaBackend {
         Grid::warps_for(n as u64, self.kernels.max_blocks())
     }
 
-    /// One layer (steps 2–5 of the module doc) from `frontier[..n]` (distinct, not
-    /// checked here: the relabel reports repeats naming `frontier_name`): returns
-    /// `(block, src_ids, num_src)`. Destinations flagged in `skip[..n]` get no
-    /// neighbors. Callers check `fanout > 0` and the buffer lengths.
-    #[allow(clippy::too_many_arguments)]
+    /// One layer (steps 2–5 of the module doc) from `frontier`, drawing `fanout`
+    /// neighbors per destination with `layer_key`: returns
+    /// `(block, src_ids, num_src)`. Callers check `fanout > 0` and the buffer
+    /// lengths.
     fn sample_layer(
         &self,
         graph: &CudaGraph,
-        frontier: &CudaBuf<u32>,
-        n: usize,
+        frontier: Frontier<'_>,
         fanout: u32,
         layer_key: u64,
-        skip: Option<&CudaBuf<u8>>,
-        frontier_name: &'static str,
     ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
+        let Frontier {
+            ids: frontier,
+            n,
+            skip,
+            name: frontier_name,
+        } = frontier;
         let (g_indptr, g_indices) = graph.ptrs();
         let nv = graph.num_vertices as u64;
         // 2. counts → indptr.
         let mut indptr = self.buf::<u64>(n + 1, Init::Uninit, "block indptr")?;
-        launch::sample_count(
-            &self.kernels,
-            self.cu(),
-            self.grid_t(n + 1),
-            g_indptr,
-            nv,
-            frontier.ptr(),
-            n as u64,
+        launch::sample_count {
+            graph_indptr: g_indptr,
+            num_vertices: nv,
+            frontier: frontier.ptr(),
+            n: n as u64,
             fanout,
-            skip.map_or(Ptr::null(), CudaBuf::ptr),
-            indptr.ptr_mut(),
-            self.fault_ptr(),
-        )?;
+            skip: skip.map_or(Ptr::null(), CudaBuf::ptr),
+            counts: indptr.ptr_mut(),
+            fault: self.fault_ptr(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_t(n + 1))?;
         self.scan_u64_in_place(&mut indptr, n + 1)?;
         // The layer's edges are at most n · min(fanout, max degree): size by that and
         // let the kernels read the count at indptr[n], or read it first when the
@@ -203,20 +214,18 @@ impl CudaBackend {
             None
         };
         let mut nbrs = self.buf::<u32>(cap, Init::Uninit, "sampled neighbors")?;
-        launch::sample_pick(
-            &self.kernels,
-            self.cu(),
-            self.grid_w(n),
-            g_indptr,
-            g_indices,
-            nv,
-            frontier.ptr(),
-            n as u64,
+        launch::sample_pick {
+            graph_indptr: g_indptr,
+            graph_indices: g_indices,
+            num_vertices: nv,
+            frontier: frontier.ptr(),
+            n: n as u64,
             layer_key,
-            indptr.ptr(),
-            positions.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
-            nbrs.ptr_mut(),
-        )?;
+            block_indptr: indptr.ptr(),
+            positions: positions.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
+            nbrs: nbrs.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_w(n))?;
         drop(positions);
         // 4. sources and local ids (the layer's one synchronization).
         let r = self.relabel(frontier, n, &nbrs, cap, live, frontier_name)?;
@@ -283,46 +292,40 @@ impl CudaBackend {
         self.fill_bytes(&mut table, 2 * (cap + 1), 0xff)?;
         let (keys, min_pos) = (table.ptr_mut(), table.ptr().offset(cap + 1));
         let mut slot_of = self.buf::<u32>(total, Init::Uninit, "relabel slots")?;
-        launch::unique_insert(
-            &self.kernels,
-            self.cu(),
-            self.grid_t(total),
-            targets.ptr(),
-            n_t as u64,
-            candidates.ptr(),
-            n_c as u64,
-            live_ptr,
+        launch::unique_insert {
+            a: targets.ptr(),
+            n_a: n_t as u64,
+            b: candidates.ptr(),
+            n_b: n_c as u64,
+            live_b: live_ptr,
             keys,
-            keys.offset(cap + 1),
-            cap as u64,
-            slot_of.ptr_mut(),
-        )?;
+            min_pos: keys.offset(cap + 1),
+            cap: cap as u64,
+            slot_of: slot_of.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_t(total))?;
         // unique_flag writes all total + 1 flags (0 past the live positions), so the
         // scan's entry at `total` is the unique count.
         let mut ranks = self.buf::<u32>(total + 1, Init::Uninit, "relabel ranks")?;
-        launch::unique_flag(
-            &self.kernels,
-            self.cu(),
-            self.grid_t(total + 1),
-            slot_of.ptr(),
+        launch::unique_flag {
+            slot_of: slot_of.ptr(),
             min_pos,
-            n_t as u64,
-            n_c as u64,
-            live_ptr,
-            ranks.ptr_mut(),
-        )?;
+            n_a: n_t as u64,
+            n_b: n_c as u64,
+            live_b: live_ptr,
+            flags: ranks.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_t(total + 1))?;
         self.scan_u32_in_place(&mut ranks, total + 1)?;
         let mut counts = self.buf::<u64>(3, Init::Uninit, "relabel counts")?;
-        launch::relabel_counts(
-            &self.kernels,
-            self.cu(),
-            Grid::exact(1, 32),
-            live_ptr,
-            n_c as u64,
-            ranks.ptr(),
-            n_t as u64,
-            counts.ptr_mut(),
-        )?;
+        launch::relabel_counts {
+            live_b: live_ptr,
+            n_b: n_c as u64,
+            ranks: ranks.ptr(),
+            n_a: n_t as u64,
+            out: counts.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), Grid::exact(1, 32))?;
         let [n_live, distinct, n_unique] = self.read_n::<u64, 3>(&counts, 0)?;
         let n_live = usize::try_from(n_live)
             .ok()
@@ -342,21 +345,19 @@ impl CudaBackend {
         let n_unique = n_unique as usize;
         let mut unique = self.buf::<u32>(n_unique, Init::Uninit, "unique ids")?;
         let mut local = self.buf::<u32>(n_c, Init::Uninit, "local ids")?;
-        launch::unique_scatter(
-            &self.kernels,
-            self.cu(),
-            self.grid_t(total),
-            targets.ptr(),
-            n_t as u64,
-            candidates.ptr(),
-            n_c as u64,
-            live_ptr,
-            slot_of.ptr(),
+        launch::unique_scatter {
+            a: targets.ptr(),
+            n_a: n_t as u64,
+            b: candidates.ptr(),
+            n_b: n_c as u64,
+            live_b: live_ptr,
+            slot_of: slot_of.ptr(),
             min_pos,
-            ranks.ptr(),
-            unique.ptr_mut(),
-            local.ptr_mut(),
-        )?;
+            ranks: ranks.ptr(),
+            unique: unique.ptr_mut(),
+            local: local.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_t(total))?;
         Ok(Relabeled {
             unique,
             local,
@@ -391,23 +392,19 @@ impl CudaBackend {
             return Ok(w.ptr());
         }
         let mut out_deg = self.buf::<u32>(block.num_src, Init::Zeroed, "block out-degrees")?;
-        launch::block_out_degree(
-            &self.kernels,
-            self.cu(),
-            self.grid_t(block.num_edges),
-            block.indices.ptr(),
-            block.num_edges as u64,
-            out_deg.ptr_mut(),
-        )?;
+        launch::block_out_degree {
+            indices: block.indices.ptr(),
+            num_edges: block.num_edges as u64,
+            out_deg: out_deg.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_t(block.num_edges))?;
         let mut src_w = self.buf::<f32>(block.num_src, Init::Uninit, "block source weights")?;
-        launch::block_src_weight(
-            &self.kernels,
-            self.cu(),
-            self.grid_t(block.num_src),
-            out_deg.ptr(),
-            block.num_src as u64,
-            src_w.ptr_mut(),
-        )?;
+        launch::block_src_weight {
+            out_deg: out_deg.ptr(),
+            num_src: block.num_src as u64,
+            src_w: src_w.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_t(block.num_src))?;
         // Another thread may have set it meanwhile: either buffer is right.
         let _ = block.src_w.set(src_w);
         block
@@ -555,12 +552,14 @@ impl crate::backend::Sampling for CudaBackend {
             let (block, src, n_src) = self
                 .sample_layer(
                     graph,
-                    frontier,
-                    n,
+                    Frontier {
+                        ids: frontier,
+                        n,
+                        skip: None,
+                        name: "frontier",
+                    },
                     fanouts[layer],
                     layer_key,
-                    None,
-                    "frontier",
                 )
                 .map_err(|e| match e {
                     GpuOpsError::InvalidArgument {
@@ -612,7 +611,13 @@ impl crate::backend::Sampling for CudaBackend {
         if let Some(s) = skip {
             s.check_len("sample_hop skip (one flag per destination)", n_dst)?;
         }
-        self.sample_layer(graph, dst, n_dst, fanout, layer_seed, skip, "dst")
+        let frontier = Frontier {
+            ids: dst,
+            n: n_dst,
+            skip,
+            name: "dst",
+        };
+        self.sample_layer(graph, frontier, fanout, layer_seed)
     }
 
     fn unique_relabel(
@@ -666,16 +671,14 @@ impl crate::backend::Sampling for CudaBackend {
             })?;
         let mut indptr = self.buf::<u64>(block.num_dst + 1, Init::Uninit, "block indptr")?;
         let mut indices = self.buf::<u32>(edges, Init::Uninit, "block indices")?;
-        launch::block_add_self_loops(
-            &self.kernels,
-            self.cu(),
-            self.grid_w(block.num_dst + 1),
-            block.indptr.ptr(),
-            block.indices.ptr(),
-            block.num_dst as u64,
-            indptr.ptr_mut(),
-            indices.ptr_mut(),
-        )?;
+        launch::block_add_self_loops {
+            indptr: block.indptr.ptr(),
+            indices: block.indices.ptr(),
+            num_dst: block.num_dst as u64,
+            new_indptr: indptr.ptr_mut(),
+            new_indices: indices.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_w(block.num_dst + 1))?;
         self.finish_block(block.num_src, block.num_dst, edges, indptr, indices)
     }
 

@@ -37,24 +37,24 @@ impl CudaBackend {
         }
         let mut sums = self.buf::<u32>(t as usize, Init::Uninit, "scan tile sums")?;
         let input = buf.ptr();
-        launch::scan_u32_tiles(
-            &self.kernels,
-            self.cu(),
-            Grid::exact(t, TILE_THREADS),
+        launch::scan_u32_tiles {
             input,
-            n as u64,
-            buf.ptr_mut(),
-            sums.ptr_mut(),
-        )?;
+            n: n as u64,
+            out: buf.ptr_mut(),
+            tile_sums: sums.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), Grid::exact(t, TILE_THREADS))?;
         if t > 1 {
             self.scan_u32_in_place(&mut sums, t as usize)?;
-            launch::scan_u32_add(
+            launch::scan_u32_add {
+                out: buf.ptr_mut(),
+                n: n as u64,
+                tile_offsets: sums.ptr(),
+            }
+            .launch(
                 &self.kernels,
                 self.cu(),
                 Grid::threads_for(n as u64, self.kernels.max_blocks()),
-                buf.ptr_mut(),
-                n as u64,
-                sums.ptr(),
             )?;
         }
         Ok(())
@@ -69,24 +69,24 @@ impl CudaBackend {
         }
         let mut sums = self.buf::<u64>(t as usize, Init::Uninit, "scan tile sums")?;
         let input = buf.ptr();
-        launch::scan_u64_tiles(
-            &self.kernels,
-            self.cu(),
-            Grid::exact(t, TILE_THREADS),
+        launch::scan_u64_tiles {
             input,
-            n as u64,
-            buf.ptr_mut(),
-            sums.ptr_mut(),
-        )?;
+            n: n as u64,
+            out: buf.ptr_mut(),
+            tile_sums: sums.ptr_mut(),
+        }
+        .launch(&self.kernels, self.cu(), Grid::exact(t, TILE_THREADS))?;
         if t > 1 {
             self.scan_u64_in_place(&mut sums, t as usize)?;
-            launch::scan_u64_add(
+            launch::scan_u64_add {
+                out: buf.ptr_mut(),
+                n: n as u64,
+                tile_offsets: sums.ptr(),
+            }
+            .launch(
                 &self.kernels,
                 self.cu(),
                 Grid::threads_for(n as u64, self.kernels.max_blocks()),
-                buf.ptr_mut(),
-                n as u64,
-                sums.ptr(),
             )?;
         }
         Ok(())

@@ -3,10 +3,12 @@
 //! `f32` SIMD path where one exists. Adam is written out here, operation for
 //! operation as [`cpu_ops::Adam`] with L2 decay does it, so both give the same bits.
 
-use cpu_ops::{AggregateKind, DropoutMask, GatForward, GatInputs, MatMut, MatRef, Simd, Transpose};
+use cpu_ops::{
+    AggregateKind, DropoutMask, GatForward, GatInputs, GatParts, MatMut, MatRef, Simd, Transpose,
+};
 use rayon::prelude::*;
 
-use crate::backend::{AdamStep, GatGradsDev, GatSaved, LossStats};
+use crate::backend::{AdamStep, DevMat, GatGradsDev, GatInputsDev, GatSaved, LossStats};
 use crate::error::{GpuOpsError, Result};
 use crate::host::block::HostBlock;
 use crate::host::buffer::{mul, prefix, prefix_mut, HostBuf};
@@ -39,21 +41,18 @@ fn accumulate(acc: bool) -> cpu_ops::Accumulate {
     }
 }
 
-/// [`crate::DenseOps::gemm`]; with `tf32`, on copies of A and B rounded to TF32
+/// [`crate::DenseOps::matmul`]; with `tf32`, on copies of A and B rounded to TF32
 /// ([`crate::round_to_tf32`]), accumulating in fp32 as tensor cores do.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
-    trans_a: bool,
-    trans_b: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[f32],
-    b: &[f32],
+pub(crate) fn matmul(
+    a: DevMat<'_, HostBackend>,
+    b: DevMat<'_, HostBackend>,
     c: &mut [f32],
     acc: bool,
     tf32: bool,
 ) -> Result<()> {
+    let (m, n, k) = a.product_dims(&b)?;
+    let (trans_a, trans_b) = (a.is_transposed(), b.is_transposed());
+    let (a, b): (&[f32], &[f32]) = (a.buf(), b.buf());
     let a = prefix("gemm A (m × k)", a, mul("m × k", m, k)?)?;
     let b = prefix("gemm B (k × n)", b, mul("k × n", k, n)?)?;
     let rounded: Option<(Vec<f32>, Vec<f32>)> = tf32.then(|| {
@@ -127,12 +126,15 @@ pub(crate) fn aggregate_backward(
 /// The GAT inputs' prefixes; `width = heads · head_dim`.
 fn gat_inputs<'a>(
     block: &HostBlock,
-    heads: usize,
-    head_dim: usize,
-    z_src: &'a [f32],
-    a_src: &'a [f32],
-    a_dst: &'a [f32],
+    inp: &GatInputsDev<'a, HostBackend>,
 ) -> Result<(GatInputs<'a, f32>, usize)> {
+    let GatInputsDev {
+        heads,
+        head_dim,
+        z_src,
+        a_src,
+        a_dst,
+    } = *inp;
     let width = mul("heads × head_dim", heads, head_dim)?;
     let inp = GatInputs {
         heads,
@@ -152,15 +154,11 @@ fn gat_inputs<'a>(
 pub(crate) fn gat_forward(
     simd: Simd,
     block: &HostBlock,
-    heads: usize,
-    head_dim: usize,
-    z_src: &[f32],
-    a_src: &[f32],
-    a_dst: &[f32],
+    inp: &GatInputsDev<'_, HostBackend>,
 ) -> Result<GatSaved<HostBackend>> {
-    let (inp, _) = gat_inputs(block, heads, head_dim, z_src, a_src, a_dst)?;
+    let (inp, _) = gat_inputs(block, inp)?;
     let fwd = cpu_ops::gat_forward_f32(simd, block.view(), &inp)?;
-    let (out, alpha, el, er) = fwd.into_parts();
+    let GatParts { out, alpha, el, er } = fwd.into_parts();
     Ok(GatSaved {
         out: out.into(),
         alpha: alpha.into(),
@@ -170,19 +168,15 @@ pub(crate) fn gat_forward(
 }
 
 /// [`crate::GraphOps::gat_backward`].
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn gat_backward(
     simd: Simd,
     block: &HostBlock,
-    heads: usize,
-    head_dim: usize,
-    z_src: &[f32],
-    a_src: &[f32],
-    a_dst: &[f32],
+    inp: &GatInputsDev<'_, HostBackend>,
     saved: &GatSaved<HostBackend>,
     grad_out: &[f32],
 ) -> Result<GatGradsDev<HostBackend>> {
-    let (inp, width) = gat_inputs(block, heads, head_dim, z_src, a_src, a_dst)?;
+    let (inp, width) = gat_inputs(block, inp)?;
+    let (heads, head_dim) = (inp.heads, inp.head_dim);
     let (ns, nd, ne) = (block.num_src(), block.num_dst(), block.num_edges());
     let grad_out = prefix(
         "GAT output gradient (num_dst × heads·head_dim)",
@@ -190,32 +184,29 @@ pub(crate) fn gat_backward(
         mul("num_dst × width", nd, width)?,
     )?;
     let part = |what, buf: &HostBuf<f32>, len| prefix(what, buf, len).map(<[f32]>::to_vec);
-    let fwd = GatForward::from_parts(
-        heads,
-        head_dim,
-        ns,
-        nd,
-        part(
+    let parts = GatParts {
+        out: part(
             "GAT saved out (num_dst × heads·head_dim)",
             &saved.out,
             mul("num_dst × width", nd, width)?,
         )?,
-        part(
+        alpha: part(
             "GAT saved alpha (edges × heads)",
             &saved.alpha,
             mul("edges × heads", ne, heads)?,
         )?,
-        part(
+        el: part(
             "GAT saved el (num_src × heads)",
             &saved.el,
             mul("num_src × heads", ns, heads)?,
         )?,
-        part(
+        er: part(
             "GAT saved er (num_dst × heads)",
             &saved.er,
             mul("num_dst × heads", nd, heads)?,
         )?,
-    )?;
+    };
+    let fwd = GatForward::from_parts(heads, head_dim, ns, nd, parts)?;
     let g = cpu_ops::gat_backward_f32(simd, block.view(), &inp, &fwd, grad_out)?;
     Ok(GatGradsDev {
         z_src: g.z_src.into(),

@@ -28,9 +28,9 @@ use std::sync::Arc;
 use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, Simd, SparseRows};
 
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DenseOps, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory,
-    Elem, FeatureDtype, FeatureStore, GatGradsDev, GatSaved, GraphOps, LossStats, MemoryInfo,
-    Sampling, SparseOps, SparseShape, TopologyPlacement,
+    AdamStep, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind,
+    DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatInputsDev, GatSaved, GraphOps,
+    LossStats, MemoryInfo, Sampling, SparseOps, SparseShape, TopologyPlacement,
 };
 use crate::error::Result;
 
@@ -395,20 +395,15 @@ impl DenseOps for HostBackend {
         memory::count_nonfinite(x, n, count)
     }
 
-    fn gemm(
+    fn matmul(
         &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: &HostBuf<f32>,
-        b: &HostBuf<f32>,
+        a: DevMat<'_, Self>,
+        b: DevMat<'_, Self>,
         c: &mut HostBuf<f32>,
         accumulate: bool,
     ) -> Result<()> {
         let tf32 = self.tf32.load(std::sync::atomic::Ordering::Relaxed);
-        math::gemm(trans_a, trans_b, m, n, k, a, b, c, accumulate, tf32)
+        math::matmul(a, b, c, accumulate, tf32)
     }
 
     fn add_bias(
@@ -518,29 +513,19 @@ impl GraphOps for HostBackend {
     fn gat_forward(
         &self,
         block: &HostBlock,
-        heads: usize,
-        head_dim: usize,
-        z_src: &HostBuf<f32>,
-        a_src: &HostBuf<f32>,
-        a_dst: &HostBuf<f32>,
+        inp: &GatInputsDev<'_, Self>,
     ) -> Result<GatSaved<Self>> {
-        math::gat_forward(self.simd, block, heads, head_dim, z_src, a_src, a_dst)
+        math::gat_forward(self.simd, block, inp)
     }
 
     fn gat_backward(
         &self,
         block: &HostBlock,
-        heads: usize,
-        head_dim: usize,
-        z_src: &HostBuf<f32>,
-        a_src: &HostBuf<f32>,
-        a_dst: &HostBuf<f32>,
+        inp: &GatInputsDev<'_, Self>,
         saved: &GatSaved<Self>,
         grad_out: &HostBuf<f32>,
     ) -> Result<GatGradsDev<Self>> {
-        math::gat_backward(
-            self.simd, block, heads, head_dim, z_src, a_src, a_dst, saved, grad_out,
-        )
+        math::gat_backward(self.simd, block, inp, saved, grad_out)
     }
 }
 

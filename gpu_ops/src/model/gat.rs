@@ -19,7 +19,7 @@ use cpu_ops::{Init, LayerSpec, ModelConfig, GAT_NEGATIVE_SLOPE, RELU_GAIN};
 
 use super::emit::{Edges, EmitBlock, GraphEmitter, Reduce, Reduction, Unary};
 use super::layer::{internal, Layer, LayerCall, LayerDef, LayerGrad, ParamSpec, XMat};
-use crate::backend::{Activation, Backend, DevMat, GatSaved};
+use crate::backend::{Activation, Backend, DevMat, GatInputsDev, GatSaved};
 use crate::error::Result;
 
 /// ELU's `α` between GAT layers (PyTorch's `F.elu` default, as DGL's example).
@@ -53,6 +53,22 @@ impl<B: Backend> Gat<B> {
         }
         let buf = dev.to_device(&s)?;
         Ok(self.head_mean.get_or_init(|| buf))
+    }
+
+    /// The attention's inputs: this layer's heads over the projected sources `z`.
+    fn attention_inputs<'a>(
+        &self,
+        z: &'a B::Buf<f32>,
+        a_src: &'a B::Buf<f32>,
+        a_dst: &'a B::Buf<f32>,
+    ) -> GatInputsDev<'a, B> {
+        GatInputsDev {
+            heads: self.spec.heads,
+            head_dim: self.spec.head_dim,
+            z_src: z,
+            a_src,
+            a_dst,
+        }
     }
 }
 
@@ -195,7 +211,7 @@ impl<B: Backend> Layer<B> for Gat<B> {
         let width = spec.width();
         let mut z = dev.alloc_uninit(ns * width)?;
         XMat::new(call.x, ns, spec.d_in).times(dev, w, width, &mut z, false)?;
-        let saved = dev.gat_forward(call.block, spec.heads, spec.head_dim, &z, a_src, a_dst)?;
+        let saved = dev.gat_forward(call.block, &self.attention_inputs(&z, a_src, a_dst))?;
         let mut o = dev.alloc_uninit(nd * width)?;
         dev.copy(&saved.out, &mut o, nd * width)?;
         if with_bias {
@@ -231,7 +247,6 @@ impl<B: Backend> Layer<B> for Gat<B> {
             return Err(internal("a GAT layer has four gradients"));
         };
         let spec = &self.spec;
-        let (h, f) = (spec.heads, spec.head_dim);
         let (ns, nd, g) = (call.num_src, call.num_dst, grad.g);
         let width = spec.width();
         let spread;
@@ -250,7 +265,8 @@ impl<B: Backend> Layer<B> for Gat<B> {
             g
         };
         dev.bias_grad(d_o, nd, width, db, false)?;
-        let gg = dev.gat_backward(call.block, h, f, &state.z, a_src, a_dst, &state.saved, d_o)?;
+        let inp = self.attention_inputs(&state.z, a_src, a_dst);
+        let gg = dev.gat_backward(call.block, &inp, &state.saved, d_o)?;
         dev.copy(&gg.a_src, da_src, width)?;
         dev.copy(&gg.a_dst, da_dst, width)?;
         XMat::new(call.x, ns, spec.d_in).t_times(dev, &gg.z_src, width, dw, false)?;

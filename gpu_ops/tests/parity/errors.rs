@@ -1,7 +1,7 @@
 //! Parity: malformed input and too-short buffers are typed errors, never panics.
 
 use cpu_ops::{AggregateKind, FeatureMatrix};
-use gpu_ops::{AdamStep, Backend, DevMat};
+use gpu_ops::{AdamStep, Backend, DevMat, GatInputsDev};
 
 use crate::helpers::*;
 
@@ -23,18 +23,33 @@ pub(crate) fn too_short_buffers_are_size_mismatch<B: Backend>(d: &B) {
     assert_size_mismatch("copy src", d.copy(&f(3), &mut f(5), 4));
     assert_size_mismatch("copy dst", d.copy(&f(5), &mut f(3), 4));
     assert_size_mismatch("fill_zero", d.fill_zero(&mut f(3), 4));
-    // gemm 4×5 · 5×6
+    // matmul 4×5 · 5×6, stored as read or transposed
     assert_size_mismatch(
-        "gemm a",
-        d.gemm(false, false, 4, 6, 5, &f(19), &f(30), &mut f(24), false),
+        "matmul a",
+        d.matmul(
+            DevMat::new(&f(19), 4, 5),
+            DevMat::new(&f(30), 5, 6),
+            &mut f(24),
+            false,
+        ),
     );
     assert_size_mismatch(
-        "gemm b",
-        d.gemm(true, true, 4, 6, 5, &f(20), &f(29), &mut f(24), false),
+        "matmul b",
+        d.matmul(
+            DevMat::new(&f(20), 5, 4).t(),
+            DevMat::new(&f(29), 6, 5).t(),
+            &mut f(24),
+            false,
+        ),
     );
     assert_size_mismatch(
-        "gemm c",
-        d.gemm(false, true, 4, 6, 5, &f(20), &f(30), &mut f(23), true),
+        "matmul c",
+        d.matmul(
+            DevMat::new(&f(20), 4, 5),
+            DevMat::new(&f(30), 6, 5).t(),
+            &mut f(23),
+            true,
+        ),
     );
     // matmul 4×5 · 6×5: the inner sizes differ (5 ≠ 6), whatever the buffers hold
     assert_size_mismatch(
@@ -63,14 +78,30 @@ pub(crate) fn too_short_buffers_are_size_mismatch<B: Backend>(d: &B) {
             d.aggregate_backward(&b, kind, &f(6), 2, &mut f(9)),
         );
     }
-    assert_size_mismatch("gat z", d.gat_forward(&b, 2, 3, &f(29), &f(6), &f(6)));
-    assert_size_mismatch("gat a_src", d.gat_forward(&b, 2, 3, &f(30), &f(5), &f(6)));
-    assert_size_mismatch("gat a_dst", d.gat_forward(&b, 2, 3, &f(30), &f(6), &f(5)));
-    let saved = d.gat_forward(&b, 2, 3, &f(30), &f(6), &f(6)).unwrap();
-    assert_size_mismatch(
-        "gat grad_out",
-        d.gat_backward(&b, 2, 3, &f(30), &f(6), &f(6), &saved, &f(17)),
-    );
+    // GAT with 2 heads of width 3 on it
+    let gat = |z: &B::Buf<f32>, a_src: &B::Buf<f32>, a_dst: &B::Buf<f32>| {
+        let inp = GatInputsDev {
+            heads: 2,
+            head_dim: 3,
+            z_src: z,
+            a_src,
+            a_dst,
+        };
+        d.gat_forward(&b, &inp)
+    };
+    assert_size_mismatch("gat z", gat(&f(29), &f(6), &f(6)));
+    assert_size_mismatch("gat a_src", gat(&f(30), &f(5), &f(6)));
+    assert_size_mismatch("gat a_dst", gat(&f(30), &f(6), &f(5)));
+    let (z, a_src, a_dst) = (f(30), f(6), f(6));
+    let inp = GatInputsDev {
+        heads: 2,
+        head_dim: 3,
+        z_src: &z,
+        a_src: &a_src,
+        a_dst: &a_dst,
+    };
+    let saved = d.gat_forward(&b, &inp).unwrap();
+    assert_size_mismatch("gat grad_out", d.gat_backward(&b, &inp, &saved, &f(17)));
     // element-wise
     assert_size_mismatch("add_bias x", d.add_bias(&mut f(11), 3, 4, &f(4)));
     assert_size_mismatch("add_bias bias", d.add_bias(&mut f(12), 3, 4, &f(3)));

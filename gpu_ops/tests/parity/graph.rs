@@ -1,7 +1,7 @@
 //! Parity: aggregation, self-loops and GAT attention over blocks.
 
 use cpu_ops::{AggregateKind, GatInputs, Rng};
-use gpu_ops::Backend;
+use gpu_ops::{Backend, GatInputsDev};
 
 use crate::helpers::*;
 
@@ -107,7 +107,14 @@ pub(crate) fn gat_forward_backward<B: Backend>(d: &B) {
 
             let block = csr.upload(d);
             let (dz, das, dad) = (input(d, &z), input(d, &a_src), input(d, &a_dst));
-            let saved = d.gat_forward(&block, heads, f, &dz, &das, &dad).unwrap();
+            let dinp = GatInputsDev {
+                heads,
+                head_dim: f,
+                z_src: &dz,
+                a_src: &das,
+                a_dst: &dad,
+            };
+            let saved = d.gat_forward(&block, &dinp).unwrap();
             let what = format!("GAT {nd}x{ns} H={heads} F={f}");
             let e = csr.indices.len();
             assert_close(
@@ -135,7 +142,7 @@ pub(crate) fn gat_forward_backward<B: Backend>(d: &B) {
                 1e-4,
             );
             let got = d
-                .gat_backward(&block, heads, f, &dz, &das, &dad, &saved, &input(d, &g))
+                .gat_backward(&block, &dinp, &saved, &input(d, &g))
                 .unwrap();
             assert_close(
                 &format!("dz {what}"),

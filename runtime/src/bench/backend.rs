@@ -14,7 +14,7 @@
 //!    from bfloat16 rows ([`gpu_ops::FeatureDtype::Bf16`]: half the bytes read, widened
 //!    to `f32`), whose rate counts the `f32` rows delivered, so the ratio to the copy
 //!    shows what halving the read bytes buys.
-//! 3. **GEMM**: [`DenseOps::gemm`](gpu_ops::DenseOps::gemm) at a layer shape, in FLOP/s.
+//! 3. **GEMM**: [`DenseOps::matmul`](gpu_ops::DenseOps::matmul) at a layer shape, in FLOP/s.
 //!
 //! Every number is the best of `reps` timed repetitions after one warm-up, timed
 //! with the backend's events on its compute stream (host wall time on the host
@@ -23,7 +23,7 @@
 use std::fmt;
 
 use cpu_ops::{CsrGraph, FeatureMatrix, Rng};
-use gpu_ops::{Backend, FeatureDtype, GpuOpsError, TopologyPlacement};
+use gpu_ops::{Backend, DevMat, FeatureDtype, GpuOpsError, TopologyPlacement};
 
 use crate::error::{Error, Result};
 
@@ -293,7 +293,7 @@ pub fn bench_backend<B: Backend>(
     );
     let mut c = dev.alloc::<f32>(m * nn).map_err(dev_err("gemm output"))?;
     let mut gemm = || {
-        dev.gemm(false, false, m, nn, k, &a, &b, &mut c, false)
+        dev.matmul(DevMat::new(&a, m, k), DevMat::new(&b, k, nn), &mut c, false)
             .map_err(dev_err("gemm"))
     };
     let before = dev.precision();

@@ -28,8 +28,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use cpu_ops::{
-    gather_rows, BlockView, CsrGraph, FeatureMatrix, HotProfile, ModelConfig, ModelInput,
-    ModelKind, NeighborSampler, SageHotKernel, SamplerScratch,
+    gather_rows, BlockView, CsrGraph, FeatureMatrix, HotProfile, HotRequest, ModelConfig,
+    ModelInput, ModelKind, NeighborSampler, SageHotKernel, SamplerScratch,
 };
 use gpu_ops::{GpuOpsError, HostBackend, Layer0, ModelLayout};
 use rayon::prelude::*;
@@ -344,15 +344,15 @@ pub fn bench_hot(
             .zip(dst.par_chunks(o.chunk))
             .enumerate()
             .map(|(c, (out, chunk))| {
-                worker().kernel.compute_profiled(
+                let req = HotRequest {
                     graph,
                     features,
-                    chunk,
-                    o.fanout,
-                    chunk_seed(c),
-                    true,
-                    out,
-                )
+                    dst: chunk,
+                    fanout: o.fanout,
+                    seed: chunk_seed(c),
+                    relu: true,
+                };
+                worker().kernel.compute_profiled(req, out)
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(kernel_err("fused hot kernel"))?;

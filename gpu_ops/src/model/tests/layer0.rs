@@ -3,8 +3,8 @@
 //! run for hot vertices) against the generic SAGE layer on the host backend.
 
 use cpu_ops::{
-    gather_rows_into_vec, BlockView, FeatureMatrix, HostArray, ModelConfig, ModelInput, ModelKind,
-    NeighborSampler, Rng, SageHotKernel, SamplerScratch, ALL_NEIGHBORS,
+    gather_rows_into_vec, BlockView, FeatureMatrix, HostArray, HotRequest, ModelConfig, ModelInput,
+    ModelKind, NeighborSampler, Rng, SageHotKernel, SamplerScratch, ALL_NEIGHBORS,
 };
 
 use super::random_graph;
@@ -62,9 +62,15 @@ fn fused_sage_kernel_matches_the_generic_layer() {
                 case += 1;
                 let seed = 100 + case;
                 let mut got = vec![f32::NAN; ids.len() * d_out];
-                kernel
-                    .compute(&g, &f, &ids, fanout, seed, relu, &mut got)
-                    .expect("fused kernel");
+                let req = HotRequest {
+                    graph: &g,
+                    features: &f,
+                    dst: &ids,
+                    fanout,
+                    seed,
+                    relu,
+                };
+                kernel.compute(req, &mut got).expect("fused kernel");
                 let sampler = NeighborSampler::new(vec![fanout]).expect("sampler");
                 let mut scratch = SamplerScratch::new(n);
                 let batch = sampler

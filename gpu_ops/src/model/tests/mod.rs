@@ -488,40 +488,51 @@ fn mismatched_blocks_are_errors() {
     assert!(dm.forward(&dev, &[b, b2], &short, false, 0).is_err());
 }
 
-/// Trains one step with layer 0's outputs at `positions` replaced by `rows`
-/// (`None`: plain); returns (logits, gradients).
-#[allow(clippy::too_many_arguments)]
-fn hot_step(
-    dev: &HostBackend,
-    dm: &mut DeviceModel<HostBackend>,
-    blocks: &[<HostBackend as crate::DeviceCore>::Block],
-    x: &<HostBackend as crate::DeviceCore>::Buf<f32>,
-    grad: &[f32],
+/// A batch that steps train on, with and without hot rows: the blocks, the
+/// input `x`, and the gradient `grad` of the `rows × classes` logits.
+struct StepBatch<'a> {
+    dev: &'a HostBackend,
+    blocks: &'a [<HostBackend as crate::DeviceCore>::Block],
+    x: &'a <HostBackend as crate::DeviceCore>::Buf<f32>,
+    grad: &'a [f32],
     rows: usize,
     classes: usize,
-    hot: Option<(&[u32], &[f32])>,
-    mode: super::HotGrad,
-) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let bufs = hot.map(|(p, r)| {
-        (
-            dev.to_device(p).expect("positions"),
-            dev.to_device(r).expect("rows"),
-            p.len(),
-        )
-    });
-    let hr = bufs.as_ref().map(|(p, r, n)| super::HotRows {
-        positions: p,
-        rows: r,
-        n: *n,
-        grad: mode,
-    });
-    let fwd = dm
-        .forward_hot(dev, blocks, x, true, 99, hr.as_ref())
-        .expect("forward");
-    let logits = dev.to_host(fwd.logits(), rows * classes).expect("logits");
-    let gd = dev.to_device(grad).expect("grad");
-    dm.backward(dev, blocks, x, &fwd, &gd).expect("backward");
-    (logits, dm.grads_to_host(dev).expect("grads"))
+}
+
+impl StepBatch<'_> {
+    /// Trains one step of `dm` with layer 0's outputs at `positions` replaced by
+    /// `rows` (`hot`, `None`: plain); returns (logits, gradients).
+    fn step(
+        &self,
+        dm: &mut DeviceModel<HostBackend>,
+        hot: Option<(&[u32], &[f32])>,
+        mode: super::HotGrad,
+    ) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let dev = self.dev;
+        let bufs = hot.map(|(p, r)| {
+            (
+                dev.to_device(p).expect("positions"),
+                dev.to_device(r).expect("rows"),
+                p.len(),
+            )
+        });
+        let hr = bufs.as_ref().map(|(p, r, n)| super::HotRows {
+            positions: p,
+            rows: r,
+            n: *n,
+            grad: mode,
+        });
+        let fwd = dm
+            .forward_hot(dev, self.blocks, self.x, true, 99, hr.as_ref())
+            .expect("forward");
+        let logits = dev
+            .to_host(fwd.logits(), self.rows * self.classes)
+            .expect("logits");
+        let gd = dev.to_device(self.grad).expect("grad");
+        dm.backward(dev, self.blocks, self.x, &fwd, &gd)
+            .expect("backward");
+        (logits, dm.grads_to_host(dev).expect("grads"))
+    }
 }
 
 /// Historical embeddings equal to the fresh layer-0 outputs leave the logits
@@ -578,52 +589,19 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
     let hot: Vec<u32> = (0..nd0 as u32).filter(|p| p % 3 == 1).collect();
     let cold: Vec<u32> = (0..nd0 as u32).filter(|p| p % 3 != 1).collect();
     let all: Vec<u32> = (0..nd0 as u32).collect();
-    let n = seeds.len();
-    let (l_plain, g_plain) = hot_step(
-        &dev,
-        &mut dm,
-        &blocks,
-        &xd,
-        &grad,
-        n,
+    let batch = StepBatch {
+        dev: &dev,
+        blocks: &blocks,
+        x: &xd,
+        grad: &grad,
+        rows: seeds.len(),
         classes,
-        None,
-        super::HotGrad::Constant,
-    );
+    };
+    let (l_plain, g_plain) = batch.step(&mut dm, None, super::HotGrad::Constant);
     let (hr, cr, ar) = (rows_of(&hot), rows_of(&cold), rows_of(&all));
-    let (l_hot, g_hot) = hot_step(
-        &dev,
-        &mut dm,
-        &blocks,
-        &xd,
-        &grad,
-        n,
-        classes,
-        Some((&hot, &hr)),
-        super::HotGrad::Constant,
-    );
-    let (_, g_cold) = hot_step(
-        &dev,
-        &mut dm,
-        &blocks,
-        &xd,
-        &grad,
-        n,
-        classes,
-        Some((&cold, &cr)),
-        super::HotGrad::Constant,
-    );
-    let (_, g_all) = hot_step(
-        &dev,
-        &mut dm,
-        &blocks,
-        &xd,
-        &grad,
-        n,
-        classes,
-        Some((&all, &ar)),
-        super::HotGrad::Constant,
-    );
+    let (l_hot, g_hot) = batch.step(&mut dm, Some((&hot, &hr)), super::HotGrad::Constant);
+    let (_, g_cold) = batch.step(&mut dm, Some((&cold, &cr)), super::HotGrad::Constant);
+    let (_, g_all) = batch.step(&mut dm, Some((&all, &ar)), super::HotGrad::Constant);
     close("logits with fresh hot rows", &l_hot, &l_plain, 1e-5);
     let layer0 = dm.layer_params(0).expect("layer 0");
     for i in 0..g_plain.len() {
@@ -658,17 +636,7 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
     }
     // Aggregate mode: fresh hot rows keep their gradient, which flows through the
     // accelerator's own layer 0, so every gradient is the plain one.
-    let (_, g_agg) = hot_step(
-        &dev,
-        &mut dm,
-        &blocks,
-        &xd,
-        &grad,
-        n,
-        classes,
-        Some((&hot, &hr)),
-        super::HotGrad::Aggregate,
-    );
+    let (_, g_agg) = batch.step(&mut dm, Some((&hot, &hr)), super::HotGrad::Aggregate);
     for (i, (a, b)) in g_agg.iter().zip(&g_plain).enumerate() {
         close(
             &format!("{}: aggregate mode", dm.param_names()[i]),
@@ -679,17 +647,7 @@ fn check_hot(kind: ModelKind, in_dim: usize, hidden: usize) {
     }
     // Stale rows are really used.
     let stale: Vec<f32> = hr.iter().map(|v| v + 0.5).collect();
-    let (l_stale, _) = hot_step(
-        &dev,
-        &mut dm,
-        &blocks,
-        &xd,
-        &grad,
-        n,
-        classes,
-        Some((&hot, &stale)),
-        super::HotGrad::Constant,
-    );
+    let (l_stale, _) = batch.step(&mut dm, Some((&hot, &stale)), super::HotGrad::Constant);
     assert!(
         l_stale
             .iter()

@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use cpu_ops::{
-    derive_seed, dropout, AdamConfig, ModelConfig, ModelKind, Rng, SparseRows, GAT_NEGATIVE_SLOPE,
+    derive_seed, dropout, AdamConfig, LayerSpec, ModelConfig, ModelKind, Rng, SparseRows,
+    GAT_NEGATIVE_SLOPE,
 };
 
 use super::{random_blocks, random_params, TestBlock};
@@ -25,7 +26,8 @@ fn dot_col(x: &[f64], w: &[f64], n: usize, k: usize) -> f64 {
 
 /// GraphSAGE-mean: `out_i = x_i·W_self + mean_{j∈N(i)} x_j·W_neigh + b` (an
 /// isolated destination's mean is 0).
-fn sage(b: &TestBlock, x: &[f64], p: &[Vec<f64>], d_in: usize, d_out: usize) -> Vec<f64> {
+fn sage(b: &TestBlock, x: &[f64], p: &[Vec<f64>], spec: &LayerSpec) -> Vec<f64> {
+    let (d_in, d_out) = (spec.d_in, spec.d_out);
     let (w_self, w_neigh, bias) = (&p[0], &p[1], &p[2]);
     let row = |j: usize| &x[j * d_in..(j + 1) * d_in];
     let mut out = vec![0.0; b.num_dst() * d_out];
@@ -49,7 +51,8 @@ fn sage(b: &TestBlock, x: &[f64], p: &[Vec<f64>], d_in: usize, d_out: usize) -> 
 /// GCN on the block with a self-loop added to every destination:
 /// `out_i = Σ_{j∈N(i)∪{i}} x_j·W / √(d̃_out(j)·d̃_in(i)) + b`, with `d̃_in(i) =
 /// |N(i)| + 1` and `d̃_out(j)` the edges reading `j`, its self-loop included.
-fn gcn(b: &TestBlock, x: &[f64], p: &[Vec<f64>], d_in: usize, d_out: usize) -> Vec<f64> {
+fn gcn(b: &TestBlock, x: &[f64], p: &[Vec<f64>], spec: &LayerSpec) -> Vec<f64> {
+    let (d_in, d_out) = (spec.d_in, spec.d_out);
     let (w, bias) = (&p[0], &p[1]);
     let row = |j: usize| &x[j * d_in..(j + 1) * d_in];
     let nd = b.num_dst();
@@ -75,20 +78,12 @@ fn gcn(b: &TestBlock, x: &[f64], p: &[Vec<f64>], d_in: usize, d_out: usize) -> V
     out
 }
 
-/// GAT with `heads` heads of width `f`: `z = X·W`; per head, edge `j → i` scores
-/// `LeakyReLU_{0.2}(a_src·z_j + a_dst·z_i)`, softmax over the edges into `i`,
-/// `o_i = Σ α z_j` (0 without edges). Hidden: `o + b`, heads concatenated; top:
-/// the mean over heads of `o_h + b_h`.
-#[allow(clippy::too_many_arguments)]
-fn gat(
-    b: &TestBlock,
-    x: &[f64],
-    p: &[Vec<f64>],
-    d_in: usize,
-    heads: usize,
-    f: usize,
-    last: bool,
-) -> Vec<f64> {
+/// GAT with `spec.heads` heads of width `f = spec.head_dim`: `z = X·W`; per head,
+/// edge `j → i` scores `LeakyReLU_{0.2}(a_src·z_j + a_dst·z_i)`, softmax over the
+/// edges into `i`, `o_i = Σ α z_j` (0 without edges). Hidden: `o + b`, heads
+/// concatenated; top (`spec.last`): the mean over heads of `o_h + b_h`.
+fn gat(b: &TestBlock, x: &[f64], p: &[Vec<f64>], spec: &LayerSpec) -> Vec<f64> {
+    let (d_in, heads, f, last) = (spec.d_in, spec.heads, spec.head_dim, spec.last);
     let (w, a_src, a_dst, bias) = (&p[0], &p[1], &p[2], &p[3]);
     let hf = heads * f;
     let z: Vec<f64> = (0..b.num_src)
@@ -155,9 +150,9 @@ pub(super) fn layer(
 ) -> Vec<f64> {
     let s = layout.layer_specs()[l];
     match layout.config().kind {
-        ModelKind::Sage => sage(b, x, p, s.d_in, s.d_out),
-        ModelKind::Gcn => gcn(b, x, p, s.d_in, s.d_out),
-        ModelKind::Gat => gat(b, x, p, s.d_in, s.heads, s.head_dim, s.last),
+        ModelKind::Sage => sage(b, x, p, &s),
+        ModelKind::Gcn => gcn(b, x, p, &s),
+        ModelKind::Gat => gat(b, x, p, &s),
     }
 }
 

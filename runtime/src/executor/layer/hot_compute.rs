@@ -18,8 +18,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use cpu_ops::{
-    gather_rows, BlockView, ModelConfig, ModelInput, ModelKind, NeighborSampler, SageHotKernel,
-    SamplerScratch,
+    gather_rows, BlockView, HotRequest, ModelConfig, ModelInput, ModelKind, NeighborSampler,
+    SageHotKernel, SamplerScratch,
 };
 
 use crate::data::dataset::Dataset;
@@ -204,16 +204,14 @@ impl HotComputer {
             Error::invalid_argument("train.fanouts", "orchestration needs a bottom fanout")
         })?;
         // Layer 0 is below the top (orchestration needs two layers): ReLU.
-        fresh
-            .compute(
-                &self.ds.graph,
-                &self.ds.features,
-                ids,
-                fanout,
-                seed,
-                true,
-                out,
-            )
-            .map_err(kernel("hot compute"))
+        let req = HotRequest {
+            graph: &self.ds.graph,
+            features: &self.ds.features,
+            dst: ids,
+            fanout,
+            seed,
+            relu: true,
+        };
+        fresh.compute(req, out).map_err(kernel("hot compute"))
     }
 }
