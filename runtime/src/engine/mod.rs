@@ -286,6 +286,13 @@ impl<B: Backend> DeviceEngine<B> {
             .ok_or_else(|| Error::invalid_argument("features", "internal: not loaded"))
     }
 
+    /// Whether vertex `v`'s row is in the device cache (tests).
+    #[cfg(test)]
+    pub(crate) fn is_cached(&mut self, v: u32) -> bool {
+        let dev = std::sync::Arc::clone(&self.dev);
+        self.features().is_ok_and(|f| dev.is_cached(f, v))
+    }
+
     /// Gathers the rows of `ids` (on the device, `n` of them) into the reused
     /// buffer: through the device feature cache, or with a row source on the
     /// host (the ids downloaded, the rows uploaded).

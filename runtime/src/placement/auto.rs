@@ -147,7 +147,8 @@ impl<B: Backend> AutoExecutor<B> {
                 self.current = Current::Step(s);
             }
             Current::Layer(l) => {
-                let (engine, orch) = l.into_parts();
+                let (mut engine, mut orch) = l.into_parts();
+                orch.release_cache(&mut engine)?;
                 self.parked = Some(orch);
                 let mut s = StepExecutor::new(engine, placement, self.sample_ahead);
                 if let Some((t, acc)) = &self.trace {

@@ -251,6 +251,35 @@ impl HybridMonitor {
         Ok(())
     }
 
+    /// Gives the cache back to the step-based placements (the monitor ends:
+    /// `policy = "auto"` leaves the layer pipeline, or its split is reset):
+    /// evicts the rows the monitor's moves hold and restores the filler rows
+    /// they displaced, highest degree first, so the cache holds the degree
+    /// order it was loaded with (2026-11-26: a probe's moves left it holding
+    /// hot rows of low rank, and the step-based placement `auto` chose ran
+    /// 1.29× slower than the same placement alone at 512 columns).
+    pub(crate) fn restore_cache(self, engine: &mut dyn LayerDevice) -> Result<()> {
+        let evict: Vec<u32> = (0..self.owner.len() as u32)
+            .filter(|&v| self.owner[v as usize] == Owner::Monitor)
+            .collect();
+        let mut seen = vec![false; self.owner.len()];
+        let restore: Vec<u32> = self
+            .displaced
+            .iter()
+            .rev()
+            .copied()
+            .filter(|&v| {
+                self.owner[v as usize] != Owner::Filler
+                    && !std::mem::replace(&mut seen[v as usize], true)
+            })
+            .collect();
+        if evict.is_empty() && restore.is_empty() {
+            return Ok(());
+        }
+        engine.update_cache(&restore, &evict)?;
+        Ok(())
+    }
+
     /// Steps 4–7 after a super-batch finished: observes its window (when
     /// `end.observe`) and applies a move to the cache now (a move back is queued
     /// for step 6).
@@ -432,7 +461,7 @@ mod tests {
     const CACHE: usize = 1000 * DIM * 4;
 
     struct Rig {
-        engine: Box<dyn LayerDevice>,
+        engine: DeviceEngine<HostBackend>,
         ds: Arc<Dataset>,
         relabeling: Relabeling,
         clock: ManualClock,
@@ -543,7 +572,7 @@ mod tests {
         let monitor =
             HybridMonitor::new(&engine, &ds, pipeline, HotSplit::all_cpu(HOT), 2).unwrap();
         Rig {
-            engine: Box::new(engine),
+            engine,
             ds,
             relabeling,
             clock: ManualClock::new(),
@@ -563,7 +592,7 @@ mod tests {
             let track = tracer.declare_track("acc", crate::trace::TrackKind::Accelerator);
             for j in 0..n {
                 self.monitor
-                    .begin_super_batch(base + j, &mut *self.engine, &self.relabeling)
+                    .begin_super_batch(base + j, &mut self.engine, &self.relabeling)
                     .unwrap();
                 let w = Window::open(&self.stats, &self.clock);
                 self.clock.advance(Duration::from_millis(10));
@@ -582,7 +611,7 @@ mod tests {
                     trace: (&tracer, track),
                 };
                 self.monitor
-                    .end_super_batch(&end, &mut self.stats, &mut *self.engine, &self.relabeling)
+                    .end_super_batch(&end, &mut self.stats, &mut self.engine, &self.relabeling)
                     .unwrap();
                 if self.stats.monitor_moves_to_cache > before.0 {
                     self.moves.push((base + j, Direction::ToCache));
@@ -590,7 +619,7 @@ mod tests {
                 if self.stats.monitor_moves_to_cpu > before.1 {
                     self.moves.push((base + j, Direction::ToCpu));
                 }
-                let cache = self.engine.cache_stats();
+                let cache = LayerDevice::cache_stats(&self.engine);
                 assert!(cache.cached_bytes <= CACHE, "{cache:?}");
             }
         }
@@ -620,7 +649,9 @@ mod tests {
             r.moves[0].0
         );
         assert!(r.stats.monitor_cached_rows > 0);
-        assert!(r.monitor.cached_rows() as usize <= r.engine.cache_stats().cached_rows);
+        assert!(
+            r.monitor.cached_rows() as usize <= LayerDevice::cache_stats(&r.engine).cached_rows
+        );
         // Then the CPU keeps up easily: no waits, 90% idle. Vertices come back.
         r.epoch(20, 0.0, 2.0);
         assert!(r.cpu_split() > shed, "no move back: {:?}", r.moves);
@@ -654,7 +685,7 @@ mod tests {
         let track = tracer.declare_track("acc", crate::trace::TrackKind::Accelerator);
         for j in 0..8 {
             r.monitor
-                .begin_super_batch(base + j, &mut *r.engine, &r.relabeling)
+                .begin_super_batch(base + j, &mut r.engine, &r.relabeling)
                 .unwrap();
             let w = Window::open(&r.stats, &r.clock);
             r.clock.advance(Duration::from_millis(10));
@@ -670,10 +701,38 @@ mod tests {
                 trace: (&tracer, track),
             };
             r.monitor
-                .end_super_batch(&end, &mut r.stats, &mut *r.engine, &r.relabeling)
+                .end_super_batch(&end, &mut r.stats, &mut r.engine, &r.relabeling)
                 .unwrap();
         }
         assert!(r.stats.monitor_moves_to_cache > 0, "{}", r.stats.summary());
         assert!(r.cpu_split() < HOT);
+    }
+
+    #[test]
+    fn restoring_the_cache_gives_back_the_degree_order_it_was_loaded_with() {
+        let mut r = rig();
+        // Hot = the lowest degrees, so the monitor's rows are not filler already.
+        let scores: Vec<u64> = scheduler::degree_scores(&r.ds.graph)
+            .iter()
+            .map(|&d| u64::MAX - d)
+            .collect();
+        r.relabeling = Relabeling::by_score(&scores, HOT as f64 / 4000.0).unwrap();
+        let n = r.ds.num_vertices() as u32;
+        let loaded: Vec<u32> = (0..n).filter(|&v| r.engine.is_cached(v)).collect();
+        assert!(!loaded.is_empty());
+        // A CPU too slow: the monitor moves hot rows into the cache, displacing
+        // filler rows.
+        r.epoch(12, 4.0, 20.0);
+        assert!(r.monitor.cached_rows() > 0, "no move: {:?}", r.moves);
+        let moved: Vec<u32> = (0..n).filter(|&v| r.engine.is_cached(v)).collect();
+        assert_ne!(moved, loaded, "the moves changed nothing");
+        let Rig {
+            mut engine,
+            monitor,
+            ..
+        } = r;
+        monitor.restore_cache(&mut engine).unwrap();
+        let restored: Vec<u32> = (0..n).filter(|&v| engine.is_cached(v)).collect();
+        assert_eq!(restored, loaded);
     }
 }

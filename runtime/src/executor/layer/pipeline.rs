@@ -160,6 +160,9 @@ pub struct Orchestrator {
     use_monitor: bool,
     /// The hybrid monitor, built on the first epoch (it needs the engine's cache).
     monitor: Option<HybridMonitor>,
+    /// The split changed under a running monitor: the next epoch restarts it
+    /// from the new split, with the cache as it was loaded.
+    monitor_outdated: bool,
     workers: Option<HotWorkers>,
     /// First core for the workers when pinning (`threads.pin = "cores"`).
     pin_from: Option<usize>,
@@ -230,6 +233,7 @@ impl Orchestrator {
             fault: None,
             use_monitor: cfg.monitor,
             monitor: None,
+            monitor_outdated: false,
             workers: None,
             pin_from: None,
             clock: wall_clock(),
@@ -266,7 +270,21 @@ impl Orchestrator {
     pub fn set_cpu_split(&mut self, cpu: u32) -> Result<()> {
         let hot = self.split.hot();
         self.split = HotSplit::new(hot, cpu.min(hot)).map_err(sched("orchestration CPU split"))?;
+        // A running monitor plans with its own split: restart it from this one.
+        self.monitor_outdated = self.monitor.is_some();
         Ok(())
+    }
+
+    /// Ends the monitor, giving the device cache back as it was loaded
+    /// ([`HybridMonitor::restore_cache`]); the next epoch with the monitor on
+    /// starts a new one from the current split. Called when `policy = "auto"`
+    /// leaves the layer pipeline.
+    pub(crate) fn release_cache(&mut self, engine: &mut dyn LayerDevice) -> Result<()> {
+        self.monitor_outdated = false;
+        match self.monitor.take() {
+            Some(m) => m.restore_cache(engine),
+            None => Ok(()),
+        }
     }
 
     /// The CPU's share of the hot set now.
@@ -396,6 +414,9 @@ impl Orchestrator {
         on_batch: &mut OnBatch<'_>,
     ) -> Result<EpochEnd> {
         self.ensure_workers(&*engine)?;
+        if self.monitor_outdated {
+            self.release_cache(engine)?;
+        }
         if self.use_monitor && self.monitor.is_none() {
             self.monitor = Some(HybridMonitor::new(
                 &*engine,

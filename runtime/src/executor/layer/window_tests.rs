@@ -1,7 +1,8 @@
-//! The measurement window of `policy = "auto"` ([`EpochRun::mark`]) on a
-//! scripted clock: a device whose launches (one `prepare_top` per batch) and
-//! steps (`train_prepared`) move a [`ManualClock`] by fixed costs, so what the
-//! window holds is exact (no sleeps, no wall clock).
+//! What `policy = "auto"` asks of the layer pipeline, on a scripted clock: its
+//! measurement window ([`EpochRun::mark`]) on a device whose launches (one
+//! `prepare_top` per batch) and steps (`train_prepared`) move a [`ManualClock`]
+//! by fixed costs, so what the window holds is exact (no sleeps, no wall
+//! clock); and a new split under a running monitor.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,7 +129,7 @@ fn rig() -> Rig {
         EngineOptions {
             fanouts: fanouts.clone(),
             eval_fanouts: fanouts.clone(),
-            cache_bytes: 0,
+            cache_bytes: 200 * DIM * 4,
             topology: TopologyPlacement::Device,
             adam: cpu_ops::AdamConfig::default(),
             init_seed: 1,
@@ -179,6 +180,13 @@ fn rig() -> Rig {
 impl Rig {
     /// Trains batches `0..end` with the window `mark`; the window's seconds.
     fn window(&mut self, end: usize, mark: (usize, usize)) -> Option<f64> {
+        self.train(end, Some(mark));
+        let ((t0, _), (t1, _)) = self.orch.last_window()?;
+        Some(t1 - t0)
+    }
+
+    /// Trains batches `0..end`, checking the clock moved by each launch and step.
+    fn train(&mut self, end: usize, mark: Option<(usize, usize)>) {
         let batches: Vec<&[u32]> = self.batches.iter().map(Vec::as_slice).collect();
         let tracer = Tracer::disabled();
         let cancel = CancelToken::new();
@@ -187,7 +195,7 @@ impl Rig {
             batches: &batches,
             start: 0,
             end,
-            mark: Some(mark),
+            mark,
             base_seed: 3,
             epoch: 0,
             tracer: &tracer,
@@ -206,8 +214,6 @@ impl Rig {
             run_ms as usize,
             run.end * (LAUNCH + STEP).as_millis() as usize
         );
-        let ((t0, _), (t1, _)) = self.orch.last_window()?;
-        Some(t1 - t0)
     }
 }
 
@@ -243,4 +249,26 @@ fn a_window_at_the_end_of_the_run_holds_the_launches_there_are() {
 fn a_run_that_stops_before_the_window_ends_measures_nothing() {
     let mut r = rig();
     assert!(r.window(2 * N, (N, 3 * N)).is_none());
+}
+
+#[test]
+fn a_new_split_under_a_running_monitor_restarts_it_from_that_split() {
+    // `auto` probes with the monitor on at the whole hot set, then sets the split
+    // it chose: the monitor must plan with that split, not keep its own.
+    let mut r = rig();
+    r.orch.enable_monitor();
+    r.train(4 * N, None);
+    let computed = |r: &Rig| {
+        r.orch
+            .last_epoch()
+            .expect("an epoch")
+            .protocol
+            .rows_computed
+    };
+    assert!(computed(&r) > 0, "the CPU computed no hot rows");
+    r.orch.set_cpu_split(0).unwrap();
+    // Two super-batches: the monitor observes neither (the pipeline fills and
+    // drains), so it moves nothing and the split is the one set.
+    r.train(2 * N, None);
+    assert_eq!(computed(&r), 0, "the monitor kept its own split");
 }
