@@ -488,7 +488,7 @@ fn accuracy(logits: &ndarray::Array2<f32>, ds: &Dataset, ids: &[u32]) -> f64 {
     correct as f64 / ids.len() as f64
 }
 
-/// Full-graph evaluation in a job on the host path is sharded: each rank infers
+/// Full-graph evaluation in a job (host backend) is sharded: each rank infers
 /// its vertex range layer by layer, the ranks exchange hidden rows, and each
 /// counts its own validation and test vertices. It gives what full-graph
 /// inference of the whole graph on one rank gives (`full_graph_logits`, which

@@ -1,4 +1,4 @@
-//! The CPU training loop learns, is reproducible, and reports bad configs by key.
+//! Training learns, is reproducible, and reports bad configs by key.
 
 use std::path::Path;
 

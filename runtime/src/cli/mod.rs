@@ -45,7 +45,7 @@ enum Command {
     /// Measure sampling, gather, aggregation and matrix-multiply throughput.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
-    /// Train a GNN on the CPU (default: built-in synthetic graph, GraphSAGE).
+    /// Train a GNN (default: built-in synthetic graph, GraphSAGE).
     Train(train::TrainArgs),
     /// Export a checkpoint's model as an ONNX graph (logits or embeddings) that
     /// takes the features and each layer's block: sampled batches or the whole graph.
