@@ -168,6 +168,9 @@ impl<B: Backend> AutoExecutor<B> {
                 Some(o) => o,
                 None => {
                     let p = &self.plan;
+                    // Scoring the hot set (a presampling epoch by default) is
+                    // part of what measuring the layer placement costs.
+                    let _slice = self.trace.as_ref().map(|(t, _)| t.slice("layer setup"));
                     let mut o = Orchestrator::new(&LayerSetup {
                         opts: &p.opts,
                         ds: &p.ds,
@@ -225,6 +228,12 @@ impl<B: Backend> AutoExecutor<B> {
         orch.count_splits(splits);
         orch.enable_monitor();
         let workers = orch.workers() as u32;
+        let tracer = self.trace.as_ref().map(|(t, _)| t.clone());
+        let mut slice = tracer.as_ref().map(|t| {
+            t.slice("auto probe")
+                .epoch(run.epoch as u64)
+                .args(|a| a.extra.push(("layer cpu_split".into(), split as f64)))
+        });
         let end = self.exec()?.train(run, on_batch)?;
         let orch = self.use_layer()?;
         let counts = orch.take_split_counts();
@@ -237,6 +246,9 @@ impl<B: Backend> AutoExecutor<B> {
         let late = window(|s| s.protocol.computed_cold + s.protocol.waited);
         let used = window(|s| s.protocol.hot_uses);
         let per_batch = (t1 - t0).max(0.0) / measure.max(1) as f64;
+        if let Some(a) = slice.as_mut().and_then(|s| s.args_mut()) {
+            a.extra.push(("per_batch_ms".into(), per_batch * 1e3));
+        }
         let probe = LayerProbe {
             cpu_split: split,
             per_batch_s: per_batch,
@@ -331,6 +343,13 @@ impl<B: Backend> AutoExecutor<B> {
                     measure,
                 } => {
                     self.use_step(policy)?;
+                    let tracer = self.trace.as_ref().map(|(t, _)| t.clone());
+                    let mut slice = tracer.as_ref().map(|t| {
+                        t.slice("auto probe").epoch(run.epoch as u64).args(|a| {
+                            a.extra
+                                .push((format!("policy {}", policy.name()).into(), 1.0))
+                        })
+                    });
                     let warmed = self
                         .exec()?
                         .train(&run.range(start, start + warm, None), on_batch)?;
@@ -341,6 +360,10 @@ impl<B: Backend> AutoExecutor<B> {
                     let timed = run.range(start + warm, start + warm + measure, None);
                     let end = self.exec()?.train(&timed, on_batch)?;
                     let secs = self.clock.now().saturating_sub(t0).as_secs_f64();
+                    if let Some(a) = slice.as_mut().and_then(|s| s.args_mut()) {
+                        a.extra
+                            .push(("per_batch_ms".into(), secs / measure as f64 * 1e3));
+                    }
                     if let Some(c) = self.calibrator.as_mut() {
                         c.record_fixed(secs / measure as f64)?;
                     }

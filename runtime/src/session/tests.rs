@@ -393,6 +393,19 @@ mod auto {
             trace.instants.iter().any(|i| i.name == "auto choice"),
             "no auto choice instant"
         );
+        // Every measurement is a slice with its result, and so is scoring the
+        // hot set: where calibration's time goes.
+        let probes: Vec<_> = trace
+            .slices
+            .iter()
+            .filter(|s| s.name == "auto probe")
+            .collect();
+        assert!(probes.len() >= 5, "{} auto probe slices", probes.len());
+        for p in &probes {
+            let ms = p.args.extra.iter().find(|(k, _)| k == "per_batch_ms");
+            assert!(ms.is_some_and(|(_, v)| *v > 0.0), "{:?}", p.args.extra);
+        }
+        assert!(trace.slices.iter().any(|s| s.name == "layer setup"));
         // Every calibration batch trained the model: accuracy as usual.
         let (_, acc) = test_at_best_val(&stats).expect("evaluated");
         assert!(acc > 0.6, "test accuracy {acc}");
