@@ -5,11 +5,12 @@
 # rows, cache 250 MB (5% of the features). ~4 min on an H200.
 #
 # Here: bash bench/gpu/issue10.sh build; then one device `run` carrying `.gpu`:
-#   bash bench/gpu/issue22.sh check
-# It writes $OUT/issue22.txt (or ./gpu-out/issue22.txt).
+#   bash bench/gpu/issue22.sh check     # $OUT/issue22.txt
+#   bash bench/gpu/issue22.sh trace     # $OUT/auto-epoch0.{txt,trace.json.gz}
+# ($OUT defaults to ./gpu-out.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-part="${1:?usage: issue22.sh check}"
+part="${1:?usage: issue22.sh check|trace}"
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
 bin=.gpu
@@ -43,6 +44,15 @@ check)
         wide_run "layer bf16 fast hot 0.005" --set orchestration.policy='"layer"' \
             --set orchestration.hot_ratio=0.005 "${fast[@]}" "${bf16[@]}"
     } 2>&1 | tee "$out/issue22.txt"
+    ;;
+trace)
+    # Where `auto`'s first epoch goes (its probes are `auto probe` slices, scoring
+    # the hot set `layer setup`): one epoch, bf16 rows, traced.
+    [ -f /tmp/wide.tds ] || timeout 60 "$bin/tandem" generate rmat "${graph[@]}" -o /tmp/wide.tds >/dev/null
+    timeout 120 "$bin/tandem" train --quiet-config --set 'data.path="/tmp/wide.tds"' "${model[@]}" \
+        "${fast[@]}" "${bf16[@]}" --set train.epochs=1 --trace "$out/auto-epoch0.trace.json" 2>&1 |
+        tail -40 | tee "$out/auto-epoch0.txt"
+    gzip -f "$out/auto-epoch0.trace.json"
     ;;
 *)
     echo "unknown part: $part" >&2
