@@ -13,12 +13,23 @@
 //! a step-based candidate runs, so it is scored once.
 //!
 //! # A measurement
-//! - step-based: `warm` untimed batches, then `measure` timed ones (seconds per
-//!   batch on the clock);
-//! - layer-based: one super-batch to fill the pipeline, then the timed
-//!   super-batches from the mark the pipeline records at their first batch; the
-//!   probe reports the accelerator's share (waits subtracted), the CPU's busy
-//!   time, and per candidate split the rows it would compute.
+//! - step-based: `warm` untimed batches, then up to `measure` timed ones
+//!   (seconds per batch on the clock), ending after any timed batch once the
+//!   candidate is far slower than the best so far ([`Calibrator::cut_short`]);
+//! - layer-based, with the monitor on as the choice would run it: one
+//!   super-batch to fill the pipeline, the timed super-batches, and one after
+//!   them; the window the pipeline marks opens before the first timed
+//!   super-batch's launch-ahead and closes after its last batch, so it holds
+//!   one launch per timed super-batch ([`EpochRun::mark`]). The probe reports
+//!   the accelerator's share (waits subtracted), the CPU's busy time, and per
+//!   candidate split the rows it would compute.
+//!
+//! Each measurement is an `auto probe` slice in the trace (its per-batch
+//! result in the arguments), scoring the layer candidate's hot set a `layer
+//! setup` slice, and the decision an `auto choice` instant.
+//!
+//! Leaving the layer pipeline for a step-based placement gives the feature
+//! cache back as it was loaded ([`Orchestrator::release_cache`]).
 //!
 //! A measurement that does not fit in what is left of the epoch moves to the
 //! next one (the batches in between train on the best placement measured so
@@ -39,7 +50,7 @@ use crate::executor::layer::{
 };
 use crate::executor::step::StepExecutor;
 use crate::executor::DistSetup;
-use crate::executor::{EpochEnd, EpochRun, Executor, OnBatch};
+use crate::executor::{BatchDone, EpochEnd, EpochRun, Executor, OnBatch};
 use crate::trace::{Tracer, TrackId};
 
 /// `hot_ratio` of the layer-based candidate when the configured one is 0.
@@ -356,18 +367,45 @@ impl<B: Backend> AutoExecutor<B> {
                     if warmed != EpochEnd::Finished(false) {
                         return Ok(Err(warmed));
                     }
-                    let t0 = self.clock.now();
+                    let best = self
+                        .calibrator
+                        .as_ref()
+                        .and_then(Calibrator::best_so_far)
+                        .map(|m| m.per_batch_s);
+                    let clock = Arc::clone(&self.clock);
+                    let t0 = clock.now();
                     let timed = run.range(start + warm, start + warm + measure, None);
-                    let end = self.exec()?.train(&timed, on_batch)?;
-                    let secs = self.clock.now().saturating_sub(t0).as_secs_f64();
+                    // Timed batches trained, and whether the measurement ended
+                    // early ([`Calibrator::cut_short`]) rather than the caller stopping.
+                    let (mut done, mut aborted) = (0usize, false);
+                    let mut timing = |b: &BatchDone| -> Result<bool> {
+                        if on_batch(b)? {
+                            return Ok(true);
+                        }
+                        done += 1;
+                        let secs = clock.now().saturating_sub(t0).as_secs_f64();
+                        aborted = Calibrator::cut_short(best, done, measure, secs);
+                        Ok(aborted)
+                    };
+                    let end = self.exec()?.train(&timed, &mut timing)?;
+                    let secs = clock.now().saturating_sub(t0).as_secs_f64();
+                    let per_batch = secs / done.max(1) as f64;
                     if let Some(a) = slice.as_mut().and_then(|s| s.args_mut()) {
-                        a.extra
-                            .push(("per_batch_ms".into(), secs / measure as f64 * 1e3));
+                        a.extra.push(("per_batch_ms".into(), per_batch * 1e3));
+                        a.extra.push(("timed_batches".into(), done as f64));
                     }
-                    if let Some(c) = self.calibrator.as_mut() {
-                        c.record_fixed(secs / measure as f64)?;
+                    if done > 0 {
+                        if let Some(c) = self.calibrator.as_mut() {
+                            c.record_fixed(per_batch)?;
+                        }
                     }
-                    end
+                    if aborted {
+                        // Calibration goes on from the next batch.
+                        start -= measure - done;
+                        EpochEnd::Finished(false)
+                    } else {
+                        end
+                    }
                 }
                 ProbeStep::Layer {
                     split,
