@@ -5,11 +5,11 @@
 //! # Protocol
 //! 1. Before each training batch the trainer checks its [`CancelToken`]; when it is
 //!    cancelled, [`crate::Trainer::train_epoch`] returns
-//!    [`crate::Error::Cancelled`] with [`StopCause::Token`] before computing that
+//!    [`crate::Error::Cancelled`] with [`crate::StopCause::Token`] before computing that
 //!    batch, so a cancel takes effect within one batch.
 //! 2. After each batch's optimizer step, every callback's [`Callback::on_batch`]
 //!    sees its [`BatchMetrics`]. If any returns [`Control::Stop`], the epoch stops
-//!    there: `train_epoch` returns `Cancelled` with [`StopCause::Callback`], and
+//!    there: `train_epoch` returns `Cancelled` with [`crate::StopCause::Callback`], and
 //!    [`crate::Trainer::fit`] returns `Ok` with the epochs completed.
 //! 3. After each epoch (and its scheduled evaluation), [`Callback::on_epoch`] sees
 //!    the [`EpochStats`]; [`Control::Stop`] makes `fit` return after that epoch.

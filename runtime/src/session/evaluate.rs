@@ -133,7 +133,7 @@ impl Trainer {
 
     /// Every vertex's embedding at the current weights: the output of the layer
     /// below the classifier by full-neighbor, layer-wise inference over the whole
-    /// graph (see [`Embeddings`](crate::Embeddings)). Computed once per weight version and
+    /// graph (see [`crate::Embeddings`]). Computed once per weight version and
     /// cached until the next training step or checkpoint load; the snapshot is
     /// cheap to clone and can be served from other threads.
     pub fn embedding_table(&mut self) -> Result<Embeddings> {

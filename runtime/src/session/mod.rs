@@ -8,7 +8,7 @@
 //!    `train.batch_size` seeds; batch `k` samples with `derive_seed(base, k)`.
 //! 2. The executor trains the remaining batches of the epoch
 //!    (`executor::Executor::train`); after each, the session adds it to
-//!    the epoch's position and shows its [`BatchMetrics`] to the callbacks
+//!    the epoch's position and shows its [`crate::BatchMetrics`] to the callbacks
 //!    (a non-finite loss stops with [`Error::NonFinite`], or is skipped with
 //!    `train.on_nonfinite = "skip-batch"`).
 //! 3. Every `train.eval_every` epochs (and after the last), evaluate validation
@@ -138,7 +138,7 @@ pub struct Trainer {
     on_nonfinite: OnNonFinite,
     /// Batches of the epoch in progress skipped for a non-finite loss.
     skipped: usize,
-    /// The ranks of a distributed job ([`Solo`] unless set).
+    /// The ranks of a distributed job ([`crate::dist::Solo`] unless set).
     dist: Dist,
 }
 

@@ -41,7 +41,7 @@ impl Trainer {
 
     /// Saves the configuration, position (epoch, batch), optimizer step count,
     /// parameters and Adam moments to `path`, atomically (format:
-    /// [`Checkpoint`](crate::Checkpoint)).
+    /// [`crate::Checkpoint`]).
     pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
         self.checkpoint()?.write(path)
     }
