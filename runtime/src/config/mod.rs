@@ -286,7 +286,7 @@ impl Default for DeviceSection {
     }
 }
 
-pub use crate::executor::step::data_parallel::DistReduce;
+pub use crate::dist::DistReduce;
 
 /// `dist.features`: where each rank keeps the feature rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

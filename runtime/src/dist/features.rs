@@ -39,48 +39,6 @@ pub(crate) struct PartitionedFeatures {
     stats: Mutex<DistStats>,
 }
 
-/// A device engine's input rows through a rank's partitioned features
-/// ([`crate::engine::RowSource`]): dense rows, or sparse ones from the rank's
-/// sparse copy of its own rows.
-pub(crate) struct ExchangeRows {
-    ds: Arc<Dataset>,
-    features: Arc<PartitionedFeatures>,
-    local: Option<Arc<SparseRows<f32>>>,
-}
-
-impl ExchangeRows {
-    /// Rows of `ds` through `features`; sparse rows when `local` (this rank's
-    /// own rows, the others empty) is given.
-    pub(crate) fn new(
-        ds: Arc<Dataset>,
-        features: Arc<PartitionedFeatures>,
-        local: Option<Arc<SparseRows<f32>>>,
-    ) -> Self {
-        Self {
-            ds,
-            features,
-            local,
-        }
-    }
-}
-
-impl crate::engine::RowSource for ExchangeRows {
-    fn gather(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<u64> {
-        self.features.gather(&self.ds, ids, out)
-    }
-
-    fn gather_bf16(&self, ids: &[u32], out: &mut Vec<u16>) -> Result<u64> {
-        self.features.gather_bf16(&self.ds, ids, out)
-    }
-
-    fn gather_sparse(&self, ids: &[u32]) -> Result<Option<(SparseRows<f32>, u64)>> {
-        self.local
-            .as_deref()
-            .map(|local| self.features.gather_sparse(local, ids))
-            .transpose()
-    }
-}
-
 /// Where [`PartitionedFeatures`] writes fetched rows: f32 values, or bfloat16
 /// bits (a device that stores bfloat16 rows uploads them as they are).
 enum RowsOut<'a> {
@@ -193,7 +151,7 @@ impl PartitionedFeatures {
         let cached: Vec<u32> = if cache_rows == 0 {
             Vec::new()
         } else {
-            crate::engine::degree_order(ds)
+            ds.degree_order()
                 .into_iter()
                 .filter(|&v| !me.owns(v as usize))
                 .take(cache_rows)

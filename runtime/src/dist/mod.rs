@@ -46,11 +46,34 @@ mod threads;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::{MpiCommunicator, MpiRuntime};
-pub(crate) use features::ExchangeRows;
 #[cfg(feature = "metis")]
 pub use partition::partition_graph;
 pub use partition::{read_partition_file, write_partition_file};
 pub use threads::ThreadGroup;
+
+/// `dist.reduce`: how gradients are summed across ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DistReduce {
+    /// NCCL when every rank trains on a GPU and loads NCCL, else MPI.
+    #[default]
+    Auto,
+    /// MPI `Allreduce` (host memory).
+    Mpi,
+    /// NCCL between GPUs: the gradients are summed on the device (every rank
+    /// needs `device.kind = "cuda"` and `libnccl.so`, else a one-line error).
+    Nccl,
+}
+
+impl std::fmt::Display for DistReduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Mpi => "mpi",
+            Self::Nccl => "nccl",
+        })
+    }
+}
 
 /// The ranks of one job and the collectives between them. Every collective must
 /// be called by every rank, in the same order; [`Communicator::duplicate`] gives
@@ -260,6 +283,7 @@ impl DistStats {
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
 
     #[test]

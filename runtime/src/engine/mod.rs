@@ -198,19 +198,11 @@ pub(crate) fn record_copies(
 fn load_features<B: Backend>(dev: &B, ds: &Dataset, opts: &EngineOptions) -> Result<B::Features> {
     dev.load_features(
         &ds.features,
-        &degree_order(ds),
+        &ds.degree_order(),
         opts.cache_bytes,
         opts.feature_dtype,
     )
     .map_err(dev_err("loading the features"))
-}
-
-/// Vertices in decreasing degree order (ties by id): the feature cache's fill order.
-pub fn degree_order(ds: &Dataset) -> Vec<u32> {
-    let g = &ds.graph;
-    let mut ids: Vec<u32> = (0..g.num_vertices() as u32).collect();
-    ids.sort_by_key(|&v| (std::cmp::Reverse(g.degree(v)), v));
-    ids
 }
 
 impl<B: Backend> DeviceEngine<B> {

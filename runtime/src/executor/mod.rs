@@ -135,7 +135,7 @@ pub(crate) struct DistSetup {
     /// others empty), which the exchange sends.
     pub local_sparse: Option<Arc<cpu_ops::SparseRows<f32>>>,
     /// `dist.reduce`.
-    pub reduce: step::data_parallel::DistReduce,
+    pub reduce: crate::dist::DistReduce,
     /// Sum the gradients on the device through host copies (the step
     /// `dist.reduce = "nccl"` takes, checkable on the host backend).
     pub host_copy_reduce: bool,

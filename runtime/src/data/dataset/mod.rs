@@ -49,6 +49,15 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// Vertices in decreasing degree order (ties by id): the device feature
+    /// cache's fill order.
+    pub(crate) fn degree_order(&self) -> Vec<u32> {
+        let g = &self.graph;
+        let mut ids: Vec<u32> = (0..g.num_vertices() as u32).collect();
+        ids.sort_by_key(|&v| (std::cmp::Reverse(g.degree(v)), v));
+        ids
+    }
+
     /// Assembles a dataset from owned parts (`masks` = train, val, test) and checks
     /// that they agree ([`Dataset::validate`]); every importer and generator ends here.
     pub fn from_parts(

@@ -11,7 +11,7 @@
 //!    monitor's budget is the feature cache's capacity in whole rows
 //!    (`cache_stats().budget_bytes` / row bytes, at most the vertex count). The
 //!    rows the engine cached at load — the first `cached_rows` of
-//!    [`crate::engine::degree_order`] — are *filler*: the monitor's rows displace
+//!    [`Dataset::degree_order`] — are *filler*: the monitor's rows displace
 //!    them, lowest degree first, and get them back when they leave.
 //! 2. **Plan.** Super-batches are numbered globally across epochs (`g` = epoch
 //!    base + local index); super-batch `g` is planned with
@@ -53,7 +53,7 @@ use scheduler::{
 };
 
 use crate::data::dataset::Dataset;
-use crate::engine::{degree_order, LayerDevice};
+use crate::engine::LayerDevice;
 use crate::error::{Error, Result};
 use crate::trace::{Direction as TraceDirection, Tracer, TrackId};
 
@@ -158,7 +158,7 @@ impl HybridMonitor {
         let n = ds.num_vertices();
         let capacity_rows = (stats.budget_bytes as u64 / row_bytes).min(n as u64);
         let mut owner = vec![Owner::None; n];
-        let mut filler: Vec<u32> = degree_order(ds);
+        let mut filler: Vec<u32> = ds.degree_order();
         filler.truncate(stats.cached_rows.min(n));
         for &v in &filler {
             owner[v as usize] = Owner::Filler;

@@ -26,35 +26,15 @@ use std::time::Instant;
 use gpu_ops::Backend;
 
 use super::StepExecutor;
-use crate::dist::{share, Communicator, DistStats, ExchangeRows};
-use crate::engine::{BatchGradients, BatchRef, ModelState, ReduceOn};
+use cpu_ops::SparseRows;
+
+use crate::data::dataset::Dataset;
+use crate::dist::features::PartitionedFeatures;
+use crate::dist::{share, Communicator, DistReduce, DistStats};
+use crate::engine::{BatchGradients, BatchRef, ModelState, ReduceOn, RowSource};
 use crate::error::{Error, Result, StopCause};
 use crate::executor::{BatchDone, DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
 use crate::trace::{Tracer, TrackId, CACHE_HIT_RATE};
-
-/// `dist.reduce`: how gradients are summed across ranks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DistReduce {
-    /// NCCL when every rank trains on a GPU and loads NCCL, else MPI.
-    #[default]
-    Auto,
-    /// MPI `Allreduce` (host memory).
-    Mpi,
-    /// NCCL between GPUs: the gradients are summed on the device (every rank
-    /// needs `device.kind = "cuda"` and `libnccl.so`, else a one-line error).
-    Nccl,
-}
-
-impl std::fmt::Display for DistReduce {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Auto => "auto",
-            Self::Mpi => "mpi",
-            Self::Nccl => "nccl",
-        })
-    }
-}
 
 /// Scalars at the end of a step's all-reduce bucket (module doc, step 3).
 const BUCKET_SCALARS: usize = 5;
@@ -449,5 +429,47 @@ impl<B: Backend> Executor for DataParallel<B> {
             "communicator",
             "set it once, before training: the ranks must start from the same weights",
         ))
+    }
+}
+
+/// A device engine's input rows through a rank's partitioned features
+/// ([`crate::engine::RowSource`]): dense rows, or sparse ones from the rank's
+/// sparse copy of its own rows.
+pub(crate) struct ExchangeRows {
+    ds: Arc<Dataset>,
+    features: Arc<PartitionedFeatures>,
+    local: Option<Arc<SparseRows<f32>>>,
+}
+
+impl ExchangeRows {
+    /// Rows of `ds` through `features`; sparse rows when `local` (this rank's
+    /// own rows, the others empty) is given.
+    pub(crate) fn new(
+        ds: Arc<Dataset>,
+        features: Arc<PartitionedFeatures>,
+        local: Option<Arc<SparseRows<f32>>>,
+    ) -> Self {
+        Self {
+            ds,
+            features,
+            local,
+        }
+    }
+}
+
+impl RowSource for ExchangeRows {
+    fn gather(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<u64> {
+        self.features.gather(&self.ds, ids, out)
+    }
+
+    fn gather_bf16(&self, ids: &[u32], out: &mut Vec<u16>) -> Result<u64> {
+        self.features.gather_bf16(&self.ds, ids, out)
+    }
+
+    fn gather_sparse(&self, ids: &[u32]) -> Result<Option<(SparseRows<f32>, u64)>> {
+        self.local
+            .as_deref()
+            .map(|local| self.features.gather_sparse(local, ids))
+            .transpose()
     }
 }
