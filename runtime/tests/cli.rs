@@ -560,12 +560,14 @@ fn bench_orchestration_regimes_prints_every_regime_and_policy() {
         "gpu-sample-gpu-gather",
         "auto",
     ];
+    // Rows are f32 unless `--row-dtypes` says otherwise; the precision is fp32.
+    assert!(out.contains("model.precision fp32"), "{out}");
     for dim in ["8", "16"] {
         for cache in ["100%", "0%"] {
             for p in policies {
                 let n = out
                     .lines()
-                    .filter(|l| l.split_whitespace().take(3).eq([dim, cache, p]))
+                    .filter(|l| l.split_whitespace().take(4).eq([dim, cache, "f32", p]))
                     .count();
                 assert_eq!(n, 1, "dim {dim}, cache {cache}, {p}:\n{out}");
             }
@@ -584,6 +586,93 @@ fn bench_orchestration_regimes_prints_every_regime_and_policy() {
     assert_eq!(rows[0]["policy"], "layer");
     assert_eq!(rows[0]["cache_bytes"], 2000 * 8 * 4);
     assert_eq!(rows.last().expect("rows")["cache_bytes"], 0);
+    assert!(rows.iter().all(|r| r["row_dtype"] == "f32"), "{text}");
+    assert!(rows.iter().all(|r| r["precision"] == "fp32"), "{text}");
+}
+
+/// `--row-dtypes f32,bf16`: every policy runs with each, bf16 regimes get half the
+/// cache bytes (the same 5% of the rows), and TF32 from `--set` is recorded.
+#[test]
+fn bench_orchestration_regimes_runs_each_row_dtype() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let json = d.path().join("regimes.jsonl");
+    let out = ok(&[
+        "bench",
+        "orchestration",
+        "--regimes",
+        "--vertices",
+        "2000",
+        "--edges",
+        "10000",
+        "--classes",
+        "4",
+        "--dims",
+        "8",
+        "--cache-fractions",
+        "0.05",
+        "--row-dtypes",
+        "f32,bf16",
+        "--epochs",
+        "1",
+        "--set",
+        "model.hidden=16",
+        "--set",
+        "train.batch_size=256",
+        "--set",
+        "train.fanouts=[5,5]",
+        "--set",
+        "device.kind=host",
+        "--set",
+        "model.precision=\"tf32\"",
+        "--json",
+        s(&json),
+    ]);
+    assert!(out.contains("model.precision tf32"), "{out}");
+    let policies = [
+        "layer",
+        "cpu-sample-cpu-gather",
+        "gpu-sample-cpu-gather",
+        "cpu-sample-gpu-gather",
+        "gpu-sample-gpu-gather",
+        "auto",
+    ];
+    for dtype in ["f32", "bf16"] {
+        for p in policies {
+            let n = out
+                .lines()
+                .filter(|l| l.split_whitespace().take(4).eq(["8", "5%", dtype, p]))
+                .count();
+            assert_eq!(n, 1, "{dtype}, {p}:\n{out}");
+        }
+        let verdict = format!("), {dtype} rows: best step-based ");
+        let n = out
+            .lines()
+            .filter(|l| l.trim_start().starts_with("-> dim 8, cache 5% (") && l.contains(&verdict))
+            .count();
+        assert_eq!(n, 1, "{verdict}:\n{out}");
+    }
+    // 2000 × 8 × 0.05 rows' worth: 3200 bytes of f32 rows, 1600 of bf16 ones.
+    assert!(out.contains(" of 2 regimes"), "{out}");
+    let text = std::fs::read_to_string(&json).expect("json written");
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(rows.len(), 2 * policies.len());
+    for (i, r) in rows.iter().enumerate() {
+        let (dtype, bytes) = if i < policies.len() {
+            ("f32", 3200)
+        } else {
+            ("bf16", 1600)
+        };
+        assert_eq!(r["row_dtype"], dtype, "{r}");
+        assert_eq!(r["cache_bytes"], bytes, "{r}");
+        assert_eq!(r["precision"], "tf32", "{r}");
+        assert_eq!(r["policy"], policies[i % policies.len()], "{r}");
+        // Each line names the device engine of its own run.
+        let device = r["device"].as_str().expect("a device note");
+        assert_eq!(device.contains("bf16 feature rows"), dtype == "bf16", "{r}");
+    }
 }
 
 #[test]
@@ -595,14 +684,25 @@ fn bench_orchestration_regimes_bad_values_name_the_flag() {
         ("--cache-fractions", "1,1.5"),
         ("--cache-fractions", "-0.1"),
         ("--cache-fractions", "half"),
+        ("--row-dtypes", "f16"),
+        ("--row-dtypes", "f32,fp32"),
+        ("--row-dtypes", "F32"),
+        ("--row-dtypes", "f32,"),
+        ("--row-dtypes", ""),
     ] {
         let e = err(&["bench", "orchestration", "--regimes", flag, value]);
         assert!(e.contains(flag), "{flag} {value}: {e}");
         assert_eq!(e.trim_end().lines().count(), 1, "one line: {e}");
+        if flag == "--row-dtypes" {
+            // The accepted values, as `device.feature_dtype` spells them.
+            assert!(e.contains(r#""f32", "bf16""#), "{value}: {e}");
+        }
     }
     // The regime options need `--regimes`.
-    let e = err(&["bench", "orchestration", "--dims", "8"]);
-    assert!(e.contains("--regimes"), "{e}");
+    for flag in ["--dims", "--row-dtypes"] {
+        let e = err(&["bench", "orchestration", flag, "8"]);
+        assert!(e.contains("--regimes"), "{flag}: {e}");
+    }
 }
 
 /// `tandem partition` writes a METIS partition that cuts fewer edges than

@@ -1,18 +1,26 @@
 //! `tandem bench orchestration --regimes`: the placements compared across
-//! device-cache sizes and feature widths, to check where layer-based orchestration
-//! beats the step-based baselines.
+//! feature widths, device-cache sizes and feature row dtypes, to check where
+//! layer-based orchestration beats the step-based baselines.
 //!
-//! 1. A regime is a feature width `dim` and a cache fraction `f`: the device cache
-//!    gets `ceil(f × vertices × dim × 4)` bytes ([`cache_bytes`]), so `f = 1` holds
-//!    every feature row and `f = 0` none.
+//! 1. A regime is a feature width `dim`, a cache fraction `f` and a row dtype
+//!    (`device.feature_dtype`: `f32`, 4 bytes a value, or `bf16`, 2). The fraction
+//!    applies to the bytes the rows are stored in: the device cache gets
+//!    `ceil(f × vertices × dim × value_bytes)` bytes ([`cache_bytes`]), so `f = 1`
+//!    holds every feature row and `f = 0` none, and `f = 0.05` holds 5% of the
+//!    rows in either dtype. Regimes run widths outermost, then fractions, then
+//!    dtypes.
 //! 2. Per width, one R-MAT graph is generated in memory ([`generate_rmat`]) from
 //!    the same options and seed, so graph, labels and split are the same for every
-//!    width; only the feature columns differ.
+//!    width; only the feature columns differ. Every fraction and dtype of that
+//!    width trains on it (`bf16` rows are rounded from it when the features load).
 //! 3. The config is prepared as in [`bench_orchestration`](super::orchestration::bench_orchestration)
-//!    ([`bench_base_config`]: epochs); each
-//!    regime trains every policy of [`REGIME_POLICIES`] on a copy of the dataset
-//!    with [`measure_policy`] (step-based ones with `hot_ratio = 0`, the others
-//!    with [`layer_hot_ratio`]).
+//!    ([`bench_base_config`]: epochs); its `model.precision` (`"fp32"`, or
+//!    `"tf32"` with `--set model.precision="tf32"`) is the same for every run and
+//!    recorded in the report. Each regime trains every policy of
+//!    [`REGIME_POLICIES`] on a copy of the dataset with [`measure_policy`]
+//!    (`device.cache_bytes` and `device.feature_dtype` set to the regime's;
+//!    step-based policies with `hot_ratio = 0`, the others with
+//!    [`layer_hot_ratio`]).
 //! 4. Per regime, the best step-based policy is the fastest of the four; every row
 //!    gets `best / this` (above 1: faster than it), and the regime a verdict on the
 //!    target ([`Verdict`]): where the cache holds at most 20% of the features,
@@ -23,7 +31,9 @@ use std::fmt;
 use std::io::Write;
 use std::path::Path;
 
+use gpu_ops::{FeatureDtype, Precision};
 use scheduler::Orchestration;
+use serde::de::{value::StrDeserializer, Deserialize};
 
 use super::orchestration::{
     bench_base_config, is_step_based, layer_hot_ratio, measure_policy, policy_config, BenchPolicy,
@@ -53,14 +63,37 @@ pub const TARGET_SPEEDUP: f64 = 1.3;
 /// below the best step-based policy's.
 pub const TARGET_ACC_DROP: f64 = 0.01;
 
+/// The row dtypes a regime can store its features in, in the order
+/// [`row_dtype_names`] lists them.
+pub const ROW_DTYPES: [FeatureDtype; 2] = [FeatureDtype::F32, FeatureDtype::Bf16];
+
+/// A row dtype by its `device.feature_dtype` name (`"f32"`, `"bf16"`: the config's
+/// serde spelling); `None` for anything else.
+pub fn parse_row_dtype(name: &str) -> Option<FeatureDtype> {
+    let de: StrDeserializer<'_, serde::de::value::Error> = StrDeserializer::new(name);
+    FeatureDtype::deserialize(de).ok()
+}
+
+/// The accepted row dtype names, quoted and comma-separated, for error messages:
+/// `"f32", "bf16"`.
+pub fn row_dtype_names() -> String {
+    ROW_DTYPES
+        .iter()
+        .map(|d| format!("\"{d}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// What [`bench_regimes`] runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RegimeOptions {
     /// Feature widths, in table order (each ≥ 1).
     pub dims: Vec<usize>,
-    /// Fractions of the feature bytes the device cache holds, in table order
-    /// (each in `[0, 1]`).
+    /// Fractions of the stored feature bytes the device cache holds, in table
+    /// order (each in `[0, 1]`).
     pub cache_fractions: Vec<f64>,
+    /// Feature row dtypes (`device.feature_dtype`), in table order (at least one).
+    pub row_dtypes: Vec<FeatureDtype>,
     /// The generated graph; `feature_dim` is replaced by each width.
     pub graph: RmatOptions,
     /// Epochs per run (replaces `train.epochs`; ≥ 1).
@@ -68,8 +101,8 @@ pub struct RegimeOptions {
 }
 
 impl RegimeOptions {
-    /// Checks the widths and fractions; errors name `--dims` or
-    /// `--cache-fractions`.
+    /// Checks the widths, fractions and row dtypes; errors name `--dims`,
+    /// `--cache-fractions` or `--row-dtypes`.
     pub fn validate(&self) -> Result<()> {
         if self.dims.is_empty() {
             return Err(Error::invalid_argument(
@@ -99,16 +132,24 @@ impl RegimeOptions {
                 format!("{f} is outside [0, 1]"),
             ));
         }
+        if self.row_dtypes.is_empty() {
+            return Err(Error::invalid_argument(
+                "--row-dtypes",
+                format!("expected at least one of {}", row_dtype_names()),
+            ));
+        }
         Ok(())
     }
 }
 
-/// Device-cache bytes of a regime: `ceil(fraction × vertices × dim × 4)`, at most
-/// the feature bytes.
-pub fn cache_bytes(vertices: usize, dim: usize, fraction: f64) -> u64 {
+/// Device-cache bytes of a regime: `ceil(fraction × vertices × dim × value_bytes)`,
+/// at most the feature bytes, where `value_bytes` is what `dtype` stores a value in
+/// (4 for `f32`, 2 for `bf16`). The fraction is one of the stored bytes, so it is
+/// the same fraction of the rows in either dtype.
+pub fn cache_bytes(vertices: usize, dim: usize, fraction: f64, dtype: FeatureDtype) -> u64 {
     let bytes = (vertices as u64)
         .saturating_mul(dim as u64)
-        .saturating_mul(4);
+        .saturating_mul(dtype.value_bytes() as u64);
     ((fraction * bytes as f64).ceil() as u64).min(bytes)
 }
 
@@ -117,10 +158,15 @@ pub fn cache_bytes(vertices: usize, dim: usize, fraction: f64) -> u64 {
 pub struct Regime {
     /// Feature width.
     pub dim: usize,
-    /// Fraction of the feature bytes the cache holds.
+    /// Fraction of the stored feature bytes the cache holds.
     pub cache_fraction: f64,
+    /// `device.feature_dtype` of the runs.
+    pub row_dtype: FeatureDtype,
     /// `device.cache_bytes` of the runs ([`cache_bytes`]).
     pub cache_bytes: u64,
+    /// The device engine its runs used ([`PolicyRun::device`](super::orchestration::PolicyRun::device)):
+    /// it names bf16 feature rows and the matrix precision when they are not f32.
+    pub device: String,
     /// One row per policy, in [`REGIME_POLICIES`]' order.
     pub rows: Vec<PolicyRow>,
 }
@@ -223,7 +269,8 @@ impl Regime {
 /// The table of [`bench_regimes`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct RegimesReport {
-    /// The device engine the runs used.
+    /// The device engine the first run used, for the header (each regime's:
+    /// [`Regime::device`]; they differ where the row dtypes do).
     pub device: String,
     /// What the bench changed in the config, if anything.
     pub notes: Vec<String>,
@@ -231,9 +278,12 @@ pub struct RegimesReport {
     pub epochs: usize,
     /// `hot_ratio` of the non-step-based runs.
     pub layer_hot_ratio: f64,
+    /// `model.precision` of every run (the base config's).
+    pub precision: Precision,
     /// The graph: vertices, stored (directed) edges, classes, training vertices.
     pub graph: GraphSize,
-    /// One entry per (width, fraction), widths outermost.
+    /// One entry per (width, fraction, row dtype), widths outermost, dtypes
+    /// innermost.
     pub regimes: Vec<Regime>,
 }
 
@@ -252,11 +302,11 @@ pub struct GraphSize {
 
 /// Trains every policy of [`REGIME_POLICIES`] in every regime of `opts` (see the
 /// module doc) and measures each run; `on_row` sees each row as it is measured
-/// (width, cache fraction, row), for progress output.
+/// (width, cache fraction, row dtype, row), for progress output.
 pub fn bench_regimes(
     cfg: &TrainConfig,
     opts: &RegimeOptions,
-    mut on_row: impl FnMut(usize, f64, &PolicyRow),
+    mut on_row: impl FnMut(usize, f64, FeatureDtype, &PolicyRow),
 ) -> Result<RegimesReport> {
     opts.validate()?;
     let (base, notes) = bench_base_config(cfg, Some(opts.epochs))?;
@@ -265,6 +315,7 @@ pub fn bench_regimes(
         notes,
         epochs: base.train.epochs,
         layer_hot_ratio: layer_hot_ratio(&base),
+        precision: base.model.precision,
         graph: GraphSize::default(),
         regimes: Vec::new(),
     };
@@ -280,22 +331,30 @@ pub fn bench_regimes(
             train: ds.train_mask.iter().filter(|&&m| m != 0).count(),
         };
         for &fraction in &opts.cache_fractions {
-            let bytes = cache_bytes(ds.num_vertices(), dim, fraction);
-            let mut regime = Regime {
-                dim,
-                cache_fraction: fraction,
-                cache_bytes: bytes,
-                rows: Vec::with_capacity(REGIME_POLICIES.len()),
-            };
-            for &policy in REGIME_POLICIES {
-                let mut c = policy_config(&base, policy);
-                c.device.cache_bytes = bytes;
-                let run = measure_policy(c, Some(ds.clone()))?;
-                on_row(dim, fraction, &run.row);
-                report.device = run.device;
-                regime.rows.push(run.row);
+            for &dtype in &opts.row_dtypes {
+                let bytes = cache_bytes(ds.num_vertices(), dim, fraction, dtype);
+                let mut regime = Regime {
+                    dim,
+                    cache_fraction: fraction,
+                    row_dtype: dtype,
+                    cache_bytes: bytes,
+                    device: String::new(),
+                    rows: Vec::with_capacity(REGIME_POLICIES.len()),
+                };
+                for &policy in REGIME_POLICIES {
+                    let mut c = policy_config(&base, policy);
+                    c.device.cache_bytes = bytes;
+                    c.device.feature_dtype = dtype;
+                    let run = measure_policy(c, Some(ds.clone()))?;
+                    on_row(dim, fraction, dtype, &run.row);
+                    if report.device.is_empty() {
+                        report.device.clone_from(&run.device);
+                    }
+                    regime.device = run.device;
+                    regime.rows.push(run.row);
+                }
+                report.regimes.push(regime);
             }
-            report.regimes.push(regime);
         }
     }
     Ok(report)
@@ -314,7 +373,9 @@ impl RegimesReport {
     }
 
     /// One JSON object per row (regime fields, the row's measurements, its ratio
-    /// and the regime's best step-based policy), newline-terminated.
+    /// and the regime's best step-based policy, the run's `model.precision`),
+    /// newline-terminated. `row_dtype` and `precision` are the config's names
+    /// (`"f32"`/`"bf16"`, `"fp32"`/`"tf32"`).
     pub fn json_lines(&self) -> String {
         let mut out = String::new();
         for g in &self.regimes {
@@ -323,6 +384,7 @@ impl RegimesReport {
                 let v = serde_json::json!({
                     "dim": g.dim,
                     "cache_fraction": g.cache_fraction,
+                    "row_dtype": g.row_dtype,
                     "cache_bytes": g.cache_bytes,
                     "policy": r.policy,
                     "hot_ratio": r.hot_ratio,
@@ -334,7 +396,8 @@ impl RegimesReport {
                     "h2d_per_epoch": r.h2d_per_epoch,
                     "test_acc": r.test_acc,
                     "epochs": self.epochs,
-                    "device": self.device,
+                    "precision": self.precision,
+                    "device": g.device,
                 });
                 out.push_str(&v.to_string());
                 out.push('\n');
@@ -414,7 +477,7 @@ impl fmt::Display for RegimesReport {
         writeln!(
             f,
             "{}; R-MAT {} vertices, {} stored edges, {} classes, {} training vertices; \
-             {} epoch{} per run; layer hot_ratio {:.2}",
+             {} epoch{} per run; model.precision {}; layer hot_ratio {:.2}",
             self.device,
             g.vertices,
             g.stored_edges,
@@ -422,13 +485,15 @@ impl fmt::Display for RegimesReport {
             g.train,
             self.epochs,
             if self.epochs == 1 { "" } else { "s" },
+            self.precision,
             self.layer_hot_ratio
         )?;
         writeln!(
             f,
-            "{:>5} {:>6} {:<22} {:>9} {:>8} {:>8} {:>8} {:>12} {:>9}",
+            "{:>5} {:>6} {:>5} {:<22} {:>9} {:>8} {:>8} {:>8} {:>12} {:>9}",
             "dim",
             "cache",
+            "dtype",
             "policy",
             "epoch s",
             "vs best",
@@ -445,9 +510,10 @@ impl fmt::Display for RegimesReport {
                     .map_or_else(|| "-".into(), |x| format!("{x:.2}×"));
                 writeln!(
                     f,
-                    "{:>5} {:>6} {:<22} {:>9.3} {:>8} {:>7.1}% {:>7.1}% {:>12} {:>9}",
+                    "{:>5} {:>6} {:>5} {:<22} {:>9.3} {:>8} {:>7.1}% {:>7.1}% {:>12} {:>9}",
                     regime.dim,
                     fmt_percent(regime.cache_fraction),
+                    regime.row_dtype.to_string(),
                     r.policy,
                     r.epoch_secs,
                     ratio,
@@ -459,10 +525,11 @@ impl fmt::Display for RegimesReport {
             }
             writeln!(
                 f,
-                "  -> dim {}, cache {} ({}): {}",
+                "  -> dim {}, cache {} ({}), {} rows: {}",
                 regime.dim,
                 fmt_percent(regime.cache_fraction),
                 fmt_bytes(regime.cache_bytes),
+                regime.row_dtype,
                 regime.verdict()
             )?;
         }
@@ -515,6 +582,15 @@ mod tests {
     }
 
     fn regime(fraction: f64, layer: (f64, f64), step: [(f64, f64); 4]) -> Regime {
+        regime_of(FeatureDtype::F32, fraction, layer, step)
+    }
+
+    fn regime_of(
+        dtype: FeatureDtype,
+        fraction: f64,
+        layer: (f64, f64),
+        step: [(f64, f64); 4],
+    ) -> Regime {
         let mut rows = vec![row("layer", layer.0, Some(layer.1))];
         for (name, (s, a)) in Orchestration::NAMES[1..].iter().zip(step) {
             rows.push(row(name, s, Some(a)));
@@ -522,8 +598,25 @@ mod tests {
         Regime {
             dim: 8,
             cache_fraction: fraction,
-            cache_bytes: cache_bytes(100, 8, fraction),
+            row_dtype: dtype,
+            cache_bytes: cache_bytes(100, 8, fraction, dtype),
+            device: match dtype {
+                FeatureDtype::F32 => "test".into(),
+                d => format!("test, {d} feature rows"),
+            },
             rows,
+        }
+    }
+
+    fn report(regimes: Vec<Regime>) -> RegimesReport {
+        RegimesReport {
+            device: "test".into(),
+            notes: vec![],
+            epochs: 2,
+            layer_hot_ratio: 0.2,
+            precision: Precision::Fp32,
+            graph: GraphSize::default(),
+            regimes,
         }
     }
 
@@ -540,15 +633,68 @@ mod tests {
 
     #[test]
     fn cache_bytes_round_up_and_stay_within_the_features() {
+        let f32 = FeatureDtype::F32;
         // 2000 × 16 × 4 = 128000 bytes.
-        assert_eq!(cache_bytes(2000, 16, 1.0), 128_000);
-        assert_eq!(cache_bytes(2000, 16, 0.0), 0);
-        assert_eq!(cache_bytes(2000, 16, 0.2), 25_600);
-        assert_eq!(cache_bytes(2000, 16, 0.05), 6_400);
+        assert_eq!(cache_bytes(2000, 16, 1.0, f32), 128_000);
+        assert_eq!(cache_bytes(2000, 16, 0.0, f32), 0);
+        assert_eq!(cache_bytes(2000, 16, 0.2, f32), 25_600);
+        assert_eq!(cache_bytes(2000, 16, 0.05, f32), 6_400);
         // 3 × 1 × 4 = 12 bytes; 0.1 of them is 1.2 → 2.
-        assert_eq!(cache_bytes(3, 1, 0.1), 2);
-        assert_eq!(cache_bytes(2_400_000, 512, 0.05), 245_760_000);
-        assert_eq!(cache_bytes(2_400_000, 100, 1.0), 960_000_000);
+        assert_eq!(cache_bytes(3, 1, 0.1, f32), 2);
+        assert_eq!(cache_bytes(2_400_000, 512, 0.05, f32), 245_760_000);
+        assert_eq!(cache_bytes(2_400_000, 100, 1.0, f32), 960_000_000);
+    }
+
+    #[test]
+    fn bf16_cache_bytes_are_half_of_f32_rounded_up() {
+        let (f32, bf16) = (FeatureDtype::F32, FeatureDtype::Bf16);
+        // 2000 × 16 × 2 = 64000 bytes: the same fraction of the rows as in f32.
+        assert_eq!(cache_bytes(2000, 16, 1.0, bf16), 64_000);
+        assert_eq!(cache_bytes(2000, 16, 0.0, bf16), 0);
+        assert_eq!(cache_bytes(2000, 16, 0.2, bf16), 12_800);
+        assert_eq!(cache_bytes(2000, 16, 0.05, bf16), 3_200);
+        // 3 × 1 × 2 = 6 bytes; 0.1 of them is 0.6 → 1 (f32: 1.2 → 2).
+        assert_eq!(cache_bytes(3, 1, 0.1, bf16), 1);
+        // 0.15 of 6 is 0.9 → 1, of 12 is 1.8 → 2; 0.3 of 6 is 1.8 → 2, of 12 3.6 → 4.
+        assert_eq!(cache_bytes(3, 1, 0.15, bf16), 1);
+        assert_eq!(cache_bytes(3, 1, 0.3, bf16), 2);
+        assert_eq!(cache_bytes(2_400_000, 512, 0.05, bf16), 122_880_000);
+        assert_eq!(cache_bytes(2_400_000, 100, 1.0, bf16), 480_000_000);
+        // Half of f32, rounded up, over widths, sizes and fractions.
+        for (v, d) in [
+            (2000, 16),
+            (3, 1),
+            (7, 3),
+            (2_400_000, 100),
+            (2_400_000, 512),
+        ] {
+            for f in [0.0, 0.001, 0.05, 0.1, 0.2, 1.0 / 3.0, 0.5, 1.0] {
+                let (full, half) = (cache_bytes(v, d, f, f32), cache_bytes(v, d, f, bf16));
+                assert_eq!(half, full.div_ceil(2), "{v} × {d} at {f}");
+                assert!(half <= (v * d * 2) as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn row_dtypes_parse_by_their_config_names() {
+        // A new FeatureDtype variant fails to compile here until ROW_DTYPES has it.
+        for d in ROW_DTYPES {
+            match d {
+                FeatureDtype::F32 | FeatureDtype::Bf16 => {}
+            }
+        }
+        for d in ROW_DTYPES {
+            assert_eq!(parse_row_dtype(&d.to_string()), Some(d));
+            // The name is the config's (serde) spelling.
+            assert_eq!(serde_json::to_value(d).unwrap(), d.to_string());
+        }
+        assert_eq!(parse_row_dtype("bf16"), Some(FeatureDtype::Bf16));
+        assert_eq!(parse_row_dtype("f32"), Some(FeatureDtype::F32));
+        for bad in ["", "F32", "fp32", "f16", "bfloat16", " bf16"] {
+            assert_eq!(parse_row_dtype(bad), None, "{bad:?}");
+        }
+        assert_eq!(row_dtype_names(), r#""f32", "bf16""#);
     }
 
     #[test]
@@ -594,28 +740,80 @@ mod tests {
         assert_eq!(g.verdict().holds, None);
         assert_eq!(g.verdict().layer_acc_gap, None);
 
-        let report = RegimesReport {
-            device: "test".into(),
-            notes: vec![],
-            epochs: 2,
-            layer_hot_ratio: 0.2,
-            graph: GraphSize::default(),
-            regimes: vec![
-                regime(1.0, (1.0, 0.9), [(3.0, 0.9); 4]),
-                regime(0.2, (1.0, 0.9), [(3.0, 0.9); 4]),
-                regime(0.05, (4.0, 0.9), [(3.0, 0.9); 4]),
-            ],
-        };
+        let report = report(vec![
+            regime(1.0, (1.0, 0.9), [(3.0, 0.9); 4]),
+            regime(0.2, (1.0, 0.9), [(3.0, 0.9); 4]),
+            regime(0.05, (4.0, 0.9), [(3.0, 0.9); 4]),
+        ]);
         assert_eq!(report.target_count(), (1, 2));
         let text = report.to_string();
         assert!(text.contains("holds in 1 of 2 regimes"), "{text}");
         assert_eq!(text.lines().filter(|l| l.contains("-> dim 8")).count(), 3);
+        assert!(text.contains("model.precision fp32"), "{text}");
         let lines = report.json_lines();
         assert_eq!(lines.lines().count(), 15);
         let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
         assert_eq!(first["policy"], "layer");
         assert_eq!(first["vs_best_step_based"], 3.0);
         assert_eq!(first["cache_bytes"], 3200);
+        assert_eq!(first["row_dtype"], "f32");
+        assert_eq!(first["precision"], "fp32");
+    }
+
+    #[test]
+    fn a_table_of_two_row_dtypes_prints_and_records_both() {
+        let (f32, bf16) = (FeatureDtype::F32, FeatureDtype::Bf16);
+        let mut report = report(vec![
+            regime_of(f32, 0.05, (4.0, 0.9), [(3.0, 0.9); 4]),
+            regime_of(bf16, 0.05, (1.0, 0.9), [(2.0, 0.9); 4]),
+        ]);
+        report.precision = Precision::Tf32;
+        let text = report.to_string();
+        assert!(text.contains("model.precision tf32"), "{text}");
+        let header = text.lines().find(|l| l.contains("policy")).unwrap();
+        assert!(
+            header
+                .split_whitespace()
+                .take(4)
+                .eq(["dim", "cache", "dtype", "policy"]),
+            "{header}"
+        );
+        for dtype in ["f32", "bf16"] {
+            let rows = text
+                .lines()
+                .filter(|l| l.split_whitespace().take(3).eq(["8", "5%", dtype]))
+                .count();
+            assert_eq!(rows, REGIME_POLICIES.len() - 1, "{dtype}:\n{text}");
+        }
+        // 100 × 8 × 4 × 0.05 = 160 bytes in f32, 80 in bf16.
+        assert!(
+            text.contains("-> dim 8, cache 5% (160 B), f32 rows: best step-based"),
+            "{text}"
+        );
+        assert!(
+            text.contains("-> dim 8, cache 5% (80 B), bf16 rows: best step-based"),
+            "{text}"
+        );
+        assert_eq!(report.target_count(), (1, 2));
+
+        let rows: Vec<serde_json::Value> = report
+            .json_lines()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), 10);
+        for (i, r) in rows.iter().enumerate() {
+            let (dtype, bytes) = if i < 5 { ("f32", 160) } else { ("bf16", 80) };
+            assert_eq!(r["row_dtype"], dtype, "{r}");
+            assert_eq!(r["cache_bytes"], bytes, "{r}");
+            assert_eq!(r["precision"], "tf32", "{r}");
+            // Each line names its own run's device.
+            assert_eq!(
+                r["device"].as_str().unwrap().contains("bf16"),
+                i >= 5,
+                "{r}"
+            );
+        }
     }
 
     #[test]
@@ -623,6 +821,7 @@ mod tests {
         let ok = RegimeOptions {
             dims: vec![8],
             cache_fractions: vec![1.0, 0.0],
+            row_dtypes: vec![FeatureDtype::F32, FeatureDtype::Bf16],
             graph: RmatOptions::default(),
             epochs: 1,
         };
@@ -642,5 +841,14 @@ mod tests {
         assert!(bad(vec![8], vec![1.5]).contains("--cache-fractions"));
         assert!(bad(vec![8], vec![f64::NAN]).contains("--cache-fractions"));
         assert!(bad(vec![8], vec![-0.1]).contains("--cache-fractions"));
+        let e = RegimeOptions {
+            row_dtypes: vec![],
+            ..ok.clone()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--row-dtypes"), "{e}");
+        assert!(e.contains(r#""f32", "bf16""#), "{e}");
     }
 }

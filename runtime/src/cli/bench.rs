@@ -14,7 +14,9 @@ use crate::bench::backend::{bench_backend, BackendBenchOptions};
 use crate::bench::gemm::{bench_gemm, GemmShape, LAYER_SHAPES};
 use crate::bench::hot::{bench_hot, HotBenchOptions};
 use crate::bench::orchestration::bench_orchestration;
-use crate::bench::regimes::{bench_regimes, fmt_percent, RegimeOptions};
+use crate::bench::regimes::{
+    bench_regimes, fmt_percent, parse_row_dtype, row_dtype_names, RegimeOptions,
+};
 use crate::bench::{bench_gather, bench_sample};
 use crate::config::{env_overrides, Override, TrainConfig};
 use crate::data::dataset::{open_dataset, SplitSpec, Verify};
@@ -41,8 +43,9 @@ pub(super) enum BenchCmd {
     /// One training config under the five placements (`orchestration.policy`):
     /// epoch time, accelerator and CPU busy fractions, host→device bytes per
     /// epoch, test accuracy at the best validation epoch. With `--regimes`: the
-    /// same across feature widths × device-cache fractions on generated R-MAT
-    /// graphs, with layer-based's speed-up over the best step-based placement.
+    /// same across feature widths × device-cache fractions × feature row dtypes
+    /// on generated R-MAT graphs, with layer-based's speed-up over the best
+    /// step-based placement.
     Orchestration(OrchestrationArgs),
     /// Data-parallel training on 1, 2, 4 ranks of this machine (`mpirun`; a
     /// build with the `mpi` feature): epoch time and speed-up over one rank,
@@ -58,6 +61,8 @@ pub(super) struct OrchestrationArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override a configuration key, e.g. `--set train.batch_size=256` (repeatable).
+    /// With `--regimes`, `--set model.precision="tf32"` runs every regime with TF32
+    /// matrix products (the table and its JSON lines record the precision).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
     /// Epochs per policy (the config's `train.epochs` is replaced; the default
@@ -71,8 +76,10 @@ pub(super) struct OrchestrationArgs {
 /// `--regimes` and its options (ignored without it).
 #[derive(Debug, Args)]
 struct RegimeArgs {
-    /// Compare the placements across feature widths × device-cache fractions, on
-    /// an R-MAT graph generated in memory (the config's `[data]` is not used).
+    /// Compare the placements across feature widths × device-cache fractions ×
+    /// feature row dtypes, on an R-MAT graph generated in memory (the config's
+    /// `[data]` is not used). Every run has the config's `model.precision`: TF32
+    /// with `--set model.precision="tf32"`.
     #[arg(long)]
     regimes: bool,
     /// Feature widths, comma-separated.
@@ -83,8 +90,9 @@ struct RegimeArgs {
         allow_hyphen_values = true
     )]
     dims: String,
-    /// Fractions of the feature bytes (vertices × dim × 4) the device cache holds,
-    /// comma-separated, each in [0, 1] (1: every row fits).
+    /// Fractions of the stored feature bytes (vertices × dim × 4 for f32 rows, × 2
+    /// for bf16) the device cache holds, comma-separated, each in [0, 1] (1: every
+    /// row fits; the same fraction of the rows in either dtype).
     #[arg(
         long,
         default_value = "1,0.2,0.05,0",
@@ -92,6 +100,16 @@ struct RegimeArgs {
         allow_hyphen_values = true
     )]
     cache_fractions: String,
+    /// Feature row dtypes (`device.feature_dtype`), comma-separated: `f32`, `bf16`.
+    /// The matrix products are the config's `model.precision` in every regime
+    /// (TF32: `--set model.precision="tf32"`).
+    #[arg(
+        long,
+        default_value = "f32",
+        requires = "regimes",
+        allow_hyphen_values = true
+    )]
+    row_dtypes: String,
     /// Vertices of the generated graph.
     #[arg(long, default_value_t = 20_000, requires = "regimes")]
     vertices: usize,
@@ -114,18 +132,30 @@ struct RegimeArgs {
 
 /// A comma-separated list parsed item by item; errors name `flag`.
 fn parse_list<T: std::str::FromStr>(flag: &str, s: &str, what: &str) -> Result<Vec<T>> {
+    parse_list_with(flag, s, what, |t| t.parse::<T>().ok())
+}
+
+/// A comma-separated list parsed item by item with `parse` (`None`: not `what`);
+/// errors name `flag`.
+fn parse_list_with<T>(
+    flag: &str,
+    s: &str,
+    what: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Vec<T>> {
     s.split(',')
         .map(|t| {
             let t = t.trim();
-            t.parse::<T>()
-                .map_err(|_| Error::invalid_argument(flag, format!("`{t}` in `{s}` is not {what}")))
+            parse(t).ok_or_else(|| {
+                Error::invalid_argument(flag, format!("`{t}` in `{s}` is not {what}"))
+            })
         })
         .collect()
 }
 
 impl RegimeArgs {
     /// The bench's options; malformed or out-of-range lists are errors naming
-    /// `--dims` or `--cache-fractions`.
+    /// `--dims`, `--cache-fractions` or `--row-dtypes`.
     fn options(&self, epochs: usize) -> Result<RegimeOptions> {
         let opts = RegimeOptions {
             dims: parse_list("--dims", &self.dims, "a positive integer")?,
@@ -133,6 +163,12 @@ impl RegimeArgs {
                 "--cache-fractions",
                 &self.cache_fractions,
                 "a number in [0, 1]",
+            )?,
+            row_dtypes: parse_list_with(
+                "--row-dtypes",
+                &self.row_dtypes,
+                &format!("a row dtype; expected one of {}", row_dtype_names()),
+                parse_row_dtype,
             )?,
             graph: RmatOptions {
                 num_vertices: self.vertices,
@@ -170,9 +206,9 @@ fn run_orchestration(a: &OrchestrationArgs) -> Result<()> {
         print!("{}", bench_orchestration(&cfg, Some(a.epochs))?);
         return Ok(());
     };
-    let report = bench_regimes(&cfg, &opts, |dim, fraction, r| {
+    let report = bench_regimes(&cfg, &opts, |dim, fraction, dtype, r| {
         eprintln!(
-            "dim {dim}, cache {}: {} {:.3} s/epoch",
+            "dim {dim}, cache {}, {dtype} rows: {} {:.3} s/epoch",
             fmt_percent(fraction),
             r.policy,
             r.epoch_secs
