@@ -65,7 +65,7 @@ use crate::graph::CsrGraph;
 use crate::matmul::{matmul_serial, Accumulate, MatMut, MatRef};
 use crate::rng::derive_seed;
 use crate::sampler::{draw_neighbors, draw_positions, PositionSet};
-use crate::simd::{GatherRows, Simd, SimdOps};
+use crate::simd::{Bf16Rows, GatherRows, Simd, SimdOps};
 
 /// Target size of the block buffer `A` (`rows × 2·d_in` `f32`): half a core's L2
 /// on the Zen 5 dev box. Measured with `tandem bench hot` (1 thread, hidden 256):
@@ -111,6 +111,50 @@ impl HotProfile {
     }
 }
 
+/// The feature rows the kernel reads: `f32`, or the bfloat16 host copy of a run
+/// whose device stores bfloat16 rows (`device.feature_dtype = "bf16"`: half the
+/// bytes per row, and the same rounded values the accelerator's layer 0 sees).
+/// Sums run in `f32` either way.
+#[derive(Clone, Copy, Debug)]
+pub enum HotFeatures<'a> {
+    /// One `f32` row per vertex.
+    F32(&'a FeatureMatrix),
+    /// One bfloat16 row per vertex (`dim` values each).
+    Bf16(Bf16Rows<'a>),
+}
+
+impl<'a> From<&'a FeatureMatrix> for HotFeatures<'a> {
+    fn from(f: &'a FeatureMatrix) -> Self {
+        Self::F32(f)
+    }
+}
+
+impl HotFeatures<'_> {
+    /// Columns.
+    pub fn dim(&self) -> usize {
+        match self {
+            Self::F32(f) => f.dim(),
+            Self::Bf16(b) => b.dim,
+        }
+    }
+
+    /// Bytes of one stored value (4 or 2).
+    pub fn value_bytes(&self) -> usize {
+        match self {
+            Self::F32(_) => 4,
+            Self::Bf16(_) => 2,
+        }
+    }
+
+    /// Whole rows (`values / dim`; 0 for width 0).
+    fn num_rows(&self) -> usize {
+        match self {
+            Self::F32(f) => f.num_rows(),
+            Self::Bf16(b) => b.data.len().checked_div(b.dim).unwrap_or(0),
+        }
+    }
+}
+
 /// What one [`SageHotKernel::compute`] call computes: the layer-0 rows of `dst`
 /// (global ids; repeats allowed), with neighbors drawn from `graph` as a one-layer
 /// `NeighborSampler::new(vec![fanout]).sample(graph, dst, seed, ..)` would
@@ -120,8 +164,8 @@ impl HotProfile {
 pub struct HotRequest<'a> {
     /// The graph: row `v` lists the in-neighbors of `v`.
     pub graph: &'a CsrGraph,
-    /// One row of `d_in` values per vertex of `graph`.
-    pub features: &'a FeatureMatrix,
+    /// One row of `d_in` values per vertex of `graph` (`f32` or bfloat16).
+    pub features: HotFeatures<'a>,
     /// The destinations, global ids.
     pub dst: &'a [u32],
     /// Neighbors drawn per destination (at least 1).
@@ -334,6 +378,15 @@ impl SageHotKernel {
             });
         }
         let n = graph.num_vertices();
+        if let HotFeatures::Bf16(b) = features {
+            if !b.data.len().is_multiple_of(b.dim.max(1)) {
+                return Err(CpuOpsError::SizeMismatch {
+                    what: "bfloat16 feature values (a whole number of rows)",
+                    expected: b.data.len() / b.dim.max(1) * b.dim,
+                    found: b.data.len(),
+                });
+            }
+        }
         if features.num_rows() != n {
             return Err(CpuOpsError::SizeMismatch {
                 what: "feature rows (one per graph vertex)",
@@ -390,11 +443,6 @@ impl SageHotKernel {
         if self.block.len() < rows * width {
             self.block.resize(rows * width, 0.0);
         }
-        let src = GatherRows {
-            data: features.as_slice(),
-            dim: d_in,
-            weights: None,
-        };
         let w = MatRef::new(&self.weights, width, d_out)?;
         for (b, out_block) in out.chunks_mut(rows * d_out).enumerate() {
             let first = b * rows;
@@ -407,15 +455,27 @@ impl SageHotKernel {
                 let (lo, hi) = (self.starts[first + r], self.starts[first + r + 1]);
                 let (x_self, mean) = a_row.split_at_mut(d_in);
                 let (own, nbrs) = self.stream[lo..hi].split_at(1);
-                self.simd
-                    .gather_sum(src, own, &self.stream[lo + 1..], 1.0, x_self);
                 let post = if nbrs.is_empty() {
                     0.0
                 } else {
                     1.0 / nbrs.len() as f32
                 };
-                self.simd
-                    .gather_sum(src, nbrs, &self.stream[hi..], post, mean);
+                let (after_own, after_nbrs) = (&self.stream[lo + 1..], &self.stream[hi..]);
+                match features {
+                    HotFeatures::F32(f) => {
+                        let src = GatherRows {
+                            data: f.as_slice(),
+                            dim: d_in,
+                            weights: None,
+                        };
+                        self.simd.gather_sum(src, own, after_own, 1.0, x_self);
+                        self.simd.gather_sum(src, nbrs, after_nbrs, post, mean);
+                    }
+                    HotFeatures::Bf16(src) => {
+                        self.simd.gather_sum_bf16(src, own, after_own, 1.0, x_self);
+                        self.simd.gather_sum_bf16(src, nbrs, after_nbrs, post, mean);
+                    }
+                }
             }
             if let Some(p) = profile.as_deref_mut() {
                 p.aggregate += elapsed(t);
@@ -543,7 +603,7 @@ mod tests {
     use crate::init::{Init, RELU_GAIN};
     use crate::rng::Rng;
     use crate::sampler::{NeighborSampler, SamplerScratch, ALL_NEIGHBORS};
-    use crate::simd::SimdLevel;
+    use crate::simd::{bf16_to_f32, SimdLevel};
 
     /// A graph of `n` vertices with every kind of row: isolated vertices (every
     /// 11th), short rows (degree 1..=12, so below, at and above small fanouts), and
@@ -607,7 +667,7 @@ mod tests {
     ) -> HotRequest<'a> {
         HotRequest {
             graph: g,
-            features: f,
+            features: f.into(),
             dst,
             fanout,
             seed,
@@ -629,10 +689,18 @@ mod tests {
             relu,
         } = req;
         let d_in = f.dim();
+        // bfloat16 rows: the reference computes on their exact `f32` values.
+        let f = match f {
+            HotFeatures::F32(f) => f.clone(),
+            HotFeatures::Bf16(b) => {
+                let wide: Vec<f32> = b.data.iter().map(|&x| bf16_to_f32(x)).collect();
+                FeatureMatrix::new(wide.into(), b.data.len() / d_in, d_in).unwrap()
+            }
+        };
         let sampler = NeighborSampler::new(vec![fanout]).unwrap();
         let mut scratch = SamplerScratch::new(g.num_vertices());
         let batch = sampler.sample(g, dst, seed, &mut scratch).unwrap();
-        let x = gather_rows_into_vec(f, batch.input_ids()).unwrap();
+        let x = gather_rows_into_vec(&f, batch.input_ids()).unwrap();
         let b = &batch.blocks()[0];
         let view = BlockView::new(b.num_src(), b.indptr(), b.indices()).unwrap();
         let lin = |j: usize, w: &[f32], k: usize| -> f64 {
@@ -674,6 +742,94 @@ mod tests {
         ids.insert(count / 3, 0);
         ids.insert(count / 2, 1);
         ids
+    }
+
+    /// Round-to-nearest-even bfloat16 bits (finite inputs), as the device rounds.
+    fn to_bf16(x: f32) -> u16 {
+        let b = x.to_bits();
+        ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+    }
+
+    /// bfloat16 rows: every SIMD level and block size against the `f64` scalar
+    /// reference on the rounded inputs (tolerance 1e-5 relative, as for `f32`
+    /// rows: the inputs are exact, only the sums' order differs), and against the
+    /// same kernel on the `f32` rows the bfloat16 ones were rounded from (within
+    /// bfloat16's rounding: 2⁻⁸ relative per input value).
+    #[test]
+    fn bf16_rows_match_the_reference_on_rounded_inputs() {
+        let n = 3000;
+        let g = graph(n, true, 21);
+        let levels = SimdLevel::available();
+        let mut case = 0u64;
+        for (d_in, d_out) in [(7, 13), (33, 20), (100, 33), (16, 16), (129, 9)] {
+            let f = features(n, d_in, 40 + d_in as u64);
+            let bits: Vec<u16> = f.as_slice().iter().map(|&x| to_bf16(x)).collect();
+            let rows = Bf16Rows {
+                data: &bits,
+                dim: d_in,
+            };
+            let dst = destinations(n, 120, case);
+            let tensors = &layer0(d_in, d_out, 7 + d_in as u64);
+            for fanout in [1, 10, ALL_NEIGHBORS] {
+                case += 1;
+                let r = HotRequest {
+                    features: HotFeatures::Bf16(rows),
+                    ..req(&g, &f, &dst, fanout, 300 + case, true)
+                };
+                let want = reference(tensors, d_out, r);
+                let mut fp32 = vec![0.0; dst.len() * d_out];
+                SageHotKernel::new(tensors, d_in, d_out)
+                    .unwrap()
+                    .compute(req(&g, &f, &dst, fanout, 300 + case, true), &mut fp32)
+                    .unwrap();
+                for &level in &levels {
+                    let mut k = SageHotKernel::new(tensors, d_in, d_out)
+                        .unwrap()
+                        .with_simd(Simd::new(level).unwrap());
+                    for block in [5, default_block_rows(d_in)] {
+                        k.set_block_rows(block).unwrap();
+                        let mut got = vec![f32::NAN; dst.len() * d_out];
+                        k.compute(r, &mut got).unwrap();
+                        let what =
+                            format!("bf16 {d_in}→{d_out} fanout {fanout} {level} rows {block}");
+                        assert_close(&got, &want, &what);
+                        // Rounding the inputs moves each output by at most about
+                        // 2⁻⁸ × Σ|x·w| (here ≲ 0.05 for these scales).
+                        let worst = got
+                            .iter()
+                            .zip(&fp32)
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0.0f32, f32::max);
+                        assert!(worst < 0.05, "{what}: {worst} from the f32 rows");
+                    }
+                }
+            }
+        }
+        // A bfloat16 matrix that is not whole rows, or not one row per vertex.
+        let t = layer0(7, 4, 1);
+        let mut k = SageHotKernel::new(&t, 7, 4).unwrap();
+        let f = features(n, 7, 2);
+        let bits = vec![0u16; n * 7 - 3];
+        let mut out = vec![0.0; 8];
+        let bad = HotRequest {
+            features: HotFeatures::Bf16(Bf16Rows {
+                data: &bits,
+                dim: 7,
+            }),
+            ..req(&g, &f, &[1, 2], 5, 1, true)
+        };
+        let e = k.compute(bad, &mut out).unwrap_err();
+        assert!(e.to_string().contains("whole number of rows"), "{e}");
+        let bits = vec![0u16; (n - 1) * 7];
+        let bad = HotRequest {
+            features: HotFeatures::Bf16(Bf16Rows {
+                data: &bits,
+                dim: 7,
+            }),
+            ..req(&g, &f, &[1, 2], 5, 1, true)
+        };
+        let e = k.compute(bad, &mut out).unwrap_err();
+        assert!(e.to_string().contains("one per graph vertex"), "{e}");
     }
 
     #[test]

@@ -66,7 +66,7 @@ pub use error::{CpuOpsError, Result};
 pub use features::FeatureMatrix;
 pub use gather::{gather_rows, gather_rows_into_vec};
 pub use graph::{BuildOptions, CsrGraph};
-pub use hot_layer::{HotProfile, HotRequest, SageHotKernel};
+pub use hot_layer::{HotFeatures, HotProfile, HotRequest, SageHotKernel};
 pub use init::{Init, RELU_GAIN};
 pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
 pub use matmul::{
@@ -80,5 +80,5 @@ pub use sampler::{
     sample_hop, sample_hop_into, Block, NeighborSampler, SampledBatch, SamplerScratch,
     ALL_NEIGHBORS,
 };
-pub use simd::{GatherRows, Scalar, Simd, SimdLevel, SimdOps};
+pub use simd::{bf16_to_f32, Bf16Rows, GatherRows, Scalar, Simd, SimdLevel, SimdOps};
 pub use sparse::SparseRows;

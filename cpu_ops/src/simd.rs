@@ -165,6 +165,23 @@ pub struct GatherRows<'a, T> {
     pub weights: Option<&'a [T]>,
 }
 
+/// A row-major matrix of bfloat16 values (the upper 16 bits of an IEEE `f32`,
+/// as the device stores rows with `device.feature_dtype = "bf16"`), read by
+/// [`Simd::gather_sum_bf16`].
+#[derive(Clone, Copy, Debug)]
+pub struct Bf16Rows<'a> {
+    /// Row-major bfloat16 bit patterns, `dim` per row.
+    pub data: &'a [u16],
+    /// Columns.
+    pub dim: usize,
+}
+
+/// The `f32` a bfloat16 bit pattern stands for (exact: a shift into the upper half).
+#[inline]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
 /// The scalar reference: plain loops for any [`Real`] (all [`SimdOps`] defaults).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Scalar;
@@ -212,6 +229,42 @@ impl Simd {
     /// The level this token dispatches to.
     pub fn level(self) -> SimdLevel {
         self.level
+    }
+
+    /// [`SimdOps::gather_sum`] over bfloat16 rows, summing in `f32`:
+    /// `out ← post · Σ_k widen(src.data[idx_k*dim .. (idx_k+1)*dim])`, zeros for an
+    /// empty `idx`. Half the bytes of the `f32` gather per row; every value is
+    /// widened exactly, so the result is the `f32` gather of the widened rows up to
+    /// the order of the sums. `ahead` as in [`SimdOps::gather_sum`].
+    ///
+    /// Panics unless `out.len() == dim` and every row `idx_k` lies inside `src.data`.
+    pub fn gather_sum_bf16(
+        &self,
+        src: Bf16Rows<'_>,
+        idx: &[u32],
+        ahead: &[u32],
+        post: f32,
+        out: &mut [f32],
+    ) {
+        check_gather(
+            &GatherRows::<u16> {
+                data: src.data,
+                dim: src.dim,
+                weights: None,
+            },
+            idx,
+            out.len(),
+        );
+        match self.level {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU supports the level (token); `check_gather` established
+            // the bounds the function's contract asks for.
+            SimdLevel::Avx512 => unsafe { x86::gather_sum_bf16_avx512(src, idx, ahead, post, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            SimdLevel::Avx2Fma => unsafe { x86::gather_sum_bf16_avx2(src, idx, ahead, post, out) },
+            _ => scalar::gather_sum_bf16(src, idx, post, out),
+        }
     }
 }
 
@@ -355,13 +408,31 @@ pub(crate) mod scalar {
         }
         scale(post, out);
     }
+
+    /// The bfloat16 gather; caller has checked bounds (`check_gather`).
+    pub(crate) fn gather_sum_bf16(
+        src: super::Bf16Rows<'_>,
+        idx: &[u32],
+        post: f32,
+        out: &mut [f32],
+    ) {
+        let dim = src.dim;
+        out.fill(0.0);
+        for &j in idx {
+            let j = j as usize;
+            for (o, &b) in out.iter_mut().zip(&src.data[j * dim..(j + 1) * dim]) {
+                *o += super::bf16_to_f32(b);
+            }
+        }
+        scale(post, out);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::GatherRows;
+    use super::{Bf16Rows, GatherRows};
 
     /// How many stream entries ahead `gather_sum` prefetches rows (tuning: module doc).
     const PREFETCH_AHEAD: usize = 8;
@@ -516,10 +587,11 @@ mod x86 {
         }
     }
 
-    /// Shared arguments of the column-block bodies.
-    struct GatherArgs<'a> {
+    /// Shared arguments of the column-block bodies (rows of `T`: `f32` or bfloat16
+    /// bits).
+    struct GatherArgs<'a, T> {
         out: *mut f32,
-        rows: *const f32,
+        rows: *const T,
         dim: usize,
         col: usize,
         idx: &'a [u32],
@@ -531,7 +603,7 @@ mod x86 {
         prefetch: usize,
     }
 
-    impl GatherArgs<'_> {
+    impl<T> GatherArgs<'_, T> {
         /// Prefetches the first `self.prefetch` values of the row at position `t` of
         /// the stream `idx` then `ahead` (nothing past its end) into L1.
         #[inline]
@@ -550,7 +622,7 @@ mod x86 {
             while o < self.prefetch {
                 // SAFETY: a prefetch is a hint; it never faults, whatever the address.
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8) };
-                o += 16;
+                o += 64 / std::mem::size_of::<T>();
             }
         }
     }
@@ -563,7 +635,7 @@ mod x86 {
     /// every listed `j < w.len()`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn gather_block_avx512<const NV: usize>(a: &GatherArgs<'_>, last: __mmask16) {
+    unsafe fn gather_block_avx512<const NV: usize>(a: &GatherArgs<'_, f32>, last: __mmask16) {
         let mut acc = [_mm512_setzero_ps(); NV];
         for (k, &j) in a.idx.iter().enumerate() {
             if a.prefetch > 0 {
@@ -732,7 +804,7 @@ mod x86 {
     /// and inside every row `a.idx` lists; with weights, every listed `j < w.len()`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn gather_block_avx2<const NV: usize>(a: &GatherArgs<'_>, last: usize) {
+    unsafe fn gather_block_avx2<const NV: usize>(a: &GatherArgs<'_, f32>, last: usize) {
         let tail = mask8(last);
         let full_last = last == 8;
         let mut acc = [_mm256_setzero_ps(); NV];
@@ -767,6 +839,209 @@ mod x86 {
             // SAFETY: as for the loads, on `out`.
             unsafe {
                 if v + 1 < NV || full_last {
+                    _mm256_storeu_ps(a.out.add(a.col + 8 * v), y);
+                } else {
+                    _mm256_maskstore_ps(a.out.add(a.col + 8 * v), tail, y);
+                }
+            }
+        }
+    }
+
+    /// Widens 16 bfloat16 values at `p` (the low `n` of them; the rest are 0).
+    ///
+    /// # Safety
+    /// AVX-512F; `p .. p + n` is readable (`n <= 16`).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn widen16(p: *const u16, n: usize) -> __m512 {
+        let half = if n >= 16 {
+            // SAFETY: 16 values readable (contract).
+            unsafe { _mm256_loadu_si256(p as *const __m256i) }
+        } else {
+            let mut buf = [0u16; 16];
+            // SAFETY: `n` values readable (contract); `buf` holds 16.
+            unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n) };
+            // SAFETY: `buf` is 32 bytes.
+            unsafe { _mm256_loadu_si256(buf.as_ptr() as *const __m256i) }
+        };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(half)))
+    }
+
+    /// Widens 8 bfloat16 values at `p` (the low `n` of them; the rest are 0).
+    ///
+    /// # Safety
+    /// AVX2; `p .. p + n` is readable (`n <= 8`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn widen8(p: *const u16, n: usize) -> __m256 {
+        let half = if n >= 8 {
+            // SAFETY: 8 values readable (contract).
+            unsafe { _mm_loadu_si128(p as *const __m128i) }
+        } else {
+            let mut buf = [0u16; 8];
+            // SAFETY: `n` values readable (contract); `buf` holds 8.
+            unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n) };
+            // SAFETY: `buf` is 16 bytes.
+            unsafe { _mm_loadu_si128(buf.as_ptr() as *const __m128i) }
+        };
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half)))
+    }
+
+    /// AVX-512 body of `Simd::gather_sum_bf16`: column blocks of up to 128
+    /// (8 registers of 16 `f32` accumulators), rows widened on load.
+    ///
+    /// # Safety
+    /// AVX-512F; `out.len() == src.dim`; every `j` in `idx` has
+    /// `(j + 1) * src.dim <= src.data.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gather_sum_bf16_avx512(
+        src: Bf16Rows<'_>,
+        idx: &[u32],
+        ahead: &[u32],
+        post: f32,
+        out: &mut [f32],
+    ) {
+        let dim = src.dim;
+        let mut c = 0;
+        while c < dim {
+            let width = (dim - c).min(128);
+            let nv = width.div_ceil(16);
+            let last = width - (nv - 1) * 16;
+            let a = GatherArgs {
+                out: out.as_mut_ptr(),
+                rows: src.data.as_ptr(),
+                dim,
+                col: c,
+                idx,
+                ahead,
+                w: None,
+                post,
+                prefetch: if c == 0 { dim } else { 0 },
+            };
+            // SAFETY: columns `c..c + width` lie inside `out` and every listed row.
+            unsafe {
+                match nv {
+                    1 => gather_block_bf16_avx512::<1>(&a, last),
+                    2 => gather_block_bf16_avx512::<2>(&a, last),
+                    3 => gather_block_bf16_avx512::<3>(&a, last),
+                    4 => gather_block_bf16_avx512::<4>(&a, last),
+                    5 => gather_block_bf16_avx512::<5>(&a, last),
+                    6 => gather_block_bf16_avx512::<6>(&a, last),
+                    7 => gather_block_bf16_avx512::<7>(&a, last),
+                    _ => gather_block_bf16_avx512::<8>(&a, last),
+                }
+            }
+            c += width;
+        }
+    }
+
+    /// One column block of `NV` vectors of bfloat16 rows, the last holding `last`
+    /// (1..=16) lanes.
+    ///
+    /// # Safety
+    /// AVX-512F; columns `a.col .. a.col + 16 * (NV - 1) + last` lie inside `a.out`
+    /// and inside every row `a.idx` lists.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn gather_block_bf16_avx512<const NV: usize>(a: &GatherArgs<'_, u16>, last: usize) {
+        let mut acc = [_mm512_setzero_ps(); NV];
+        for (k, &j) in a.idx.iter().enumerate() {
+            if a.prefetch > 0 {
+                a.prefetch_entry(k + PREFETCH_AHEAD);
+            }
+            // SAFETY: row `j` starts at `j * dim` inside `rows` (contract).
+            let p = unsafe { a.rows.add(j as usize * a.dim + a.col) };
+            for (v, acc) in acc.iter_mut().enumerate() {
+                let n = if v + 1 == NV { last } else { 16 };
+                // SAFETY: `n` values from column `a.col + 16 v` lie inside row `j`.
+                let x = unsafe { widen16(p.add(16 * v), n) };
+                *acc = _mm512_add_ps(x, *acc);
+            }
+        }
+        let vp = _mm512_set1_ps(a.post);
+        for (v, acc) in acc.iter().enumerate() {
+            let m = mask16(if v + 1 == NV { last } else { 16 });
+            // SAFETY: the selected lanes are columns inside `out` (contract).
+            unsafe { _mm512_mask_storeu_ps(a.out.add(a.col + 16 * v), m, _mm512_mul_ps(*acc, vp)) };
+        }
+    }
+
+    /// AVX2 body of `Simd::gather_sum_bf16`: column blocks of up to 64.
+    ///
+    /// # Safety
+    /// As [`gather_sum_bf16_avx512`], with AVX2 and FMA instead of AVX-512F.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn gather_sum_bf16_avx2(
+        src: Bf16Rows<'_>,
+        idx: &[u32],
+        ahead: &[u32],
+        post: f32,
+        out: &mut [f32],
+    ) {
+        let dim = src.dim;
+        let mut c = 0;
+        while c < dim {
+            let width = (dim - c).min(64);
+            let nv = width.div_ceil(8);
+            let last = width - (nv - 1) * 8;
+            let a = GatherArgs {
+                out: out.as_mut_ptr(),
+                rows: src.data.as_ptr(),
+                dim,
+                col: c,
+                idx,
+                ahead,
+                w: None,
+                post,
+                prefetch: if c == 0 { dim } else { 0 },
+            };
+            // SAFETY: columns `c..c + width` lie inside `out` and every listed row.
+            unsafe {
+                match nv {
+                    1 => gather_block_bf16_avx2::<1>(&a, last),
+                    2 => gather_block_bf16_avx2::<2>(&a, last),
+                    3 => gather_block_bf16_avx2::<3>(&a, last),
+                    4 => gather_block_bf16_avx2::<4>(&a, last),
+                    5 => gather_block_bf16_avx2::<5>(&a, last),
+                    6 => gather_block_bf16_avx2::<6>(&a, last),
+                    7 => gather_block_bf16_avx2::<7>(&a, last),
+                    _ => gather_block_bf16_avx2::<8>(&a, last),
+                }
+            }
+            c += width;
+        }
+    }
+
+    /// One column block of `NV` 8-lane vectors of bfloat16 rows, the last holding
+    /// `last` (1..=8) lanes.
+    ///
+    /// # Safety
+    /// AVX2+FMA; columns `a.col .. a.col + 8 * (NV - 1) + last` lie inside `a.out`
+    /// and inside every row `a.idx` lists.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn gather_block_bf16_avx2<const NV: usize>(a: &GatherArgs<'_, u16>, last: usize) {
+        let tail = mask8(last);
+        let mut acc = [_mm256_setzero_ps(); NV];
+        for (k, &j) in a.idx.iter().enumerate() {
+            if a.prefetch > 0 {
+                a.prefetch_entry(k + PREFETCH_AHEAD);
+            }
+            // SAFETY: row `j` starts at `j * dim` inside `rows` (contract).
+            let p = unsafe { a.rows.add(j as usize * a.dim + a.col) };
+            for (v, acc) in acc.iter_mut().enumerate() {
+                let n = if v + 1 == NV { last } else { 8 };
+                // SAFETY: `n` values from column `a.col + 8 v` lie inside row `j`.
+                let x = unsafe { widen8(p.add(8 * v), n) };
+                *acc = _mm256_add_ps(x, *acc);
+            }
+        }
+        let vp = _mm256_set1_ps(a.post);
+        for (v, acc) in acc.iter().enumerate() {
+            let y = _mm256_mul_ps(*acc, vp);
+            // SAFETY: the stored lanes are columns inside `out` (contract).
+            unsafe {
+                if v + 1 < NV || last == 8 {
                     _mm256_storeu_ps(a.out.add(a.col + 8 * v), y);
                 } else {
                     _mm256_maskstore_ps(a.out.add(a.col + 8 * v), tail, y);
@@ -872,6 +1147,71 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Round-to-nearest-even bfloat16 bits of `x` (finite inputs), as the device's
+    /// `f32_to_bf16_bits` rounds.
+    fn to_bf16(x: f32) -> u16 {
+        let b = x.to_bits();
+        ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+    }
+
+    #[test]
+    fn bf16_gather_matches_the_f32_gather_of_the_widened_rows() {
+        let mut rng = Rng::new(13);
+        let nrows = 41;
+        for level in SimdLevel::available() {
+            let s = Simd::new(level).unwrap();
+            for dim in [
+                1, 3, 7, 8, 9, 15, 16, 17, 33, 64, 100, 128, 129, 256, 300, 512,
+            ] {
+                let bits: Vec<u16> = rand_vec(&mut rng, nrows * dim)
+                    .into_iter()
+                    .map(to_bf16)
+                    .collect();
+                let wide: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+                for len in [0, 1, 2, 5, 9, 40] {
+                    let idx: Vec<u32> = (0..len).map(|_| rng.below(nrows as u64) as u32).collect();
+                    let mut got = vec![f32::NAN; dim];
+                    let mut want = vec![f32::NAN; dim];
+                    let ahead = [u32::MAX, 3, 1 << 30];
+                    s.gather_sum_bf16(Bf16Rows { data: &bits, dim }, &idx, &ahead, 0.75, &mut got);
+                    let src = GatherRows {
+                        data: &wide,
+                        dim,
+                        weights: None,
+                    };
+                    Scalar.gather_sum(src, &idx, &ahead, 0.75, &mut want);
+                    assert_close(
+                        &got,
+                        &want,
+                        len as f32,
+                        &format!("{level} dim={dim} len={len}"),
+                    );
+                }
+            }
+        }
+        // Widening is exact.
+        for x in [0.0f32, -0.0, 1.0, -2.5, 3.0e38, 1.0e-38] {
+            assert_eq!(bf16_to_f32(to_bf16(x)).to_bits() >> 16, to_bf16(x) as u32);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "outside a matrix")]
+    fn bf16_gather_refuses_out_of_range_rows() {
+        let bits = vec![0u16; 8];
+        let mut out = vec![0.0f32; 4];
+        Simd::detect().gather_sum_bf16(
+            Bf16Rows {
+                data: &bits,
+                dim: 4,
+            },
+            &[2],
+            &[],
+            1.0,
+            &mut out,
+        );
     }
 
     #[test]

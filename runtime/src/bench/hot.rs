@@ -11,7 +11,11 @@
 //!    layer 0 on the host backend ([`Layer0::rows`], the layer the model trains,
 //!    which projects every source when `dim > hidden`), and a copy into the
 //!    output rows;
-//! 2. **fused**: [`SageHotKernel::compute_profiled`] writing into the output rows.
+//! 2. **fused**: [`SageHotKernel::compute_profiled`] writing into the output rows;
+//! 3. with `bf16` (`--dtype bf16`), **fused-bf16**: the same kernel reading the
+//!    bfloat16 copy of the rows ([`HotFeatures::Bf16`], what the CPU workers read
+//!    when `device.feature_dtype = "bf16"`), and its speed-up over **fused** (the
+//!    previous kernel, `f32` rows) in the same run.
 //!
 //! Both run on a pool of `threads` threads, one chunk per task (so `threads = 1`
 //! gives one worker's throughput). Reported per path: µs per row per worker, rows/s,
@@ -21,15 +25,20 @@
 //! fused kernel's phases (draw, aggregate, project) with the aggregate phase's GB/s
 //! and the project phase's GFLOP/s next to the FMA peak of `threads` cores measured
 //! in the same run: whichever phase dominates says whether memory or FLOPs bound it.
-//! The two paths' outputs are compared once (largest relative difference).
+//! The two paths' outputs are compared once (largest relative difference; the
+//! bfloat16 path against **fused**, so it shows the inputs' rounding).
+//!
+//! Memory bandwidth: a plain streaming read (sum of 256 MiB of `u64`, best of 3,
+//! on the same `threads` threads) is measured in the same run, and each path's
+//! GB/s (bytes the layer needs in the path's row dtype) is printed as a share of it.
 
 use parking_lot::Mutex;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use cpu_ops::{
-    gather_rows, BlockView, CsrGraph, FeatureMatrix, HotProfile, HotRequest, ModelConfig,
-    ModelInput, ModelKind, NeighborSampler, SageHotKernel, SamplerScratch,
+    gather_rows, Bf16Rows, BlockView, CsrGraph, FeatureMatrix, HotFeatures, HotProfile, HotRequest,
+    ModelConfig, ModelInput, ModelKind, NeighborSampler, SageHotKernel, SamplerScratch,
 };
 use gpu_ops::{GpuOpsError, HostBackend, Layer0, ModelLayout};
 use rayon::prelude::*;
@@ -57,6 +66,8 @@ pub struct HotBenchOptions {
     pub block_rows: Option<usize>,
     /// Seed of the model and of the sampling.
     pub seed: u64,
+    /// Also time the fused kernel on bfloat16 rows (`--dtype bf16`).
+    pub bf16: bool,
 }
 
 /// One path's times.
@@ -105,20 +116,65 @@ pub struct HotReport {
     pub peak: FmaPeak,
     /// Largest `|fused − old| / (1 + |old|)` over the output.
     pub max_rel_diff: f64,
+    /// The fused kernel on bfloat16 rows (`bf16`).
+    pub fused_bf16: Option<PathTiming>,
+    /// Its phases in its best repetition, summed over workers.
+    pub bf16_phases: HotProfile,
+    /// Largest `|bf16 − fused| / (1 + |fused|)` (the rounding of the inputs).
+    pub bf16_rel_diff: f64,
+    /// Streaming read bandwidth of `threads` threads, GB/s.
+    pub stream_gbs: f64,
 }
 
 impl HotReport {
-    fn line(&self, f: &mut fmt::Formatter<'_>, name: &str, t: &PathTiming) -> fmt::Result {
+    fn line(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        name: &str,
+        t: &PathTiming,
+        value_bytes: u64,
+    ) -> fmt::Result {
         let us_per_row = t.best.as_secs_f64() * 1e6 * self.threads as f64 / self.rows.max(1) as f64;
+        let gbs = per_second((self.feature_bytes / 4 * value_bytes) as f64, t.best) / 1e9;
         writeln!(
             f,
-            "{:<8} {:>10.3} {:>10.3} {:>12.0} {:>8.2} {:>9.1}",
+            "{:<10} {:>10.3} {:>10.3} {:>12.0} {:>8.2} {:>7.0}% {:>9.1}",
             name,
             us_per_row,
             t.median.as_secs_f64() * 1e6 * self.threads as f64 / self.rows.max(1) as f64,
             per_second(self.rows as f64, t.best),
-            per_second(self.feature_bytes as f64, t.best) / 1e9,
+            gbs,
+            100.0 * gbs / self.stream_gbs.max(1e-9),
             per_second(self.flops, t.best) / 1e9,
+        )
+    }
+
+    fn phases_line(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        name: &str,
+        p: &HotProfile,
+        value_bytes: u64,
+    ) -> fmt::Result {
+        let total = p.total().as_secs_f64().max(1e-12);
+        let share = |d: Duration| 100.0 * d.as_secs_f64() / total;
+        let project_gflops = per_second(self.flops, p.project) / 1e9 * self.threads as f64;
+        writeln!(
+            f,
+            "{name} phases (worker time, block rows {}, aggregation {}): draw {:.0}%, \
+             aggregate {:.0}% at {:.2} GB/s, project {:.0}% at {:.1} GFLOP/s \
+             ({:.0}% of the {}-core {} FMA peak {:.1})",
+            self.block_rows,
+            self.simd,
+            share(p.draw),
+            share(p.aggregate),
+            per_second((self.feature_bytes / 4 * value_bytes) as f64, p.aggregate) / 1e9,
+            share(p.project),
+            project_gflops,
+            100.0 * project_gflops / self.peak.gflops.max(1e-9),
+            self.threads,
+            self.peak.isa,
+            self.peak.gflops
         )
     }
 }
@@ -146,38 +202,44 @@ impl fmt::Display for HotReport {
         )?;
         writeln!(
             f,
-            "{:<8} {:>10} {:>10} {:>12} {:>8} {:>9}",
-            "path", "µs/row", "med µs/row", "rows/s", "GB/s", "GFLOP/s"
+            "memory: streaming read {:.1} GB/s on {} thread(s) (GB/s below: bytes the layer \
+             needs in the path's row dtype; %: of the streaming read)",
+            self.stream_gbs, self.threads
         )?;
-        self.line(f, "old", &self.old)?;
-        self.line(f, "fused", &self.fused)?;
+        writeln!(
+            f,
+            "{:<10} {:>10} {:>10} {:>12} {:>8} {:>8} {:>9}",
+            "path", "µs/row", "med µs/row", "rows/s", "GB/s", "of read", "GFLOP/s"
+        )?;
+        self.line(f, "old", &self.old, 4)?;
+        self.line(f, "fused", &self.fused, 4)?;
+        if let Some(b) = &self.fused_bf16 {
+            self.line(f, "fused-bf16", b, 2)?;
+        }
         writeln!(
             f,
             "speed-up fused vs old: {:.2}× (best), {:.2}× (median)",
             self.old.best.as_secs_f64() / self.fused.best.as_secs_f64().max(1e-12),
             self.old.median.as_secs_f64() / self.fused.median.as_secs_f64().max(1e-12)
         )?;
-        let p = &self.phases;
-        let total = p.total().as_secs_f64().max(1e-12);
-        let share = |d: Duration| 100.0 * d.as_secs_f64() / total;
-        writeln!(
-            f,
-            "fused phases (worker time, block rows {}, aggregation {}): draw {:.0}%, \
-             aggregate {:.0}% at {:.2} GB/s, project {:.0}% at {:.1} GFLOP/s \
-             ({:.0}% of the {}-core {} FMA peak {:.1})",
-            self.block_rows,
-            self.simd,
-            share(p.draw),
-            share(p.aggregate),
-            per_second(self.feature_bytes as f64, p.aggregate) / 1e9,
-            share(p.project),
-            per_second(self.flops, p.project) / 1e9 * self.threads as f64,
-            100.0 * per_second(self.flops, p.project) / 1e9 * self.threads as f64
-                / self.peak.gflops.max(1e-9),
-            self.threads,
-            self.peak.isa,
-            self.peak.gflops
-        )?;
+        if let Some(b) = &self.fused_bf16 {
+            writeln!(
+                f,
+                "speed-up fused-bf16 vs fused (f32 rows, the previous kernel): {:.2}× (best), \
+                 {:.2}× (median)",
+                self.fused.best.as_secs_f64() / b.best.as_secs_f64().max(1e-12),
+                self.fused.median.as_secs_f64() / b.median.as_secs_f64().max(1e-12)
+            )?;
+        }
+        self.phases_line(f, "fused", &self.phases, 4)?;
+        if self.fused_bf16.is_some() {
+            self.phases_line(f, "fused-bf16", &self.bf16_phases, 2)?;
+            writeln!(
+                f,
+                "bf16 rounding: max |fused-bf16 − fused| / (1 + |fused|) = {:.1e}",
+                self.bf16_rel_diff
+            )?;
+        }
         write!(
             f,
             "outputs agree: max |fused − old| / (1 + |old|) = {:.1e}",
@@ -337,7 +399,12 @@ pub fn bench_hot(
             })?;
         Ok(t.elapsed())
     };
-    let run_fused = |out: &mut [f32]| -> Result<(Duration, HotProfile)> {
+    let bf16_bits: Vec<u16> = if o.bf16 {
+        gpu_ops::to_bf16_bits(features.as_slice())
+    } else {
+        Vec::new()
+    };
+    let run_fused = |out: &mut [f32], rows: HotFeatures<'_>| -> Result<(Duration, HotProfile)> {
         let t = Instant::now();
         let profiles = out
             .par_chunks_mut(o.chunk * d_out)
@@ -346,7 +413,7 @@ pub fn bench_hot(
             .map(|(c, (out, chunk))| {
                 let req = HotRequest {
                     graph,
-                    features,
+                    features: rows,
                     dst: chunk,
                     fanout: o.fanout,
                     seed: chunk_seed(c),
@@ -364,35 +431,57 @@ pub fn bench_hot(
         Ok((elapsed, sum))
     };
 
+    let f32_rows = HotFeatures::F32(features);
+    let bf16_rows = HotFeatures::Bf16(Bf16Rows {
+        data: &bf16_bits,
+        dim,
+    });
     pool.install(|| -> Result<HotReport> {
         let peak = fma_peak();
+        let stream_gbs = stream_read_gbs();
         let mut old_out = vec![0f32; o.rows * d_out];
         let mut fused_out = vec![0f32; o.rows * d_out];
+        let mut bf16_out = vec![0f32; o.rows * d_out];
         // Warm-up, and the one comparison of the outputs.
         run_old(&mut old_out)?;
-        run_fused(&mut fused_out)?;
-        let max_rel_diff = old_out
-            .iter()
-            .zip(&fused_out)
-            .map(|(&a, &b)| ((a - b).abs() / (1.0 + a.abs())) as f64)
-            .fold(0.0, f64::max);
-        let (mut old_times, mut fused_times) = (Vec::new(), Vec::new());
+        run_fused(&mut fused_out, f32_rows)?;
+        let rel = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(&a, &b)| ((a - b).abs() / (1.0 + a.abs())) as f64)
+                .fold(0.0, f64::max)
+        };
+        let max_rel_diff = rel(&old_out, &fused_out);
+        let bf16_rel_diff = if o.bf16 {
+            run_fused(&mut bf16_out, bf16_rows)?;
+            rel(&fused_out, &bf16_out)
+        } else {
+            0.0
+        };
+        let (mut old_times, mut fused_times, mut bf16_times) = (Vec::new(), Vec::new(), Vec::new());
         let mut best_phases: Option<(Duration, HotProfile)> = None;
+        let mut best_bf16: Option<(Duration, HotProfile)> = None;
         for rep in 0..o.reps {
-            let mut fused = || -> Result<()> {
-                let (t, p) = run_fused(&mut fused_out)?;
-                fused_times.push(t);
-                if best_phases.is_none_or(|(b, _)| t < b) {
-                    best_phases = Some((t, p));
+            // Each path in turn, the order rotating per repetition.
+            for path in (0..3).map(|i| (i + rep) % 3) {
+                match path {
+                    0 => old_times.push(run_old(&mut old_out)?),
+                    1 => {
+                        let (t, p) = run_fused(&mut fused_out, f32_rows)?;
+                        fused_times.push(t);
+                        if best_phases.is_none_or(|(b, _)| t < b) {
+                            best_phases = Some((t, p));
+                        }
+                    }
+                    _ if o.bf16 => {
+                        let (t, p) = run_fused(&mut bf16_out, bf16_rows)?;
+                        bf16_times.push(t);
+                        if best_bf16.is_none_or(|(b, _)| t < b) {
+                            best_bf16 = Some((t, p));
+                        }
+                    }
+                    _ => {}
                 }
-                Ok(())
-            };
-            if rep % 2 == 0 {
-                old_times.push(run_old(&mut old_out)?);
-                fused()?;
-            } else {
-                fused()?;
-                old_times.push(run_old(&mut old_out)?);
             }
         }
         let timing = |t: &[Duration]| PathTiming {
@@ -417,8 +506,31 @@ pub fn bench_hot(
             phases: best_phases.map(|(_, p)| p).unwrap_or_default(),
             peak,
             max_rel_diff,
+            fused_bf16: o.bf16.then(|| timing(&bf16_times)),
+            bf16_phases: best_bf16.map(|(_, p)| p).unwrap_or_default(),
+            bf16_rel_diff,
+            stream_gbs,
         })
     })
+}
+
+/// Streaming read bandwidth of the current rayon pool, GB/s: the best of 3 sums of
+/// 256 MiB of `u64` (written once first, so the pages exist), one slice per thread.
+fn stream_read_gbs() -> f64 {
+    const WORDS: usize = 32 << 20;
+    let data: Vec<u64> = (0..WORDS as u64).into_par_iter().collect();
+    let per = WORDS.div_ceil(rayon::current_num_threads().max(1));
+    (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            let sum: u64 = data
+                .par_chunks(per)
+                .map(|c| c.iter().fold(0u64, |s, &x| s.wrapping_add(x)))
+                .reduce(|| 0, u64::wrapping_add);
+            std::hint::black_box(sum);
+            per_second((WORDS * 8) as f64, t.elapsed()) / 1e9
+        })
+        .fold(0.0, f64::max)
 }
 
 #[cfg(test)]
@@ -446,6 +558,7 @@ mod tests {
             reps: 1,
             block_rows: Some(32),
             seed: 3,
+            bf16: true,
         };
         let report = bench_hot(&g, &f, &o).unwrap();
         assert!(report.max_rel_diff < 1e-4, "{report}");
@@ -453,7 +566,15 @@ mod tests {
         let hot = hottest(&g, 700);
         assert!(hot.windows(2).all(|w| g.degree(w[0]) >= g.degree(w[1])));
         assert_eq!(report.min_degree, g.degree(hot[699]));
-        assert!(report.to_string().contains("speed-up fused vs old"));
+        let text = report.to_string();
+        assert!(text.contains("speed-up fused vs old"), "{text}");
+        assert!(text.contains("speed-up fused-bf16 vs fused"), "{text}");
+        assert!(report.fused_bf16.is_some() && report.stream_gbs > 0.0);
+        // bfloat16 inputs in [-0.5, 0.5) move the outputs by rounding only.
+        assert!(
+            report.bf16_rel_diff > 0.0 && report.bf16_rel_diff < 0.05,
+            "{text}"
+        );
         assert!(bench_hot(&g, &f, &HotBenchOptions { rows: 0, ..o }).is_err());
     }
 }

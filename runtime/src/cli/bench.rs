@@ -300,6 +300,10 @@ pub(super) struct HotArgs {
     /// Seed of the generated data, the model and the sampling.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Row dtype the CPU kernel reads: `f32`, or `bf16` (also times the kernel on
+    /// the bfloat16 copy of the rows, against the `f32` kernel in the same run).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    dtype: String,
 }
 
 fn run_hot(a: &HotArgs) -> Result<()> {
@@ -329,6 +333,7 @@ fn run_hot(a: &HotArgs) -> Result<()> {
         reps: a.reps,
         block_rows: a.block_rows,
         seed: a.seed,
+        bf16: a.dtype == "bf16",
     };
     println!("{}", bench_hot(&ds.graph, &ds.features, &o)?);
     Ok(())

@@ -599,6 +599,11 @@ pub(crate) trait LayerDevice: Send {
     fn cache_stats(&self) -> CacheStats;
     /// Bytes of one feature row as the device stores it (`device.feature_dtype`).
     fn row_bytes(&self) -> u64;
+    /// How the device stores feature rows (`device.feature_dtype`); the CPU's hot
+    /// rows read the same values (a bfloat16 host copy for `Bf16`).
+    fn feature_dtype(&self) -> gpu_ops::FeatureDtype {
+        gpu_ops::FeatureDtype::F32
+    }
     /// Bytes training batches moved host → device since the start.
     fn h2d_bytes(&self) -> u64;
     /// Copies and synchronizations so far.
@@ -677,6 +682,10 @@ impl<B: Backend> LayerDevice for DeviceEngine<B> {
 
     fn row_bytes(&self) -> u64 {
         (self.host.ds().features.dim() * self.opts.feature_dtype.value_bytes()) as u64
+    }
+
+    fn feature_dtype(&self) -> gpu_ops::FeatureDtype {
+        self.opts.feature_dtype
     }
 
     fn h2d_bytes(&self) -> u64 {

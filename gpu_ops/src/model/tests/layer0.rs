@@ -64,7 +64,7 @@ fn fused_sage_kernel_matches_the_generic_layer() {
                 let mut got = vec![f32::NAN; ids.len() * d_out];
                 let req = HotRequest {
                     graph: &g,
-                    features: &f,
+                    features: (&f).into(),
                     dst: &ids,
                     fanout,
                     seed,

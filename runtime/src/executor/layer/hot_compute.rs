@@ -8,7 +8,8 @@
 //!    (`cpu_ops` sampler semantics, seeded per chunk).
 //! 3. Aggregate and transform straight from the host feature matrix into the
 //!    chunk's staging buffer (the rows the engine uploads): GraphSAGE through the
-//!    fused kernel (`cpu_ops::SageHotKernel`, tested against the generic layer),
+//!    fused kernel (`cpu_ops::SageHotKernel`, tested against the generic layer;
+//!    it reads the bfloat16 host copy when the device stores bfloat16 rows),
 //!    other models through `gather_rows` and the generic layer 0 on the host
 //!    backend ([`gpu_ops::Layer0`]: the layer the model trains, activation
 //!    included).
@@ -18,8 +19,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use cpu_ops::{
-    gather_rows, BlockView, HotRequest, ModelConfig, ModelInput, ModelKind, NeighborSampler,
-    SageHotKernel, SamplerScratch,
+    gather_rows, Bf16Rows, BlockView, HotFeatures, HotRequest, ModelConfig, ModelInput, ModelKind,
+    NeighborSampler, SageHotKernel, SamplerScratch,
 };
 
 use crate::data::dataset::Dataset;
@@ -74,6 +75,10 @@ impl Published {
 pub struct HotComputer {
     /// The dataset, in user ids.
     pub ds: Arc<Dataset>,
+    /// The feature rows rounded to bfloat16 (`f32_to_bf16_bits`, one row per
+    /// vertex), when the device stores bfloat16 rows: GraphSAGE's fused kernel
+    /// reads these (half the bytes, the values the accelerator's layer 0 sees).
+    pub bf16_rows: Option<Arc<[u16]>>,
     /// The trained model's configuration.
     pub model: ModelConfig,
     /// One hop with the bottom fanout.
@@ -206,7 +211,13 @@ impl HotComputer {
         // Layer 0 is below the top (orchestration needs two layers): ReLU.
         let req = HotRequest {
             graph: &self.ds.graph,
-            features: &self.ds.features,
+            features: match &self.bf16_rows {
+                Some(bits) => HotFeatures::Bf16(Bf16Rows {
+                    data: bits,
+                    dim: d_in,
+                }),
+                None => (&self.ds.features).into(),
+            },
             dst: ids,
             fanout,
             seed,

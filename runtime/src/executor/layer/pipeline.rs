@@ -177,6 +177,10 @@ pub struct Orchestrator {
     split_counts: (Vec<(u64, u64)>, u64),
     /// The last run's measurement window ([`EpochRun::mark`]).
     window_marks: Marks,
+    /// The bfloat16 host copy of the features the GraphSAGE hot kernel reads
+    /// when the device stores bfloat16 rows (built on the first start of the
+    /// workers that needs it: half the `f32` store's bytes).
+    bf16_rows: Option<Arc<[u16]>>,
 }
 
 impl Orchestrator {
@@ -242,6 +246,7 @@ impl Orchestrator {
             count_splits: Vec::new(),
             split_counts: (Vec::new(), 0),
             window_marks: Marks::default(),
+            bf16_rows: None,
         })
     }
 
@@ -376,8 +381,13 @@ impl Orchestrator {
         if self.workers.is_none() {
             let sampler = NeighborSampler::new(vec![self.bottom_fanout])
                 .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
+            let bf16 = engine.feature_dtype() == gpu_ops::FeatureDtype::Bf16;
+            if bf16 && self.model.kind == cpu_ops::ModelKind::Sage && self.bf16_rows.is_none() {
+                self.bf16_rows = Some(gpu_ops::to_bf16_bits(self.ds.features.as_slice()).into());
+            }
             let computer = HotComputer {
                 ds: Arc::clone(&self.ds),
+                bf16_rows: self.bf16_rows.clone().filter(|_| bf16),
                 model: self.model.clone(),
                 sampler,
             };
