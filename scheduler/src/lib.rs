@@ -35,6 +35,7 @@ mod placement;
 pub mod protocol;
 mod relabel;
 mod report;
+mod share;
 mod sim;
 mod staleness;
 mod workload;
@@ -61,6 +62,7 @@ pub use protocol::{
 };
 pub use relabel::{hot_count, Permutation, Relabeling};
 pub use report::{BatchRecord, SimReport, SimTotals, Span, SuperBatchRecord};
+pub use share::{MonitorControl, ShareConfig, ShareController, SharePhase};
 pub use sim::{simulate, SimConfig};
 pub use staleness::{Decision, GapHistogram, OnLate, StalenessRule};
 pub use workload::{BatchDemand, BatchShape, ModelShape, SyntheticWorkload, Workload};

@@ -48,12 +48,27 @@
 //! 8. **Emit** a [`MoveEvent`]: the runtime applies it to super-batches from
 //!    `effective_from` on — copies the moved rows' features into the cache now (to
 //!    the cache), or evicts them once no live split needs them (back) — and traces it.
+//!
+//! # Time mode (`MonitorConfig::time`)
+//! Steps 5–7 are replaced by the line search of [`ShareController`] over the CPU
+//! share `0..=` the initial hot set, on each window's duration (every window is
+//! one super-batch of the same size). A window counts when it was planned with
+//! the split in effect since the last move took effect (step 4's rule); the search
+//! says which share to run next. Growing the share to `c` gives `(max(hot, c),
+//! c)`: rows `cpu..c` come back from the cache (evicted once no live split needs
+//! them) or from the cold set. Shrinking it to `c` gives `(min(hot, c + room), c)`,
+//! `room` the cache rows the memory allows: rows `c..cpu` go to the cache while
+//! it has room, and the rest — all of them with no cache — become cold
+//! ([`MoveEvent::dropped`]: gathered from host memory by the accelerator's own
+//! layer 0). Share 0 with no cache is the all-GPU placement on the layer path. Step
+//! 3's memory pressure keeps the CPU share and drops the coldest cached rows.
 
 use std::collections::VecDeque;
 use std::ops::Range;
 
 use crate::error::{invalid, Result};
 use crate::pipeline::{HotSplit, PipelineConfig};
+use crate::share::{ShareConfig, ShareController};
 
 /// The monitor's knobs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -82,6 +97,9 @@ pub struct MonitorConfig {
     pub memory_budget_bytes: u64,
     /// Free device memory the cache never takes.
     pub reserve_bytes: u64,
+    /// Steer the CPU share by the measured time per super-batch instead of
+    /// steps 5–6 (the *time* mode of the module doc); `None`: wait/idle balance.
+    pub time: Option<ShareConfig>,
 }
 
 impl MonitorConfig {
@@ -102,6 +120,7 @@ impl MonitorConfig {
             smoothing: 2,
             memory_budget_bytes,
             reserve_bytes: 0,
+            time: None,
         }
     }
 
@@ -138,6 +157,9 @@ impl MonitorConfig {
         }
         if self.smoothing == 0 {
             return Err(invalid("monitor.smoothing", "at least 1 window", 0));
+        }
+        if let Some(t) = &self.time {
+            t.validate()?;
         }
         Ok(())
     }
@@ -182,6 +204,8 @@ pub enum MoveReason {
     CpuIdle,
     /// The cache no longer fits the device memory allowed (step 3).
     MemoryPressure,
+    /// The time mode's search over the CPU share ([`ShareController`]).
+    EpochTime,
 }
 
 /// One decision of the monitor, for the runtime to apply and trace.
@@ -203,6 +227,10 @@ pub struct MoveEvent {
     pub after: HotSplit,
     /// Bytes the new split's cache holds.
     pub cache_bytes_after: u64,
+    /// Relabeled ids that leave the hot set (time mode: no cache room for them;
+    /// they are cold from `effective_from` on and their cache rows, if any, may
+    /// be freed now). Empty in the balance mode.
+    pub dropped: Range<u32>,
 }
 
 /// The monitor's state: the splits still in use and the last move.
@@ -220,6 +248,8 @@ pub struct Monitor {
     /// The CPU-set size at which the accelerator was last seen waiting (step 6).
     ceiling: Option<u32>,
     reversals: u64,
+    /// The time mode's search (`cfg.time`), over shares `0..=` the initial hot set.
+    share: Option<ShareController>,
 }
 
 impl Monitor {
@@ -241,6 +271,10 @@ impl Monitor {
             return Err(invalid("row_bytes", "at least 1 byte per cached row", 0));
         }
         let fits = (cfg.memory_budget_bytes / row_bytes).min(u64::from(initial.cached())) as u32;
+        let share = match cfg.time {
+            Some(t) => Some(ShareController::new(t, initial.hot(), initial.cpu())?),
+            None => None,
+        };
         let initial = HotSplit::new(initial.cpu() + fits, initial.cpu())?;
         Ok(Self {
             cfg,
@@ -252,6 +286,7 @@ impl Monitor {
             samples: VecDeque::new(),
             ceiling: None,
             reversals: 0,
+            share,
         })
     }
 
@@ -321,7 +356,16 @@ impl Monitor {
         let allowed_rows = (allowed / row).min(u32::MAX as u64) as u32;
         if cur.cached() > allowed_rows {
             let m = cur.cached() - allowed_rows;
+            if self.share.is_some() {
+                // Time mode: the CPU share is the search's; rows the cache cannot
+                // hold go cold.
+                let after = HotSplit::new(cur.cpu() + allowed_rows, cur.cpu())?;
+                return self.push(k, Direction::ToCpu, MoveReason::MemoryPressure, after);
+            }
             return self.emit(k, Direction::ToCpu, MoveReason::MemoryPressure, m);
+        }
+        if self.share.is_some() {
+            return self.observe_time(k, obs, allowed_rows);
         }
         // 4. Sample.
         let effective = self.last_move.map_or(0, |(_, eff)| eff);
@@ -412,6 +456,89 @@ impl Monitor {
         Ok(None)
     }
 
+    /// The time mode after steps 1–3: feeds the search the window's time when
+    /// the window was planned with the split in effect since the last move, and
+    /// turns a new target share into a split (module doc, *Time mode*).
+    fn observe_time(
+        &mut self,
+        k: u64,
+        obs: &Observation,
+        allowed_rows: u32,
+    ) -> Result<Option<MoveEvent>> {
+        let effective = self.last_move.map_or(0, |(_, eff)| eff);
+        if k < self.cfg.warmup || k < effective {
+            return Ok(None);
+        }
+        let in_effect = self.split_for(k).cpu();
+        let Some(share) = self.share.as_mut() else {
+            return Ok(None);
+        };
+        let Some(c) = share.observe(in_effect, obs.duration_s)? else {
+            return Ok(None);
+        };
+        let cur = self.split();
+        if c < cur.cpu() {
+            // Rows c..cpu go to the accelerator: cached while the cache has room
+            // (the hottest first), the rest, and the coldest cached rows past the
+            // room, cold.
+            let hot = cur.hot().min(c.saturating_add(allowed_rows)).max(c);
+            let after = HotSplit::new(hot, c)?;
+            self.push(k, Direction::ToCache, MoveReason::EpochTime, after)
+        } else if c > cur.cpu() {
+            let after = HotSplit::new(cur.hot().max(c), c)?;
+            self.push(k, Direction::ToCpu, MoveReason::EpochTime, after)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Records the move from the newest split to `after` decided after
+    /// super-batch `k` (time mode and its memory pressure).
+    fn push(
+        &mut self,
+        k: u64,
+        direction: Direction,
+        reason: MoveReason,
+        after: HotSplit,
+    ) -> Result<Option<MoveEvent>> {
+        let before = self.split();
+        let vertices = match direction {
+            Direction::ToCache => after.cpu()..before.cpu().min(after.hot()),
+            Direction::ToCpu => before.cpu()..after.cpu(),
+        };
+        let dropped = after.hot().min(before.hot())..before.hot();
+        let effective_from = self.pipeline.effective_from(k);
+        if reason != MoveReason::MemoryPressure {
+            if let Some((d, _)) = self.last_move {
+                if d != direction {
+                    self.reversals += 1;
+                }
+            }
+        }
+        self.last_move = Some((direction, effective_from));
+        self.samples.clear();
+        while self.targets.len() > 1 && self.targets.back().is_some_and(|t| t.0 >= effective_from) {
+            self.targets.pop_back();
+        }
+        self.targets.push_back((effective_from, after));
+        Ok(Some(MoveEvent {
+            decided_after: k,
+            effective_from,
+            direction,
+            reason,
+            vertices,
+            before,
+            after,
+            cache_bytes_after: after.cached() as u64 * self.row_bytes,
+            dropped,
+        }))
+    }
+
+    /// The time mode's search, when it runs.
+    pub fn share(&self) -> Option<&ShareController> {
+        self.share.as_ref()
+    }
+
     /// Step 8: records a move of `m` vertices decided after super-batch `k`.
     fn emit(
         &mut self,
@@ -450,6 +577,7 @@ impl Monitor {
             before,
             after,
             cache_bytes_after: after.cached() as u64 * self.row_bytes,
+            dropped: before.hot()..before.hot(),
         }))
     }
 }

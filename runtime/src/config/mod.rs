@@ -63,7 +63,7 @@ use std::path::PathBuf;
 
 use cpu_ops::{ModelConfig, ModelKind, ALL_NEIGHBORS};
 use gpu_ops::{FeatureDtype, HotGrad, Precision, TopologyPlacement};
-use scheduler::{Hotness, OnLate, Orchestration, Policy};
+use scheduler::{Hotness, MonitorControl, OnLate, Orchestration, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -459,6 +459,10 @@ pub struct OrchestrationSection {
     /// Whether the hybrid monitor moves hot vertices between CPU compute and the
     /// device feature cache.
     pub monitor: bool,
+    /// What the monitor steers by: `"time"` (the measured time per super-batch;
+    /// it searches the CPU share, down to none) or `"balance"` (the accelerator's
+    /// wait against the CPU's idle time).
+    pub monitor_control: MonitorControl,
     /// CPU worker threads computing hot embeddings (≥ 1).
     pub cpu_workers: usize,
 }
@@ -475,6 +479,7 @@ impl Default for OrchestrationSection {
             on_late: OnLate::Wait,
             hot_backward: HotGrad::Constant,
             monitor: false,
+            monitor_control: MonitorControl::Time,
             cpu_workers: 1,
         }
     }

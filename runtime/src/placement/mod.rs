@@ -65,6 +65,7 @@ fn layer_options(o: &crate::config::OrchestrationSection) -> Result<LayerOptions
         on_late: o.on_late,
         hot_grad: o.hot_backward,
         monitor: o.monitor,
+        monitor_control: o.monitor_control,
         cpu_workers: o.cpu_workers,
     })
 }

@@ -148,7 +148,13 @@ mod monitor {
     fn a_slow_cpu_moves_hot_vertices_to_the_cache_within_the_budget() {
         let slow = Some(Duration::from_micros(200));
         let (off, off_moves, _) = train(&["orchestration.monitor=false"], slow);
-        let (on, on_moves, cache) = train(&["orchestration.monitor=true"], slow);
+        let (on, on_moves, cache) = train(
+            &[
+                "orchestration.monitor=true",
+                "orchestration.monitor_control=\"balance\"",
+            ],
+            slow,
+        );
         eprintln!("monitor off: {}", off.summary());
         eprintln!("monitor on:  {}", on.summary());
         eprintln!("moves: {on_moves:?}");
@@ -187,7 +193,11 @@ mod monitor {
     fn a_small_cache_caps_the_moves_at_its_budget() {
         // 100 rows of 64 bytes: far fewer than the hot vertices a slow CPU would shed.
         let (on, _, cache) = train(
-            &["orchestration.monitor=true", "device.cache_bytes=6400"],
+            &[
+                "orchestration.monitor=true",
+                "orchestration.monitor_control=\"balance\"",
+                "device.cache_bytes=6400",
+            ],
             Some(Duration::from_micros(200)),
         );
         assert!(on.monitor_moves_to_cache > 0, "{}", on.summary());
@@ -211,9 +221,9 @@ mod monitor {
                 ],
                 None,
             );
-            // Whether OS jitter on a shared machine triggers small moves is
-            // timing; oscillation is tested on scripted windows in
-            // `executor/layer/monitor.rs`.
+            // The default control (`"time"`) on the wall clock: which shares
+            // it probes is timing; the search itself, oscillation included, is
+            // tested on scripted windows in `executor/layer/monitor.rs`.
             eprintln!("{on_late}: {} {moves:?}", on.summary());
             assert_eq!(
                 moves.len() as u64,

@@ -45,11 +45,19 @@
 //!    gate makes the CPU recompute them (wait) or the accelerator compute them
 //!    (compute), as for any late row.
 //! 7. **Trace and count** every applied event: an instant `monitor move` on the
-//!    accelerator track with `to_cache` or `to_cpu` (vertices) and `cached_rows`,
-//!    and [`OrchestrationStats`]'s monitor counters.
+//!    accelerator track with `to_cache` or `to_cpu` (vertices), `cached_rows`,
+//!    `cpu_share` (the new split's CPU rows) and, in the time mode, `dropped`
+//!    (rows that left the hot set), and [`OrchestrationStats`]'s monitor counters.
+//!
+//! With `orchestration.monitor_control = "time"` (the default) steps 4–6 decide
+//! by the measured time per super-batch instead ([`scheduler::ShareController`]:
+//! the CPU share goes down to none, with or without cache room, docs/orchestration.md
+//! §6.1); the rows a shrink cannot cache leave the hot set
+//! ([`MoveEvent::dropped`]), their cache rows evicted at once.
 
 use scheduler::{
-    Direction, HotSplit, Monitor, MonitorConfig, MoveEvent, Observation, PipelineConfig, Relabeling,
+    Direction, HotSplit, Monitor, MonitorConfig, MonitorControl, MoveEvent, Observation,
+    PipelineConfig, Relabeling, ShareConfig,
 };
 
 use crate::data::dataset::Dataset;
@@ -135,13 +143,15 @@ pub(crate) struct SuperBatchEnd<'a> {
 impl HybridMonitor {
     /// Step 1: a monitor for the hot set of `split` on `engine`'s feature cache,
     /// starting from `split` (all of it on the CPU, or the split `policy =
-    /// "auto"` chose).
+    /// "auto"` chose), steering by `control` (the time mode searches the CPU
+    /// share over `0..=split.hot()`).
     pub fn new(
         engine: &dyn LayerDevice,
         ds: &Dataset,
         pipeline: PipelineConfig,
         split: HotSplit,
         workers: usize,
+        control: MonitorControl,
     ) -> Result<Self> {
         let sched = |source| Error::Scheduler {
             context: "orchestration.monitor".into(),
@@ -163,7 +173,10 @@ impl HybridMonitor {
         for &v in &filler {
             owner[v as usize] = Owner::Filler;
         }
-        let cfg = MonitorConfig::with_budget(capacity_rows * row_bytes);
+        let cfg = MonitorConfig {
+            time: (control == MonitorControl::Time).then(ShareConfig::default),
+            ..MonitorConfig::with_budget(capacity_rows * row_bytes)
+        };
         let monitor = Monitor::new(cfg, pipeline, split, row_bytes).map_err(sched)?;
         Ok(Self {
             monitor,
@@ -338,6 +351,7 @@ impl HybridMonitor {
         let Some(event) = event else {
             return Ok(());
         };
+        self.drop_rows(&event, engine, relabeling)?;
         let moved = match event.direction {
             Direction::ToCache => self.move_to_cache(&event, engine, relabeling)?,
             Direction::ToCpu => {
@@ -380,8 +394,46 @@ impl HybridMonitor {
             a.extra
                 .push(("effective_from".into(), event.effective_from as f64));
             a.extra.push(("cached_rows".into(), cached as f64));
+            // The CPU share planned from `effective_from` on, and (time mode) the
+            // rows that left the hot set for the cold path.
+            a.extra
+                .push(("cpu_share".into(), f64::from(event.after.cpu())));
+            if !event.dropped.is_empty() {
+                a.extra.push(("dropped".into(), event.dropped.len() as f64));
+            }
         });
         Ok(())
+    }
+
+    /// The time mode's rows leaving the hot set ([`MoveEvent::dropped`]): their
+    /// cache rows are evicted now (a super-batch planned before still treats them
+    /// as cold to the accelerator, so a missing cache row is gathered from host
+    /// memory: correct either way).
+    fn drop_rows(
+        &mut self,
+        event: &MoveEvent,
+        engine: &mut dyn LayerDevice,
+        relabeling: &Relabeling,
+    ) -> Result<()> {
+        let mut evict = Vec::new();
+        for r in event.dropped.clone() {
+            let v = relabeling.old_id(r);
+            if self.owner[v as usize] == Owner::Monitor {
+                self.owner[v as usize] = Owner::None;
+                self.monitor_rows = self.monitor_rows.saturating_sub(1);
+                evict.push(v);
+            }
+        }
+        if !evict.is_empty() {
+            engine.update_cache(&[], &evict)?;
+        }
+        Ok(())
+    }
+
+    /// The time mode's search, when it runs (tests and the trace).
+    #[cfg(test)]
+    pub fn share(&self) -> Option<&scheduler::ShareController> {
+        self.monitor.share()
     }
 
     /// Step 5: caches the moved vertices' rows, displacing filler; returns how
@@ -468,6 +520,8 @@ mod tests {
         stats: OrchestrationStats,
         monitor: HybridMonitor,
         moves: Vec<(u64, Direction)>,
+        /// The feature cache's budget, bytes.
+        cache: usize,
     }
 
     /// A small cache of bfloat16 rows and a hot set with a small CPU share
@@ -519,13 +573,19 @@ mod tests {
         assert_eq!(engine.row_bytes(), (DIM * 2) as u64);
         let pipeline = PipelineConfig::new(2, 1, 256).unwrap();
         let split = HotSplit::new(HOT, 20).unwrap();
-        let m = HybridMonitor::new(&engine, &ds, pipeline, split, 2).unwrap();
+        let m =
+            HybridMonitor::new(&engine, &ds, pipeline, split, 2, MonitorControl::Balance).unwrap();
         let s = m.split_for(0);
         assert_eq!(s.cpu(), 20, "{s:?}");
         assert!(s.cached() <= 100, "{s:?}");
     }
 
     fn rig() -> Rig {
+        rig_with(CACHE, MonitorControl::Balance)
+    }
+
+    /// The rig with a cache of `cache` bytes and the monitor steering by `control`.
+    fn rig_with(cache: usize, control: MonitorControl) -> Rig {
         let ds = Arc::new(
             generate_sbm(&SbmOptions {
                 num_vertices: 4000,
@@ -552,7 +612,7 @@ mod tests {
             EngineOptions {
                 fanouts: vec![5, 5],
                 eval_fanouts: vec![5, 5],
-                cache_bytes: CACHE,
+                cache_bytes: cache,
                 topology: TopologyPlacement::Device,
                 adam: cpu_ops::AdamConfig::default(),
                 init_seed: 1,
@@ -570,7 +630,7 @@ mod tests {
         assert_eq!(relabeling.hot_count(), HOT);
         let pipeline = PipelineConfig::new(2, 1, 256).unwrap();
         let monitor =
-            HybridMonitor::new(&engine, &ds, pipeline, HotSplit::all_cpu(HOT), 2).unwrap();
+            HybridMonitor::new(&engine, &ds, pipeline, HotSplit::all_cpu(HOT), 2, control).unwrap();
         Rig {
             engine,
             ds,
@@ -579,6 +639,7 @@ mod tests {
             stats: OrchestrationStats::default(),
             monitor,
             moves: Vec::new(),
+            cache,
         }
     }
 
@@ -587,6 +648,13 @@ mod tests {
         /// is blocked `wait_ms` per super-batch and the 2 CPU workers are busy
         /// `busy_ms` worker-milliseconds.
         fn epoch(&mut self, n: u64, wait_ms: f64, busy_ms: f64) {
+            self.epoch_costs(n, |_, _| (10.0, wait_ms, busy_ms));
+        }
+
+        /// One epoch of `n` super-batches; super-batch `g` planned with CPU share
+        /// `c` lasts `cost(c, g).0` ms, the accelerator waits `.1` ms of it and the
+        /// CPU workers are busy `.2` worker-ms.
+        fn epoch_costs(&mut self, n: u64, cost: impl Fn(u32, u64) -> (f64, f64, f64)) {
             let base = self.monitor.start_epoch(n);
             let tracer = Tracer::disabled();
             let track = tracer.declare_track("acc", crate::trace::TrackKind::Accelerator);
@@ -595,7 +663,8 @@ mod tests {
                     .begin_super_batch(base + j, &mut self.engine, &self.relabeling)
                     .unwrap();
                 let w = Window::open(&self.stats, &self.clock);
-                self.clock.advance(Duration::from_millis(10));
+                let (ms, wait_ms, busy_ms) = cost(self.monitor.split_for(base + j).cpu(), base + j);
+                self.clock.advance(Duration::from_secs_f64(ms * 1e-3));
                 self.stats.wait_secs += wait_ms * 1e-3;
                 self.stats.cpu_busy_secs += busy_ms * 1e-3;
                 let before = (
@@ -620,7 +689,13 @@ mod tests {
                     self.moves.push((base + j, Direction::ToCpu));
                 }
                 let cache = LayerDevice::cache_stats(&self.engine);
-                assert!(cache.cached_bytes <= CACHE, "{cache:?}");
+                assert!(cache.cached_bytes <= self.cache, "{cache:?}");
+                let s = self.monitor.split_for(base + j + 1);
+                assert!(
+                    u64::from(s.cached()) * LayerDevice::row_bytes(&self.engine)
+                        <= self.cache as u64,
+                    "{s:?} does not fit the cache"
+                );
             }
         }
 
@@ -734,5 +809,105 @@ mod tests {
         monitor.restore_cache(&mut engine).unwrap();
         let restored: Vec<u32> = (0..n).filter(|&v| engine.is_cached(v)).collect();
         assert_eq!(restored, loaded);
+    }
+
+    /// Time mode: the CPU share follows the measured time per super-batch.
+    mod time {
+        use super::*;
+        use scheduler::SharePhase;
+
+        /// Super-batch time (ms) when every CPU row costs more than the
+        /// accelerator saves: 10 ms all-GPU, +0.05 ms per CPU row.
+        fn expensive(c: u32, _: u64) -> (f64, f64, f64) {
+            (10.0 + 0.05 * f64::from(c), 0.0, 0.02 * f64::from(c))
+        }
+
+        /// CPU rows pay until the CPU is the bottleneck at about 230 of 400:
+        /// time = max(accelerator, CPU).
+        fn cheap(c: u32, _: u64) -> (f64, f64, f64) {
+            let c = f64::from(c);
+            let (acc, cpu) = (20.0 - 0.04 * c, 5.0 + 0.025 * c);
+            (acc.max(cpu), (cpu - acc).max(0.0), 2.0 * cpu)
+        }
+
+        fn settled(r: &Rig) -> bool {
+            r.monitor.share().map(|s| s.phase()) == Some(SharePhase::Settled)
+        }
+
+        /// Epochs of 12 super-batches until the search settles (at most 40).
+        fn until_settled(r: &mut Rig, cost: fn(u32, u64) -> (f64, f64, f64)) {
+            for _ in 0..40 {
+                if settled(r) {
+                    return;
+                }
+                r.epoch_costs(12, cost);
+            }
+            panic!("not settled: {:?}", r.moves);
+        }
+
+        #[test]
+        fn expensive_cpu_rows_go_to_zero_and_stay() {
+            for cache in [CACHE, 0] {
+                let mut r = rig_with(cache, MonitorControl::Time);
+                assert_eq!(r.cpu_split(), HOT);
+                until_settled(&mut r, expensive);
+                assert_eq!(r.cpu_split(), 0, "cache {cache}: {:?}", r.moves);
+                let moves = r.moves.len();
+                for _ in 0..10 {
+                    r.epoch_costs(12, expensive);
+                }
+                assert_eq!(r.cpu_split(), 0);
+                assert_eq!(r.moves.len(), moves, "moved after settling: {:?}", r.moves);
+                if cache == 0 {
+                    // No cache room: the rows left the hot set, nothing was cached.
+                    let s = r.monitor.split_for(r.monitor.next_super_batch);
+                    assert_eq!((s.hot(), s.cached()), (0, 0), "{s:?}");
+                    assert_eq!(LayerDevice::cache_stats(&r.engine).cached_rows, 0);
+                }
+            }
+        }
+
+        #[test]
+        fn cheap_cpu_rows_grow_the_share_and_settle() {
+            for cache in [CACHE, 0] {
+                let mut r = rig_with(cache, MonitorControl::Time);
+                // Start from all-GPU: the search grows the share.
+                until_settled(&mut r, expensive);
+                assert_eq!(r.cpu_split(), 0);
+                // The costs change (a drift restarts the search).
+                let moves = r.moves.len();
+                r.epoch_costs(12, cheap);
+                until_settled(&mut r, cheap);
+                let c = r.cpu_split();
+                assert!(
+                    (f64::from(c) - 230.0).abs() <= 60.0,
+                    "cache {cache}: settled at {c}: {:?}",
+                    r.moves
+                );
+                assert!(r.moves.len() > moves);
+                let at = r.moves.len();
+                for _ in 0..10 {
+                    r.epoch_costs(12, cheap);
+                }
+                assert_eq!(r.cpu_split(), c);
+                assert_eq!(r.moves.len(), at, "moved after settling: {:?}", r.moves);
+            }
+        }
+
+        #[test]
+        fn noise_within_the_band_does_not_move_the_share() {
+            let mut r = rig_with(CACHE, MonitorControl::Time);
+            // A flat 10 ms ± 2% (the band is 5%), alternating per super-batch.
+            let noisy = |_: u32, g: u64| (if g.is_multiple_of(2) { 10.2 } else { 9.8 }, 0.0, 5.0);
+            for _ in 0..40 {
+                r.epoch_costs(12, noisy);
+            }
+            assert!(settled(&r), "{:?}", r.moves);
+            assert_eq!(r.cpu_split(), HOT, "the share moved: {:?}", r.moves);
+            assert_eq!(r.monitor.share().map(|s| s.accepted()), Some(0));
+            // Probes only while searching (each reverted), none after settling.
+            let last = r.moves.last().map_or(0, |m| m.0);
+            assert!(last < 12 * 15, "still probing at super-batch {last}");
+        }
     }
 }

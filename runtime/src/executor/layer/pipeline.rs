@@ -114,6 +114,8 @@ pub(crate) struct LayerOptions {
     pub hot_grad: gpu_ops::HotGrad,
     /// Whether the hybrid monitor runs.
     pub monitor: bool,
+    /// What it steers by.
+    pub monitor_control: scheduler::MonitorControl,
     /// CPU workers computing hot rows.
     pub cpu_workers: usize,
 }
@@ -158,6 +160,8 @@ pub struct Orchestrator {
     fault: Option<InjectedFault>,
     /// `orchestration.monitor`.
     use_monitor: bool,
+    /// `orchestration.monitor_control`.
+    monitor_control: scheduler::MonitorControl,
     /// The hybrid monitor, built on the first epoch (it needs the engine's cache).
     monitor: Option<HybridMonitor>,
     /// The split changed under a running monitor: the next epoch restarts it
@@ -236,6 +240,7 @@ impl Orchestrator {
             last_epoch: None,
             fault: None,
             use_monitor: cfg.monitor,
+            monitor_control: cfg.monitor_control,
             monitor: None,
             monitor_outdated: false,
             workers: None,
@@ -434,6 +439,7 @@ impl Orchestrator {
                 self.pipeline,
                 self.split,
                 self.workers_wanted,
+                self.monitor_control,
             )?);
         }
         let Some(workers) = self.workers.as_ref() else {

@@ -151,6 +151,7 @@ fn rig() -> Rig {
         on_late: scheduler::OnLate::Wait,
         hot_grad: gpu_ops::HotGrad::default(),
         monitor: false,
+        monitor_control: scheduler::MonitorControl::Time,
         cpu_workers: 1,
     };
     let mut orch = Orchestrator::new(&LayerSetup {
