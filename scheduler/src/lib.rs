@@ -30,6 +30,7 @@ mod cost;
 mod error;
 mod hotness;
 mod monitor;
+mod pcie_value;
 mod pipeline;
 mod placement;
 pub mod protocol;
@@ -52,6 +53,7 @@ pub use hotness::{
     DEFAULT_PRESAMPLE_EPOCHS,
 };
 pub use monitor::{Direction, Monitor, MonitorConfig, MoveEvent, MoveReason, Observation};
+pub use pcie_value::{pcie_value_order, pcie_values, size_by_throughput, RowCost, ValueInputs};
 pub use pipeline::{
     HotSplit, PipelineConfig, Publication, SuperBatchPlan, VertexClass, MAX_PIPELINE_DEPTH,
 };
