@@ -226,3 +226,87 @@ impl HotComputer {
         fresh.compute(req, out).map_err(kernel("hot compute"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The worker's GraphSAGE path reads the bfloat16 copy when it has one, and the
+    //! `f32` matrix otherwise: the same rows as the fused kernel on each.
+
+    use super::*;
+    use crate::data::generate::{generate_sbm, SbmOptions};
+    use cpu_ops::{Bf16Rows, HotFeatures, HotRequest, SageHotKernel};
+    use gpu_ops::ModelLayout;
+
+    #[test]
+    fn sage_rows_read_the_bf16_copy_when_there_is_one() {
+        let ds = Arc::new(
+            generate_sbm(&SbmOptions {
+                num_vertices: 1500,
+                num_edges: 12_000,
+                num_classes: 3,
+                feature_dim: 24,
+                ..SbmOptions::default()
+            })
+            .unwrap(),
+        );
+        let model = ModelConfig {
+            kind: ModelKind::Sage,
+            in_dim: 24,
+            hidden: 16,
+            num_classes: 3,
+            num_layers: 2,
+            heads: 1,
+            dropout: 0.0,
+        };
+        let layout = ModelLayout::new(&model).unwrap();
+        let tensors = layout.init_params(5)[layout.layer_params(0).unwrap()].to_vec();
+        let snapshot = Snapshot {
+            version: 3,
+            tensors: tensors.clone(),
+        };
+        let bits: Arc<[u16]> = gpu_ops::to_bf16_bits(ds.features.as_slice()).into();
+        let ids: Vec<u32> = (0..200).map(|i| i * 7).collect();
+        let rows = |bf16: Option<Arc<[u16]>>| {
+            let c = HotComputer {
+                ds: Arc::clone(&ds),
+                bf16_rows: bf16,
+                model: model.clone(),
+                sampler: NeighborSampler::new(vec![10]).unwrap(),
+            };
+            let mut out = vec![f32::NAN; ids.len() * 16];
+            let mut scratch = HotScratch::new(ds.num_vertices());
+            c.compute_into(&ids, &snapshot, 9, &mut scratch, &mut out)
+                .unwrap();
+            out
+        };
+        let kernel = |features: HotFeatures<'_>| {
+            let mut out = vec![f32::NAN; ids.len() * 16];
+            SageHotKernel::new(&tensors, 24, 16)
+                .unwrap()
+                .compute(
+                    HotRequest {
+                        graph: &ds.graph,
+                        features,
+                        dst: &ids,
+                        fanout: 10,
+                        seed: 9,
+                        relu: true,
+                    },
+                    &mut out,
+                )
+                .unwrap();
+            out
+        };
+        let half = rows(Some(Arc::clone(&bits)));
+        let full = rows(None);
+        assert_eq!(
+            half,
+            kernel(HotFeatures::Bf16(Bf16Rows {
+                data: &bits,
+                dim: 24
+            }))
+        );
+        assert_eq!(full, kernel((&ds.features).into()));
+        assert_ne!(half, full, "the bf16 copy was not read");
+    }
+}

@@ -337,6 +337,13 @@ impl Orchestrator {
         ))
     }
 
+    /// Whether the CPU workers read the bfloat16 copy of the features (the device
+    /// stores bfloat16 rows and the model is GraphSAGE).
+    #[cfg(test)]
+    pub(crate) fn reads_bf16_rows(&self) -> bool {
+        self.bf16_rows.is_some()
+    }
+
     /// Turns the hybrid monitor on from the next epoch (starting from the
     /// current split), as `orchestration.monitor = true` does from the start.
     pub fn enable_monitor(&mut self) {

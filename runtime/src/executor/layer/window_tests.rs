@@ -41,6 +41,9 @@ impl LayerDevice for Scripted {
     fn hot_width(&self) -> usize {
         self.inner.hot_width()
     }
+    fn feature_dtype(&self) -> gpu_ops::FeatureDtype {
+        self.inner.feature_dtype()
+    }
     fn new_staging(&self, rows: usize) -> Result<Box<dyn HotStaging>> {
         self.inner.new_staging(rows)
     }
@@ -102,6 +105,11 @@ struct Rig {
 }
 
 fn rig() -> Rig {
+    rig_with(gpu_ops::FeatureDtype::F32)
+}
+
+/// The rig with the device storing feature rows as `dtype`.
+fn rig_with(dtype: gpu_ops::FeatureDtype) -> Rig {
     let ds = Arc::new(
         generate_sbm(&SbmOptions {
             num_vertices: 2000,
@@ -136,7 +144,7 @@ fn rig() -> Rig {
             batch_size: 64,
             precision: gpu_ops::Precision::Fp32,
             defer_features: false,
-            feature_dtype: gpu_ops::FeatureDtype::F32,
+            feature_dtype: dtype,
             sparse: false,
             sample_ahead: false,
         },
@@ -272,4 +280,23 @@ fn a_new_split_under_a_running_monitor_restarts_it_from_that_split() {
     // drains), so it moves nothing and the split is the one set.
     r.train(2 * N, None);
     assert_eq!(computed(&r), 0, "the monitor kept its own split");
+}
+
+#[test]
+fn bf16_rows_on_the_device_make_the_cpu_read_the_bf16_copy() {
+    for (dtype, copy) in [
+        (gpu_ops::FeatureDtype::F32, false),
+        (gpu_ops::FeatureDtype::Bf16, true),
+    ] {
+        let mut r = rig_with(dtype);
+        r.train(2 * N, None);
+        assert_eq!(r.orch.reads_bf16_rows(), copy, "{dtype:?}");
+        let rows = r
+            .orch
+            .last_epoch()
+            .expect("an epoch")
+            .protocol
+            .rows_computed;
+        assert!(rows > 0, "{dtype:?}: the CPU computed no hot rows");
+    }
 }
