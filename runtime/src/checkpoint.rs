@@ -141,7 +141,7 @@ impl<'a> Reader<'a> {
     fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8]> {
         let left = (self.bytes.len() - self.pos) as u64;
         if n > left {
-            return Err(Error::format(
+            return Err(Error::checkpoint_corrupt(
                 self.path,
                 format!(
                     "truncated checkpoint: {what} needs {n} bytes at offset {}, {left} remain",
@@ -169,7 +169,7 @@ impl<'a> Reader<'a> {
     fn usize(&mut self, what: &str) -> Result<usize> {
         let x = self.u64(what)?;
         usize::try_from(x).map_err(|_| {
-            Error::format(self.path, format!("{what} = {x} does not fit this machine"))
+            Error::checkpoint_corrupt(self.path, format!("{what} = {x} does not fit this machine"))
         })
     }
 
@@ -180,7 +180,7 @@ impl<'a> Reader<'a> {
     fn string(&mut self, len: u64, what: &str) -> Result<String> {
         let b = self.take(len, what)?;
         String::from_utf8(b.to_vec())
-            .map_err(|_| Error::format(self.path, format!("{what} is not UTF-8")))
+            .map_err(|_| Error::checkpoint_corrupt(self.path, format!("{what} is not UTF-8")))
     }
 
     fn f32s(&mut self, n: u64, what: &str) -> Result<Vec<f32>> {
@@ -229,7 +229,7 @@ impl Checkpoint {
 
     /// Parses checkpoint bytes; `path` names the source in errors.
     pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
-        let bad = |what: String| Err(Error::format(path, what));
+        let bad = |what: String| Err(Error::checkpoint_corrupt(path, what));
         if bytes.len() < 8 || bytes[..8] != CHECKPOINT_MAGIC {
             return bad(format!(
                 "not a Tandem checkpoint: expected the magic bytes {:?} at the start",
@@ -342,25 +342,22 @@ impl Checkpoint {
         let cfg = self.config(path)?;
         let (dim, classes) = (self.dataset.dim, self.dataset.classes);
         let (Ok(dim), Ok(classes)) = (usize::try_from(dim), usize::try_from(classes)) else {
-            return Err(Error::format(
+            return Err(Error::checkpoint_corrupt(
                 path,
                 format!("feature dim {dim} or class count {classes} does not fit usize"),
             ));
         };
         let mcfg = cfg.model_config(dim, classes)?;
-        let layout = ModelLayout::new(&mcfg).map_err(|e| match e {
-            gpu_ops::GpuOpsError::CpuOps(e) => Error::cpu_ops(path.display().to_string(), e),
-            source => Error::Device {
-                context: path.display().to_string(),
-                source,
-            },
-        })?;
+        let layout =
+            ModelLayout::new(&mcfg).map_err(|e| Error::device(path.display().to_string(), e))?;
         let expected = layout.params();
+        // The layout comes from the checkpoint's own configuration: tensors that
+        // disagree with it mean a damaged (or hand-edited) file.
         if expected.len() != self.tensors.len() {
-            return Err(Error::format(
+            return Err(Error::checkpoint_corrupt(
                 path,
                 format!(
-                    "{} parameter tensors, the configured model has {}",
+                    "{} parameter tensors, its configured model has {}",
                     self.tensors.len(),
                     expected.len()
                 ),
@@ -368,10 +365,10 @@ impl Checkpoint {
         }
         for (p, t) in expected.iter().zip(&self.tensors) {
             if t.name != p.name || t.values.len() != p.len {
-                return Err(Error::format(
+                return Err(Error::checkpoint_corrupt(
                     path,
                     format!(
-                        "tensor `{}` has {} values, the configured model expects `{}` with {}",
+                        "tensor `{}` has {} values, its configured model expects `{}` with {}",
                         t.name,
                         t.values.len(),
                         p.name,
@@ -399,7 +396,6 @@ impl Checkpoint {
         shape: &DatasetShape,
         params: &[(String, usize)],
     ) -> Result<()> {
-        let bad = |what: String| Err(Error::format(path, what));
         let saved = self.config(path)?;
         let (a, b) = (&saved.model, &cfg.model);
         for (key, was, now) in [
@@ -409,47 +405,42 @@ impl Checkpoint {
             ("model.heads", a.heads.to_string(), b.heads.to_string()),
         ] {
             if was != now {
-                return bad(format!(
-                    "{key} is {was} in the checkpoint but {now} in this trainer's configuration"
-                ));
+                return Err(Error::checkpoint_mismatch(path, key, now, was));
             }
         }
         let d = &self.dataset;
         for (what, was, now) in [
-            ("vertices", d.vertices, shape.vertices),
-            ("stored edges", d.edges, shape.edges),
-            ("feature dim", d.dim, shape.dim),
-            ("classes", d.classes, shape.classes),
-            ("training vertices", d.train, shape.train),
+            ("dataset vertices", d.vertices, shape.vertices),
+            ("dataset stored edges", d.edges, shape.edges),
+            ("dataset feature dim", d.dim, shape.dim),
+            ("dataset classes", d.classes, shape.classes),
+            ("dataset training vertices", d.train, shape.train),
         ] {
             if was != now {
-                return bad(format!(
-                    "trained on a dataset with {was} {what}, this trainer's dataset has {now}"
-                ));
+                return Err(Error::checkpoint_mismatch(path, what, now, was));
             }
         }
         if self.tensors.len() != params.len() {
-            return bad(format!(
-                "{} parameter tensors, the model has {}",
+            return Err(Error::checkpoint_mismatch(
+                path,
+                "parameter tensors",
+                params.len(),
                 self.tensors.len(),
-                params.len()
             ));
         }
-        for (t, (name, len)) in self.tensors.iter().zip(params) {
+        for (i, (t, (name, len))) in self.tensors.iter().zip(params).enumerate() {
             if &t.name != name || t.values.len() != *len {
-                return bad(format!(
-                    "tensor `{}` has {} values, the model expects `{name}` with {len}",
-                    t.name,
-                    t.values.len()
-                ));
+                return Err(tensor_mismatch(path, i, (name, *len), t));
             }
             if self.steps > 0 && (t.m.len() != *len || t.v.len() != *len) {
-                return bad(format!(
-                    "tensor `{name}`: optimizer moments of the wrong length"
+                return Err(Error::checkpoint_corrupt(
+                    path,
+                    format!("tensor `{name}`: optimizer moments of the wrong length"),
                 ));
             }
         }
-        // The batch list of a part-done epoch depends on the seed and batch size.
+        // The batch list of a part-done epoch depends on the seed and batch size:
+        // a checkpoint taken inside an epoch needs the same ones.
         if self.position.batch > 0 {
             for (key, was, now) in [
                 ("train.seed", saved.train.seed, cfg.train.seed),
@@ -460,23 +451,31 @@ impl Checkpoint {
                 ),
             ] {
                 if was != now {
-                    return bad(format!(
-                        "stopped inside epoch {} (after batch {}), which needs the same {key}: \
-                         {was} in the checkpoint, {now} in this trainer's configuration",
-                        self.position.epoch, self.position.batch
-                    ));
+                    return Err(Error::checkpoint_mismatch(path, key, now, was));
                 }
             }
             let batches = shape.train.div_ceil(cfg.train.batch_size as u64);
             if self.position.batch as u64 > batches {
-                return bad(format!(
-                    "position batch {} is past the epoch's {batches} batches",
-                    self.position.batch
+                return Err(Error::checkpoint_mismatch(
+                    path,
+                    "position batch",
+                    format!("at most the epoch's {batches} batches"),
+                    self.position.batch,
                 ));
             }
         }
         Ok(())
     }
+}
+
+/// Tensor `i` of the checkpoint, `t`, is not the `(name, len)` this model has there.
+fn tensor_mismatch(path: &Path, i: usize, (name, len): (&str, usize), t: &TensorState) -> Error {
+    Error::checkpoint_mismatch(
+        path,
+        format!("tensor {i}"),
+        format!("`{name}` with {len} values"),
+        format!("`{}` with {} values", t.name, t.values.len()),
+    )
 }
 
 #[cfg(test)]
@@ -544,7 +543,13 @@ mod tests {
     fn damaged_files_are_errors_naming_the_file_and_the_problem() {
         let p = Path::new("run/ck.tck");
         let good = sample(3).to_bytes();
-        let err = |b: &[u8]| Checkpoint::from_bytes(b, p).unwrap_err().to_string();
+        let err = |b: &[u8]| match Checkpoint::from_bytes(b, p) {
+            Err(e @ Error::CheckpointCorrupt { .. }) => {
+                assert!(matches!(&e, Error::CheckpointCorrupt { path, .. } if path == p));
+                e.to_string()
+            }
+            other => panic!("expected CheckpointCorrupt, got {other:?}"),
+        };
         let e = err(b"PK\x03\x04 something else");
         assert!(
             e.contains("run/ck.tck") && e.contains("not a Tandem checkpoint"),
@@ -583,27 +588,40 @@ mod tests {
         let shape = c.dataset;
         let params = vec![("layer0.weight".to_string(), 4), ("layer0.bias".into(), 0)];
         c.check_fits(p, &cfg, &shape, &params).unwrap();
+        let mismatch = |r: Result<()>| match r {
+            Err(Error::CheckpointMismatch {
+                path,
+                field,
+                expected,
+                found,
+            }) => {
+                assert_eq!(path, p);
+                (field, expected, found)
+            }
+            other => panic!("expected CheckpointMismatch, got {other:?}"),
+        };
         let mut other = cfg.clone();
         other.model.hidden = 8;
-        let e = c.check_fits(p, &other, &shape, &params).unwrap_err();
-        assert!(e.to_string().contains("model.hidden is 256"), "{e}");
-        let e = c
-            .check_fits(p, &cfg, &DatasetShape { dim: 4, ..shape }, &params)
-            .unwrap_err();
-        assert!(e.to_string().contains("feature dim"), "{e}");
-        let e = c
-            .check_fits(
-                p,
-                &cfg,
-                &shape,
-                &[("layer0.weight".into(), 5), ("x".into(), 0)],
-            )
-            .unwrap_err();
-        assert!(e.to_string().contains("layer0.weight"), "{e}");
+        let e = c.check_fits(p, &other, &shape, &params);
+        assert_eq!(
+            mismatch(e),
+            ("model.hidden".into(), "8".into(), "256".into())
+        );
+        let e = c.check_fits(p, &cfg, &DatasetShape { dim: 4, ..shape }, &params);
+        assert_eq!(mismatch(e).0, "dataset feature dim");
+        let e = c.check_fits(
+            p,
+            &cfg,
+            &shape,
+            &[("layer0.weight".into(), 5), ("x".into(), 0)],
+        );
+        let (field, expected, found) = mismatch(e);
+        assert_eq!(field, "tensor 0");
+        assert!(expected.contains("with 5 values") && found.contains("with 4 values"));
         let mut seeded = cfg.clone();
         seeded.train.seed = 9;
-        let e = c.check_fits(p, &seeded, &shape, &params).unwrap_err();
-        assert!(e.to_string().contains("train.seed"), "{e}");
+        let e = c.check_fits(p, &seeded, &shape, &params);
+        assert_eq!(mismatch(e), ("train.seed".into(), "9".into(), "0".into()));
         // At an epoch boundary the seed may change (fine-tuning with new shuffles).
         let boundary = Checkpoint {
             position: Position {

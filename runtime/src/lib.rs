@@ -35,6 +35,32 @@
 //! Nothing is global: each trainer owns its data, model and rayon pool, prints
 //! nothing unless asked, and reports failures as [`Error`] values.
 //!
+//! # Devices and the `cuda` feature
+//! `device.kind` defaults to `"auto"`: a trainer takes a usable CUDA GPU when the
+//! build has CUDA and one is there, else the host backend, so the same service
+//! moves to a GPU on a GPU machine without asking. Set `device.kind = "host"` to
+//! stay on the CPU, or build without the `cuda` feature (on by default):
+//! `runtime = { default-features = false }` compiles no CUDA code (no cudarc);
+//! `"auto"` is then always the host and `"cuda"` is [`Error::CudaNotCompiled`].
+//! `default-features = false, features = ["cuda"]` is the library with CUDA and
+//! without the CLI.
+//!
+//! # Errors
+//! [`Error`] is `#[non_exhaustive]`; every message is one line. The variants a
+//! program branches on carry structured fields:
+//! - [`Error::Dataset`] (`field`, `index`, a [`DatasetProblem`]: a count that
+//!   disagrees with the vertex count, an id out of range, a non-finite feature,
+//!   masks that overlap, a bad split, ...);
+//! - [`Error::Config`] (`origin`, `key`, a [`ConfigProblem`]: unknown key, bad
+//!   value with expected and found, TOML syntax with line and column);
+//! - [`Error::CheckpointMismatch`] (an intact checkpoint of another model or
+//!   dataset: `field`, `expected`, `found`) and [`Error::CheckpointCorrupt`];
+//! - [`Error::Cancelled`], [`Error::NonFinite`], [`Error::CudaNotCompiled`].
+//!
+//! Errors of the crates below (`cpu_ops`, `gpu_ops`, `scheduler`) are boxed
+//! sources ([`BoxedSource`]) of [`Error::CpuOps`], [`Error::Device`] and
+//! [`Error::Scheduler`]; their types are not part of this API.
+//!
 //! ```
 //! use runtime::{on_epoch, CancelToken, Control, TrainerBuilder};
 //!
@@ -108,7 +134,7 @@ pub mod trace;
 pub use checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
 pub use data::{Dataset, DatasetBuilder};
 pub use embedding::Embeddings;
-pub use error::{Error, Result, StopCause};
+pub use error::{BoxedSource, ConfigProblem, DatasetProblem, Error, Result, StopCause};
 pub use executor::OrchestrationStats;
 /// The `ndarray` version the array-taking and array-returning API uses.
 pub use ndarray;

@@ -455,16 +455,23 @@ fn in_memory_dataset_and_bad_checkpoints() {
     .build()
     .unwrap();
     let before = params(&other);
-    let e = other.load_checkpoint(&ck).unwrap_err().to_string();
-    assert!(e.contains("a.tck") && e.contains("model.hidden"), "{e}");
+    let e = other.load_checkpoint(&ck).unwrap_err();
+    assert!(
+        matches!(&e, Error::CheckpointMismatch { path, field, .. }
+            if path == &ck && field == "model.hidden"),
+        "{e:?}"
+    );
     assert_eq!(params(&other), before, "a failed load changes nothing");
 
     // Another dataset: error names what differs.
     let mut small = cfg.clone();
     small.data.synthetic.dim = 5;
     let mut other = TrainerBuilder::new(small).build().unwrap();
-    let e = other.load_checkpoint(&ck).unwrap_err().to_string();
-    assert!(e.contains("feature dim"), "{e}");
+    let e = other.load_checkpoint(&ck).unwrap_err();
+    assert!(
+        matches!(&e, Error::CheckpointMismatch { field, .. } if field == "dataset feature dim"),
+        "{e:?}"
+    );
 
     // Damaged and missing files.
     let mut bytes = std::fs::read(&ck).unwrap();
@@ -472,8 +479,12 @@ fn in_memory_dataset_and_bad_checkpoints() {
     bytes[mid] ^= 0x40;
     let bad = d.path().join("bad.tck");
     std::fs::write(&bad, &bytes).unwrap();
-    let e = t.load_checkpoint(&bad).unwrap_err().to_string();
-    assert!(e.contains("bad.tck") && e.contains("checksum"), "{e}");
+    let e = t.load_checkpoint(&bad).unwrap_err();
+    assert!(
+        matches!(&e, Error::CheckpointCorrupt { path, .. } if path == &bad),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("checksum"), "{e}");
     let e = t
         .load_checkpoint(&d.path().join("missing.tck"))
         .unwrap_err()
@@ -488,7 +499,7 @@ fn in_memory_dataset_and_bad_checkpoints() {
     let mut broken = ds;
     broken.num_classes = 0;
     let e = TrainerBuilder::new(cfg).dataset(broken).build();
-    assert!(matches!(e, Err(Error::InvalidDataset { .. })));
+    assert!(matches!(e, Err(Error::Dataset { ref field, .. }) if field == "num_classes"));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use runtime::data::{
 };
 use runtime::data::{Dataset, SplitSpec};
 use runtime::ndarray::{array, Array1, Array2, ShapeBuilder};
-use runtime::{DatasetBuilder, Error};
+use runtime::{DatasetBuilder, DatasetProblem as P, Error};
 
 /// A generated dataset: 300 vertices, 4 classes, 6 features.
 fn generated() -> Dataset {
@@ -277,11 +277,23 @@ fn ok() -> DatasetBuilder {
         .labels(&p.y)
 }
 
-fn message(b: DatasetBuilder) -> String {
+/// The build's error, which must be an [`Error::Dataset`]: its field, index and
+/// problem, and its message (one line).
+fn dataset_error(b: DatasetBuilder) -> (String, Vec<usize>, P, String) {
     match b.build() {
         Ok(_) => panic!("expected an error"),
-        Err(e @ Error::InvalidDataset { .. }) => e.to_string(),
-        Err(e) => panic!("expected an invalid-dataset error, got {e}"),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(!msg.contains('\n'), "{msg}");
+            match e {
+                Error::Dataset {
+                    field,
+                    index,
+                    problem,
+                } => (field, index, problem, msg),
+                e => panic!("expected an Error::Dataset, got {e:?}"),
+            }
+        }
     }
 }
 
@@ -308,59 +320,110 @@ fn every_bad_input_is_an_error_naming_the_field() {
     far[[1, 17]] = 9;
     let t = [true, false, false, false];
     let f = [false; 4];
-    let cases: Vec<(DatasetBuilder, &str)> = vec![
+    let out = |value: i128, bound: u64| move |p: &P| matches!(p, P::OutOfRange { value: v, bound: b, .. } if *v == value && *b == bound);
+    let neg = |value: i128| move |p: &P| matches!(p, P::Negative { value: v } if *v == value);
+    let count = |expected: u64, found: u64| move |p: &P| matches!(p, P::Count { expected: e, found: f, .. } if *e == expected && *f == found);
+    let invalid = |p: &P| matches!(p, P::Invalid { .. });
+    type Check = Box<dyn Fn(&P) -> bool>;
+    // (builder, field, index, problem, text in the message)
+    let cases: Vec<(DatasetBuilder, &str, Vec<usize>, Check, &str)> = vec![
         (
             DatasetBuilder::new("g").features(x).labels(y),
+            "graph",
+            vec![],
+            Box::new(|p: &P| matches!(p, P::Missing)),
             "graph: not given",
         ),
         (
             DatasetBuilder::new("f")
                 .csr(&p.indptr, &p.indices)
                 .labels(y),
+            "features",
+            vec![],
+            Box::new(|p: &P| matches!(p, P::Missing)),
             "features: not given",
         ),
         (
             DatasetBuilder::new("l")
                 .csr(&p.indptr, &p.indices)
                 .features(x),
+            "labels",
+            vec![],
+            Box::new(|p: &P| matches!(p, P::Missing)),
             "labels: not given",
         ),
         // CSR.
         (
             ok().csr(&Vec::<u64>::new(), &p.indices),
+            "indptr",
+            vec![],
+            Box::new(invalid),
             "indptr: empty; it needs num_vertices + 1 entries",
         ),
         (
-            ok().csr(&[0u64], &Vec::<u32>::new()),
-            "indptr: 1 entry, so 0 vertices",
+            ok().csr(&[0u64], &Vec::<u32>::new())
+                .features(&Array2::<f32>::zeros((0, 2)))
+                .labels(&Vec::<u32>::new()),
+            "graph",
+            vec![],
+            Box::new(invalid),
+            "graph: 0 vertices",
         ),
         (
             ok().csr(&[1u64, 2, 4, 6, 8], &p.indices),
-            "indptr[0] = 1, expected 0",
+            "indptr",
+            vec![0],
+            Box::new(invalid),
+            "indptr[0]: 1, expected 0",
         ),
         (
             ok().csr(&[0u64, 2, 1, 6, 8], &p.indices),
-            "indptr[2] = 1 is less than indptr[1] = 2; offsets must not decrease",
+            "indptr",
+            vec![2],
+            Box::new(invalid),
+            "indptr[2]: 1 is less than indptr[1] = 2; offsets must not decrease",
         ),
         (
             ok().csr(&[0u64, 2, 4, 6, 7], &p.indices),
-            "indptr[4] = 7, expected the number of indices 8",
+            "indptr",
+            vec![4],
+            Box::new(invalid),
+            "indptr[4]: 7, expected the number of indices 8",
         ),
         (
             ok().csr(&[0i64, -1, 4, 6, 8], &p.indices),
+            "indptr",
+            vec![1],
+            Box::new(neg(-1)),
             "indptr[1] = -1 is negative",
         ),
         (
             ok().csr(&p.indptr, &[1u32, 3, 0, 9, 1, 3, 0, 2]),
+            "indices",
+            vec![3],
+            Box::new(out(9, 4)),
             "indices[3] = 9 is not below the vertex count 4",
         ),
         (
             ok().csr(&p.indptr, &[-2i32, 3, 0, 2, 1, 3, 0, 2]),
+            "indices",
+            vec![0],
+            Box::new(neg(-2)),
             "indices[0] = -2 is negative",
+        ),
+        (
+            ok().num_vertices(5),
+            "indptr",
+            vec![],
+            Box::new(count(6, 5)),
+            "indptr: length 5, expected 6 (num_vertices + 1)",
         ),
         // Edge index.
         (
             ok().edge_index(&Array2::<i64>::zeros((3, 2))),
+            "edge_index",
+            vec![],
+            Box::new(|p: &P| matches!(p, P::Shape { found, .. } if found == &[3, 2])),
             "edge_index: shape (3, 2), expected (2, E)",
         ),
         (
@@ -368,61 +431,147 @@ fn every_bad_input_is_an_error_naming_the_field() {
                 .edge_index(&far)
                 .features(&five)
                 .labels(&[0u32; 5]),
+            "edge_index",
+            vec![1, 17],
+            Box::new(out(9, 5)),
             "edge_index[1, 17] = 9 is not below the vertex count 5",
         ),
         (
             ok().edge_index(&array![[0i64, 1, -1], [1, 2, 3]]),
+            "edge_index",
+            vec![0, 2],
+            Box::new(neg(-1)),
             "edge_index[0, 2] = -1 is negative",
         ),
         (
             ok().edge_index(&array![[1u64 << 33], [1]]),
-            "edge_index[0, 0] = 8589934592 does not fit u32 vertex ids",
+            "edge_index",
+            vec![0, 0],
+            Box::new(out(1 << 33, u32::MAX as u64)),
+            "edge_index[0, 0] = 8589934592 is not below the u32 vertex id limit",
         ),
         (
             ok().edge_index(&array![[0i64], [1]])
-                .features(&Array2::<f32>::zeros((0, 2))),
-            "features: 0 rows, so 0 vertices",
+                .features(&Array2::<f32>::zeros((0, 2)))
+                .labels(&Vec::<u32>::new()),
+            "graph",
+            vec![],
+            Box::new(invalid),
+            "graph: 0 vertices",
+        ),
+        // Counts come before ids: one feature row short is that, not an id
+        // out of range (with the edge index's ids below 5 but not below 4).
+        (
+            DatasetBuilder::new("short")
+                .edge_index(&array![[0i64, 4], [4, 1]])
+                .features(x)
+                .labels(&[0u32; 5]),
+            "features",
+            vec![],
+            Box::new(count(5, 4)),
+            "features: length 4, expected 5 (the number of labels",
+        ),
+        (
+            DatasetBuilder::new("stated")
+                .edge_index(&array![[0i64, 4], [4, 1]])
+                .num_vertices(5)
+                .features(x)
+                .labels(&[0u32; 5]),
+            "features",
+            vec![],
+            Box::new(count(5, 4)),
+            "features: length 4, expected 5 (num_vertices)",
+        ),
+        (
+            DatasetBuilder::new("stated")
+                .edge_index(&array![[0i64, 4], [4, 1]])
+                .num_vertices(4)
+                .features(x)
+                .labels(y),
+            "edge_index",
+            vec![1, 0],
+            Box::new(out(4, 4)),
+            "edge_index[1, 0] = 4 is not below the vertex count 4",
         ),
         // Features.
         (
             ok().features(&Array2::<f32>::zeros((3, 2))),
-            "features: 3 rows for 4 vertices",
+            "features",
+            vec![],
+            Box::new(count(4, 3)),
+            "features: length 3, expected 4 (the vertices of the CSR)",
         ),
         (
             ok().features(&Array2::<f32>::zeros((4, 0))),
-            "features: shape (4, 0); every vertex needs at least one feature",
+            "features",
+            vec![],
+            Box::new(|p: &P| matches!(p, P::Shape { found, .. } if found == &[4, 0])),
+            "features: shape (4, 0), expected (n, d) with d ≥ 1",
         ),
         (
             ok().features(&nan),
+            "features",
+            vec![2, 1],
+            Box::new(|p: &P| matches!(p, P::NonFinite { value } if value.is_nan())),
             "features[2, 1] = NaN is not a finite number",
         ),
         (
             ok().features(&inf),
+            "features",
+            vec![3, 0],
+            Box::new(|p: &P| matches!(p, P::NonFinite { value } if *value == f32::NEG_INFINITY)),
             "features[3, 0] = -inf is not a finite number",
         ),
         // Labels.
         (
             ok().labels(&[0u32, 1, 0]),
-            "labels: 3 entries for 4 vertices",
+            "labels",
+            vec![],
+            Box::new(count(4, 3)),
+            "labels: length 3, expected 4",
         ),
-        (ok().labels(&[0i64, -1, 0, 1]), "labels[1] = -1 is negative"),
+        (
+            ok().labels(&[0i64, -1, 0, 1]),
+            "labels",
+            vec![1],
+            Box::new(neg(-1)),
+            "labels[1] = -1 is negative",
+        ),
         (
             ok().labels(&[1u64 << 32, 0, 0, 0]),
-            "labels[0] = 4294967296 is too large",
+            "labels",
+            vec![0],
+            Box::new(out(1 << 32, u32::MAX as u64)),
+            "labels[0] = 4294967296 is not below the u32 label limit",
         ),
         (
             ok().labels(&[0u32, 1, 0, 2]).num_classes(2),
+            "labels",
+            vec![3],
+            Box::new(out(2, 2)),
             "labels[3] = 2 is not below num_classes 2",
         ),
-        (ok().num_classes(0), "num_classes: 0"),
+        (
+            ok().num_classes(0),
+            "num_classes",
+            vec![],
+            Box::new(invalid),
+            "num_classes: 0",
+        ),
         // Masks.
         (
             ok().masks(&t, &[false; 3], &f),
-            "val_mask: 3 entries for 4 vertices",
+            "val_mask",
+            vec![],
+            Box::new(count(4, 3)),
+            "val_mask: length 3, expected 4",
         ),
         (
             ok().masks(&t, &f, &[false, false, true, false, true]),
-            "test_mask: 5 entries for 4 vertices",
+            "test_mask",
+            vec![],
+            Box::new(count(4, 5)),
+            "test_mask: length 5, expected 4",
         ),
         (
             ok().masks(&t, &f, &[false, true, false, false]).masks(
@@ -430,24 +579,111 @@ fn every_bad_input_is_an_error_naming_the_field() {
                 &f,
                 &[false, false, true, false],
             ),
-            "train_mask and test_mask: vertex 2 is in both",
+            "train_mask",
+            vec![2],
+            Box::new(|p: &P| matches!(p, P::Overlap { other } if *other == "test_mask")),
+            "train_mask[2]: also in test_mask",
         ),
         // The first failure is reported even if a later call would have been fine.
         (
             ok().labels(&[-3i64, 0, 0, 0]).labels(y),
+            "labels",
+            vec![0],
+            Box::new(neg(-3)),
             "labels[0] = -3 is negative",
         ),
     ];
-    for (builder, want) in cases {
-        let e = message(builder);
-        assert!(e.starts_with("invalid dataset: "), "{e}");
-        assert!(e.contains(want), "want `{want}` in: {e}");
+    for (builder, want_field, want_index, want_problem, want_text) in cases {
+        let (field, index, problem, msg) = dataset_error(builder);
+        assert_eq!((field.as_str(), &index), (want_field, &want_index), "{msg}");
+        assert!(want_problem(&problem), "{problem:?}: {msg}");
+        assert!(msg.starts_with("invalid dataset: "), "{msg}");
+        assert!(msg.contains(want_text), "want `{want_text}` in: {msg}");
     }
     // The split's own check names it.
-    let e = ok()
-        .split("0.7,0.7,rest".parse().unwrap())
+    let (field, _, problem, msg) = dataset_error(ok().split("0.7,0.7,rest".parse().unwrap()));
+    assert_eq!(field, "split", "{msg}");
+    assert!(matches!(problem, P::Split { .. }), "{msg}");
+    assert!(msg.contains("more than 1"), "{msg}");
+}
+
+/// The case: an edge index over 5,000 vertices with a features matrix one
+/// row short is a row-count mismatch (features against labels, or against a stated
+/// vertex count), not an edge id out of range, even when an edge names vertex
+/// 4,999.
+#[test]
+fn one_feature_row_short_is_a_count_mismatch_not_an_id_out_of_range() {
+    let n = 5_000usize;
+    let mut rng = Rng::new(7);
+    let mut ei = Array2::<i64>::zeros((2, 20_000));
+    for j in 0..ei.ncols() {
+        ei[[0, j]] = (rng.next_u64() % n as u64) as i64;
+        ei[[1, j]] = (rng.next_u64() % n as u64) as i64;
+    }
+    ei[[1, 1405]] = 4_999; // an edge to the last vertex, as in the report
+    let short = Array2::<f32>::ones((n - 1, 8));
+    let labels: Vec<u32> = (0..n as u32).map(|v| v % 3).collect();
+    let (field, index, problem, msg) = dataset_error(
+        DatasetBuilder::new("short")
+            .edge_index(&ei)
+            .features(&short)
+            .labels(&labels),
+    );
+    assert_eq!(
+        (field.as_str(), index.as_slice()),
+        ("features", &[][..]),
+        "{msg}"
+    );
+    assert!(
+        matches!(
+            problem,
+            P::Count {
+                expected: 5_000,
+                found: 4_999,
+                ..
+            }
+        ),
+        "{problem:?}"
+    );
+    assert!(!msg.contains("edge_index"), "{msg}");
+    // Stated, the count is the basis (and the labels agree with it).
+    let (field, _, problem, msg) = dataset_error(
+        DatasetBuilder::new("short")
+            .edge_index(&ei)
+            .num_vertices(n)
+            .features(&short)
+            .labels(&labels),
+    );
+    assert_eq!(field, "features", "{msg}");
+    assert!(
+        matches!(&problem, P::Count { expected: 5_000, found: 4_999, basis } if *basis == "num_vertices"),
+        "{problem:?}"
+    );
+    // Labels short as well as features: still a count, named on the features
+    // against the stated count.
+    let (field, _, problem, _) = dataset_error(
+        DatasetBuilder::new("short")
+            .edge_index(&ei)
+            .num_vertices(n)
+            .features(&Array2::<f32>::ones((n, 8)))
+            .labels(&labels[..n - 1]),
+    );
+    assert_eq!(field, "labels");
+    assert!(matches!(
+        problem,
+        P::Count {
+            expected: 5_000,
+            found: 4_999,
+            ..
+        }
+    ));
+    // With every count right it builds.
+    let ds = DatasetBuilder::new("ok")
+        .edge_index(&ei)
+        .num_vertices(n)
+        .features(&Array2::<f32>::ones((n, 8)))
+        .labels(&labels)
         .build()
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("split") && e.contains("more than 1"), "{e}");
+        .unwrap();
+    assert_eq!(ds.num_vertices(), n);
 }

@@ -143,10 +143,7 @@ impl fmt::Display for BackendReport {
 }
 
 fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
-    move |source| Error::Device {
-        context: context.into(),
-        source,
-    }
+    move |source| Error::device(context, source)
 }
 
 /// Times `f` on `dev`'s compute stream `reps` times after one warm-up; returns the

@@ -271,10 +271,7 @@ struct Worker {
 
 /// A host-backend error of the generic path.
 fn device_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
-    move |source| Error::Device {
-        context: context.into(),
-        source,
-    }
+    move |source| Error::device(context, source)
 }
 
 /// The generic path over one chunk, into its output rows.

@@ -583,11 +583,16 @@ fn run_backend(a: &BackendArgs) -> Result<()> {
     };
     let report = match a.device.as_str() {
         "host" => bench_backend(&gpu_ops::HostBackend::new(), &ds.graph, &ds.features, &o)?,
+        #[cfg(not(feature = "cuda"))]
         "cuda" => {
-            let dev = gpu_ops::CudaBackend::new(a.ordinal).map_err(|source| Error::Device {
+            return Err(Error::CudaNotCompiled {
                 context: "--device cuda".into(),
-                source,
-            })?;
+            })
+        }
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let dev = gpu_ops::CudaBackend::new(a.ordinal)
+                .map_err(|source| Error::device("--device cuda", source))?;
             bench_backend(&dev, &ds.graph, &ds.features, &o)?
         }
         other => {

@@ -61,8 +61,26 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            if let Some(hint) = advice(&e) {
+                eprintln!("hint: {hint}");
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// What a person at the command line can do about `e`, where the CLI knows more
+/// than the library's message says (the library's messages give no CLI advice).
+pub fn advice(e: &crate::Error) -> Option<&'static str> {
+    match e {
+        crate::Error::NonFinite { .. } => Some(
+            "train.on_nonfinite = \"skip-batch\" trains on without such batches; check the \
+             features for NaN with `tandem info --verify`, or lower train.lr",
+        ),
+        crate::Error::CudaNotCompiled { .. } => Some(
+            "build with runtime's `cuda` feature (on by default), or set device.kind = \"host\"",
+        ),
+        _ => None,
     }
 }
 
@@ -131,5 +149,21 @@ mod tests {
         );
         assert!(parse_fanouts("0,1").is_err());
         assert!(parse_fanouts("a").is_err());
+    }
+
+    /// The CLI's advice for a non-finite loss lives here, not in the library's
+    /// message.
+    #[test]
+    fn a_non_finite_loss_gets_cli_advice() {
+        let e = crate::Error::NonFinite {
+            epoch: 0,
+            batch: 3,
+            loss: f64::INFINITY,
+        };
+        let hint = super::advice(&e).expect("advice");
+        assert!(hint.contains("tandem info --verify") && hint.contains("skip-batch"));
+        assert!(!e.to_string().contains("tandem"));
+        let other = crate::Error::invalid_argument("x", "y");
+        assert!(super::advice(&other).is_none());
     }
 }

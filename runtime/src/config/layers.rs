@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::*;
-use crate::error::{Error, Result};
+use crate::error::{ConfigProblem, Error, Result};
 
 /// One override of a configuration key: from a `TANDEM_` environment variable or a
 /// `--set key=value` argument.
@@ -168,30 +168,39 @@ impl TrainConfig {
 
     /// Parses a TOML string (`origin` names it in errors), applies `overrides` in
     /// order (environment first, then `--set`: see the module doc), folds the
-    /// deprecated `train.threads` into `threads.compute`, and validates.
+    /// deprecated `train.threads` into `threads.compute`, and validates. Errors
+    /// are [`Error::Config`] whose `origin` is the file, or the override that
+    /// set the key.
     pub fn from_layers(text: &str, origin: &Path, overrides: &[Override]) -> Result<Self> {
+        let file = origin.display().to_string();
         let mut table: toml::Table = text
             .parse()
-            .map_err(|e: toml::de::Error| Error::format(origin, e.to_string()))?;
-        Self::deserialize_table(&table).map_err(|e| Error::format(origin, e))?;
+            .map_err(|e: toml::de::Error| syntax_error(&file, text, &e))?;
+        Self::deserialize_table(&table).map_err(|e| e.with_origin(&file))?;
         // Which override last set each key, to name it in range errors.
         let mut set_by: Vec<(&str, String)> = Vec::new();
         for o in overrides {
             apply_override(&mut table, o)?;
-            Self::deserialize_table(&table).map_err(|e| {
-                Error::invalid_argument(o.label(), format!("key `{}`: {}", o.key, e.trim_end()))
-            })?;
+            Self::deserialize_table(&table).map_err(|e| e.with_origin(&o.label()))?;
             set_by.retain(|(k, _)| *k != o.key);
             set_by.push((&o.key, o.label()));
         }
-        let mut cfg = Self::deserialize_table(&table).map_err(|e| Error::format(origin, e))?;
+        let mut cfg = Self::deserialize_table(&table).map_err(|e| e.with_origin(&file))?;
         let named = |e: Error| match e {
-            Error::InvalidArgument { name, reason } => {
-                let reason = match set_by.iter().find(|(k, _)| *k == name) {
-                    Some((_, label)) => format!("{reason} (set by {label})"),
-                    None => reason,
+            Error::Config {
+                origin,
+                key,
+                problem,
+            } if origin.is_empty() => {
+                let origin = match set_by.iter().find(|(k, _)| *k == key) {
+                    Some((_, label)) => label.clone(),
+                    None => file.clone(),
                 };
-                Error::InvalidArgument { name, reason }
+                Error::Config {
+                    origin,
+                    key,
+                    problem,
+                }
             }
             other => other,
         };
@@ -200,11 +209,13 @@ impl TrainConfig {
         Ok(cfg)
     }
 
-    fn deserialize_table(table: &toml::Table) -> std::result::Result<Self, String> {
-        table
-            .clone()
-            .try_into()
-            .map_err(|e: toml::de::Error| e.to_string())
+    /// The configuration in `table`, or an [`Error::Config`] (no origin yet)
+    /// naming the dotted key that failed.
+    fn deserialize_table(table: &toml::Table) -> std::result::Result<Self, NoOrigin> {
+        serde_path_to_error::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
+            let path = e.path().to_string();
+            NoOrigin(Box::new(schema_error(table, &path, e.inner().message())))
+        })
     }
 
     /// Moves the deprecated `train.threads` into `threads.compute`.
@@ -236,5 +247,99 @@ impl TrainConfig {
     pub fn load_layered(path: &Path, overrides: &[Override]) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         Self::from_layers(&text, path, overrides)
+    }
+}
+
+/// A configuration error whose origin is still to be named (boxed: a `Result`'s
+/// error stays small).
+struct NoOrigin(Box<Error>);
+
+impl NoOrigin {
+    /// The error, with `origin` (a file, or the override that failed).
+    fn with_origin(self, origin: &str) -> Error {
+        match *self.0 {
+            Error::Config { key, problem, .. } => Error::Config {
+                origin: origin.to_string(),
+                key,
+                problem,
+            },
+            other => other,
+        }
+    }
+}
+
+/// An [`Error::Config`] from serde's message `msg` at the dotted `path` of
+/// `table` (`.` for the top level): an unknown key, or a value of the wrong type.
+fn schema_error(table: &toml::Table, path: &str, msg: &str) -> Error {
+    let path = path.trim_start_matches('.');
+    let join = |parent: &str, child: &str| {
+        if parent.is_empty() {
+            child.to_string()
+        } else if parent == child || parent.ends_with(&format!(".{child}")) {
+            parent.to_string()
+        } else {
+            format!("{parent}.{child}")
+        }
+    };
+    // serde's messages: "unknown field `x`, expected ...", "invalid type: X,
+    // expected Y", "invalid value: X, expected Y", "unknown variant `x`, expected Y".
+    let (key, problem) = if let Some(rest) = msg.strip_prefix("unknown field `") {
+        let (name, hint) = rest.split_once('`').unwrap_or((rest, ""));
+        let expected = hint.trim_start_matches(',').trim();
+        (
+            join(path, name),
+            ConfigProblem::UnknownKey {
+                expected: expected.to_string(),
+            },
+        )
+    } else {
+        let split = ["invalid type: ", "invalid value: ", "unknown variant "]
+            .iter()
+            .find_map(|p| msg.strip_prefix(p))
+            .and_then(|rest| rest.split_once(", expected "));
+        let (found, expected) = match split {
+            Some((found, expected)) => (found.to_string(), expected.to_string()),
+            None => (value_at(table, path), msg.to_string()),
+        };
+        (
+            path.to_string(),
+            ConfigProblem::BadValue { expected, found },
+        )
+    };
+    Error::Config {
+        origin: String::new(),
+        key,
+        problem,
+    }
+}
+
+/// The TOML text of the value at the dotted `path` of `table` (empty if none).
+fn value_at(table: &toml::Table, path: &str) -> String {
+    let mut parts = path.split('.');
+    let Some(first) = parts.next() else {
+        return String::new();
+    };
+    let mut cur = table.get(first);
+    for p in parts {
+        cur = cur.and_then(|v| v.get(p));
+    }
+    cur.map(|v| v.to_string()).unwrap_or_default()
+}
+
+/// An [`Error::Config`] for TOML that does not parse: line and column of the
+/// parser's span in `text`.
+fn syntax_error(origin: &str, text: &str, e: &toml::de::Error) -> Error {
+    let at = e.span().map_or(0, |s| s.start.min(text.len()));
+    let before = text.get(..at).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    Error::Config {
+        origin: origin.to_string(),
+        key: String::new(),
+        problem: ConfigProblem::Syntax {
+            line,
+            column,
+            what: e.message().trim().to_string(),
+        },
     }
 }

@@ -507,7 +507,7 @@ impl OrchestrationSection {
 }
 
 fn range_err(key: &str, expected: &str, found: impl std::fmt::Display) -> Error {
-    Error::invalid_argument(key, format!("expected {expected}, found {found}"))
+    Error::config_value(key, expected, found.to_string())
 }
 
 fn fanouts(key: &str, v: &[i64]) -> Result<Vec<u32>> {

@@ -1,6 +1,7 @@
 use std::path::Path;
 
 use super::*;
+use crate::error::ConfigProblem;
 
 fn parse(s: &str) -> Result<TrainConfig> {
     TrainConfig::from_toml(s, Path::new("t.toml"))
@@ -247,7 +248,7 @@ fn layers_apply_file_then_env_then_set_and_errors_name_the_source() {
     );
     let e = env("TANDEM_TRAIN__LR", "0");
     assert!(
-        e.contains("train.lr") && e.contains("> 0") && e.contains("set by TANDEM_TRAIN__LR"),
+        e.contains("train.lr") && e.contains("> 0") && e.starts_with("TANDEM_TRAIN__LR: "),
         "{e}"
     );
     let e = env("TANDEM_TRAIN__EPOCHS__X", "1");
@@ -257,15 +258,98 @@ fn layers_apply_file_then_env_then_set_and_errors_name_the_source() {
     );
     let e =
         TrainConfig::from_toml_with_overrides(file, Path::new("run.toml"), &["train.lr=-1".into()])
-            .unwrap_err()
-            .to_string();
+            .unwrap_err();
     assert!(
-        e.contains("train.lr") && e.contains("set by --set train.lr=-1"),
-        "{e}"
+        matches!(&e, Error::Config { origin, key, problem: ConfigProblem::BadValue { found, .. } }
+            if origin == "--set train.lr=-1" && key == "train.lr" && found == "-1"),
+        "{e:?}"
     );
-    // A range error in the file itself names the key (no override to blame).
-    let e = parse("[train]\nlr = -1\n").unwrap_err().to_string();
-    assert!(e.contains("train.lr") && !e.contains("set by"), "{e}");
+    // A range error in the file itself names the file (no override to blame).
+    let e = parse("[train]\nlr = -1\n").unwrap_err();
+    assert!(
+        matches!(&e, Error::Config { origin, key, problem: ConfigProblem::BadValue { .. } }
+            if origin == "t.toml" && key == "train.lr"),
+        "{e:?}"
+    );
+}
+
+/// Every kind of configuration mistake is an [`Error::Config`] a program can
+/// match: the key, the kind (unknown key, bad value, syntax) and where it came
+/// from; the message is one line (not the TOML parser's multi-line report).
+#[test]
+fn config_errors_are_structured_and_one_line() {
+    let one_line = |e: &Error| {
+        let m = e.to_string();
+        assert!(!m.contains('\n'), "{m}");
+        m
+    };
+    // Unknown key, in a section and at the top level.
+    let e = parse("[train]\nepoch = 3\n").unwrap_err();
+    assert!(
+        matches!(&e, Error::Config { origin, key, problem: ConfigProblem::UnknownKey { expected } }
+            if origin == "t.toml" && key == "train.epoch" && expected.contains("epochs")),
+        "{e:?}"
+    );
+    assert!(one_line(&e).starts_with("t.toml: key `train.epoch`: unknown key"));
+    let e = parse("[nope]\n").unwrap_err();
+    assert!(
+        matches!(&e, Error::Config { key, problem: ConfigProblem::UnknownKey { .. }, .. } if key == "nope"),
+        "{e:?}"
+    );
+    let e = parse("[data.synthetic]\nvertexes = 5\n").unwrap_err();
+    assert!(
+        matches!(&e, Error::Config { key, problem: ConfigProblem::UnknownKey { .. }, .. }
+            if key == "data.synthetic.vertexes"),
+        "{e:?}"
+    );
+    // A value of the wrong type, and a name not in the list.
+    let e = parse("[model]\nhidden = \"big\"\n").unwrap_err();
+    assert!(
+        matches!(&e, Error::Config { key, problem: ConfigProblem::BadValue { found, .. }, .. }
+            if key == "model.hidden" && found.contains("big")),
+        "{e:?}"
+    );
+    one_line(&e);
+    let e = parse("[model]\nkind = \"mlp\"\n").unwrap_err();
+    assert!(
+        matches!(&e, Error::Config { key, problem: ConfigProblem::BadValue { found, .. }, .. }
+            if key == "model.kind" && found.contains("mlp")),
+        "{e:?}"
+    );
+    one_line(&e);
+    // A range.
+    let e = parse("[train]\nbatch_size = 0\n").unwrap_err();
+    assert!(
+        matches!(&e, Error::Config { key, problem: ConfigProblem::BadValue { found, .. }, .. }
+            if key == "train.batch_size" && found == "0"),
+        "{e:?}"
+    );
+    // TOML syntax: line and column of the mistake.
+    let e = parse("[train]\nepochs = 3\nlr = = 2\n").unwrap_err();
+    assert!(
+        matches!(&e, Error::Config { origin, key, problem: ConfigProblem::Syntax { line: 3, .. } }
+            if origin == "t.toml" && key.is_empty()),
+        "{e:?}"
+    );
+    assert!(one_line(&e).starts_with("t.toml: line 3, column "), "{e}");
+    // From a string, the origin says so.
+    let e = TrainConfig::from_toml("[train]\nepoch = 3\n", Path::new("<toml string>")).unwrap_err();
+    assert!(
+        matches!(&e, Error::Config { origin, .. } if origin == "<toml string>"),
+        "{e:?}"
+    );
+    // A bad override names the override.
+    let e = TrainConfig::from_toml_with_overrides(
+        "",
+        Path::new("t.toml"),
+        &["train.epochs=\"x\"".into()],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, Error::Config { origin, key, problem: ConfigProblem::BadValue { .. } }
+            if origin.starts_with("--set train.epochs") && key == "train.epochs"),
+        "{e:?}"
+    );
 }
 
 #[test]

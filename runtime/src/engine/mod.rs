@@ -156,10 +156,7 @@ pub struct DeviceEngine<B: Backend> {
 }
 
 fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
-    move |source| Error::Device {
-        context: context.into(),
-        source,
-    }
+    move |source| Error::device(context, source)
 }
 
 /// `buf`'s buffer, taken out, when it holds at least `n` elements; else a new

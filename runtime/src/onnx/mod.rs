@@ -165,13 +165,7 @@ pub(crate) fn kind_name(kind: ModelKind) -> &'static str {
 
 /// An error of laying out a model: a bad configuration keeps its `cpu_ops` error.
 fn layout_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
-    move |e| match e {
-        GpuOpsError::CpuOps(source) => Error::cpu_ops(context, source),
-        source => Error::Device {
-            context: context.into(),
-            source,
-        },
-    }
+    move |e| Error::device(context, e)
 }
 
 /// The ONNX model (serialized `ModelProto`) computing the forward pass of a

@@ -330,10 +330,8 @@ impl Calibrator {
                 reason: "gpu-sample-gpu-gather (nothing could be measured)".into(),
             });
         }
-        let mut c = choose(&self.measured, DEFAULT_TIE).map_err(|source| Error::Scheduler {
-            context: "orchestration.policy = \"auto\"".into(),
-            source,
-        })?;
+        let mut c = choose(&self.measured, DEFAULT_TIE)
+            .map_err(|source| Error::scheduler("orchestration.policy = \"auto\"", source))?;
         for n in &self.notes {
             c.reason.push_str("; ");
             c.reason.push_str(n);

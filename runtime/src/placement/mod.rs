@@ -53,12 +53,8 @@ pub(crate) fn step_placement(o: Orchestration) -> StepBased {
 /// The layer pipeline's options from `[orchestration]`.
 fn layer_options(o: &crate::config::OrchestrationSection) -> Result<LayerOptions> {
     Ok(LayerOptions {
-        hotness: scheduler::HotnessPolicy::new(o.hotness, o.presample_epochs).map_err(
-            |source| Error::Scheduler {
-                context: "orchestration.hotness".into(),
-                source,
-            },
-        )?,
+        hotness: scheduler::HotnessPolicy::new(o.hotness, o.presample_epochs)
+            .map_err(|source| Error::scheduler("orchestration.hotness", source))?,
         hot_ratio: o.hot_ratio,
         super_batch: o.super_batch,
         staleness_bound: o.staleness_bound,
@@ -231,29 +227,94 @@ fn strategy<B: Backend>(
 /// The backend a `[device]` section asks for: a GPU, or the host backend with
 /// the reason the host was taken.
 enum Opened {
-    /// A CUDA device.
+    /// A CUDA device (never built without the `cuda` feature: the stand-in
+    /// backend has no values).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Cuda(Box<gpu_ops::CudaBackend>),
     /// The host backend, and why.
     Host(gpu_ops::HostBackend, String),
 }
 
 /// Opens the backend `device` asks for: `kind = "cuda"` a GPU or an error naming
-/// what is missing; `"auto"` a GPU when one is usable, else the host backend (the
-/// reason says why); `"host"` the host backend.
+/// what is missing ([`Error::CudaNotCompiled`] in a build without the `cuda`
+/// feature); `"auto"` a GPU when one is usable, else the host backend (the reason
+/// says why; always the host without the feature); `"host"` the host backend.
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
 fn open_backend(device: &crate::config::DeviceSection, ordinal: u32) -> Result<Opened> {
     use crate::config::DeviceKind;
     let host = |why: String| Ok(Opened::Host(gpu_ops::HostBackend::new(), why));
     match device.kind {
         DeviceKind::Host => host("device.kind = \"host\"".into()),
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Auto => host("device.kind = \"auto\": built without the `cuda` feature".into()),
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Cuda => Err(Error::CudaNotCompiled {
+            context: "device.kind = \"cuda\"".into(),
+        }),
+        #[cfg(feature = "cuda")]
         DeviceKind::Cuda | DeviceKind::Auto => match gpu_ops::CudaBackend::new(ordinal as usize) {
             Ok(dev) => Ok(Opened::Cuda(Box::new(dev))),
             Err(e) if device.kind == DeviceKind::Auto => {
                 host(format!("device.kind = \"auto\": no usable GPU — {e}"))
             }
-            Err(source) => Err(Error::Device {
-                context: "device.kind = \"cuda\"".into(),
-                source,
-            }),
+            Err(source) => Err(Error::device("device.kind = \"cuda\"", source)),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DeviceKind, DeviceSection};
+
+    fn open(kind: DeviceKind) -> Result<Opened> {
+        let device = DeviceSection {
+            kind,
+            ..DeviceSection::default()
+        };
+        open_backend(&device, 0)
+    }
+
+    /// `"host"` is the host backend in every build.
+    #[test]
+    fn host_opens_the_host_backend() {
+        assert!(matches!(open(DeviceKind::Host), Ok(Opened::Host(..))));
+    }
+
+    /// Without the `cuda` feature, `"cuda"` is [`Error::CudaNotCompiled`] (not a
+    /// device error from the stand-in backend) and `"auto"` takes the host,
+    /// saying why.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn without_the_cuda_feature_cuda_is_refused_and_auto_is_the_host() {
+        let e = open(DeviceKind::Cuda).err().expect("refused");
+        assert!(
+            matches!(&e, Error::CudaNotCompiled { context } if context.contains("device.kind")),
+            "{e:?}"
+        );
+        assert!(!e.to_string().contains('\n'), "{e}");
+        match open(DeviceKind::Auto) {
+            Ok(Opened::Host(_, why)) => {
+                assert!(why.contains("without the `cuda` feature"), "{why}")
+            }
+            Ok(Opened::Cuda(_)) => panic!("a GPU in a build without CUDA"),
+            Err(e) => panic!("auto failed: {e}"),
+        }
+    }
+
+    /// With the feature, a machine without a usable GPU gives a device error for
+    /// `"cuda"` (its source boxed, not a `gpu_ops` type in the API) and the host
+    /// for `"auto"`.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn with_the_cuda_feature_and_no_gpu_cuda_is_a_device_error() {
+        if gpu_ops::CudaBackend::new(0).is_ok() {
+            eprintln!("skipped: a GPU is usable here");
+            return;
+        }
+        let e = open(DeviceKind::Cuda).err().expect("refused");
+        assert!(matches!(&e, Error::Device { .. }), "{e:?}");
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(matches!(open(DeviceKind::Auto), Ok(Opened::Host(..))));
     }
 }

@@ -46,8 +46,9 @@ impl Trainer {
         let n = self.ds.num_vertices();
         let c = self.ds.num_classes as usize;
         let flat = self.full_graph_logits_flat()?;
-        Array2::from_shape_vec((n, c), flat).map_err(|e| Error::InvalidDataset {
-            what: format!("internal: full-graph logits are not {n} × {c}: {e}"),
+        Array2::from_shape_vec((n, c), flat).map_err(|e| Error::Worker {
+            worker: "full-graph inference".into(),
+            what: format!("internal: its logits are not {n} × {c}: {e}"),
         })
     }
 

@@ -213,9 +213,13 @@ impl Trainer {
         let ds = Arc::new(ds);
         let train = ds.train_ids();
         if train.is_empty() {
-            return Err(Error::InvalidDataset {
-                what: format!("dataset `{}` has no training vertices", ds.name),
-            });
+            return Err(Error::dataset(
+                "train_mask",
+                &[],
+                crate::DatasetProblem::Split {
+                    what: format!("dataset `{}` has no training vertices", ds.name),
+                },
+            ));
         }
         let model = cfg.model_config(ds.features.dim(), ds.num_classes as usize)?;
         let placed = place(&PlacementInput {

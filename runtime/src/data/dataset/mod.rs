@@ -25,7 +25,7 @@ pub use store::{open_dataset, parse_dataset_bytes, write_dataset, Verify, FORMAT
 
 use cpu_ops::{CsrGraph, FeatureMatrix, HostArray};
 
-use crate::error::{Error, Result};
+use crate::error::{DatasetProblem, Error, Result};
 
 /// A node-classification dataset. Every per-vertex array has `num_vertices` entries.
 #[derive(Clone, Debug, PartialEq)]
@@ -106,12 +106,11 @@ impl Dataset {
     /// opened with [`crate::data::dataset::Verify::Full`].
     pub fn check_features(&self) -> Result<()> {
         match self.first_non_finite_feature() {
-            Some((row, col, v)) => Err(Error::InvalidDataset {
-                what: format!(
-                    "dataset `{}`: feature row {row}, column {col} is {v}; features must be finite numbers",
-                    self.name
-                ),
-            }),
+            Some((row, col, value)) => Err(Error::dataset(
+                "features",
+                &[row, col],
+                DatasetProblem::NonFinite { value },
+            )),
             None => Ok(()),
         }
     }
@@ -121,18 +120,28 @@ impl Dataset {
     /// features' values by [`Dataset::check_features`].)
     pub fn validate(&self) -> Result<()> {
         let n = self.num_vertices();
-        let bad = |what: String| Err(Error::InvalidDataset { what });
+        let count = |field: &str, found: usize| {
+            Err(Error::dataset(
+                field,
+                &[],
+                DatasetProblem::Count {
+                    expected: n as u64,
+                    found: found as u64,
+                    basis: "the vertices of the graph",
+                },
+            ))
+        };
         if self.features.num_rows() != n {
-            return bad(format!(
-                "features have {} rows, the graph has {n} vertices",
-                self.features.num_rows()
-            ));
+            return count("features", self.features.num_rows());
         }
         if self.labels.len() != n {
-            return bad(format!("{} labels for {n} vertices", self.labels.len()));
+            return count("labels", self.labels.len());
         }
         if self.num_classes == 0 {
-            return bad("num_classes is 0".into());
+            return Err(Error::dataset_invalid(
+                "num_classes",
+                "0; there must be at least one class",
+            ));
         }
         if let Some((v, &l)) = self
             .labels
@@ -140,30 +149,48 @@ impl Dataset {
             .enumerate()
             .find(|(_, &l)| l >= self.num_classes)
         {
-            return bad(format!(
-                "label {l} of vertex {v} is out of range (num_classes = {})",
-                self.num_classes
+            return Err(Error::dataset(
+                "labels",
+                &[v],
+                DatasetProblem::OutOfRange {
+                    value: l.into(),
+                    bound: self.num_classes.into(),
+                    bound_name: "num_classes",
+                },
             ));
         }
-        for (name, mask) in [
+        let masks = [
             ("train_mask", &self.train_mask),
             ("val_mask", &self.val_mask),
             ("test_mask", &self.test_mask),
-        ] {
+        ];
+        for (name, mask) in masks {
             if mask.len() != n {
-                return bad(format!(
-                    "{name} has {} entries for {n} vertices",
-                    mask.len()
-                ));
+                return count(name, mask.len());
             }
             if let Some((v, &m)) = mask.iter().enumerate().find(|(_, &m)| m > 1) {
-                return bad(format!("{name}[{v}] is {m}, expected 0 or 1"));
+                return Err(Error::dataset(
+                    name,
+                    &[v],
+                    DatasetProblem::Invalid {
+                        what: format!("{m}, expected 0 or 1"),
+                    },
+                ));
             }
         }
         if let Some(v) = (0..n).find(|&v| {
             self.train_mask[v] as u32 + self.val_mask[v] as u32 + self.test_mask[v] as u32 > 1
         }) {
-            return bad(format!("vertex {v} is in more than one of train/val/test"));
+            let both: Vec<&str> = masks
+                .iter()
+                .filter(|(_, m)| m[v] == 1)
+                .map(|(name, _)| *name)
+                .collect();
+            return Err(Error::dataset(
+                both[0],
+                &[v],
+                DatasetProblem::Overlap { other: both[1] },
+            ));
         }
         Ok(())
     }

@@ -4,7 +4,7 @@ use std::str::FromStr;
 
 use cpu_ops::Rng;
 
-use crate::error::{Error, Result};
+use crate::error::{DatasetProblem, Error, Result};
 
 /// How many vertices one part of the split takes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -105,9 +105,12 @@ impl SplitSpec {
             }
         }
         if fraction_total > 1.0 + 1e-9 {
-            return Err(Error::invalid_argument(
+            return Err(Error::dataset(
                 "split",
-                format!("fractions add up to {fraction_total}, more than 1"),
+                &[],
+                DatasetProblem::Split {
+                    what: format!("fractions add up to {fraction_total}, more than 1"),
+                },
             ));
         }
         // Rest goes last whatever its position, so the fixed parts are honoured.
@@ -134,9 +137,14 @@ impl SplitSpec {
                     for &v in &order {
                         let l = labels[v as usize];
                         if l >= num_classes {
-                            return Err(Error::invalid_argument(
+                            return Err(Error::dataset(
                                 "labels",
-                                format!("label {l} of vertex {v} is not below {num_classes}"),
+                                &[v as usize],
+                                DatasetProblem::OutOfRange {
+                                    value: l.into(),
+                                    bound: num_classes.into(),
+                                    bound_name: "num_classes",
+                                },
                             ));
                         }
                         if assigned[v as usize] == 0 && taken[l as usize] < k {

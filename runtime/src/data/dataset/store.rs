@@ -496,7 +496,7 @@ mod tests {
         // Patch num_classes to 2 so label 2 is out of range.
         let mut b = good;
         patch_header(&mut b, 40, &2u64.to_le_bytes());
-        expect_err(&b, "label 2 of vertex 2 is out of range");
+        expect_err(&b, "labels[2] = 2 is not below num_classes 2");
     }
 
     #[test]

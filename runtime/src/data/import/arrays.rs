@@ -10,8 +10,14 @@
 //!      `indptr.len() - 1`; or
 //!    - an edge index ([`DatasetBuilder::edge_index`]) of shape `(2, E)` in PyG's
 //!      convention: column `j` is the message `edge_index[0, j] → edge_index[1, j]`
-//!      (source → target), so the target's row holds the source; `n` is the
-//!      number of feature rows, as in `tandem import npy`.
+//!      (source → target), so the target's row holds the source; `n` is
+//!      [`DatasetBuilder::num_vertices`] when stated, else the number of feature
+//!      rows, as in `tandem import npy` (which must then equal the number of
+//!      labels).
+//!
+//!    Every count (feature rows, labels, masks, a stated vertex count) is
+//!    compared before any id is checked against `n`, so a features matrix one
+//!    row short is reported as that, not as an edge id out of range.
 //!
 //!    Without [`DatasetBuilder::symmetrize`] the edges are kept exactly as given
 //!    (the `npy` importer's code: a PyG edge index of an undirected graph
@@ -30,9 +36,10 @@
 //! 5. [`Dataset::from_parts`]: [`Dataset::validate`] and
 //!    [`Dataset::check_features`], as every importer ends.
 //!
-//! Every failure is an [`Error::InvalidDataset`] whose message starts with the
-//! field, and an element's position where one is to blame: `features: 3 rows for 4
-//! vertices`, `edge_index[1, 17] = 9 is not below the vertex count 5`. Setters
+//! Every failure is an [`Error::Dataset`] naming the field, the element's position
+//! where one is to blame, and a [`DatasetProblem`]: `features: length 3, expected 4
+//! (the number of labels)` is a [`DatasetProblem::Count`], `edge_index[1, 17] = 9
+//! is not below the vertex count 5` a [`DatasetProblem::OutOfRange`]. Setters
 //! convert (and check what they can) at once; [`DatasetBuilder::build`] reports the
 //! first failure.
 
@@ -44,7 +51,7 @@ use super::attach::draw_split;
 use super::edgelist::graph_from_edges;
 use super::npydir::graph_from_edge_index;
 use crate::data::dataset::{Dataset, SplitSpec};
-use crate::error::{Error, Result};
+use crate::error::{DatasetProblem, Error, Result};
 
 mod sealed {
     pub trait Sealed {}
@@ -112,13 +119,19 @@ enum Masks {
 /// assert_eq!(ds.num_classes, 2);
 /// assert_eq!(ds.train_ids(), vec![0, 3]);
 ///
-/// // Errors name the field and the element.
+/// // Errors name the field and the element, as fields a program can match.
+/// use runtime::{DatasetProblem, Error};
 /// let err = DatasetBuilder::new("bad")
 ///     .edge_index(&array![[0i64, 1], [1, 9]])
 ///     .features(&features)
 ///     .labels(&[0u32, 0, 1, 1])
 ///     .build()
 ///     .unwrap_err();
+/// assert!(matches!(
+///     &err,
+///     Error::Dataset { field, index, problem: DatasetProblem::OutOfRange { value: 9, bound: 4, .. } }
+///         if field == "edge_index" && index == &[1, 1]
+/// ));
 /// assert_eq!(
 ///     err.to_string(),
 ///     "invalid dataset: edge_index[1, 1] = 9 is not below the vertex count 4"
@@ -134,6 +147,7 @@ pub struct DatasetBuilder {
     features: Option<FeatureMatrix>,
     labels: Option<Vec<u32>>,
     num_classes: Option<u32>,
+    num_vertices: Option<usize>,
     masks: Masks,
     seed: u64,
     /// The first failure of a setter, reported by `build`.
@@ -151,6 +165,7 @@ impl DatasetBuilder {
             features: None,
             labels: None,
             num_classes: None,
+            num_vertices: None,
             masks: Masks::Split(SplitSpec::default()),
             seed: 0,
             error: None,
@@ -187,17 +202,20 @@ impl DatasetBuilder {
         let ei: ArrayView2<T> = edge_index.into();
         let rows = if ei.nrows() == 2 {
             let limit = u32::MAX as i128;
-            let beyond = format!("does not fit u32 vertex ids (at most {})", u32::MAX - 1);
-            checked(ei.row(0), limit, |j| format!("edge_index[0, {j}]"), &beyond).and_then(|src| {
-                checked(ei.row(1), limit, |j| format!("edge_index[1, {j}]"), &beyond)
+            let beyond = "the u32 vertex id limit";
+            checked(ei.row(0), limit, "edge_index", |j| vec![0, j], beyond).and_then(|src| {
+                checked(ei.row(1), limit, "edge_index", |j| vec![1, j], beyond)
                     .map(|dst| (src, dst))
             })
         } else {
-            Err(invalid(format!(
-                "edge_index: shape ({}, {}), expected (2, E): row 0 = sources, row 1 = targets",
-                ei.nrows(),
-                ei.ncols()
-            )))
+            Err(Error::dataset(
+                "edge_index",
+                &[],
+                DatasetProblem::Shape {
+                    expected: "(2, E): row 0 = sources, row 1 = targets",
+                    found: vec![ei.nrows(), ei.ncols()],
+                },
+            ))
         };
         if let Some((src, dst)) = self.keep(rows) {
             self.graph = Some(Topology::EdgeIndex { src, dst });
@@ -228,12 +246,12 @@ impl DatasetBuilder {
     where
         L: ArrayInt + 'a,
     {
-        let beyond = format!("is too large (labels must be below {})", u32::MAX);
         let l = checked(
             labels.into(),
             u32::MAX as i128,
-            |i| format!("labels[{i}]"),
-            &beyond,
+            "labels",
+            |i| vec![i],
+            "the u32 label limit",
         );
         if let Some(l) = self.keep(l) {
             self.labels = Some(l);
@@ -244,6 +262,15 @@ impl DatasetBuilder {
     /// The number of classes (default: the largest label + 1).
     pub fn num_classes(mut self, num_classes: u32) -> Self {
         self.num_classes = Some(num_classes);
+        self
+    }
+
+    /// The number of vertices, stated (default: the CSR's, or for an edge index
+    /// the number of feature rows). Every array is checked against it before any
+    /// vertex id is: features with one row too few are a
+    /// [`DatasetProblem::Count`] on `features`, not an edge id out of range.
+    pub fn num_vertices(mut self, num_vertices: usize) -> Self {
+        self.num_vertices = Some(num_vertices);
         self
     }
 
@@ -279,43 +306,78 @@ impl DatasetBuilder {
         if let Some(e) = self.error {
             return Err(e);
         }
+        let missing = |field: &str| Err(Error::dataset(field, &[], DatasetProblem::Missing));
         let Some(topology) = self.graph else {
-            return Err(invalid(
-                "graph: not given (DatasetBuilder::csr or DatasetBuilder::edge_index)",
-            ));
+            return missing("graph");
         };
         let Some(features) = self.features else {
-            return Err(invalid("features: not given (DatasetBuilder::features)"));
+            return missing("features");
         };
         let Some(labels) = self.labels else {
-            return Err(invalid("labels: not given (DatasetBuilder::labels)"));
+            return missing("labels");
         };
 
-        // 1. Topology.
-        let n = match &topology {
-            Topology::Csr(g) => g.num_vertices(),
-            Topology::EdgeIndex { .. } => features.num_rows(),
-        };
-        if n == 0 {
-            return Err(invalid(match topology {
-                Topology::Csr(_) => "indptr: 1 entry, so 0 vertices; the graph needs at least one",
-                Topology::EdgeIndex { .. } => {
-                    "features: 0 rows, so 0 vertices; the graph needs at least one"
+        // Counts first (every array against one vertex count), ids after.
+        let (n, basis) = match (&topology, self.num_vertices) {
+            (Topology::Csr(g), Some(stated)) => {
+                if g.num_vertices() != stated {
+                    return Err(count(
+                        "indptr",
+                        stated as u64 + 1,
+                        g.num_vertices() as u64 + 1,
+                        "num_vertices + 1",
+                    ));
                 }
-            }));
+                (stated, "num_vertices")
+            }
+            (Topology::Csr(g), None) => (g.num_vertices(), "the vertices of the CSR"),
+            (Topology::EdgeIndex { .. }, Some(stated)) => (stated, "num_vertices"),
+            (Topology::EdgeIndex { .. }, None) => {
+                // No stated count: feature rows and labels must agree before either
+                // is taken as the vertex count.
+                if features.num_rows() != labels.len() {
+                    return Err(count(
+                        "features",
+                        labels.len() as u64,
+                        features.num_rows() as u64,
+                        "the number of labels; DatasetBuilder::num_vertices states the count",
+                    ));
+                }
+                (features.num_rows(), "the feature rows")
+            }
+        };
+        if features.num_rows() != n {
+            return Err(count(
+                "features",
+                n as u64,
+                features.num_rows() as u64,
+                basis,
+            ));
+        }
+        if labels.len() != n {
+            return Err(count("labels", n as u64, labels.len() as u64, basis));
+        }
+        if let Masks::Given(masks) = &self.masks {
+            for (name, m) in MASK_NAMES.iter().zip(masks) {
+                if m.len() != n {
+                    return Err(count(name, n as u64, m.len() as u64, basis));
+                }
+            }
+        }
+        if n == 0 {
+            return Err(Error::dataset_invalid(
+                "graph",
+                "0 vertices; the graph needs at least one",
+            ));
         }
         if n > u32::MAX as usize {
-            return Err(invalid(format!(
-                "features: {n} rows do not fit u32 vertex ids"
-            )));
+            return Err(Error::dataset_invalid(
+                "graph",
+                format!("{n} vertices do not fit u32 vertex ids"),
+            ));
         }
-        // 2. Features (their values were checked by `features`).
-        if features.num_rows() != n {
-            return Err(invalid(format!(
-                "features: {} rows for {n} vertices",
-                features.num_rows()
-            )));
-        }
+
+        // 1. Topology (2. the features' values were checked by `features`).
         let graph = match topology {
             Topology::Csr(g) if self.symmetrize => {
                 let edges: Vec<(u32, u32)> = g.edges().collect();
@@ -333,9 +395,15 @@ impl DatasetBuilder {
                     } else {
                         (1, dst[j])
                     };
-                    return Err(invalid(format!(
-                        "edge_index[{row}, {j}] = {v} is not below the vertex count {n}"
-                    )));
+                    return Err(Error::dataset(
+                        "edge_index",
+                        &[row, j],
+                        DatasetProblem::OutOfRange {
+                            value: v.into(),
+                            bound: n as u64,
+                            bound_name: "the vertex count",
+                        },
+                    ));
                 }
                 let built = if self.symmetrize {
                     let edges: Vec<(u32, u32)> = src.into_iter().zip(dst).collect();
@@ -348,28 +416,32 @@ impl DatasetBuilder {
         };
 
         // 3. Labels.
-        if labels.len() != n {
-            return Err(invalid(format!(
-                "labels: {} entries for {n} vertices",
-                labels.len()
-            )));
-        }
         let num_classes = match self.num_classes {
-            Some(0) => return Err(invalid("num_classes: 0; there must be at least one class")),
+            Some(0) => {
+                return Err(Error::dataset_invalid(
+                    "num_classes",
+                    "0; there must be at least one class",
+                ))
+            }
             Some(c) => c,
             None => labels.iter().max().map_or(1, |&m| m + 1),
         };
         if let Some(i) = labels.par_iter().position_first(|&l| l >= num_classes) {
-            return Err(invalid(format!(
-                "labels[{i}] = {} is not below num_classes {num_classes}",
-                labels[i]
-            )));
+            return Err(Error::dataset(
+                "labels",
+                &[i],
+                DatasetProblem::OutOfRange {
+                    value: labels[i].into(),
+                    bound: num_classes.into(),
+                    bound_name: "num_classes",
+                },
+            ));
         }
 
         // 4. Masks.
         let masks = match self.masks {
             Masks::Given(masks) => {
-                check_masks(&masks, n)?;
+                check_disjoint(&masks, n)?;
                 masks
             }
             Masks::Split(spec) => draw_split(&spec, &labels, num_classes, self.seed)?,
@@ -391,19 +463,32 @@ impl DatasetBuilder {
     }
 }
 
-/// An [`Error::InvalidDataset`] saying `what`.
-fn invalid(what: impl Into<String>) -> Error {
-    Error::InvalidDataset { what: what.into() }
+/// The names of the three masks, in order.
+const MASK_NAMES: [&str; 3] = ["train_mask", "val_mask", "test_mask"];
+
+/// A [`DatasetProblem::Count`] on `field`.
+fn count(field: &str, expected: u64, found: u64, basis: &'static str) -> Error {
+    Error::dataset(
+        field,
+        &[],
+        DatasetProblem::Count {
+            expected,
+            found,
+            basis,
+        },
+    )
 }
 
-/// The values of `a` as `T`, each in `0..limit`; the first that is not is an
-/// error `{name(i)} = {value} is negative` or `{name(i)} = {value} {beyond}`.
-/// (Contiguous arrays are scanned in parallel.)
+/// The values of `a` as `T`, each in `0..limit`; the first that is not is a
+/// [`DatasetProblem::Negative`] or [`DatasetProblem::OutOfRange`] (bound `limit`,
+/// called `beyond`) on `field` at `index(i)`. (Contiguous arrays are scanned in
+/// parallel.)
 fn checked<A: ArrayInt, T: TryFrom<i128> + Send>(
     a: ArrayView1<A>,
     limit: i128,
-    name: impl Fn(usize) -> String,
-    beyond: &str,
+    field: &str,
+    index: impl Fn(usize) -> Vec<usize>,
+    beyond: &'static str,
 ) -> Result<Vec<T>> {
     let ok = |x: &A| (0..limit).contains(&x.widen());
     let bad = match a.as_slice() {
@@ -411,9 +496,17 @@ fn checked<A: ArrayInt, T: TryFrom<i128> + Send>(
         None => a.iter().position(|x| !ok(x)),
     };
     if let Some(i) = bad {
-        let v = a[i].widen();
-        let why = if v < 0 { "is negative" } else { beyond };
-        return Err(invalid(format!("{} = {v} {why}", name(i))));
+        let value = a[i].widen();
+        let problem = if value < 0 {
+            DatasetProblem::Negative { value }
+        } else {
+            DatasetProblem::OutOfRange {
+                value,
+                bound: u64::try_from(limit).unwrap_or(u64::MAX),
+                bound_name: beyond,
+            }
+        };
+        return Err(Error::dataset(field, &index(i), problem));
     }
     // In range, so the conversion cannot fail.
     let narrow = |x: &A| T::try_from(x.widen()).unwrap_or_else(|_| unreachable!("checked"));
@@ -429,38 +522,70 @@ fn csr_graph<P: ArrayInt, I: ArrayInt>(
     indices: ArrayView1<I>,
 ) -> Result<CsrGraph> {
     if indptr.is_empty() {
-        return Err(invalid("indptr: empty; it needs num_vertices + 1 entries"));
+        return Err(Error::dataset_invalid(
+            "indptr",
+            "empty; it needs num_vertices + 1 entries",
+        ));
     }
     let n = indptr.len() - 1;
     if n > u32::MAX as usize {
-        return Err(invalid(format!(
-            "indptr: {n} vertices do not fit u32 vertex ids"
-        )));
+        return Err(Error::dataset_invalid(
+            "indptr",
+            format!("{n} vertices do not fit u32 vertex ids"),
+        ));
     }
-    let offsets: Vec<u64> = checked(indptr, u64::MAX as i128 + 1, |v| format!("indptr[{v}]"), "")?;
+    let offsets: Vec<u64> = checked(
+        indptr,
+        u64::MAX as i128 + 1,
+        "indptr",
+        |v| vec![v],
+        "the u64 offset limit",
+    )?;
     if offsets[0] != 0 {
-        return Err(invalid(format!("indptr[0] = {}, expected 0", offsets[0])));
+        return Err(Error::dataset(
+            "indptr",
+            &[0],
+            DatasetProblem::Invalid {
+                what: format!("{}, expected 0", offsets[0]),
+            },
+        ));
     }
     if let Some(v) = (0..n)
         .into_par_iter()
         .find_first(|&v| offsets[v] > offsets[v + 1])
     {
-        return Err(invalid(format!(
-            "indptr[{}] = {} is less than indptr[{v}] = {}; offsets must not decrease",
-            v + 1,
-            offsets[v + 1],
-            offsets[v]
-        )));
+        return Err(Error::dataset(
+            "indptr",
+            &[v + 1],
+            DatasetProblem::Invalid {
+                what: format!(
+                    "{} is less than indptr[{v}] = {}; offsets must not decrease",
+                    offsets[v + 1],
+                    offsets[v]
+                ),
+            },
+        ));
     }
     if offsets[n] != indices.len() as u64 {
-        return Err(invalid(format!(
-            "indptr[{n}] = {}, expected the number of indices {}",
-            offsets[n],
-            indices.len()
-        )));
+        return Err(Error::dataset(
+            "indptr",
+            &[n],
+            DatasetProblem::Invalid {
+                what: format!(
+                    "{}, expected the number of indices {}",
+                    offsets[n],
+                    indices.len()
+                ),
+            },
+        ));
     }
-    let beyond = format!("is not below the vertex count {n}");
-    let ids: Vec<u32> = checked(indices, n as i128, |k| format!("indices[{k}]"), &beyond)?;
+    let ids: Vec<u32> = checked(
+        indices,
+        n as i128,
+        "indices",
+        |k| vec![k],
+        "the vertex count",
+    )?;
     CsrGraph::new(offsets.into(), ids.into()).map_err(|e| Error::cpu_ops("csr", e))
 }
 
@@ -468,51 +593,48 @@ fn csr_graph<P: ArrayInt, I: ArrayInt>(
 fn feature_matrix(x: ArrayView2<f32>) -> Result<FeatureMatrix> {
     let (rows, dim) = x.dim();
     if dim == 0 {
-        return Err(invalid(format!(
-            "features: shape ({rows}, 0); every vertex needs at least one feature"
-        )));
+        return Err(Error::dataset(
+            "features",
+            &[],
+            DatasetProblem::Shape {
+                expected: "(n, d) with d ≥ 1: every vertex needs at least one feature",
+                found: vec![rows, 0],
+            },
+        ));
     }
     let data: Vec<f32> = match x.as_slice() {
         Some(s) => s.to_vec(),
         None => x.iter().copied().collect(),
     };
     if let Some(i) = data.par_iter().position_first(|v| !v.is_finite()) {
-        return Err(invalid(format!(
-            "features[{}, {}] = {} is not a finite number",
-            i / dim,
-            i % dim,
-            data[i]
-        )));
+        return Err(Error::dataset(
+            "features",
+            &[i / dim, i % dim],
+            DatasetProblem::NonFinite { value: data[i] },
+        ));
     }
     FeatureMatrix::new(data.into(), rows, dim).map_err(|e| Error::cpu_ops("features", e))
 }
 
-/// Step 4 for given masks: `n` entries each, no vertex in two parts.
-fn check_masks(masks: &[Vec<u8>; 3], n: usize) -> Result<()> {
-    const NAMES: [&str; 3] = ["train_mask", "val_mask", "test_mask"];
-    for (name, m) in NAMES.iter().zip(masks) {
-        if m.len() != n {
-            return Err(invalid(format!(
-                "{name}: {} entries for {n} vertices",
-                m.len()
-            )));
-        }
-    }
+/// Step 4 for given masks (their lengths were checked with the other counts): no
+/// vertex in two parts.
+fn check_disjoint(masks: &[Vec<u8>; 3], n: usize) -> Result<()> {
     let [a, b, c] = masks;
     if let Some(v) = (0..n)
         .into_par_iter()
         .find_first(|&v| a[v] + b[v] + c[v] > 1)
     {
-        let both: Vec<&str> = NAMES
+        let both: Vec<&str> = MASK_NAMES
             .iter()
             .zip(masks)
             .filter(|(_, m)| m[v] == 1)
             .map(|(name, _)| *name)
             .collect();
-        return Err(invalid(format!(
-            "{}: vertex {v} is in both; the parts must be disjoint",
-            both[..2].join(" and ")
-        )));
+        return Err(Error::dataset(
+            both[0],
+            &[v],
+            DatasetProblem::Overlap { other: both[1] },
+        ));
     }
     Ok(())
 }

@@ -926,7 +926,10 @@ mod tests {
         opts.split = "0.8,0.8,rest".parse().unwrap();
         assert!(matches!(
             import_wordnet(&opts),
-            Err(Error::InvalidArgument { .. })
+            Err(Error::Dataset {
+                problem: crate::DatasetProblem::Split { .. },
+                ..
+            })
         ));
     }
 

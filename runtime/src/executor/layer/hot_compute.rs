@@ -152,10 +152,7 @@ impl HotComputer {
         let b = &batch.blocks()[0];
         let view =
             BlockView::new(b.num_src(), b.indptr(), b.indices()).map_err(kernel("hot block"))?;
-        let device = |e| Error::Device {
-            context: "hot compute".into(),
-            source: e,
-        };
+        let device = |e| Error::device("hot compute", e);
         let layer = match &mut scratch.generic {
             Some((v, l)) if *v == weights.version => l,
             Some((v, l)) => {

@@ -153,10 +153,7 @@ impl HybridMonitor {
         workers: usize,
         control: MonitorControl,
     ) -> Result<Self> {
-        let sched = |source| Error::Scheduler {
-            context: "orchestration.monitor".into(),
-            source,
-        };
+        let sched = |source| Error::scheduler("orchestration.monitor", source);
         let row_bytes = engine.row_bytes();
         if row_bytes == 0 {
             return Err(Error::invalid_argument(
@@ -344,10 +341,7 @@ impl HybridMonitor {
         let event = self
             .monitor
             .observe(&obs)
-            .map_err(|source| Error::Scheduler {
-                context: "hybrid monitor".into(),
-                source,
-            })?;
+            .map_err(|source| Error::scheduler("hybrid monitor", source))?;
         let Some(event) = event else {
             return Ok(());
         };

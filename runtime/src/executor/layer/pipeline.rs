@@ -90,10 +90,7 @@ pub const DEPTH: usize = 1;
 pub const HOT_CHUNK: usize = 1024;
 
 fn sched(context: &'static str) -> impl Fn(scheduler::SchedulerError) -> Error {
-    move |source| Error::Scheduler {
-        context: context.into(),
-        source,
-    }
+    move |source| Error::scheduler(context, source)
 }
 
 /// How the layer pipeline runs (`[orchestration]`, as the placement module
