@@ -124,6 +124,12 @@ pub enum Error {
         /// Its error, or the panic message.
         what: String,
     },
+    /// `Trainer::fit` found all `train.epochs` epochs trained already (`fit_epochs(n)` trains more).
+    #[error("all {epochs} epochs of train.epochs are trained; fit_epochs(n) trains n more")]
+    TrainingComplete {
+        /// `train.epochs`.
+        epochs: usize,
+    },
 }
 
 /// Shorthand for results of this crate.

@@ -62,6 +62,9 @@ pub struct EngineOptions {
     pub eval_fanouts: Vec<u32>,
     /// Feature-cache budget in bytes.
     pub cache_bytes: usize,
+    /// The most device memory the engine may plan for (0: what is free); the
+    /// feature cache shrinks to fit it (`engine/memory.rs`, [`memory::plan`]).
+    pub memory_budget: u64,
     /// Where the topology lives.
     pub topology: TopologyPlacement,
     /// Adam's hyper-parameters.
@@ -129,7 +132,8 @@ pub struct DeviceEngine<B: Backend> {
     sparse: Option<input::SparseStore<B>>,
     model: DeviceModel<B>,
     opts: EngineOptions,
-    labels: Vec<u32>,
+    /// The dataset's labels (shared with it, not copied).
+    labels: cpu_ops::HostArray<u32>,
     num_classes: usize,
     num_vertices: usize,
     /// Reused gather buffer (grown on demand; ops read prefixes).
@@ -212,7 +216,7 @@ impl<B: Backend> DeviceEngine<B> {
         dev: B,
         ds: &Arc<Dataset>,
         model: &ModelConfig,
-        opts: EngineOptions,
+        mut opts: EngineOptions,
     ) -> Result<Self> {
         let layout = gpu_ops::ModelLayout::new(model).map_err(dev_err("model"))?;
         let num_params = layout.params().iter().map(|p| p.len).sum();
@@ -227,7 +231,10 @@ impl<B: Backend> DeviceEngine<B> {
             opts.topology == TopologyPlacement::Device,
         );
         let free = dev.memory_info().map_err(dev_err("device memory"))?.free as u64;
-        memory::check(&need, free, &dev.describe())?;
+        let cache = memory::plan(&need, free, opts.memory_budget, &dev.describe())?;
+        if cache < need.cache {
+            opts.cache_bytes = usize::try_from(cache).unwrap_or(usize::MAX);
+        }
         dev.set_precision(opts.precision)
             .map_err(dev_err("setting model.precision"))?;
         let graph = dev
@@ -253,7 +260,7 @@ impl<B: Backend> DeviceEngine<B> {
             rows: None,
             sparse: None,
             model: dm,
-            labels: ds.labels.to_vec(),
+            labels: ds.labels.clone(),
             num_classes: ds.num_classes as usize,
             num_vertices: ds.num_vertices(),
             x: None,

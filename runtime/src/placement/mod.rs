@@ -162,6 +162,7 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             fanouts: cfg.train_fanouts()?,
             eval_fanouts: cfg.eval_fanouts()?,
             cache_bytes: usize::try_from(cfg.device.cache_bytes).unwrap_or(usize::MAX),
+            memory_budget: cfg.device.memory_budget_bytes,
             topology: cfg.device.topology,
             adam: cpu_ops::AdamConfig {
                 lr: cfg.train.lr,
