@@ -251,6 +251,13 @@ fn a_memory_budget_shrinks_the_cache_and_refuses_what_cannot_fit() {
     let half = build(feature_bytes, fixed + feature_bytes / 2).unwrap();
     let rows = half.cache_stats().cached_rows;
     assert!(rows > 0 && rows < 1000, "{rows}");
+    // The device note says so; without the cut it says nothing of the budget.
+    assert!(
+        half.device_note().contains("device.memory_budget_bytes"),
+        "{}",
+        half.device_note()
+    );
+    assert!(!roomy.device_note().contains("memory_budget"));
     assert!(
         half.cache_stats().budget_bytes as u64 <= feature_bytes / 2,
         "{:?}",

@@ -157,6 +157,8 @@ pub struct DeviceEngine<B: Backend> {
     misses_before: Option<u64>,
     tracer: Tracer,
     acc: TrackId,
+    /// What `device.memory_budget_bytes` changed, for the device note.
+    budget_note: Option<String>,
 }
 
 fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
@@ -232,9 +234,16 @@ impl<B: Backend> DeviceEngine<B> {
         );
         let free = dev.memory_info().map_err(dev_err("device memory"))?.free as u64;
         let cache = memory::plan(&need, free, opts.memory_budget, &dev.describe())?;
-        if cache < need.cache {
+        let budget_note = (cache < need.cache).then(|| {
             opts.cache_bytes = usize::try_from(cache).unwrap_or(usize::MAX);
-        }
+            format!(
+                "; device.memory_budget_bytes = {} leaves the feature cache {} of the {} \
+                 device.cache_bytes asks for",
+                opts.memory_budget,
+                crate::trace::fmt_bytes(cache),
+                crate::trace::fmt_bytes(need.cache)
+            )
+        });
         dev.set_precision(opts.precision)
             .map_err(dev_err("setting model.precision"))?;
         let graph = dev
@@ -253,6 +262,7 @@ impl<B: Backend> DeviceEngine<B> {
             host,
             h2d: 0,
             misses_before: None,
+            budget_note,
             acc: tracer.declare_track("acc", TrackKind::Accelerator),
             tracer,
             graph,
@@ -272,6 +282,12 @@ impl<B: Backend> DeviceEngine<B> {
             opts,
             dev: std::sync::Arc::new(dev),
         })
+    }
+
+    /// What `device.memory_budget_bytes` changed (the feature cache it
+    /// shrank), as a clause of the device note; `None` when nothing.
+    pub fn budget_note(&self) -> Option<&str> {
+        self.budget_note.as_deref()
     }
 
     /// The device feature store, loaded on first use.

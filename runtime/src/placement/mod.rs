@@ -146,7 +146,7 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
         SparseFeatures::Auto => density(&input.ds.features) <= t.sparse_threshold,
     };
     let sparse = wanted && dev.supports_sparse();
-    let note = match (wanted, sparse) {
+    let mut note = match (wanted, sparse) {
         (true, false) => format!(
             "; train.sparse_features: the {} backend has no sparse ops, input rows are dense",
             dev.kind()
@@ -181,6 +181,9 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             sample_ahead: cfg.device.sample_ahead,
         },
     )?;
+    if let Some(n) = engine.budget_note() {
+        note.push_str(n);
+    }
     Ok((engine, note))
 }
 
