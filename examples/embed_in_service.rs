@@ -106,8 +106,12 @@ fn main() -> Result<()> {
 
     // 2. Later (in a fresh process, say) the job is resumed from its checkpoint and
     //    finishes exactly as if it had never stopped.
-    drop(trainer); // closes the progress channel's sender
+    // The status thread's loop ends when the channel's last sender is dropped,
+    // and the progress callback owns it: remove the callbacks (or drop the
+    // trainer), or the thread waits for as long as the trainer lives.
+    trainer.clear_callbacks();
     status.join().expect("status thread");
+    drop(trainer);
     let mut resumed = TrainerBuilder::from_toml(JOB)?.build()?;
     resumed.load_checkpoint(&checkpoint)?;
     println!(

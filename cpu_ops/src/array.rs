@@ -14,15 +14,19 @@ use memmap2::Mmap;
 
 use crate::error::{CpuOpsError, Result};
 
-/// A read-only slice of `T` backed by a `Vec<T>` or by a shared memory map.
+/// A read-only slice of `T` backed by a shared `Vec<T>` or by a shared memory map.
 ///
-/// Cloning a mapped array is cheap (it clones an `Arc`); cloning an owned one copies.
+/// Cloning is cheap either way: it clones an `Arc`, never the elements, so a
+/// dataset cloned for several trainers (or handed to a device engine) holds one
+/// copy of its arrays. [`HostArray::shares_storage`] tells whether two arrays
+/// are views of the same elements.
 pub struct HostArray<T: Pod> {
     repr: Repr<T>,
 }
 
 enum Repr<T> {
-    Owned(Vec<T>),
+    /// Shared, never mutated after construction.
+    Owned(Arc<Vec<T>>),
     Mapped {
         map: Arc<Mmap>,
         offset: usize,
@@ -34,7 +38,7 @@ impl<T: Pod> HostArray<T> {
     /// Wraps an owned vector.
     pub fn from_vec(v: Vec<T>) -> Self {
         Self {
-            repr: Repr::Owned(v),
+            repr: Repr::Owned(Arc::new(v)),
         }
     }
 
@@ -83,7 +87,7 @@ impl<T: Pod> HostArray<T> {
     /// The elements as a slice.
     pub fn as_slice(&self) -> &[T] {
         match &self.repr {
-            Repr::Owned(v) => v,
+            Repr::Owned(v) => v.as_slice(),
             Repr::Mapped { map, offset, len } => {
                 let bytes = &map[*offset..*offset + *len * std::mem::size_of::<T>()];
                 // Alignment and bounds were checked in `from_mapped`; the mapping is
@@ -98,10 +102,19 @@ impl<T: Pod> HostArray<T> {
         matches!(self.repr, Repr::Mapped { .. })
     }
 
-    /// Copies the data into an owned vector (or takes it when already owned).
+    /// Whether `self` and `other` view the same elements in memory (the same
+    /// address and length): true for clones of one array, false for a copy
+    /// (two empty arrays count as sharing).
+    pub fn shares_storage(&self, other: &Self) -> bool {
+        let (a, b) = (self.as_slice(), other.as_slice());
+        a.len() == b.len() && std::ptr::eq(a.as_ptr(), b.as_ptr())
+    }
+
+    /// Copies the data into an owned vector (or takes it when this is the only
+    /// handle on an owned array).
     pub fn into_vec(self) -> Vec<T> {
         match self.repr {
-            Repr::Owned(v) => v,
+            Repr::Owned(v) => Arc::try_unwrap(v).unwrap_or_else(|shared| shared.to_vec()),
             Repr::Mapped { .. } => self.as_slice().to_vec(),
         }
     }
@@ -117,7 +130,7 @@ impl<T: Pod> Deref for HostArray<T> {
 impl<T: Pod> Clone for HostArray<T> {
     fn clone(&self) -> Self {
         let repr = match &self.repr {
-            Repr::Owned(v) => Repr::Owned(v.clone()),
+            Repr::Owned(v) => Repr::Owned(Arc::clone(v)),
             Repr::Mapped { map, offset, len } => Repr::Mapped {
                 map: Arc::clone(map),
                 offset: *offset,
@@ -191,6 +204,25 @@ mod tests {
         assert!(mapped.is_mapped());
         assert_eq!(mapped, owned);
         assert_eq!(mapped.clone().into_vec(), vals);
+    }
+
+    #[test]
+    fn clones_share_the_elements_and_copies_do_not() {
+        let a = HostArray::from_vec((0..1000u32).collect::<Vec<_>>());
+        let b = a.clone();
+        assert!(a.shares_storage(&b));
+        assert_eq!(a.as_slice().as_ptr(), b.as_slice().as_ptr());
+        let copy = HostArray::from_vec(a.as_slice().to_vec());
+        assert_eq!(copy, a);
+        assert!(!copy.shares_storage(&a));
+        // Taking the vector out of a shared array copies it, leaving the other intact.
+        let v = b.into_vec();
+        assert_ne!(v.as_ptr(), a.as_slice().as_ptr());
+        assert_eq!(v, a.as_slice());
+        // The last handle gives its vector up without a copy.
+        let ptr = a.as_slice().as_ptr();
+        let owned = a.into_vec();
+        assert_eq!(owned.as_ptr(), ptr);
     }
 
     #[test]

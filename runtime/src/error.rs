@@ -190,6 +190,12 @@ pub enum Error {
         /// Its error, or the panic message.
         what: String,
     },
+    /// `Trainer::fit` found all `train.epochs` epochs trained already (`fit_epochs(n)` trains more).
+    #[error("all {epochs} epochs of train.epochs are trained; fit_epochs(n) trains n more")]
+    TrainingComplete {
+        /// `train.epochs`.
+        epochs: usize,
+    },
 }
 
 /// What is wrong with a dataset ([`Error::Dataset`]).

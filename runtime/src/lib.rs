@@ -14,8 +14,8 @@
 //! [`TrainerBuilder`] (from a [`config::TrainConfig`], a TOML string or a file;
 //! optionally an in-memory [`Dataset`] — from arrays with
 //! [`DatasetBuilder`] —, callbacks, a [`CancelToken`], `verbose`) → [`Trainer`]:
-//! - [`Trainer::fit`] trains up to `train.epochs`; [`Trainer::train_epoch`] trains
-//!   one epoch; [`Trainer::evaluate`] / [`Trainer::evaluate_val_test`] measure
+//! - [`Trainer::fit`] trains up to `train.epochs`; [`Trainer::fit_epochs`] `n`
+//!   more; [`Trainer::train_epoch`] trains one epoch; [`Trainer::evaluate`] / [`Trainer::evaluate_val_test`] measure
 //!   accuracy;
 //! - [`Trainer::embeddings`] returns the output of the layer below the classifier
 //!   for given vertices (full-neighbor inference, as DGL's `model.inference`
@@ -32,8 +32,32 @@
 //!   a [`CancelToken`] stops it from another thread within one batch
 //!   ([`Error::Cancelled`]).
 //!
-//! Nothing is global: each trainer owns its data, model and rayon pool, prints
-//! nothing unless asked, and reports failures as [`Error`] values.
+//! Nothing is global: each trainer owns its model and its place in training,
+//! prints nothing unless asked, and reports failures as [`Error`] values.
+//!
+//! # Many jobs in one process
+//! A service trains several jobs at once on one copy of the data and a share of
+//! the machine:
+//! - [`TrainerBuilder::dataset`] takes a [`Dataset`] or an `Arc<Dataset>`; jobs
+//!   given clones of one `Arc` share its arrays ([`Trainer::shared_dataset`];
+//!   [`cpu_ops::HostArray`] clones share their elements, so nothing below the
+//!   trainer copies them either);
+//! - [`TrainerBuilder::threads`] is a job's core budget (its own pool of that
+//!   many workers), [`TrainerBuilder::thread_pool`] runs it on a rayon pool
+//!   shared with other jobs ([`rayon`] is re-exported); without either, each
+//!   trainer builds a pool over all cores;
+//! - on a GPU, [`TrainerBuilder::device_ordinal`] picks the device and
+//!   [`TrainerBuilder::device_memory_budget`] bounds what the job plans to use
+//!   there (`device.memory_budget_bytes`); `device.kind` defaults to `"auto"`,
+//!   so set `"host"` to keep a job off a GPU;
+//! - callbacks can be removed again ([`Trainer::add_callback`] returns a
+//!   [`CallbackId`] for [`Trainer::remove_callback`]; [`Trainer::clear_callbacks`]),
+//!   which drops what they own (a channel's sender) while the trainer lives on;
+//! - [`Trainer::fit`] trains up to `train.epochs` and afterwards returns
+//!   [`Error::TrainingComplete`]; [`Trainer::fit_epochs`] trains `n` more;
+//!   [`Trainer::train_epoch`] trains one more epoch, past `train.epochs` too.
+//!
+//! `examples/service_jobs.rs` runs four jobs this way.
 //!
 //! # Devices and the `cuda` feature
 //! `device.kind` defaults to `"auto"`: a trainer takes a usable CUDA GPU when the
@@ -138,8 +162,11 @@ pub use error::{BoxedSource, ConfigProblem, DatasetProblem, Error, Result, StopC
 pub use executor::OrchestrationStats;
 /// The `ndarray` version the array-taking and array-returning API uses.
 pub use ndarray;
+/// The `rayon` version of [`TrainerBuilder::thread_pool`]'s pool.
+pub use rayon;
 pub use session::builder::TrainerBuilder;
 pub use session::control::{
-    on_batch, on_epoch, test_at_best_val, BatchMetrics, Callback, CancelToken, Control, EpochStats,
+    on_batch, on_epoch, test_at_best_val, BatchMetrics, Callback, CallbackId, CancelToken, Control,
+    EpochStats,
 };
 pub use session::{load_dataset, Trainer};

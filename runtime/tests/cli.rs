@@ -362,6 +362,11 @@ fn train_out_dir_env_overrides_and_bit_exact_resume() {
         }
     }
 
+    // Resuming a finished run trains nothing and says so (the library's
+    // `Error::TrainingComplete` is not an error here).
+    let done = ok(&["train", "--resume", s(&run.join("checkpoint.tck"))]);
+    assert!(done.contains("nothing to train"), "{done}");
+
     // A new run may not overwrite an earlier one.
     let e = err(&with(&small, &["--out", s(&run)]));
     assert!(e.contains("earlier run") && e.contains("--resume"), "{e}");

@@ -331,7 +331,11 @@ fn train(
         }));
     }
     say!("epoch   loss     train    val      test     train s  eval s");
-    let result = trainer.fit();
+    let result = match trainer.fit() {
+        // Said above ("nothing to train"): the run ends with what it has.
+        Err(Error::TrainingComplete { .. }) => Ok(Vec::new()),
+        r => r,
+    };
     if let Some(e) = failed.lock().take() {
         return Err(e);
     }

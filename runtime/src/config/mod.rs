@@ -271,6 +271,9 @@ pub struct DeviceSection {
     /// Sample each training batch while the one before it trains (a second
     /// stream on CUDA).
     pub sample_ahead: bool,
+    /// The most device memory the job's engine may plan for (0: what the
+    /// device has free); the feature cache shrinks to fit it.
+    pub memory_budget_bytes: u64,
 }
 
 impl Default for DeviceSection {
@@ -282,6 +285,7 @@ impl Default for DeviceSection {
             topology: TopologyPlacement::Device,
             feature_dtype: FeatureDtype::F32,
             sample_ahead: false,
+            memory_budget_bytes: 0,
         }
     }
 }

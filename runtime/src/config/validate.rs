@@ -102,6 +102,12 @@ impl TrainConfig {
             0,
             TOML_INT_MAX,
         )?;
+        in_range(
+            "device.memory_budget_bytes",
+            self.device.memory_budget_bytes,
+            0,
+            TOML_INT_MAX,
+        )?;
         in_range("data.synthetic.seed", s.seed, 0, TOML_INT_MAX)?;
         self.validate_orchestration()?;
         self.validate_dist()?;

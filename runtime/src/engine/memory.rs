@@ -16,6 +16,15 @@
 //!
 //! The need is the sum; it must not exceed the free memory. The host backend
 //! reports the machine's available memory, so the check holds there too.
+//!
+//! # A memory budget (`device.memory_budget_bytes`)
+//! A job sharing a device with others may be given a budget `M` (0: none). Then
+//! (see [`plan`]):
+//! 5. the fixed parts — topology, model, batch working set — must fit in `M`
+//!    (else an error naming the budget and the keys that shrink each part);
+//! 6. the feature cache gets `min(step 2, M − fixed)`: the budget caps the
+//!    cache, which shrinks to what the budget leaves;
+//! 7. the total with that cache must still be free on the device.
 
 use cpu_ops::{ModelConfig, ALL_NEIGHBORS};
 
@@ -120,6 +129,39 @@ pub(crate) fn check(need: &MemoryNeed, free: u64, device: &str) -> Result<()> {
     ))
 }
 
+/// Steps 5–7: the feature-cache bytes the engine may use for `need` under a
+/// budget of `budget` bytes (0: no budget, the cache `need.cache` as
+/// requested) on a device with `free` bytes free.
+pub(crate) fn plan(need: &MemoryNeed, free: u64, budget: u64, device: &str) -> Result<u64> {
+    if budget == 0 {
+        check(need, free, device)?;
+        return Ok(need.cache);
+    }
+    let fixed = MemoryNeed { cache: 0, ..*need };
+    if fixed.total() > budget {
+        return Err(Error::invalid_argument(
+            "device.memory_budget_bytes",
+            format!(
+                "{} is below what this run needs without a feature cache, about {}: \
+                 topology {} (device.topology = \"pinned-host\" keeps it in host memory), \
+                 batch working set {} (train.batch_size, train.fanouts, model.hidden), \
+                 model and optimizer state {} (model.hidden, model.layers)",
+                fmt_bytes(budget),
+                fmt_bytes(fixed.total()),
+                fmt_bytes(fixed.topology),
+                fmt_bytes(fixed.batch),
+                fmt_bytes(fixed.model),
+            ),
+        ));
+    }
+    let granted = MemoryNeed {
+        cache: need.cache.min(budget - fixed.total()),
+        ..*need
+    };
+    check(&granted, free, device)?;
+    Ok(granted.cache)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +209,41 @@ mod tests {
         let huge = estimate(&d, &cfg(16), 1000, 1_000_000, &[ALL_NEIGHBORS, 5], 0, false);
         assert!(huge.batch >= all.batch);
         assert!(huge.batch < 2 * (1000 * 10 + 3 * 1000 * 16 * 4) * 4 + 2 * 16 * 2 * m + 1);
+    }
+
+    #[test]
+    fn a_budget_caps_the_cache_and_refuses_what_cannot_fit() {
+        let need = MemoryNeed {
+            topology: 1000,
+            cache: 5000,
+            model: 200,
+            batch: 800,
+        };
+        let plenty = u64::MAX;
+        // No budget: the cache as requested.
+        assert_eq!(plan(&need, plenty, 0, "d").unwrap(), 5000);
+        // A budget above the need changes nothing.
+        assert_eq!(plan(&need, plenty, 7000, "d").unwrap(), 5000);
+        assert_eq!(plan(&need, plenty, 1 << 40, "d").unwrap(), 5000);
+        // Below it, the cache gets what the fixed 2000 bytes leave.
+        assert_eq!(plan(&need, plenty, 6999, "d").unwrap(), 4999);
+        assert_eq!(plan(&need, plenty, 2500, "d").unwrap(), 500);
+        assert_eq!(plan(&need, plenty, 2000, "d").unwrap(), 0);
+        // A budget below the fixed parts is an error naming the budget.
+        let e = plan(&need, plenty, 1999, "d").unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { name, .. } if name == "device.memory_budget_bytes"),
+            "{e}"
+        );
+        // The device must still have the planned total free.
+        assert_eq!(plan(&need, 2500, 2500, "d").unwrap(), 500);
+        let e = plan(&need, 2499, 2500, "d").unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { name, .. } if name == "device"),
+            "{e}"
+        );
+        let e = plan(&need, 6999, 0, "d").unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument { name, .. } if name == "device"));
     }
 
     #[test]

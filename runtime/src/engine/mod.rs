@@ -62,6 +62,9 @@ pub struct EngineOptions {
     pub eval_fanouts: Vec<u32>,
     /// Feature-cache budget in bytes.
     pub cache_bytes: usize,
+    /// The most device memory the engine may plan for (0: what is free); the
+    /// feature cache shrinks to fit it (`engine/memory.rs`, [`memory::plan`]).
+    pub memory_budget: u64,
     /// Where the topology lives.
     pub topology: TopologyPlacement,
     /// Adam's hyper-parameters.
@@ -129,7 +132,8 @@ pub struct DeviceEngine<B: Backend> {
     sparse: Option<input::SparseStore<B>>,
     model: DeviceModel<B>,
     opts: EngineOptions,
-    labels: Vec<u32>,
+    /// The dataset's labels (shared with it, not copied).
+    labels: cpu_ops::HostArray<u32>,
     num_classes: usize,
     num_vertices: usize,
     /// Reused gather buffer (grown on demand; ops read prefixes).
@@ -153,6 +157,8 @@ pub struct DeviceEngine<B: Backend> {
     misses_before: Option<u64>,
     tracer: Tracer,
     acc: TrackId,
+    /// What `device.memory_budget_bytes` changed, for the device note.
+    budget_note: Option<String>,
 }
 
 fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
@@ -209,7 +215,7 @@ impl<B: Backend> DeviceEngine<B> {
         dev: B,
         ds: &Arc<Dataset>,
         model: &ModelConfig,
-        opts: EngineOptions,
+        mut opts: EngineOptions,
     ) -> Result<Self> {
         let layout = gpu_ops::ModelLayout::new(model).map_err(dev_err("model"))?;
         let num_params = layout.params().iter().map(|p| p.len).sum();
@@ -224,7 +230,17 @@ impl<B: Backend> DeviceEngine<B> {
             opts.topology == TopologyPlacement::Device,
         );
         let free = dev.memory_info().map_err(dev_err("device memory"))?.free as u64;
-        memory::check(&need, free, &dev.describe())?;
+        let cache = memory::plan(&need, free, opts.memory_budget, &dev.describe())?;
+        let budget_note = (cache < need.cache).then(|| {
+            opts.cache_bytes = usize::try_from(cache).unwrap_or(usize::MAX);
+            format!(
+                "; device.memory_budget_bytes = {} leaves the feature cache {} of the {} \
+                 device.cache_bytes asks for",
+                opts.memory_budget,
+                crate::trace::fmt_bytes(cache),
+                crate::trace::fmt_bytes(need.cache)
+            )
+        });
         dev.set_precision(opts.precision)
             .map_err(dev_err("setting model.precision"))?;
         let graph = dev
@@ -243,6 +259,7 @@ impl<B: Backend> DeviceEngine<B> {
             host,
             h2d: 0,
             misses_before: None,
+            budget_note,
             acc: tracer.declare_track("acc", TrackKind::Accelerator),
             tracer,
             graph,
@@ -250,7 +267,7 @@ impl<B: Backend> DeviceEngine<B> {
             rows: None,
             sparse: None,
             model: dm,
-            labels: ds.labels.to_vec(),
+            labels: ds.labels.clone(),
             num_classes: ds.num_classes as usize,
             num_vertices: ds.num_vertices(),
             x: None,
@@ -262,6 +279,12 @@ impl<B: Backend> DeviceEngine<B> {
             opts,
             dev: std::sync::Arc::new(dev),
         })
+    }
+
+    /// What `device.memory_budget_bytes` changed (the feature cache it
+    /// shrank), as a clause of the device note; `None` when nothing.
+    pub fn budget_note(&self) -> Option<&str> {
+        self.budget_note.as_deref()
     }
 
     /// The device feature store, loaded on first use.

@@ -143,7 +143,7 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
         SparseFeatures::Auto => density(&input.ds.features) <= t.sparse_threshold,
     };
     let sparse = wanted && dev.supports_sparse();
-    let note = match (wanted, sparse) {
+    let mut note = match (wanted, sparse) {
         (true, false) => format!(
             "; train.sparse_features: the {} backend has no sparse ops, input rows are dense",
             dev.kind()
@@ -159,6 +159,7 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             fanouts: cfg.train_fanouts()?,
             eval_fanouts: cfg.eval_fanouts()?,
             cache_bytes: usize::try_from(cfg.device.cache_bytes).unwrap_or(usize::MAX),
+            memory_budget: cfg.device.memory_budget_bytes,
             topology: cfg.device.topology,
             adam: cpu_ops::AdamConfig {
                 lr: cfg.train.lr,
@@ -177,6 +178,9 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             sample_ahead: cfg.device.sample_ahead,
         },
     )?;
+    if let Some(n) = engine.budget_note() {
+        note.push_str(n);
+    }
     Ok((engine, note))
 }
 

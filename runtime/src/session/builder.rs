@@ -4,12 +4,31 @@
 //! 1. Start from a [`TrainConfig`] value, a TOML string or a TOML file (the
 //!    builder reads no environment variables: `TANDEM_` overrides are the CLI's;
 //!    apply [`crate::config::env_overrides`] yourself if you want them).
-//! 2. Optionally pass an in-memory [`Dataset`] (otherwise `[data]` says what to
-//!    load or generate), callbacks, a cancel token, and `verbose(true)` to get one
-//!    line per epoch on stderr (nothing is printed otherwise).
-//! 3. [`TrainerBuilder::build`] validates the configuration, builds the compute
-//!    pool (`[threads]`), loads or generates the dataset on that pool, and builds
-//!    the model and optimizer. Every failure is a typed [`crate::Error`].
+//! 2. Optionally pass an in-memory [`Dataset`] — by value, or as an
+//!    `Arc<Dataset>` that several trainers share without copying (otherwise
+//!    `[data]` says what to load or generate) —, callbacks, a cancel token, and
+//!    `verbose(true)` to get one line per epoch on stderr (nothing is printed
+//!    otherwise).
+//! 3. Optionally bound what the job takes from the machine: a core budget
+//!    ([`TrainerBuilder::threads`]) or a rayon pool shared with other jobs
+//!    ([`TrainerBuilder::thread_pool`]), and for a GPU job its device
+//!    ([`TrainerBuilder::device_ordinal`]) and a device-memory budget
+//!    ([`TrainerBuilder::device_memory_budget`]).
+//! 4. [`TrainerBuilder::build`] validates the configuration, builds the compute
+//!    pool (`[threads]`) unless one was passed, loads or generates the dataset on
+//!    that pool, and builds the model and optimizer. Every failure is a typed
+//!    [`crate::Error`].
+//!
+//! # Many jobs in one process
+//! A service running several jobs at once gives each the same `Arc<Dataset>`
+//! (one copy of the arrays, whatever the number of jobs: every trainer, executor
+//! and host-backend engine shares them) and a share of the cores: either a
+//! budget each (`threads(n)`: each trainer builds its own pool of `n` workers)
+//! or one pool for all (`thread_pool(pool)`: the jobs' work interleaves on its
+//! workers). Without either, each trainer builds a pool over all cores and
+//! concurrent jobs oversubscribe the CPU. The layer-based pipeline
+//! (`orchestration.policy = "layer"`) adds `orchestration.cpu_workers` threads
+//! of its own to either. `examples/service_jobs.rs` runs four such jobs.
 //!
 //! ```
 //! use runtime::config::TrainConfig;
@@ -42,6 +61,9 @@ use crate::config::TrainConfig;
 use crate::data::dataset::Dataset;
 use crate::dist::Communicator;
 use crate::error::{Error, Result};
+use rayon::ThreadPool;
+
+use crate::config::PinPolicy;
 use crate::pool::build_pool;
 use crate::session::control::{Callback, CancelToken};
 use crate::session::{load_dataset, Trainer};
@@ -49,7 +71,8 @@ use crate::session::{load_dataset, Trainer};
 /// Configures and builds a [`Trainer`] (see the module doc).
 pub struct TrainerBuilder {
     cfg: TrainConfig,
-    dataset: Option<Dataset>,
+    dataset: Option<Arc<Dataset>>,
+    pool: Option<Arc<ThreadPool>>,
     callbacks: Vec<Box<dyn Callback>>,
     cancel: Option<CancelToken>,
     verbose: bool,
@@ -63,6 +86,7 @@ impl TrainerBuilder {
         Self {
             cfg,
             dataset: None,
+            pool: None,
             callbacks: Vec::new(),
             cancel: None,
             verbose: false,
@@ -87,9 +111,53 @@ impl TrainerBuilder {
     }
 
     /// Trains on `ds` instead of what `[data]` names (checked with
-    /// [`Dataset::validate`] at build).
-    pub fn dataset(mut self, ds: Dataset) -> Self {
-        self.dataset = Some(ds);
+    /// [`Dataset::validate`] and [`Dataset::check_features`] at build).
+    ///
+    /// `ds` is a [`Dataset`] (moved in) or an `Arc<Dataset>`: jobs given clones
+    /// of one `Arc` share its arrays — the trainer, its executor and a host
+    /// engine hold the `Arc` or cheap clones of its arrays
+    /// ([`cpu_ops::HostArray`] clones share their elements), never a copy. A
+    /// CUDA engine still uploads what it places on the GPU (topology, cached
+    /// rows) and, for arrays not read from a memory-mapped store, a pinned host
+    /// copy of the features.
+    pub fn dataset(mut self, ds: impl Into<Arc<Dataset>>) -> Self {
+        self.dataset = Some(ds.into());
+        self
+    }
+
+    /// The job's core budget: its compute pool gets `threads` workers
+    /// (`threads.compute`; 0: one per core). Concurrent jobs whose budgets add
+    /// up to the machine's cores do not oversubscribe it.
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.cfg.threads.compute = threads;
+        self
+    }
+
+    /// Runs the job's compute (build, training, evaluation, inference) on
+    /// `pool` instead of a pool of its own, e.g. one pool shared by every job
+    /// of a service. The pool is used as it is: `threads.compute` must be 0 or
+    /// its size, and `threads.pin` must be `"none"` (pin the pool's threads
+    /// when you build it); otherwise [`TrainerBuilder::build`] refuses.
+    pub fn thread_pool(mut self, pool: Arc<ThreadPool>) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// Which GPU a GPU job uses (`device.ordinal`, CUDA's ordinal). Note that
+    /// `device.kind` defaults to `"auto"`: set it to `"host"` to keep a job
+    /// off the GPU on a machine that has one.
+    pub fn device_ordinal(mut self, ordinal: u32) -> Self {
+        self.cfg.device.ordinal = ordinal;
+        self
+    }
+
+    /// The most device memory this job's engine may plan for
+    /// (`device.memory_budget_bytes`; 0: whatever the device has free): its
+    /// topology, model and batch working set must fit, and its feature cache
+    /// gets at most what they leave. Jobs sharing a GPU whose budgets add up
+    /// to its memory leave each other room.
+    pub fn device_memory_budget(mut self, bytes: u64) -> Self {
+        self.cfg.device.memory_budget_bytes = bytes;
         self
     }
 
@@ -147,6 +215,7 @@ impl TrainerBuilder {
         let Self {
             cfg,
             dataset,
+            pool,
             callbacks,
             cancel,
             verbose,
@@ -154,14 +223,20 @@ impl TrainerBuilder {
             communicator,
         } = self;
         cfg.validate()?;
-        let pool = Arc::new(build_pool(cfg.compute_threads(), cfg.threads.pin)?);
+        let pool = match pool {
+            Some(pool) => {
+                check_given_pool(&cfg, &pool)?;
+                pool
+            }
+            None => Arc::new(build_pool(cfg.compute_threads(), cfg.threads.pin)?),
+        };
         let ds = match dataset {
             Some(ds) => {
                 ds.validate()?;
                 ds.check_features()?;
                 ds
             }
-            None => pool.install(|| load_dataset(&cfg))?,
+            None => Arc::new(pool.install(|| load_dataset(&cfg))?),
         };
         if verbose {
             eprintln!("{}", ds.summary());
@@ -196,4 +271,29 @@ impl TrainerBuilder {
         }
         Ok(trainer)
     }
+}
+
+/// A pool passed with [`TrainerBuilder::thread_pool`] is used as it is: the
+/// `[threads]` keys that would shape a pool of the trainer's own must not ask
+/// for something else.
+fn check_given_pool(cfg: &TrainConfig, pool: &ThreadPool) -> Result<()> {
+    let size = pool.current_num_threads();
+    let compute = cfg.compute_threads();
+    if compute != 0 && compute != size {
+        return Err(Error::invalid_argument(
+            "threads.compute",
+            format!(
+                "{compute}, but the pool passed with TrainerBuilder::thread_pool has {size} \
+                 threads; leave threads.compute at 0 or make the two agree"
+            ),
+        ));
+    }
+    if cfg.threads.pin != PinPolicy::None {
+        return Err(Error::invalid_argument(
+            "threads.pin",
+            "the pool passed with TrainerBuilder::thread_pool is used as it is; pin its \
+             threads when building it, or set threads.pin = \"none\"",
+        ));
+    }
+    Ok(())
 }

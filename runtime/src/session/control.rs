@@ -22,6 +22,18 @@
 //! Callbacks run on the thread that calls the trainer, between batches; a slow
 //! callback slows training.
 //!
+//! # A callback's life
+//! A trainer keeps its callbacks until they are removed
+//! ([`crate::Trainer::remove_callback`] with the [`CallbackId`] that
+//! [`crate::Trainer::add_callback`] returned, or
+//! [`crate::Trainer::clear_callbacks`]) or the trainer is dropped. This matters
+//! for a callback that owns something another thread waits on — typically the
+//! sending half of a channel whose receiver collects metrics: the receiver's
+//! loop (`for m in rx`) ends only when every sender is dropped, so while the
+//! trainer holds the callback, the consumer waits. Remove the callback when the
+//! job is done with it, and the consumer finishes while the trainer lives on
+//! (to evaluate, export or train more).
+//!
 //! ```
 //! use runtime::{on_batch, CancelToken, Control, Error, StopCause, TrainerBuilder};
 //!
@@ -117,6 +129,11 @@ pub fn test_at_best_val(stats: &[EpochStats]) -> Option<(usize, f64)> {
         })
         .map(|(e, _, t)| (e, t))
 }
+
+/// Names a callback added with [`crate::Trainer::add_callback`], for
+/// [`crate::Trainer::remove_callback`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallbackId(pub(crate) u64);
 
 /// A callback's answer: go on, or stop training.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

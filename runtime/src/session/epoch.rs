@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use cpu_ops::{derive_seed, Rng};
 
-use super::control::{BatchMetrics, Callback, Control, EpochStats};
+use super::control::{BatchMetrics, Callback, CallbackId, Control, EpochStats};
 use super::Trainer;
 use crate::checkpoint::Position;
 use crate::error::{Error, Result, StopCause};
@@ -27,7 +27,7 @@ pub(super) enum OnNonFinite {
 /// The books of the epoch in progress that each trained batch updates.
 struct Books<'a> {
     pos: &'a mut Position,
-    callbacks: &'a mut [Box<dyn Callback>],
+    callbacks: &'a mut [(CallbackId, Box<dyn Callback>)],
     on_nonfinite: OnNonFinite,
     skipped: &'a mut usize,
     epoch: usize,
@@ -70,7 +70,7 @@ impl Books<'_> {
             step: d.version,
         };
         let mut stop = false;
-        for cb in self.callbacks.iter_mut() {
+        for (_, cb) in self.callbacks.iter_mut() {
             stop |= cb.on_batch(&metrics) == Control::Stop;
         }
         Ok(stop)
@@ -83,12 +83,21 @@ impl Trainer {
     /// callbacks, and returns the epoch's statistics. A cancelled token or a
     /// callback's stop inside the epoch returns [`Error::Cancelled`]; the trainer
     /// then remembers the position, and the next call continues from there.
+    ///
+    /// `train.epochs` is [`Trainer::fit`]'s target, not a limit here: like one
+    /// pass of a PyTorch/DGL training loop, each call trains one more epoch,
+    /// past `train.epochs` too (epoch `train.epochs`, then the next, each with
+    /// its own shuffle and seeds). Past it, only `train.eval_every` schedules
+    /// an evaluation (call [`Trainer::evaluate_val_test`] for one).
     pub fn train_epoch(&mut self) -> Result<EpochStats> {
         let pool = Arc::clone(&self.pool);
-        pool.install(|| self.train_epoch_here())
+        let target = self.cfg.train.epochs;
+        pool.install(|| self.train_epoch_here(target))
     }
 
-    fn train_epoch_here(&mut self) -> Result<EpochStats> {
+    /// One epoch of a run that ends at epoch `target` (evaluated after epoch
+    /// `target - 1`).
+    fn train_epoch_here(&mut self, target: usize) -> Result<EpochStats> {
         self.stop_requested = false;
         self.embeddings = None;
         self.logits = None;
@@ -98,8 +107,8 @@ impl Trainer {
         let pos = std::mem::take(&mut self.pos);
         let e = pos.epoch;
         self.pos.epoch = e + 1;
-        let (epochs, every) = (self.cfg.train.epochs, self.cfg.train.eval_every);
-        let eval_now = e + 1 == epochs || (every > 0 && (e + 1).is_multiple_of(every));
+        let every = self.cfg.train.eval_every;
+        let eval_now = e + 1 == target || (every > 0 && (e + 1).is_multiple_of(every));
         let t = Instant::now();
         let (val_acc, test_acc) = if eval_now {
             let (v, t) = self.evaluate_val_test_here()?;
@@ -145,7 +154,7 @@ impl Trainer {
             }
         }
         let mut stop = stop_at_end;
-        for cb in &mut self.callbacks {
+        for (_, cb) in &mut self.callbacks {
             stop |= cb.on_epoch(&stats) == Control::Stop;
         }
         if self.dist.ranks() > 1 {
@@ -232,11 +241,39 @@ impl Trainer {
     /// cancel stops it (the position inside the epoch, for a bit-exact resume),
     /// when a non-finite loss stops it ([`Error::NonFinite`]: the weights before
     /// that batch), and at the end.
+    ///
+    /// Called when all `train.epochs` epochs are trained already (a second
+    /// `fit`, or a checkpoint of a finished run), it trains nothing and returns
+    /// [`Error::TrainingComplete`]; [`Trainer::fit_epochs`] trains more.
     pub fn fit(&mut self) -> Result<Vec<EpochStats>> {
+        let epochs = self.cfg.train.epochs;
+        if self.pos.epoch >= epochs {
+            return Err(Error::TrainingComplete { epochs });
+        }
+        self.fit_until(epochs)
+    }
+
+    /// Trains `n` more epochs — the rest of an interrupted epoch counting as the
+    /// first — whether or not that goes past `train.epochs` (as Keras'
+    /// `fit(epochs=…, initial_epoch=…)` or another pass of a PyTorch loop), and
+    /// returns their statistics. Everything else is [`Trainer::fit`]'s:
+    /// callbacks, a callback's stop (`Ok` with the epochs done), cancellation,
+    /// checkpoints (every `train.checkpoint_every` epochs and at the end), and
+    /// an evaluation after the last of the `n` epochs. `n = 0` trains nothing.
+    pub fn fit_epochs(&mut self, n: usize) -> Result<Vec<EpochStats>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        self.fit_until(self.pos.epoch + n)
+    }
+
+    /// [`Trainer::fit`] up to epoch `target` (exclusive).
+    fn fit_until(&mut self, target: usize) -> Result<Vec<EpochStats>> {
         let mut all = Vec::new();
         let every = self.cfg.train.checkpoint_every;
-        while self.pos.epoch < self.cfg.train.epochs {
-            match self.train_epoch() {
+        while self.pos.epoch < target {
+            let pool = Arc::clone(&self.pool);
+            match pool.install(|| self.train_epoch_here(target)) {
                 Ok(s) => all.push(s),
                 Err(Error::Cancelled {
                     cause: StopCause::Callback,
@@ -256,7 +293,7 @@ impl Trainer {
             }
             let done = self.pos.epoch;
             if let Some(p) = self.checkpoint_path.clone() {
-                if done < self.cfg.train.epochs && every > 0 && done.is_multiple_of(every) {
+                if done < target && every > 0 && done.is_multiple_of(every) {
                     self.save_checkpoint(&p)?;
                 }
             }

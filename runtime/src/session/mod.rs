@@ -25,10 +25,12 @@
 //! bit-identical parameters and losses.
 //!
 //! # Ownership
-//! A trainer owns its dataset (shared by reference count), its executor (which
-//! alone holds the weights and Adam's state), its compute pool (its own rayon
-//! pool), callbacks and cancel token; there is no global state, so several
-//! trainers can run in one process on different threads. It prints nothing
+//! A trainer holds its dataset by reference count (an `Arc<Dataset>` other
+//! trainers may share: nothing below copies its arrays), owns its executor
+//! (which alone holds the weights and Adam's state), its callbacks (until
+//! removed) and cancel token, and runs on its compute pool (its own rayon pool,
+//! or one passed to the builder and shared); there is no global state, so
+//! several trainers can run in one process on different threads. It prints nothing
 //! unless built with `verbose(true)` (one line per epoch on stderr). Build one
 //! with [`crate::TrainerBuilder`] or [`Trainer::new`].
 //!
@@ -74,7 +76,7 @@ use crate::placement::{place, PlacementInput};
 use crate::pool::build_pool;
 use crate::trace::{Tracer, TrackId, TrackKind};
 
-use control::{Callback, CancelToken};
+use control::{Callback, CallbackId, CancelToken};
 use epoch::OnNonFinite;
 use join::Dist;
 
@@ -116,7 +118,10 @@ pub struct Trainer {
     /// Where training stands: the epoch in progress and how far into it.
     pos: Position,
     pool: Arc<ThreadPool>,
-    callbacks: Vec<Box<dyn Callback>>,
+    /// Called in order; each with the id `add_callback` returned.
+    callbacks: Vec<(CallbackId, Box<dyn Callback>)>,
+    /// The id the next `add_callback` returns.
+    next_callback: u64,
     cancel: CancelToken,
     verbose: bool,
     /// A callback asked to stop at the end of the last epoch.
@@ -182,16 +187,19 @@ impl Trainer {
     /// Builds the model and its executor on the configured device, and the
     /// compute pool, for `ds` as `cfg` says, with no callbacks, a fresh cancel
     /// token and no printing. [`crate::TrainerBuilder`] offers the rest.
-    pub fn new(ds: Dataset, cfg: TrainConfig) -> Result<Self> {
+    ///
+    /// `ds` is a [`Dataset`] or an `Arc<Dataset>` shared with other trainers:
+    /// the trainer keeps the `Arc` and copies none of its arrays.
+    pub fn new(ds: impl Into<Arc<Dataset>>, cfg: TrainConfig) -> Result<Self> {
         cfg.validate()?;
         let pool = build_pool(cfg.compute_threads(), cfg.threads.pin)?;
-        Self::with_pool(ds, cfg, Arc::new(pool), 0)
+        Self::with_pool(ds.into(), cfg, Arc::new(pool), 0)
     }
 
     /// [`Trainer::new`] on an existing compute pool (which also runs the setup);
     /// a GPU engine uses GPU `device.ordinal + gpu_offset` (a rank's local rank).
     pub(crate) fn with_pool(
-        ds: Dataset,
+        ds: Arc<Dataset>,
         cfg: TrainConfig,
         pool: Arc<ThreadPool>,
         gpu_offset: usize,
@@ -203,14 +211,13 @@ impl Trainer {
     /// `measure_on_host`: `policy = "auto"` measures on the host backend too
     /// (tests of its mechanics; `crate::placement`).
     fn assemble(
-        ds: Dataset,
+        ds: Arc<Dataset>,
         cfg: TrainConfig,
         pool: Arc<ThreadPool>,
         gpu_offset: usize,
         measure_on_host: bool,
     ) -> Result<Self> {
         cfg.validate()?;
-        let ds = Arc::new(ds);
         let train = ds.train_ids();
         if train.is_empty() {
             return Err(Error::dataset(
@@ -255,6 +262,7 @@ impl Trainer {
             pos: Position::default(),
             pool,
             callbacks: Vec::new(),
+            next_callback: 0,
             cancel: CancelToken::new(),
             verbose: false,
             stop_requested: false,
@@ -290,9 +298,32 @@ impl Trainer {
         self.exec.dist_stats().unwrap_or_default()
     }
 
-    /// Adds a callback (after those already added).
-    pub fn add_callback(&mut self, callback: Box<dyn Callback>) {
-        self.callbacks.push(callback);
+    /// Adds a callback (called after those already added); the id removes it
+    /// again ([`Trainer::remove_callback`]).
+    pub fn add_callback(&mut self, callback: Box<dyn Callback>) -> CallbackId {
+        let id = CallbackId(self.next_callback);
+        self.next_callback += 1;
+        self.callbacks.push((id, callback));
+        id
+    }
+
+    /// Removes the callback `id` names and hands it back (drop it to release
+    /// what it owns, e.g. a channel's sender, so that the receiving side sees
+    /// the channel close while the trainer lives on: `session::control`'s "A
+    /// callback's life"); `None` when it was already removed.
+    pub fn remove_callback(&mut self, id: CallbackId) -> Option<Box<dyn Callback>> {
+        let i = self.callbacks.iter().position(|(c, _)| *c == id)?;
+        Some(self.callbacks.remove(i).1)
+    }
+
+    /// Removes and drops every callback, those passed to the builder included.
+    pub fn clear_callbacks(&mut self) {
+        self.callbacks.clear();
+    }
+
+    /// Callbacks the trainer holds.
+    pub fn num_callbacks(&self) -> usize {
+        self.callbacks.len()
     }
 
     /// Replaces the cancel token (e.g. with a fresh one after a cancel).
@@ -333,6 +364,13 @@ impl Trainer {
 
     /// The dataset.
     pub fn dataset(&self) -> &Dataset {
+        &self.ds
+    }
+
+    /// The dataset as the shared handle the trainer holds: pass a clone to
+    /// [`crate::TrainerBuilder::dataset`] to train another job on the same
+    /// arrays without copying them.
+    pub fn shared_dataset(&self) -> &Arc<Dataset> {
         &self.ds
     }
 
@@ -445,7 +483,7 @@ impl Trainer {
     pub(crate) fn measuring_on_host(ds: Dataset, cfg: TrainConfig) -> Result<Self> {
         let pool = Arc::new(build_pool(cfg.compute_threads(), cfg.threads.pin)?);
         let p = Arc::clone(&pool);
-        p.install(move || Self::assemble(ds, cfg, pool, 0, true))
+        p.install(move || Self::assemble(Arc::new(ds), cfg, pool, 0, true))
     }
 
     /// Test seam: a fault in the layer pipeline's CPU workers from the next

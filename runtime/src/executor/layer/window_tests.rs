@@ -138,6 +138,7 @@ fn rig_with(dtype: gpu_ops::FeatureDtype) -> Rig {
             fanouts: fanouts.clone(),
             eval_fanouts: fanouts.clone(),
             cache_bytes: 200 * DIM * 4,
+            memory_budget: 0,
             topology: TopologyPlacement::Device,
             adam: cpu_ops::AdamConfig::default(),
             init_seed: 1,
