@@ -271,6 +271,10 @@ pub struct DeviceSection {
     /// Sample each training batch while the one before it trains (a second
     /// stream on CUDA).
     pub sample_ahead: bool,
+    /// Batches between a step and the read of its loss (`0`: 8 on CUDA, 1 on
+    /// the host backend): the step-based executor reads the losses of this many
+    /// batches at once, so a steady batch does not wait for the device.
+    pub loss_lag: u32,
 }
 
 impl Default for DeviceSection {
@@ -281,7 +285,8 @@ impl Default for DeviceSection {
             cache_bytes: DEFAULT_CACHE_BYTES,
             topology: TopologyPlacement::Device,
             feature_dtype: FeatureDtype::F32,
-            sample_ahead: false,
+            sample_ahead: true,
+            loss_lag: 0,
         }
     }
 }
