@@ -87,15 +87,17 @@ syncs() {
 import json, sys, collections
 d = json.load(open(sys.argv[1]))
 ev = d["traceEvents"] if isinstance(d, dict) else d
-# host.syncs: one cumulative sample per trained batch (the step executor).
-c = [e["args"] for e in ev if e.get("ph") == "C" and e.get("name") == "host.syncs"]
-vals = [float(next(iter(a.values()))) for a in c]
-n = len(vals)
-steady = vals[n // 2:]  # the second epoch
-w = [steady[i + 8] - steady[i] for i in range(len(steady) - 8)]
-print(f"host.syncs samples: {n} batches; second epoch {len(steady)}")
-if w:
-    print(f"host syncs per 8 batches (second epoch): max {max(w):.0f}, mean {sum(w) / len(w):.2f}  (target <= 1)")
+# host.syncs (compute stream) and host.syncs.sampling (the sampling sibling):
+# one cumulative sample per trained batch each (the step executor).
+for name, what in (("host.syncs", "compute stream, target <= 1"), ("host.syncs.sampling", "sampling sibling")):
+    c = [e["args"] for e in ev if e.get("ph") == "C" and e.get("name") == name]
+    vals = [float(next(iter(a.values()))) for a in c]
+    n = len(vals)
+    steady = vals[n // 2:]  # the second epoch
+    w = [steady[i + 8] - steady[i] for i in range(len(steady) - 8)]
+    print(f"{name}: {n} samples (batches); second epoch {len(steady)}")
+    if w:
+        print(f"  syncs per 8 batches (second epoch): max {max(w):.0f}, mean {sum(w) / len(w):.2f}  ({what})")
 per = collections.defaultdict(list)
 for e in ev:
     if e.get("ph") == "X" and e.get("name") in ("device step", "device sample", "loss read"):

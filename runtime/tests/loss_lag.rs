@@ -9,7 +9,7 @@ use std::path::Path;
 use cpu_ops::FeatureMatrix;
 use runtime::config::TrainConfig;
 use runtime::data::Dataset;
-use runtime::trace::{Tracer, HOST_SYNCS};
+use runtime::trace::{Tracer, HOST_SYNCS, SAMPLING_SYNCS};
 use runtime::{load_dataset, Checkpoint, Error, Trainer};
 
 fn cfg(extra: &[&str]) -> TrainConfig {
@@ -159,4 +159,35 @@ fn the_trace_counts_one_synchronization_per_batch_or_per_lag() {
     for w in eight.windows(9) {
         assert_eq!(w[8] - w[0], 1.0, "{eight:?}");
     }
+}
+
+#[test]
+fn the_sampling_syncs_have_their_own_counter() {
+    // The host backend has no sampling sibling: its counter stays at 0, one
+    // sample per batch beside `host.syncs`.
+    let c = lag(8, &["train.epochs=1"]);
+    let ds = load_dataset(&c).expect("dataset");
+    let mut t = Trainer::new(ds, c).expect("trainer");
+    let tracer = Tracer::new();
+    t.set_tracer(tracer.clone());
+    t.fit().expect("fit");
+    let trace = tracer.collect();
+    let sampling: Vec<f64> = trace
+        .counter_series(SAMPLING_SYNCS)
+        .map(|c| c.value)
+        .collect();
+    assert_eq!(sampling.len(), trace.counter_series(HOST_SYNCS).count());
+    assert!(sampling.iter().all(|&v| v == 0.0), "{sampling:?}");
+    // A `loss read` slice per read, on the accelerator track, with its sync.
+    let reads: Vec<_> = trace
+        .slices
+        .iter()
+        .filter(|s| s.name == "loss read")
+        .collect();
+    assert_eq!(reads.len(), sampling.len().div_ceil(8));
+    assert!(reads.iter().all(|s| s
+        .args
+        .extra
+        .iter()
+        .any(|(k, v)| k == "host_syncs" && *v == 1.0)));
 }

@@ -368,6 +368,17 @@ impl<B: Backend> DeviceEngine<B> {
             .map_err(dev_err("clearing the loss guard"))
     }
 
+    /// Host synchronizations so far: of the engine's backend (its compute
+    /// stream; sampling too when there is no sibling) and of the sampling
+    /// sibling (`device.sample_ahead` on CUDA: they wait for sampling kernels
+    /// only).
+    pub(crate) fn syncs_by_stream(&self) -> (u64, u64) {
+        (
+            self.dev.transfer_stats().syncs,
+            self.sibling.transfer_stats().syncs,
+        )
+    }
+
     /// The transfers of the engine's backend and its sampling sibling.
     pub(super) fn transfer_stats_all(&self) -> gpu_ops::TransferStats {
         self.dev

@@ -28,7 +28,9 @@
 //! the bad batch (`train.on_nonfinite = "stop"`: an error naming it) and none
 //! after it. A callback's stop ends the call after the pending batches (all
 //! trained), which the session sees too. With a tracer, every batch adds a
-//! sample of the engine's synchronizations so far to the `host.syncs` counter.
+//! sample of the engine's synchronizations so far to the `host.syncs` counter
+//! (its backend: the compute stream) and to `host.syncs.sampling` (the
+//! sampling sibling's, which wait for sampling kernels only).
 //!
 //! A batch sampled ahead is kept across calls only for the batch it was
 //! sampled for; anything else (a new epoch order, a checkpoint load that moved
@@ -44,7 +46,7 @@ pub(crate) mod data_parallel;
 use super::{BatchDone, DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
 use crate::engine::{record_copies, BatchRef, DeviceEngine, ModelState, Sampled};
 use crate::error::{Result, StopCause};
-use crate::trace::{TrackId, TrackKind, CACHE_HIT_RATE, HOST_SYNCS};
+use crate::trace::{TrackId, TrackKind, CACHE_HIT_RATE, HOST_SYNCS, SAMPLING_SYNCS};
 use data_parallel::DataParallel;
 
 /// Batches sampled ahead and their counters (steps 1 and 3).
@@ -259,10 +261,9 @@ impl<B: Backend> Executor for StepExecutor<B> {
                     CACHE_HIT_RATE,
                     ModelState::cache_stats(&self.engine).hit_rate(),
                 );
-                run.tracer.counter(
-                    HOST_SYNCS,
-                    ModelState::transfer_stats(&self.engine).syncs as f64,
-                );
+                let (compute, sampling) = self.engine.syncs_by_stream();
+                run.tracer.counter(HOST_SYNCS, compute as f64);
+                run.tracer.counter(SAMPLING_SYNCS, sampling as f64);
             }
             let version = ModelState::version(&self.engine);
             let Some(stats) = stats else {
