@@ -246,8 +246,12 @@ extern "C" __global__ void xent_rows(const float* logits, u64 rows, u64 classes,
 // Deterministic sum of the per-row results (one block of XENT_REDUCE_THREADS
 // threads): thread t sums rows t, t + T, ... in f64, then a fixed-shape tree.
 #define XENT_REDUCE_THREADS 256
+// `guard` (may be null): set to 1 when the loss sum is not finite, and never
+// cleared here — the sticky flag `adam_multi` reads, so that a non-finite loss
+// stops every later update until the host, reading the loss batches later,
+// clears it (the deferred-loss protocol, gpu_ops/src/model/mod.rs).
 extern "C" __global__ void xent_reduce(const float* row_loss, const u32* row_correct, u64 rows,
-                                       double* out_loss, u64* out_correct) {
+                                       double* out_loss, u64* out_correct, u32* guard) {
     __shared__ double loss_s[XENT_REDUCE_THREADS];
     __shared__ u64 corr_s[XENT_REDUCE_THREADS];
     const u32 t = threadIdx.x;
@@ -270,8 +274,11 @@ extern "C" __global__ void xent_reduce(const float* row_loss, const u32* row_cor
         __syncthreads();
     }
     if (blockIdx.x == 0 && t == 0) {
-        *out_loss = loss_s[0];
+        const double sum = loss_s[0];
+        *out_loss = sum;
         *out_correct = corr_s[0];
+        // sum − sum is 0 exactly when the sum is finite (NaN and ±inf give NaN).
+        if (guard != nullptr && !(sum - sum == 0.0)) *guard = 1u;
     }
 }
 
@@ -279,17 +286,52 @@ extern "C" __global__ void xent_reduce(const float* row_loss, const u32* row_cor
 // v = β2 v + (1 − β2) g²; θ −= step_size · m / (√v · inv_bias2_sqrt + eps), with
 // step_size = lr / (1 − β1^t) and inv_bias2_sqrt = 1 / √(1 − β2^t) computed on the
 // host in f64 (as cpu_ops::Adam does).
+__device__ __forceinline__ void adam_element(float* param, const float* grad, float* m, float* v,
+                                             u64 i, float beta1, float beta2,
+                                             float one_minus_beta1, float one_minus_beta2,
+                                             float eps, float weight_decay, float step_size,
+                                             float inv_bias2_sqrt) {
+    const float p = param[i];
+    const float g = grad[i] + weight_decay * p;
+    const float mi = beta1 * m[i] + one_minus_beta1 * g;
+    const float vi = beta2 * v[i] + one_minus_beta2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = p - step_size * mi / (sqrtf(vi) * inv_bias2_sqrt + eps);
+}
+
 extern "C" __global__ void adam_step(float* param, const float* grad, float* m, float* v, u64 n,
                                      float beta1, float beta2, float one_minus_beta1,
                                      float one_minus_beta2, float eps, float weight_decay,
                                      float step_size, float inv_bias2_sqrt) {
     for (u64 i = thread_index(); i < n; i += thread_count()) {
-        const float p = param[i];
-        const float g = grad[i] + weight_decay * p;
-        const float mi = beta1 * m[i] + one_minus_beta1 * g;
-        const float vi = beta2 * v[i] + one_minus_beta2 * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        param[i] = p - step_size * mi / (sqrtf(vi) * inv_bias2_sqrt + eps);
+        adam_element(param, grad, m, v, i, beta1, beta2, one_minus_beta1, one_minus_beta2, eps,
+                     weight_decay, step_size, inv_bias2_sqrt);
+    }
+}
+
+// Multi-tensor Adam: one launch updates every tensor of a model, element for
+// element what `adam_step` does to each. `table` holds four addresses per tensor
+// (param, grad, m, v: 4·tensors words) followed by `tensors + 1` element offsets
+// (an exclusive prefix sum of the lengths; the last is `total`). Element `i` of
+// the concatenation belongs to the last tensor `t` with `offsets[t] <= i` (an
+// empty tensor is never the last such one). With a `guard` (may be null) that
+// is not 0 — a non-finite loss, `xent_reduce` — nothing is updated.
+extern "C" __global__ void adam_multi(const u64* table, u32 tensors, u64 total, const u32* guard,
+                                      float beta1, float beta2, float one_minus_beta1,
+                                      float one_minus_beta2, float eps, float weight_decay,
+                                      float step_size, float inv_bias2_sqrt) {
+    if (guard != nullptr && *guard != 0u) return;
+    const u64* offsets = table + 4 * (u64)tensors;
+    for (u64 i = thread_index(); i < total; i += thread_count()) {
+        u32 lo = 0, hi = tensors;
+        while (hi - lo > 1) {
+            const u32 mid = (lo + hi) / 2;
+            if (offsets[mid] <= i) lo = mid; else hi = mid;
+        }
+        const u64* e = table + 4 * (u64)lo;
+        adam_element((float*)e[0], (const float*)e[1], (float*)e[2], (float*)e[3], i - offsets[lo],
+                     beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, step_size,
+                     inv_bias2_sqrt);
     }
 }

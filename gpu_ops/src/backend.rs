@@ -945,6 +945,64 @@ pub trait DenseOps: DeviceMemory {
         v: &mut Self::Buf<f32>,
         n: usize,
     ) -> Result<()>;
+    /// [`DenseOps::softmax_cross_entropy`] (with the gradient) without reading
+    /// the result: the loss **sum** (its f64 bits) and the correct count go to
+    /// `out[2·slot]` and `out[2·slot + 1]`, to be read batches later, many slots
+    /// in one download; a non-finite sum sets `guard[0] = 1`, which nothing but
+    /// the caller clears and which [`DenseOps::adam_step_all`] obeys. No
+    /// synchronization on CUDA (the deferred-loss protocol, `model/mod.rs`).
+    #[allow(clippy::too_many_arguments)]
+    fn softmax_cross_entropy_deferred(
+        &self,
+        logits: &Self::Buf<f32>,
+        rows: usize,
+        classes: usize,
+        labels: &Self::Buf<u32>,
+        grad: &mut Self::Buf<f32>,
+        out: &mut Self::Buf<u64>,
+        slot: usize,
+        guard: &mut Self::Buf<u32>,
+    ) -> Result<()>;
+    /// One Adam update of every tensor `params[i][..lens[i]]` from `grads[i]`
+    /// with moments `m[i]`, `v[i]` — element for element what
+    /// [`DenseOps::adam_step`] does to each — and none at all when `guard` is
+    /// given and `guard[0] != 0` (a non-finite loss). The default reads the guard
+    /// (a synchronization) and calls `adam_step` per tensor; CUDA makes one
+    /// launch that reads the guard on the device.
+    #[allow(clippy::too_many_arguments)]
+    fn adam_step_all(
+        &self,
+        hp: &AdamStep,
+        params: &mut [Self::Buf<f32>],
+        grads: &[Self::Buf<f32>],
+        m: &mut [Self::Buf<f32>],
+        v: &mut [Self::Buf<f32>],
+        lens: &[usize],
+        guard: Option<&Self::Buf<u32>>,
+    ) -> Result<()> {
+        let t = lens.len();
+        if params.len() != t || grads.len() != t || m.len() != t || v.len() != t {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "adam_step_all",
+                reason: format!(
+                    "{} parameters, {} gradients, {} first and {} second moments for {t} lengths",
+                    params.len(),
+                    grads.len(),
+                    m.len(),
+                    v.len()
+                ),
+            });
+        }
+        if let Some(g) = guard {
+            if self.to_host(g, 1)?[0] != 0 {
+                return Ok(());
+            }
+        }
+        for i in 0..t {
+            self.adam_step(hp, &mut params[i], &grads[i], &mut m[i], &mut v[i], lens[i])?;
+        }
+        Ok(())
+    }
 
     // ---- elementwise helpers ----------------------------------------------------
     /// `out[i] = f32(src[i])` for `i < n`: bfloat16 bits widened exactly

@@ -86,6 +86,7 @@ macro_rules! parity_tests {
             fused_hidden_layer_ops_equal_the_unfused_ones,
             softmax_cross_entropy_matches,
             adam_matches_cpu_ops,
+            adam_all_and_the_deferred_loss_match_the_single_ops,
             aggregate_forward_backward,
             self_loops_append_each_destination,
             gat_forward_backward,

@@ -116,30 +116,37 @@ fn a_training_trace_round_trips_with_valid_structure() {
     assert_eq!(back, trace, "the reader gives back what was written");
     back.validate().unwrap();
 
-    // Tracks: the accelerator (here the host backend) and the pool workers
-    // that evaluate.
+    // Tracks: the accelerator (here the host backend), its sampling-ahead
+    // track (`device.sample_ahead`, on by default) and the pool workers that
+    // evaluate.
     let acc: Vec<_> = back
         .tracks
         .iter()
         .filter(|t| t.kind == TrackKind::Accelerator)
         .collect();
-    assert_eq!(acc.len(), 1, "{:?}", back.tracks);
+    assert_eq!(acc.len(), 2, "{:?}", back.tracks);
     assert_eq!(acc[0].name, "acc stream compute");
+    assert_eq!(acc[1].name, "acc sample");
     assert!(back
         .tracks
         .iter()
         .filter(|t| t.kind == TrackKind::Cpu)
         .all(|t| t.name.starts_with("cpu worker ")));
 
-    // Stages: one slice per batch and epoch on the accelerator track, each with
-    // its epoch and batch.
+    // Stages: one slice per batch and epoch on the accelerator tracks, each with
+    // its epoch and batch: every batch but an epoch's first sampled ahead.
     let count = |n: &str| back.slices.iter().filter(|s| s.name == n).count();
     for stage in ["device sample", "device step"] {
         assert_eq!(count(stage), batches * epochs, "{stage}");
     }
     assert_eq!(count("eval"), epochs);
     for s in back.slices.iter().filter(|s| s.name != "eval") {
-        assert_eq!(s.track, acc[0].id, "{s:?}");
+        let on = if s.name == "device sample" && s.args.batch != Some(0) {
+            acc[1].id
+        } else {
+            acc[0].id
+        };
+        assert_eq!(s.track, on, "{s:?}");
         assert!(s.args.batch.unwrap() < batches as u64);
         assert!(s.args.epoch.unwrap() < epochs as u64);
         assert!(s.start <= s.end);

@@ -272,8 +272,20 @@ static void test_xent() {
         }
         launch(xent_rows, wgrid(rows), T, (const float*)z.data(), rows, classes, (const u32*)lab.data(), g.data(), 1u, (float)(1.0 / rows), rl.data(), rc.data(), fault.data());
         double loss = 0; u64 corr = 0;
-        launch(xent_reduce, 1, 256, (const float*)rl.data(), (const u32*)rc.data(), rows, &loss, &corr);
+        u32 guard = 0;
+        launch(xent_reduce, 1, 256, (const float*)rl.data(), (const u32*)rc.data(), rows, &loss, &corr, &guard);
         CHECK(close(loss / rows, wl / rows, 1e-5) && corr == wc && fault[0] == 0, "xent %llux%llu loss %g vs %g correct %llu vs %llu", rows, classes, loss / rows, wl / rows, corr, wc);
+        CHECK(guard == 0, "xent guard set by a finite loss");
+        // The guard is sticky: a NaN or an infinite row loss sets it, a finite sum
+        // afterwards does not clear it; a null guard is never written.
+        for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+            std::vector<float> rb = rl; rb[below(rows)] = bad; u32 g2 = 0; double l2 = 0; u64 c2 = 0;
+            launch(xent_reduce, 1, 256, (const float*)rb.data(), (const u32*)rc.data(), rows, &l2, &c2, &g2);
+            CHECK(g2 == 1 && !std::isfinite(l2), "xent guard not set by a loss of %g", bad);
+            launch(xent_reduce, 1, 256, (const float*)rl.data(), (const u32*)rc.data(), rows, &l2, &c2, &g2);
+            CHECK(g2 == 1 && std::isfinite(l2), "xent guard cleared by a finite loss");
+            launch(xent_reduce, 1, 256, (const float*)rb.data(), (const u32*)rc.data(), rows, &l2, &c2, (u32*)nullptr);
+        }
         bool ok = true; for (u64 k = 0; k < rows * classes; ++k) ok &= std::fabs(g[k] - wg[k]) <= 1e-5; CHECK(ok, "xent grad");
         lab[rows - 1] = classes;
         launch(xent_rows, wgrid(rows), T, (const float*)z.data(), rows, classes, (const u32*)lab.data(), g.data(), 0u, (float)(1.0 / rows), rl.data(), rc.data(), fault.data());
@@ -568,6 +580,68 @@ static void test_math() {
     std::printf("math ok\n");
 }
 
+// Adam: `adam_multi` over a table of tensors (odd lengths, an empty one, one of a
+// single element) equals one `adam_step` per tensor bit for bit, both equal a
+// double-precision reference of the formula, and a set guard updates nothing.
+static void test_adam() {
+    const std::vector<u64> lens{70001, 0, 1, 257, 3, 4096, 33};
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f, lr = 0.003f;
+    const int t = 3;
+    const double bias1 = 1.0 - std::pow(0.9, t), bias2s = std::sqrt(1.0 - std::pow(0.999, t));
+    const float step_size = (float)(lr / bias1), inv_b2 = (float)(1.0 / bias2s);
+    struct Tensor { std::vector<float> p, g, m, v; };
+    std::vector<Tensor> a(lens.size());
+    for (size_t k = 0; k < lens.size(); ++k) {
+        a[k].p.resize(lens[k]); a[k].g.resize(lens[k]); a[k].m.resize(lens[k]); a[k].v.resize(lens[k]);
+        for (auto& x : a[k].p) x = rnd();
+        for (auto& x : a[k].g) x = rnd();
+        for (auto& x : a[k].m) x = 0.1f * rnd();
+        for (auto& x : a[k].v) x = 0.01f * std::fabs(rnd());
+    }
+    auto b = a, c = a, ref = a;
+    // one adam_step per tensor
+    for (size_t k = 0; k < lens.size(); ++k)
+        launch(adam_step, tgrid(lens[k]), T, b[k].p.data(), (const float*)b[k].g.data(), b[k].m.data(), b[k].v.data(), lens[k], b1, b2, 1 - b1, 1 - b2, eps, wd, step_size, inv_b2);
+    // one adam_multi over all of them
+    auto table_of = [&](std::vector<Tensor>& ts) {
+        std::vector<u64> tab(5 * ts.size() + 1);
+        u64 off = 0;
+        for (size_t k = 0; k < ts.size(); ++k) {
+            tab[4 * k] = (u64)ts[k].p.data(); tab[4 * k + 1] = (u64)ts[k].g.data();
+            tab[4 * k + 2] = (u64)ts[k].m.data(); tab[4 * k + 3] = (u64)ts[k].v.data();
+            tab[4 * ts.size() + k] = off; off += lens[k];
+        }
+        tab[5 * ts.size()] = off;
+        return tab;
+    };
+    auto tab = table_of(c);
+    const u64 total = tab.back();
+    u32 guard = 0;
+    launch(adam_multi, tgrid(total), T, (const u64*)tab.data(), (u32)lens.size(), total, (const u32*)&guard, b1, b2, 1 - b1, 1 - b2, eps, wd, step_size, inv_b2);
+    bool same = true, close_ref = true;
+    for (size_t k = 0; k < lens.size(); ++k) {
+        for (u64 i = 0; i < lens[k]; ++i) {
+            same &= std::bit_cast<u32>(b[k].p[i]) == std::bit_cast<u32>(c[k].p[i]) && b[k].m[i] == c[k].m[i] && b[k].v[i] == c[k].v[i];
+            double g = (double)ref[k].g[i] + wd * (double)ref[k].p[i];
+            double m = b1 * (double)ref[k].m[i] + (1 - b1) * g, v = b2 * (double)ref[k].v[i] + (1 - b2) * g * g;
+            double p = ref[k].p[i] - (lr / bias1) * m / (std::sqrt(v) / bias2s + eps);
+            close_ref &= std::fabs(c[k].p[i] - p) <= 1e-6 * std::max(1.0, std::fabs(p)) && std::fabs(c[k].m[i] - m) <= 1e-6 && std::fabs(c[k].v[i] - v) <= 1e-6;
+        }
+    }
+    CHECK(same, "adam_multi differs from adam_step per tensor");
+    CHECK(close_ref, "adam_multi differs from the double reference");
+    // A null guard updates; a set guard does not.
+    auto d = a; auto tab_d = table_of(d);
+    launch(adam_multi, tgrid(total), T, (const u64*)tab_d.data(), (u32)lens.size(), total, (const u32*)nullptr, b1, b2, 1 - b1, 1 - b2, eps, wd, step_size, inv_b2);
+    bool moved = true; for (size_t k = 0; k < lens.size(); ++k) moved &= d[k].p == c[k].p;
+    CHECK(moved, "adam_multi with a null guard");
+    auto e = a; auto tab_e = table_of(e); guard = 1;
+    launch(adam_multi, tgrid(total), T, (const u64*)tab_e.data(), (u32)lens.size(), total, (const u32*)&guard, b1, b2, 1 - b1, 1 - b2, eps, wd, step_size, inv_b2);
+    bool still = true; for (size_t k = 0; k < lens.size(); ++k) still &= e[k].p == a[k].p && e[k].m == a[k].m && e[k].v == a[k].v;
+    CHECK(still, "adam_multi updated under a set guard");
+    std::printf("adam ok\n");
+}
+
 int main() {
     test_scan();
     test_relabel();
@@ -578,6 +652,7 @@ int main() {
     test_gather_and_rows();
     test_gather_bf16();
     test_math();
+    test_adam();
     std::printf("%s (%d failures)\n", failures ? "FAILED" : "ALL OK", failures);
     return failures != 0;
 }

@@ -140,6 +140,9 @@ pub(crate) struct DeviceInfo {
 /// out of range. Determinism and the other contracts: `docs/gpu.md`.
 pub struct CudaBackend {
     pub(crate) fault: CudaBuf<u32>,
+    /// The multi-tensor Adam table last uploaded (its words and the buffer):
+    /// `DenseOps::adam_step_all` reuses it while the parameters keep their buffers.
+    pub(crate) adam_table: Mutex<Option<(Vec<u64>, CudaBuf<u64>)>>,
     blas: Mutex<BlasHandle>,
     pub(crate) kernels: Kernels,
     pub(crate) pool: Arc<Pool>,
@@ -234,6 +237,7 @@ impl CudaBackend {
         let fault = pool.alloc::<u32>(FAULT_WORDS, Init::Zeroed, "fault word")?;
         Ok(Self {
             fault,
+            adam_table: Mutex::new(None),
             blas: Mutex::new(blas),
             kernels,
             pool,

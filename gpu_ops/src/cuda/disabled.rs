@@ -169,6 +169,8 @@ uninhabited! {
         fn softmax_cross_entropy(&Never, usize, usize, &Never, Option<&mut Never>)
             -> Result<LossStats>;
         fn adam_step(&AdamStep, &mut Never, &Never, &mut Never, &mut Never, usize) -> Result<()>;
+        fn softmax_cross_entropy_deferred(&Never, usize, usize, &Never, &mut Never, &mut Never,
+            usize, &mut Never) -> Result<()>;
         fn widen_bf16(&Never, usize, &mut Never) -> Result<()>;
         fn scale(&mut Never, usize, f32) -> Result<()>;
         fn count_nonfinite(&Never, usize, &mut Never) -> Result<()>;

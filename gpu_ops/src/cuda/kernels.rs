@@ -223,6 +223,10 @@ impl<T> PtrMut<T> {
     pub(crate) fn new(addr: u64) -> Self {
         Self(addr, PhantomData)
     }
+    /// The same address as a pointer to `U` (e.g. a `u64` word that holds f64 bits).
+    pub(crate) fn cast<U>(self) -> PtrMut<U> {
+        PtrMut(self.0, PhantomData)
+    }
     /// The null pointer (for arguments a flag marks as absent).
     pub(crate) fn null() -> Self {
         Self(0, PhantomData)
@@ -477,10 +481,13 @@ define_kernels! {
                   grad: PtrMut<f32>, has_grad: u32, inv_rows: f32, row_loss: PtrMut<f32>,
                   row_correct: PtrMut<u32>, fault: PtrMut<u32>);
         xent_reduce(row_loss: Ptr<f32>, row_correct: Ptr<u32>, rows: u64,
-                    out_loss: PtrMut<f64>, out_correct: PtrMut<u64>);
+                    out_loss: PtrMut<f64>, out_correct: PtrMut<u64>, guard: PtrMut<u32>);
         adam_step(param: PtrMut<f32>, grad: Ptr<f32>, m: PtrMut<f32>, v: PtrMut<f32>, n: u64,
                   beta1: f32, beta2: f32, one_minus_beta1: f32, one_minus_beta2: f32,
                   eps: f32, weight_decay: f32, step_size: f32, inv_bias2_sqrt: f32);
+        adam_multi(table: Ptr<u64>, tensors: u32, total: u64, guard: Ptr<u32>,
+                   beta1: f32, beta2: f32, one_minus_beta1: f32, one_minus_beta2: f32,
+                   eps: f32, weight_decay: f32, step_size: f32, inv_bias2_sqrt: f32);
     }
     Features {
         gather_rows(slot_map: Ptr<u32>, cache: Ptr<f32>, host_rows: Ptr<f32>, ids: Ptr<u32>,

@@ -560,57 +560,23 @@ impl DenseOps for CudaBackend {
         labels: &CudaBuf<u32>,
         grad: Option<&mut CudaBuf<f32>>,
     ) -> Result<LossStats> {
-        let n = elems("rows × classes", rows, classes)?;
-        logits.check_len("softmax_cross_entropy logits (rows × classes values)", n)?;
-        labels.check_len("softmax_cross_entropy labels (one per row)", rows)?;
-        if let Some(g) = &grad {
-            g.check_len("softmax_cross_entropy grad (rows × classes values)", n)?;
-        }
         if rows == 0 {
+            self.check_xent(logits, rows, classes, labels, grad.as_deref())?;
             return Ok(LossStats {
                 loss: 0.0,
                 correct: 0,
             });
         }
-        if classes == 0 {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "classes",
-                reason: format!("{rows} rows need at least one class"),
-            });
-        }
-        let mut row_loss = self.buf::<f32>(rows, Init::Uninit, "loss per row")?;
-        let mut row_correct = self.buf::<u32>(rows, Init::Uninit, "correct per row")?;
         // [f64 bits of the loss sum, correct count]
         let mut totals = self.buf::<u64>(2, Init::Uninit, "loss totals")?;
-        let (grad_ptr, has_grad) = match grad {
-            Some(g) => (g.ptr_mut(), 1u32),
-            None => (PtrMut::null(), 0u32),
-        };
-        launch::xent_rows {
-            logits: logits.ptr(),
-            rows: rows as u64,
-            classes: classes as u64,
-            labels: labels.ptr(),
-            grad: grad_ptr,
-            has_grad,
-            inv_rows: (1.0 / rows as f64) as f32,
-            row_loss: row_loss.ptr_mut(),
-            row_correct: row_correct.ptr_mut(),
-            fault: self.fault_ptr(),
-        }
-        .launch(&self.kernels, self.cu(), self.grid_warps(rows))?;
-        let totals_ptr = totals.ptr_mut();
-        launch::xent_reduce {
-            row_loss: row_loss.ptr(),
-            row_correct: row_correct.ptr(),
-            rows: rows as u64,
-            out_loss: PtrMut::new(totals.raw()),
-            out_correct: totals_ptr.offset(1),
-        }
-        .launch(
-            &self.kernels,
-            self.cu(),
-            Grid::exact(1, XENT_REDUCE_THREADS),
+        self.xent_into(
+            logits,
+            rows,
+            classes,
+            labels,
+            grad,
+            totals.ptr_mut(),
+            PtrMut::null(),
         )?;
         let mut out = [0u64; 2];
         self.download_slice(&self.compute, &totals, &mut out)?;
@@ -618,6 +584,124 @@ impl DenseOps for CudaBackend {
             loss: f64::from_bits(out[0]) / rows as f64,
             correct: out[1] as usize,
         })
+    }
+
+    /// No read: the loss sum and correct count stay in `out[2·slot..]` and a
+    /// non-finite sum sets the guard, all on the compute stream.
+    fn softmax_cross_entropy_deferred(
+        &self,
+        logits: &CudaBuf<f32>,
+        rows: usize,
+        classes: usize,
+        labels: &CudaBuf<u32>,
+        grad: &mut CudaBuf<f32>,
+        out: &mut CudaBuf<u64>,
+        slot: usize,
+        guard: &mut CudaBuf<u32>,
+    ) -> Result<()> {
+        out.check_len("deferred loss slots (2 words per slot)", 2 * slot + 2)?;
+        guard.check_len("loss guard", 1)?;
+        if rows == 0 {
+            self.check_xent(logits, rows, classes, labels, Some(grad))?;
+            self.fill_bytes_at(out, 2 * slot, 2, 0)?;
+            return Ok(());
+        }
+        self.xent_into(
+            logits,
+            rows,
+            classes,
+            labels,
+            Some(grad),
+            out.ptr_mut().offset(2 * slot),
+            guard.ptr_mut(),
+        )
+    }
+
+    /// One launch for every tensor (`adam_multi`), the guard read on the device.
+    /// The table of addresses and offsets is uploaded when it changes (the
+    /// parameters of a model keep their buffers, so once per model).
+    fn adam_step_all(
+        &self,
+        hp: &AdamStep,
+        params: &mut [CudaBuf<f32>],
+        grads: &[CudaBuf<f32>],
+        m: &mut [CudaBuf<f32>],
+        v: &mut [CudaBuf<f32>],
+        lens: &[usize],
+        guard: Option<&CudaBuf<u32>>,
+    ) -> Result<()> {
+        check_adam(hp)?;
+        let t = lens.len();
+        if params.len() != t || grads.len() != t || m.len() != t || v.len() != t {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "adam_step_all",
+                reason: format!(
+                    "{} parameters, {} gradients, {} first and {} second moments for {t} lengths",
+                    params.len(),
+                    grads.len(),
+                    m.len(),
+                    v.len()
+                ),
+            });
+        }
+        if t > u32::MAX as usize {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "adam_step_all",
+                reason: format!("{t} tensors; one launch takes up to 2^32 − 1"),
+            });
+        }
+        let mut table = Vec::with_capacity(5 * t + 1);
+        let mut offsets = Vec::with_capacity(t + 1);
+        let mut total = 0usize;
+        for i in 0..t {
+            let n = lens[i];
+            params[i].check_len("adam param", n)?;
+            grads[i].check_len("adam grad", n)?;
+            m[i].check_len("adam first moment", n)?;
+            v[i].check_len("adam second moment", n)?;
+            table.extend([params[i].raw(), grads[i].raw(), m[i].raw(), v[i].raw()]);
+            offsets.push(total as u64);
+            total += n;
+        }
+        offsets.push(total as u64);
+        table.extend(offsets);
+        if total == 0 {
+            return Ok(());
+        }
+        let f = AdamFactors::of(hp);
+        let mut cached = self.adam_table.lock();
+        let fresh = match cached.as_ref() {
+            Some((words, _)) => *words != table,
+            None => true,
+        };
+        if fresh {
+            let mut buf = self.buf::<u64>(table.len(), Init::Uninit, "adam table")?;
+            self.upload_slice(&self.compute, &table, &mut buf)?;
+            *cached = Some((table, buf));
+        }
+        let dev_table =
+            cached
+                .as_ref()
+                .map(|(_, b)| b.ptr())
+                .ok_or_else(|| GpuOpsError::InvalidArgument {
+                    name: "adam_step_all",
+                    reason: "internal: the table was not kept".into(),
+                })?;
+        launch::adam_multi {
+            table: dev_table,
+            tensors: t as u32,
+            total: total as u64,
+            guard: guard.map_or(Ptr::null(), CudaBuf::ptr),
+            beta1: hp.beta1,
+            beta2: hp.beta2,
+            one_minus_beta1: f.one_minus_beta1,
+            one_minus_beta2: f.one_minus_beta2,
+            eps: hp.eps,
+            weight_decay: hp.weight_decay,
+            step_size: f.step_size,
+            inv_bias2_sqrt: f.inv_bias2_sqrt,
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(total))
     }
 
     /// One Adam step (PyTorch `Adam`, L2 decay), factors computed in f64 as
@@ -636,12 +720,7 @@ impl DenseOps for CudaBackend {
         grad.check_len("adam grad", n)?;
         m.check_len("adam first moment", n)?;
         v.check_len("adam second moment", n)?;
-        let t = hp.step.min(i32::MAX as u64) as i32;
-        let (b1, b2) = (f64::from(hp.beta1), f64::from(hp.beta2));
-        let bias1 = 1.0 - b1.powi(t);
-        let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
-        let step_size = (f64::from(hp.lr) / bias1) as f32;
-        let inv_bias2_sqrt = (1.0 / bias2_sqrt) as f32;
+        let f = AdamFactors::of(hp);
         launch::adam_step {
             param: param.ptr_mut(),
             grad: grad.ptr(),
@@ -650,14 +729,111 @@ impl DenseOps for CudaBackend {
             n: n as u64,
             beta1: hp.beta1,
             beta2: hp.beta2,
-            one_minus_beta1: (1.0 - b1) as f32,
-            one_minus_beta2: (1.0 - b2) as f32,
+            one_minus_beta1: f.one_minus_beta1,
+            one_minus_beta2: f.one_minus_beta2,
             eps: hp.eps,
             weight_decay: hp.weight_decay,
-            step_size,
-            inv_bias2_sqrt,
+            step_size: f.step_size,
+            inv_bias2_sqrt: f.inv_bias2_sqrt,
         }
         .launch(&self.kernels, self.cu(), self.grid_threads(n))
+    }
+}
+
+/// Adam's per-step factors, computed in f64 as `cpu_ops::Adam` does.
+struct AdamFactors {
+    one_minus_beta1: f32,
+    one_minus_beta2: f32,
+    step_size: f32,
+    inv_bias2_sqrt: f32,
+}
+
+impl AdamFactors {
+    fn of(hp: &AdamStep) -> Self {
+        let t = hp.step.min(i32::MAX as u64) as i32;
+        let (b1, b2) = (f64::from(hp.beta1), f64::from(hp.beta2));
+        let bias1 = 1.0 - b1.powi(t);
+        let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
+        Self {
+            one_minus_beta1: (1.0 - b1) as f32,
+            one_minus_beta2: (1.0 - b2) as f32,
+            step_size: (f64::from(hp.lr) / bias1) as f32,
+            inv_bias2_sqrt: (1.0 / bias2_sqrt) as f32,
+        }
+    }
+}
+
+impl CudaBackend {
+    /// The argument checks of the softmax cross-entropy.
+    fn check_xent(
+        &self,
+        logits: &CudaBuf<f32>,
+        rows: usize,
+        classes: usize,
+        labels: &CudaBuf<u32>,
+        grad: Option<&CudaBuf<f32>>,
+    ) -> Result<usize> {
+        let n = elems("rows × classes", rows, classes)?;
+        logits.check_len("softmax_cross_entropy logits (rows × classes values)", n)?;
+        labels.check_len("softmax_cross_entropy labels (one per row)", rows)?;
+        if let Some(g) = grad {
+            g.check_len("softmax_cross_entropy grad (rows × classes values)", n)?;
+        }
+        if rows > 0 && classes == 0 {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "classes",
+                reason: format!("{rows} rows need at least one class"),
+            });
+        }
+        Ok(n)
+    }
+
+    /// `xent_rows` then `xent_reduce` into `out_loss` (the f64 sum) and the
+    /// next word (the correct count); `guard` may be null. `rows > 0`.
+    #[allow(clippy::too_many_arguments)]
+    fn xent_into(
+        &self,
+        logits: &CudaBuf<f32>,
+        rows: usize,
+        classes: usize,
+        labels: &CudaBuf<u32>,
+        grad: Option<&mut CudaBuf<f32>>,
+        out: PtrMut<u64>,
+        guard: PtrMut<u32>,
+    ) -> Result<()> {
+        self.check_xent(logits, rows, classes, labels, grad.as_deref())?;
+        let mut row_loss = self.buf::<f32>(rows, Init::Uninit, "loss per row")?;
+        let mut row_correct = self.buf::<u32>(rows, Init::Uninit, "correct per row")?;
+        let (grad_ptr, has_grad) = match grad {
+            Some(g) => (g.ptr_mut(), 1u32),
+            None => (PtrMut::null(), 0u32),
+        };
+        launch::xent_rows {
+            logits: logits.ptr(),
+            rows: rows as u64,
+            classes: classes as u64,
+            labels: labels.ptr(),
+            grad: grad_ptr,
+            has_grad,
+            inv_rows: (1.0 / rows as f64) as f32,
+            row_loss: row_loss.ptr_mut(),
+            row_correct: row_correct.ptr_mut(),
+            fault: self.fault_ptr(),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_warps(rows))?;
+        launch::xent_reduce {
+            row_loss: row_loss.ptr(),
+            row_correct: row_correct.ptr(),
+            rows: rows as u64,
+            out_loss: out.cast(),
+            out_correct: out.offset(1),
+            guard,
+        }
+        .launch(
+            &self.kernels,
+            self.cu(),
+            Grid::exact(1, XENT_REDUCE_THREADS),
+        )
     }
 }
 

@@ -125,14 +125,26 @@ impl CudaBackend {
         len: usize,
         value: u8,
     ) -> Result<()> {
-        buf.check_len("fill length", len)?;
+        self.fill_bytes_at(buf, 0, len, value)
+    }
+
+    /// `buf[at..at + len]` set to bytes `value` on the compute stream.
+    pub(crate) fn fill_bytes_at<T: Elem>(
+        &self,
+        buf: &mut CudaBuf<T>,
+        at: usize,
+        len: usize,
+        value: u8,
+    ) -> Result<()> {
+        buf.check_len("fill range end", at.saturating_add(len))?;
         if len == 0 {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: `buf` holds at least `len` elements (checked); the memset is ordered
-        // on the compute stream.
-        unsafe { result::memset_d8_async(buf.raw(), value, len * size_of::<T>(), self.cu()) }
+        let addr = buf.raw() + (at * size_of::<T>()) as u64;
+        // SAFETY: `buf` holds at least `at + len` elements (checked), so `addr`
+        // starts `len` of them; the memset is ordered on the compute stream.
+        unsafe { result::memset_d8_async(addr, value, len * size_of::<T>(), self.cu()) }
             .map_err(drv("cuMemsetD8Async"))
     }
 }

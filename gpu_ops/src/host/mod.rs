@@ -32,7 +32,7 @@ use crate::backend::{
     DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatInputsDev, GatSaved, GraphOps,
     LossStats, MemoryInfo, Sampling, SparseOps, SparseShape, TopologyPlacement,
 };
-use crate::error::Result;
+use crate::error::{GpuOpsError, Result};
 
 pub use block::HostBlock;
 pub use buffer::{HostBuf, HostEvent, HostStream};
@@ -465,13 +465,90 @@ impl DenseOps for HostBackend {
         labels: &HostBuf<u32>,
         grad: Option<&mut HostBuf<f32>>,
     ) -> Result<LossStats> {
-        math::softmax_cross_entropy(
+        let stats = math::softmax_cross_entropy(
             logits,
             rows,
             classes,
             labels,
             grad.map(|g| g.as_mut_slice()),
-        )
+        )?;
+        // The result reaches the host: what a device's synchronization is.
+        self.transfers.sync();
+        Ok(stats)
+    }
+
+    /// Computed at once (the host has nothing to overlap), written to the slot
+    /// as the protocol says: no synchronization is counted.
+    fn softmax_cross_entropy_deferred(
+        &self,
+        logits: &HostBuf<f32>,
+        rows: usize,
+        classes: usize,
+        labels: &HostBuf<u32>,
+        grad: &mut HostBuf<f32>,
+        out: &mut HostBuf<u64>,
+        slot: usize,
+        guard: &mut HostBuf<u32>,
+    ) -> Result<()> {
+        let found = out.len();
+        let words = out.as_mut_slice().get_mut(2 * slot..2 * slot + 2).ok_or(
+            GpuOpsError::SizeMismatch {
+                what: "deferred loss slots (2 words per slot)",
+                expected: 2 * slot + 2,
+                found,
+            },
+        )?;
+        let flag = guard
+            .as_mut_slice()
+            .first_mut()
+            .ok_or(GpuOpsError::SizeMismatch {
+                what: "loss guard",
+                expected: 1,
+                found: 0,
+            })?;
+        let s =
+            math::softmax_cross_entropy(logits, rows, classes, labels, Some(grad.as_mut_slice()))?;
+        // The sum as the synchronous path's caller forms it (mean × rows).
+        let sum = s.loss * rows as f64;
+        words[0] = sum.to_bits();
+        words[1] = s.correct as u64;
+        if !sum.is_finite() {
+            *flag = 1;
+        }
+        Ok(())
+    }
+
+    /// The guard is host memory: read without a synchronization.
+    fn adam_step_all(
+        &self,
+        hp: &AdamStep,
+        params: &mut [HostBuf<f32>],
+        grads: &[HostBuf<f32>],
+        m: &mut [HostBuf<f32>],
+        v: &mut [HostBuf<f32>],
+        lens: &[usize],
+        guard: Option<&HostBuf<u32>>,
+    ) -> Result<()> {
+        let t = lens.len();
+        if params.len() != t || grads.len() != t || m.len() != t || v.len() != t {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "adam_step_all",
+                reason: format!(
+                    "{} parameters, {} gradients, {} first and {} second moments for {t} lengths",
+                    params.len(),
+                    grads.len(),
+                    m.len(),
+                    v.len()
+                ),
+            });
+        }
+        if guard.is_some_and(|g| g.as_slice().first().is_some_and(|&w| w != 0)) {
+            return Ok(());
+        }
+        for i in 0..t {
+            math::adam_step(hp, &mut params[i], &grads[i], &mut m[i], &mut v[i], lens[i])?;
+        }
+        Ok(())
     }
 
     fn adam_step(

@@ -47,6 +47,25 @@
 //! and [`layer0_rows`] apply layer 0 with given weights (a published snapshot)
 //! to rows gathered on the host: the CPU's hot rows, for any kind.
 //!
+//! # The deferred loss (no synchronization in a step)
+//! [`DeviceModel::train_step`] reads the loss before the backward (one
+//! synchronization per batch, so that a non-finite loss skips the update).
+//! [`DeviceModel::train_step_deferred`] queues the whole step without reading
+//! anything:
+//! 1. the loss sum and correct count go to slot `slot` of the caller's buffer
+//!    ([`DenseOps::softmax_cross_entropy_deferred`](crate::DenseOps::softmax_cross_entropy_deferred));
+//!    a non-finite sum sets the model's **guard** word on the device;
+//! 2. the backward always runs;
+//! 3. the update is one [`DenseOps::adam_step_all`](crate::DenseOps::adam_step_all)
+//!    that does nothing while the guard is set. The guard is sticky: every step
+//!    queued after a non-finite loss is skipped too, so the weights stay those
+//!    before the bad batch however late the host reads the loss;
+//! 4. the version counts the step at once. The caller reads the slots later (one
+//!    download for many batches); at a non-finite loss it calls
+//!    [`DeviceModel::rewind_skipped`] with the number of steps queued from that
+//!    batch on (all skipped): the version moves back to the last applied step
+//!    and the guard is cleared, so training can go on from there.
+//!
 //! # Sparse input
 //! Layer 0 may read sparse rows ([`LayerInput::Sparse`], [`crate::SparseOps`]), e.g.
 //! bag-of-words features: it then always projects first (`A (X·W)`), computing
@@ -183,6 +202,8 @@ pub struct DeviceModel<B: Backend> {
     /// Zero rows written over layer 0's output gradient at constant hot rows
     /// (zeroed once, grown when a batch has more hot rows).
     hot_zeros: Option<B::Buf<f32>>,
+    /// The deferred loss's guard word (module doc; made on first use, zeroed).
+    guard: Option<B::Buf<u32>>,
 }
 
 impl<B: Backend> DeviceModel<B> {
@@ -242,6 +263,7 @@ impl<B: Backend> DeviceModel<B> {
             adam,
             steps: 0,
             hot_zeros: None,
+            guard: None,
         })
     }
 
@@ -653,8 +675,15 @@ impl<B: Backend> DeviceModel<B> {
         Ok(())
     }
 
-    /// One Adam update of every parameter from the current gradients.
+    /// One Adam update of every parameter from the current gradients (one
+    /// launch on CUDA: [`DenseOps::adam_step_all`](crate::DenseOps::adam_step_all)).
     pub fn step(&mut self, dev: &B) -> Result<()> {
+        self.step_guarded(dev, false)
+    }
+
+    /// [`DeviceModel::step`], skipped on the device while the guard is set
+    /// when `guarded` (module doc, the deferred loss).
+    fn step_guarded(&mut self, dev: &B, guarded: bool) -> Result<()> {
         self.steps += 1;
         let a = &self.adam;
         let hp = AdamStep {
@@ -665,15 +694,63 @@ impl<B: Backend> DeviceModel<B> {
             weight_decay: a.weight_decay as f32,
             step: self.steps,
         };
-        for i in 0..self.params.len() {
-            dev.adam_step(
-                &hp,
-                &mut self.params[i],
-                &self.grads[i],
-                &mut self.m[i],
-                &mut self.v[i],
-                self.lens[i],
-            )?;
+        let guard = if guarded { self.guard.as_ref() } else { None };
+        dev.adam_step_all(
+            &hp,
+            &mut self.params,
+            &self.grads,
+            &mut self.m,
+            &mut self.v,
+            &self.lens,
+            guard,
+        )
+    }
+
+    /// Forward, loss, backward and a guarded Adam step, queued without reading
+    /// anything (module doc, the deferred loss): the loss sum and the correct
+    /// count of the batch go to `out[2·slot]` and `out[2·slot + 1]`. The
+    /// version moves on at once; see [`DeviceModel::rewind_skipped`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn train_step_deferred<'x>(
+        &mut self,
+        dev: &B,
+        blocks: &[B::Block],
+        x: impl Into<LayerInput<'x, B>>,
+        labels: &B::Buf<u32>,
+        seed: u64,
+        out: &mut B::Buf<u64>,
+        slot: usize,
+    ) -> Result<()> {
+        let x = x.into();
+        if self.guard.is_none() {
+            self.guard = Some(dev.alloc(1)?);
+        }
+        let fwd = self.forward_hot(dev, blocks, x, true, seed, None)?;
+        let rows = fwd.rows();
+        let classes = self.arch.cfg.num_classes;
+        let mut dlogits = dev.alloc_uninit(rows * classes)?;
+        let guard = self.guard.as_mut().ok_or_else(|| internal("loss guard"))?;
+        dev.softmax_cross_entropy_deferred(
+            &fwd.logits,
+            rows,
+            classes,
+            labels,
+            &mut dlogits,
+            out,
+            slot,
+            guard,
+        )?;
+        self.backward(dev, blocks, x, &fwd, &dlogits)?;
+        self.step_guarded(dev, true)
+    }
+
+    /// After a non-finite loss read from a deferred step: `skipped` steps were
+    /// queued from that batch on and none was applied (the guard). The version
+    /// moves back by `skipped` and the guard is cleared.
+    pub fn rewind_skipped(&mut self, dev: &B, skipped: u64) -> Result<()> {
+        self.steps = self.steps.saturating_sub(skipped);
+        if let Some(g) = self.guard.as_mut() {
+            dev.fill_zero(g, 1)?;
         }
         Ok(())
     }

@@ -418,6 +418,175 @@ pub(crate) fn adam_matches_cpu_ops<B: Backend>(d: &B) {
     }
 }
 
+/// The whole-model Adam (`adam_step_all`: one launch on CUDA) equals one
+/// `adam_step` per tensor bit for bit, over tensors of odd and zero lengths and
+/// several steps; a set guard updates nothing. The deferred loss writes the sum
+/// and the correct count of `softmax_cross_entropy` into its slot, the same
+/// gradient, and a sticky guard at a non-finite loss.
+pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d: &B) {
+    let mut rng = Rng::new(23);
+    let lens = [1usize, 1001, 0, 70_001, 33];
+    let vals =
+        |rng: &mut Rng| -> Vec<Vec<f32>> { lens.iter().map(|&n| rand_f32(rng, n)).collect() };
+    let up = |v: &[Vec<f32>]| -> Vec<B::Buf<f32>> { v.iter().map(|x| output(d, x)).collect() };
+    let p0 = vals(&mut rng);
+    let scaled = |v: Vec<Vec<f32>>, f: fn(f32) -> f32| -> Vec<Vec<f32>> {
+        v.into_iter()
+            .map(|t| t.into_iter().map(f).collect())
+            .collect()
+    };
+    let m0 = scaled(vals(&mut rng), |x| 0.1 * x);
+    // Second moments are non-negative.
+    let v0 = scaled(vals(&mut rng), |x| 0.01 * x.abs());
+    let (mut pa, mut ma, mut va) = (up(&p0), up(&m0), up(&v0));
+    let (mut pb, mut mb, mut vb) = (up(&p0), up(&m0), up(&v0));
+    let mut guard = d.to_device(&[0u32]).unwrap();
+    for step in 1..=3u64 {
+        let grads = up(&vals(&mut rng));
+        let hp = AdamStep {
+            lr: 3e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 5e-4,
+            step,
+        };
+        for i in 0..lens.len() {
+            d.adam_step(&hp, &mut pa[i], &grads[i], &mut ma[i], &mut va[i], lens[i])
+                .unwrap();
+        }
+        d.adam_step_all(&hp, &mut pb, &grads, &mut mb, &mut vb, &lens, Some(&guard))
+            .unwrap();
+        for i in 0..lens.len() {
+            for (what, a, b) in [
+                ("param", &pa[i], &pb[i]),
+                ("m", &ma[i], &mb[i]),
+                ("v", &va[i], &vb[i]),
+            ] {
+                assert_eq!(
+                    bits(&read(d, a, lens[i], what)),
+                    bits(&read(d, b, lens[i], what)),
+                    "step {step} tensor {i}: {what}"
+                );
+            }
+        }
+    }
+    let before: Vec<Vec<f32>> = (0..lens.len())
+        .map(|i| read(d, &pb[i], lens[i], "p"))
+        .collect();
+    guard = d.to_device(&[1u32]).unwrap();
+    let grads = up(&vals(&mut rng));
+    let hp = AdamStep {
+        lr: 3e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        step: 4,
+    };
+    d.adam_step_all(&hp, &mut pb, &grads, &mut mb, &mut vb, &lens, Some(&guard))
+        .unwrap();
+    for i in 0..lens.len() {
+        let after = read(d, &pb[i], lens[i], "p");
+        assert!(after.iter().all(|x| x.is_finite()), "tensor {i}");
+        assert_eq!(
+            bits(&after),
+            bits(&before[i]),
+            "tensor {i} moved under the guard"
+        );
+    }
+    assert!(d
+        .adam_step_all(&hp, &mut pb[..2], &grads, &mut mb, &mut vb, &lens, None)
+        .is_err());
+
+    // The deferred loss.
+    let (rows, classes) = (37usize, 7usize);
+    let mut logits: Vec<f32> = rand_f32(&mut rng, rows * classes)
+        .iter()
+        .map(|v| v * 4.0)
+        .collect();
+    let labels: Vec<u32> = (0..rows)
+        .map(|_| rng.below(classes as u64) as u32)
+        .collect();
+    let dlab = input_u32(d, &labels, u32::MAX);
+    let mut g_sync = output(d, &vec![f32::NAN; rows * classes]);
+    let want = d
+        .softmax_cross_entropy(&input(d, &logits), rows, classes, &dlab, Some(&mut g_sync))
+        .unwrap();
+    let mut g = output(d, &vec![f32::NAN; rows * classes]);
+    let mut slots = d.to_device(&[7u64; 6]).unwrap();
+    let mut guard = d.to_device(&[0u32]).unwrap();
+    d.softmax_cross_entropy_deferred(
+        &input(d, &logits),
+        rows,
+        classes,
+        &dlab,
+        &mut g,
+        &mut slots,
+        1,
+        &mut guard,
+    )
+    .unwrap();
+    let w = down(d, &slots, 6);
+    assert_eq!(
+        (w[0], w[1], w[4], w[5]),
+        (7, 7, 7, 7),
+        "only slot 1 is written"
+    );
+    let sum = f64::from_bits(w[2]);
+    assert!(
+        (sum - want.loss * rows as f64).abs() <= 1e-12 * sum.abs().max(1.0),
+        "loss sum {sum} vs {}",
+        want.loss * rows as f64
+    );
+    assert_eq!(w[3], want.correct as u64);
+    assert_eq!(
+        bits(&read(d, &g, rows * classes, "grad")),
+        bits(&read(d, &g_sync, rows * classes, "grad"))
+    );
+    assert_eq!(down(d, &guard, 1), vec![0]);
+    logits[5] = f32::NAN;
+    d.softmax_cross_entropy_deferred(
+        &input(d, &logits),
+        rows,
+        classes,
+        &dlab,
+        &mut g,
+        &mut slots,
+        0,
+        &mut guard,
+    )
+    .unwrap();
+    assert!(f64::from_bits(down(d, &slots, 1)[0]).is_nan());
+    assert_eq!(down(d, &guard, 1), vec![1], "a NaN loss sets the guard");
+    logits[5] = 0.5;
+    d.softmax_cross_entropy_deferred(
+        &input(d, &logits),
+        rows,
+        classes,
+        &dlab,
+        &mut g,
+        &mut slots,
+        2,
+        &mut guard,
+    )
+    .unwrap();
+    assert_eq!(down(d, &guard, 1), vec![1], "the guard is sticky");
+    assert_size_mismatch(
+        "a slot past the buffer",
+        d.softmax_cross_entropy_deferred(
+            &input(d, &logits),
+            rows,
+            classes,
+            &dlab,
+            &mut g,
+            &mut slots,
+            3,
+            &mut guard,
+        ),
+    );
+}
+
 /// The fused hidden-layer ops equal the unfused sequence bit for bit:
 /// `bias_act_dropout` = add_bias, relu / elu, copy, dropout (same seed);
 /// `dropout_act_backward` = dropout_backward, relu / elu backward. Nothing past

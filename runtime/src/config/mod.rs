@@ -274,6 +274,10 @@ pub struct DeviceSection {
     /// The most device memory the job's engine may plan for (0: what the
     /// device has free); the feature cache shrinks to fit it.
     pub memory_budget_bytes: u64,
+    /// Batches between a step and the read of its loss (`0`: 8 on CUDA, 1 on
+    /// the host backend): the step-based executor reads the losses of this many
+    /// batches at once, so a steady batch does not wait for the device.
+    pub loss_lag: u32,
 }
 
 impl Default for DeviceSection {
@@ -284,8 +288,9 @@ impl Default for DeviceSection {
             cache_bytes: DEFAULT_CACHE_BYTES,
             topology: TopologyPlacement::Device,
             feature_dtype: FeatureDtype::F32,
-            sample_ahead: false,
             memory_budget_bytes: 0,
+            sample_ahead: true,
+            loss_lag: 0,
         }
     }
 }

@@ -108,6 +108,8 @@ impl TrainConfig {
             0,
             TOML_INT_MAX,
         )?;
+        // A lag of up to 1024 batches: the loss slots are 16 bytes each.
+        in_range("device.loss_lag", self.device.loss_lag, 0, 1024)?;
         in_range("data.synthetic.seed", s.seed, 0, TOML_INT_MAX)?;
         self.validate_orchestration()?;
         self.validate_dist()?;

@@ -155,6 +155,11 @@ pub struct DeviceEngine<B: Backend> {
     /// to `h2d` after the step's synchronization
     /// ([`DeviceEngine::settle_gather_misses`]).
     misses_before: Option<u64>,
+    /// Batches between a step and the read of its loss (`device.loss_lag`
+    /// resolved; 1: every loss read at once).
+    loss_lag: usize,
+    /// The deferred losses' slots (`2 · loss_lag` words; made on first use).
+    loss_slots: Option<B::Buf<u64>>,
     tracer: Tracer,
     acc: TrackId,
     /// What `device.memory_budget_bytes` changed, for the device note.
@@ -260,6 +265,8 @@ impl<B: Backend> DeviceEngine<B> {
             h2d: 0,
             misses_before: None,
             budget_note,
+            loss_lag: 1,
+            loss_slots: None,
             acc: tracer.declare_track("acc", TrackKind::Accelerator),
             tracer,
             graph,

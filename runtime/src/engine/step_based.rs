@@ -330,6 +330,55 @@ impl<B: Backend> DeviceEngine<B> {
         }
     }
 
+    /// Batches between a step and the read of its loss (`device.loss_lag`
+    /// resolved, at least 1).
+    pub(crate) fn loss_lag(&self) -> usize {
+        self.loss_lag
+    }
+
+    /// Sets [`DeviceEngine::loss_lag`] (0 counts as 1).
+    pub(crate) fn set_loss_lag(&mut self, lag: usize) {
+        self.loss_lag = lag.max(1);
+        self.loss_slots = None;
+    }
+
+    /// The loss sums and correct counts of deferred slots `0..n`, in one
+    /// download (one synchronization, after every step queued so far).
+    pub(crate) fn read_loss_slots(&mut self, n: usize) -> Result<Vec<(f64, usize)>> {
+        let slots = self
+            .loss_slots
+            .as_ref()
+            .ok_or_else(|| missing("loss slots"))?;
+        let words = self
+            .dev
+            .to_host(slots, 2 * n)
+            .map_err(dev_err("reading the batches' losses"))?;
+        Ok(words
+            .chunks_exact(2)
+            .map(|w| (f64::from_bits(w[0]), w[1] as usize))
+            .collect())
+    }
+
+    /// After a non-finite deferred loss: the `skipped` steps queued from that
+    /// batch on were not applied; the version moves back by as many and the
+    /// model's guard is cleared.
+    pub(crate) fn rewind_skipped(&mut self, skipped: usize) -> Result<()> {
+        self.model
+            .rewind_skipped(&self.dev, skipped as u64)
+            .map_err(dev_err("clearing the loss guard"))
+    }
+
+    /// Host synchronizations so far: of the engine's backend (its compute
+    /// stream; sampling too when there is no sibling) and of the sampling
+    /// sibling (`device.sample_ahead` on CUDA: they wait for sampling kernels
+    /// only).
+    pub(crate) fn syncs_by_stream(&self) -> (u64, u64) {
+        (
+            self.dev.transfer_stats().syncs,
+            self.sibling.transfer_stats().syncs,
+        )
+    }
+
     /// The transfers of the engine's backend and its sampling sibling.
     pub(super) fn transfer_stats_all(&self) -> gpu_ops::TransferStats {
         self.dev
@@ -346,14 +395,32 @@ impl<B: Backend> DeviceEngine<B> {
     /// (the sibling must not recycle their memory while the backward runs).
     /// The `device step` slice records the copies and synchronizations since
     /// `copies_before` (taken before the batch was sampled: the whole batch).
+    ///
+    /// With `deferred = Some(slot)` (and `step`) nothing is read: the step is
+    /// [`gpu_ops::DeviceModel::train_step_deferred`] into loss slot `slot`
+    /// (below [`DeviceEngine::loss_lag`]), read later by
+    /// [`DeviceEngine::read_loss_slots`], and the statistics are `None`.
     pub(crate) fn train_sampled(
         &mut self,
         placement: StepBased,
         sampled: Sampled<B>,
         batch: BatchRef<'_>,
         step: bool,
+        deferred: Option<usize>,
         copies_before: gpu_ops::TransferStats,
-    ) -> Result<(gpu_ops::LossStats, Vec<B::Block>)> {
+    ) -> Result<(Option<gpu_ops::LossStats>, Vec<B::Block>)> {
+        if let Some(slot) = deferred {
+            if !step || slot >= self.loss_lag {
+                return Err(missing("a loss slot for a full step"));
+            }
+            if self.loss_slots.is_none() {
+                self.loss_slots = Some(
+                    self.dev
+                        .alloc(2 * self.loss_lag)
+                        .map_err(dev_err("loss slots"))?,
+                );
+            }
+        }
         let BatchRef { seeds, seed, .. } = batch;
         let tracer = self.tracer.clone();
         let acc = self.acc;
@@ -412,12 +479,27 @@ impl<B: Backend> DeviceEngine<B> {
             .to_device(&labels)
             .map_err(dev_err("labels"))
             .and_then(|labels| {
-                if step {
-                    self.model
+                match (deferred, self.loss_slots.as_mut()) {
+                    (Some(slot), Some(out)) => self
+                        .model
+                        .train_step_deferred(
+                            &self.dev,
+                            &blocks,
+                            x.layer(),
+                            &labels,
+                            seed,
+                            out,
+                            slot,
+                        )
+                        .map(|()| None),
+                    _ if step => self
+                        .model
                         .train_step(&self.dev, &blocks, x.layer(), &labels, seed)
-                } else {
-                    self.model
+                        .map(Some),
+                    _ => self
+                        .model
                         .forward_backward(&self.dev, &blocks, x.layer(), &labels, seed)
+                        .map(Some),
                 }
                 .map_err(dev_err("training step"))
             });

@@ -99,7 +99,7 @@ pub(crate) fn place(input: &PlacementInput<'_>) -> Result<Placed> {
     let cfg = input.cfg;
     let ordinal = u32::try_from(cfg.device.ordinal as usize + input.gpu_offset)
         .map_err(|_| Error::invalid_argument("device.ordinal", "too large"))?;
-    let (exec, mut note) = match open_backend(&cfg.device, ordinal)? {
+    let (exec, note) = match open_backend(&cfg.device, ordinal)? {
         Opened::Cuda(dev) => {
             let (e, sparse) = engine(*dev, input)?;
             let note = format!("device: {}{sparse}", e.describe());
@@ -123,12 +123,8 @@ pub(crate) fn place(input: &PlacementInput<'_>) -> Result<Placed> {
             (strategy(e, input)?, note)
         }
     };
-    if cfg.device.sample_ahead && cfg.orchestration.reuses_embeddings() {
-        note.push_str(
-            "; device.sample_ahead applies to step-based placements: the layer-based \
-             pipeline samples each super-batch's top layers ahead itself",
-        );
-    }
+    // (`device.sample_ahead`, on by default, does not apply to the layer-based
+    // pipeline, which samples each super-batch's top layers ahead itself.)
     Ok(Placed { exec, note })
 }
 
@@ -151,7 +147,8 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
         (true, true) => "; sparse input rows".to_string(),
         _ => String::new(),
     };
-    let engine = DeviceEngine::new(
+    let on_cuda = dev.kind() == gpu_ops::DeviceKind::Cuda;
+    let mut engine = DeviceEngine::new(
         dev,
         input.ds,
         input.model,
@@ -181,7 +178,22 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
     if let Some(n) = engine.budget_note() {
         note.push_str(n);
     }
+    engine.set_loss_lag(loss_lag(cfg, on_cuda));
     Ok((engine, note))
+}
+
+/// `device.loss_lag` resolved: `0` is 8 on CUDA and 1 on the host backend
+/// (where a read costs nothing); `train.on_nonfinite = "skip-batch"` reads
+/// every loss at once (a skipped batch must not skip the ones queued after it).
+fn loss_lag(cfg: &TrainConfig, on_cuda: bool) -> usize {
+    if cfg.train.on_nonfinite == crate::config::OnNonFiniteKind::SkipBatch {
+        return 1;
+    }
+    match cfg.device.loss_lag {
+        0 if on_cuda => 8,
+        0 => 1,
+        n => n as usize,
+    }
 }
 
 /// Step 3: the executor of `orchestration.policy` over `engine`.

@@ -54,7 +54,8 @@ pub use report::{render_utilization_svg, write_utilization_svg};
 pub use report::{utilization_series, Series, UtilizationSeries, DEFAULT_BINS};
 pub use sampler::{
     acc_mem_counter, acc_util_counter, parse_acc_counter, CounterSampler, SamplerOptions,
-    CACHE_HIT_RATE, CPU_UTIL, PROCESS_CPU, PROCESS_RSS_MIB, STALENESS_GAP,
+    CACHE_HIT_RATE, CPU_UTIL, HOST_SYNCS, PROCESS_CPU, PROCESS_RSS_MIB, SAMPLING_SYNCS,
+    STALENESS_GAP,
 };
 pub use summary::{
     fmt_bytes, summarize, AccStats, SeriesStats, StageStats, Summary, TrackStats, TransferStats,

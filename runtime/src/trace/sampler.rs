@@ -34,6 +34,14 @@ pub const PROCESS_RSS_MIB: &str = "process.rss_mib";
 pub const CACHE_HIT_RATE: &str = "cache.hit_rate";
 /// Conventional gauge name for the current staleness gap (weight versions).
 pub const STALENESS_GAP: &str = "staleness.gap";
+/// Conventional counter name of the host synchronizations a device engine's
+/// backend (its compute stream) has made so far (cumulative; the step executor
+/// adds a sample per batch, so the difference over 8 batches is theirs).
+pub const HOST_SYNCS: &str = "host.syncs";
+/// Conventional counter name of the synchronizations of a device engine's
+/// sampling sibling so far (`device.sample_ahead` on CUDA; cumulative, a
+/// sample per batch): they wait for sampling kernels, not for training.
+pub const SAMPLING_SYNCS: &str = "host.syncs.sampling";
 
 /// Counter name of accelerator `i`'s utilization, percent.
 pub fn acc_util_counter(i: u32) -> String {

@@ -355,6 +355,107 @@ fn train_step_lowers_the_loss() {
     }
 }
 
+/// The deferred step (no read) trains exactly as `train_step` (same loss sums,
+/// same weights bit for bit); a non-finite input sets the sticky guard, so that
+/// batch and every step queued after it leave the weights alone until
+/// `rewind_skipped` moves the version back and clears it.
+#[test]
+fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound() {
+    let g = random_graph(200, 1600, 7);
+    let dev = HostBackend::new();
+    let seeds: Vec<u32> = (0..48).collect();
+    let batch = dev
+        .sample(
+            &dev.load_graph(&g, Default::default()).expect("graph"),
+            &seeds,
+            &[4, 4],
+            1,
+        )
+        .expect("sample");
+    let n_in = dev.block_shape(&batch.blocks[0]).0;
+    let mut rng = Rng::new(4);
+    let x: Vec<f32> = (0..n_in * 8).map(|_| rng.normal() as f32).collect();
+    let xd = dev.to_device(&x).expect("x");
+    let mut bad = x.clone();
+    bad[3] = f32::NAN; // row 0 is seed 0's own row: its logits become NaN
+    let bad = dev.to_device(&bad).expect("bad x");
+    let labels = dev
+        .to_device(&seeds.iter().map(|&s| s % 3).collect::<Vec<u32>>())
+        .expect("labels");
+    for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gat] {
+        let cfg = ModelConfig {
+            kind,
+            in_dim: 8,
+            hidden: 16,
+            num_classes: 3,
+            num_layers: 2,
+            heads: 2,
+            dropout: 0.2,
+        };
+        let mut sync = DeviceModel::new(&dev, &cfg, 1, AdamConfig::default()).expect("model");
+        let mut lag = DeviceModel::new(&dev, &cfg, 1, AdamConfig::default()).expect("model");
+        let mut slots = dev.alloc::<u64>(2 * 4).expect("slots");
+        let before = dev.transfer_stats();
+        for k in 0..4u64 {
+            lag.train_step_deferred(&dev, &batch.blocks, &xd, &labels, k, &mut slots, k as usize)
+                .expect("deferred step");
+        }
+        assert_eq!(
+            dev.transfer_stats().since(&before).syncs,
+            0,
+            "{kind:?}: a deferred step synchronized"
+        );
+        let words = dev.to_host(&slots, 8).expect("slots");
+        for k in 0..4u64 {
+            let s = sync
+                .train_step(&dev, &batch.blocks, &xd, &labels, k)
+                .expect("step");
+            let sum = f64::from_bits(words[2 * k as usize]);
+            assert_eq!(sum, s.loss * seeds.len() as f64, "{kind:?} batch {k}");
+            assert_eq!(words[2 * k as usize + 1], s.correct as u64, "{kind:?}");
+        }
+        let (ps, pl) = (
+            sync.params_to_host(&dev).expect("params"),
+            lag.params_to_host(&dev).expect("params"),
+        );
+        assert_eq!(ps, pl, "{kind:?}: weights differ");
+        assert_eq!((sync.version(), lag.version()), (4, 4));
+        // A NaN at the next batch: it and the two queued after it are skipped.
+        let good = pl;
+        lag.train_step_deferred(&dev, &batch.blocks, &bad, &labels, 4, &mut slots, 0)
+            .expect("nan step");
+        for k in 5..7u64 {
+            lag.train_step_deferred(&dev, &batch.blocks, &xd, &labels, k, &mut slots, 1)
+                .expect("step after the nan");
+        }
+        let words = dev.to_host(&slots, 4).expect("slots");
+        assert!(
+            f64::from_bits(words[0]).is_nan(),
+            "{kind:?}: the loss is not NaN"
+        );
+        assert!(f64::from_bits(words[2]).is_finite(), "{kind:?}");
+        assert_eq!(
+            lag.params_to_host(&dev).expect("params"),
+            good,
+            "{kind:?}: moved"
+        );
+        assert_eq!(lag.version(), 7);
+        lag.rewind_skipped(&dev, 3).expect("rewind");
+        assert_eq!(lag.version(), 4);
+        // Training goes on from there exactly as the synchronous model does.
+        lag.train_step_deferred(&dev, &batch.blocks, &xd, &labels, 9, &mut slots, 3)
+            .expect("step after the rewind");
+        sync.train_step(&dev, &batch.blocks, &xd, &labels, 9)
+            .expect("step");
+        assert_eq!(
+            lag.params_to_host(&dev).expect("params"),
+            sync.params_to_host(&dev).expect("params"),
+            "{kind:?}: after the rewind"
+        );
+        assert_eq!(lag.version(), 5);
+    }
+}
+
 #[test]
 fn a_split_step_equals_train_step_and_set_grads_replaces_the_gradients() {
     let g = random_graph(200, 1600, 5);

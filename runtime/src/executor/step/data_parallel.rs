@@ -151,7 +151,14 @@ impl<B: Backend> DataParallel<B> {
             let sampled = self.inner.sample(share)?;
             let placement = self.inner.placement();
             let engine = self.inner.engine_mut();
-            let (stats, blocks) = engine.train_sampled(placement, sampled, share, false, before)?;
+            let (stats, blocks) =
+                engine.train_sampled(placement, sampled, share, false, None, before)?;
+            let stats = stats.ok_or_else(|| {
+                crate::error::Error::invalid_argument(
+                    "dist",
+                    "internal: a data-parallel step read no loss",
+                )
+            })?;
             drop(blocks);
             if on_device {
                 let loss_sum = stats.loss * mine.len() as f64;

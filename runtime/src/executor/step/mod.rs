@@ -16,6 +16,22 @@
 //!    recycle their memory (which would make it wait for the backward).
 //! 5. The session sees the batch (`executor/mod.rs`, step 3).
 //!
+//! # The deferred loss (`device.loss_lag` = L > 1)
+//! Step 2 then reads nothing: batch `k`'s loss goes to device slot `i` (the
+//! `i`-th batch since the last read) and step 5 waits. When L batches are
+//! pending, at the end of the call, and before a cancel returns, one download
+//! reads all their slots (a `loss read` slice on the accelerator track; its
+//! `host_syncs` argument counts the synchronization) and the session sees them
+//! in order. A non-finite loss set the model's device guard, so its batch and
+//! every pending one after it left the weights alone: the engine moves the
+//! version back by that many steps and clears the guard, and the session sees
+//! the bad batch (`train.on_nonfinite = "stop"`: an error naming it) and none
+//! after it. A callback's stop ends the call after the pending batches (all
+//! trained), which the session sees too. With a tracer, every batch adds a
+//! sample of the engine's synchronizations so far to the `host.syncs` counter
+//! (its backend: the compute stream) and to `host.syncs.sampling` (the
+//! sampling sibling's, which wait for sampling kernels only).
+//!
 //! A batch sampled ahead is kept across calls only for the batch it was
 //! sampled for; anything else (a new epoch order, a checkpoint load that moved
 //! the position) samples afresh.
@@ -30,7 +46,7 @@ pub(crate) mod data_parallel;
 use super::{BatchDone, DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
 use crate::engine::{record_copies, BatchRef, DeviceEngine, ModelState, Sampled};
 use crate::error::{Result, StopCause};
-use crate::trace::{TrackId, TrackKind, CACHE_HIT_RATE};
+use crate::trace::{TrackId, TrackKind, CACHE_HIT_RATE, HOST_SYNCS, SAMPLING_SYNCS};
 use data_parallel::DataParallel;
 
 /// Batches sampled ahead and their counters (steps 1 and 3).
@@ -43,6 +59,19 @@ struct Ahead<B: Backend> {
     used: u64,
     /// The `acc sample` track, declared on first use.
     track: Option<TrackId>,
+}
+
+/// A batch whose step was queued and whose loss is not read yet (the deferred
+/// loss, module doc).
+struct Pending {
+    /// The batch index.
+    k: usize,
+    /// Its loss slot.
+    slot: usize,
+    /// Seconds from its start to its step queued.
+    seconds: f64,
+    /// The version after its step.
+    version: u64,
 }
 
 /// A step-based placement over one device engine (module doc).
@@ -136,12 +165,82 @@ impl<B: Backend> StepExecutor<B> {
     }
 }
 
+impl<B: Backend> StepExecutor<B> {
+    /// Reads the losses of `pending` (one download) and shows them to the
+    /// session in order (module doc, the deferred loss). Returns how the call
+    /// ends when a callback asked to stop; a non-finite loss is the session's
+    /// error (or, were it to go on, an internal one: the guard skipped the
+    /// pending batches after it).
+    fn read_pending(
+        &mut self,
+        run: &EpochRun<'_>,
+        pending: &mut Vec<Pending>,
+        on_batch: &mut OnBatch<'_>,
+    ) -> Result<Option<EpochEnd>> {
+        if pending.is_empty() {
+            return Ok(None);
+        }
+        let (tracer, acc) = self.engine.tracer();
+        let tracer = tracer.clone();
+        let before = ModelState::transfer_stats(&self.engine);
+        let last = pending.last().map_or(0, |p| p.k);
+        let mut slice = tracer
+            .slice_on(acc, "loss read")
+            .epoch(run.epoch as u64)
+            .batch(last as u64);
+        let read = self.engine.read_loss_slots(pending.len());
+        let copies = ModelState::transfer_stats(&self.engine).since(&before);
+        record_copies(slice.args_mut(), &copies);
+        drop(slice);
+        let losses = read?;
+        let batches = std::mem::take(pending);
+        let mut stop = false;
+        for (i, p) in batches.iter().enumerate() {
+            let (loss_sum, correct) = losses[p.slot];
+            let done = BatchDone {
+                k: p.k,
+                loss_sum,
+                correct,
+                seconds: p.seconds,
+                version: p.version,
+            };
+            if !loss_sum.is_finite() {
+                self.engine.rewind_skipped(batches.len() - i)?;
+                on_batch(&done)?;
+                return Err(crate::error::Error::invalid_argument(
+                    "device.loss_lag",
+                    format!(
+                        "internal: batch {} had a non-finite loss and the {} queued after it \
+                         were not applied, but training went on (a loss lag needs \
+                         train.on_nonfinite = \"stop\")",
+                        p.k,
+                        batches.len() - i - 1
+                    ),
+                ));
+            }
+            stop |= on_batch(&done)?;
+        }
+        Ok(stop.then(|| {
+            if last + 1 < run.batches.len() {
+                EpochEnd::Stopped(last + 1, StopCause::Callback)
+            } else {
+                EpochEnd::Finished(true)
+            }
+        }))
+    }
+}
+
 impl<B: Backend> Executor for StepExecutor<B> {
     fn train(&mut self, run: &EpochRun<'_>, on_batch: &mut OnBatch<'_>) -> Result<EpochEnd> {
         let epoch_len = run.batches.len();
         let end = run.end.min(epoch_len);
+        let lag = self.engine.loss_lag();
+        let mut pending: Vec<Pending> = Vec::with_capacity(lag);
         for k in run.start..end {
             if run.cancel.is_cancelled() {
+                if let Some(e) = self.read_pending(run, &mut pending, on_batch)? {
+                    return Ok(e);
+                }
                 return Ok(EpochEnd::Stopped(k, StopCause::Token));
             }
             let t = Instant::now();
@@ -149,9 +248,10 @@ impl<B: Backend> Executor for StepExecutor<B> {
             let batch = run.batch(k);
             let before = ModelState::transfer_stats(&self.engine);
             let sampled = self.sample(batch)?;
+            let slot = (lag > 1).then_some(pending.len());
             let (stats, blocks) =
                 self.engine
-                    .train_sampled(self.placement, sampled, batch, true, before)?;
+                    .train_sampled(self.placement, sampled, batch, true, slot, before)?;
             if self.ahead.on && k + 1 < end {
                 self.sample_ahead(run.batch(k + 1));
             }
@@ -161,13 +261,31 @@ impl<B: Backend> Executor for StepExecutor<B> {
                     CACHE_HIT_RATE,
                     ModelState::cache_stats(&self.engine).hit_rate(),
                 );
+                let (compute, sampling) = self.engine.syncs_by_stream();
+                run.tracer.counter(HOST_SYNCS, compute as f64);
+                run.tracer.counter(SAMPLING_SYNCS, sampling as f64);
             }
+            let version = ModelState::version(&self.engine);
+            let Some(stats) = stats else {
+                pending.push(Pending {
+                    k,
+                    slot: slot.unwrap_or(0),
+                    seconds: t.elapsed().as_secs_f64(),
+                    version,
+                });
+                if pending.len() >= lag {
+                    if let Some(e) = self.read_pending(run, &mut pending, on_batch)? {
+                        return Ok(e);
+                    }
+                }
+                continue;
+            };
             let done = BatchDone {
                 k,
                 loss_sum: stats.loss * seeds.len() as f64,
                 correct: stats.correct,
                 seconds: t.elapsed().as_secs_f64(),
-                version: ModelState::version(&self.engine),
+                version,
             };
             if on_batch(&done)? {
                 return Ok(if k + 1 < epoch_len {
@@ -176,6 +294,9 @@ impl<B: Backend> Executor for StepExecutor<B> {
                     EpochEnd::Finished(true)
                 });
             }
+        }
+        if let Some(e) = self.read_pending(run, &mut pending, on_batch)? {
+            return Ok(e);
         }
         Ok(EpochEnd::Finished(false))
     }

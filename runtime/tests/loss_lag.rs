@@ -1,0 +1,193 @@
+//! The deferred loss (`device.loss_lag`, issue 23) on the host backend: the step
+//! executor queues batches without reading their losses and reads them in groups.
+//! Losses, weights and the non-finite stop are those of reading every loss at
+//! once, and the trace's `host.syncs` counter shows one synchronization per
+//! group instead of one per batch.
+
+use std::path::Path;
+
+use cpu_ops::FeatureMatrix;
+use runtime::config::TrainConfig;
+use runtime::data::Dataset;
+use runtime::trace::{Tracer, HOST_SYNCS, SAMPLING_SYNCS};
+use runtime::{load_dataset, Checkpoint, Error, Trainer};
+
+fn cfg(extra: &[&str]) -> TrainConfig {
+    let mut sets: Vec<String> = vec![
+        "model.kind=\"sage\"".into(),
+        "model.hidden=16".into(),
+        "model.dropout=0.2".into(),
+        "train.epochs=2".into(),
+        "train.batch_size=64".into(),
+        "train.fanouts=[5,5]".into(),
+        "train.eval_every=0".into(),
+        "data.synthetic.vertices=2000".into(),
+        "data.synthetic.edges=8000".into(),
+        "data.synthetic.classes=4".into(),
+        "data.synthetic.dim=8".into(),
+        "device.kind=\"host\"".into(),
+        "threads.compute=1".into(),
+    ];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    TrainConfig::from_toml_with_overrides("", Path::new("test"), &sets).expect("config")
+}
+
+fn lag(n: usize, extra: &[&str]) -> TrainConfig {
+    let mut sets = vec![format!("device.loss_lag={n}")];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+    cfg(&refs)
+}
+
+#[test]
+fn a_loss_lag_trains_the_same_losses_and_weights() {
+    for extra in [
+        &[][..],
+        &["orchestration.policy=\"cpu-sample-cpu-gather\""][..],
+        &["device.sample_ahead=false"][..],
+    ] {
+        let run = |n: usize| {
+            let c = lag(n, extra);
+            let ds = load_dataset(&c).expect("dataset");
+            let mut t = Trainer::new(ds, c).expect("trainer");
+            let stats = t.fit().expect("fit");
+            let losses: Vec<(u64, u64, usize)> = stats
+                .iter()
+                .map(|s| (s.loss.to_bits(), s.train_acc.to_bits(), s.batches))
+                .collect();
+            (losses, t.params().expect("params"), t.steps())
+        };
+        let one = run(1);
+        assert!(one.2 > 16, "{extra:?}: too few batches to test a lag");
+        for n in [3, 8] {
+            assert_eq!(run(n), one, "{extra:?}: lag {n}");
+        }
+    }
+}
+
+/// The built-in graph with feature (`v`, column 3) set to NaN.
+fn poisoned(c: &TrainConfig, v: usize) -> Dataset {
+    let mut ds = load_dataset(c).expect("dataset");
+    let dim = ds.features.dim();
+    let mut x = ds.features.as_slice().to_vec();
+    x[v * dim + 3] = f32::NAN;
+    ds.features = FeatureMatrix::new(x.into(), ds.num_vertices(), dim).expect("features");
+    ds
+}
+
+/// A training vertex of the smallest degree (it appears in few batches).
+fn quiet_training_vertex(ds: &Dataset) -> usize {
+    (0..ds.num_vertices())
+        .filter(|&v| ds.train_mask[v] != 0 && ds.graph.degree(v as u32) > 0)
+        .min_by_key(|&v| (ds.graph.degree(v as u32), v))
+        .expect("a training vertex")
+}
+
+#[test]
+fn a_nan_under_a_loss_lag_stops_at_its_batch_with_the_weights_before_it() {
+    let clean = load_dataset(&cfg(&[])).expect("dataset");
+    let v = quiet_training_vertex(&clean);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |n: usize| {
+        let c = lag(n, &[]);
+        let ck = dir.path().join(format!("lag{n}.tck"));
+        let mut t = Trainer::new(poisoned(&c, v), c).expect("trainer");
+        t.set_checkpoint_path(Some(ck.clone()));
+        match t.fit() {
+            Err(Error::NonFinite { epoch, batch, loss }) => {
+                assert!(!loss.is_finite(), "lag {n}");
+                assert_eq!(t.batch_in_epoch(), batch, "lag {n}: the position");
+                let saved = Checkpoint::read(&ck).expect("checkpoint");
+                assert_eq!(
+                    (saved.position.epoch, saved.position.batch),
+                    (epoch, batch),
+                    "lag {n}"
+                );
+                (epoch, batch, t.params().expect("params"), t.steps())
+            }
+            other => panic!("lag {n}: expected a non-finite stop, got {other:?}"),
+        }
+    };
+    let one = run(1);
+    let (epoch, batch, ref weights, steps) = one;
+    assert!(
+        weights.iter().all(|p| p.iter().all(|x| x.is_finite())),
+        "the bad update was applied"
+    );
+    // The bad batch is not the first: the steps before it count.
+    assert!(steps > 0, "epoch {epoch} batch {batch}");
+    for n in [2, 3, 8] {
+        // Same batch named, same weights bit for bit (those before it: the
+        // steps queued after it were skipped on the device and taken back).
+        assert_eq!(run(n), one, "lag {n}");
+    }
+    // And training can go on from there: the guard was cleared.
+    let c = lag(8, &["train.on_nonfinite=\"skip-batch\""]);
+    let mut t = Trainer::new(poisoned(&c, v), c).expect("trainer");
+    t.fit().expect("skip-batch trains on");
+}
+
+/// The synchronizations per batch as the trace's `host.syncs` counter shows
+/// them: one sample per batch of the only epoch, cumulative.
+fn sync_samples(n: usize) -> Vec<f64> {
+    let c = lag(n, &["train.epochs=1"]);
+    let ds = load_dataset(&c).expect("dataset");
+    let mut t = Trainer::new(ds, c).expect("trainer");
+    let tracer = Tracer::new();
+    t.set_tracer(tracer.clone());
+    t.fit().expect("fit");
+    tracer
+        .collect()
+        .counter_series(HOST_SYNCS)
+        .map(|c| c.value)
+        .collect()
+}
+
+#[test]
+fn the_trace_counts_one_synchronization_per_batch_or_per_lag() {
+    // Every loss read at once: one synchronization per batch (the host
+    // backend counts a loss that reaches the host as one).
+    let one = sync_samples(1);
+    assert!(one.len() > 16, "{} batches", one.len());
+    for w in one.windows(2) {
+        assert_eq!(w[1] - w[0], 1.0, "{one:?}");
+    }
+    // Lag 8: the losses of 8 batches in one read, so no 8 consecutive
+    // batches hold more than one, and a read does happen every 8.
+    let eight = sync_samples(8);
+    assert_eq!(eight.len(), one.len());
+    for w in eight.windows(9) {
+        assert_eq!(w[8] - w[0], 1.0, "{eight:?}");
+    }
+}
+
+#[test]
+fn the_sampling_syncs_have_their_own_counter() {
+    // The host backend has no sampling sibling: its counter stays at 0, one
+    // sample per batch beside `host.syncs`.
+    let c = lag(8, &["train.epochs=1"]);
+    let ds = load_dataset(&c).expect("dataset");
+    let mut t = Trainer::new(ds, c).expect("trainer");
+    let tracer = Tracer::new();
+    t.set_tracer(tracer.clone());
+    t.fit().expect("fit");
+    let trace = tracer.collect();
+    let sampling: Vec<f64> = trace
+        .counter_series(SAMPLING_SYNCS)
+        .map(|c| c.value)
+        .collect();
+    assert_eq!(sampling.len(), trace.counter_series(HOST_SYNCS).count());
+    assert!(sampling.iter().all(|&v| v == 0.0), "{sampling:?}");
+    // A `loss read` slice per read, on the accelerator track, with its sync.
+    let reads: Vec<_> = trace
+        .slices
+        .iter()
+        .filter(|s| s.name == "loss read")
+        .collect();
+    assert_eq!(reads.len(), sampling.len().div_ceil(8));
+    assert!(reads.iter().all(|s| s
+        .args
+        .extra
+        .iter()
+        .any(|(k, v)| k == "host_syncs" && *v == 1.0)));
+}
