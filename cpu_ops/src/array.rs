@@ -22,7 +22,9 @@ pub struct HostArray<T: Pod> {
 }
 
 enum Repr<T> {
-    Owned(Vec<T>),
+    /// Shared, so a clone (an engine's handle on a dataset's features or topology)
+    /// is a reference, not a copy of the data.
+    Owned(Arc<Vec<T>>),
     Mapped {
         map: Arc<Mmap>,
         offset: usize,
@@ -31,10 +33,10 @@ enum Repr<T> {
 }
 
 impl<T: Pod> HostArray<T> {
-    /// Wraps an owned vector.
+    /// Wraps an owned vector. Clones of the array share it (no copy).
     pub fn from_vec(v: Vec<T>) -> Self {
         Self {
-            repr: Repr::Owned(v),
+            repr: Repr::Owned(Arc::new(v)),
         }
     }
 
@@ -98,10 +100,11 @@ impl<T: Pod> HostArray<T> {
         matches!(self.repr, Repr::Mapped { .. })
     }
 
-    /// Copies the data into an owned vector (or takes it when already owned).
+    /// Copies the data into an owned vector (or takes it when owned and not shared
+    /// with a clone).
     pub fn into_vec(self) -> Vec<T> {
         match self.repr {
-            Repr::Owned(v) => v,
+            Repr::Owned(v) => Arc::try_unwrap(v).unwrap_or_else(|shared| shared.to_vec()),
             Repr::Mapped { .. } => self.as_slice().to_vec(),
         }
     }
@@ -117,7 +120,7 @@ impl<T: Pod> Deref for HostArray<T> {
 impl<T: Pod> Clone for HostArray<T> {
     fn clone(&self) -> Self {
         let repr = match &self.repr {
-            Repr::Owned(v) => Repr::Owned(v.clone()),
+            Repr::Owned(v) => Repr::Owned(Arc::clone(v)),
             Repr::Mapped { map, offset, len } => Repr::Mapped {
                 map: Arc::clone(map),
                 offset: *offset,
@@ -191,6 +194,18 @@ mod tests {
         assert!(mapped.is_mapped());
         assert_eq!(mapped, owned);
         assert_eq!(mapped.clone().into_vec(), vals);
+    }
+
+    #[test]
+    fn clones_of_an_owned_array_share_its_data() {
+        let a = HostArray::from_vec(vec![1u64, 2, 3]);
+        let b = a.clone();
+        assert_eq!(a.as_slice().as_ptr(), b.as_slice().as_ptr(), "no copy");
+        // A shared array is copied out; the last owner takes its vector.
+        assert_eq!(b.into_vec(), vec![1, 2, 3]);
+        let ptr = a.as_slice().as_ptr();
+        let v = a.into_vec();
+        assert_eq!(v.as_ptr(), ptr, "taken, not copied");
     }
 
     #[test]
