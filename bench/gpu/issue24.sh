@@ -15,10 +15,11 @@
 # topology 8 × 111M + 4 × ~2.9G stored edges ≈ 12.5 GB), more than the machine's
 # 64 GB disk; RAM (128 GB) holds them once (generation peaks at ~1× the arrays;
 # the features are registered with CUDA in place, not copied to pinned memory).
-# The device: the topology goes on it (12.5 GB) and the feature cache takes what
-# is left minus a 12 GB reserve for the batch working set (sampled blocks, gathered
-# rows, activations, twice with sample_ahead) and the CUDA context: on an H100
-# (~79 GB free) ~54 GB ≈ 95% of the fp32 rows by degree; on an H200 every row.
+# The device (`--fit-device`, printed as "placement:"): the topology goes on it
+# (11–12.5 GB) and the feature cache takes what is left minus a 12 GB reserve for the
+# batch working set (sampled blocks, gathered rows, activations, twice with
+# sample_ahead) and the CUDA context: on an H100 (~79 GB free) ~54 GB ≈ 95% of the
+# fp32 rows by degree; on an H200 every row.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 part="${1:?usage: issue24.sh full|bf16|half|half-store}"
@@ -26,24 +27,6 @@ out="${OUT:-gpu-out}"
 mkdir -p "$out"
 bin=.gpu
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-
-# Free device memory in bytes (nvidia-smi reports MiB).
-free_bytes() {
-    local mib
-    mib="$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits 2>/dev/null | head -1)"
-    echo $(( ${mib:-0} * 1024 * 1024 ))
-}
-
-# Cache bytes: free − topology − 12 GB reserve, at most every row ($1 = bytes per value).
-cache_for() {
-    local value_bytes="$1" vertices="$2" edges_drawn="$3"
-    local topo=$(( 8 * vertices + 4 * edges_drawn * 18 / 10 ))  # ~1.8 stored per drawn
-    local rows=$(( vertices * 128 * value_bytes ))
-    local room=$(( $(free_bytes) - topo - 12000000000 ))
-    (( room < 0 )) && room=0
-    (( room > rows )) && room=$rows
-    echo "$room"
-}
 
 fast=(--set device.sample_ahead=true --set model.precision='"tf32"')
 common=(--set device.kind='"cuda"' --set orchestration.cpu_workers=12)
@@ -53,23 +36,20 @@ run_scale() {
     shift
     {
         echo "== $name $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.free --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
-        /usr/bin/time -v timeout 570 "$bin/tandem" bench scale "$@" --json "$out/issue24-$name.json" 2>&1 |
-            grep -vE "^\s+(Page|Socket|Signals|Swaps|File system|Average|Major|Minor|Volun|Invol|Percent|System time|User time|Exit)" || echo "rc=$?"
+        # The benchmark reports its own peaks (VmHWM per phase, NVML for the device).
+        timeout 570 "$bin/tandem" bench scale "$@" --json "$out/issue24-$name.json" 2>&1 || echo "rc=$?"
         df -h /tmp | tail -1
     } 2>&1 | tee "$out/issue24-$name.txt"
 }
 
-V=111059956
-E=1615685872
 case "$part" in
 full)
-    run_scale full "${common[@]}" "${fast[@]}" --set orchestration.policy='"gpu-sample-gpu-gather"' \
-        --set device.topology='"device"' --set device.cache_bytes="$(cache_for 4 $V $E)"
+    run_scale full --fit-device "${common[@]}" "${fast[@]}" \
+        --set orchestration.policy='"gpu-sample-gpu-gather"'
     ;;
 bf16)
-    run_scale bf16 "${common[@]}" "${fast[@]}" --set orchestration.policy='"gpu-sample-gpu-gather"' \
-        --set device.topology='"device"' --set device.feature_dtype='"bf16"' \
-        --set device.cache_bytes="$(cache_for 2 $V $E)"
+    run_scale bf16 --fit-device "${common[@]}" "${fast[@]}" \
+        --set orchestration.policy='"gpu-sample-gpu-gather"' --set device.feature_dtype='"bf16"'
     ;;
 half)
     # The defaults a user gets (policy auto, 4 GiB cache), half size.
@@ -77,9 +57,8 @@ half)
     ;;
 half-store)
     # Through a store on the local disk (memory-mapped, registered in place).
-    run_scale half-store --half --store /tmp/issue24-half.tds "${common[@]}" "${fast[@]}" \
-        --set orchestration.policy='"gpu-sample-gpu-gather"' \
-        --set device.cache_bytes="$(cache_for 4 $((V / 2)) $((E / 2)))"
+    run_scale half-store --half --store /tmp/issue24-half.tds --fit-device "${common[@]}" \
+        "${fast[@]}" --set orchestration.policy='"gpu-sample-gpu-gather"'
     rm -f /tmp/issue24-half.tds
     ;;
 *)

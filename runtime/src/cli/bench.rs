@@ -114,6 +114,11 @@ pub(super) struct ScaleArgs {
     /// Keep the `--store` file afterwards.
     #[arg(long, requires = "store")]
     keep_store: bool,
+    /// On a GPU: choose `device.topology` and `device.cache_bytes` from the free
+    /// device memory (topology first when it fits, the cache takes the rest less a
+    /// 12 GB reserve; printed). Ignored on the host backend.
+    #[arg(long)]
+    fit_device: bool,
     /// Epochs (`train.epochs`).
     #[arg(long, default_value_t = 2)]
     epochs: usize,
@@ -168,6 +173,7 @@ fn run_scale(a: &ScaleArgs) -> Result<()> {
         },
         store: a.store.clone(),
         keep_store: a.keep_store,
+        fit_device: a.fit_device,
     };
     let started = Instant::now();
     let report = bench_scale(&cfg, &opts, |phase| {
