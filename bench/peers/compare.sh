@@ -30,6 +30,7 @@ esac
 out="$(mktemp -d)"
 "$TANDEM" train --config "$cfg" --quiet-config \
   --set "data.path=\"$data/$ds.tds\"" --set "train.epochs=$E" --set train.eval_every=0 \
+  --set train.eval_mode=\"full\" \
   | tee "$out/tandem.log"
 "$PY" bench/peers/dgl_train.py --data "$data/${ds}_npy" --model "$m" --layers "$layers" \
   --hidden 256 --fanouts "$fan" --batch-size 1024 --lr 0.003 --dropout 0.5 \

@@ -35,7 +35,7 @@ enum Repr<T> {
 }
 
 impl<T: Pod> HostArray<T> {
-    /// Wraps an owned vector.
+    /// Wraps an owned vector. Clones of the array share it (no copy).
     pub fn from_vec(v: Vec<T>) -> Self {
         Self {
             repr: Repr::Owned(Arc::new(v)),

@@ -3,12 +3,15 @@
 //! in host memory).
 //!
 //! A [`HostRegion`] is made from a `cpu_ops::HostArray`:
-//! 1. a memory-mapped array is cloned (an `Arc`, no copy) and its pages registered
-//!    with `cuMemHostRegister(DEVICEMAP | PORTABLE | READ_ONLY)`; the clone keeps the
-//!    mapping alive for the region's life;
-//! 2. an owned array, or a mapped one the driver refuses to register, is copied into
-//!    a `cuMemHostAlloc(DEVICEMAP | PORTABLE)` allocation (the borrowed array may be
-//!    dropped by its owner at any time, so it cannot be registered in place).
+//! 1. the array is cloned (an `Arc` of the map or of the owned vector, no copy, and
+//!    `HostArray` is immutable) and its pages registered with
+//!    `cuMemHostRegister(DEVICEMAP | PORTABLE | READ_ONLY)`; the clone keeps the
+//!    memory alive for the region's life. Owned arrays are registered too since
+//!    issue 24 (before, when a clone was a copy, they were copied to pinned memory:
+//!    a papers100M-sized graph generated in memory would have held its 57 GB of
+//!    features twice);
+//! 2. an array the driver refuses to register is copied into a
+//!    `cuMemHostAlloc(DEVICEMAP | PORTABLE)` allocation.
 //!
 //! Either way kernels get a device pointer (`cuMemHostGetDevicePointer`) and read the
 //! rows over the bus. Dropping a region first synchronizes the compute stream, since
@@ -241,15 +244,15 @@ impl<T: Pod> HostRegion<T> {
             return Ok(region);
         }
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        if array.is_mapped() {
+        {
             let keep = array.clone();
             let host = keep.as_slice().as_ptr() as *mut c_void;
             let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP
                 | sys::CU_MEMHOSTREGISTER_PORTABLE
                 | sys::CU_MEMHOSTREGISTER_READ_ONLY;
-            // SAFETY: `host..host + bytes` is the mapped array kept alive by `keep` for
-            // the region's life; READ_ONLY matches the mapping's protection, and the
-            // device only reads it.
+            // SAFETY: `host..host + bytes` is the array (mapped, or a shared owned
+            // vector) kept alive by `keep` for the region's life and never written
+            // (HostArray has no mutable access); the device only reads it.
             let registered = unsafe { sys::cuMemHostRegister_v2(host, bytes, flags) }.result();
             if registered.is_ok() {
                 region.backing = Backing::Registered { host, _keep: keep };
@@ -257,6 +260,7 @@ impl<T: Pod> HostRegion<T> {
                 return Ok(region);
             }
             // Fall through: copy instead (e.g. a driver that refuses file mappings).
+            drop(keep);
         }
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: a plain allocation of `bytes` bytes in the bound context.

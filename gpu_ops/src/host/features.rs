@@ -1,12 +1,17 @@
-//! Host-backend features and row movement: the feature cache laid out as on a device
-//! (a store of `slots_used × dim` rows that never exceeds the byte budget, in front of
+//! Host-backend features and row movement: the feature cache's policy as on a device
+//! (a slot map of `slots_used` rows whose bytes never exceed the budget, in front of
 //! the host [`FeatureMatrix`]), the counting gather through it, and the row
 //! selection ops [`crate::FeatureStore::index_select_rows`] /
 //! [`crate::FeatureStore::index_put_rows`].
 //!
-//! The store is real memory, not a flag: a hit copies from the store, a miss from the
-//! matrix, so budget accounting and hit/miss counts mean on the host what they mean
-//! on a GPU (and the monitor can be tested here).
+//! On this backend device memory *is* host memory, so a cached row is read where
+//! it already lies (the matrix, or the bfloat16 copy): the cache is its policy
+//! (slots, budget, hit/miss counts, inserts and evictions exactly as on a GPU, so
+//! the monitor can be tested here) without a second copy of the rows. Until issue
+//! 24 the host backend copied every cached row into a store of its own: with the
+//! default 4 GiB `device.cache_bytes` that duplicated the whole feature matrix of a
+//! 2M-vertex, 128-column graph (1 GB more peak memory for nothing: the values are
+//! the same bits).
 
 use std::sync::Arc;
 
@@ -70,18 +75,13 @@ impl Value for u16 {
     }
 }
 
-/// The stored rows: the host rows a miss reads and the cache store (rows
-/// `0..policy.slots_used()`, slot `s` at `s * dim`; its capacity, the bytes it
-/// owns, stays within the budget).
+/// The stored rows every gather reads, hit or miss (module doc).
 #[derive(Debug)]
 enum Rows {
-    /// `f32` rows: the host rows are the matrix itself.
-    F32 {
-        matrix: Arc<FeatureMatrix>,
-        store: Vec<f32>,
-    },
-    /// bfloat16 rows: a converted copy of the matrix, and a bfloat16 store.
-    Bf16 { host: Vec<u16>, store: Vec<u16> },
+    /// `f32` rows: the matrix itself (an `Arc` of the map for a mapped matrix).
+    F32 { matrix: Arc<FeatureMatrix> },
+    /// bfloat16 rows: a converted copy of the matrix.
+    Bf16 { host: Vec<u16> },
 }
 
 /// Features on the host backend: the host rows and a row cache with a byte budget.
@@ -91,57 +91,10 @@ pub struct HostFeatures {
     rows: Rows,
 }
 
-/// Makes room in `store` for `need_rows` rows of `dim` (the caller caps it at the
-/// capacity), growing geometrically up to `cap_rows`, never past it.
-fn reserve_rows<T>(
-    store: &mut Vec<T>,
-    need_rows: usize,
-    cap_rows: usize,
-    dim: usize,
-    budget: usize,
-) -> Result<()> {
-    if need_rows * dim <= store.capacity() {
-        return Ok(());
-    }
-    let rows_now = store.capacity() / dim;
-    let target = need_rows.max(rows_now.saturating_mul(2)).min(cap_rows) * dim;
-    store
-        .try_reserve_exact(target - store.len())
-        .map_err(|_| GpuOpsError::OutOfMemory {
-            what: "host feature cache store".into(),
-            requested: target * std::mem::size_of::<T>(),
-            available: budget,
-        })
-}
-
-/// Copies the rows `filled` names (vertex, slot) from `src` into `store`.
-fn fill_rows<T: Value>(src: &[T], store: &mut [T], filled: &[(u32, u32)], dim: usize) {
-    let first = filled[0].1 as usize;
-    let consecutive = filled
-        .iter()
-        .enumerate()
-        .all(|(i, &(_, s))| s as usize == first + i);
-    if consecutive {
-        // Fresh slots in a run (the initial load): one parallel copy.
-        store[first * dim..(first + filled.len()) * dim]
-            .par_chunks_mut(dim)
-            .zip(filled.par_iter())
-            .with_min_len(rows_per_task(dim))
-            .for_each(|(row, &(v, _))| {
-                row.copy_from_slice(&src[v as usize * dim..(v as usize + 1) * dim]);
-            });
-    } else {
-        for &(v, s) in filled {
-            let (v, s) = (v as usize, s as usize);
-            store[s * dim..(s + 1) * dim].copy_from_slice(&src[v * dim..(v + 1) * dim]);
-        }
-    }
-}
-
 impl HostFeatures {
     /// [`crate::FeatureStore::load_features`]: clones `features` (an `Arc` clone of the map
     /// for a memory-mapped matrix, a copy for an owned one; with bfloat16 rows only
-    /// a converted copy of half its size) and caches the rows of `cached`, in
+    /// a converted copy of half its size) and marks the rows of `cached` cached, in
     /// order, while the budget allows.
     pub(crate) fn load(
         features: &FeatureMatrix,
@@ -153,11 +106,9 @@ impl HostFeatures {
         let rows = match dtype {
             FeatureDtype::F32 => Rows::F32 {
                 matrix: Arc::new(features.clone()),
-                store: Vec::new(),
             },
             FeatureDtype::Bf16 => Rows::Bf16 {
                 host: to_bf16_bits(features.as_slice()),
-                store: Vec::new(),
             },
         };
         let mut f = Self { policy, rows };
@@ -187,61 +138,16 @@ impl HostFeatures {
         &self.policy
     }
 
-    /// Bytes the cache store has allocated (never above the budget).
-    pub fn store_bytes(&self) -> usize {
-        match &self.rows {
-            Rows::F32 { store, .. } => store.capacity() * std::mem::size_of::<f32>(),
-            Rows::Bf16 { store, .. } => store.capacity() * std::mem::size_of::<u16>(),
-        }
-    }
-
-    /// [`crate::FeatureStore::update_cache`]: evict, insert, copy the new rows in. Room
-    /// for up to `insert.len()` more slots (capped at the capacity) is made before
-    /// the policy changes, so a failed allocation changes nothing.
+    /// [`crate::FeatureStore::update_cache`]: evict, then insert while the budget
+    /// allows (the policy validates every id first, so a bad one changes nothing);
+    /// returns how many of `insert` are cached afterwards.
     pub(crate) fn update(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize> {
-        // Validate first, so a bad id leaves the store untouched too.
-        self.policy.check_ids("evict", evict)?;
-        self.policy.check_ids("insert", insert)?;
-        let dim = self.policy.dim();
-        let cap_rows = self.policy.capacity_rows();
-        let need_rows = self
-            .policy
-            .slots_used()
-            .saturating_add(insert.len())
-            .min(cap_rows);
-        let budget = self.policy.budget_bytes();
-        if dim > 0 {
-            match &mut self.rows {
-                Rows::F32 { store, .. } => reserve_rows(store, need_rows, cap_rows, dim, budget)?,
-                Rows::Bf16 { store, .. } => reserve_rows(store, need_rows, cap_rows, dim, budget)?,
-            }
-        }
-        let up = self.policy.update(insert, evict)?;
-        // Within the reservation: no reallocation, the budget holds.
-        let len = self.policy.slots_used() * dim;
-        if dim == 0 {
-            return Ok(up.cached);
-        }
-        match &mut self.rows {
-            Rows::F32 { matrix, store } => {
-                store.resize(len, 0.0);
-                if !up.filled.is_empty() {
-                    fill_rows(matrix.as_slice(), store, &up.filled, dim);
-                }
-            }
-            Rows::Bf16 { host, store } => {
-                store.resize(len, 0);
-                if !up.filled.is_empty() {
-                    fill_rows(host, store, &up.filled, dim);
-                }
-            }
-        }
-        Ok(up.cached)
+        Ok(self.policy.update(insert, evict)?.cached)
     }
 
     /// [`crate::FeatureStore::gather`]: `out[r] = features[ids[r]]` for `r < n`, from the
-    /// store on a hit and from the host rows on a miss (widened to `f32`); counts
-    /// both (only when every id is valid).
+    /// host rows (widened to `f32`); counts hits and misses (only when every id is
+    /// valid).
     pub(crate) fn gather(&self, ids: &[u32], n: usize, out: &mut [f32]) -> Result<()> {
         let dim = self.policy.dim();
         let ids = prefix("gather ids", ids, n)?;
@@ -258,10 +164,8 @@ impl HostFeatures {
             hits
         } else {
             match &self.rows {
-                Rows::F32 { matrix, store } => {
-                    gather_through(matrix.as_slice(), store, &self.policy, ids, out)?
-                }
-                Rows::Bf16 { host, store } => gather_through(host, store, &self.policy, ids, out)?,
+                Rows::F32 { matrix } => gather_through(matrix.as_slice(), &self.policy, ids, out)?,
+                Rows::Bf16 { host } => gather_through(host, &self.policy, ids, out)?,
             }
         };
         self.policy.record(hits, n as u64 - hits);
@@ -280,7 +184,6 @@ fn bad_id(r: usize, v: u32, num_rows: usize) -> GpuOpsError {
 /// The gather through the cache (`dim > 0`): returns the hits.
 fn gather_through<T: Value>(
     src: &[T],
-    store: &[T],
     policy: &CachePolicy,
     ids: &[u32],
     out: &mut [f32],
@@ -301,12 +204,8 @@ fn gather_through<T: Value>(
                 let Some(&slot) = slots.get(v as usize) else {
                     return Err(bad_id(t * per_task + i, v, num_rows));
                 };
-                rows.push(if slot == NO_SLOT {
-                    &src[v as usize * dim..(v as usize + 1) * dim]
-                } else {
-                    hits += 1;
-                    &store[slot as usize * dim..(slot as usize + 1) * dim]
-                });
+                hits += u64::from(slot != NO_SLOT);
+                rows.push(&src[v as usize * dim..(v as usize + 1) * dim]);
             }
             // 2. Copy, with the rows a few ahead already on their way.
             for r in rows.iter().take(PREFETCH_ROWS) {
@@ -437,25 +336,14 @@ mod tests {
         FeatureMatrix::new(v.into(), rows, dim).unwrap()
     }
 
-    /// Row `v` of `f`'s cache slot `s`, widened to `f32`.
-    fn store_row(f: &HostFeatures, s: usize) -> Vec<f32> {
-        let dim = f.policy().dim();
-        let mut out = vec![0.0; dim];
-        match &f.rows {
-            Rows::F32 { store, .. } => f32::widen_row(&store[s * dim..(s + 1) * dim], &mut out),
-            Rows::Bf16 { store, .. } => u16::widen_row(&store[s * dim..(s + 1) * dim], &mut out),
-        }
-        out
-    }
-
     #[test]
-    fn store_never_allocates_past_the_budget() {
+    fn the_cache_stays_within_the_budget_and_hits_read_the_right_rows() {
         for dtype in [FeatureDtype::F32, FeatureDtype::Bf16] {
-            store_stays_within_the_budget(dtype);
+            cache_stays_within_the_budget(dtype);
         }
     }
 
-    fn store_stays_within_the_budget(dtype: FeatureDtype) {
+    fn cache_stays_within_the_budget(dtype: FeatureDtype) {
         let mut rng = Rng::new(3);
         for _ in 0..30 {
             let rows = 1 + rng.below(500) as usize;
@@ -469,7 +357,6 @@ mod tests {
             // bfloat16 rows take half the bytes: twice the rows fit.
             let cap = (budget / (dim * dtype.value_bytes())).min(rows);
             assert_eq!(f.policy().capacity_rows(), cap);
-            assert!(f.store_bytes() <= budget, "{} > {budget}", f.store_bytes());
             for _ in 0..20 {
                 let ins: Vec<u32> = (0..rng.below(80))
                     .map(|_| rng.below(rows as u64) as u32)
@@ -478,21 +365,26 @@ mod tests {
                     .map(|_| rng.below(rows as u64) as u32)
                     .collect();
                 f.update(&ins, &ev).unwrap();
-                assert!(f.store_bytes() <= budget, "{} > {budget}", f.store_bytes());
                 assert!(f.policy().cached_bytes() <= budget);
-                // Every cached slot holds its vertex's row (rounded to the dtype).
-                for v in 0..rows as u32 {
-                    if let Some(s) = f.policy().slot(v) {
-                        let want: Vec<f32> = m
-                            .row(v as usize)
-                            .iter()
-                            .map(|&x| match dtype {
-                                FeatureDtype::F32 => x,
-                                FeatureDtype::Bf16 => crate::round_to_bf16(x),
-                            })
-                            .collect();
-                        assert_eq!(store_row(&f, s as usize), want);
-                    }
+                // Every cached vertex gathers its own row (rounded to the dtype),
+                // counted as a hit.
+                let cached: Vec<u32> = (0..rows as u32)
+                    .filter(|&v| f.policy().slot(v).is_some())
+                    .collect();
+                let mut out = vec![0.0; cached.len() * dim];
+                let hits_before = f.policy().stats().hits;
+                f.gather(&cached, cached.len(), &mut out).unwrap();
+                assert_eq!(f.policy().stats().hits - hits_before, cached.len() as u64);
+                for (v, got) in cached.iter().zip(out.chunks(dim)) {
+                    let want: Vec<f32> = m
+                        .row(*v as usize)
+                        .iter()
+                        .map(|&x| match dtype {
+                            FeatureDtype::F32 => x,
+                            FeatureDtype::Bf16 => crate::round_to_bf16(x),
+                        })
+                        .collect();
+                    assert_eq!(got, &want[..]);
                 }
             }
         }

@@ -12,7 +12,9 @@
 //!   placements (epoch time, busy fractions, host → device bytes, accuracy);
 //! - [`regimes::bench_regimes`]: the placements across device-cache sizes and
 //!   feature widths on generated R-MAT graphs, with layer-based's speed-up over
-//!   the best step-based placement per regime.
+//!   the best step-based placement per regime;
+//! - [`scale::bench_scale`]: one large generated graph end to end (generation,
+//!   store, training, evaluation) with the time and peak memory of each phase.
 //!
 //! They time real work on the caller's data, on rayon's current pool, and return a
 //! report whose `Display` is a short table. Nothing is printed while they run.
@@ -25,6 +27,7 @@ pub mod hot;
 pub mod orchestration;
 pub mod regimes;
 mod sample;
+pub mod scale;
 
 pub use gather::bench_gather;
 pub use sample::bench_sample;

@@ -104,7 +104,7 @@ pub struct OrchestrationReport {
 
 /// Whether `device.kind` resolves to the host (`"host"`, or `"auto"` without a
 /// usable GPU).
-fn resolves_to_host(cfg: &TrainConfig) -> bool {
+pub(crate) fn resolves_to_host(cfg: &TrainConfig) -> bool {
     match cfg.device.kind {
         DeviceKind::Host => true,
         DeviceKind::Cuda => false,

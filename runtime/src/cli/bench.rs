@@ -1,4 +1,4 @@
-//! `tandem bench sample | gather | aggregate | gemm | backend | hot | orchestration | dist`: throughput against a reference measured in the
+//! `tandem bench sample | gather | aggregate | gemm | backend | hot | orchestration | dist | scale`: throughput against a reference measured in the
 //! same run. Numbers and their interpretation live in `docs/performance.md`.
 
 use std::path::PathBuf;
@@ -17,6 +17,7 @@ use crate::bench::orchestration::bench_orchestration;
 use crate::bench::regimes::{
     bench_regimes, fmt_percent, parse_row_dtype, row_dtype_names, RegimeOptions,
 };
+use crate::bench::scale::{bench_scale, ScaleOptions};
 use crate::bench::{bench_gather, bench_sample};
 use crate::config::{env_overrides, Override, TrainConfig};
 use crate::data::dataset::{open_dataset, SplitSpec, Verify};
@@ -52,6 +53,142 @@ pub(super) enum BenchCmd {
     /// all-reduce time and bytes, exchanged feature bytes and the remote-row
     /// cache's hit rate, replicated and partitioned features.
     Dist(super::bench_dist::DistArgs),
+    /// One large generated R-MAT graph end to end (papers100M-sized by default:
+    /// 111M vertices, 1.6B edges, 128 columns, 172 classes, 1.2M training
+    /// vertices): generation time and peak host memory, training epochs of SAGE
+    /// 3×256 [15,10,5] batch 1024, accuracy, peak host and device memory; a table
+    /// and one JSON line.
+    Scale(ScaleArgs),
+}
+
+/// ogbn-papers100M's size: vertices, undirected edges, classes, and its split
+/// (1,207,179 / 125,265 / 214,338 of the vertices).
+const PAPERS_VERTICES: usize = 111_059_956;
+const PAPERS_EDGES: usize = 1_615_685_872;
+const PAPERS_CLASSES: u32 = 172;
+const PAPERS_SPLIT: &str = "0.010870,0.001128,0.001930";
+
+/// The training `tandem bench scale` runs unless `--set` says otherwise (the
+/// published papers100M comparisons: SALIENT, DGL).
+const SCALE_TRAINING: &[&str] = &[
+    "model.kind=\"sage\"",
+    "model.layers=3",
+    "model.hidden=256",
+    "train.fanouts=[15,10,5]",
+    "train.batch_size=1024",
+    "train.lr=0.003",
+    "train.eval_every=0",
+];
+
+#[derive(Debug, Args)]
+pub(super) struct ScaleArgs {
+    /// Vertices of the generated graph (default: ogbn-papers100M's).
+    #[arg(long, default_value_t = PAPERS_VERTICES)]
+    vertices: usize,
+    /// Undirected edges drawn (stored twice, repeats dropped; default: papers100M's).
+    #[arg(long, default_value_t = PAPERS_EDGES)]
+    edges: usize,
+    /// Halve the vertices and edges (the half-size run).
+    #[arg(long)]
+    half: bool,
+    /// Feature columns.
+    #[arg(long, default_value_t = 128)]
+    dim: usize,
+    /// Classes.
+    #[arg(long, default_value_t = PAPERS_CLASSES)]
+    classes: u32,
+    /// Strength of the class signal in the features (as `tandem generate`).
+    #[arg(long, default_value_t = 0.5)]
+    signal: f32,
+    /// Split as TRAIN,VAL,TEST; each `N/class`, a fraction, or `rest`
+    /// (default: papers100M's fractions).
+    #[arg(long, default_value = PAPERS_SPLIT)]
+    split: SplitSpec,
+    /// Seed of the graph.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write the store here and train from the file (memory-mapped); without it
+    /// the graph is trained from memory.
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// Keep the `--store` file afterwards.
+    #[arg(long, requires = "store")]
+    keep_store: bool,
+    /// On a GPU: choose `device.topology` and `device.cache_bytes` from the free
+    /// device memory (topology first when it fits, the cache takes the rest less a
+    /// 12 GB reserve; printed). Ignored on the host backend.
+    #[arg(long)]
+    fit_device: bool,
+    /// Epochs (`train.epochs`).
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
+    /// TOML configuration file on top of the benchmark's training defaults (its
+    /// `[data]` is not used).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override a configuration key (repeatable), e.g. `--set device.cache_bytes=0`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Also write the JSON line here (atomically).
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn run_scale(a: &ScaleArgs) -> Result<()> {
+    if a.epochs == 0 {
+        return Err(Error::invalid_argument(
+            "--epochs",
+            "expected at least 1, found 0",
+        ));
+    }
+    let (vertices, edges) = if a.half {
+        (a.vertices / 2, a.edges / 2)
+    } else {
+        (a.vertices, a.edges)
+    };
+    let mut layers: Vec<Override> = SCALE_TRAINING
+        .iter()
+        .map(|s| Override::from_set(s))
+        .collect::<Result<_>>()?;
+    layers.push(Override::from_set(&format!("train.epochs={}", a.epochs))?);
+    layers.extend(env_overrides(std::env::vars_os())?);
+    for o in &a.overrides {
+        layers.push(Override::from_set(o)?);
+    }
+    let mut cfg = match &a.config {
+        Some(p) => TrainConfig::load_layered(p, &layers)?,
+        None => TrainConfig::from_layers("", "bench scale defaults".as_ref(), &layers)?,
+    };
+    cfg.data.path = None;
+    let opts = ScaleOptions {
+        graph: RmatOptions {
+            num_vertices: vertices,
+            num_edges: edges,
+            num_classes: a.classes,
+            feature_dim: a.dim,
+            signal: a.signal,
+            split: a.split,
+            seed: a.seed,
+            ..RmatOptions::default()
+        },
+        store: a.store.clone(),
+        keep_store: a.keep_store,
+        fit_device: a.fit_device,
+    };
+    let started = Instant::now();
+    let report = bench_scale(&cfg, &opts, |phase| {
+        eprintln!("[{:>7.1} s] {phase}", started.elapsed().as_secs_f64());
+    })?;
+    print!("{report}");
+    let line = report.json_line();
+    println!("{line}");
+    if let Some(path) = &a.json {
+        crate::atomic::write_file_atomically(path, |w| {
+            use std::io::Write as _;
+            writeln!(w, "{line}").map_err(|e| Error::io(path, e))
+        })?;
+    }
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -531,6 +668,7 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Hot(a) => run_hot(&a)?,
         BenchCmd::Orchestration(a) => run_orchestration(&a)?,
         BenchCmd::Dist(a) => super::bench_dist::run(a)?,
+        BenchCmd::Scale(a) => run_scale(&a)?,
         BenchCmd::Gemm(a) => {
             set_threads(a.pool.threads)?;
             let shapes = match &a.shapes {

@@ -402,6 +402,14 @@ fn train(
             progress_total(&stats)
         );
     }
+    // The run's peak resident memory (mapped store pages it touched included):
+    // `runtime/tests/memory.rs` reads this line.
+    if let Some(peak) = crate::trace::peak_rss() {
+        say!(
+            "peak host memory {} ({peak} bytes, VmHWM)",
+            crate::trace::fmt_bytes(peak)
+        );
+    }
     Ok(())
 }
 

@@ -170,12 +170,16 @@ impl Default for ModelSection {
 pub struct TrainSection {
     /// Sampling fanout per layer, input layer first; -1 takes every neighbor.
     pub fanouts: Vec<i64>,
-    /// How validation/test accuracy is computed: `"full"` applies each layer to the
-    /// whole graph before the next (layer-wise full-neighbor inference, as DGL's
-    /// `inference`; exact GCN normalization with full-graph degrees), `"sampled"`
-    /// runs mini-batches of `eval_batch_size` seeds sampled with `eval_fanouts`.
+    /// How validation/test accuracy is computed: `"sampled"` (default) runs
+    /// mini-batches of `eval_batch_size` validation/test seeds sampled with
+    /// `eval_fanouts`, so its memory is bounded by the batch, not the graph;
+    /// `"full"` applies each layer to the whole graph before the next (layer-wise
+    /// full-neighbor inference, as DGL's `inference`; exact GCN normalization with
+    /// full-graph degrees), holding activations of every vertex.
     pub eval_mode: EvalMode,
-    /// Fanouts for `eval_mode = "sampled"`; empty means every neighbor at every layer.
+    /// Fanouts for `eval_mode = "sampled"`; empty means the training fanouts
+    /// (`train.fanouts`, as DGL's GraphBolt examples evaluate); `-1` at a layer
+    /// takes every neighbor there.
     pub eval_fanouts: Vec<i64>,
     /// Seeds per training batch (≥ 1).
     pub batch_size: usize,
@@ -217,7 +221,7 @@ impl Default for TrainSection {
     fn default() -> Self {
         Self {
             fanouts: vec![10, 10],
-            eval_mode: EvalMode::Full,
+            eval_mode: EvalMode::Sampled,
             eval_fanouts: Vec::new(),
             batch_size: 1024,
             eval_batch_size: 4096,
@@ -398,10 +402,10 @@ macro_rules! config_name {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EvalMode {
-    /// Layer-wise full-graph inference.
-    #[default]
+    /// Layer-wise full-graph inference (activations of every vertex).
     Full,
-    /// Mini-batches sampled with `train.eval_fanouts`.
+    /// Mini-batches of the evaluated vertices sampled with `train.eval_fanouts`.
+    #[default]
     Sampled,
 }
 config_name!(EvalMode { Full => "full", Sampled => "sampled" });
@@ -563,10 +567,10 @@ impl TrainConfig {
         fanouts("train.fanouts", &self.train.fanouts)
     }
 
-    /// Evaluation fanouts (every neighbor when not configured).
+    /// Evaluation fanouts (the training fanouts when not configured).
     pub fn eval_fanouts(&self) -> Result<Vec<u32>> {
         if self.train.eval_fanouts.is_empty() {
-            Ok(vec![ALL_NEIGHBORS; self.model.layers])
+            self.train_fanouts()
         } else {
             fanouts("train.eval_fanouts", &self.train.eval_fanouts)
         }

@@ -13,10 +13,11 @@
 //!    `train.on_nonfinite = "skip-batch"`).
 //! 3. Every `train.eval_every` epochs (and after the last), evaluate validation
 //!    and test accuracy without dropout (`session/evaluate.rs`):
-//!    `train.eval_mode = "full"` (default) applies each layer to the whole graph
-//!    before the next — layer-wise full-neighbor inference, DGL's `inference`
-//!    pattern; `"sampled"` evaluates mini-batches sampled with
-//!    `train.eval_fanouts`.
+//!    `train.eval_mode = "sampled"` (default) evaluates mini-batches of the
+//!    validation/test vertices sampled with `train.eval_fanouts` (the training
+//!    fanouts unless set), a working set bounded by the batch; `"full"` applies
+//!    each layer to the whole graph before the next — layer-wise full-neighbor
+//!    inference, DGL's `inference` pattern, activations of every vertex.
 //!
 //! Everything random derives from `train.seed` (initialization, shuffles,
 //! sampling, dropout), so a run is reproducible. Batch `k` of epoch `e` depends

@@ -67,21 +67,46 @@ pub(crate) fn parse_self_stat(text: &str) -> Result<u64, String> {
 
 /// Resident set size in bytes from the `VmRSS:` line of `/proc/self/status`.
 pub(crate) fn parse_vm_rss(text: &str) -> Result<u64, String> {
+    parse_status_kb(text, "VmRSS")
+}
+
+/// Peak resident set size ("high water mark") in bytes from the `VmHWM:` line of
+/// `/proc/self/status`.
+pub(crate) fn parse_vm_hwm(text: &str) -> Result<u64, String> {
+    parse_status_kb(text, "VmHWM")
+}
+
+/// Resets this process's peak resident set size to its current size (writes `5`
+/// to `/proc/self/clear_refs`, Linux 4.0 and later), so a later [`peak_rss`] is
+/// the peak of what ran since. Returns whether the kernel took it.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// The `key:` line of `/proc/self/status`, a number of kB, in bytes.
+fn parse_status_kb(text: &str, key: &str) -> Result<u64, String> {
     let line = text
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .ok_or("no `VmRSS:` line")?;
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))
+        .ok_or_else(|| format!("no `{key}:` line"))?;
     let mut it = line.split_whitespace();
     let n: u64 = it
         .next()
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("`VmRSS:{line}`: expected a number of kB"))?;
+        .ok_or_else(|| format!("`{key}:{line}`: expected a number of kB"))?;
     match it.next() {
         Some("kB") => Ok(n * 1024),
         other => Err(format!(
-            "`VmRSS:{line}`: expected the unit kB, found {other:?}"
+            "`{key}:{line}`: expected the unit kB, found {other:?}"
         )),
     }
+}
+
+/// This process's peak resident set size in bytes so far (`VmHWM` of
+/// `/proc/self/status`); `None` where there is no such file (not Linux).
+pub fn peak_rss() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_vm_hwm(&text).ok()
 }
 
 /// Utilization in percent of the machine (all CPUs) between two `/proc/stat`
@@ -161,6 +186,16 @@ mod tests {
     }
 
     #[test]
+    fn vm_hwm() {
+        let text = "VmPeak:\t  200 kB\nVmHWM:\t   70000 kB\nVmRSS:\t   51200 kB\n";
+        assert_eq!(parse_vm_hwm(text).unwrap(), 70_000 * 1024);
+        assert_eq!(parse_vm_rss(text).unwrap(), 51_200 * 1024);
+        assert!(parse_vm_hwm("VmRSS: 1 kB\n")
+            .unwrap_err()
+            .contains("no `VmHWM:`"));
+    }
+
+    #[test]
     fn utilization_from_differences() {
         let a = CpuTimes {
             total: 1000,
@@ -189,5 +224,17 @@ mod tests {
         parse_self_stat(&me).unwrap();
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         assert!(parse_vm_rss(&status).unwrap() > 0);
+        assert!(peak_rss().unwrap() >= parse_vm_rss(&status).unwrap() / 2);
+        // A 256 MiB block touched and freed raises the peak; a reset brings it
+        // back down to about the current size.
+        let block = vec![1u8; 256 << 20];
+        std::hint::black_box(&block);
+        drop(block);
+        let high = peak_rss().unwrap();
+        if reset_peak_rss() {
+            assert!(peak_rss().unwrap() < high, "the reset lowered the peak");
+        } else {
+            eprintln!("note: /proc/self/clear_refs refused the reset (kernel before 4.0?)");
+        }
     }
 }
