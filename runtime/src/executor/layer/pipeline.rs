@@ -25,13 +25,15 @@
 //! 4. **Carry out** each [`Action`], in order:
 //!    - `Publish`: layer 0's weights at the engine's version to the workers
 //!      ([`Published`]; a reset at the epoch's start);
-//!    - `Launch`: sample the top layers ([`LayerDevice::prepare_top`]) of the
-//!      super-batch *after* this one and submit their bottom destinations to
-//!      the planner thread (`planner.rs`: relabel, candidate-split counts for
-//!      `policy = "auto"`, the split-independent [`scheduler::LaunchPlan`]);
-//!      take this one's plan, submitted a super-batch ago, and answer
-//!      `Planned` with the monitor's split (or the fixed one). The epoch's
-//!      first launch samples and submits its own super-batch first;
+//!    - `Launch`: take this super-batch's plan from the planner thread
+//!      (`planner.rs`: relabel, candidate-split counts for `policy = "auto"`,
+//!      the split-independent [`scheduler::LaunchPlan`], made while the
+//!      super-batch before trained) and answer `Planned` with the monitor's
+//!      split (or the fixed one). Once its jobs are queued (at the next `Gate`
+//!      or `Launch`), sample the top layers ([`LayerDevice::prepare_top`]) of
+//!      the super-batch *after* it and submit their bottom destinations to the
+//!      planner. The run's first launch samples and submits its own
+//!      super-batch and the next first;
 //!    - `ReserveSlab`: [`LayerDevice::hot_slab_reserve`];
 //!    - `QueueJob`: the job with its vertices' user ids, the flag of its claim,
 //!      a trace flow (regular jobs) and its sampling seed: a regular job's
@@ -56,9 +58,9 @@
 //!    watermark covers the epoch), the prepared batches are forgotten; after a
 //!    worker's failure the workers are restarted on the next epoch.
 //!
-//! Trace (`acc stream compute` track): `launch` slices (with `super_batch`; the
-//! engine's `sample top` of the super-batch after it inside, and `plan wait`
-//! when its plan was not ready), `gate`, `hot wait` (inside the gate), `train`
+//! Trace (`acc stream compute` track): `launch` slices (with `super_batch`;
+//! `plan wait` inside when its plan was not ready), `sample ahead` (the
+//! engine's `sample top`s of the super-batch after it), `gate`, `hot wait` (inside the gate), `train`
 //! (with `staleness_gap` = the batch's largest gap, the engine's `sample bottom`
 //! and `device step` inside), `publish`; instants `hot install` (rows, bytes host
 //! → device) and `compute cold` (vertices); `hot compute` slices on `hot worker
@@ -500,6 +502,7 @@ impl Orchestrator {
                 per_super_batch,
                 batches: batches.clone(),
                 planner,
+                sample_next: None,
                 hot_grad,
                 retired,
                 clock,
@@ -626,6 +629,9 @@ struct Driver<'a> {
     batches: Range<usize>,
     /// Plans launches a super-batch ahead (`planner.rs`).
     planner: Planner,
+    /// The super-batch to sample for the planner once the launch's jobs are
+    /// queued (at the next gate or launch).
+    sample_next: Option<(u64, Range<usize>)>,
     hot_grad: gpu_ops::HotGrad,
     retired: &'a AtomicU64,
     clock: &'a dyn Clock,
@@ -754,6 +760,9 @@ impl<'a> Driver<'a> {
         action: Action,
         on_batch: &mut OnBatch<'_>,
     ) -> Result<()> {
+        if matches!(action, Action::Gate { .. } | Action::Launch { .. }) {
+            self.sample_ahead(engine)?;
+        }
         match action {
             Action::Publish { version, reset } => self.publish(&*engine, version, reset),
             Action::Launch {
@@ -878,11 +887,11 @@ impl<'a> Driver<'a> {
         Ok(())
     }
 
-    /// `Launch` of local super-batch `local` (global `super_batch`): the
-    /// device samples the top layers of the super-batch after it and the
-    /// planner plans them (`planner.rs` step 2), and this one's plan, made a
-    /// super-batch ago, answers the protocol (step 4). At the epoch's start
-    /// the first super-batch is sampled and submitted here too.
+    /// `Launch` of local super-batch `local` (global `super_batch`): this
+    /// one's plan, made a super-batch ago, answers the protocol (`planner.rs`
+    /// step 4); the super-batch after it is sampled on the device for the
+    /// planner once this one's jobs are queued (step 2, [`Driver::sample_ahead`]).
+    /// The run's first launch samples and submits itself and the next first.
     fn launch(
         &mut self,
         engine: &mut dyn LayerDevice,
@@ -897,12 +906,17 @@ impl<'a> Driver<'a> {
                 .epoch(run.epoch as u64)
                 .super_batch(local),
         );
+        let next = (super_batch + 1, self.batches_of(local + 1));
         if !self.planner.pending(super_batch) {
+            // The run's first launch: this one and the next go to the planner
+            // now, so the next is planned while this one's jobs go out.
             self.submit(engine, super_batch, batches)?;
-        }
-        let next = self.batches_of(local + 1);
-        if !next.is_empty() {
-            self.submit(engine, super_batch + 1, next)?;
+            if !next.1.is_empty() {
+                self.submit(engine, next.0, next.1)?;
+            }
+        } else if !next.1.is_empty() {
+            // Sampled once this launch's jobs are queued (the CPU starts first).
+            self.sample_next = Some(next);
         }
         let ready = if self.planner.ready() {
             self.planner.take(super_batch)?
@@ -933,6 +947,20 @@ impl<'a> Driver<'a> {
                 plan: ready.plan,
             })
             .map_err(protocol_error)
+    }
+
+    /// Samples the super-batch the last launch left for the planner (a
+    /// `sample ahead` slice with the engine's `sample top`s inside).
+    fn sample_ahead(&mut self, engine: &mut dyn LayerDevice) -> Result<()> {
+        let Some((g, batches)) = self.sample_next.take() else {
+            return Ok(());
+        };
+        let run = self.run;
+        let _s = run
+            .tracer
+            .slice_on(run.acc_track, "sample ahead")
+            .epoch(run.epoch as u64);
+        self.submit(engine, g, batches)
     }
 
     /// The run's batches of local super-batch `local` (empty past the end).

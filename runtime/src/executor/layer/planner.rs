@@ -15,11 +15,12 @@
 //!    answer with is at most it) and the candidate splits to count (`policy =
 //!    "auto"`). It lives inside the run's `std::thread::scope`, so it is joined
 //!    before the run returns, whatever happened.
-//! 2. **Submit** ([`Planner::submit`]): when the protocol launches super-batch
-//!    `g`, the driver samples the top layers of `g + 1`'s batches on the device
+//! 2. **Submit** ([`Planner::submit`]): once the protocol's launch of
+//!    super-batch `g` is answered and its jobs are queued, the driver samples
+//!    the top layers of `g + 1`'s batches on the device
 //!    (`LayerDevice::prepare_top`, which downloads their bottom destinations)
-//!    and submits those ids; at the epoch's start it submits `g` itself first.
-//!    Requests are answered in order.
+//!    and submits those ids; the run's first launch submits `g` and `g + 1`
+//!    before it waits for `g`'s plan. Requests are answered in order.
 //! 3. **Plan** ([`plan`], on the thread): relabel each batch's destinations, count
 //!    the candidate splits, and build the [`LaunchPlan`] for every split up to
 //!    the limit — the pure, split-independent part of protocol step 3. Nothing
