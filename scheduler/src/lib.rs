@@ -59,8 +59,8 @@ pub use pipeline::{
 };
 pub use placement::{Device, Orchestration, Policy, StepBased, POLICY_NAMES};
 pub use protocol::{
-    Action, ChunkKey, ClaimId, Event, Job, LaunchedBatch, Protocol, ProtocolConfig, ProtocolStats,
-    ReportId, TrainBatch, Urgent,
+    Action, ChunkKey, ClaimId, Event, Job, LaunchPlan, LaunchedBatch, Protocol, ProtocolConfig,
+    ProtocolStats, ReportId, TrainBatch, Urgent,
 };
 pub use relabel::{hot_count, Permutation, Relabeling};
 pub use report::{BatchRecord, SimReport, SimTotals, Span, SuperBatchRecord};

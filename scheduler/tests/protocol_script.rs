@@ -655,3 +655,147 @@ fn out_of_turn_events_and_rows_from_the_future_are_refused() {
     s.trained(0, 0);
     assert_eq!(s.train().version, 0);
 }
+
+/// Drives one epoch of random batches to its end, answering every launch with
+/// `answer` (the split changes per super-batch as a monitor's would), every job
+/// with a report at the current version and every training order with a
+/// step; returns every action polled.
+fn drive_random(
+    seed: u64,
+    answer: impl Fn(u64, HotSplit, Vec<LaunchedBatch>) -> Event,
+) -> Vec<Action> {
+    let mut rng = cpu_ops::Rng::new(seed);
+    let (hot, batches) = (200u32, 11usize);
+    let bottoms: Vec<LaunchedBatch> = (0..batches)
+        .map(|_| {
+            let n = 1 + rng.below(120) as usize;
+            LaunchedBatch {
+                seeds: 1 + rng.below(n as u64) as usize,
+                bottom: (0..n).map(|_| rng.below(2 * hot as u64) as u32).collect(),
+            }
+        })
+        .collect();
+    let splits: Vec<u32> = (0..8).map(|_| rng.below(hot as u64 + 1) as u32).collect();
+    let bound = rng.below(6);
+    let on_late = if rng.below(2) == 0 {
+        OnLate::Wait
+    } else {
+        OnLate::Compute
+    };
+    let mut p = Protocol::new(ProtocolConfig::new(
+        PipelineConfig::new(3, 1, 16).unwrap(),
+        bound,
+        on_late,
+    ));
+    p.handle(Event::EpochStarted {
+        batches: 0..batches,
+        version: 0,
+    })
+    .unwrap();
+    let (mut log, mut version, mut jobs) = (Vec::new(), 0u64, Vec::new());
+    loop {
+        let Some(a) = p.poll().unwrap() else {
+            // A wait with no job running: report the oldest queued job.
+            let j: Job = jobs.remove(0);
+            p.handle(Event::ChunkComputed {
+                key: j.key,
+                version,
+                rows: j.vertices.len() as u32,
+            })
+            .unwrap();
+            continue;
+        };
+        log.push(a.clone());
+        match a {
+            Action::Launch {
+                super_batch,
+                batches,
+                ..
+            } => {
+                let split = HotSplit::new(hot, splits[super_batch as usize % 8]).unwrap();
+                let b = bottoms[batches].to_vec();
+                p.handle(answer(super_batch, split, b)).unwrap();
+            }
+            Action::QueueJob(j) => jobs.push(j),
+            Action::Wait { .. } if !jobs.is_empty() => {
+                let j = jobs.remove(0);
+                p.handle(Event::ChunkComputed {
+                    key: j.key,
+                    version,
+                    rows: j.vertices.len() as u32,
+                })
+                .unwrap();
+            }
+            Action::Train(t) => {
+                // Every other chunk is computed before the step, the rest late.
+                if t.batch % 2 == 0 {
+                    for j in jobs.drain(..) {
+                        p.handle(Event::ChunkComputed {
+                            key: j.key,
+                            version,
+                            rows: j.vertices.len() as u32,
+                        })
+                        .unwrap();
+                    }
+                }
+                version += 1;
+                p.handle(Event::BatchTrained {
+                    batch: t.batch,
+                    version,
+                })
+                .unwrap();
+            }
+            Action::Finished { .. } => return log,
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn a_launch_answered_with_a_plan_made_ahead_gives_the_same_actions() {
+    use scheduler::LaunchPlan;
+    let mut reused = 0;
+    for seed in 0..60 {
+        let launched = drive_random(seed, |super_batch, split, batches| Event::Launched {
+            super_batch,
+            split,
+            batches,
+        });
+        // The driver's planner thread: planned for the whole hot set, before
+        // the split is known; the protocol cuts it at the split.
+        let planned = drive_random(seed, |super_batch, split, batches| Event::Planned {
+            super_batch,
+            split,
+            plan: LaunchPlan::new(&batches, split.hot()),
+        });
+        reused += launched
+            .iter()
+            .filter(|a| matches!(a, Action::Train(t) if !t.positions.is_empty()))
+            .count();
+        assert_eq!(launched, planned, "seed {seed}");
+    }
+    assert!(reused > 60, "{reused} batches read hot rows");
+}
+
+#[test]
+fn a_plan_for_a_smaller_split_is_refused() {
+    use scheduler::LaunchPlan;
+    let mut s = Script::with(3, OnLate::Compute);
+    s.start(0..2, 0);
+    assert!(matches!(s.p.poll().unwrap(), Some(Action::Publish { .. })));
+    assert!(matches!(s.p.poll().unwrap(), Some(Action::Launch { .. })));
+    let batches: Vec<LaunchedBatch> = (0..2)
+        .map(|k| LaunchedBatch {
+            seeds: 1,
+            bottom: bottom(k),
+        })
+        .collect();
+    let e =
+        s.p.handle(Event::Planned {
+            super_batch: 0,
+            split: HotSplit::all_cpu(4),
+            plan: LaunchPlan::new(&batches, 2),
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("launch plan"), "{e}");
+}

@@ -56,7 +56,8 @@ pub(crate) struct EpochRun<'a> {
     /// of batches `mark.0..mark.1` and after the last of them (`policy =
     /// "auto"`'s measurement window; a window starting a super-batch starts
     /// before its launch-ahead, so it holds one launch per super-batch it
-    /// times when the run goes on past it).
+    /// times when the run goes on two super-batches past it: a launch samples
+    /// the super-batch after the one it launches).
     pub mark: Option<(usize, usize)>,
     /// Batch `k` samples with `derive_seed(base_seed, k)`.
     pub base_seed: u64,

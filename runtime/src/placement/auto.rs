@@ -17,10 +17,11 @@
 //!   (seconds per batch on the clock), ending after any timed batch once the
 //!   candidate is far slower than the best so far ([`Calibrator::cut_short`]);
 //! - layer-based, with the monitor on as the choice would run it: one
-//!   super-batch to fill the pipeline, the timed super-batches, and one after
+//!   super-batch to fill the pipeline, the timed super-batches, and two after
 //!   them; the window the pipeline marks opens before the first timed
 //!   super-batch's launch-ahead and closes after its last batch, so it holds
-//!   one launch per timed super-batch ([`EpochRun::mark`]). The probe reports
+//!   one launch (and one top-layer sampling for the planner, a further
+//!   super-batch ahead) per timed super-batch ([`EpochRun::mark`]). The probe reports
 //!   the accelerator's share (waits subtracted), the CPU's busy time, and per
 //!   candidate split the rows it would compute.
 //!

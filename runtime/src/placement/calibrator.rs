@@ -65,10 +65,12 @@ pub enum ProbeStep {
         measure: usize,
     },
     /// The layer-based placement at CPU split `split`: `warm` untimed batches
-    /// (one super-batch), then `measure` timed, then `tail` untimed (one
-    /// super-batch: the pipeline launches one super-batch ahead, so the last
-    /// timed super-batch launches the tail, as in steady state, and the window
-    /// holds one launch per timed super-batch).
+    /// (one super-batch), then `measure` timed, then `tail` untimed (two
+    /// super-batches: the pipeline launches one super-batch ahead and samples
+    /// the one after it for the planner, so the last timed super-batch
+    /// launches the first of the tail and samples the second, as in steady
+    /// state, and the window holds one launch and one sampling per timed
+    /// super-batch).
     Layer {
         /// Hot ids below it are computed by the CPU.
         split: u32,
@@ -141,7 +143,7 @@ impl Calibrator {
             split,
             warm: n,
             measure: MEASURE_SUPER_BATCHES * n,
-            tail: n,
+            tail: 2 * n,
         }
     }
 
@@ -192,9 +194,9 @@ impl Calibrator {
                 if *warm + *measure + *tail <= epoch_len {
                     return true;
                 }
-                // Without the tail the last timed launch is missing, which
-                // short epochs accept.
-                *tail = 0;
+                // With a shorter tail the last timed launches sample less
+                // ahead, which short epochs accept.
+                *tail = epoch_len.saturating_sub(*warm + *measure).min(*tail);
                 if *warm + *measure <= epoch_len {
                     return true;
                 }
@@ -387,7 +389,7 @@ mod tests {
                 split: ALL_HOT,
                 warm: 4,
                 measure: 8,
-                tail: 4
+                tail: 8
             })
         ));
         let k = counts(&c, |s| (s as f64, 2.0 * s as f64));
@@ -437,7 +439,7 @@ mod tests {
                 split: 800,
                 warm: 4,
                 measure: 8,
-                tail: 4
+                tail: 8
             })
         );
         let probe2 = LayerProbe {

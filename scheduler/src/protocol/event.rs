@@ -10,6 +10,7 @@ use std::ops::Range;
 
 use crate::pipeline::HotSplit;
 
+use super::plan::LaunchPlan;
 use super::stats::ProtocolStats;
 
 /// Names a chunk of a hot queue: the global super-batch (numbered across epochs,
@@ -138,6 +139,20 @@ pub enum Event {
         /// Its batches, in order.
         batches: Vec<LaunchedBatch>,
     },
+    /// The answer to [`Action::Launch`] as [`Event::Launched`], with the
+    /// batches already planned ([`LaunchPlan::new`], made by the driver off
+    /// its accelerator thread, a super-batch ahead): the protocol cuts the plan
+    /// at `split` and goes on exactly as it does for `Launched` with the
+    /// batches the plan was made from.
+    Planned {
+        /// The global super-batch of the launch.
+        super_batch: u64,
+        /// The hot split to plan its queue with; its CPU part must be at most
+        /// the plan's [`LaunchPlan::limit`].
+        split: HotSplit,
+        /// Its batches, planned.
+        plan: LaunchPlan,
+    },
     /// A worker computed a chunk's `rows` rows with weights of `version`.
     ChunkComputed {
         /// The chunk.
@@ -171,6 +186,7 @@ impl Event {
         match self {
             Self::EpochStarted { .. } => "EpochStarted",
             Self::Launched { .. } => "Launched",
+            Self::Planned { .. } => "Planned",
             Self::ChunkComputed { .. } => "ChunkComputed",
             Self::JobDropped { .. } => "JobDropped",
             Self::BatchTrained { .. } => "BatchTrained",
@@ -193,7 +209,8 @@ pub enum Action {
     },
     /// Sample the top layers of the epoch's batches `batches` (they form global
     /// super-batch `super_batch`, the epoch's `local`-th) and answer with
-    /// [`Event::Launched`] before polling again (step 3).
+    /// [`Event::Launched`] (or [`Event::Planned`]) before polling again
+    /// (step 3).
     Launch {
         /// Global super-batch.
         super_batch: u64,

@@ -23,7 +23,11 @@
 //! 3. **Launch** super-batch `j` (`0..=D` at the epoch's start, `j + D` when `j >
 //!    0` starts): [`Action::Launch`]; the driver samples its batches' top layers
 //!    and answers [`Event::Launched`] with each batch's bottom destinations and
-//!    the split to plan with (the monitor's). The queue is the CPU-hot bottom
+//!    the split to plan with (the monitor's) — or [`Event::Planned`] with the
+//!    same batches already planned for every split up to a limit
+//!    ([`LaunchPlan`], a pure function the driver may run on another thread,
+//!    ahead of time); the protocol cuts the plan at the split, so both answers
+//!    give the same actions. The queue is the CPU-hot bottom
 //!    destinations of its batches other than their own seeds, deduplicated,
 //!    hottest first ([`crate::SuperBatchPlan`]), cut into chunks
 //!    ([`crate::PipelineConfig::chunk_ranges`]); the protocol reserves slab
@@ -89,7 +93,7 @@
 //! 1. Hand in every worker report waiting ([`Event::ChunkComputed`],
 //!    [`Event::JobDropped`]) before every [`Protocol::poll`], without blocking.
 //! 2. Carry out each action in order. Answer [`Action::Launch`] with
-//!    [`Event::Launched`] and [`Action::Train`] with [`Event::BatchTrained`]
+//!    [`Event::Launched`] (or [`Event::Planned`]) and [`Action::Train`] with [`Event::BatchTrained`]
 //!    before polling again; on [`Action::Wait`] block for one report and hand it
 //!    in; on [`Action::Gate`] a driver may answer [`Event::Stop`].
 //! 3. [`Protocol::poll`] returns `None` only while it awaits such an answer, or
@@ -122,6 +126,7 @@
 //! ```
 
 mod event;
+mod plan;
 mod queue;
 mod stats;
 
@@ -131,6 +136,7 @@ use std::ops::Range;
 pub use event::{
     Action, ChunkKey, ClaimId, Event, Job, LaunchedBatch, ReportId, TrainBatch, Urgent,
 };
+pub use plan::LaunchPlan;
 pub use stats::ProtocolStats;
 
 use crate::error::{invalid, Result, SchedulerError};
@@ -293,7 +299,15 @@ impl Protocol {
                 super_batch,
                 split,
                 batches,
-            } => self.launched(super_batch, split, &batches),
+            } => {
+                let plan = LaunchPlan::new(&batches, split.cpu());
+                self.launched(super_batch, split, &plan, "Launched")
+            }
+            Event::Planned {
+                super_batch,
+                split,
+                plan,
+            } => self.launched(super_batch, split, &plan, "Planned"),
             Event::ChunkComputed { key, version, rows } => {
                 self.withdraw_wait();
                 self.computed(key, version, rows)
@@ -501,7 +515,13 @@ impl Protocol {
     }
 
     /// Step 3, the answer: plans the queue, reserves its slab, queues its jobs.
-    fn launched(&mut self, g: u64, split: HotSplit, batches: &[LaunchedBatch]) -> Result<()> {
+    fn launched(
+        &mut self,
+        g: u64,
+        split: HotSplit,
+        plan: &LaunchPlan,
+        event: &'static str,
+    ) -> Result<()> {
         let n = self.cfg.pipeline.batches_per_super_batch();
         let slabs = self.cfg.slabs() as u64;
         let pipeline = self.cfg.pipeline;
@@ -510,11 +530,11 @@ impl Protocol {
             Some(e) if e.awaiting == Awaiting::Launched(g) => e,
             Some(e) => {
                 return Err(Self::unexpected(
-                    "Launched",
+                    event,
                     format!("awaiting {:?}, not super-batch {g}", e.awaiting),
                 ))
             }
-            None => return Err(Self::unexpected("Launched", "no epoch running")),
+            None => return Err(Self::unexpected(event, "no epoch running")),
         };
         let local = g - e.first;
         let spec = LaunchSpec {
@@ -524,7 +544,7 @@ impl Protocol {
             batches: e.batches_of(local, n),
             split,
         };
-        let q = HotQueue::plan(spec, batches, &pipeline, || {
+        let q = HotQueue::from_plan(spec, plan, &pipeline, || {
             *next_claim += 1;
             ClaimId(*next_claim)
         })?;

@@ -5,11 +5,14 @@
 
 use std::ops::Range;
 
-use crate::error::{Result, SchedulerError};
-use crate::pipeline::{HotSplit, PipelineConfig, SuperBatchPlan};
+use crate::error::{invalid, Result, SchedulerError};
+use crate::pipeline::{HotSplit, PipelineConfig};
 use crate::staleness::{Decision, GapHistogram, StalenessRule};
 
-use super::event::{ChunkKey, ClaimId, Job, LaunchedBatch, TrainBatch};
+#[cfg(test)]
+use super::event::LaunchedBatch;
+use super::event::{ChunkKey, ClaimId, Job, TrainBatch};
+use super::plan::LaunchPlan;
 
 /// Where a chunk stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,36 +81,52 @@ impl HotQueue {
     /// Plans the queue of a launched super-batch (step 3): the CPU-hot bottom
     /// destinations of its batches (seeds excluded), deduplicated, hottest first,
     /// cut into chunks as `pipeline` says; `claim` hands out a fresh claim per
-    /// chunk.
+    /// chunk. ([`HotQueue::from_plan`] with a plan made inline.)
+    #[cfg(test)]
     pub(crate) fn plan(
         spec: LaunchSpec,
         launched: &[LaunchedBatch],
         pipeline: &PipelineConfig,
+        claim: impl FnMut() -> ClaimId,
+    ) -> Result<Self> {
+        let plan = LaunchPlan::new(launched, spec.split.cpu());
+        Self::from_plan(spec, &plan, pipeline, claim)
+    }
+
+    /// Step 3 from a [`LaunchPlan`]: its union cut at the split's CPU part is
+    /// the queue (a prefix, so union indices are queue indices), cut into
+    /// chunks as `pipeline` says; per batch its positions in the queue and the
+    /// chunks they read. Linear in the plan's entries, no search.
+    pub(crate) fn from_plan(
+        spec: LaunchSpec,
+        plan: &LaunchPlan,
+        pipeline: &PipelineConfig,
         mut claim: impl FnMut() -> ClaimId,
     ) -> Result<Self> {
-        if launched.len() != spec.batches.len() {
+        if plan.batches() != spec.batches.len() {
             return Err(SchedulerError::SizeMismatch {
                 what: "launched batches",
                 expected: spec.batches.len(),
-                found: launched.len(),
+                found: plan.batches(),
             });
         }
         let cpu = spec.split.cpu();
-        let own: Vec<Vec<u32>> = launched
-            .iter()
-            .map(|b| b.bottom.iter().skip(b.seeds).copied().collect())
-            .collect();
-        let plan = SuperBatchPlan::new(spec.local, spec.batches.start as u64, spec.split, &own);
-        let queue = plan.queue;
-        let mut chunk_of = vec![0u32; queue.len()];
+        if cpu > plan.limit() {
+            return Err(invalid(
+                "launch plan",
+                format!("a plan for CPU splits up to {} (the split's CPU part)", cpu),
+                format!("a plan made for splits up to {}", plan.limit()),
+            ));
+        }
+        let len = plan.queue_len(cpu);
+        let queue = &plan.union()[..len];
+        let mut chunk_of = vec![0u32; len];
         let chunks: Vec<Chunk> = pipeline
-            .chunk_ranges(queue.len())
+            .chunk_ranges(len)
             .into_iter()
             .enumerate()
             .map(|(c, r)| {
-                for q in r.clone() {
-                    chunk_of[q] = c as u32;
-                }
+                chunk_of[r.clone()].fill(c as u32);
                 Chunk {
                     rows: r.start as u32..r.end as u32,
                     vertices: queue[r].to_vec(),
@@ -118,27 +137,27 @@ impl HotQueue {
                 }
             })
             .collect();
-        let mut entries = Vec::with_capacity(launched.len());
-        let mut reads = Vec::with_capacity(launched.len());
-        for b in launched {
-            let mut e = Vec::new();
-            let mut r: Vec<u32> = Vec::new();
-            for (p, &v) in b.bottom.iter().enumerate() {
-                // A batch's seeds never take a hot row: their bottom rows are
-                // computed on the accelerator, so layer 0 always trains on them.
-                if p < b.seeds || v >= cpu {
-                    continue;
-                }
-                let q = queue
-                    .binary_search(&v)
-                    .map_err(|_| SchedulerError::ProtocolInvariant {
-                        what: format!("CPU-hot vertex {v} missing from its queue"),
-                    })? as u32;
-                e.push((p as u32, q));
-                r.push(chunk_of[q as usize]);
+        let mut entries = Vec::with_capacity(plan.batches());
+        let mut reads = Vec::with_capacity(plan.batches());
+        let mut hit = vec![false; chunks.len()];
+        for i in 0..plan.batches() {
+            // A batch's seeds never take a hot row (the plan left them out):
+            // their bottom rows are computed on the accelerator, so layer 0
+            // always trains on them.
+            let e: Vec<(u32, u32)> = plan
+                .entries_of(i)
+                .iter()
+                .copied()
+                .filter(|&(_, q)| (q as usize) < len)
+                .collect();
+            for &(_, q) in &e {
+                hit[chunk_of[q as usize] as usize] = true;
             }
-            r.sort_unstable();
-            r.dedup();
+            let r: Vec<u32> = hit
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(c, h)| std::mem::take(h).then_some(c as u32))
+                .collect();
             entries.push(e);
             reads.push(r);
         }
@@ -344,6 +363,102 @@ mod tests {
             || ClaimId(0),
         );
         assert!(bad.is_err());
+    }
+
+    /// A queue, per batch its (position, queue index) pairs, per batch the
+    /// chunks it reads.
+    type Reference = (Vec<u32>, Vec<Vec<(u32, u32)>>, Vec<Vec<u32>>);
+
+    /// The queue as the protocol planned it before [`LaunchPlan`] (a
+    /// `SuperBatchPlan` and a binary search per position), kept as the
+    /// reference the plan must equal.
+    fn reference(launched: &[LaunchedBatch], cpu: u32, pipe: &PipelineConfig) -> Reference {
+        use crate::pipeline::SuperBatchPlan;
+        let own: Vec<Vec<u32>> = launched
+            .iter()
+            .map(|b| b.bottom.iter().skip(b.seeds).copied().collect())
+            .collect();
+        let split = HotSplit::new(cpu.max(1) * 2, cpu).unwrap();
+        let queue = SuperBatchPlan::new(0, 0, split, &own).queue;
+        let mut chunk_of = vec![0u32; queue.len()];
+        for (c, r) in pipe.chunk_ranges(queue.len()).into_iter().enumerate() {
+            for q in r {
+                chunk_of[q] = c as u32;
+            }
+        }
+        let mut entries = Vec::new();
+        let mut reads = Vec::new();
+        for b in launched {
+            let (mut e, mut r) = (Vec::new(), Vec::new());
+            for (p, &v) in b.bottom.iter().enumerate() {
+                if p < b.seeds || v >= cpu {
+                    continue;
+                }
+                let q = queue.binary_search(&v).unwrap() as u32;
+                e.push((p as u32, q));
+                r.push(chunk_of[q as usize]);
+            }
+            r.sort_unstable();
+            r.dedup();
+            entries.push(e);
+            reads.push(r);
+        }
+        (queue, entries, reads)
+    }
+
+    #[test]
+    fn a_plan_cut_at_any_split_is_the_reference_queue() {
+        let mut rng = cpu_ops::Rng::new(11);
+        for round in 0..200 {
+            let ids = 1 + rng.below(3000) as u32;
+            let launched: Vec<LaunchedBatch> = (0..1 + rng.below(5))
+                .map(|_| {
+                    let n = rng.below(400) as usize;
+                    LaunchedBatch {
+                        seeds: rng.below(n as u64 + 1) as usize,
+                        bottom: (0..n).map(|_| rng.below(ids as u64) as u32).collect(),
+                    }
+                })
+                .collect();
+            let limit = rng.below(ids as u64 + 1) as u32;
+            let plan = LaunchPlan::new(&launched, limit);
+            for cpu in [0, limit / 3, limit / 2, limit] {
+                let pipe = PipelineConfig::new(launched.len(), 1, 8).unwrap();
+                let q = HotQueue::from_plan(
+                    LaunchSpec {
+                        global: 0,
+                        local: 0,
+                        slab: 0,
+                        batches: 0..launched.len(),
+                        split: HotSplit::new(limit.max(cpu), cpu).unwrap(),
+                    },
+                    &plan,
+                    &pipe,
+                    || ClaimId(0),
+                )
+                .unwrap();
+                let (queue, entries, reads) = reference(&launched, cpu, &pipe);
+                let got: Vec<u32> = q.chunks.iter().flat_map(|c| c.vertices.clone()).collect();
+                let what = format!("round {round}, limit {limit}, cpu {cpu}");
+                assert_eq!(got, queue, "{what}");
+                assert_eq!(q.entries, entries, "{what}");
+                assert_eq!(q.reads, reads, "{what}");
+            }
+            // A split past the plan's limit is refused, not mis-planned.
+            let over = HotQueue::from_plan(
+                LaunchSpec {
+                    global: 0,
+                    local: 0,
+                    slab: 0,
+                    batches: 0..launched.len(),
+                    split: HotSplit::all_cpu(limit + 1),
+                },
+                &plan,
+                &PipelineConfig::new(1, 1, 8).unwrap(),
+                || ClaimId(0),
+            );
+            assert!(over.is_err());
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub(crate) mod clock;
 pub(crate) mod hot_compute;
 pub(crate) mod monitor;
 pub(crate) mod pipeline;
+pub(crate) mod planner;
 pub(crate) mod stats;
 #[cfg(test)]
 mod window_tests;

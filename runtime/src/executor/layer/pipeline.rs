@@ -25,9 +25,15 @@
 //! 4. **Carry out** each [`Action`], in order:
 //!    - `Publish`: layer 0's weights at the engine's version to the workers
 //!      ([`Published`]; a reset at the epoch's start);
-//!    - `Launch`: sample the batches' top layers ([`LayerDevice::prepare_top`]),
-//!      relabel their bottom destinations, count the candidate splits (`policy =
-//!      "auto"`), answer `Launched` with the monitor's split (or the fixed one);
+//!    - `Launch`: take this super-batch's plan from the planner thread
+//!      (`planner.rs`: relabel, candidate-split counts for `policy = "auto"`,
+//!      the split-independent [`scheduler::LaunchPlan`], made while the
+//!      super-batch before trained) and answer `Planned` with the monitor's
+//!      split (or the fixed one). Once its jobs are queued (at the next `Gate`
+//!      or `Launch`), sample the top layers ([`LayerDevice::prepare_top`]) of
+//!      the super-batch *after* it and submit their bottom destinations to the
+//!      planner. The run's first launch samples and submits its own
+//!      super-batch and the next first;
 //!    - `ReserveSlab`: [`LayerDevice::hot_slab_reserve`];
 //!    - `QueueJob`: the job with its vertices' user ids, the flag of its claim,
 //!      a trace flow (regular jobs) and its sampling seed: a regular job's
@@ -52,8 +58,9 @@
 //!    watermark covers the epoch), the prepared batches are forgotten; after a
 //!    worker's failure the workers are restarted on the next epoch.
 //!
-//! Trace (`acc stream compute` track): `launch` slices (with `super_batch`; the
-//! engine's `sample top` inside), `gate`, `hot wait` (inside the gate), `train`
+//! Trace (`acc stream compute` track): `launch` slices (with `super_batch`;
+//! `plan wait` inside when its plan was not ready), `sample ahead` (the
+//! engine's `sample top`s of the super-batch after it), `gate`, `hot wait` (inside the gate), `train`
 //! (with `staleness_gap` = the batch's largest gap, the engine's `sample bottom`
 //! and `device step` inside), `publish`; instants `hot install` (rows, bytes host
 //! → device) and `compute cold` (vertices); `hot compute` slices on `hot worker
@@ -62,14 +69,14 @@
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cpu_ops::{derive_seed, ModelConfig, NeighborSampler};
 use scheduler::{
-    Action, ChunkKey, ClaimId, Event, HotSplit, HotnessPolicy, LaunchedBatch, PipelineConfig,
-    Protocol, ProtocolConfig, Relabeling, ReportId, TrainBatch,
+    Action, ChunkKey, ClaimId, Event, HotSplit, HotnessPolicy, PipelineConfig, Protocol,
+    ProtocolConfig, Relabeling, ReportId, TrainBatch,
 };
 
 use crate::data::dataset::Dataset;
@@ -81,6 +88,7 @@ use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind};
 use super::clock::{wall_clock, Clock, SharedClock};
 use super::hot_compute::{HotComputer, Published, Snapshot};
 use super::monitor::{HybridMonitor, SuperBatchEnd, Window};
+use super::planner::{PlanInputs, PlanRequest, Planner};
 use super::stats::OrchestrationStats;
 use super::workers::{Done, HotWorkers, InjectedFault, Job, Outcome, WorkerShared};
 
@@ -172,6 +180,8 @@ pub struct Orchestrator {
     retired: Arc<AtomicU64>,
     /// Where the workers' slices go, one track per worker.
     trace: (Tracer, Vec<TrackId>),
+    /// The planner thread's track in `trace`'s tracer.
+    planner_track: Option<TrackId>,
     /// Candidate splits whose counts launches accumulate (`policy = "auto"`).
     count_splits: Vec<u32>,
     /// Per candidate split: (rows queued, hot positions), and batches launched.
@@ -182,6 +192,10 @@ pub struct Orchestrator {
     /// when the device stores bfloat16 rows (built on the first start of the
     /// workers that needs it: half the `f32` store's bytes).
     bf16_rows: Option<Arc<[u16]>>,
+    /// Planner threads running (one per epoch run, joined before it returns).
+    planners_alive: Arc<AtomicUsize>,
+    /// Fails the plan of this global super-batch (tests).
+    plan_fault: Option<u64>,
 }
 
 impl Orchestrator {
@@ -245,10 +259,13 @@ impl Orchestrator {
             clock: wall_clock(),
             retired: Arc::new(AtomicU64::new(0)),
             trace: (Tracer::disabled(), Vec::new()),
+            planner_track: None,
             count_splits: Vec::new(),
             split_counts: (Vec::new(), 0),
             window_marks: Marks::default(),
             bf16_rows: None,
+            planners_alive: Arc::new(AtomicUsize::new(0)),
+            plan_fault: None,
         })
     }
 
@@ -361,6 +378,18 @@ impl Orchestrator {
         }
     }
 
+    /// Fails the plan of global super-batch `g` from now on (tests).
+    #[cfg(test)]
+    pub fn inject_plan_fault(&mut self, g: Option<u64>) {
+        self.plan_fault = g;
+    }
+
+    /// Planner threads alive now (none outlives its epoch run).
+    #[cfg(test)]
+    pub fn planners_alive(&self) -> usize {
+        self.planners_alive.load(Ordering::Acquire)
+    }
+
     /// Pins the workers to cores `first..` (after the compute pool's) from their
     /// next start.
     pub(crate) fn pin_workers_from(&mut self, first: Option<usize>) {
@@ -376,6 +405,7 @@ impl Orchestrator {
         if let Some(w) = &self.workers {
             w.set_trace(tracer, &tracks);
         }
+        self.planner_track = Some(tracer.declare_track("planner", TrackKind::Cpu));
         self.trace = (tracer.clone(), tracks);
     }
 
@@ -460,23 +490,44 @@ impl Orchestrator {
             hot_count: self.split.hot(),
             ..OrchestrationStats::default()
         };
-        let (result, stats, marks) = {
+        let inputs = PlanInputs {
+            relabeling: &self.relabeling,
+            limit: self.split.hot(),
+            count_splits: &self.count_splits,
+            fail_at: self.plan_fault,
+            trace: self.planner_track.map(|t| (&self.trace.0, t)),
+        };
+        let (protocol, held, split_counts) =
+            (&mut self.protocol, &mut self.held, &mut self.split_counts);
+        let (relabeling, clock, retired) = (&self.relabeling, &*self.clock, &self.retired);
+        let (split, hot_grad) = (self.split, self.hot_grad);
+        let per_super_batch = self.pipeline.batches_per_super_batch();
+        let alive = Arc::clone(&self.planners_alive);
+        // The planner thread lives inside the scope: it is joined before the
+        // run returns, whatever happens (planner.rs step 6).
+        let (result, stats, marks) = std::thread::scope(|scope| {
+            let planner = match Planner::spawn(scope, inputs, alive) {
+                Ok(p) => p,
+                Err(e) => return (Err(e), stats, Marks::default()),
+            };
             let mut driver = Driver {
                 run: *run,
-                protocol: &mut self.protocol,
-                held: &mut self.held,
+                protocol,
+                held,
                 workers,
-                relabeling: &self.relabeling,
+                relabeling,
                 monitor,
                 base,
-                split: self.split,
-                per_super_batch: self.pipeline.batches_per_super_batch(),
-                hot_grad: self.hot_grad,
-                retired: &self.retired,
-                clock: &*self.clock,
-                count_splits: &self.count_splits,
-                split_counts: &mut self.split_counts,
-                window: Window::open(&stats, &*self.clock),
+                split,
+                per_super_batch,
+                batches: batches.clone(),
+                planner,
+                sample_next: None,
+                hot_grad,
+                retired,
+                clock,
+                split_counts,
+                window: Window::open(&stats, clock),
                 stats,
                 marks: Marks::default(),
                 launch: None,
@@ -487,13 +538,14 @@ impl Orchestrator {
             // Step 5, whatever happened.
             let settled = driver.settle();
             let result = result.and_then(|end| settled.map(|()| end));
+            // Dropping the driver drops the planner: its thread ends.
             (result, driver.stats, driver.marks)
-        };
+        });
         self.window_marks = marks;
         engine.discard_prepared();
         self.totals.merge(&stats);
         self.last_epoch = Some(stats);
-        if matches!(&result, Err(Error::Worker { .. })) {
+        if matches!(&result, Err(Error::Worker { worker, .. }) if worker != "planner") {
             // A worker failed: start a fresh set next epoch.
             self.workers = None;
         }
@@ -593,10 +645,16 @@ struct Driver<'a> {
     split: HotSplit,
     /// Batches per super-batch.
     per_super_batch: usize,
+    /// The run's batches (epoch indices).
+    batches: Range<usize>,
+    /// Plans launches a super-batch ahead (`planner.rs`).
+    planner: Planner,
+    /// The super-batch to sample for the planner once the launch's jobs are
+    /// queued (at the next gate or launch).
+    sample_next: Option<(u64, Range<usize>)>,
     hot_grad: gpu_ops::HotGrad,
     retired: &'a AtomicU64,
     clock: &'a dyn Clock,
-    count_splits: &'a [u32],
     split_counts: &'a mut (Vec<(u64, u64)>, u64),
     /// The epoch's numbers: the driver's, and the protocol's as of the last
     /// sync ([`Driver::synced_stats`]) or its `Finished`.
@@ -722,6 +780,9 @@ impl<'a> Driver<'a> {
         action: Action,
         on_batch: &mut OnBatch<'_>,
     ) -> Result<()> {
+        if matches!(action, Action::Gate { .. } | Action::Launch { .. }) {
+            self.sample_ahead(engine)?;
+        }
         match action {
             Action::Publish { version, reset } => self.publish(&*engine, version, reset),
             Action::Launch {
@@ -846,7 +907,11 @@ impl<'a> Driver<'a> {
         Ok(())
     }
 
-    /// `Launch` of local super-batch `local` (global `super_batch`).
+    /// `Launch` of local super-batch `local` (global `super_batch`): this
+    /// one's plan, made a super-batch ago, answers the protocol (`planner.rs`
+    /// step 4); the super-batch after it is sampled on the device for the
+    /// planner once this one's jobs are queued (step 2, [`Driver::sample_ahead`]).
+    /// The run's first launch samples and submits itself and the next first.
     fn launch(
         &mut self,
         engine: &mut dyn LayerDevice,
@@ -861,48 +926,89 @@ impl<'a> Driver<'a> {
                 .epoch(run.epoch as u64)
                 .super_batch(local),
         );
-        let mut launched = Vec::with_capacity(batches.len());
-        for k in batches {
-            let b = run.batch(k);
-            let ids = engine.prepare_top(k as u64, b.seeds, b.seed)?;
-            launched.push(LaunchedBatch {
-                seeds: b.seeds.len(),
-                bottom: ids.iter().map(|&v| self.relabeling.new_id(v)).collect(),
-            });
+        let next = (super_batch + 1, self.batches_of(local + 1));
+        if !self.planner.pending(super_batch) {
+            // The run's first launch: this one and the next go to the planner
+            // now, so the next is planned while this one's jobs go out.
+            self.submit(engine, super_batch, batches)?;
+            if !next.1.is_empty() {
+                self.submit(engine, next.0, next.1)?;
+            }
+        } else if !next.1.is_empty() {
+            // Sampled once this launch's jobs are queued (the CPU starts first).
+            self.sample_next = Some(next);
         }
-        self.count_splits(&launched);
+        let ready = if self.planner.ready() {
+            self.planner.take(super_batch)?
+        } else {
+            let _s = run
+                .tracer
+                .slice_on(run.acc_track, "plan wait")
+                .super_batch(local);
+            self.planner.take(super_batch)?
+        };
+        if !ready.counts.is_empty() {
+            let (sums, launched) = &mut *self.split_counts;
+            sums.resize(ready.counts.len(), (0, 0));
+            for (s, c) in sums.iter_mut().zip(&ready.counts) {
+                s.0 += c.0;
+                s.1 += c.1;
+            }
+            *launched += ready.plan.batches() as u64;
+        }
         let split = self
             .monitor
             .as_deref()
             .map_or(self.split, |m| m.split_for(self.base + local));
         self.protocol
-            .handle(Event::Launched {
+            .handle(Event::Planned {
                 super_batch,
                 split,
-                batches: launched,
+                plan: ready.plan,
             })
             .map_err(protocol_error)
     }
 
-    /// `policy = "auto"`: what each candidate split would cost in these batches
-    /// (rows the CPU would compute, hot positions the accelerator would skip).
-    fn count_splits(&mut self, launched: &[LaunchedBatch]) {
-        if self.count_splits.is_empty() {
-            return;
+    /// Samples the super-batch the last launch left for the planner (a
+    /// `sample ahead` slice with the engine's `sample top`s inside).
+    fn sample_ahead(&mut self, engine: &mut dyn LayerDevice) -> Result<()> {
+        let Some((g, batches)) = self.sample_next.take() else {
+            return Ok(());
+        };
+        let run = self.run;
+        let _s = run
+            .tracer
+            .slice_on(run.acc_track, "sample ahead")
+            .epoch(run.epoch as u64);
+        self.submit(engine, g, batches)
+    }
+
+    /// The run's batches of local super-batch `local` (empty past the end).
+    fn batches_of(&self, local: u64) -> Range<usize> {
+        let n = self.per_super_batch;
+        let first = (self.batches.start + local as usize * n).min(self.batches.end);
+        first..(first + n).min(self.batches.end)
+    }
+
+    /// Samples `batches`' top layers on the device and hands their bottom
+    /// destinations to the planner as global super-batch `super_batch`.
+    fn submit(
+        &mut self,
+        engine: &mut dyn LayerDevice,
+        super_batch: u64,
+        batches: Range<usize>,
+    ) -> Result<()> {
+        let run = self.run;
+        let mut sampled = Vec::with_capacity(batches.len());
+        for k in batches {
+            let b = run.batch(k);
+            let ids = engine.prepare_top(k as u64, b.seeds, b.seed)?;
+            sampled.push((b.seeds.len(), ids));
         }
-        let mut all: Vec<u32> = launched.iter().flat_map(|b| &b.bottom).copied().collect();
-        all.sort_unstable();
-        all.dedup();
-        let (sums, batches) = &mut *self.split_counts;
-        sums.resize(self.count_splits.len(), (0, 0));
-        *batches += launched.len() as u64;
-        for (i, &c) in self.count_splits.iter().enumerate() {
-            sums[i].0 += all.partition_point(|&v| v < c) as u64;
-            sums[i].1 += launched
-                .iter()
-                .map(|b| b.bottom.iter().filter(|&&v| v < c).count() as u64)
-                .sum::<u64>();
-        }
+        self.planner.submit(PlanRequest {
+            super_batch,
+            batches: sampled,
+        })
     }
 
     /// `QueueJob`.

@@ -2,7 +2,8 @@
 //! measurement window ([`EpochRun::mark`]) on a device whose launches (one
 //! `prepare_top` per batch) and steps (`train_prepared`) move a [`ManualClock`]
 //! by fixed costs, so what the window holds is exact (no sleeps, no wall
-//! clock); and a new split under a running monitor.
+//! clock); a new split under a running monitor; and the planner thread's
+//! ends: a failed plan is the epoch's error, a stop joins the thread.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use crate::cancel::CancelToken;
 use crate::data::dataset::Dataset;
 use crate::data::generate::{generate_sbm, SbmOptions};
 use crate::engine::{DeviceEngine, EngineOptions, HotStaging, HotUse, LayerDevice};
-use crate::error::Result;
+use crate::error::{Result, StopCause};
 use crate::executor::{EpochEnd, EpochRun};
 use crate::trace::{Tracer, TrackKind};
 
@@ -232,27 +233,32 @@ fn ms(secs: f64) -> u64 {
 }
 
 #[test]
-fn a_window_followed_by_a_super_batch_holds_one_launch_per_timed_super_batch() {
-    // Warm super-batch 0, time super-batches 1 and 2, then super-batch 3: the
-    // window opens before super-batch 1 launches super-batch 2 and closes after
-    // batch 5, so it holds the launches of super-batches 2 and 3 (4 batches) and
-    // 4 steps, as in steady state (it once opened at batch 2's gate, after the
-    // launch, and missed one: 2026-11-26, 1.46 ms/batch measured for 2.84 real).
+fn a_window_followed_by_two_super_batches_holds_one_launch_per_timed_super_batch() {
+    // Warm super-batch 0, time super-batches 1 and 2, then super-batches 3 and
+    // 4: the window opens before super-batch 1 launches super-batch 2 (whose
+    // batches were sampled for the planner when 1 was launched) and samples
+    // super-batch 3, and closes after batch 5, so it holds the sampling of
+    // super-batches 3 and 4 (4 batches) and 4 steps, as in steady state (it
+    // once opened at batch 2's gate, after the launch, and missed one:
+    // 2026-11-26, 1.46 ms/batch measured for 2.84 real).
     let mut r = rig();
-    let secs = r.window(4 * N, (N, 3 * N)).expect("window closed");
+    let secs = r.window(5 * N, (N, 3 * N)).expect("window closed");
     let per = (LAUNCH + STEP).as_millis() as u64;
     assert_eq!(ms(secs), 2 * N as u64 * per);
 }
 
 #[test]
-fn a_window_at_the_end_of_the_run_holds_the_launches_there_are() {
-    // No super-batch after the window: the last timed super-batch launches
-    // nothing, so the window holds one launch fewer than its steps.
-    let mut r = rig();
-    let secs = r.window(3 * N, (N, 3 * N)).expect("window closed");
+fn a_window_near_the_end_of_the_run_holds_the_launches_there_are() {
+    // Fewer than two super-batches after the window: its last launches have
+    // nothing (or one super-batch fewer) to sample ahead.
     let steps = 2 * N as u64 * STEP.as_millis() as u64;
     let launches = N as u64 * LAUNCH.as_millis() as u64;
+    let mut r = rig();
+    let secs = r.window(4 * N, (N, 3 * N)).expect("window closed");
     assert_eq!(ms(secs), steps + launches);
+    let mut r = rig();
+    let secs = r.window(3 * N, (N, 3 * N)).expect("window closed");
+    assert_eq!(ms(secs), steps);
 }
 
 #[test]
@@ -299,5 +305,75 @@ fn bf16_rows_on_the_device_make_the_cpu_read_the_bf16_copy() {
             .protocol
             .rows_computed;
         assert!(rows > 0, "{dtype:?}: the CPU computed no hot rows");
+    }
+}
+
+impl Rig {
+    /// Trains batches `0..end`, stopping from the callback after batch `stop`
+    /// (a callback's stop, or a cancelled token seen at the next gate).
+    fn run(&mut self, end: usize, stop: Option<(usize, bool)>) -> Result<EpochEnd> {
+        let batches: Vec<&[u32]> = self.batches.iter().map(Vec::as_slice).collect();
+        let tracer = Tracer::disabled();
+        let cancel = CancelToken::new();
+        let run = EpochRun {
+            ds: &self.ds,
+            batches: &batches,
+            start: 0,
+            end,
+            mark: None,
+            base_seed: 3,
+            epoch: 0,
+            tracer: &tracer,
+            acc_track: tracer.declare_track("acc", TrackKind::Accelerator),
+            cancel: &cancel,
+        };
+        self.orch.run_epoch(&mut self.device, &run, &mut |d| {
+            Ok(match stop {
+                Some((k, token)) if d.k == k => {
+                    if token {
+                        cancel.cancel();
+                    }
+                    !token
+                }
+                _ => false,
+            })
+        })
+    }
+}
+
+#[test]
+fn a_failed_plan_ends_the_epoch_with_its_error_and_the_next_runs() {
+    let mut r = rig();
+    // Super-batch 2 is planned while super-batch 0 trains.
+    r.orch.inject_plan_fault(Some(2));
+    let e = r.run(4 * N, None).unwrap_err().to_string();
+    assert!(e.contains("planner") && e.contains("super-batch 2"), "{e}");
+    assert_eq!(r.orch.planners_alive(), 0);
+    r.orch.inject_plan_fault(None);
+    assert_eq!(r.run(4 * N, None).unwrap(), EpochEnd::Finished(false));
+    assert!(r.orch.last_epoch().unwrap().protocol.hot_uses > 0);
+}
+
+#[test]
+fn a_stop_mid_epoch_joins_the_planner_with_plans_in_flight() {
+    for token in [false, true] {
+        let mut r = rig();
+        // Batch 2 is super-batch 1's first: super-batch 3 is in flight then.
+        let end = r.run(5 * N, Some((N, token))).unwrap();
+        assert_eq!(
+            end,
+            EpochEnd::Stopped(
+                N + 1,
+                if token {
+                    StopCause::Token
+                } else {
+                    StopCause::Callback
+                }
+            )
+        );
+        assert_eq!(r.orch.planners_alive(), 0, "token {token}");
+        // Nothing of the stopped run is left over: a whole run follows.
+        assert_eq!(r.run(5 * N, None).unwrap(), EpochEnd::Finished(false));
+        assert_eq!(r.orch.planners_alive(), 0);
     }
 }
