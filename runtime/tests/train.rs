@@ -368,3 +368,43 @@ fn sampling_ahead_trains_on_the_same_blocks() {
     t.fit().expect("fit");
     assert_eq!(t.batches_sampled_ahead(), 0);
 }
+
+/// `device.topology` and `device.cache_bytes` set to `"auto"` on the host
+/// backend (no separate device memory, `placement/budget.rs`) are the device
+/// topology and every row cached: the same run, bit for bit, as those set by
+/// hand, whatever memory the machine has free.
+#[test]
+fn auto_placement_on_the_host_is_the_device_topology_with_every_row_cached() {
+    let ops = [
+        "device.kind=\"host\"",
+        "orchestration.policy=\"gpu-sample-gpu-gather\"",
+    ];
+    let auto_cfg = small(
+        "sage",
+        &[
+            ops[0],
+            ops[1],
+            "device.topology=\"auto\"",
+            "device.cache_bytes=auto",
+        ],
+    );
+    let hand_cfg = small(
+        "sage",
+        &[
+            ops[0],
+            ops[1],
+            "device.topology=\"device\"",
+            "device.cache_bytes=1000000000",
+        ],
+    );
+    let ds = load_dataset(&auto_cfg).expect("dataset");
+    let mut a = Trainer::new(ds.clone(), auto_cfg).expect("trainer");
+    let mut b = Trainer::new(ds, hand_cfg).expect("trainer");
+    let (sa, sb) = (a.fit().expect("fit"), b.fit().expect("fit"));
+    assert_eq!(a.params().unwrap(), b.params().unwrap());
+    assert_eq!(
+        sa.iter().map(|s| s.loss).collect::<Vec<_>>(),
+        sb.iter().map(|s| s.loss).collect::<Vec<_>>()
+    );
+    assert_eq!(a.device_note(), b.device_note());
+}

@@ -33,44 +33,6 @@ use crate::data::generate::{generate_rmat, RmatOptions};
 use crate::error::{Error, Result};
 use crate::trace::{fmt_bytes, peak_rss, reset_peak_rss};
 use crate::TrainerBuilder;
-use gpu_ops::TopologyPlacement;
-
-/// Device memory kept free of topology and cache by [`plan_device_memory`] under
-/// `--fit-device`: the batch working set (≤ 1.08M layer-0 rows for [15,10,5] at
-/// batch 1024, twice with `sample_ahead`; the 4096-seed evaluation batches), the
-/// model and the CUDA context.
-pub const DEVICE_RESERVE_BYTES: u64 = 12_000_000_000;
-
-/// Where the topology goes and how large the feature cache is (see
-/// [`plan_device_memory`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DevicePlan {
-    /// `device.topology`.
-    pub topology: TopologyPlacement,
-    /// `device.cache_bytes`.
-    pub cache_bytes: u64,
-}
-
-/// Splits `free` device bytes, less `reserve`: the topology (`topology_bytes`) on
-/// the device when it fits, else left in pinned host memory (sampled over the
-/// bus); the feature cache takes what remains, at most every row (`rows_bytes`).
-pub fn plan_device_memory(
-    free: u64,
-    reserve: u64,
-    topology_bytes: u64,
-    rows_bytes: u64,
-) -> DevicePlan {
-    let room = free.saturating_sub(reserve);
-    let (topology, left) = if topology_bytes <= room {
-        (TopologyPlacement::Device, room - topology_bytes)
-    } else {
-        (TopologyPlacement::PinnedHost, room)
-    };
-    DevicePlan {
-        topology,
-        cache_bytes: left.min(rows_bytes),
-    }
-}
 
 /// What to build and where it lives (module doc).
 #[derive(Clone, Debug)]
@@ -82,7 +44,7 @@ pub struct ScaleOptions {
     /// Keep the store file afterwards (otherwise it is removed at the end).
     pub keep_store: bool,
     /// On a GPU, choose `device.topology` and `device.cache_bytes` from the free
-    /// device memory ([`plan_device_memory`] with [`DEVICE_RESERVE_BYTES`]).
+    /// device memory: both set to `"auto"` (`placement/budget.rs`).
     pub fit_device: bool,
 }
 
@@ -218,37 +180,10 @@ pub fn bench_scale(
         fmt_bytes(report.store_bytes)
     ));
     let mut cfg = cfg.clone();
-    if opts.fit_device && !crate::bench::orchestration::resolves_to_host(&cfg) {
-        let free = {
-            use gpu_ops::DeviceCore as _;
-            let dev = gpu_ops::CudaBackend::new(cfg.device.ordinal as usize)
-                .map_err(|e| Error::invalid_argument("--fit-device", e.to_string()))?;
-            dev.memory_info()
-                .map_err(|e| Error::invalid_argument("--fit-device", e.to_string()))?
-                .free as u64
-        };
-        let n = ds.num_vertices() as u64;
-        let topology = 8 * (n + 1) + 4 * ds.graph.num_edges() as u64;
-        let rows = n * ds.features.dim() as u64 * cfg.device.feature_dtype.value_bytes() as u64;
-        let plan = plan_device_memory(free, DEVICE_RESERVE_BYTES, topology, rows);
-        cfg.device.topology = plan.topology;
-        cfg.device.cache_bytes = plan.cache_bytes;
-        let line = format!(
-            "device.topology = \"{}\" ({}), device.cache_bytes = {} ({:.1}% of the {} rows) \
-             from {} free less a {} reserve",
-            match plan.topology {
-                TopologyPlacement::Device => "device",
-                TopologyPlacement::PinnedHost => "pinned-host",
-            },
-            fmt_bytes(topology),
-            plan.cache_bytes,
-            100.0 * plan.cache_bytes as f64 / rows.max(1) as f64,
-            fmt_bytes(rows),
-            fmt_bytes(free),
-            fmt_bytes(DEVICE_RESERVE_BYTES)
-        );
-        on_phase(&format!("placement: {line}"));
-        report.placement = Some(line);
+    let fit = opts.fit_device && !crate::bench::orchestration::resolves_to_host(&cfg);
+    if fit {
+        cfg.device.topology = crate::config::TopologyChoice::Auto;
+        cfg.device.cache_bytes = crate::config::CACHE_BYTES_AUTO;
     }
     // From the reset on, the peak is training's own (the graph included, mapped
     // or in memory).
@@ -274,6 +209,17 @@ pub fn bench_scale(
     let mut trainer = builder.build()?;
     report.load_secs = t.elapsed().as_secs_f64();
     report.device = trainer.device_note().to_string();
+    if fit {
+        // The engine's choice, with its numbers (`placement/budget.rs`).
+        let line = report
+            .device
+            .split("; ")
+            .filter(|c| c.contains("\"auto\" chose"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        on_phase(&format!("placement: {line}"));
+        report.placement = Some(line);
+    }
     on_phase(&format!(
         "loaded in {:.1} s; training {} epochs",
         report.load_secs, cfg.train.epochs
@@ -457,32 +403,6 @@ mod tests {
         }
         assert!(phases.iter().any(|p| p.starts_with("writing the store")));
         assert!(phases.iter().any(|p| p.starts_with("generated in")));
-    }
-
-    #[test]
-    fn the_device_plan_puts_the_topology_first_and_caches_what_is_left() {
-        const G: u64 = 1_000_000_000;
-        // H100, papers100M fp32: 79 GB free, 12.4 GB topology, 56.9 GB of rows.
-        let p = plan_device_memory(79 * G, 12 * G, 12_400_000_000, 56_900_000_000);
-        assert_eq!(p.topology, TopologyPlacement::Device);
-        assert_eq!(p.cache_bytes, 79 * G - 12 * G - 12_400_000_000);
-        // H200: every row fits, the cache is capped at the rows.
-        let p = plan_device_memory(140 * G, 12 * G, 12_400_000_000, 56_900_000_000);
-        assert_eq!(p.cache_bytes, 56_900_000_000);
-        // A small card: the topology does not fit, it stays in pinned host memory
-        // and the cache takes the room.
-        let p = plan_device_memory(20 * G, 12 * G, 12_400_000_000, 56_900_000_000);
-        assert_eq!(p.topology, TopologyPlacement::PinnedHost);
-        assert_eq!(p.cache_bytes, 8 * G);
-        // Less free memory than the reserve: nothing cached, topology on the host.
-        let p = plan_device_memory(5 * G, 12 * G, G, G);
-        assert_eq!(
-            p,
-            DevicePlan {
-                topology: TopologyPlacement::PinnedHost,
-                cache_bytes: 0
-            }
-        );
     }
 
     #[test]

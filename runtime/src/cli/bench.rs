@@ -114,9 +114,9 @@ pub(super) struct ScaleArgs {
     /// Keep the `--store` file afterwards.
     #[arg(long, requires = "store")]
     keep_store: bool,
-    /// On a GPU: choose `device.topology` and `device.cache_bytes` from the free
-    /// device memory (topology first when it fits, the cache takes the rest less a
-    /// 12 GB reserve; printed). Ignored on the host backend.
+    /// On a GPU: set `device.topology` and `device.cache_bytes` to `"auto"`
+    /// (topology first when it fits, the cache takes what the free memory leaves
+    /// after the estimated working set; printed). Ignored on the host backend.
     #[arg(long)]
     fit_device: bool,
     /// Epochs (`train.epochs`).

@@ -258,6 +258,78 @@ pub const DEFAULT_CACHE_BYTES: u64 = 4 << 30;
 /// Largest accepted `device.ordinal` (CUDA ordinals are C `int`s).
 pub const MAX_DEVICE_ORDINAL: u32 = i32::MAX as u32;
 
+/// `device.cache_bytes = "auto"`: the feature cache takes what the device's
+/// free memory (or `device.memory_budget_bytes`) leaves after the topology and
+/// the working set (`placement/budget.rs`). Read and written as the string
+/// `"auto"`.
+pub const CACHE_BYTES_AUTO: u64 = u64::MAX;
+
+/// `device.topology`: where the graph topology lives for device-side sampling.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologyChoice {
+    /// On the device when it fits in the free memory (or the budget) beside the
+    /// working set, else pinned host (`placement/budget.rs`); `"device"` on the
+    /// host backend.
+    #[default]
+    Auto,
+    /// Copied into device memory.
+    Device,
+    /// Left in pinned host memory and sampled over the bus.
+    PinnedHost,
+}
+
+impl TopologyChoice {
+    /// The placement when not `"auto"`.
+    pub fn fixed(self) -> Option<TopologyPlacement> {
+        match self {
+            Self::Auto => None,
+            Self::Device => Some(TopologyPlacement::Device),
+            Self::PinnedHost => Some(TopologyPlacement::PinnedHost),
+        }
+    }
+}
+
+impl From<TopologyPlacement> for TopologyChoice {
+    fn from(p: TopologyPlacement) -> Self {
+        match p {
+            TopologyPlacement::Device => Self::Device,
+            TopologyPlacement::PinnedHost => Self::PinnedHost,
+        }
+    }
+}
+
+/// `device.cache_bytes` as bytes or `"auto"` ([`CACHE_BYTES_AUTO`]).
+mod cache_bytes_serde {
+    use super::CACHE_BYTES_AUTO;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Bytes(u64),
+        Word(String),
+    }
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        if *v == CACHE_BYTES_AUTO {
+            s.serialize_str("auto")
+        } else {
+            s.serialize_u64(*v)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        match Repr::deserialize(d) {
+            Ok(Repr::Bytes(b)) => Ok(b),
+            Ok(Repr::Word(w)) if w == "auto" => Ok(CACHE_BYTES_AUTO),
+            _ => Err(serde::de::Error::custom(
+                "expected a byte count (0 ..= 2^63 - 1) or \"auto\"",
+            )),
+        }
+    }
+}
+
 /// `[device]`: which accelerator trains and how its memory is used.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -266,10 +338,12 @@ pub struct DeviceSection {
     pub kind: DeviceKind,
     /// GPU index (CUDA ordinal) when `kind` selects a GPU.
     pub ordinal: u32,
-    /// Device feature-cache budget in bytes (0: no cache).
+    /// Device feature-cache budget in bytes (0: no cache; [`CACHE_BYTES_AUTO`]:
+    /// `"auto"`, what the free memory leaves).
+    #[serde(with = "cache_bytes_serde")]
     pub cache_bytes: u64,
-    /// `"device"` or `"pinned-host"`.
-    pub topology: TopologyPlacement,
+    /// `"auto"`, `"device"` or `"pinned-host"`.
+    pub topology: TopologyChoice,
     /// `"f32"` or `"bf16"`: how a device engine stores feature rows.
     pub feature_dtype: FeatureDtype,
     /// Sample each training batch while the one before it trains (a second
@@ -290,7 +364,7 @@ impl Default for DeviceSection {
             kind: DeviceKind::Auto,
             ordinal: 0,
             cache_bytes: DEFAULT_CACHE_BYTES,
-            topology: TopologyPlacement::Device,
+            topology: TopologyChoice::Auto,
             feature_dtype: FeatureDtype::F32,
             memory_budget_bytes: 0,
             sample_ahead: true,

@@ -87,7 +87,7 @@ fn device_and_threads_sections_parse_and_name_bad_values() {
     let c = parse("").unwrap();
     assert_eq!(c.device.kind, DeviceKind::Auto);
     assert_eq!(c.device.cache_bytes, 4 << 30);
-    assert_eq!(c.device.topology, TopologyPlacement::Device);
+    assert_eq!(c.device.topology, TopologyChoice::Auto);
     assert_eq!((c.threads.compute, c.threads.pin), (0, PinPolicy::None));
     let c = parse(
         "[device]\nkind = \"cuda\"\nordinal = 1\ncache_bytes = 0\ntopology = \"pinned-host\"\n\
@@ -95,10 +95,21 @@ fn device_and_threads_sections_parse_and_name_bad_values() {
     )
     .unwrap();
     assert_eq!(c.device.kind, DeviceKind::Cuda);
-    assert_eq!(c.device.topology, TopologyPlacement::PinnedHost);
+    assert_eq!(c.device.topology, TopologyChoice::PinnedHost);
     assert_eq!((c.threads.compute, c.threads.pin), (3, PinPolicy::Cores));
     assert_eq!(parse(&c.to_toml()).unwrap(), c);
+    // `"auto"` for both placement keys, and back through TOML.
+    let c = parse("[device]\ncache_bytes = \"auto\"\ntopology = \"auto\"\n").unwrap();
+    assert_eq!(c.device.cache_bytes, CACHE_BYTES_AUTO);
+    assert_eq!(c.device.topology, TopologyChoice::Auto);
+    assert!(
+        c.to_toml().contains("cache_bytes = \"auto\""),
+        "{}",
+        c.to_toml()
+    );
+    assert_eq!(parse(&c.to_toml()).unwrap(), c);
     for (toml, key) in [
+        ("[device]\ncache_bytes = \"all\"", "device.cache_bytes"),
         ("[device]\nkind = \"gpu\"", "device.kind"),
         ("[device]\ntopology = \"host\"", "device.topology"),
         ("[device]\nordinal = -1", "device.ordinal"),
@@ -145,7 +156,7 @@ fn upper_bounds_and_toml_integer_limits_are_checked() {
         "{e}"
     );
     let mut c = TrainConfig::default();
-    c.device.cache_bytes = u64::MAX;
+    c.device.cache_bytes = u64::MAX - 1;
     assert!(c
         .validate()
         .unwrap_err()

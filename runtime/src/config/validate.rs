@@ -96,12 +96,14 @@ impl TrainConfig {
             MAX_COMPUTE_THREADS,
         )?;
         in_range("device.ordinal", self.device.ordinal, 0, MAX_DEVICE_ORDINAL)?;
-        in_range(
-            "device.cache_bytes",
-            self.device.cache_bytes,
-            0,
-            TOML_INT_MAX,
-        )?;
+        if self.device.cache_bytes != super::CACHE_BYTES_AUTO {
+            in_range(
+                "device.cache_bytes",
+                self.device.cache_bytes,
+                0,
+                TOML_INT_MAX,
+            )?;
+        }
         in_range(
             "device.memory_budget_bytes",
             self.device.memory_budget_bytes,

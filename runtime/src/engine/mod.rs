@@ -65,14 +65,20 @@ pub struct EngineOptions {
     /// The most device memory the engine may plan for (0: what is free); the
     /// feature cache shrinks to fit it (`engine/memory.rs`, [`memory::plan`]).
     pub memory_budget: u64,
-    /// Where the topology lives.
+    /// Where the topology lives (when not [`EngineOptions::auto`]).
     pub topology: TopologyPlacement,
+    /// Which of the topology and the cache size the engine chooses from the
+    /// free device memory (`placement/budget.rs`).
+    pub auto: crate::placement::budget::Auto,
     /// Adam's hyper-parameters.
     pub adam: AdamConfig,
     /// The seed the weights are initialized from.
     pub init_seed: u64,
     /// Seeds per training batch (sizes the memory check, `engine/memory.rs`).
     pub batch_size: usize,
+    /// Seeds per evaluation batch (sizes the working set an `"auto"`
+    /// placement reserves, `placement/budget.rs`).
+    pub eval_batch_size: usize,
     /// The arithmetic of the model's matrix products (`model.precision`).
     pub precision: gpu_ops::Precision,
     /// Load the features onto the device only when a device gather first needs
@@ -224,6 +230,45 @@ impl<B: Backend> DeviceEngine<B> {
     ) -> Result<Self> {
         let layout = gpu_ops::ModelLayout::new(model).map_err(dev_err("model"))?;
         let num_params = layout.params().iter().map(|p| p.len).sum();
+        let free = dev.memory_info().map_err(dev_err("device memory"))?.free as u64;
+        // `"auto"` placement: topology and cache from the free memory, less the
+        // working set (`placement/budget.rs`).
+        let working_set = {
+            let train = memory::estimate(
+                ds,
+                model,
+                num_params,
+                opts.batch_size,
+                &opts.fanouts,
+                0,
+                false,
+            );
+            let eval = memory::estimate(
+                ds,
+                model,
+                num_params,
+                opts.eval_batch_size,
+                &opts.eval_fanouts,
+                0,
+                false,
+            );
+            train.total().max(eval.total())
+        };
+        let n = ds.num_vertices() as u64;
+        let (chosen, mut auto_note) = crate::placement::budget::choose(
+            &crate::placement::budget::Request {
+                auto: opts.auto,
+                topology: opts.topology,
+                cache_bytes: opts.cache_bytes as u64,
+                topology_bytes: 8 * (n + 1) + 4 * ds.graph.num_edges() as u64,
+                rows_bytes: n * ds.features.dim() as u64 * opts.feature_dtype.value_bytes() as u64,
+                working_set,
+            },
+            free,
+            opts.memory_budget,
+        )?;
+        opts.topology = chosen.topology;
+        opts.cache_bytes = usize::try_from(chosen.cache_bytes).unwrap_or(usize::MAX);
         // Fail before loading anything when the run cannot fit.
         let need = memory::estimate(
             ds,
@@ -234,18 +279,18 @@ impl<B: Backend> DeviceEngine<B> {
             opts.cache_bytes as u64,
             opts.topology == TopologyPlacement::Device,
         );
-        let free = dev.memory_info().map_err(dev_err("device memory"))?.free as u64;
         let cache = memory::plan(&need, free, opts.memory_budget, &dev.describe())?;
-        let budget_note = (cache < need.cache).then(|| {
+        if cache < need.cache {
             opts.cache_bytes = usize::try_from(cache).unwrap_or(usize::MAX);
-            format!(
+            auto_note.push_str(&format!(
                 "; device.memory_budget_bytes = {} leaves the feature cache {} of the {} \
                  device.cache_bytes asks for",
                 opts.memory_budget,
                 crate::trace::fmt_bytes(cache),
                 crate::trace::fmt_bytes(need.cache)
-            )
-        });
+            ));
+        }
+        let budget_note = (!auto_note.is_empty()).then_some(auto_note);
         dev.set_precision(opts.precision)
             .map_err(dev_err("setting model.precision"))?;
         let graph = dev
@@ -288,8 +333,9 @@ impl<B: Backend> DeviceEngine<B> {
         })
     }
 
-    /// What `device.memory_budget_bytes` changed (the feature cache it
-    /// shrank), as a clause of the device note; `None` when nothing.
+    /// What `"auto"` placement chose (`placement/budget.rs`, with the
+    /// numbers) and what `device.memory_budget_bytes` changed (the feature
+    /// cache it shrank), as clauses of the device note; `None` when nothing.
     pub fn budget_note(&self) -> Option<&str> {
         self.budget_note.as_deref()
     }

@@ -23,6 +23,7 @@
 //! session prints and `Trainer::device_note` returns), never silently.
 
 pub(crate) mod auto;
+pub(crate) mod budget;
 pub(crate) mod calibrator;
 
 use std::sync::Arc;
@@ -157,7 +158,18 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             eval_fanouts: cfg.eval_fanouts()?,
             cache_bytes: usize::try_from(cfg.device.cache_bytes).unwrap_or(usize::MAX),
             memory_budget: cfg.device.memory_budget_bytes,
-            topology: cfg.device.topology,
+            topology: cfg
+                .device
+                .topology
+                .fixed()
+                .unwrap_or(gpu_ops::TopologyPlacement::Device),
+            // On the host there is no device memory to divide
+            // (`placement/budget.rs`): `"auto"` is the device topology (ignored
+            // there) and every row cached (nothing is copied).
+            auto: budget::Auto {
+                topology: on_cuda && cfg.device.topology.fixed().is_none(),
+                cache: on_cuda && cfg.device.cache_bytes == crate::config::CACHE_BYTES_AUTO,
+            },
             adam: cpu_ops::AdamConfig {
                 lr: cfg.train.lr,
                 weight_decay: cfg.train.weight_decay,
@@ -166,6 +178,7 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             },
             init_seed: derive_seed(cfg.train.seed, 1),
             batch_size: cfg.train.batch_size,
+            eval_batch_size: cfg.train.eval_batch_size,
             precision: cfg.model.precision,
             // A rank with partitioned features gets its rows from the exchange
             // (`executor/step/data_parallel.rs`): the device never holds them all.

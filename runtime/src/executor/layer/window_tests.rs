@@ -141,6 +141,8 @@ fn rig_with(dtype: gpu_ops::FeatureDtype) -> Rig {
             cache_bytes: 200 * DIM * 4,
             memory_budget: 0,
             topology: TopologyPlacement::Device,
+            auto: Default::default(),
+            eval_batch_size: 1,
             adam: cpu_ops::AdamConfig::default(),
             init_seed: 1,
             batch_size: 64,

@@ -1,0 +1,322 @@
+//! Placement by memory budget: `device.topology = "auto"` and
+//! `device.cache_bytes = "auto"` resolved from the device's free memory.
+//!
+//! 1. **Room.** What the device has free, or `device.memory_budget_bytes`
+//!    when that is smaller, less a reserve: the engine's estimate of the model
+//!    with Adam's state and a batch's working set (`engine/memory.rs`, the
+//!    larger of a training batch — `train.batch_size`, `train.fanouts` — and an
+//!    evaluation batch — `train.eval_batch_size`, `train.eval_fanouts` — at
+//!    `model.hidden`, `model.layers`) plus [`DEVICE_HEADROOM_BYTES`] for the
+//!    allocator's slack and kernel scratch. With an automatic cache, too little
+//!    memory for the reserve is an error naming the limit and the keys that
+//!    shrink the working set (with only the topology automatic it stays on the
+//!    host and the engine's check judges the explicit cache).
+//! 2. **Topology** (`"auto"`): on the device when its `8(n+1) + 4m` bytes fit
+//!    in the room beside a requested cache (an explicit `device.cache_bytes`,
+//!    clamped at the feature bytes; nothing with an automatic cache or under a
+//!    budget, which shrinks the cache), else left in pinned host memory and
+//!    sampled over the bus (UVA).
+//! 3. **Cache** (`"auto"`): what the room leaves after the topology, at most
+//!    every row; the engine fills it with the highest-degree (hottest) rows.
+//!
+//! The engine's device-memory check (`engine/memory.rs`) then runs on the
+//! resolved values, so a choice that cannot fit still fails before anything is
+//! loaded. On the host backend there is no separate device memory: `"auto"` is
+//! `"device"` (the host ignores it) and a cache of every row (nothing is
+//! copied there), the same on every machine.
+
+use gpu_ops::TopologyPlacement;
+
+use crate::error::{Error, Result};
+use crate::trace::fmt_bytes;
+
+/// Device memory an automatic choice leaves free beyond the engine's estimate
+/// (step 1): the allocator's slack and kernel scratch.
+pub const DEVICE_HEADROOM_BYTES: u64 = 1 << 30;
+
+/// Where the topology goes and how large the feature cache is ([`choose`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevicePlan {
+    /// `device.topology`.
+    pub topology: TopologyPlacement,
+    /// `device.cache_bytes`.
+    pub cache_bytes: u64,
+}
+
+/// Which of `device.topology` and `device.cache_bytes` are `"auto"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Auto {
+    /// `device.topology = "auto"`.
+    pub topology: bool,
+    /// `device.cache_bytes = "auto"`.
+    pub cache: bool,
+}
+
+impl Auto {
+    /// Whether anything is chosen here.
+    pub fn any(self) -> bool {
+        self.topology || self.cache
+    }
+}
+
+/// What the run asks for and how large its parts are, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Request {
+    /// Which keys are `"auto"`.
+    pub auto: Auto,
+    /// The topology when not automatic.
+    pub topology: TopologyPlacement,
+    /// The cache when not automatic.
+    pub cache_bytes: u64,
+    /// The topology on the device: `8(n+1) + 4m`.
+    pub topology_bytes: u64,
+    /// Every feature row in the device's dtype.
+    pub rows_bytes: u64,
+    /// The model with Adam's state plus a batch's working set
+    /// (`engine/memory.rs`).
+    pub working_set: u64,
+}
+
+/// Steps 1–3: the resolved placement and the note clause that prints it with
+/// the numbers. `free` is what the device has free, `budget` is
+/// `device.memory_budget_bytes` (0: none).
+pub(crate) fn choose(req: &Request, free: u64, budget: u64) -> Result<(DevicePlan, String)> {
+    let fixed = DevicePlan {
+        topology: req.topology,
+        cache_bytes: req.cache_bytes,
+    };
+    if !req.auto.any() {
+        return Ok((fixed, String::new()));
+    }
+    let budgeted = budget > 0 && budget < free;
+    let available = if budgeted { budget } else { free };
+    let reserve = req.working_set.saturating_add(DEVICE_HEADROOM_BYTES);
+    if req.auto.cache && reserve > available {
+        let (key, what) = if budgeted {
+            ("device.memory_budget_bytes", "the budget")
+        } else {
+            ("device", "the device's free memory")
+        };
+        return Err(Error::invalid_argument(
+            key,
+            format!(
+                "{} ({what}) leaves no room to place the topology and feature cache \
+                 automatically: the model and a batch's working set need about {} plus {} \
+                 headroom (train.batch_size, train.eval_batch_size, train.fanouts, \
+                 model.hidden, model.layers shrink it)",
+                fmt_bytes(available),
+                fmt_bytes(req.working_set),
+                fmt_bytes(DEVICE_HEADROOM_BYTES),
+            ),
+        ));
+    }
+    let room = available.saturating_sub(reserve);
+    let beside = if req.auto.cache || budget > 0 {
+        0
+    } else {
+        req.cache_bytes.min(req.rows_bytes)
+    };
+    let topology = if !req.auto.topology {
+        req.topology
+    } else if req.topology_bytes.saturating_add(beside) <= room {
+        TopologyPlacement::Device
+    } else {
+        TopologyPlacement::PinnedHost
+    };
+    let on_device = if topology == TopologyPlacement::Device {
+        req.topology_bytes
+    } else {
+        0
+    };
+    let cache_bytes = if req.auto.cache {
+        room.saturating_sub(on_device).min(req.rows_bytes)
+    } else {
+        req.cache_bytes
+    };
+    let mut parts = Vec::new();
+    if req.auto.topology {
+        parts.push(format!(
+            "device.topology = \"auto\" chose \"{}\" (topology {})",
+            match topology {
+                TopologyPlacement::Device => "device",
+                TopologyPlacement::PinnedHost => "pinned-host",
+            },
+            fmt_bytes(req.topology_bytes)
+        ));
+    }
+    if req.auto.cache {
+        parts.push(format!(
+            "device.cache_bytes = \"auto\" chose {} ({:.1}% of the {} of feature rows, \
+             hottest first)",
+            fmt_bytes(cache_bytes),
+            100.0 * cache_bytes as f64 / req.rows_bytes.max(1) as f64,
+            fmt_bytes(req.rows_bytes)
+        ));
+    }
+    let note = format!(
+        "; {} from {} {} less {} working set and {} headroom",
+        parts.join(", "),
+        fmt_bytes(available),
+        if budgeted {
+            "of device.memory_budget_bytes"
+        } else {
+            "free"
+        },
+        fmt_bytes(req.working_set),
+        fmt_bytes(DEVICE_HEADROOM_BYTES)
+    );
+    Ok((
+        DevicePlan {
+            topology,
+            cache_bytes,
+        },
+        note,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 1_000_000_000;
+    const H: u64 = DEVICE_HEADROOM_BYTES;
+
+    fn req(topology: bool, cache: bool) -> Request {
+        Request {
+            auto: Auto { topology, cache },
+            topology: TopologyPlacement::Device,
+            cache_bytes: 4 * G,
+            topology_bytes: 12 * G,
+            rows_bytes: 57 * G,
+            working_set: 5 * G,
+        }
+    }
+
+    #[test]
+    fn papers100m_sized_plans_on_an_h100_an_h200_and_a_small_card() {
+        // 12.4 GB of topology, 56.9 GB of fp32 rows, a 12 GB reserve.
+        let r = Request {
+            auto: Auto {
+                topology: true,
+                cache: true,
+            },
+            topology: TopologyPlacement::Device,
+            cache_bytes: 0,
+            topology_bytes: 12_400_000_000,
+            rows_bytes: 56_900_000_000,
+            working_set: 12 * G - H,
+        };
+        let (p, _) = choose(&r, 79 * G, 0).unwrap();
+        assert_eq!(p.topology, TopologyPlacement::Device);
+        assert_eq!(p.cache_bytes, 79 * G - 12 * G - 12_400_000_000);
+        let (p, _) = choose(&r, 140 * G, 0).unwrap();
+        assert_eq!(p.cache_bytes, 56_900_000_000);
+        let (p, _) = choose(&r, 20 * G, 0).unwrap();
+        assert_eq!(
+            p,
+            DevicePlan {
+                topology: TopologyPlacement::PinnedHost,
+                cache_bytes: 8 * G
+            }
+        );
+    }
+
+    #[test]
+    fn nothing_automatic_keeps_the_keys_as_given() {
+        let (p, note) = choose(&req(false, false), 2 * G, 0).unwrap();
+        assert_eq!(p.topology, TopologyPlacement::Device);
+        assert_eq!(p.cache_bytes, 4 * G);
+        assert!(note.is_empty());
+    }
+
+    #[test]
+    fn the_topology_goes_on_the_device_when_it_fits_else_pinned_host() {
+        // Room 60 − 5 − H: the 12 GB topology fits; the cache takes the rest.
+        let (p, note) = choose(&req(true, true), 60 * G, 0).unwrap();
+        assert_eq!(p.topology, TopologyPlacement::Device);
+        assert_eq!(p.cache_bytes, 60 * G - 5 * G - H - 12 * G);
+        assert!(note.contains("chose \"device\""), "{note}");
+        assert!(note.contains("device.cache_bytes = \"auto\""), "{note}");
+        // 16 GB free: room 11 − H < 12 GB, so the topology stays on the host and
+        // the cache gets the whole room.
+        let (p, note) = choose(&req(true, true), 16 * G, 0).unwrap();
+        assert_eq!(p.topology, TopologyPlacement::PinnedHost);
+        assert_eq!(p.cache_bytes, 16 * G - 5 * G - H);
+        assert!(note.contains("\"pinned-host\""), "{note}");
+        // Exactly enough for the topology: device, no cache left.
+        let (p, _) = choose(&req(true, true), 17 * G + H, 0).unwrap();
+        assert_eq!((p.topology, p.cache_bytes), (TopologyPlacement::Device, 0));
+        // An explicit cache must fit beside the topology: 20 GB free, room
+        // 15 − H ≥ 12 but 12 + 4 does not fit, so pinned-host keeps the cache.
+        let (p, _) = choose(&req(true, false), 20 * G, 0).unwrap();
+        assert_eq!(
+            (p.topology, p.cache_bytes),
+            (TopologyPlacement::PinnedHost, 4 * G)
+        );
+        let (p, _) = choose(&req(true, false), 22 * G + H, 0).unwrap();
+        assert_eq!(p.topology, TopologyPlacement::Device);
+    }
+
+    #[test]
+    fn the_cache_takes_what_is_left_clamped_at_the_feature_bytes() {
+        // 141 GB free: every row fits beside the topology.
+        let (p, note) = choose(&req(true, true), 141 * G, 0).unwrap();
+        assert_eq!(p.cache_bytes, 57 * G);
+        assert!(note.contains("100.0%"), "{note}");
+        // A fixed pinned-host topology leaves the whole room to the cache.
+        let mut r = req(false, true);
+        r.topology = TopologyPlacement::PinnedHost;
+        let (p, _) = choose(&r, 40 * G, 0).unwrap();
+        assert_eq!(p.topology, TopologyPlacement::PinnedHost);
+        assert_eq!(p.cache_bytes, 40 * G - 5 * G - H);
+        // A fixed device topology is subtracted even when it leaves nothing.
+        let (p, _) = choose(&req(false, true), 10 * G, 0).unwrap();
+        assert_eq!((p.topology, p.cache_bytes), (TopologyPlacement::Device, 0));
+    }
+
+    #[test]
+    fn a_budget_smaller_than_free_memory_wins() {
+        let (p, note) = choose(&req(true, true), 80 * G, 30 * G).unwrap();
+        assert_eq!(p.topology, TopologyPlacement::Device);
+        assert_eq!(p.cache_bytes, 30 * G - 5 * G - H - 12 * G);
+        assert!(note.contains("of device.memory_budget_bytes"), "{note}");
+        // Under a budget the topology comes first: the explicit cache shrinks
+        // to fit later (engine/memory.rs), it does not push the topology out.
+        let (p, _) = choose(&req(true, false), 80 * G, 18 * G + H).unwrap();
+        assert_eq!(p.topology, TopologyPlacement::Device);
+        // A budget above the free memory changes nothing.
+        let (a, _) = choose(&req(true, true), 40 * G, 0).unwrap();
+        let (b, note) = choose(&req(true, true), 40 * G, 100 * G).unwrap();
+        assert_eq!(a, b);
+        assert!(note.contains(" free "), "{note}");
+    }
+
+    #[test]
+    fn too_little_for_the_working_set_is_an_error_naming_the_limit() {
+        let e = choose(&req(true, true), 80 * G, 5 * G).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { name, .. } if name == "device.memory_budget_bytes"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("train.batch_size"), "{e}");
+        let e = choose(&req(false, true), 6 * G, 0).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { name, .. } if name == "device"),
+            "{e}"
+        );
+        // An automatic topology beside an explicit cache does not fail here: it
+        // stays on the host, and the engine's check (`engine/memory.rs`) judges
+        // the explicit cache.
+        let (p, _) = choose(&req(true, false), 6 * G, 0).unwrap();
+        assert_eq!(
+            (p.topology, p.cache_bytes),
+            (TopologyPlacement::PinnedHost, 4 * G)
+        );
+        // Exactly the reserve: it fits, with nothing left for topology or cache.
+        let (p, _) = choose(&req(true, true), 5 * G + H, 0).unwrap();
+        assert_eq!(
+            (p.topology, p.cache_bytes),
+            (TopologyPlacement::PinnedHost, 0)
+        );
+    }
+}
