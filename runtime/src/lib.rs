@@ -150,6 +150,7 @@ pub(crate) mod executor;
 pub mod onnx;
 pub(crate) mod placement;
 pub(crate) mod pool;
+pub mod progress;
 #[cfg(feature = "cli")]
 pub(crate) mod run_dir;
 pub(crate) mod session;
