@@ -4,7 +4,8 @@
 //! The public API is the names re-exported here and six modules: [`config`] (the
 //! configuration schema), [`data`] (datasets: store, importers, generators,
 //! export), [`dist`] (data-parallel jobs), [`onnx`] (export and serving),
-//! [`trace`] (Chrome traces, summaries, utilization), and `cli`. Everything else
+//! [`trace`] (Chrome traces, summaries, utilization), [`progress`] (progress
+//! reports of generation and import to a caller's sink), and `cli`. Everything else
 //! — the session, the placement module, the executors, the device engine — is
 //! internal; `docs/architecture.md` maps it.
 //!
@@ -150,6 +151,7 @@ pub(crate) mod executor;
 pub mod onnx;
 pub(crate) mod placement;
 pub(crate) mod pool;
+pub mod progress;
 #[cfg(feature = "cli")]
 pub(crate) mod run_dir;
 pub(crate) mod session;

@@ -98,6 +98,81 @@ fn rmat_generation_is_deterministic_across_runs() {
     assert_eq!(std::fs::read(&x).expect("x"), std::fs::read(&y).expect("y"));
 }
 
+/// Off a terminal (here stderr is a pipe) generation and import print plain progress
+/// lines on stderr, at most one per tenth of each phase; stdout keeps only the summary.
+#[test]
+fn progress_lines_on_stderr_when_not_a_terminal() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let ds = d.path().join("r.tds");
+    // 150,000 edges are three generation chunks: the edge phase has lines before 100%.
+    let out = tandem(&[
+        "generate",
+        "rmat",
+        "--vertices",
+        "2000",
+        "--edges",
+        "150000",
+        "--classes",
+        "4",
+        "--dim",
+        "4",
+        "-o",
+        s(&ds),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "stdout: {stdout}");
+    assert!(lines[1].starts_with("wrote "), "stdout: {stdout}");
+    assert!(!stdout.contains('%'), "progress on stdout: {stdout}");
+    let progress: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("generate rmat: "))
+        .collect();
+    assert!(
+        !stderr.contains('\r'),
+        "bar drawn off a terminal: {stderr:?}"
+    );
+    for phase in ["edges", "graph", "features"] {
+        assert!(
+            progress
+                .iter()
+                .any(|l| l.contains(&format!(": {phase} 100% "))),
+            "no end of {phase} in {stderr}"
+        );
+    }
+    let edges = progress.iter().filter(|l| l.contains(": edges ")).count();
+    assert!((2..=10).contains(&edges), "{edges} edge lines in {stderr}");
+
+    let el = d.path().join("edges.txt");
+    std::fs::write(&el, "0 1\n1 2\n2 0\n2 3\n").expect("write");
+    let out = tandem(&[
+        "import",
+        "edgelist",
+        s(&el),
+        "-o",
+        s(&d.path().join("e.tds")),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for phase in ["reading", "graph", "attach"] {
+        assert!(
+            stderr.contains(&format!("import edgelist: {phase} 100% ")),
+            "no end of {phase} in {stderr}"
+        );
+    }
+    assert!(!String::from_utf8_lossy(&out.stdout).contains('%'));
+}
+
 #[test]
 fn edge_list_import_and_small_benches() {
     let d = tempfile::tempdir().expect("tempdir");

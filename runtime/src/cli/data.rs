@@ -5,11 +5,12 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 
+use super::progress::CliProgress;
 use super::OutputArg;
 use crate::data::dataset::{open_dataset, write_dataset, Dataset, SplitSpec, Verify};
-use crate::data::generate::{generate_rmat, generate_sbm, RmatOptions, SbmOptions};
+use crate::data::generate::{generate_rmat_with, generate_sbm_with, RmatOptions, SbmOptions};
 use crate::data::import::{
-    import_edge_list, import_metis, import_npy_dir, import_wordnet, FeatureSource,
+    import_edge_list_with, import_metis, import_npy_dir, import_wordnet, FeatureSource,
     GraphImportOptions, LabelSource, WordNetOptions,
 };
 use crate::error::{Error, Result};
@@ -243,7 +244,12 @@ pub(super) fn import(cmd: ImportCmd) -> Result<()> {
                 num_vertices: a.num_vertices,
                 ..a.attach.options()
             };
-            save(&import_edge_list(&a.input, &opts)?, &a.out, t)
+            let progress = CliProgress::stderr("import edgelist");
+            save(
+                &import_edge_list_with(&a.input, &opts, &progress)?,
+                &a.out,
+                t,
+            )
         }
         ImportCmd::Npy(a) => save(&import_npy_dir(&a.input)?, &a.out, t),
     }
@@ -280,7 +286,8 @@ pub(super) fn generate(cmd: GenerateCmd) -> Result<()> {
                 seed: c.seed,
                 ..RmatOptions::default()
             };
-            save(&generate_rmat(&opts)?, &c.out, t)
+            let progress = CliProgress::stderr("generate rmat");
+            save(&generate_rmat_with(&opts, &progress)?, &c.out, t)
         }
         GenerateCmd::Sbm(a) => {
             let c = &a.common;
@@ -295,7 +302,8 @@ pub(super) fn generate(cmd: GenerateCmd) -> Result<()> {
                 seed: c.seed,
                 ..SbmOptions::default()
             };
-            save(&generate_sbm(&opts)?, &c.out, t)
+            let progress = CliProgress::stderr("generate sbm");
+            save(&generate_sbm_with(&opts, &progress)?, &c.out, t)
         }
     }
 }

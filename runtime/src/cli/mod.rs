@@ -9,6 +9,7 @@ mod bench_dist;
 mod data;
 mod onnx;
 mod partition;
+mod progress;
 mod report;
 mod train;
 

@@ -15,7 +15,9 @@
 //! `crate::config`).
 
 use parking_lot::Mutex;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -63,9 +65,13 @@ pub(super) struct TrainArgs {
     trace: Option<PathBuf>,
 }
 
-/// A one-line progress bar on stderr, drawn only when stderr is a terminal.
+/// A one-line indicatif bar of the epoch's batches on stderr, drawn only when
+/// stderr is a terminal and cleared at the end of the epoch (the epoch's line on
+/// stdout follows). Off a terminal the per-epoch lines are the progress.
 struct Progress {
     enabled: bool,
+    /// The bar of the epoch in progress.
+    bar: Option<(usize, ProgressBar)>,
 }
 
 impl Callback for Progress {
@@ -74,20 +80,25 @@ impl Callback for Progress {
             return Control::Continue;
         }
         let (done, total) = (m.batch + 1, m.batches);
-        let width = 30;
-        let filled = done * width / total.max(1);
-        let mut err = std::io::stderr();
-        let _ = write!(
-            err,
-            "\repoch {:>3} [{}{}] {done}/{total} batches",
-            m.epoch,
-            "=".repeat(filled),
-            " ".repeat(width - filled)
-        );
-        if done == total {
-            let _ = write!(err, "\r{}\r", " ".repeat(width + 40));
+        if self.bar.as_ref().is_none_or(|(e, _)| *e != m.epoch) {
+            let bar =
+                ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+            if let Ok(style) = ProgressStyle::with_template(
+                "epoch {prefix:>3} [{bar:30}] {pos}/{len} batches ({elapsed}, eta {eta})",
+            ) {
+                bar.set_style(style.progress_chars("= "));
+            }
+            bar.set_prefix(m.epoch.to_string());
+            if let Some((_, old)) = self.bar.replace((m.epoch, bar)) {
+                old.finish_and_clear();
+            }
         }
-        let _ = err.flush();
+        if let Some((_, bar)) = &self.bar {
+            bar.set_position(done as u64);
+            if done >= total {
+                bar.finish_and_clear();
+            }
+        }
         Control::Continue
     }
 }
@@ -255,6 +266,7 @@ fn train(
     let mut trainer = TrainerBuilder::new(cfg)
         .callback(Progress {
             enabled: lead && std::io::stderr().is_terminal(),
+            bar: None,
         })
         .cancel_token(cancel)
         .communicator(comm)

@@ -31,11 +31,11 @@ pub use dataset::{
 };
 pub use export::export_npy;
 pub use generate::{
-    class_features, edge_homophily, generate_rmat, generate_sbm, region_labels, GraphStats,
-    RmatOptions, SbmOptions,
+    class_features, edge_homophily, generate_rmat, generate_rmat_with, generate_sbm,
+    generate_sbm_with, region_labels, GraphStats, RmatOptions, SbmOptions,
 };
 pub use import::{
-    dataset_from_graph, import_edge_list, import_metis, import_npy_dir, import_wordnet,
-    read_edge_list, read_metis, ArrayInt, DatasetBuilder, EdgeListGraph, FeatureSource,
-    GraphImportOptions, LabelSource, WordNetOptions,
+    dataset_from_graph, import_edge_list, import_edge_list_with, import_metis, import_npy_dir,
+    import_wordnet, read_edge_list, read_edge_list_with, read_metis, ArrayInt, DatasetBuilder,
+    EdgeListGraph, FeatureSource, GraphImportOptions, LabelSource, WordNetOptions,
 };

@@ -10,9 +10,12 @@
 use cpu_ops::{derive_seed, BuildOptions, CsrGraph, Rng};
 use rayon::prelude::*;
 
+#[cfg(doc)]
 use super::features::class_features;
+use super::features::class_features_metered;
 use crate::data::dataset::{Dataset, SplitSpec};
 use crate::error::{Error, Result};
+use crate::progress::{Meter, Progress};
 
 /// Edges per generation chunk. Fixed: changing it changes every generated graph.
 pub(crate) const EDGE_CHUNK: usize = 1 << 16;
@@ -140,16 +143,27 @@ pub(crate) fn random_permutation(n: usize, seed: u64) -> Vec<u32> {
 
 /// Generates `num_edges` edges in parallel: chunk `i` (of [`EDGE_CHUNK`] edges) is
 /// filled by `fill` with its own generator `Rng::for_stream(edge_seed, i)`.
-pub(crate) fn chunked_edges<F>(num_edges: usize, seed: u64, fill: F) -> Vec<(u32, u32)>
+/// Reports phase `"edges"` (edges drawn) to `progress`, once per chunk.
+pub(crate) fn chunked_edges<F>(
+    num_edges: usize,
+    seed: u64,
+    progress: &dyn Progress,
+    fill: F,
+) -> Vec<(u32, u32)>
 where
     F: Fn(&mut Rng, &mut [(u32, u32)]) + Sync,
 {
     let edge_seed = Stream::Edges.seed(seed);
     let mut edges = vec![(0u32, 0u32); num_edges];
+    let meter = Meter::new(progress, "edges", num_edges as u64);
     edges
         .par_chunks_mut(EDGE_CHUNK)
         .enumerate()
-        .for_each(|(i, chunk)| fill(&mut Rng::for_stream(edge_seed, i as u64), chunk));
+        .for_each(|(i, chunk)| {
+            fill(&mut Rng::for_stream(edge_seed, i as u64), chunk);
+            meter.add(chunk.len() as u64);
+        });
+    meter.finish();
     edges
 }
 
@@ -170,24 +184,31 @@ pub(crate) fn draw_split(common: &Common, labels: &[u32]) -> Result<[Vec<u8>; 3]
 }
 
 /// Builds the undirected simple graph from `edges` (consumed and freed before the
-/// features are allocated) and assembles the dataset.
+/// features are allocated) and assembles the dataset. Reports phases `"graph"` (one
+/// unit: the CSR build) and `"features"` (vertices) to `progress`.
 pub(crate) fn assemble(
     name: &str,
     common: &Common,
     edges: Vec<(u32, u32)>,
     labels: Vec<u32>,
     masks: [Vec<u8>; 3],
+    progress: &dyn Progress,
 ) -> Result<Dataset> {
+    let meter = Meter::new(progress, "graph", 1);
     let graph = CsrGraph::from_edges(common.num_vertices, &edges, BuildOptions::UNDIRECTED)
         .map_err(|e| Error::cpu_ops(format!("building the {name} graph"), e))?;
     drop(edges);
-    let features = class_features(
+    meter.finish();
+    let meter = Meter::new(progress, "features", labels.len() as u64);
+    let features = class_features_metered(
         &labels,
         common.num_classes,
         common.feature_dim,
         common.signal,
         Stream::Features.seed(common.seed),
+        Some(&meter),
     );
+    meter.finish();
     Dataset::from_parts(
         name.to_string(),
         graph,
@@ -201,11 +222,12 @@ pub(crate) fn assemble(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::progress::NoProgress;
 
     #[test]
     fn chunked_edges_do_not_depend_on_thread_count() {
         let gen = || {
-            chunked_edges(3 * EDGE_CHUNK + 17, 5, |rng, chunk| {
+            chunked_edges(3 * EDGE_CHUNK + 17, 5, &NoProgress, |rng, chunk| {
                 for e in chunk {
                     *e = (rng.next_u32(), rng.next_u32());
                 }

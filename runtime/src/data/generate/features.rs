@@ -6,6 +6,8 @@ use std::collections::VecDeque;
 use cpu_ops::{CsrGraph, FeatureMatrix, Rng};
 use rayon::prelude::*;
 
+use crate::progress::Meter;
+
 /// Class-correlated features: class `c` gets a random center `μ_c` with N(0, 1)
 /// entries; vertex `v` gets `signal · μ_{label(v)} + ε`, ε ~ N(0, 1) per entry.
 /// With `signal` around 0.2–0.5 features alone classify poorly and neighbors help.
@@ -17,27 +19,52 @@ pub fn class_features(
     signal: f32,
     seed: u64,
 ) -> FeatureMatrix {
+    class_features_metered(labels, num_classes, dim, signal, seed, None)
+}
+
+/// Rows per progress report of [`class_features_metered`].
+const FEATURE_ROWS_PER_REPORT: usize = 1 << 14;
+
+/// [`class_features`], adding each block of rows done to `meter`.
+pub(crate) fn class_features_metered(
+    labels: &[u32],
+    num_classes: u32,
+    dim: usize,
+    signal: f32,
+    seed: u64,
+    meter: Option<&Meter<'_>>,
+) -> FeatureMatrix {
     let mut crng = Rng::for_stream(seed, u64::MAX);
     let centers: Vec<f32> = (0..num_classes as usize * dim)
         .map(|_| crng.normal() as f32)
         .collect();
     let mut data = vec![0f32; labels.len() * dim];
     if dim > 0 {
-        data.par_chunks_mut(dim).enumerate().for_each(|(v, row)| {
-            let mut rng = Rng::for_stream(seed, v as u64);
-            let c = labels[v] as usize;
-            let mu = &centers[c * dim..(c + 1) * dim];
-            let mut pairs = row.chunks_exact_mut(2);
-            let mut mus = mu.chunks_exact(2);
-            for (x, m) in (&mut pairs).zip(&mut mus) {
-                let (z1, z2) = rng.normal_pair();
-                x[0] = signal * m[0] + z1 as f32;
-                x[1] = signal * m[1] + z2 as f32;
-            }
-            if let ([x], [m]) = (pairs.into_remainder(), mus.remainder()) {
-                *x = signal * m + rng.normal() as f32;
-            }
-        });
+        let block = FEATURE_ROWS_PER_REPORT * dim;
+        data.par_chunks_mut(block)
+            .enumerate()
+            .for_each(|(b, rows)| {
+                let first = b * FEATURE_ROWS_PER_REPORT;
+                for (i, row) in rows.chunks_exact_mut(dim).enumerate() {
+                    let v = first + i;
+                    let mut rng = Rng::for_stream(seed, v as u64);
+                    let c = labels[v] as usize;
+                    let mu = &centers[c * dim..(c + 1) * dim];
+                    let mut pairs = row.chunks_exact_mut(2);
+                    let mut mus = mu.chunks_exact(2);
+                    for (x, m) in (&mut pairs).zip(&mut mus) {
+                        let (z1, z2) = rng.normal_pair();
+                        x[0] = signal * m[0] + z1 as f32;
+                        x[1] = signal * m[1] + z2 as f32;
+                    }
+                    if let ([x], [m]) = (pairs.into_remainder(), mus.remainder()) {
+                        *x = signal * m + rng.normal() as f32;
+                    }
+                }
+                if let Some(m) = meter {
+                    m.add((rows.len() / dim) as u64);
+                }
+            });
     }
     FeatureMatrix::new(data.into(), labels.len(), dim)
         .unwrap_or_else(|_| unreachable!("data has labels.len() * dim values by construction"))

@@ -46,6 +46,6 @@ mod sbm;
 mod stats;
 
 pub use features::{class_features, region_labels};
-pub use rmat::{generate_rmat, RmatOptions};
-pub use sbm::{generate_sbm, SbmOptions};
+pub use rmat::{generate_rmat, generate_rmat_with, RmatOptions};
+pub use sbm::{generate_sbm, generate_sbm_with, SbmOptions};
 pub use stats::{edge_homophily, GraphStats};

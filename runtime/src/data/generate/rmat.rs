@@ -70,6 +70,7 @@ use super::assembly::{
 };
 use crate::data::dataset::{Dataset, SplitSpec};
 use crate::error::{Error, Result};
+use crate::progress::{NoProgress, Progress};
 
 /// Draws per edge before falling back to scaling an out-of-range draw into range.
 const MAX_DRAWS: u32 = 64;
@@ -291,6 +292,12 @@ impl Layout {
 /// split (see the module docs). The dataset is named `"rmat"`. Deterministic for
 /// `opts.seed` whatever the rayon thread count.
 pub fn generate_rmat(opts: &RmatOptions) -> Result<Dataset> {
+    generate_rmat_with(opts, &NoProgress)
+}
+
+/// [`generate_rmat`], reporting to `progress` the phases `"edges"` (edges drawn),
+/// `"graph"` (one unit: the CSR build) and `"features"` (vertices), in that order.
+pub fn generate_rmat_with(opts: &RmatOptions, progress: &dyn Progress) -> Result<Dataset> {
     opts.validate()?;
     let common = opts.common();
     let layout = Layout::new(opts);
@@ -298,14 +305,14 @@ pub fn generate_rmat(opts: &RmatOptions) -> Result<Dataset> {
     let perm = random_permutation(opts.num_vertices, opts.seed);
     let labels = permuted_labels(&perm, |x| (x as u64 % layout.classes) as u32);
     let masks = draw_split(&common, &labels)?;
-    let edges = chunked_edges(opts.num_edges, opts.seed, |rng, chunk| {
+    let edges = chunked_edges(opts.num_edges, opts.seed, progress, |rng, chunk| {
         for e in chunk {
             let (u, v) = layout.edge(&levels, rng);
             *e = (perm[u as usize], perm[v as usize]);
         }
     });
     drop(perm);
-    assemble("rmat", &common, edges, labels, masks)
+    assemble("rmat", &common, edges, labels, masks, progress)
 }
 
 #[cfg(test)]
@@ -324,6 +331,25 @@ mod tests {
             seed: 7,
             ..RmatOptions::default()
         }
+    }
+
+    #[test]
+    fn progress_is_monotone_and_reaches_every_total() {
+        let o = small();
+        let rec = crate::progress::testing::Recorder::default();
+        let ds = in_pool(2, || generate_rmat_with(&o, &rec).unwrap());
+        assert_eq!(ds, generate_rmat(&o).unwrap());
+        assert_eq!(
+            rec.check(),
+            vec![
+                ("edges".to_string(), o.num_edges as u64),
+                ("graph".to_string(), 1),
+                ("features".to_string(), o.num_vertices as u64),
+            ]
+        );
+        // One report per edge chunk: intermediate values, not just 0 and the total.
+        let edges = rec.0.lock().iter().filter(|r| r.0 == "edges").count();
+        assert_eq!(edges, 1 + o.num_edges.div_ceil(EDGE_CHUNK));
     }
 
     #[test]

@@ -32,6 +32,7 @@ use super::assembly::{
 };
 use crate::data::dataset::{Dataset, SplitSpec};
 use crate::error::{Error, Result};
+use crate::progress::{NoProgress, Progress};
 
 /// Options of [`generate_sbm`]. See the module docs for the model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -206,20 +207,26 @@ impl Blocks {
 /// split (see the module docs). The dataset is named `"sbm"`. Deterministic for
 /// `opts.seed` whatever the rayon thread count.
 pub fn generate_sbm(opts: &SbmOptions) -> Result<Dataset> {
+    generate_sbm_with(opts, &NoProgress)
+}
+
+/// [`generate_sbm`], reporting to `progress` the phases `"edges"` (edges drawn),
+/// `"graph"` (one unit: the CSR build) and `"features"` (vertices), in that order.
+pub fn generate_sbm_with(opts: &SbmOptions, progress: &dyn Progress) -> Result<Dataset> {
     opts.validate()?;
     let common = opts.common();
     let blocks = Blocks::new(opts);
     let perm = random_permutation(opts.num_vertices, opts.seed);
     let labels = permuted_labels(&perm, |x| blocks.block_of(x as u64) as u32);
     let masks = draw_split(&common, &labels)?;
-    let edges = chunked_edges(opts.num_edges, opts.seed, |rng, chunk| {
+    let edges = chunked_edges(opts.num_edges, opts.seed, progress, |rng, chunk| {
         for e in chunk {
             let (u, v) = blocks.edge(rng);
             *e = (perm[u as usize], perm[v as usize]);
         }
     });
     drop(perm);
-    assemble("sbm", &common, edges, labels, masks)
+    assemble("sbm", &common, edges, labels, masks, progress)
 }
 
 #[cfg(test)]
@@ -238,6 +245,21 @@ mod tests {
             seed: 3,
             ..SbmOptions::default()
         }
+    }
+
+    #[test]
+    fn progress_reaches_every_total() {
+        let o = SbmOptions {
+            num_vertices: 3000,
+            num_edges: 20_000,
+            feature_dim: 4,
+            ..SbmOptions::default()
+        };
+        let rec = crate::progress::testing::Recorder::default();
+        let ds = generate_sbm_with(&o, &rec).unwrap();
+        assert_eq!(ds, generate_sbm(&o).unwrap());
+        let phases: Vec<String> = rec.check().into_iter().map(|p| p.0).collect();
+        assert_eq!(phases, ["edges", "graph", "features"]);
     }
 
     #[test]

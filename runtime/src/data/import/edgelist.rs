@@ -37,6 +37,7 @@ use rayon::prelude::*;
 use super::attach::{dataset_from_graph, name_from_path, GraphImportOptions};
 use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
+use crate::progress::{Meter, NoProgress, Progress};
 
 /// Reads a text file line by line into one reused buffer.
 pub(super) struct Lines {
@@ -44,6 +45,8 @@ pub(super) struct Lines {
     reader: BufReader<File>,
     buf: Vec<u8>,
     line_no: u64,
+    /// Bytes consumed so far (newlines included).
+    bytes: u64,
 }
 
 impl Lines {
@@ -63,6 +66,7 @@ impl Lines {
             reader,
             buf: Vec::with_capacity(256),
             line_no: 0,
+            bytes: 0,
         })
     }
 
@@ -78,6 +82,7 @@ impl Lines {
             return Ok(None);
         }
         self.line_no += 1;
+        self.bytes += got as u64;
         if self.buf.last() == Some(&b'\n') {
             self.buf.pop();
         }
@@ -87,6 +92,11 @@ impl Lines {
     /// The line last returned by [`Lines::next_line`], with its number.
     pub(super) fn current(&self) -> (u64, &[u8]) {
         (self.line_no, &self.buf)
+    }
+
+    /// Bytes of the file consumed so far.
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// 1-based number of the line last returned (0 before the first).
@@ -196,7 +206,25 @@ pub struct EdgeListGraph {
 /// Reads the edge list at `path` (format in the module doc). Uses `directed`,
 /// `relabel` and `num_vertices` of `opts`.
 pub fn read_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<EdgeListGraph> {
+    read_edge_list_with(path, opts, &NoProgress)
+}
+
+/// Bytes read between two progress reports of [`read_edge_list_with`].
+const BYTES_PER_REPORT: u64 = 4 << 20;
+
+/// [`read_edge_list`], reporting to `progress` the phases `"reading"` (bytes of
+/// the file) and `"graph"` (one unit: relabelling and the CSR build).
+pub fn read_edge_list_with(
+    path: &Path,
+    opts: &GraphImportOptions,
+    progress: &dyn Progress,
+) -> Result<EdgeListGraph> {
     let mut lines = Lines::open(path)?;
+    let size = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len();
+    let reading = Meter::new(progress, "reading", size);
+    let mut next_report = BYTES_PER_REPORT;
     let limit: u64 = match opts.num_vertices {
         Some(nv) if nv > u32::MAX as usize => {
             return Err(Error::invalid_argument(
@@ -212,7 +240,14 @@ pub fn read_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<EdgeList
     let mut edges: Vec<(u32, u32)> = Vec::new();
     let mut wide: Vec<(u64, u64)> = Vec::new();
     let mut max_id: Option<u64> = None;
-    while let Some((line_no, line)) = lines.next_line()? {
+    loop {
+        if lines.bytes() >= next_report {
+            reading.set(lines.bytes());
+            next_report = lines.bytes() + BYTES_PER_REPORT;
+        }
+        let Some((line_no, line)) = lines.next_line()? else {
+            break;
+        };
         let mut toks = Tokens::new(line);
         let Some(a) = toks.next() else { continue };
         if a[0] == b'#' || a[0] == b'%' {
@@ -251,6 +286,9 @@ pub fn read_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<EdgeList
         max_id = Some(max_id.map_or(hi, |m| m.max(hi)));
         edges.push((s as u32, d as u32));
     }
+    // The file may have grown or shrunk since `metadata`: the phase ends at its size.
+    reading.finish();
+    let building = Meter::new(progress, "graph", 1);
     let (n, original_ids) = if opts.relabel {
         let (compact, ids) = relabel(&wide).map_err(|what| Error::format(path, what))?;
         drop(wide);
@@ -303,6 +341,7 @@ pub fn read_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<EdgeList
     }
     let graph = graph_from_edges(n, &edges, opts.directed)
         .map_err(|e| Error::cpu_ops(path.display().to_string(), e))?;
+    building.finish();
     Ok(EdgeListGraph {
         graph,
         original_ids,
@@ -403,8 +442,21 @@ fn relabel(wide: &[(u64, u64)]) -> std::result::Result<Relabeled, String> {
 /// Imports the edge list at `path` as a dataset named after the file stem, with
 /// features, labels and split from `opts` (see [`GraphImportOptions`]).
 pub fn import_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<Dataset> {
-    let g = read_edge_list(path, opts)?;
-    dataset_from_graph(name_from_path(path), g.graph, opts)
+    import_edge_list_with(path, opts, &NoProgress)
+}
+
+/// [`import_edge_list`], reporting to `progress` the phases of
+/// [`read_edge_list_with`], then `"attach"` (one unit: labels, features, split).
+pub fn import_edge_list_with(
+    path: &Path,
+    opts: &GraphImportOptions,
+    progress: &dyn Progress,
+) -> Result<Dataset> {
+    let g = read_edge_list_with(path, opts, progress)?;
+    let attaching = Meter::new(progress, "attach", 1);
+    let ds = dataset_from_graph(name_from_path(path), g.graph, opts)?;
+    attaching.finish();
+    Ok(ds)
 }
 
 #[cfg(test)]
@@ -428,6 +480,37 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn import_progress_is_monotone_and_reaches_every_total() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("big.txt");
+        // Over two report intervals of bytes, so "reading" has intermediate reports.
+        let mut text = String::from("# header\n");
+        let mut v = 0u64;
+        while (text.len() as u64) < 2 * BYTES_PER_REPORT + 1000 {
+            text.push_str(&format!("{} {}\n", v % 50_000, (v * 7 + 1) % 50_000));
+            v += 1;
+        }
+        std::fs::write(&p, &text).unwrap();
+        let rec = crate::progress::testing::Recorder::default();
+        let ds = import_edge_list_with(&p, &GraphImportOptions::default(), &rec).unwrap();
+        assert_eq!(
+            ds,
+            import_edge_list(&p, &GraphImportOptions::default()).unwrap()
+        );
+        let phases = rec.check();
+        assert_eq!(
+            phases,
+            vec![
+                ("reading".to_string(), text.len() as u64),
+                ("graph".to_string(), 1),
+                ("attach".to_string(), 1),
+            ]
+        );
+        let reading = rec.0.lock().iter().filter(|r| r.0 == "reading").count();
+        assert!(reading >= 4, "{reading} reports while reading");
+    }
 
     fn file(dir: &Path, name: &str, text: &str) -> PathBuf {
         let p = dir.join(name);

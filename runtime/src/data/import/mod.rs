@@ -34,7 +34,9 @@ pub mod wordnet;
 
 pub use arrays::{ArrayInt, DatasetBuilder};
 pub use attach::{dataset_from_graph, FeatureSource, GraphImportOptions, LabelSource};
-pub use edgelist::{import_edge_list, read_edge_list, EdgeListGraph};
+pub use edgelist::{
+    import_edge_list, import_edge_list_with, read_edge_list, read_edge_list_with, EdgeListGraph,
+};
 pub use metis::{import_metis, read_metis};
 pub use npydir::import_npy_dir;
 pub use wordnet::{import_wordnet, WordNetOptions};
