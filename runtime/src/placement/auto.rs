@@ -35,6 +35,13 @@
 //! A measurement that does not fit in what is left of the epoch moves to the
 //! next one (the batches in between train on the best placement measured so
 //! far); one longer than a whole epoch is skipped.
+//!
+//! # Drift
+//! After the decision every epoch trained wholly on the choice is timed per
+//! batch ([`DriftWatch`]); one more than [`super::drift::DRIFT`] slower than
+//! the choice's baseline starts a new calibration from the next epoch (an
+//! `auto drift` instant on the trace; the new reason line says why), at most
+//! [`super::drift::MAX_REDECISIONS`] times a run.
 
 use std::sync::Arc;
 
@@ -42,6 +49,7 @@ use gpu_ops::Backend;
 use scheduler::{Choice, LayerProbe, Orchestration};
 
 use super::calibrator::{Calibrator, ProbeStep};
+use super::drift::{DriftWatch, Verdict};
 use super::step_placement;
 use crate::engine::{DeviceEngine, ModelState};
 use crate::error::{Error, Result};
@@ -97,6 +105,10 @@ pub(crate) struct AutoExecutor<B: Backend> {
     sample_ahead: bool,
     clock: SharedClock,
     trace: Option<(Tracer, TrackId)>,
+    /// Times the choice's epochs (module doc, "Drift").
+    drift: DriftWatch,
+    /// Why the calibration running now was started again, for its reason line.
+    redecide: Option<String>,
 }
 
 fn internal(what: &str) -> Error {
@@ -131,6 +143,47 @@ impl<B: Backend> AutoExecutor<B> {
             sample_ahead,
             clock,
             trace: None,
+            drift: DriftWatch::new(),
+            redecide: None,
+        }
+    }
+
+    /// An epoch of `batches` batches trained wholly on the choice in `secs`:
+    /// measures again from the next epoch when it drifted (module doc).
+    fn watch(&mut self, epoch: usize, batches: usize, secs: f64) {
+        let verdict = self.drift.observe(batches, secs);
+        let (per_batch_s, baseline_s, again) = match verdict {
+            Verdict::Untimed | Verdict::Baseline(_) | Verdict::Steady { .. } => return,
+            Verdict::Drifted {
+                per_batch_s,
+                baseline_s,
+            } => (per_batch_s, baseline_s, true),
+            Verdict::Exhausted {
+                per_batch_s,
+                baseline_s,
+            } => (per_batch_s, baseline_s, false),
+        };
+        if let Some((tracer, _)) = &self.trace {
+            tracer.instant("auto drift", |a| {
+                a.extra.push(("per_batch_ms".into(), per_batch_s * 1e3));
+                a.extra.push(("baseline_ms".into(), baseline_s * 1e3));
+                a.extra
+                    .push(("measure_again".into(), f64::from(u8::from(again))));
+            });
+        }
+        if again {
+            self.redecide = Some(format!(
+                "measured again after epoch {epoch}: {:.3} ms per batch against {:.3} ms \
+                 before (re-decision {} of at most {})",
+                per_batch_s * 1e3,
+                baseline_s * 1e3,
+                self.drift.redecisions(),
+                super::drift::MAX_REDECISIONS,
+            ));
+            self.calibrator = Some(Calibrator::new(
+                self.plan.fanouts.len() >= 2,
+                self.plan.opts.super_batch,
+            ));
         }
     }
 
@@ -285,7 +338,10 @@ impl<B: Backend> AutoExecutor<B> {
         let Some(calibrator) = self.calibrator.take() else {
             return Ok(());
         };
-        let choice = calibrator.finish()?;
+        let mut choice = calibrator.finish()?;
+        if let Some(why) = self.redecide.take() {
+            choice.reason = format!("{}; {why}", choice.reason);
+        }
         if choice.policy == Orchestration::Layer {
             let o = self.use_layer()?;
             o.set_cpu_split(choice.cpu_split)?;
@@ -431,16 +487,24 @@ impl<B: Backend> AutoExecutor<B> {
 
 impl<B: Backend> Executor for AutoExecutor<B> {
     fn train(&mut self, run: &EpochRun<'_>, on_batch: &mut OnBatch<'_>) -> Result<EpochEnd> {
-        let start = if self.calibrator.is_some() {
+        let decided = self.calibrator.is_none();
+        let start = if decided {
+            run.start
+        } else {
             match self.calibrate(run, on_batch)? {
                 Ok(start) => start,
                 Err(end) => return Ok(end),
             }
-        } else {
-            run.start
         };
-        self.exec()?
-            .train(&run.range(start, run.end, None), on_batch)
+        let t0 = self.clock.now();
+        let end = self
+            .exec()?
+            .train(&run.range(start, run.end, None), on_batch)?;
+        if decided && end == EpochEnd::Finished(false) {
+            let secs = self.clock.now().saturating_sub(t0).as_secs_f64();
+            self.watch(run.epoch, run.end.saturating_sub(start), secs);
+        }
+        Ok(end)
     }
 
     fn state(&mut self) -> &mut dyn ModelState {
@@ -471,6 +535,12 @@ impl<B: Backend> Executor for AutoExecutor<B> {
 
     fn describe(&self) -> String {
         match (&self.choice, self.exec_ref()) {
+            (Some(_), Some(e)) if self.calibrator.is_some() => {
+                format!(
+                    "orchestration: auto (measuring again; now {})",
+                    e.describe()
+                )
+            }
             (Some(c), _) => format!("orchestration: auto chose {}", c.reason),
             (None, Some(e)) => format!("orchestration: auto (measuring; now {})", e.describe()),
             (None, None) => "orchestration: auto".into(),

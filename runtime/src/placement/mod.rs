@@ -25,6 +25,7 @@
 pub(crate) mod auto;
 pub(crate) mod budget;
 pub(crate) mod calibrator;
+pub(crate) mod drift;
 
 use std::sync::Arc;
 
@@ -36,7 +37,7 @@ use crate::config::{PinPolicy, SparseFeatures, TrainConfig};
 use crate::data::dataset::Dataset;
 use crate::engine::{density, DeviceEngine, EngineOptions, ModelState};
 use crate::error::{Error, Result};
-use crate::executor::layer::clock::wall_clock;
+use crate::executor::layer::clock::{wall_clock, SharedClock};
 use crate::executor::layer::{LayerExecutor, LayerOptions, LayerSetup, Orchestrator};
 use crate::executor::step::StepExecutor;
 use crate::executor::Executor;
@@ -83,8 +84,10 @@ pub(crate) struct PlacementInput<'a> {
     /// Threads of the session's compute pool (hot workers are pinned after
     /// them with `threads.pin = "cores"`).
     pub pool_threads: usize,
-    /// `"auto"` measures on the host backend too (tests of its mechanics).
-    pub measure_on_host: bool,
+    /// `Some(clock)`: `"auto"` measures on the host backend too, timing on
+    /// `clock` (tests of its mechanics, on a scripted clock or the wall's);
+    /// `None`: on the wall clock, and only on a GPU.
+    pub measure_on_host: Option<SharedClock>,
 }
 
 /// The executor and the note saying what was chosen and why.
@@ -109,7 +112,7 @@ pub(crate) fn place(input: &PlacementInput<'_>) -> Result<Placed> {
         Opened::Host(dev, why) => {
             let (e, sparse) = engine(dev, input)?;
             let mut note = format!("device: {} ({why}){sparse}", e.describe());
-            if cfg.orchestration.is_auto() && !input.measure_on_host {
+            if cfg.orchestration.is_auto() && input.measure_on_host.is_none() {
                 note.push_str(
                     "; orchestration.policy = \"auto\" on the host backend is \
                      gpu-sample-gpu-gather (one device: nothing to place)",
@@ -234,7 +237,8 @@ fn strategy<B: Backend>(
                 seed: cfg.train.seed,
                 pin_from,
             };
-            Box::new(auto::AutoExecutor::new(engine, plan, ahead, wall_clock()))
+            let clock = input.measure_on_host.clone().unwrap_or_else(wall_clock);
+            Box::new(auto::AutoExecutor::new(engine, plan, ahead, clock))
         }
         Some(_) if o.reuses_embeddings() => {
             let mut orch = Orchestrator::new(&LayerSetup {

@@ -72,6 +72,7 @@ use crate::data::generate::{generate_sbm, SbmOptions};
 use crate::dist::DistStats;
 use crate::embedding::Embeddings;
 use crate::error::{Error, Result};
+use crate::executor::layer::clock::SharedClock;
 use crate::executor::{DistSetup, EpochEnd, EpochRun, Executor, OrchestrationStats};
 use crate::placement::{place, PlacementInput};
 use crate::pool::build_pool;
@@ -206,17 +207,17 @@ impl Trainer {
         gpu_offset: usize,
     ) -> Result<Self> {
         let p = Arc::clone(&pool);
-        p.install(move || Self::assemble(ds, cfg, pool, gpu_offset, false))
+        p.install(move || Self::assemble(ds, cfg, pool, gpu_offset, None))
     }
 
-    /// `measure_on_host`: `policy = "auto"` measures on the host backend too
-    /// (tests of its mechanics; `crate::placement`).
+    /// `measure_on_host`: `policy = "auto"` measures on the host backend too,
+    /// on that clock (tests of its mechanics; `crate::placement`).
     fn assemble(
         ds: Arc<Dataset>,
         cfg: TrainConfig,
         pool: Arc<ThreadPool>,
         gpu_offset: usize,
-        measure_on_host: bool,
+        measure_on_host: Option<SharedClock>,
     ) -> Result<Self> {
         cfg.validate()?;
         let train = ds.train_ids();
@@ -482,9 +483,20 @@ impl Trainer {
     /// backend as it would on a GPU.
     #[cfg(test)]
     pub(crate) fn measuring_on_host(ds: Dataset, cfg: TrainConfig) -> Result<Self> {
+        Self::measuring_on_host_with_clock(ds, cfg, crate::executor::layer::clock::wall_clock())
+    }
+
+    /// Test seam: [`Trainer::measuring_on_host`] timing on `clock` (a
+    /// scripted clock makes what `"auto"` measures exact).
+    #[cfg(test)]
+    pub(crate) fn measuring_on_host_with_clock(
+        ds: Dataset,
+        cfg: TrainConfig,
+        clock: SharedClock,
+    ) -> Result<Self> {
         let pool = Arc::new(build_pool(cfg.compute_threads(), cfg.threads.pin)?);
         let p = Arc::clone(&pool);
-        p.install(move || Self::assemble(Arc::new(ds), cfg, pool, 0, true))
+        p.install(move || Self::assemble(Arc::new(ds), cfg, pool, 0, Some(clock)))
     }
 
     /// Test seam: a fault in the layer pipeline's CPU workers from the next

@@ -421,6 +421,80 @@ mod auto {
         assert!(acc > 0.6, "test accuracy {acc}");
     }
 
+    /// `"auto"` on a scripted clock that a callback moves by `cost(epoch)` per
+    /// batch (whatever the placement): `epochs` epochs, the stats and trace.
+    fn auto_on_scripted_time(
+        epochs: usize,
+        cost: fn(usize) -> f64,
+    ) -> (Vec<EpochStats>, crate::trace::Trace, scheduler::Choice) {
+        use crate::executor::layer::clock::ManualClock;
+        let epochs_set = format!("train.epochs={epochs}");
+        let c = cfg(&[epochs_set.as_str()]);
+        let clock = ManualClock::new();
+        let ds = load_dataset(&c).expect("dataset");
+        let mut t =
+            Trainer::measuring_on_host_with_clock(ds, c, Arc::new(clock.clone())).expect("trainer");
+        let tracer = Tracer::new();
+        t.set_tracer(tracer.clone());
+        t.add_callback(Box::new(crate::on_batch(move |m| {
+            clock.advance(Duration::from_secs_f64(cost(m.epoch)));
+            crate::Control::Continue
+        })));
+        let stats = t.fit().expect("fit");
+        let choice = t.auto_choice().expect("auto decided").clone();
+        (stats, tracer.collect(), choice)
+    }
+
+    fn instants(trace: &crate::trace::Trace, name: &str) -> usize {
+        trace.instants.iter().filter(|i| i.name == name).count()
+    }
+
+    #[test]
+    fn auto_keeps_its_choice_while_the_cost_per_batch_holds() {
+        let (stats, trace, choice) = auto_on_scripted_time(6, |_| 1e-3);
+        assert_eq!(instants(&trace, "auto choice"), 1);
+        assert_eq!(instants(&trace, "auto drift"), 0);
+        assert!(stats[2..].iter().all(|s| !s.calibrating));
+        assert!(
+            !choice.reason.contains("measured again"),
+            "{}",
+            choice.reason
+        );
+    }
+
+    #[test]
+    fn auto_measures_again_when_the_cost_per_batch_drifts() {
+        // Epochs 0–3 at 1 ms a batch, then 2 ms: epoch 4 drifts (+100% > 25%),
+        // epoch 5 measures again, and the new choice's epochs set its baseline
+        // (no second drift at the new, steady speed).
+        let (stats, trace, choice) = auto_on_scripted_time(9, |e| if e < 4 { 1e-3 } else { 2e-3 });
+        assert!(!stats[4].calibrating);
+        assert!(stats[5].calibrating, "no new calibration after the drift");
+        assert!(stats[7..].iter().all(|s| !s.calibrating));
+        assert_eq!(instants(&trace, "auto drift"), 1);
+        assert_eq!(instants(&trace, "auto choice"), 2);
+        let drift = trace
+            .instants
+            .iter()
+            .find(|i| i.name == "auto drift")
+            .expect("drift instant");
+        let arg = |k: &str| {
+            drift
+                .args
+                .extra
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| *v)
+        };
+        assert!((arg("per_batch_ms").expect("per batch") - 2.0).abs() < 1e-6);
+        assert!((arg("baseline_ms").expect("baseline") - 1.0).abs() < 1e-6);
+        assert!(
+            choice.reason.contains("measured again after epoch 4"),
+            "{}",
+            choice.reason
+        );
+    }
+
     #[test]
     fn auto_on_a_one_layer_model_measures_only_step_based_placements() {
         let mut t = auto_trainer(cfg(&["model.layers=1", "train.fanouts=[5]"]));
