@@ -148,6 +148,37 @@ fn reuse_within_two_super_batches_keeps_accuracy() {
     }
 }
 
+/// `hotness = "pcie"` (PCIe bytes saved per CPU µs, `scheduler::pcie_values`):
+/// the hot set is another one than touch counts give, only of vertices that
+/// save something, and training with it keeps accuracy.
+#[test]
+fn pcie_hotness_picks_its_own_hot_set_and_keeps_accuracy() {
+    let _serial = serial();
+    let reuse = [
+        "train.epochs=4",
+        "orchestration.hot_ratio=0.2",
+        "orchestration.super_batch=4",
+        "orchestration.staleness_bound=8",
+    ];
+    let hot_set = |t: &Trainer| {
+        let r = t.relabeling().expect("layer relabeling");
+        let mut ids: Vec<u32> = (0..r.hot_count()).map(|n| r.old_id(n)).collect();
+        ids.sort_unstable();
+        ids
+    };
+    let (s_touch, t_touch) = run(cfg(&reuse));
+    let mut with_pcie = reuse.to_vec();
+    with_pcie.push("orchestration.hotness=\"pcie\"");
+    let (s_pcie, t_pcie) = run(cfg(&with_pcie));
+    let (touch, pcie) = (hot_set(&t_touch), hot_set(&t_pcie));
+    assert!(!pcie.is_empty() && pcie.len() <= 800, "{} hot", pcie.len());
+    assert_ne!(touch, pcie, "pcie ranked as touch counts do");
+    let o = stats(&t_pcie);
+    assert!(o.protocol.hot_uses > 500, "{}", o.summary());
+    let (a, b) = (best_test(&s_touch), best_test(&s_pcie));
+    assert!((a - b).abs() <= 0.01, "presample {a} vs pcie {b}");
+}
+
 #[test]
 fn trace_shows_hot_compute_train_gaps_and_flows() {
     let _serial = serial();

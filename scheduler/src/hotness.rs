@@ -10,6 +10,15 @@
 //!   batch (blocks deduplicate their vertices).
 //! - **Degree** (PaGraph's cheap alternative): the score is the vertex's number of
 //!   stored neighbors; no sampling at all.
+//! - **PCIe value** (issue 22, item 4; [`crate::pcie_value`]): one pre-sampling
+//!   pass counts both sides of the bottom block, and a vertex scores the feature
+//!   bytes it alone makes the accelerator read per µs of CPU time
+//!   ([`crate::pcie_values`], with [`RowCost::REFERENCE`]). Its ranking depends
+//!   only on the ratio of the row cost's two terms, not their scale, so a
+//!   reference cost ranks as a measured one of the same shape would; the hot
+//!   set's size is still `hot_ratio`'s, corrected at run time by the time
+//!   monitor. A vertex that saves nothing (no batch needs its layer-0 row) is
+//!   never hot.
 //!
 //! # Pre-sampling, step by step
 //! For each epoch `e` in `0..epochs`:
@@ -33,6 +42,7 @@ use cpu_ops::{derive_seed, CsrGraph, NeighborSampler, Rng, SamplerScratch};
 use rayon::prelude::*;
 
 use crate::error::{invalid, Result, SchedulerError};
+use crate::RowCost;
 
 /// Which side of the bottom block pre-sampling counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,7 +58,7 @@ pub enum Touch {
 }
 
 /// How vertices are scored for hotness.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum HotnessPolicy {
     /// Count touches over `epochs` epochs of pre-sampling (see the module doc).
     PreSample {
@@ -59,6 +69,14 @@ pub enum HotnessPolicy {
     },
     /// Score by degree (number of stored neighbors).
     Degree,
+    /// PCIe bytes saved per CPU µs, from `epochs` epochs of pre-sampling of
+    /// both bottom sides (module doc).
+    PcieValue {
+        /// Epochs of pre-sampling (at least 1).
+        epochs: u32,
+        /// The CPU's cost per hot row.
+        cost: RowCost,
+    },
 }
 
 /// How vertices are ranked hot (the config key `hotness`).
@@ -75,11 +93,14 @@ pub enum Hotness {
     Presample,
     /// The stored degree (no sampling).
     Degree,
+    /// PCIe bytes saved per CPU µs (pre-sampling both sides of the bottom
+    /// block; [`crate::pcie_values`]).
+    Pcie,
 }
 
 impl HotnessPolicy {
     /// The names accepted by [`HotnessPolicy::from_name`].
-    pub const NAMES: &'static [&'static str] = &["presample", "degree"];
+    pub const NAMES: &'static [&'static str] = &["presample", "degree", "pcie"];
 
     /// The policy of `hotness`, with `presample_epochs` as `K` for pre-sampling
     /// (ignored for degree order; at least 1 for pre-sampling).
@@ -87,14 +108,16 @@ impl HotnessPolicy {
         match hotness {
             Hotness::Presample => Self::from_name("presample", presample_epochs),
             Hotness::Degree => Ok(Self::Degree),
+            Hotness::Pcie => Self::from_name("pcie", presample_epochs),
         }
     }
 
-    /// Parses the config key `hotness` (`"presample"` or `"degree"`), with
-    /// `presample_epochs` as `K` for pre-sampling (ignored for degree order).
+    /// Parses the config key `hotness` (`"presample"`, `"degree"` or
+    /// `"pcie"`), with `presample_epochs` as `K` for pre-sampling (ignored for
+    /// degree order).
     pub fn from_name(name: &str, presample_epochs: u32) -> Result<Self> {
         match name {
-            "presample" => {
+            "presample" | "pcie" => {
                 if presample_epochs == 0 {
                     return Err(invalid(
                         "presample_epochs",
@@ -102,9 +125,16 @@ impl HotnessPolicy {
                         presample_epochs,
                     ));
                 }
-                Ok(Self::PreSample {
-                    epochs: presample_epochs,
-                    touch: Touch::BottomInputs,
+                Ok(if name == "pcie" {
+                    Self::PcieValue {
+                        epochs: presample_epochs,
+                        cost: RowCost::REFERENCE,
+                    }
+                } else {
+                    Self::PreSample {
+                        epochs: presample_epochs,
+                        touch: Touch::BottomInputs,
+                    }
                 })
             }
             "degree" => Ok(Self::Degree),
@@ -133,7 +163,49 @@ impl HotnessPolicy {
                 Ok(counts.into_iter().map(u64::from).collect())
             }
             Self::Degree => Ok(degree_scores(graph)),
+            Self::PcieValue { epochs, cost } => {
+                let [in_uses, out_uses]: [Vec<u32>; 2] = presample_sides(
+                    graph,
+                    sampler,
+                    train_ids,
+                    batch_size,
+                    epochs,
+                    seed,
+                    [Touch::BottomInputs, Touch::BottomOutputs],
+                )?;
+                let n = graph.num_vertices();
+                let values = crate::pcie_values(
+                    graph,
+                    &crate::ValueInputs {
+                        out_uses: &out_uses,
+                        in_uses: &in_uses,
+                        // Which rows the device caches is the monitor's to
+                        // decide at run time: none at setup.
+                        cached: &vec![false; n],
+                        fanout: sampler.fanouts().first().copied().unwrap_or(1).max(1),
+                        // Uniform across vertices: scales every value alike.
+                        row_bytes: 1,
+                        cost,
+                    },
+                )?;
+                Ok(values.iter().map(|&v| value_score(v)).collect())
+            }
         }
+    }
+
+    /// Whether a score of 0 means "never hot" (the PCIe value: nothing saved).
+    pub fn zero_is_cold(&self) -> bool {
+        matches!(self, Self::PcieValue { .. })
+    }
+}
+
+/// A PCIe value (bytes per µs, ≥ 0) as an integer score in exactly its order:
+/// the bits of a non-negative `f64` order as its value (0 for nothing saved).
+fn value_score(v: f64) -> u64 {
+    if v > 0.0 {
+        v.to_bits()
+    } else {
+        0
     }
 }
 
@@ -160,6 +232,21 @@ pub fn presample_counts(
     seed: u64,
     touch: Touch,
 ) -> Result<Vec<u32>> {
+    let [counts] = presample_sides(graph, sampler, train_ids, batch_size, epochs, seed, [touch])?;
+    Ok(counts)
+}
+
+/// [`presample_counts`] for several sides in one pre-sampling pass (the
+/// batches are sampled once): one count per vertex per side, in `touches`' order.
+pub fn presample_sides<const K: usize>(
+    graph: &CsrGraph,
+    sampler: &NeighborSampler,
+    train_ids: &[u32],
+    batch_size: usize,
+    epochs: u32,
+    seed: u64,
+    touches: [Touch; K],
+) -> Result<[Vec<u32>; K]> {
     if batch_size == 0 {
         return Err(invalid("batch_size", "at least 1", 0));
     }
@@ -193,26 +280,28 @@ pub fn presample_counts(
                 .map(move |(b, seeds)| (derive_seed(epoch_seed, b as u64 + 1), seeds))
         })
         .collect();
-    let counts: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+    let counts: [Vec<AtomicU32>; K] =
+        std::array::from_fn(|_| (0..n).map(|_| AtomicU32::new(0)).collect());
     batches.par_iter().try_for_each_init(
         || (SamplerScratch::new(n), cpu_ops::SampledBatch::default()),
         |(scratch, batch), &(batch_seed, seeds)| -> Result<()> {
             // 2. Sample as training will.
             sampler.sample_into(graph, seeds, batch_seed, scratch, batch)?;
-            // 3. Count the bottom block's side.
-            let touched: &[u32] = match (touch, batch.blocks().first()) {
-                (Touch::BottomInputs, _) => batch.input_ids(),
-                (Touch::BottomOutputs, Some(bottom)) => bottom.dst_ids(),
-                (Touch::BottomOutputs, None) => batch.seeds(),
-            };
-            for &v in touched {
-                counts[v as usize].fetch_add(1, Ordering::Relaxed);
+            // 3. Count each asked side of the bottom block.
+            for (touch, counts) in touches.iter().zip(&counts) {
+                let touched: &[u32] = match (touch, batch.blocks().first()) {
+                    (Touch::BottomInputs, _) => batch.input_ids(),
+                    (Touch::BottomOutputs, Some(bottom)) => bottom.dst_ids(),
+                    (Touch::BottomOutputs, None) => batch.seeds(),
+                };
+                for &v in touched {
+                    counts[v as usize].fetch_add(1, Ordering::Relaxed);
+                }
             }
             Ok(())
         },
     )?;
-    let counts: Vec<u32> = counts.into_iter().map(AtomicU32::into_inner).collect();
-    Ok(counts)
+    Ok(counts.map(|c| c.into_iter().map(AtomicU32::into_inner).collect()))
 }
 
 /// Degree scores: the number of stored neighbors of every vertex.
@@ -417,12 +506,89 @@ mod tests {
             }
         );
         let e = "pagerank".parse::<HotnessPolicy>().unwrap_err();
-        assert!(e.to_string().contains("\"presample\" | \"degree\""), "{e}");
+        assert!(
+            e.to_string()
+                .contains("\"presample\" | \"degree\" | \"pcie\""),
+            "{e}"
+        );
         let e = HotnessPolicy::from_name("presample", 0).unwrap_err();
         assert!(e.to_string().contains("presample_epochs"), "{e}");
         let g = small_graph();
         let s = NeighborSampler::new(vec![2]).unwrap();
         let by_degree = HotnessPolicy::Degree.scores(&g, &s, &[], 1, 0).unwrap();
         assert_eq!(by_degree, degree_scores(&g));
+        assert_eq!(
+            HotnessPolicy::new(Hotness::Pcie, 2).unwrap(),
+            HotnessPolicy::PcieValue {
+                epochs: 2,
+                cost: RowCost::REFERENCE
+            }
+        );
+        assert!(HotnessPolicy::from_name("pcie", 0).is_err());
+    }
+
+    fn random_graph() -> (CsrGraph, Vec<u32>) {
+        let mut rng = Rng::new(9);
+        // Skewed: a third of the edges land on the first 50 vertices.
+        let edges: Vec<(u32, u32)> = (0..8_000)
+            .map(|i| {
+                let dst = if i % 3 == 0 {
+                    rng.below(50)
+                } else {
+                    rng.below(1500)
+                };
+                (rng.below(1500) as u32, dst as u32)
+            })
+            .collect();
+        let g = CsrGraph::from_edges(1500, &edges, BuildOptions::UNDIRECTED).unwrap();
+        (g, (0..300).collect())
+    }
+
+    #[test]
+    fn one_pass_over_both_sides_counts_what_two_passes_do() {
+        let (g, train) = random_graph();
+        let sampler = NeighborSampler::new(vec![4, 3]).unwrap();
+        let both = [Touch::BottomInputs, Touch::BottomOutputs];
+        let [ins, outs] = presample_sides(&g, &sampler, &train, 32, 2, 7, both).unwrap();
+        let one = |t| presample_counts(&g, &sampler, &train, 32, 2, 7, t).unwrap();
+        assert_eq!(ins, one(Touch::BottomInputs));
+        assert_eq!(outs, one(Touch::BottomOutputs));
+        assert_ne!(ins, outs);
+    }
+
+    #[test]
+    fn pcie_scores_order_vertices_as_their_pcie_values_and_zero_saves_nothing() {
+        let (g, train) = random_graph();
+        let sampler = NeighborSampler::new(vec![4, 3]).unwrap();
+        let policy = HotnessPolicy::from_name("pcie", 2).unwrap();
+        assert!(policy.zero_is_cold());
+        assert!(!HotnessPolicy::Degree.zero_is_cold());
+        let scores = policy.scores(&g, &sampler, &train, 32, 7).unwrap();
+        let one = |t| presample_counts(&g, &sampler, &train, 32, 2, 7, t).unwrap();
+        let (ins, outs) = (one(Touch::BottomInputs), one(Touch::BottomOutputs));
+        let values = crate::pcie_values(
+            &g,
+            &crate::ValueInputs {
+                out_uses: &outs,
+                in_uses: &ins,
+                cached: &vec![false; g.num_vertices()],
+                fanout: 4,
+                row_bytes: 256,
+                cost: RowCost::REFERENCE,
+            },
+        )
+        .unwrap();
+        // The same order as the values (row bytes scale them all alike), and
+        // the vertices that save nothing are exactly those no batch needs.
+        let order = hotness_order(&scores).unwrap();
+        let saving = crate::pcie_value_order(&values);
+        assert!(saving.len() > 100 && saving.len() < g.num_vertices());
+        assert_eq!(&order[..saving.len()], &saving[..]);
+        for v in 0..g.num_vertices() {
+            assert_eq!(scores[v] == 0, outs[v] == 0, "vertex {v}");
+        }
+        // Not the touch-count order: the value weighs what a vertex alone saves.
+        let by_touch = hotness_order(&ins).unwrap();
+        assert_ne!(&order[..100], &by_touch[..100]);
     }
 }

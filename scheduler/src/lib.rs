@@ -49,7 +49,7 @@ pub use cost::{
 };
 pub use error::{Result, SchedulerError};
 pub use hotness::{
-    degree_scores, hotness_order, presample_counts, Hotness, HotnessPolicy, Touch,
+    degree_scores, hotness_order, presample_counts, presample_sides, Hotness, HotnessPolicy, Touch,
     DEFAULT_PRESAMPLE_EPOCHS,
 };
 pub use monitor::{Direction, Monitor, MonitorConfig, MoveEvent, MoveReason, Observation};

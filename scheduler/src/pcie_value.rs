@@ -46,6 +46,18 @@ pub struct RowCost {
     pub per_row_us: f64,
 }
 
+impl RowCost {
+    /// `tandem bench hot` at 512 columns, bf16 rows, hidden 256 (2-core
+    /// machine, 2026-11-26; docs/performance.md): about 6 µs of draw and
+    /// projection per row and 0.14 µs per feature row read. Only the ratio of
+    /// the two terms orders vertices ([`pcie_values`]); `hotness = "pcie"`
+    /// ranks with it.
+    pub const REFERENCE: RowCost = RowCost {
+        fixed_us: 6.0,
+        per_row_us: 0.14,
+    };
+}
+
 /// What [`pcie_values`] needs besides the graph.
 #[derive(Clone, Copy, Debug)]
 pub struct ValueInputs<'a> {

@@ -219,8 +219,16 @@ impl Orchestrator {
         let scores = policy
             .scores(&ds.graph, &sampler, train_ids, batch_size, seed)
             .map_err(sched("hotness scores"))?;
-        let relabeling = Relabeling::by_score(&scores, cfg.hot_ratio)
+        let mut relabeling = Relabeling::by_score(&scores, cfg.hot_ratio)
             .map_err(sched("orchestration.hot_ratio"))?;
+        if policy.zero_is_cold() {
+            // `hotness = "pcie"`: a vertex that saves nothing is never hot.
+            let saving = scores.iter().filter(|&&s| s > 0).count() as u32;
+            if saving < relabeling.hot_count() {
+                relabeling = Relabeling::new(relabeling.permutation().clone(), saving)
+                    .map_err(sched("orchestration.hot_ratio"))?;
+            }
+        }
         let hot = relabeling.hot_count();
         let pipeline = PipelineConfig::new(cfg.super_batch, DEPTH, HOT_CHUNK)
             .and_then(|p| p.with_min_chunks(cpu_workers.max(1)))
