@@ -640,8 +640,9 @@ fn bench_orchestration_regimes_prints_every_regime_and_policy() {
         "gpu-sample-gpu-gather",
         "auto",
     ];
-    // Rows are f32 unless `--row-dtypes` says otherwise; the precision is fp32.
-    assert!(out.contains("model.precision fp32"), "{out}");
+    // Rows are f32 unless `--row-dtypes` says otherwise; the precision is
+    // the default "auto" (FP32 on this host backend, TF32 on a GPU).
+    assert!(out.contains("model.precision auto"), "{out}");
     for dim in ["8", "16"] {
         for cache in ["100%", "0%"] {
             for p in policies {
@@ -667,7 +668,7 @@ fn bench_orchestration_regimes_prints_every_regime_and_policy() {
     assert_eq!(rows[0]["cache_bytes"], 2000 * 8 * 4);
     assert_eq!(rows.last().expect("rows")["cache_bytes"], 0);
     assert!(rows.iter().all(|r| r["row_dtype"] == "f32"), "{text}");
-    assert!(rows.iter().all(|r| r["precision"] == "fp32"), "{text}");
+    assert!(rows.iter().all(|r| r["precision"] == "auto"), "{text}");
 }
 
 /// `--row-dtypes f32,bf16`: every policy runs with each, bf16 regimes get half the

@@ -31,7 +31,7 @@ use std::fmt;
 use std::io::Write;
 use std::path::Path;
 
-use gpu_ops::{FeatureDtype, Precision};
+use gpu_ops::FeatureDtype;
 use scheduler::Orchestration;
 use serde::de::{value::StrDeserializer, Deserialize};
 
@@ -40,7 +40,7 @@ use super::orchestration::{
     PolicyRow,
 };
 use crate::atomic::write_file_atomically;
-use crate::config::TrainConfig;
+use crate::config::{ModelPrecision, TrainConfig};
 use crate::data::generate::{generate_rmat, RmatOptions};
 use crate::error::{Error, Result};
 use crate::trace::fmt_bytes;
@@ -278,8 +278,9 @@ pub struct RegimesReport {
     pub epochs: usize,
     /// `hot_ratio` of the non-step-based runs.
     pub layer_hot_ratio: f64,
-    /// `model.precision` of every run (the base config's).
-    pub precision: Precision,
+    /// `model.precision` of every run (the base config's; `"auto"` is TF32 on
+    /// a CUDA device, FP32 on the host backend).
+    pub precision: ModelPrecision,
     /// The graph: vertices, stored (directed) edges, classes, training vertices.
     pub graph: GraphSize,
     /// One entry per (width, fraction, row dtype), widths outermost, dtypes
@@ -614,7 +615,7 @@ mod tests {
             notes: vec![],
             epochs: 2,
             layer_hot_ratio: 0.2,
-            precision: Precision::Fp32,
+            precision: ModelPrecision::Fp32,
             graph: GraphSize::default(),
             regimes,
         }
@@ -767,7 +768,7 @@ mod tests {
             regime_of(f32, 0.05, (4.0, 0.9), [(3.0, 0.9); 4]),
             regime_of(bf16, 0.05, (1.0, 0.9), [(2.0, 0.9); 4]),
         ]);
-        report.precision = Precision::Tf32;
+        report.precision = ModelPrecision::Tf32;
         let text = report.to_string();
         assert!(text.contains("model.precision tf32"), "{text}");
         let header = text.lines().find(|l| l.contains("policy")).unwrap();

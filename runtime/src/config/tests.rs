@@ -552,3 +552,34 @@ fn docs_list_every_key_with_its_default() {
             .unwrap_or_else(|e| panic!("documented key `{key}` is refused: {e}"));
     }
 }
+
+#[test]
+fn model_precision_is_auto_by_default_tf32_on_cuda_and_fp32_on_the_host() {
+    use super::ModelPrecision;
+    use gpu_ops::Precision;
+    let c = TrainConfig::from_toml_with_overrides("", Path::new("t"), &[]).expect("default");
+    assert_eq!(c.model.precision, ModelPrecision::Auto);
+    assert_eq!(c.model.precision.resolve(true), Precision::Tf32);
+    assert_eq!(c.model.precision.resolve(false), Precision::Fp32);
+    for (name, want) in [
+        ("auto", ModelPrecision::Auto),
+        ("fp32", ModelPrecision::Fp32),
+        ("tf32", ModelPrecision::Tf32),
+    ] {
+        let set = format!("model.precision=\"{name}\"");
+        let c = TrainConfig::from_toml_with_overrides("", Path::new("t"), &[set]).expect(name);
+        assert_eq!(c.model.precision, want);
+        assert_eq!(want.to_string(), name);
+    }
+    for on_cuda in [false, true] {
+        assert_eq!(ModelPrecision::Fp32.resolve(on_cuda), Precision::Fp32);
+        assert_eq!(ModelPrecision::Tf32.resolve(on_cuda), Precision::Tf32);
+    }
+    let e = TrainConfig::from_toml_with_overrides(
+        "",
+        Path::new("t"),
+        &["model.precision=\"fp16\"".to_string()],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("model.precision"), "{e}");
+}
