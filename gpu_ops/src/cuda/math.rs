@@ -19,7 +19,9 @@ use super::alloc::{CudaBuf, Init};
 use super::device::CudaBackend;
 use super::driver::blas_err;
 use super::kernels::{launch, Grid, Ptr, PtrMut};
-use crate::backend::{Activation, AdamStep, DenseOps, DevMat, LossStats};
+use crate::backend::{
+    Activation, AdamStep, AdamTensors, DenseOps, DevMat, LossSlot, LossStats, XentInputs,
+};
 use crate::error::{GpuOpsError, Result};
 
 /// Rows per partial sum of the column reductions (fixed: the sum order is fixed).
@@ -560,8 +562,14 @@ impl DenseOps for CudaBackend {
         labels: &CudaBuf<u32>,
         grad: Option<&mut CudaBuf<f32>>,
     ) -> Result<LossStats> {
+        let inp = XentInputs {
+            logits,
+            rows,
+            classes,
+            labels,
+        };
         if rows == 0 {
-            self.check_xent(logits, rows, classes, labels, grad.as_deref())?;
+            self.check_xent(&inp, grad.as_deref())?;
             return Ok(LossStats {
                 loss: 0.0,
                 correct: 0,
@@ -569,15 +577,7 @@ impl DenseOps for CudaBackend {
         }
         // [f64 bits of the loss sum, correct count]
         let mut totals = self.buf::<u64>(2, Init::Uninit, "loss totals")?;
-        self.xent_into(
-            logits,
-            rows,
-            classes,
-            labels,
-            grad,
-            totals.ptr_mut(),
-            PtrMut::null(),
-        )?;
+        self.xent_into(&inp, grad, totals.ptr_mut(), PtrMut::null())?;
         let mut out = [0u64; 2];
         self.download_slice(&self.compute, &totals, &mut out)?;
         Ok(LossStats {
@@ -590,27 +590,21 @@ impl DenseOps for CudaBackend {
     /// non-finite sum sets the guard, all on the compute stream.
     fn softmax_cross_entropy_deferred(
         &self,
-        logits: &CudaBuf<f32>,
-        rows: usize,
-        classes: usize,
-        labels: &CudaBuf<u32>,
+        inp: &XentInputs<'_, Self>,
         grad: &mut CudaBuf<f32>,
-        out: &mut CudaBuf<u64>,
-        slot: usize,
+        dest: LossSlot<'_, Self>,
         guard: &mut CudaBuf<u32>,
     ) -> Result<()> {
+        let LossSlot { out, slot } = dest;
         out.check_len("deferred loss slots (2 words per slot)", 2 * slot + 2)?;
         guard.check_len("loss guard", 1)?;
-        if rows == 0 {
-            self.check_xent(logits, rows, classes, labels, Some(grad))?;
+        if inp.rows == 0 {
+            self.check_xent(inp, Some(grad))?;
             self.fill_bytes_at(out, 2 * slot, 2, 0)?;
             return Ok(());
         }
         self.xent_into(
-            logits,
-            rows,
-            classes,
-            labels,
+            inp,
             Some(grad),
             out.ptr_mut().offset(2 * slot),
             guard.ptr_mut(),
@@ -623,27 +617,18 @@ impl DenseOps for CudaBackend {
     fn adam_step_all(
         &self,
         hp: &AdamStep,
-        params: &mut [CudaBuf<f32>],
-        grads: &[CudaBuf<f32>],
-        m: &mut [CudaBuf<f32>],
-        v: &mut [CudaBuf<f32>],
-        lens: &[usize],
+        tensors: AdamTensors<'_, Self>,
         guard: Option<&CudaBuf<u32>>,
     ) -> Result<()> {
         check_adam(hp)?;
-        let t = lens.len();
-        if params.len() != t || grads.len() != t || m.len() != t || v.len() != t {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "adam_step_all",
-                reason: format!(
-                    "{} parameters, {} gradients, {} first and {} second moments for {t} lengths",
-                    params.len(),
-                    grads.len(),
-                    m.len(),
-                    v.len()
-                ),
-            });
-        }
+        let t = tensors.count()?;
+        let AdamTensors {
+            params,
+            grads,
+            m,
+            v,
+            lens,
+        } = tensors;
         if t > u32::MAX as usize {
             return Err(GpuOpsError::InvalidArgument {
                 name: "adam_step_all",
@@ -765,14 +750,13 @@ impl AdamFactors {
 
 impl CudaBackend {
     /// The argument checks of the softmax cross-entropy.
-    fn check_xent(
-        &self,
-        logits: &CudaBuf<f32>,
-        rows: usize,
-        classes: usize,
-        labels: &CudaBuf<u32>,
-        grad: Option<&CudaBuf<f32>>,
-    ) -> Result<usize> {
+    fn check_xent(&self, inp: &XentInputs<'_, Self>, grad: Option<&CudaBuf<f32>>) -> Result<usize> {
+        let &XentInputs {
+            logits,
+            rows,
+            classes,
+            labels,
+        } = inp;
         let n = elems("rows × classes", rows, classes)?;
         logits.check_len("softmax_cross_entropy logits (rows × classes values)", n)?;
         labels.check_len("softmax_cross_entropy labels (one per row)", rows)?;
@@ -790,18 +774,20 @@ impl CudaBackend {
 
     /// `xent_rows` then `xent_reduce` into `out_loss` (the f64 sum) and the
     /// next word (the correct count); `guard` may be null. `rows > 0`.
-    #[allow(clippy::too_many_arguments)]
     fn xent_into(
         &self,
-        logits: &CudaBuf<f32>,
-        rows: usize,
-        classes: usize,
-        labels: &CudaBuf<u32>,
+        inp: &XentInputs<'_, Self>,
         grad: Option<&mut CudaBuf<f32>>,
         out: PtrMut<u64>,
         guard: PtrMut<u32>,
     ) -> Result<()> {
-        self.check_xent(logits, rows, classes, labels, grad.as_deref())?;
+        self.check_xent(inp, grad.as_deref())?;
+        let &XentInputs {
+            logits,
+            rows,
+            classes,
+            labels,
+        } = inp;
         let mut row_loss = self.buf::<f32>(rows, Init::Uninit, "loss per row")?;
         let mut row_correct = self.buf::<u32>(rows, Init::Uninit, "correct per row")?;
         let (grad_ptr, has_grad) = match grad {

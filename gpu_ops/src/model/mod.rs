@@ -104,7 +104,7 @@ mod tests;
 
 use cpu_ops::{derive_seed, AdamConfig, LayerSpec, ModelConfig};
 
-use crate::backend::{AdamStep, Backend, LossStats};
+use crate::backend::{AdamStep, AdamTensors, Backend, LossSlot, LossStats, XentInputs};
 use crate::error::{GpuOpsError, Result};
 use layer::{internal, DynLayer, State};
 use layer0::layer_alone;
@@ -695,22 +695,21 @@ impl<B: Backend> DeviceModel<B> {
             step: self.steps,
         };
         let guard = if guarded { self.guard.as_ref() } else { None };
-        dev.adam_step_all(
-            &hp,
-            &mut self.params,
-            &self.grads,
-            &mut self.m,
-            &mut self.v,
-            &self.lens,
-            guard,
-        )
+        let tensors = AdamTensors {
+            params: &mut self.params,
+            grads: &self.grads,
+            m: &mut self.m,
+            v: &mut self.v,
+            lens: &self.lens,
+        };
+        dev.adam_step_all(&hp, tensors, guard)
     }
 
     /// Forward, loss, backward and a guarded Adam step, queued without reading
     /// anything (module doc, the deferred loss): the loss sum and the correct
-    /// count of the batch go to `out[2·slot]` and `out[2·slot + 1]`. The
-    /// version moves on at once; see [`DeviceModel::rewind_skipped`].
-    #[allow(clippy::too_many_arguments)]
+    /// count of the batch go to `dest`'s slot (`out[2·slot]` and
+    /// `out[2·slot + 1]`). The version moves on at once; see
+    /// [`DeviceModel::rewind_skipped`].
     pub fn train_step_deferred<'x>(
         &mut self,
         dev: &B,
@@ -718,8 +717,7 @@ impl<B: Backend> DeviceModel<B> {
         x: impl Into<LayerInput<'x, B>>,
         labels: &B::Buf<u32>,
         seed: u64,
-        out: &mut B::Buf<u64>,
-        slot: usize,
+        dest: LossSlot<'_, B>,
     ) -> Result<()> {
         let x = x.into();
         if self.guard.is_none() {
@@ -730,16 +728,13 @@ impl<B: Backend> DeviceModel<B> {
         let classes = self.arch.cfg.num_classes;
         let mut dlogits = dev.alloc_uninit(rows * classes)?;
         let guard = self.guard.as_mut().ok_or_else(|| internal("loss guard"))?;
-        dev.softmax_cross_entropy_deferred(
-            &fwd.logits,
+        let inp = XentInputs {
+            logits: &fwd.logits,
             rows,
             classes,
             labels,
-            &mut dlogits,
-            out,
-            slot,
-            guard,
-        )?;
+        };
+        dev.softmax_cross_entropy_deferred(&inp, &mut dlogits, dest, guard)?;
         self.backward(dev, blocks, x, &fwd, &dlogits)?;
         self.step_guarded(dev, true)
     }

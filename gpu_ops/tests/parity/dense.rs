@@ -3,7 +3,9 @@
 use cpu_ops::{
     Accumulate, Adam, AdamConfig, MatMut, MatRef, Optimizer, Rng, Transpose, WeightDecay,
 };
-use gpu_ops::{Activation, AdamStep, Backend, DevMat, DeviceKind};
+use gpu_ops::{
+    Activation, AdamStep, AdamTensors, Backend, DevMat, DeviceKind, LossSlot, XentInputs,
+};
 
 use crate::helpers::*;
 
@@ -455,8 +457,18 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
             d.adam_step(&hp, &mut pa[i], &grads[i], &mut ma[i], &mut va[i], lens[i])
                 .unwrap();
         }
-        d.adam_step_all(&hp, &mut pb, &grads, &mut mb, &mut vb, &lens, Some(&guard))
-            .unwrap();
+        d.adam_step_all(
+            &hp,
+            AdamTensors {
+                params: &mut pb,
+                grads: &grads,
+                m: &mut mb,
+                v: &mut vb,
+                lens: &lens,
+            },
+            Some(&guard),
+        )
+        .unwrap();
         for i in 0..lens.len() {
             for (what, a, b) in [
                 ("param", &pa[i], &pb[i]),
@@ -484,8 +496,18 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
         weight_decay: 0.0,
         step: 4,
     };
-    d.adam_step_all(&hp, &mut pb, &grads, &mut mb, &mut vb, &lens, Some(&guard))
-        .unwrap();
+    d.adam_step_all(
+        &hp,
+        AdamTensors {
+            params: &mut pb,
+            grads: &grads,
+            m: &mut mb,
+            v: &mut vb,
+            lens: &lens,
+        },
+        Some(&guard),
+    )
+    .unwrap();
     for i in 0..lens.len() {
         let after = read(d, &pb[i], lens[i], "p");
         assert!(after.iter().all(|x| x.is_finite()), "tensor {i}");
@@ -496,7 +518,17 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
         );
     }
     assert!(d
-        .adam_step_all(&hp, &mut pb[..2], &grads, &mut mb, &mut vb, &lens, None)
+        .adam_step_all(
+            &hp,
+            AdamTensors {
+                params: &mut pb[..2],
+                grads: &grads,
+                m: &mut mb,
+                v: &mut vb,
+                lens: &lens,
+            },
+            None,
+        )
         .is_err());
 
     // The deferred loss.
@@ -517,13 +549,17 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
     let mut slots = d.to_device(&[7u64; 6]).unwrap();
     let mut guard = d.to_device(&[0u32]).unwrap();
     d.softmax_cross_entropy_deferred(
-        &input(d, &logits),
-        rows,
-        classes,
-        &dlab,
+        &XentInputs {
+            logits: &input(d, &logits),
+            rows,
+            classes,
+            labels: &dlab,
+        },
         &mut g,
-        &mut slots,
-        1,
+        LossSlot {
+            out: &mut slots,
+            slot: 1,
+        },
         &mut guard,
     )
     .unwrap();
@@ -547,13 +583,17 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
     assert_eq!(down(d, &guard, 1), vec![0]);
     logits[5] = f32::NAN;
     d.softmax_cross_entropy_deferred(
-        &input(d, &logits),
-        rows,
-        classes,
-        &dlab,
+        &XentInputs {
+            logits: &input(d, &logits),
+            rows,
+            classes,
+            labels: &dlab,
+        },
         &mut g,
-        &mut slots,
-        0,
+        LossSlot {
+            out: &mut slots,
+            slot: 0,
+        },
         &mut guard,
     )
     .unwrap();
@@ -561,13 +601,17 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
     assert_eq!(down(d, &guard, 1), vec![1], "a NaN loss sets the guard");
     logits[5] = 0.5;
     d.softmax_cross_entropy_deferred(
-        &input(d, &logits),
-        rows,
-        classes,
-        &dlab,
+        &XentInputs {
+            logits: &input(d, &logits),
+            rows,
+            classes,
+            labels: &dlab,
+        },
         &mut g,
-        &mut slots,
-        2,
+        LossSlot {
+            out: &mut slots,
+            slot: 2,
+        },
         &mut guard,
     )
     .unwrap();
@@ -575,13 +619,17 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
     assert_size_mismatch(
         "a slot past the buffer",
         d.softmax_cross_entropy_deferred(
-            &input(d, &logits),
-            rows,
-            classes,
-            &dlab,
+            &XentInputs {
+                logits: &input(d, &logits),
+                rows,
+                classes,
+                labels: &dlab,
+            },
             &mut g,
-            &mut slots,
-            3,
+            LossSlot {
+                out: &mut slots,
+                slot: 3,
+            },
             &mut guard,
         ),
     );
