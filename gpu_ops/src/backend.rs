@@ -443,6 +443,18 @@ impl<'a, B: DeviceCore> DevMat<'a, B> {
     }
 }
 
+/// How a hidden layer's output gradient goes back through its epilogue
+/// ([`DenseOps::act_backward_bias_grad`]): through the dropout of the layer
+/// above when `mask` is given, then through `act`, whose output was `y`.
+pub struct ActBackward<'a, B: DeviceCore> {
+    /// The dropout mask of the layer above (applied to this layer's output), if any.
+    pub mask: Option<&'a B::Mask>,
+    /// The activation's output, as many values as the gradient.
+    pub y: &'a B::Buf<f32>,
+    /// The activation.
+    pub act: Activation,
+}
+
 /// The inputs of a softmax cross-entropy: `logits` (`rows × classes`, row-major)
 /// against `labels` (one class per row). What
 /// [`DenseOps::softmax_cross_entropy_deferred`] reads.
@@ -973,6 +985,35 @@ pub trait DenseOps: DeviceMemory {
     ) -> Result<()> {
         self.dropout_backward(mask, dy, n)?;
         self.activation_backward(y, dy, n, act)
+    }
+    /// A hidden layer's backward below the layer above, with its bias gradient:
+    /// `dy[..rows·cols]` (row-major) goes through
+    /// [`DenseOps::dropout_act_backward`] when `back.mask` is given, else
+    /// [`DenseOps::activation_backward`], then `dbias[..cols]` is overwritten
+    /// with its column sums ([`DenseOps::bias_grad`]). The default makes those
+    /// calls (the host backend's results, bit for bit); CUDA makes one launch
+    /// (`act_backward_colsum`: the gradient bit for bit, the column sums in
+    /// another fixed order, so they may differ from `bias_grad`'s in the last
+    /// bits, and run to run they do not).
+    fn act_backward_bias_grad(
+        &self,
+        back: ActBackward<'_, Self>,
+        dy: &mut Self::Buf<f32>,
+        rows: usize,
+        cols: usize,
+        dbias: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| GpuOpsError::InvalidArgument {
+                name: "rows × cols",
+                reason: format!("{rows} × {cols} overflows"),
+            })?;
+        match back.mask {
+            Some(mask) => self.dropout_act_backward(mask, back.y, dy, n, back.act)?,
+            None => self.activation_backward(back.y, dy, n, back.act)?,
+        }
+        self.bias_grad(dy, rows, cols, dbias, false)
     }
     /// `act`'s backward from its output `y`: [`DenseOps::relu_backward`] or
     /// [`DenseOps::elu_backward`].

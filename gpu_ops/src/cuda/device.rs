@@ -140,6 +140,10 @@ pub(crate) struct DeviceInfo {
 /// out of range. Determinism and the other contracts: `docs/gpu.md`.
 pub struct CudaBackend {
     pub(crate) fault: CudaBuf<u32>,
+    /// The block counter of `act_backward_colsum` (its last block sums the
+    /// partials): 0 between launches, each launch leaves it at 0. Launches on
+    /// the compute stream only, so one word serves them all in order.
+    pub(crate) ticket: CudaBuf<u32>,
     /// The multi-tensor Adam table last uploaded (its words and the buffer):
     /// `DenseOps::adam_step_all` reuses it while the parameters keep their buffers.
     pub(crate) adam_table: Mutex<Option<(Vec<u64>, CudaBuf<u64>)>>,
@@ -235,8 +239,10 @@ impl CudaBackend {
         unsafe { cublas::result::set_stream(handle, compute.cu_stream() as _) }
             .map_err(blas_err("cublasSetStream"))?;
         let fault = pool.alloc::<u32>(FAULT_WORDS, Init::Zeroed, "fault word")?;
+        let ticket = pool.alloc::<u32>(1, Init::Zeroed, "column-sum ticket")?;
         Ok(Self {
             fault,
+            ticket,
             adam_table: Mutex::new(None),
             blas: Mutex::new(blas),
             kernels,

@@ -20,12 +20,27 @@ use super::device::CudaBackend;
 use super::driver::blas_err;
 use super::kernels::{launch, Grid, Ptr, PtrMut};
 use crate::backend::{
-    Activation, AdamStep, AdamTensors, DenseOps, DevMat, LossSlot, LossStats, XentInputs,
+    ActBackward, Activation, AdamStep, AdamTensors, DenseOps, DevMat, LossSlot, LossStats,
+    XentInputs,
 };
 use crate::error::{GpuOpsError, Result};
 
 /// Rows per partial sum of the column reductions (fixed: the sum order is fixed).
 const COLSUM_CHUNK_ROWS: usize = 256;
+/// Threads per block of `act_backward_colsum` (`ACT_COLSUM_THREADS` in math.cu).
+const ACT_COLSUM_THREADS: u32 = 256;
+/// At most this many row chunks in `act_backward_colsum`: its last block adds
+/// `chunks` partials per column, so few chunks keep that tail short.
+const ACT_COLSUM_MAX_CHUNKS: usize = 64;
+
+/// Rows per chunk of `act_backward_colsum` for `rows` rows: a multiple of 8
+/// (one share per warp), at least 8, and few enough chunks
+/// ([`ACT_COLSUM_MAX_CHUNKS`]). Fixed by `rows`, so the sum order is too.
+fn act_colsum_chunk_rows(rows: usize) -> usize {
+    rows.div_ceil(ACT_COLSUM_MAX_CHUNKS)
+        .next_multiple_of(8)
+        .max(8)
+}
 /// Threads of `xent_reduce` (`XENT_REDUCE_THREADS` in math.cu).
 const XENT_REDUCE_THREADS: u32 = 256;
 /// Stream index of dropout's keys (so a dropout seed never reuses another op's
@@ -541,6 +556,63 @@ impl DenseOps for CudaBackend {
         .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
+    /// One kernel (`act_backward_colsum`): the gradient as the unfused ops, the
+    /// column sums in chunks of [`act_colsum_chunk_rows`] rows.
+    fn act_backward_bias_grad(
+        &self,
+        back: ActBackward<'_, Self>,
+        dy: &mut CudaBuf<f32>,
+        rows: usize,
+        cols: usize,
+        dbias: &mut CudaBuf<f32>,
+    ) -> Result<()> {
+        let n = elems("rows × cols", rows, cols)?;
+        if let Some(mask) = back.mask {
+            mask.check_covers(
+                "act_backward_bias_grad rows × cols (elements the mask covers)",
+                n,
+            )?;
+        }
+        back.y
+            .check_len("act_backward_bias_grad y (rows × cols values)", n)?;
+        dy.check_len("act_backward_bias_grad dy (rows × cols values)", n)?;
+        dbias.check_len("act_backward_bias_grad dbias (cols values)", cols)?;
+        let (act, alpha) = Self::activation_code(back.act)?;
+        if cols == 0 {
+            return Ok(());
+        }
+        let chunk_rows = act_colsum_chunk_rows(rows);
+        let chunks = rows.div_ceil(chunk_rows);
+        let items = chunks * cols.div_ceil(32);
+        let mut partial = self.buf::<f32>(
+            elems("chunks × cols", chunks, cols)?.max(1),
+            Init::Uninit,
+            "column sum partials",
+        )?;
+        let blocks = items.clamp(1, self.kernels.max_blocks() as usize) as u32;
+        launch::act_backward_colsum {
+            mask: back.mask.map_or(Ptr::null(), |m| m.words.ptr()),
+            has_mask: u32::from(back.mask.is_some()),
+            y: back.y.ptr(),
+            dy: dy.ptr_mut(),
+            rows: rows as u64,
+            cols: cols as u64,
+            scale: back.mask.map_or(1.0, |m| m.scale),
+            act,
+            alpha,
+            chunk_rows: chunk_rows as u64,
+            partial: partial.ptr_mut(),
+            ticket: PtrMut::new(self.ticket.raw()),
+            out: dbias.ptr_mut(),
+            accumulate: 0,
+        }
+        .launch(
+            &self.kernels,
+            self.cu(),
+            Grid::exact(blocks, ACT_COLSUM_THREADS),
+        )
+    }
+
     fn dropout_backward(&self, mask: &CudaMask, dy: &mut CudaBuf<f32>, n: usize) -> Result<()> {
         mask.check_covers("dropout_backward n (elements the mask covers)", n)?;
         dy.check_len("dropout_backward dy", n)?;
@@ -885,6 +957,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The fused column sums' chunks: a multiple of 8 rows (one share per
+    /// warp), at least 8, at most `ACT_COLSUM_MAX_CHUNKS` of them, covering
+    /// every row.
+    #[test]
+    fn act_colsum_chunks_are_few_and_split_by_warp() {
+        for rows in [
+            0usize,
+            1,
+            7,
+            8,
+            63,
+            64,
+            512,
+            513,
+            1024,
+            6001,
+            60_000,
+            1 << 24,
+        ] {
+            let c = act_colsum_chunk_rows(rows);
+            assert!(c >= 8 && c.is_multiple_of(8), "{rows}: {c}");
+            assert!(rows.div_ceil(c) <= ACT_COLSUM_MAX_CHUNKS, "{rows}: {c}");
+            assert!(rows.div_ceil(c) * c >= rows);
+        }
+        assert_eq!(act_colsum_chunk_rows(1024), 16);
     }
 
     #[test]

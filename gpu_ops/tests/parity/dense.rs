@@ -4,7 +4,8 @@ use cpu_ops::{
     Accumulate, Adam, AdamConfig, MatMut, MatRef, Optimizer, Rng, Transpose, WeightDecay,
 };
 use gpu_ops::{
-    Activation, AdamStep, AdamTensors, Backend, DevMat, DeviceKind, LossSlot, XentInputs,
+    ActBackward, Activation, AdamStep, AdamTensors, Backend, DevMat, DeviceKind, LossSlot,
+    XentInputs,
 };
 
 use crate::helpers::*;
@@ -635,10 +636,60 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
     );
 }
 
+/// `act_backward_bias_grad` from `dy`: the gradient equals `want_g` (the
+/// unfused ops' result) bit for bit, and the bias gradient `bias_grad` of it,
+/// bit for bit on the host, within float rounding of the column sums elsewhere
+/// (CUDA adds in another fixed order).
+fn check_act_bias<B: Backend>(
+    d: &B,
+    back: ActBackward<'_, B>,
+    dy: &[f32],
+    (rows, cols): (usize, usize),
+    want_g: &B::Buf<f32>,
+    what: &str,
+) {
+    let n = rows * cols;
+    let mut g = output(d, dy);
+    let mut db = output(d, &vec![f32::NAN; cols]);
+    d.act_backward_bias_grad(back, &mut g, rows, cols, &mut db)
+        .unwrap();
+    let want = read(d, want_g, n, "unfused backward");
+    assert_eq!(
+        bits(&read(d, &g, n, "act_backward_bias_grad")),
+        bits(&want),
+        "{what}: gradient"
+    );
+    let mut want_db = output(d, &vec![0.0; cols]);
+    d.bias_grad(want_g, rows, cols, &mut want_db, false)
+        .unwrap();
+    let (got, exp) = (
+        read(d, &db, cols, "fused bias grad"),
+        read(d, &want_db, cols, "bias grad"),
+    );
+    if d.kind() == DeviceKind::Host {
+        assert_eq!(bits(&got), bits(&exp), "{what}: bias gradient");
+    }
+    for c in 0..cols {
+        let l1: f32 = (0..rows).map(|r| want[r * cols + c].abs()).sum();
+        let ok = if exp[c].is_nan() {
+            got[c].is_nan()
+        } else {
+            (got[c] - exp[c]).abs() <= 1e-6 * (l1 + 1.0)
+        };
+        assert!(
+            ok,
+            "{what}: bias gradient column {c}: {} vs {}",
+            got[c], exp[c]
+        );
+    }
+}
+
 /// The fused hidden-layer ops equal the unfused sequence bit for bit:
 /// `bias_act_dropout` = add_bias, relu / elu, copy, dropout (same seed);
-/// `dropout_act_backward` = dropout_backward, relu / elu backward. Nothing past
-/// the prefix is written; bad arguments are errors.
+/// `dropout_act_backward` = dropout_backward, relu / elu backward;
+/// `act_backward_bias_grad` = either backward, then `bias_grad` (the column
+/// sums within rounding on CUDA). Nothing past the prefix is written; bad
+/// arguments are errors.
 pub(crate) fn fused_hidden_layer_ops_equal_the_unfused_ones<B: Backend>(d: &B) {
     let mut rng = Rng::new(17);
     for (rows, cols) in [(1037usize, 19usize), (64, 256), (3, 1)] {
@@ -684,6 +735,15 @@ pub(crate) fn fused_hidden_layer_ops_equal_the_unfused_ones<B: Backend>(d: &B) {
                 let (Some(ma), Some(mb)) = (mask_a, mask_b) else {
                     // Without dropout, `out` is not touched.
                     assert!(read(d, &hb, n, "untouched out").iter().all(|&v| v == 0.0));
+                    // The activation's backward alone, with the bias gradient.
+                    let mut ga = output(d, &dy);
+                    d.activation_backward(&ya, &mut ga, n, act).unwrap();
+                    let back = ActBackward {
+                        mask: None,
+                        y: &yb,
+                        act,
+                    };
+                    check_act_bias(d, back, &dy, (rows, cols), &ga, &what);
                     continue;
                 };
                 assert_eq!(
@@ -704,6 +764,12 @@ pub(crate) fn fused_hidden_layer_ops_equal_the_unfused_ones<B: Backend>(d: &B) {
                     bits(&read(d, &ga, n, "unfused backward")),
                     "{what}: backward"
                 );
+                let back = ActBackward {
+                    mask: Some(&mb),
+                    y: &yb,
+                    act,
+                };
+                check_act_bias(d, back, &dy, (rows, cols), &ga, &what);
             }
         }
     }
