@@ -345,6 +345,12 @@ impl DenseOps for CudaBackend {
         }
         let p = ColMajorGemm::from_row_major(trans_a, trans_b, m, n, k)?;
         self.bind()?;
+        if let Some(lt) = &self.gemm_lt {
+            // The opt-in cuBLASLt path (`TANDEM_GEMM`, gemm_lt.rs): the same
+            // column-major problem, split-K restricted.
+            let ptrs = (b.raw(), a.raw(), c.raw());
+            return lt.matmul(&p, ptrs, accumulate, self.blas_math(), self.cu());
+        }
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         self.with_blas(|h| {
             // SAFETY: `h` is this backend's live handle, bound to the compute stream
@@ -557,7 +563,7 @@ impl DenseOps for CudaBackend {
     }
 
     /// One kernel (`act_backward_colsum`): the gradient as the unfused ops, the
-    /// column sums in chunks of [`act_colsum_chunk_rows`] rows.
+    /// column sums in chunks of `act_colsum_chunk_rows` rows.
     fn act_backward_bias_grad(
         &self,
         back: ActBackward<'_, Self>,
