@@ -185,6 +185,15 @@ extern "C" __global__ void dropout_act_backward(const u32* mask, const float* y,
     }
 }
 
+// One element of act_backward_colsum: dropout_act_backward's math (has_mask) or
+// relu_backward / elu_backward's (g unchanged where y > 0).
+__device__ __forceinline__ float act_back_one(float g, float o, u32 keep, u32 has_mask,
+                                              float scale, u32 act, float alpha) {
+    if (has_mask) g = keep ? __fmul_rn(g, scale) : 0.0f;
+    if (!(o > 0.0f)) g = act == 0 ? 0.0f : __fmul_rn(g, __fadd_rn(o, alpha));
+    return g;
+}
+
 // Threads per block of act_backward_colsum (8 warps; the host launches exactly this).
 #define ACT_COLSUM_THREADS 256
 
@@ -217,17 +226,33 @@ extern "C" __global__ void act_backward_colsum(const u32* mask, u32 has_mask, co
         const u64 r1 = min(rows, r0 + sub);
         float acc = 0.0f;
         if (c < cols) {
-            for (u64 r = r0; r < r1; ++r) {
-                const u64 i = r * cols + c;
-                float g = dy[i];
-                if (has_mask) {
-                    const u32 keep = (mask[i / 32] >> (u32)(i % 32)) & 1u;
-                    g = keep ? __fmul_rn(g, scale) : 0.0f;
+            // 4 rows at a time: their loads are issued before any store (dy may
+            // alias nothing, but the compiler cannot know), then the same per-row
+            // math and the same row order of the sum as one row at a time.
+            u64 r = r0;
+            for (; r + 4 <= r1; r += 4) {
+                float g[4], o[4];
+                u32 keep[4];
+#pragma unroll
+                for (u32 j = 0; j < 4; ++j) {
+                    const u64 i = (r + j) * cols + c;
+                    g[j] = dy[i];
+                    o[j] = y[i];
+                    keep[j] = has_mask ? (mask[i / 32] >> (u32)(i % 32)) & 1u : 1u;
                 }
-                const float o = y[i];
-                if (!(o > 0.0f)) g = act == 0 ? 0.0f : __fmul_rn(g, __fadd_rn(o, alpha));
-                dy[i] = g;
-                acc = __fadd_rn(acc, g);
+#pragma unroll
+                for (u32 j = 0; j < 4; ++j) {
+                    const float v = act_back_one(g[j], o[j], keep[j], has_mask, scale, act, alpha);
+                    dy[(r + j) * cols + c] = v;
+                    acc = __fadd_rn(acc, v);
+                }
+            }
+            for (; r < r1; ++r) {
+                const u64 i = r * cols + c;
+                const u32 keep = has_mask ? (mask[i / 32] >> (u32)(i % 32)) & 1u : 1u;
+                const float v = act_back_one(dy[i], y[i], keep, has_mask, scale, act, alpha);
+                dy[i] = v;
+                acc = __fadd_rn(acc, v);
             }
         }
         sums[threadIdx.x] = acc;
