@@ -113,7 +113,8 @@ EOF
 ncu() {
     products
     stage "ncu, fastest config, 5 batches' launches after 3000 (caches flushed: upper bounds)"
-    # ~80 launches a batch now (86 on 2026-11-26): 420 launches hold 5 batches.
+    # ~74 launches a batch now (86 on 2026-11-26, 78 before the fused bias gradient):
+    # 420 launches hold 5 batches or more.
     timeout 240 /usr/local/cuda/bin/ncu --clock-control none --metrics gpu__time_duration.sum \
         --launch-skip 3000 --launch-count 420 --print-summary per-kernel \
         "$bin/tandem" train "${model[@]}" "${fastest[@]}" --set train.epochs=1 \
