@@ -13,10 +13,11 @@
 #   bash bench/gpu/issue23.sh syncs    # traced default run: host syncs per 8 batches, loss reads
 #   bash bench/gpu/issue23.sh ncu      # kernels and launches per batch over 5 batches (fast config)
 #   bash bench/gpu/issue23.sh all      # the four in order
+#   bash bench/gpu/issue23.sh gemm     # TANDEM_GEMM=cublas|lt-inplace|lt-nosplit: parity, epochs, split-K launches (≈ 5 min)
 # Outputs under $OUT (default ./gpu-out): issue23-*.txt, issue23-default.trace.json.gz.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-part="${1:?usage: issue23.sh build|check|peer|syncs|ncu|all}"
+part="${1:?usage: issue23.sh build|check|peer|syncs|ncu|gemm|all}"
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
 bin=.gpu
@@ -112,7 +113,8 @@ EOF
 ncu() {
     products
     stage "ncu, fastest config, 5 batches' launches after 3000 (caches flushed: upper bounds)"
-    # ~80 launches a batch now (86 on 2026-11-26): 420 launches hold 5 batches.
+    # ~74 launches a batch now (86 on 2026-11-26, 78 before the fused bias gradient):
+    # 420 launches hold 5 batches or more.
     timeout 240 /usr/local/cuda/bin/ncu --clock-control none --metrics gpu__time_duration.sum \
         --launch-skip 3000 --launch-count 420 --print-summary per-kernel \
         "$bin/tandem" train "${model[@]}" "${fastest[@]}" --set train.epochs=1 \
@@ -148,6 +150,55 @@ for k, v in kern.most_common(14):
 EOF
 }
 
+# The GEMM path (gpu_ops/src/cuda/gemm_lt.rs): cublasSgemm (the default) against
+# cuBLASLt with split-K reduced in place (no separate reduction kernel) or no
+# split-K. For each: the CUDA parity tests (matmul against the host), 3 epochs of
+# the fastest config, and ncu's kernel names over 2 batches (split-K reduction
+# launches per batch; expected 6-7 with cublas, 0 with either lt path).
+gemm() {
+    products
+    for path in cublas lt-inplace lt-nosplit; do
+        export TANDEM_GEMM=$path
+        stage "TANDEM_GEMM=$path: parity cuda::"
+        timeout 120 "$bin/parity" cuda:: 2>&1 | grep -E 'test result|FAILED|panicked' | head -6
+        train "fastest-gemm-$path" "${fastest[@]}"
+        stage "TANDEM_GEMM=$path: ncu kernel names, 2 batches after 3000 launches"
+        timeout 120 /usr/local/cuda/bin/ncu --clock-control none \
+            --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 170 \
+            "$bin/tandem" train "${model[@]}" "${fastest[@]}" --set train.epochs=1 \
+            > "/tmp/issue23-gemm-$path.log" 2>&1 || echo "rc=$?"
+        gzip -c "/tmp/issue23-gemm-$path.log" > "$out/issue23-gemm-$path.ncu.log.gz"
+        python3 - "/tmp/issue23-gemm-$path.log" "$path" <<'EOF' | tee -a "$out/issue23-gemm.txt"
+import re, sys, collections
+text = open(sys.argv[1]).read()
+seq = re.findall(r'==PROF== Profiling "([^"]*)"', text)
+starts = [i for i, n in enumerate(seq) if n == "gather_rows"]
+b = max(len(starts) - 1, 1)
+window = seq[starts[0]:starts[-1]] if len(starts) > 1 else seq
+# cuBLAS's GEMMs show as sm80_xmma_gemm_*, sm90_* or cutlass's `Kernel2`; its split-K
+# reduction as splitKreduce_kernel (2026-11-26 log).
+is_gemm = lambda n: re.search(r"gemm|sm90|sm80|cutlass|xmma|^Kernel\d*$", n, re.I) and not re.search(r"splitk", n, re.I)
+is_red = lambda n: re.search(r"splitk|reduce", n, re.I) and not n.startswith("xent")
+gemm = [n for n in window if is_gemm(n)]
+red = [n for n in window if is_red(n)]
+us = collections.Counter()
+# One duration section per profiled launch (no --print-summary), in launch order.
+durs = re.findall(r"gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)", text)
+scale = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+for name, (unit, v) in zip(seq, durs):
+    us["gemm" if is_gemm(name) else "reduce" if is_red(name) else "other"] += float(v.replace(",", "")) * scale.get(unit, 1.0)
+n = max(len(seq) / max(len(window) / b, 1), 1)
+print(f"{sys.argv[2]:>11}: {len(window) / b:.1f} launches/batch, GEMM {len(gemm) / b:.1f}, split-K reductions {len(red) / b:.1f}; "
+      f"per batch GEMM {us['gemm'] / n:.0f} us, reductions {us['reduce'] / n:.0f} us, other {us['other'] / n:.0f} us")
+print("   reduction kernels:", dict(collections.Counter(red)))
+EOF
+    done
+    unset TANDEM_GEMM
+    for path in cublas lt-inplace lt-nosplit; do
+        echo "TANDEM_GEMM=$path: $(epoch_s "$out/issue23-train-fastest-gemm-$path.txt") s/epoch"
+    done | tee -a "$out/issue23-gemm.txt"
+}
+
 case "$part" in
 build)
     cargo build --release -p runtime --bin tandem
@@ -168,6 +219,7 @@ check) check 2>&1 | tee "$out/issue23-check.txt" ;;
 peer) peer ;;
 syncs) syncs ;;
 ncu) ncu ;;
+gemm) gemm ;;
 all)
     { echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
       check; peer; syncs; ncu; } 2>&1 | tee "$out/issue23-all.txt"

@@ -185,6 +185,102 @@ extern "C" __global__ void dropout_act_backward(const u32* mask, const float* y,
     }
 }
 
+// One element of act_backward_colsum: dropout_act_backward's math (has_mask) or
+// relu_backward / elu_backward's (g unchanged where y > 0).
+__device__ __forceinline__ float act_back_one(float g, float o, u32 keep, u32 has_mask,
+                                              float scale, u32 act, float alpha) {
+    if (has_mask) g = keep ? __fmul_rn(g, scale) : 0.0f;
+    if (!(o > 0.0f)) g = act == 0 ? 0.0f : __fmul_rn(g, __fadd_rn(o, alpha));
+    return g;
+}
+
+// Threads per block of act_backward_colsum (8 warps; the host launches exactly this).
+#define ACT_COLSUM_THREADS 256
+
+// A hidden layer's backward below the layer above, with its bias gradient, in one
+// launch: dy (row-major rows × cols) goes through dropout_act_backward when has_mask
+// (relu_backward / elu_backward alone otherwise), in place, bit for bit those
+// kernels, and out[c] (+)= Σ_r dy[r, c] of the result (the bias gradient).
+// Work item = (chunk of chunk_rows rows, tile of 32 columns): lane = column
+// tile·32 + lane, warp w sums rows [chunk·chunk_rows + w·sub, + sub) in row order
+// (sub = chunk_rows / 8), the 8 warp sums are added in warp order into
+// partial[chunk·cols + c], and the last block to finish (ticket[0] counts blocks;
+// it must be 0 at launch and is 0 again after) adds the chunks in order into out.
+// Fixed order throughout: deterministic for a given chunk_rows (a multiple of 8).
+extern "C" __global__ void act_backward_colsum(const u32* mask, u32 has_mask, const float* y,
+                                               float* dy, u64 rows, u64 cols, float scale,
+                                               u32 act, float alpha, u64 chunk_rows,
+                                               float* partial, u32* ticket, float* out,
+                                               u32 accumulate) {
+    __shared__ float sums[ACT_COLSUM_THREADS];
+    __shared__ u32 last;
+    const u32 lane = lane_id();
+    const u32 warp = threadIdx.x / WARP_SIZE;
+    const u64 sub = chunk_rows / (ACT_COLSUM_THREADS / WARP_SIZE);
+    const u64 chunks = (rows + chunk_rows - 1) / chunk_rows;
+    const u64 tiles = (cols + WARP_SIZE - 1) / WARP_SIZE;
+    for (u64 item = blockIdx.x; item < chunks * tiles; item += gridDim.x) {
+        const u64 chunk = item / tiles;
+        const u64 c = (item % tiles) * WARP_SIZE + lane;
+        const u64 r0 = chunk * chunk_rows + warp * sub;
+        const u64 r1 = min(rows, r0 + sub);
+        float acc = 0.0f;
+        if (c < cols) {
+            // 4 rows at a time: their loads are issued before any store (dy may
+            // alias nothing, but the compiler cannot know), then the same per-row
+            // math and the same row order of the sum as one row at a time.
+            u64 r = r0;
+            for (; r + 4 <= r1; r += 4) {
+                float g[4], o[4];
+                u32 keep[4];
+#pragma unroll
+                for (u32 j = 0; j < 4; ++j) {
+                    const u64 i = (r + j) * cols + c;
+                    g[j] = dy[i];
+                    o[j] = y[i];
+                    keep[j] = has_mask ? (mask[i / 32] >> (u32)(i % 32)) & 1u : 1u;
+                }
+#pragma unroll
+                for (u32 j = 0; j < 4; ++j) {
+                    const float v = act_back_one(g[j], o[j], keep[j], has_mask, scale, act, alpha);
+                    dy[(r + j) * cols + c] = v;
+                    acc = __fadd_rn(acc, v);
+                }
+            }
+            for (; r < r1; ++r) {
+                const u64 i = r * cols + c;
+                const u32 keep = has_mask ? (mask[i / 32] >> (u32)(i % 32)) & 1u : 1u;
+                const float v = act_back_one(dy[i], y[i], keep, has_mask, scale, act, alpha);
+                dy[i] = v;
+                acc = __fadd_rn(acc, v);
+            }
+        }
+        sums[threadIdx.x] = acc;
+        __syncthreads();
+        if (warp == 0 && c < cols) {
+            float t = 0.0f;
+            for (u32 w = 0; w < ACT_COLSUM_THREADS / WARP_SIZE; ++w)
+                t = __fadd_rn(t, sums[w * WARP_SIZE + lane]);
+            partial[chunk * cols + c] = t;
+        }
+        __syncthreads();
+    }
+    // Publish this block's partials, then take a ticket: the last block sums them.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1 ? 1u : 0u;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const volatile float* part = partial;
+    for (u64 c = threadIdx.x; c < cols; c += blockDim.x) {
+        float t = 0.0f;
+        for (u64 k = 0; k < chunks; ++k) t = __fadd_rn(t, part[k * cols + c]);
+        out[c] = accumulate ? __fadd_rn(out[c], t) : t;
+    }
+    if (threadIdx.x == 0) *ticket = 0u;
+}
+
 // Softmax cross-entropy, one warp per row: row_loss[r] = lse_r − z[r, y_r] (computed
 // as (m − z_y) + ln Σ exp(z − m)), row_correct[r] = [first arg-max == y_r], and, when
 // has_grad, grad[r, j] = (softmax_j − [j = y_r]) · inv_rows. A label >= classes is a

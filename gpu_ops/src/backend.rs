@@ -443,6 +443,81 @@ impl<'a, B: DeviceCore> DevMat<'a, B> {
     }
 }
 
+/// How a hidden layer's output gradient goes back through its epilogue
+/// ([`DenseOps::act_backward_bias_grad`]): through the dropout of the layer
+/// above when `mask` is given, then through `act`, whose output was `y`.
+pub struct ActBackward<'a, B: DeviceCore> {
+    /// The dropout mask of the layer above (applied to this layer's output), if any.
+    pub mask: Option<&'a B::Mask>,
+    /// The activation's output, as many values as the gradient.
+    pub y: &'a B::Buf<f32>,
+    /// The activation.
+    pub act: Activation,
+}
+
+/// The inputs of a softmax cross-entropy: `logits` (`rows × classes`, row-major)
+/// against `labels` (one class per row). What
+/// [`DenseOps::softmax_cross_entropy_deferred`] reads.
+pub struct XentInputs<'a, B: DeviceCore> {
+    /// The logits, `rows × classes` values.
+    pub logits: &'a B::Buf<f32>,
+    /// Number of rows.
+    pub rows: usize,
+    /// Number of classes (at least 1 when `rows > 0`).
+    pub classes: usize,
+    /// The label of each row, below `classes`.
+    pub labels: &'a B::Buf<u32>,
+}
+
+/// Where a deferred loss goes: words `2·slot` and `2·slot + 1` of `out` (the
+/// f64 bits of the loss sum, then the correct count), read batches later
+/// ([`DenseOps::softmax_cross_entropy_deferred`]).
+pub struct LossSlot<'a, B: DeviceCore> {
+    /// The slot words, at least `2·slot + 2`.
+    pub out: &'a mut B::Buf<u64>,
+    /// Which slot of `out` this batch writes.
+    pub slot: usize,
+}
+
+/// The tensors of a whole-model Adam update ([`DenseOps::adam_step_all`]):
+/// tensor `i` is `params[i][..lens[i]]`, its gradient `grads[i]` and its
+/// moments `m[i]`, `v[i]`; the five slices have one entry per tensor.
+pub struct AdamTensors<'a, B: DeviceCore> {
+    /// The parameters, updated in place.
+    pub params: &'a mut [B::Buf<f32>],
+    /// Their gradients.
+    pub grads: &'a [B::Buf<f32>],
+    /// First moments, updated in place.
+    pub m: &'a mut [B::Buf<f32>],
+    /// Second moments, updated in place.
+    pub v: &'a mut [B::Buf<f32>],
+    /// The length of each tensor.
+    pub lens: &'a [usize],
+}
+
+impl<B: DeviceCore> AdamTensors<'_, B> {
+    /// The number of tensors, or [`GpuOpsError::InvalidArgument`] when the
+    /// slices disagree on it.
+    pub fn count(&self) -> Result<usize> {
+        let t = self.lens.len();
+        let (p, g, m, v) = (
+            self.params.len(),
+            self.grads.len(),
+            self.m.len(),
+            self.v.len(),
+        );
+        if p != t || g != t || m != t || v != t {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "adam_step_all",
+                reason: format!(
+                    "{p} parameters, {g} gradients, {m} first and {v} second moments for {t} lengths"
+                ),
+            });
+        }
+        Ok(t)
+    }
+}
+
 /// Mean loss and correct count of [`DenseOps::softmax_cross_entropy`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossStats {
@@ -911,6 +986,35 @@ pub trait DenseOps: DeviceMemory {
         self.dropout_backward(mask, dy, n)?;
         self.activation_backward(y, dy, n, act)
     }
+    /// A hidden layer's backward below the layer above, with its bias gradient:
+    /// `dy[..rows·cols]` (row-major) goes through
+    /// [`DenseOps::dropout_act_backward`] when `back.mask` is given, else
+    /// [`DenseOps::activation_backward`], then `dbias[..cols]` is overwritten
+    /// with its column sums ([`DenseOps::bias_grad`]). The default makes those
+    /// calls (the host backend's results, bit for bit); CUDA makes one launch
+    /// (`act_backward_colsum`: the gradient bit for bit, the column sums in
+    /// another fixed order, so they may differ from `bias_grad`'s in the last
+    /// bits, and run to run they do not).
+    fn act_backward_bias_grad(
+        &self,
+        back: ActBackward<'_, Self>,
+        dy: &mut Self::Buf<f32>,
+        rows: usize,
+        cols: usize,
+        dbias: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| GpuOpsError::InvalidArgument {
+                name: "rows × cols",
+                reason: format!("{rows} × {cols} overflows"),
+            })?;
+        match back.mask {
+            Some(mask) => self.dropout_act_backward(mask, back.y, dy, n, back.act)?,
+            None => self.activation_backward(back.y, dy, n, back.act)?,
+        }
+        self.bias_grad(dy, rows, cols, dbias, false)
+    }
     /// `act`'s backward from its output `y`: [`DenseOps::relu_backward`] or
     /// [`DenseOps::elu_backward`].
     fn activation_backward(
@@ -945,60 +1049,45 @@ pub trait DenseOps: DeviceMemory {
         v: &mut Self::Buf<f32>,
         n: usize,
     ) -> Result<()>;
-    /// [`DenseOps::softmax_cross_entropy`] (with the gradient) without reading
-    /// the result: the loss **sum** (its f64 bits) and the correct count go to
-    /// `out[2·slot]` and `out[2·slot + 1]`, to be read batches later, many slots
-    /// in one download; a non-finite sum sets `guard[0] = 1`, which nothing but
-    /// the caller clears and which [`DenseOps::adam_step_all`] obeys. No
-    /// synchronization on CUDA (the deferred-loss protocol, `model/mod.rs`).
-    #[allow(clippy::too_many_arguments)]
+    /// [`DenseOps::softmax_cross_entropy`] of `inp` (with the gradient, into
+    /// `grad`) without reading the result: the loss **sum** (its f64 bits) and
+    /// the correct count go to `dest`'s slot, to be read batches later, many
+    /// slots in one download; a non-finite sum sets `guard[0] = 1`, which
+    /// nothing but the caller clears and which [`DenseOps::adam_step_all`]
+    /// obeys. No synchronization on CUDA (the deferred-loss protocol,
+    /// `model/mod.rs`).
     fn softmax_cross_entropy_deferred(
         &self,
-        logits: &Self::Buf<f32>,
-        rows: usize,
-        classes: usize,
-        labels: &Self::Buf<u32>,
+        inp: &XentInputs<'_, Self>,
         grad: &mut Self::Buf<f32>,
-        out: &mut Self::Buf<u64>,
-        slot: usize,
+        dest: LossSlot<'_, Self>,
         guard: &mut Self::Buf<u32>,
     ) -> Result<()>;
-    /// One Adam update of every tensor `params[i][..lens[i]]` from `grads[i]`
-    /// with moments `m[i]`, `v[i]` — element for element what
+    /// One Adam update of every tensor of `t` — element for element what
     /// [`DenseOps::adam_step`] does to each — and none at all when `guard` is
     /// given and `guard[0] != 0` (a non-finite loss). The default reads the guard
     /// (a synchronization) and calls `adam_step` per tensor; CUDA makes one
     /// launch that reads the guard on the device.
-    #[allow(clippy::too_many_arguments)]
     fn adam_step_all(
         &self,
         hp: &AdamStep,
-        params: &mut [Self::Buf<f32>],
-        grads: &[Self::Buf<f32>],
-        m: &mut [Self::Buf<f32>],
-        v: &mut [Self::Buf<f32>],
-        lens: &[usize],
+        t: AdamTensors<'_, Self>,
         guard: Option<&Self::Buf<u32>>,
     ) -> Result<()> {
-        let t = lens.len();
-        if params.len() != t || grads.len() != t || m.len() != t || v.len() != t {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "adam_step_all",
-                reason: format!(
-                    "{} parameters, {} gradients, {} first and {} second moments for {t} lengths",
-                    params.len(),
-                    grads.len(),
-                    m.len(),
-                    v.len()
-                ),
-            });
-        }
+        let count = t.count()?;
         if let Some(g) = guard {
             if self.to_host(g, 1)?[0] != 0 {
                 return Ok(());
             }
         }
-        for i in 0..t {
+        let AdamTensors {
+            params,
+            grads,
+            m,
+            v,
+            lens,
+        } = t;
+        for i in 0..count {
             self.adam_step(hp, &mut params[i], &grads[i], &mut m[i], &mut v[i], lens[i])?;
         }
         Ok(())

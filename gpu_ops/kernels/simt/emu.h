@@ -103,6 +103,7 @@ inline unsigned __ballot_sync(unsigned, bool p) {
 }
 
 template <class T> inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline unsigned atomicCAS(unsigned* p, unsigned cmp, unsigned val) {
     std::atomic_ref<unsigned> r(*p);
     r.compare_exchange_strong(cmp, val);

@@ -570,6 +570,46 @@ static void test_math() {
         bool ok = true; for (u64 c = 0; c < cols; ++c) { double s = 2, l1 = 2; for (u64 r = 0; r < rows; ++r) { s += dy[r * cols + c]; l1 += std::fabs(dy[r * cols + c]); } ok &= std::fabs(out[c] - s) <= 1e-6 * l1; }
         CHECK(ok, "bias grad %llux%llu", rows, cols);
     }
+    // act_backward_colsum: the backward (with or without the dropout mask) equals the
+    // unfused kernels bit for bit, the column sums of its result match a double
+    // reference (accumulated and not), the ticket is 0 again after each launch, and a
+    // second launch gives the same bits. Odd shapes; chunks of 8 and 40 rows (1 and
+    // 5 rows a warp: the 4-row step and its tail) and the host's choice; grids
+    // smaller than the work (the item loop wraps).
+    for (auto [rows, cols] : std::vector<std::pair<u64, u64>>{{1, 1}, {37, 5}, {301, 33}, {64, 256}, {1029, 129}, {4100, 40}, {0, 7}, {9, 0}}) {
+        const u64 nn = rows * cols;
+        const u64 host_chunk = std::max<u64>(8, ((rows + 63) / 64 + 7) / 8 * 8);
+        for (u64 chunk_rows : {(u64)8, (u64)40, host_chunk}) for (u32 act : {0u, 1u}) for (u32 has_mask : {0u, 1u}) {
+            std::vector<float> y(nn), dy0(nn);
+            for (auto& v : y) v = rnd() > 0 ? 2 * rnd() : -0.6f * std::fabs(rnd());
+            for (auto& v : dy0) v = rnd();
+            if (nn > 2) { y[0] = 0.0f; y[1] = std::nanf(""); }
+            std::vector<u32> mask((nn + 31) / 32);
+            for (auto& m : mask) m = (u32)rng();
+            const float scale = 1.0f / 0.7f, alpha = 0.7f;
+            std::vector<float> ga = dy0;
+            if (has_mask) launch(dropout_backward, tgrid(nn), T, (const u32*)mask.data(), ga.data(), nn, scale);
+            if (act == 0) launch(relu_backward, tgrid(nn), T, (const float*)y.data(), ga.data(), nn);
+            else launch(elu_backward, tgrid(nn), T, (const float*)y.data(), ga.data(), nn, alpha);
+            const u64 chunks = (rows + chunk_rows - 1) / chunk_rows, tiles = (cols + 31) / 32;
+            const unsigned grid = (unsigned)std::max<u64>(1, std::min<u64>(chunks * tiles, 3));
+            std::vector<u32> out_bits[2];
+            for (u32 accumulate : {0u, 1u}) for (int rep = 0; rep < 2; ++rep) {
+                std::vector<float> gb = dy0, part(std::max<u64>(1, chunks * cols), 77.0f), out(cols, 2.0f);
+                u32 ticket = 0;
+                launch(act_backward_colsum, grid, T, (const u32*)mask.data(), has_mask, (const float*)y.data(), gb.data(), rows, cols, scale, act, alpha, chunk_rows, part.data(), &ticket, out.data(), accumulate);
+                auto fbits = [](const std::vector<float>& v) { std::vector<u32> b(v.size()); for (size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<u32>(v[i]); return b; };
+                bool ok = fbits(ga) == fbits(gb) && ticket == 0;
+                for (u64 c = 0; c < cols; ++c) {
+                    double s = accumulate ? 2 : 0, l1 = 2; bool nan = false;
+                    for (u64 r = 0; r < rows; ++r) { double g = ga[r * cols + c]; nan |= std::isnan(g); s += g; l1 += std::fabs(g); }
+                    ok &= nan ? std::isnan(out[c]) : std::fabs(out[c] - s) <= 1e-6 * l1;
+                }
+                if (rep == 0) out_bits[accumulate] = fbits(out); else ok &= fbits(out) == out_bits[accumulate];
+                CHECK(ok, "act_backward_colsum %llux%llu chunk %llu act %u mask %u acc %u rep %d", rows, cols, chunk_rows, act, has_mask, accumulate, rep);
+            }
+        }
+    }
     // elu, relu
     std::vector<float> e(1000), r2; for (auto& v : e) v = 3 * rnd(); e[0] = 0; r2 = e;
     std::vector<float> e2 = e;

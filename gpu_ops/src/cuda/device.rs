@@ -23,6 +23,7 @@ use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 
 use super::alloc::{CudaBuf, Init, Pool};
 use super::driver::{blas_err, describe_driver_error, drv, panic_message};
+use super::gemm_lt::{self, GemmLt, GemmPath};
 use super::kernels::{require_nvrtc, Kernels, PtrMut};
 use super::stats::AllocatorStats;
 use crate::backend::DeviceKind;
@@ -140,10 +141,17 @@ pub(crate) struct DeviceInfo {
 /// out of range. Determinism and the other contracts: `docs/gpu.md`.
 pub struct CudaBackend {
     pub(crate) fault: CudaBuf<u32>,
+    /// The block counter of `act_backward_colsum` (its last block sums the
+    /// partials): 0 between launches, each launch leaves it at 0. Launches on
+    /// the compute stream only, so one word serves them all in order.
+    pub(crate) ticket: CudaBuf<u32>,
     /// The multi-tensor Adam table last uploaded (its words and the buffer):
     /// `DenseOps::adam_step_all` reuses it while the parameters keep their buffers.
     pub(crate) adam_table: Mutex<Option<(Vec<u64>, CudaBuf<u64>)>>,
     blas: Mutex<BlasHandle>,
+    /// cuBLASLt for `DenseOps::matmul` when `TANDEM_GEMM` asks for it
+    /// (`gemm_lt.rs`); `None`: `cublasSgemm`.
+    pub(crate) gemm_lt: Option<GemmLt>,
     pub(crate) kernels: Kernels,
     pub(crate) pool: Arc<Pool>,
     pub(crate) compute: CudaStreamHandle,
@@ -235,10 +243,17 @@ impl CudaBackend {
         unsafe { cublas::result::set_stream(handle, compute.cu_stream() as _) }
             .map_err(blas_err("cublasSetStream"))?;
         let fault = pool.alloc::<u32>(FAULT_WORDS, Init::Zeroed, "fault word")?;
+        let ticket = pool.alloc::<u32>(1, Init::Zeroed, "column-sum ticket")?;
+        let gemm_lt = match GemmPath::from_env()? {
+            GemmPath::Cublas => None,
+            path => Some(GemmLt::new(path, gemm_lt::workspace(&pool))?),
+        };
         Ok(Self {
             fault,
+            ticket,
             adam_table: Mutex::new(None),
             blas: Mutex::new(blas),
+            gemm_lt,
             kernels,
             pool,
             compute: CudaStreamHandle { inner: compute },

@@ -14,8 +14,8 @@ use super::stats::AllocatorStats;
 use crate::backend::{
     AdamStep, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind,
     DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatInputsDev, GatSaved, GraphOps,
-    LossStats, MemoryInfo, Precision, Sampling, SparseOps, SparseShape, TopologyPlacement,
-    TransferStats,
+    LossSlot, LossStats, MemoryInfo, Precision, Sampling, SparseOps, SparseShape,
+    TopologyPlacement, TransferStats, XentInputs,
 };
 use crate::error::{GpuOpsError, Result};
 
@@ -169,8 +169,8 @@ uninhabited! {
         fn softmax_cross_entropy(&Never, usize, usize, &Never, Option<&mut Never>)
             -> Result<LossStats>;
         fn adam_step(&AdamStep, &mut Never, &Never, &mut Never, &mut Never, usize) -> Result<()>;
-        fn softmax_cross_entropy_deferred(&Never, usize, usize, &Never, &mut Never, &mut Never,
-            usize, &mut Never) -> Result<()>;
+        fn softmax_cross_entropy_deferred(&XentInputs<'_, Self>, &mut Never, LossSlot<'_, Self>,
+            &mut Never) -> Result<()>;
         fn widen_bf16(&Never, usize, &mut Never) -> Result<()>;
         fn scale(&mut Never, usize, f32) -> Result<()>;
         fn count_nonfinite(&Never, usize, &mut Never) -> Result<()>;

@@ -477,6 +477,10 @@ define_kernels! {
                          out: PtrMut<f32>, mask: PtrMut<u32>);
         dropout_act_backward(mask: Ptr<u32>, y: Ptr<f32>, dy: PtrMut<f32>, n: u64, scale: f32,
                              act: u32, alpha: f32);
+        act_backward_colsum(mask: Ptr<u32>, has_mask: u32, y: Ptr<f32>, dy: PtrMut<f32>,
+                            rows: u64, cols: u64, scale: f32, act: u32, alpha: f32,
+                            chunk_rows: u64, partial: PtrMut<f32>, ticket: PtrMut<u32>,
+                            out: PtrMut<f32>, accumulate: u32);
         xent_rows(logits: Ptr<f32>, rows: u64, classes: u64, labels: Ptr<u32>,
                   grad: PtrMut<f32>, has_grad: u32, inv_rows: f32, row_loss: PtrMut<f32>,
                   row_correct: PtrMut<u32>, fault: PtrMut<u32>);

@@ -19,11 +19,28 @@ use super::alloc::{CudaBuf, Init};
 use super::device::CudaBackend;
 use super::driver::blas_err;
 use super::kernels::{launch, Grid, Ptr, PtrMut};
-use crate::backend::{Activation, AdamStep, DenseOps, DevMat, LossStats};
+use crate::backend::{
+    ActBackward, Activation, AdamStep, AdamTensors, DenseOps, DevMat, LossSlot, LossStats,
+    XentInputs,
+};
 use crate::error::{GpuOpsError, Result};
 
 /// Rows per partial sum of the column reductions (fixed: the sum order is fixed).
 const COLSUM_CHUNK_ROWS: usize = 256;
+/// Threads per block of `act_backward_colsum` (`ACT_COLSUM_THREADS` in math.cu).
+const ACT_COLSUM_THREADS: u32 = 256;
+/// At most this many row chunks in `act_backward_colsum`: its last block adds
+/// `chunks` partials per column, so few chunks keep that tail short.
+const ACT_COLSUM_MAX_CHUNKS: usize = 64;
+
+/// Rows per chunk of `act_backward_colsum` for `rows` rows: a multiple of 8
+/// (one share per warp), at least 8, and few enough chunks
+/// ([`ACT_COLSUM_MAX_CHUNKS`]). Fixed by `rows`, so the sum order is too.
+fn act_colsum_chunk_rows(rows: usize) -> usize {
+    rows.div_ceil(ACT_COLSUM_MAX_CHUNKS)
+        .next_multiple_of(8)
+        .max(8)
+}
 /// Threads of `xent_reduce` (`XENT_REDUCE_THREADS` in math.cu).
 const XENT_REDUCE_THREADS: u32 = 256;
 /// Stream index of dropout's keys (so a dropout seed never reuses another op's
@@ -328,6 +345,12 @@ impl DenseOps for CudaBackend {
         }
         let p = ColMajorGemm::from_row_major(trans_a, trans_b, m, n, k)?;
         self.bind()?;
+        if let Some(lt) = &self.gemm_lt {
+            // The opt-in cuBLASLt path (`TANDEM_GEMM`, gemm_lt.rs): the same
+            // column-major problem, split-K restricted.
+            let ptrs = (b.raw(), a.raw(), c.raw());
+            return lt.matmul(&p, ptrs, accumulate, self.blas_math(), self.cu());
+        }
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         self.with_blas(|h| {
             // SAFETY: `h` is this backend's live handle, bound to the compute stream
@@ -539,6 +562,63 @@ impl DenseOps for CudaBackend {
         .launch(&self.kernels, self.cu(), self.grid_threads(n))
     }
 
+    /// One kernel (`act_backward_colsum`): the gradient as the unfused ops, the
+    /// column sums in chunks of `act_colsum_chunk_rows` rows.
+    fn act_backward_bias_grad(
+        &self,
+        back: ActBackward<'_, Self>,
+        dy: &mut CudaBuf<f32>,
+        rows: usize,
+        cols: usize,
+        dbias: &mut CudaBuf<f32>,
+    ) -> Result<()> {
+        let n = elems("rows × cols", rows, cols)?;
+        if let Some(mask) = back.mask {
+            mask.check_covers(
+                "act_backward_bias_grad rows × cols (elements the mask covers)",
+                n,
+            )?;
+        }
+        back.y
+            .check_len("act_backward_bias_grad y (rows × cols values)", n)?;
+        dy.check_len("act_backward_bias_grad dy (rows × cols values)", n)?;
+        dbias.check_len("act_backward_bias_grad dbias (cols values)", cols)?;
+        let (act, alpha) = Self::activation_code(back.act)?;
+        if cols == 0 {
+            return Ok(());
+        }
+        let chunk_rows = act_colsum_chunk_rows(rows);
+        let chunks = rows.div_ceil(chunk_rows);
+        let items = chunks * cols.div_ceil(32);
+        let mut partial = self.buf::<f32>(
+            elems("chunks × cols", chunks, cols)?.max(1),
+            Init::Uninit,
+            "column sum partials",
+        )?;
+        let blocks = items.clamp(1, self.kernels.max_blocks() as usize) as u32;
+        launch::act_backward_colsum {
+            mask: back.mask.map_or(Ptr::null(), |m| m.words.ptr()),
+            has_mask: u32::from(back.mask.is_some()),
+            y: back.y.ptr(),
+            dy: dy.ptr_mut(),
+            rows: rows as u64,
+            cols: cols as u64,
+            scale: back.mask.map_or(1.0, |m| m.scale),
+            act,
+            alpha,
+            chunk_rows: chunk_rows as u64,
+            partial: partial.ptr_mut(),
+            ticket: PtrMut::new(self.ticket.raw()),
+            out: dbias.ptr_mut(),
+            accumulate: 0,
+        }
+        .launch(
+            &self.kernels,
+            self.cu(),
+            Grid::exact(blocks, ACT_COLSUM_THREADS),
+        )
+    }
+
     fn dropout_backward(&self, mask: &CudaMask, dy: &mut CudaBuf<f32>, n: usize) -> Result<()> {
         mask.check_covers("dropout_backward n (elements the mask covers)", n)?;
         dy.check_len("dropout_backward dy", n)?;
@@ -560,8 +640,14 @@ impl DenseOps for CudaBackend {
         labels: &CudaBuf<u32>,
         grad: Option<&mut CudaBuf<f32>>,
     ) -> Result<LossStats> {
+        let inp = XentInputs {
+            logits,
+            rows,
+            classes,
+            labels,
+        };
         if rows == 0 {
-            self.check_xent(logits, rows, classes, labels, grad.as_deref())?;
+            self.check_xent(&inp, grad.as_deref())?;
             return Ok(LossStats {
                 loss: 0.0,
                 correct: 0,
@@ -569,15 +655,7 @@ impl DenseOps for CudaBackend {
         }
         // [f64 bits of the loss sum, correct count]
         let mut totals = self.buf::<u64>(2, Init::Uninit, "loss totals")?;
-        self.xent_into(
-            logits,
-            rows,
-            classes,
-            labels,
-            grad,
-            totals.ptr_mut(),
-            PtrMut::null(),
-        )?;
+        self.xent_into(&inp, grad, totals.ptr_mut(), PtrMut::null())?;
         let mut out = [0u64; 2];
         self.download_slice(&self.compute, &totals, &mut out)?;
         Ok(LossStats {
@@ -590,27 +668,21 @@ impl DenseOps for CudaBackend {
     /// non-finite sum sets the guard, all on the compute stream.
     fn softmax_cross_entropy_deferred(
         &self,
-        logits: &CudaBuf<f32>,
-        rows: usize,
-        classes: usize,
-        labels: &CudaBuf<u32>,
+        inp: &XentInputs<'_, Self>,
         grad: &mut CudaBuf<f32>,
-        out: &mut CudaBuf<u64>,
-        slot: usize,
+        dest: LossSlot<'_, Self>,
         guard: &mut CudaBuf<u32>,
     ) -> Result<()> {
+        let LossSlot { out, slot } = dest;
         out.check_len("deferred loss slots (2 words per slot)", 2 * slot + 2)?;
         guard.check_len("loss guard", 1)?;
-        if rows == 0 {
-            self.check_xent(logits, rows, classes, labels, Some(grad))?;
+        if inp.rows == 0 {
+            self.check_xent(inp, Some(grad))?;
             self.fill_bytes_at(out, 2 * slot, 2, 0)?;
             return Ok(());
         }
         self.xent_into(
-            logits,
-            rows,
-            classes,
-            labels,
+            inp,
             Some(grad),
             out.ptr_mut().offset(2 * slot),
             guard.ptr_mut(),
@@ -623,27 +695,18 @@ impl DenseOps for CudaBackend {
     fn adam_step_all(
         &self,
         hp: &AdamStep,
-        params: &mut [CudaBuf<f32>],
-        grads: &[CudaBuf<f32>],
-        m: &mut [CudaBuf<f32>],
-        v: &mut [CudaBuf<f32>],
-        lens: &[usize],
+        tensors: AdamTensors<'_, Self>,
         guard: Option<&CudaBuf<u32>>,
     ) -> Result<()> {
         check_adam(hp)?;
-        let t = lens.len();
-        if params.len() != t || grads.len() != t || m.len() != t || v.len() != t {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "adam_step_all",
-                reason: format!(
-                    "{} parameters, {} gradients, {} first and {} second moments for {t} lengths",
-                    params.len(),
-                    grads.len(),
-                    m.len(),
-                    v.len()
-                ),
-            });
-        }
+        let t = tensors.count()?;
+        let AdamTensors {
+            params,
+            grads,
+            m,
+            v,
+            lens,
+        } = tensors;
         if t > u32::MAX as usize {
             return Err(GpuOpsError::InvalidArgument {
                 name: "adam_step_all",
@@ -765,14 +828,13 @@ impl AdamFactors {
 
 impl CudaBackend {
     /// The argument checks of the softmax cross-entropy.
-    fn check_xent(
-        &self,
-        logits: &CudaBuf<f32>,
-        rows: usize,
-        classes: usize,
-        labels: &CudaBuf<u32>,
-        grad: Option<&CudaBuf<f32>>,
-    ) -> Result<usize> {
+    fn check_xent(&self, inp: &XentInputs<'_, Self>, grad: Option<&CudaBuf<f32>>) -> Result<usize> {
+        let &XentInputs {
+            logits,
+            rows,
+            classes,
+            labels,
+        } = inp;
         let n = elems("rows × classes", rows, classes)?;
         logits.check_len("softmax_cross_entropy logits (rows × classes values)", n)?;
         labels.check_len("softmax_cross_entropy labels (one per row)", rows)?;
@@ -790,18 +852,20 @@ impl CudaBackend {
 
     /// `xent_rows` then `xent_reduce` into `out_loss` (the f64 sum) and the
     /// next word (the correct count); `guard` may be null. `rows > 0`.
-    #[allow(clippy::too_many_arguments)]
     fn xent_into(
         &self,
-        logits: &CudaBuf<f32>,
-        rows: usize,
-        classes: usize,
-        labels: &CudaBuf<u32>,
+        inp: &XentInputs<'_, Self>,
         grad: Option<&mut CudaBuf<f32>>,
         out: PtrMut<u64>,
         guard: PtrMut<u32>,
     ) -> Result<()> {
-        self.check_xent(logits, rows, classes, labels, grad.as_deref())?;
+        self.check_xent(inp, grad.as_deref())?;
+        let &XentInputs {
+            logits,
+            rows,
+            classes,
+            labels,
+        } = inp;
         let mut row_loss = self.buf::<f32>(rows, Init::Uninit, "loss per row")?;
         let mut row_correct = self.buf::<u32>(rows, Init::Uninit, "correct per row")?;
         let (grad_ptr, has_grad) = match grad {
@@ -899,6 +963,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The fused column sums' chunks: a multiple of 8 rows (one share per
+    /// warp), at least 8, at most `ACT_COLSUM_MAX_CHUNKS` of them, covering
+    /// every row.
+    #[test]
+    fn act_colsum_chunks_are_few_and_split_by_warp() {
+        for rows in [
+            0usize,
+            1,
+            7,
+            8,
+            63,
+            64,
+            512,
+            513,
+            1024,
+            6001,
+            60_000,
+            1 << 24,
+        ] {
+            let c = act_colsum_chunk_rows(rows);
+            assert!(c >= 8 && c.is_multiple_of(8), "{rows}: {c}");
+            assert!(rows.div_ceil(c) <= ACT_COLSUM_MAX_CHUNKS, "{rows}: {c}");
+            assert!(rows.div_ceil(c) * c >= rows);
+        }
+        assert_eq!(act_colsum_chunk_rows(1024), 16);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! host memory), `kernels.rs` (kernel registry, NVRTC, typed launch arguments), `transfer.rs`
 //! (copies), `scan.rs` (prefix sums), `sample.rs` (topology, sampling, relabel,
 //! blocks), `features.rs` (feature cache, gather, row selection), `math.rs` (dense
-//! math), `aggregate.rs` (aggregation, GAT), `sparse.rs` (sparse rows: not
+//! math; `gemm_lt.rs`: the opt-in cuBLASLt GEMM path), `aggregate.rs` (aggregation, GAT), `sparse.rs` (sparse rows: not
 //! implemented, reported as such). Each file implements its op family's
 //! trait ([`crate::DeviceCore`] in `device.rs`, [`crate::DeviceMemory`] in
 //! `transfer.rs`, [`crate::Sampling`], [`crate::FeatureStore`], [`crate::DenseOps`],
@@ -35,6 +35,8 @@ mod device;
 mod driver;
 #[cfg(feature = "cuda")]
 mod features;
+#[cfg(feature = "cuda")]
+mod gemm_lt;
 #[cfg(feature = "cuda")]
 mod kernels;
 #[cfg(feature = "cuda")]

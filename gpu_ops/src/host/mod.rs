@@ -28,9 +28,10 @@ use std::sync::Arc;
 use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, Simd, SparseRows};
 
 use crate::backend::{
-    AdamStep, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind,
-    DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatInputsDev, GatSaved, GraphOps,
-    LossStats, MemoryInfo, Sampling, SparseOps, SparseShape, TopologyPlacement,
+    AdamStep, AdamTensors, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore,
+    DeviceKind, DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatInputsDev,
+    GatSaved, GraphOps, LossSlot, LossStats, MemoryInfo, Sampling, SparseOps, SparseShape,
+    TopologyPlacement, XentInputs,
 };
 use crate::error::{GpuOpsError, Result};
 
@@ -481,15 +482,12 @@ impl DenseOps for HostBackend {
     /// as the protocol says: no synchronization is counted.
     fn softmax_cross_entropy_deferred(
         &self,
-        logits: &HostBuf<f32>,
-        rows: usize,
-        classes: usize,
-        labels: &HostBuf<u32>,
+        inp: &XentInputs<'_, Self>,
         grad: &mut HostBuf<f32>,
-        out: &mut HostBuf<u64>,
-        slot: usize,
+        dest: LossSlot<'_, Self>,
         guard: &mut HostBuf<u32>,
     ) -> Result<()> {
+        let LossSlot { out, slot } = dest;
         let found = out.len();
         let words = out.as_mut_slice().get_mut(2 * slot..2 * slot + 2).ok_or(
             GpuOpsError::SizeMismatch {
@@ -506,10 +504,15 @@ impl DenseOps for HostBackend {
                 expected: 1,
                 found: 0,
             })?;
-        let s =
-            math::softmax_cross_entropy(logits, rows, classes, labels, Some(grad.as_mut_slice()))?;
+        let s = math::softmax_cross_entropy(
+            inp.logits,
+            inp.rows,
+            inp.classes,
+            inp.labels,
+            Some(grad.as_mut_slice()),
+        )?;
         // The sum as the synchronous path's caller forms it (mean × rows).
-        let sum = s.loss * rows as f64;
+        let sum = s.loss * inp.rows as f64;
         words[0] = sum.to_bits();
         words[1] = s.correct as u64;
         if !sum.is_finite() {
@@ -522,30 +525,21 @@ impl DenseOps for HostBackend {
     fn adam_step_all(
         &self,
         hp: &AdamStep,
-        params: &mut [HostBuf<f32>],
-        grads: &[HostBuf<f32>],
-        m: &mut [HostBuf<f32>],
-        v: &mut [HostBuf<f32>],
-        lens: &[usize],
+        t: AdamTensors<'_, Self>,
         guard: Option<&HostBuf<u32>>,
     ) -> Result<()> {
-        let t = lens.len();
-        if params.len() != t || grads.len() != t || m.len() != t || v.len() != t {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "adam_step_all",
-                reason: format!(
-                    "{} parameters, {} gradients, {} first and {} second moments for {t} lengths",
-                    params.len(),
-                    grads.len(),
-                    m.len(),
-                    v.len()
-                ),
-            });
-        }
+        let count = t.count()?;
         if guard.is_some_and(|g| g.as_slice().first().is_some_and(|&w| w != 0)) {
             return Ok(());
         }
-        for i in 0..t {
+        let AdamTensors {
+            params,
+            grads,
+            m,
+            v,
+            lens,
+        } = t;
+        for i in 0..count {
             math::adam_step(hp, &mut params[i], &grads[i], &mut m[i], &mut v[i], lens[i])?;
         }
         Ok(())

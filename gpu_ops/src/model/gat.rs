@@ -264,7 +264,9 @@ impl<B: Backend> Layer<B> for Gat<B> {
         } else {
             g
         };
-        dev.bias_grad(d_o, nd, width, db, false)?;
+        if !grad.bias_done {
+            dev.bias_grad(d_o, nd, width, db, false)?;
+        }
         let inp = self.attention_inputs(&state.z, a_src, a_dst);
         let gg = dev.gat_backward(call.block, &inp, &state.saved, d_o)?;
         dev.copy(&gg.a_src, da_src, width)?;

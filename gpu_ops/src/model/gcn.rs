@@ -176,7 +176,9 @@ impl<B: Backend> Layer<B> for Gcn {
         };
         let (d_in, d_out) = (self.spec.d_in, self.spec.d_out);
         let (ns, nd, g) = (call.num_src, call.num_dst, grad.g);
-        dev.bias_grad(g, nd, d_out, db, false)?;
+        if !grad.bias_done {
+            dev.bias_grad(g, nd, d_out, db, false)?;
+        }
         match &state.agg {
             None => {
                 let mut dp = dev.alloc_uninit(ns * d_out)?;

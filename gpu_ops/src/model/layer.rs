@@ -241,6 +241,11 @@ pub struct LayerGrad<'a, B: Backend> {
     pub grads: &'a mut [B::Buf<f32>],
     /// Whether to return `∂L/∂x` (`num_src × d_in`; never for layer 0).
     pub need_dx: bool,
+    /// Whether the gradient of the [`LayerDef::bias`] tensor (the column sums
+    /// of `g`) is already written: below the top the model computes it with the
+    /// activation's backward ([`DenseOps::act_backward_bias_grad`](crate::DenseOps::act_backward_bias_grad)),
+    /// and the layer leaves it.
+    pub bias_done: bool,
 }
 
 /// A layer's math on backend `B` (module doc).

@@ -104,7 +104,9 @@ mod tests;
 
 use cpu_ops::{derive_seed, AdamConfig, LayerSpec, ModelConfig};
 
-use crate::backend::{AdamStep, Backend, LossStats};
+use crate::backend::{
+    ActBackward, AdamStep, AdamTensors, Backend, LossSlot, LossStats, XentInputs,
+};
 use crate::error::{GpuOpsError, Result};
 use layer::{internal, DynLayer, State};
 use layer0::layer_alone;
@@ -611,25 +613,46 @@ impl<B: Backend> DeviceModel<B> {
             let layer = &self.arch.layers[l];
             let (ns, nd) = shapes[l];
             let cache = &fwd.layers[l];
+            let range = self.arch.layer_params(l)?;
+            let mut bias_done = false;
             if let Some(g) = g_owned.as_mut() {
-                if let (0, Some((pos, n, HotGrad::Constant))) = (l, &fwd.hot) {
+                let act = cache.act.as_ref().ok_or_else(|| internal("missing act"))?;
+                // Layer l + 1's dropout, applied to this layer's output.
+                let mask = fwd
+                    .layers
+                    .get(l + 1)
+                    .and_then(|c| c.dropped.as_ref())
+                    .map(|(_, m)| m);
+                let n = nd * spec.d_out;
+                if let (0, Some((pos, hot, HotGrad::Constant))) = (l, &fwd.hot) {
                     // Historical embeddings are constants: no gradient flows into
-                    // layer 0 through the hot rows.
-                    let need = n * spec.d_out;
+                    // layer 0 through the hot rows. The dropout's backward, the
+                    // rows zeroed, the activation's backward (where there is no
+                    // dropout above), and the layer its own bias gradient: the
+                    // order of the ops before the fused one below.
+                    if let Some(mask) = mask {
+                        dev.dropout_act_backward(mask, act, g, n, layer.activation())?;
+                    }
+                    let need = hot * spec.d_out;
                     if self.hot_zeros.as_ref().is_none_or(|z| dev.len(z) < need) {
                         self.hot_zeros = Some(dev.alloc(need + need / 4)?);
                     }
                     let zeros = self.hot_zeros.as_ref().ok_or_else(|| internal("zeros"))?;
-                    dev.index_put_rows(zeros, spec.d_out, pos, *n, g)?;
-                }
-                // (Zeroing those rows before or after the activation's backward
-                // is the same: it maps a zero gradient to zero.)
-                // Layer l + 1's dropout fused this activation's backward with its
-                // own (below), when it had one.
-                let fused = fwd.layers.get(l + 1).is_some_and(|c| c.dropped.is_some());
-                if !fused {
-                    let act = cache.act.as_ref().ok_or_else(|| internal("missing act"))?;
-                    dev.activation_backward(act, g, nd * spec.d_out, layer.activation())?;
+                    dev.index_put_rows(zeros, spec.d_out, pos, *hot, g)?;
+                    if mask.is_none() {
+                        dev.activation_backward(act, g, n, layer.activation())?;
+                    }
+                } else {
+                    // The dropout's backward (if any), the activation's and the
+                    // bias gradient: one launch on CUDA.
+                    let back = ActBackward {
+                        mask,
+                        y: act,
+                        act: layer.activation(),
+                    };
+                    let db = &mut self.grads[range.start + layer.bias()];
+                    dev.act_backward_bias_grad(back, g, nd, spec.d_out, db)?;
+                    bias_done = true;
                 }
             }
             let input = match (&cache.dropped, l) {
@@ -643,7 +666,6 @@ impl<B: Backend> DeviceModel<B> {
                 ),
             };
             let g = g_owned.as_ref().unwrap_or(grad_logits);
-            let range = self.arch.layer_params(l)?;
             let call = LayerCall {
                 params: &self.params[range.clone()],
                 block: &blocks[l],
@@ -655,20 +677,12 @@ impl<B: Backend> DeviceModel<B> {
                 g,
                 grads: &mut self.grads[range],
                 need_dx: l > 0,
+                bias_done,
             };
             let dx = layer.backward_dyn(dev, &call, &cache.state, grad)?;
-            if let Some(mut dx) = dx {
-                if let Some((_, mask)) = &cache.dropped {
-                    // The dropout's backward and layer l − 1's activation's in
-                    // one pass (its output is this layer's input before dropout).
-                    let below = l
-                        .checked_sub(1)
-                        .and_then(|k| fwd.layers[k].act.as_ref())
-                        .ok_or_else(|| internal("dropout below layer 0"))?;
-                    let act = self.arch.layers[l - 1].activation();
-                    let n = ns * spec.d_in;
-                    dev.dropout_act_backward(mask, below, &mut dx, n, act)?;
-                }
+            if let Some(dx) = dx {
+                // Through this layer's dropout and layer l − 1's activation at
+                // the top of the next iteration, with layer l − 1's bias gradient.
                 g_owned = Some(dx);
             }
         }
@@ -695,22 +709,21 @@ impl<B: Backend> DeviceModel<B> {
             step: self.steps,
         };
         let guard = if guarded { self.guard.as_ref() } else { None };
-        dev.adam_step_all(
-            &hp,
-            &mut self.params,
-            &self.grads,
-            &mut self.m,
-            &mut self.v,
-            &self.lens,
-            guard,
-        )
+        let tensors = AdamTensors {
+            params: &mut self.params,
+            grads: &self.grads,
+            m: &mut self.m,
+            v: &mut self.v,
+            lens: &self.lens,
+        };
+        dev.adam_step_all(&hp, tensors, guard)
     }
 
     /// Forward, loss, backward and a guarded Adam step, queued without reading
     /// anything (module doc, the deferred loss): the loss sum and the correct
-    /// count of the batch go to `out[2·slot]` and `out[2·slot + 1]`. The
-    /// version moves on at once; see [`DeviceModel::rewind_skipped`].
-    #[allow(clippy::too_many_arguments)]
+    /// count of the batch go to `dest`'s slot (`out[2·slot]` and
+    /// `out[2·slot + 1]`). The version moves on at once; see
+    /// [`DeviceModel::rewind_skipped`].
     pub fn train_step_deferred<'x>(
         &mut self,
         dev: &B,
@@ -718,8 +731,7 @@ impl<B: Backend> DeviceModel<B> {
         x: impl Into<LayerInput<'x, B>>,
         labels: &B::Buf<u32>,
         seed: u64,
-        out: &mut B::Buf<u64>,
-        slot: usize,
+        dest: LossSlot<'_, B>,
     ) -> Result<()> {
         let x = x.into();
         if self.guard.is_none() {
@@ -730,16 +742,13 @@ impl<B: Backend> DeviceModel<B> {
         let classes = self.arch.cfg.num_classes;
         let mut dlogits = dev.alloc_uninit(rows * classes)?;
         let guard = self.guard.as_mut().ok_or_else(|| internal("loss guard"))?;
-        dev.softmax_cross_entropy_deferred(
-            &fwd.logits,
+        let inp = XentInputs {
+            logits: &fwd.logits,
             rows,
             classes,
             labels,
-            &mut dlogits,
-            out,
-            slot,
-            guard,
-        )?;
+        };
+        dev.softmax_cross_entropy_deferred(&inp, &mut dlogits, dest, guard)?;
         self.backward(dev, blocks, x, &fwd, &dlogits)?;
         self.step_guarded(dev, true)
     }

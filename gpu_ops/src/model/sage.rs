@@ -158,7 +158,9 @@ impl<B: Backend> Layer<B> for Sage {
         };
         let (d_in, d_out) = (self.spec.d_in, self.spec.d_out);
         let (ns, nd, g) = (call.num_src, call.num_dst, grad.g);
-        dev.bias_grad(g, nd, d_out, db, false)?;
+        if !grad.bias_done {
+            dev.bias_grad(g, nd, d_out, db, false)?;
+        }
         XMat::new(call.x, nd, d_in).t_times(dev, g, d_out, dw_self, false)?;
         let mut dx = None;
         match &state.agg {

@@ -3,7 +3,10 @@
 use cpu_ops::{
     Accumulate, Adam, AdamConfig, MatMut, MatRef, Optimizer, Rng, Transpose, WeightDecay,
 };
-use gpu_ops::{Activation, AdamStep, Backend, DevMat, DeviceKind};
+use gpu_ops::{
+    ActBackward, Activation, AdamStep, AdamTensors, Backend, DevMat, DeviceKind, LossSlot,
+    XentInputs,
+};
 
 use crate::helpers::*;
 
@@ -455,8 +458,18 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
             d.adam_step(&hp, &mut pa[i], &grads[i], &mut ma[i], &mut va[i], lens[i])
                 .unwrap();
         }
-        d.adam_step_all(&hp, &mut pb, &grads, &mut mb, &mut vb, &lens, Some(&guard))
-            .unwrap();
+        d.adam_step_all(
+            &hp,
+            AdamTensors {
+                params: &mut pb,
+                grads: &grads,
+                m: &mut mb,
+                v: &mut vb,
+                lens: &lens,
+            },
+            Some(&guard),
+        )
+        .unwrap();
         for i in 0..lens.len() {
             for (what, a, b) in [
                 ("param", &pa[i], &pb[i]),
@@ -484,8 +497,18 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
         weight_decay: 0.0,
         step: 4,
     };
-    d.adam_step_all(&hp, &mut pb, &grads, &mut mb, &mut vb, &lens, Some(&guard))
-        .unwrap();
+    d.adam_step_all(
+        &hp,
+        AdamTensors {
+            params: &mut pb,
+            grads: &grads,
+            m: &mut mb,
+            v: &mut vb,
+            lens: &lens,
+        },
+        Some(&guard),
+    )
+    .unwrap();
     for i in 0..lens.len() {
         let after = read(d, &pb[i], lens[i], "p");
         assert!(after.iter().all(|x| x.is_finite()), "tensor {i}");
@@ -496,7 +519,17 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
         );
     }
     assert!(d
-        .adam_step_all(&hp, &mut pb[..2], &grads, &mut mb, &mut vb, &lens, None)
+        .adam_step_all(
+            &hp,
+            AdamTensors {
+                params: &mut pb[..2],
+                grads: &grads,
+                m: &mut mb,
+                v: &mut vb,
+                lens: &lens,
+            },
+            None,
+        )
         .is_err());
 
     // The deferred loss.
@@ -517,13 +550,17 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
     let mut slots = d.to_device(&[7u64; 6]).unwrap();
     let mut guard = d.to_device(&[0u32]).unwrap();
     d.softmax_cross_entropy_deferred(
-        &input(d, &logits),
-        rows,
-        classes,
-        &dlab,
+        &XentInputs {
+            logits: &input(d, &logits),
+            rows,
+            classes,
+            labels: &dlab,
+        },
         &mut g,
-        &mut slots,
-        1,
+        LossSlot {
+            out: &mut slots,
+            slot: 1,
+        },
         &mut guard,
     )
     .unwrap();
@@ -547,13 +584,17 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
     assert_eq!(down(d, &guard, 1), vec![0]);
     logits[5] = f32::NAN;
     d.softmax_cross_entropy_deferred(
-        &input(d, &logits),
-        rows,
-        classes,
-        &dlab,
+        &XentInputs {
+            logits: &input(d, &logits),
+            rows,
+            classes,
+            labels: &dlab,
+        },
         &mut g,
-        &mut slots,
-        0,
+        LossSlot {
+            out: &mut slots,
+            slot: 0,
+        },
         &mut guard,
     )
     .unwrap();
@@ -561,13 +602,17 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
     assert_eq!(down(d, &guard, 1), vec![1], "a NaN loss sets the guard");
     logits[5] = 0.5;
     d.softmax_cross_entropy_deferred(
-        &input(d, &logits),
-        rows,
-        classes,
-        &dlab,
+        &XentInputs {
+            logits: &input(d, &logits),
+            rows,
+            classes,
+            labels: &dlab,
+        },
         &mut g,
-        &mut slots,
-        2,
+        LossSlot {
+            out: &mut slots,
+            slot: 2,
+        },
         &mut guard,
     )
     .unwrap();
@@ -575,22 +620,76 @@ pub(crate) fn adam_all_and_the_deferred_loss_match_the_single_ops<B: Backend>(d:
     assert_size_mismatch(
         "a slot past the buffer",
         d.softmax_cross_entropy_deferred(
-            &input(d, &logits),
-            rows,
-            classes,
-            &dlab,
+            &XentInputs {
+                logits: &input(d, &logits),
+                rows,
+                classes,
+                labels: &dlab,
+            },
             &mut g,
-            &mut slots,
-            3,
+            LossSlot {
+                out: &mut slots,
+                slot: 3,
+            },
             &mut guard,
         ),
     );
 }
 
+/// `act_backward_bias_grad` from `dy`: the gradient equals `want_g` (the
+/// unfused ops' result) bit for bit, and the bias gradient `bias_grad` of it,
+/// bit for bit on the host, within float rounding of the column sums elsewhere
+/// (CUDA adds in another fixed order).
+fn check_act_bias<B: Backend>(
+    d: &B,
+    back: ActBackward<'_, B>,
+    dy: &[f32],
+    (rows, cols): (usize, usize),
+    want_g: &B::Buf<f32>,
+    what: &str,
+) {
+    let n = rows * cols;
+    let mut g = output(d, dy);
+    let mut db = output(d, &vec![f32::NAN; cols]);
+    d.act_backward_bias_grad(back, &mut g, rows, cols, &mut db)
+        .unwrap();
+    let want = read(d, want_g, n, "unfused backward");
+    assert_eq!(
+        bits(&read(d, &g, n, "act_backward_bias_grad")),
+        bits(&want),
+        "{what}: gradient"
+    );
+    let mut want_db = output(d, &vec![0.0; cols]);
+    d.bias_grad(want_g, rows, cols, &mut want_db, false)
+        .unwrap();
+    let (got, exp) = (
+        read(d, &db, cols, "fused bias grad"),
+        read(d, &want_db, cols, "bias grad"),
+    );
+    if d.kind() == DeviceKind::Host {
+        assert_eq!(bits(&got), bits(&exp), "{what}: bias gradient");
+    }
+    for c in 0..cols {
+        let l1: f32 = (0..rows).map(|r| want[r * cols + c].abs()).sum();
+        let ok = if exp[c].is_nan() {
+            got[c].is_nan()
+        } else {
+            (got[c] - exp[c]).abs() <= 1e-6 * (l1 + 1.0)
+        };
+        assert!(
+            ok,
+            "{what}: bias gradient column {c}: {} vs {}",
+            got[c], exp[c]
+        );
+    }
+}
+
 /// The fused hidden-layer ops equal the unfused sequence bit for bit:
 /// `bias_act_dropout` = add_bias, relu / elu, copy, dropout (same seed);
-/// `dropout_act_backward` = dropout_backward, relu / elu backward. Nothing past
-/// the prefix is written; bad arguments are errors.
+/// `dropout_act_backward` = dropout_backward, relu / elu backward;
+/// `act_backward_bias_grad` = either backward, then `bias_grad` (the column
+/// sums within rounding on CUDA). Nothing past the prefix is written; bad
+/// arguments are errors.
 pub(crate) fn fused_hidden_layer_ops_equal_the_unfused_ones<B: Backend>(d: &B) {
     let mut rng = Rng::new(17);
     for (rows, cols) in [(1037usize, 19usize), (64, 256), (3, 1)] {
@@ -636,6 +735,15 @@ pub(crate) fn fused_hidden_layer_ops_equal_the_unfused_ones<B: Backend>(d: &B) {
                 let (Some(ma), Some(mb)) = (mask_a, mask_b) else {
                     // Without dropout, `out` is not touched.
                     assert!(read(d, &hb, n, "untouched out").iter().all(|&v| v == 0.0));
+                    // The activation's backward alone, with the bias gradient.
+                    let mut ga = output(d, &dy);
+                    d.activation_backward(&ya, &mut ga, n, act).unwrap();
+                    let back = ActBackward {
+                        mask: None,
+                        y: &yb,
+                        act,
+                    };
+                    check_act_bias(d, back, &dy, (rows, cols), &ga, &what);
                     continue;
                 };
                 assert_eq!(
@@ -656,6 +764,12 @@ pub(crate) fn fused_hidden_layer_ops_equal_the_unfused_ones<B: Backend>(d: &B) {
                     bits(&read(d, &ga, n, "unfused backward")),
                     "{what}: backward"
                 );
+                let back = ActBackward {
+                    mask: Some(&mb),
+                    y: &yb,
+                    act,
+                };
+                check_act_bias(d, back, &dy, (rows, cols), &ga, &what);
             }
         }
     }

@@ -488,8 +488,7 @@ impl<B: Backend> DeviceEngine<B> {
                             x.layer(),
                             &labels,
                             seed,
-                            out,
-                            slot,
+                            gpu_ops::LossSlot { out, slot },
                         )
                         .map(|()| None),
                     _ if step => self

@@ -254,6 +254,7 @@ fn check_input(cfg: &ModelConfig, ns: usize, nd: usize, seed: u64) {
                     g: &gd,
                     grads: &mut grads,
                     need_dx: true,
+                    bias_done: false,
                 },
             )
             .expect("backward")

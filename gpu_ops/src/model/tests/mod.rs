@@ -27,7 +27,7 @@ use cpu_ops::{
 
 use super::{DeviceModel, ModelLayout};
 use crate::prelude::*;
-use crate::{HostBackend, HostBlock};
+use crate::{HostBackend, HostBlock, LossSlot};
 
 pub(super) fn random_graph(n: usize, m: usize, seed: u64) -> CsrGraph {
     let mut rng = Rng::new(seed);
@@ -397,8 +397,18 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
         let mut slots = dev.alloc::<u64>(2 * 4).expect("slots");
         let before = dev.transfer_stats();
         for k in 0..4u64 {
-            lag.train_step_deferred(&dev, &batch.blocks, &xd, &labels, k, &mut slots, k as usize)
-                .expect("deferred step");
+            lag.train_step_deferred(
+                &dev,
+                &batch.blocks,
+                &xd,
+                &labels,
+                k,
+                LossSlot {
+                    out: &mut slots,
+                    slot: k as usize,
+                },
+            )
+            .expect("deferred step");
         }
         assert_eq!(
             dev.transfer_stats().since(&before).syncs,
@@ -422,11 +432,31 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
         assert_eq!((sync.version(), lag.version()), (4, 4));
         // A NaN at the next batch: it and the two queued after it are skipped.
         let good = pl;
-        lag.train_step_deferred(&dev, &batch.blocks, &bad, &labels, 4, &mut slots, 0)
-            .expect("nan step");
+        lag.train_step_deferred(
+            &dev,
+            &batch.blocks,
+            &bad,
+            &labels,
+            4,
+            LossSlot {
+                out: &mut slots,
+                slot: 0,
+            },
+        )
+        .expect("nan step");
         for k in 5..7u64 {
-            lag.train_step_deferred(&dev, &batch.blocks, &xd, &labels, k, &mut slots, 1)
-                .expect("step after the nan");
+            lag.train_step_deferred(
+                &dev,
+                &batch.blocks,
+                &xd,
+                &labels,
+                k,
+                LossSlot {
+                    out: &mut slots,
+                    slot: 1,
+                },
+            )
+            .expect("step after the nan");
         }
         let words = dev.to_host(&slots, 4).expect("slots");
         assert!(
@@ -443,8 +473,18 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
         lag.rewind_skipped(&dev, 3).expect("rewind");
         assert_eq!(lag.version(), 4);
         // Training goes on from there exactly as the synchronous model does.
-        lag.train_step_deferred(&dev, &batch.blocks, &xd, &labels, 9, &mut slots, 3)
-            .expect("step after the rewind");
+        lag.train_step_deferred(
+            &dev,
+            &batch.blocks,
+            &xd,
+            &labels,
+            9,
+            LossSlot {
+                out: &mut slots,
+                slot: 3,
+            },
+        )
+        .expect("step after the rewind");
         sync.train_step(&dev, &batch.blocks, &xd, &labels, 9)
             .expect("step");
         assert_eq!(
