@@ -158,11 +158,11 @@ pub struct ModelSection {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ModelPrecision {
-    /// TF32 products on a CUDA device (tensor cores: GEMMs 2.71× fp32 on an
-    /// H200), FP32 on the host backend, where TF32 is only an emulation (a
-    /// rounding copy) that saves nothing. Test accuracy was unchanged within
-    /// 0.2 points on SAGE, GCN and GAT, synthetic and WordNet, 3 seeds each
-    /// (docs/config.md).
+    /// TF32 products for SAGE and GCN on a CUDA device (tensor cores: GEMMs
+    /// 2.71× fp32 on an H200); FP32 for GAT, whose attention moved test
+    /// accuracy by up to half a point under TF32, and on the host backend,
+    /// where TF32 is only an emulation (a rounding copy) that saves nothing
+    /// (the measurements: docs/config.md, "TF32 accuracy").
     #[default]
     Auto,
     /// IEEE single precision throughout.
@@ -172,10 +172,11 @@ pub enum ModelPrecision {
 }
 
 impl ModelPrecision {
-    /// The arithmetic on a CUDA device (`on_cuda`) or the host backend.
-    pub fn resolve(self, on_cuda: bool) -> Precision {
+    /// The arithmetic of a `kind` model on a CUDA device (`on_cuda`) or the
+    /// host backend.
+    pub fn resolve(self, on_cuda: bool, kind: ModelKind) -> Precision {
         match self {
-            Self::Auto if on_cuda => Precision::Tf32,
+            Self::Auto if on_cuda && kind != ModelKind::Gat => Precision::Tf32,
             Self::Auto | Self::Fp32 => Precision::Fp32,
             Self::Tf32 => Precision::Tf32,
         }

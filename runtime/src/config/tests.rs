@@ -559,8 +559,13 @@ fn model_precision_is_auto_by_default_tf32_on_cuda_and_fp32_on_the_host() {
     use gpu_ops::Precision;
     let c = TrainConfig::from_toml_with_overrides("", Path::new("t"), &[]).expect("default");
     assert_eq!(c.model.precision, ModelPrecision::Auto);
-    assert_eq!(c.model.precision.resolve(true), Precision::Tf32);
-    assert_eq!(c.model.precision.resolve(false), Precision::Fp32);
+    let auto = c.model.precision;
+    assert_eq!(auto.resolve(true, ModelKind::Sage), Precision::Tf32);
+    assert_eq!(auto.resolve(true, ModelKind::Gcn), Precision::Tf32);
+    assert_eq!(auto.resolve(true, ModelKind::Gat), Precision::Fp32);
+    for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gat] {
+        assert_eq!(auto.resolve(false, kind), Precision::Fp32);
+    }
     for (name, want) in [
         ("auto", ModelPrecision::Auto),
         ("fp32", ModelPrecision::Fp32),
@@ -572,8 +577,10 @@ fn model_precision_is_auto_by_default_tf32_on_cuda_and_fp32_on_the_host() {
         assert_eq!(want.to_string(), name);
     }
     for on_cuda in [false, true] {
-        assert_eq!(ModelPrecision::Fp32.resolve(on_cuda), Precision::Fp32);
-        assert_eq!(ModelPrecision::Tf32.resolve(on_cuda), Precision::Tf32);
+        for kind in [ModelKind::Sage, ModelKind::Gat] {
+            assert_eq!(ModelPrecision::Fp32.resolve(on_cuda, kind), Precision::Fp32);
+            assert_eq!(ModelPrecision::Tf32.resolve(on_cuda, kind), Precision::Tf32);
+        }
     }
     let e = TrainConfig::from_toml_with_overrides(
         "",

@@ -182,7 +182,7 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             init_seed: derive_seed(cfg.train.seed, 1),
             batch_size: cfg.train.batch_size,
             eval_batch_size: cfg.train.eval_batch_size,
-            precision: cfg.model.precision.resolve(on_cuda),
+            precision: cfg.model.precision.resolve(on_cuda, cfg.model.kind),
             // A rank with partitioned features gets its rows from the exchange
             // (`executor/step/data_parallel.rs`): the device never holds them all.
             defer_features: cfg.dist.features == crate::config::DistFeatures::Partitioned,
