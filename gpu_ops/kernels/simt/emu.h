@@ -115,9 +115,13 @@ inline unsigned atomicMin(unsigned* p, unsigned v) {
     return cur;
 }
 
+// Kernel launches so far (empty grids are not launched, as on the Rust side).
+inline unsigned long long g_launches = 0;
+
 // launch(kernel, blocks, threads, args...)
 template <class F, class... A> void launch(F f, unsigned blocks, unsigned threads, A... args) {
     if (blocks == 0) return;
+    ++g_launches;
     blockDim = {threads, 1, 1};
     gridDim = {blocks, 1, 1};
     for (unsigned b = 0; b < blocks; ++b) {

@@ -235,6 +235,10 @@ impl<T> PtrMut<T> {
     pub(crate) fn offset(self, elems: usize) -> Self {
         Self(self.0 + (elems * size_of::<T>()) as u64, PhantomData)
     }
+    /// The same address, read-only (for a later kernel that only reads it).
+    pub(crate) fn read_only(self) -> Ptr<T> {
+        Ptr(self.0, PhantomData)
+    }
 }
 
 /// A launch shape: `blocks × threads` (1-D), no dynamic shared memory.
@@ -513,20 +517,22 @@ define_kernels! {
         scan_u64_add(out: PtrMut<u64>, n: u64, tile_offsets: Ptr<u64>);
     }
     Sample {
-        sample_count(graph_indptr: Ptr<u64>, num_vertices: u64, frontier: Ptr<u32>, n: u64,
-                     fanout: u32, skip: Ptr<u8>, counts: PtrMut<u64>, fault: PtrMut<u32>);
+        sample_count_scan(graph_indptr: Ptr<u64>, num_vertices: u64, frontier: Ptr<u32>,
+                          n: u64, live_n: Ptr<u64>, fanout: u32, skip: Ptr<u8>,
+                          indptr: PtrMut<u64>, tile_sums: PtrMut<u64>, fault: PtrMut<u32>);
         sample_pick(graph_indptr: Ptr<u64>, graph_indices: Ptr<u32>, num_vertices: u64,
-                    frontier: Ptr<u32>, n: u64, layer_key: u64, block_indptr: Ptr<u64>,
-                    positions: PtrMut<u32>, nbrs: PtrMut<u32>);
-        unique_insert(a: Ptr<u32>, n_a: u64, b: Ptr<u32>, n_b: u64, live_b: Ptr<u64>,
-                      keys: PtrMut<u32>, min_pos: PtrMut<u32>, cap: u64, slot_of: PtrMut<u32>);
-        unique_flag(slot_of: Ptr<u32>, min_pos: Ptr<u32>, n_a: u64, n_b: u64, live_b: Ptr<u64>,
-                    flags: PtrMut<u32>);
-        unique_scatter(a: Ptr<u32>, n_a: u64, b: Ptr<u32>, n_b: u64, live_b: Ptr<u64>,
-                       slot_of: Ptr<u32>, min_pos: Ptr<u32>, ranks: Ptr<u32>,
-                       unique: PtrMut<u32>, local: PtrMut<u32>);
-        relabel_counts(live_b: Ptr<u64>, n_b: u64, ranks: Ptr<u32>, n_a: u64,
-                       out: PtrMut<u64>);
+                    frontier: Ptr<u32>, n: u64, live_n: Ptr<u64>, layer_key: u64,
+                    block_indptr: Ptr<u64>, positions: PtrMut<u32>, nbrs: PtrMut<u32>);
+        unique_insert(a: Ptr<u32>, n_a: u64, live_a: Ptr<u64>, b: Ptr<u32>, n_b: u64,
+                      live_b: Ptr<u64>, keys: PtrMut<u32>, min_pos: PtrMut<u32>, cap: u64,
+                      slot_of: PtrMut<u32>);
+        unique_flag_scan(slot_of: Ptr<u32>, min_pos: Ptr<u32>, n_a: u64, live_a: Ptr<u64>,
+                         n_b: u64, live_b: Ptr<u64>, ranks: PtrMut<u32>,
+                         tile_sums: PtrMut<u32>);
+        unique_scatter(a: Ptr<u32>, n_a: u64, live_a: Ptr<u64>, b: Ptr<u32>, n_b: u64,
+                       live_b: Ptr<u64>, slot_of: Ptr<u32>, min_pos: Ptr<u32>,
+                       ranks: Ptr<u32>, unique_cap: u64, unique: PtrMut<u32>,
+                       local: PtrMut<u32>, counts: PtrMut<u64>);
     }
     Aggregate {
         block_out_degree(indices: Ptr<u32>, num_edges: u64, out_deg: PtrMut<u32>);
