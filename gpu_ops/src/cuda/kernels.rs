@@ -235,10 +235,6 @@ impl<T> PtrMut<T> {
     pub(crate) fn offset(self, elems: usize) -> Self {
         Self(self.0 + (elems * size_of::<T>()) as u64, PhantomData)
     }
-    /// The same address, read-only (for a later kernel that only reads it).
-    pub(crate) fn read_only(self) -> Ptr<T> {
-        Ptr(self.0, PhantomData)
-    }
 }
 
 /// A launch shape: `blocks × threads` (1-D), no dynamic shared memory.

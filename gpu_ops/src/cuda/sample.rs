@@ -171,16 +171,26 @@ struct LayerOut {
     cap_dst: usize,
     cap_edges: usize,
     cap_src: usize,
-    /// Where the four counts are (in the caller's buffer).
-    counts: Ptr<u64>,
+}
+
+/// A batch enqueued by [`crate::Sampling::sample_queued`]: its layers (top
+/// first) and the buffer holding their counts, four a layer, unread.
+pub struct CudaQueued {
+    layers_rev: Vec<LayerOut>,
+    counts: CudaBuf<u64>,
+    num_seeds: usize,
+}
+
+impl std::fmt::Debug for CudaQueued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaQueued")
+            .field("layers", &self.layers_rev.len())
+            .field("num_seeds", &self.num_seeds)
+            .finish()
+    }
 }
 
 impl LayerOut {
-    /// The device count of this layer's sources: the next layer's live frontier.
-    fn live_src(&self) -> Ptr<u64> {
-        self.counts.offset(2)
-    }
-
     /// The block, its sources and their count, from the layer's four counts as
     /// read (checked against the capacities; `frontier` names the destinations in
     /// the "not distinct" error).
@@ -315,7 +325,6 @@ impl CudaBackend {
             cap_dst: n,
             cap_edges: cap,
             cap_src,
-            counts: counts.read_only(),
         })
     }
 
@@ -429,6 +438,34 @@ impl CudaBackend {
         crate::backend::DeviceMemory::to_host(self, buf, n)
     }
 
+    /// `dst[at..at + len] = src[..len]`, device to device on the compute stream.
+    fn copy_at(
+        &self,
+        src: &CudaBuf<u64>,
+        dst: &mut CudaBuf<u64>,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        src.check_len("copy source", len)?;
+        dst.check_len("copy destination end", at.saturating_add(len))?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let to = dst.raw() + (at * size_of::<u64>()) as u64;
+        // SAFETY: both ranges lie in their buffers (checked above); the copy is
+        // ordered on the compute stream after the kernels that wrote `src`.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                to,
+                src.raw(),
+                len * size_of::<u64>(),
+                self.cu(),
+            )
+        }
+        .map_err(super::driver::drv("cuMemcpyDtoDAsync"))
+    }
+
     /// A block from device CSR (its GCN weights are made on first use).
     pub(crate) fn finish_block(
         &self,
@@ -505,6 +542,8 @@ fn internal_counts() -> GpuOpsError {
 
 /// The [`crate::Sampling`] family (module doc), on the helpers above.
 impl crate::backend::Sampling for CudaBackend {
+    type Queued = CudaQueued;
+
     /// Uploads (or maps) a graph's topology.
     fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<CudaGraph> {
         let offsets = graph.offsets();
@@ -583,7 +622,8 @@ impl crate::backend::Sampling for CudaBackend {
         Ok(())
     }
 
-    /// Layered sampling (module doc).
+    /// Layered sampling (module doc): [`crate::Sampling::sample_queued`] and the
+    /// one read of [`crate::Sampling::resolve_queued`].
     fn sample(
         &self,
         graph: &CudaGraph,
@@ -591,6 +631,20 @@ impl crate::backend::Sampling for CudaBackend {
         fanouts: &[u32],
         seed: u64,
     ) -> Result<DeviceBatch<Self>> {
+        let queued = self.sample_queued(graph, seeds, fanouts, seed)?;
+        self.resolve_queued(vec![queued])?
+            .pop()
+            .ok_or_else(internal_counts)
+    }
+
+    /// Steps 1–5 of the module doc for every layer, nothing read.
+    fn sample_queued(
+        &self,
+        graph: &CudaGraph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        seed: u64,
+    ) -> Result<CudaQueued> {
         if fanouts.is_empty() {
             return Err(GpuOpsError::InvalidArgument {
                 name: "fanouts",
@@ -628,15 +682,17 @@ impl crate::backend::Sampling for CudaBackend {
         }
         let mut seed_buf = self.buf::<u32>(seeds.len(), Init::Uninit, "seeds")?;
         self.upload_slice(&self.compute, seeds, &mut seed_buf)?;
-        // Every layer's four counts in one buffer, read once at the end.
+        // Every layer's four counts in one buffer, read once.
         let mut counts = self.buf::<u64>(4 * fanouts.len(), Init::Uninit, "layer counts")?;
         let mut layers_rev: Vec<LayerOut> = Vec::with_capacity(fanouts.len());
         for layer in (0..fanouts.len()).rev() {
+            let slot = layers_rev.len();
             let frontier = match layers_rev.last() {
+                // The sources of the layer above, their count on the device.
                 Some(above) => Frontier {
                     ids: &above.unique,
                     cap: above.cap_src,
-                    live: Some(above.live_src()),
+                    live: Some(counts.ptr().offset(4 * (slot - 1) + 2)),
                     skip: None,
                 },
                 None => Frontier {
@@ -653,34 +709,64 @@ impl crate::backend::Sampling for CudaBackend {
                     frontier,
                     fanouts[layer],
                     layer_key,
-                    counts.ptr_mut().offset(4 * layers_rev.len()),
+                    counts.ptr_mut().offset(4 * slot),
                 )
                 .map_err(|e| in_layer(layer, e))?;
             layers_rev.push(out);
         }
-        // The batch's one synchronization (more only where a layer's edge bound
-        // was too loose to allocate, module doc).
-        let read = self.read_counts(&counts, 4 * fanouts.len())?;
-        let mut blocks = Vec::with_capacity(fanouts.len());
-        let mut src_ids = Vec::with_capacity(fanouts.len());
-        for (i, out) in layers_rev.into_iter().enumerate() {
-            let layer = fanouts.len() - 1 - i;
-            let c: [u64; 4] = read[4 * i..4 * i + 4]
-                .try_into()
-                .map_err(|_| in_layer(layer, internal_counts()))?;
-            let (block, src, _) = out
-                .finish(self, c, "frontier")
-                .map_err(|e| in_layer(layer, e))?;
-            blocks.push(block);
-            src_ids.push(src);
-        }
-        blocks.reverse();
-        src_ids.reverse();
-        Ok(DeviceBatch {
-            blocks,
-            src_ids,
+        Ok(CudaQueued {
+            layers_rev,
+            counts,
             num_seeds: seeds.len(),
         })
+    }
+
+    /// One read of every queued batch's counts (their count buffers copied into
+    /// one on the device first), then the blocks.
+    fn resolve_queued(&self, queued: Vec<CudaQueued>) -> Result<Vec<DeviceBatch<Self>>> {
+        let lens: Vec<usize> = queued.iter().map(|q| 4 * q.layers_rev.len()).collect();
+        let read = match queued.as_slice() {
+            [] => return Ok(Vec::new()),
+            [one] => self.read_counts(&one.counts, lens[0])?,
+            many => {
+                let total = lens.iter().sum();
+                let mut all = self.buf::<u64>(total, Init::Uninit, "queued layer counts")?;
+                let mut at = 0;
+                for (q, &len) in many.iter().zip(&lens) {
+                    self.copy_at(&q.counts, &mut all, at, len)?;
+                    at += len;
+                }
+                self.read_counts(&all, total)?
+            }
+        };
+        let mut out = Vec::with_capacity(queued.len());
+        let mut at = 0;
+        for (q, len) in queued.into_iter().zip(lens) {
+            let counts = &read[at..at + len];
+            at += len;
+            let layers = q.layers_rev.len();
+            let mut blocks = Vec::with_capacity(layers);
+            let mut src_ids = Vec::with_capacity(layers);
+            for (i, layer_out) in q.layers_rev.into_iter().enumerate() {
+                let layer = layers - 1 - i;
+                let c: [u64; 4] = counts[4 * i..4 * i + 4]
+                    .try_into()
+                    .map_err(|_| in_layer(layer, internal_counts()))?;
+                let (block, src, _) = layer_out
+                    .finish(self, c, "frontier")
+                    .map_err(|e| in_layer(layer, e))?;
+                blocks.push(block);
+                src_ids.push(src);
+            }
+            blocks.reverse();
+            src_ids.reverse();
+            out.push(DeviceBatch {
+                blocks,
+                src_ids,
+                num_seeds: q.num_seeds,
+            });
+        }
+        Ok(out)
     }
 
     /// One hop from device-resident destinations: checks what the host can check
