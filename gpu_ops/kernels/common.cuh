@@ -137,6 +137,9 @@ __device__ __forceinline__ void warp_zero_row(float* dst, u64 dim) {
 // ---- tile scans (scan.cu; fused producers in sample.cu) ------------------------------
 // A tile is SCAN_TILE values scanned by one block of SCAN_THREADS threads,
 // SCAN_ITEMS consecutive values each (scan.cu's header says how scans use it).
+// Every kernel launched with SCAN_THREADS threads is declared
+// `__launch_bounds__(SCAN_THREADS)`: 1,024 threads a block leave 64 registers a
+// thread, which the compiler must know to fit (a launch with more fails).
 #define SCAN_THREADS 1024
 #define SCAN_ITEMS 16
 #define SCAN_TILE (SCAN_THREADS * SCAN_ITEMS)

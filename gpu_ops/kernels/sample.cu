@@ -36,7 +36,7 @@ __device__ __forceinline__ u64 live_count(u64 n, const u64* live) {
 // vertex is still range-checked, as the host sampler checks every destination).
 // Launch: one block of SCAN_THREADS per SCAN_TILE of the n + 1 entries; tile_sums
 // (one per tile) may be null with a single tile.
-extern "C" __global__ void sample_count_scan(const u64* graph_indptr, u64 num_vertices,
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS) sample_count_scan(const u64* graph_indptr, u64 num_vertices,
                                              const u32* frontier, u64 n, const u64* live_n,
                                              u32 fanout, const u8* skip, u64* indptr,
                                              u64* tile_sums, u32* fault) {
@@ -176,7 +176,7 @@ extern "C" __global__ void unique_insert(const u32* a, u64 n_a, const u64* live_
 
 // Launch: one block of SCAN_THREADS per SCAN_TILE of the n_a + n_b + 1 entries;
 // tile_sums may be null with a single tile.
-extern "C" __global__ void unique_flag_scan(const u32* slot_of, const u32* min_pos, u64 n_a,
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS) unique_flag_scan(const u32* slot_of, const u32* min_pos, u64 n_a,
                                             const u64* live_a, u64 n_b, const u64* live_b,
                                             u32* ranks, u32* tile_sums) {
     const u64 la = live_count(n_a, live_a), lb = live_count(n_b, live_b);

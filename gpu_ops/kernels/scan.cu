@@ -23,13 +23,13 @@ __device__ __forceinline__ void scan_add(T* out, u64 n, const T* tile_offsets) {
     for (u64 i = thread_index(); i < n; i += thread_count()) out[i] += tile_offsets[i / SCAN_TILE];
 }
 
-extern "C" __global__ void scan_u32_tiles(const u32* input, u64 n, u32* out, u32* tile_sums) {
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS) scan_u32_tiles(const u32* input, u64 n, u32* out, u32* tile_sums) {
     scan_tile_with<u32>([=](u64 i) { return input[i]; }, n, out, tile_sums);
 }
 extern "C" __global__ void scan_u32_add(u32* out, u64 n, const u32* tile_offsets) {
     scan_add<u32>(out, n, tile_offsets);
 }
-extern "C" __global__ void scan_u64_tiles(const u64* input, u64 n, u64* out, u64* tile_sums) {
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS) scan_u64_tiles(const u64* input, u64 n, u64* out, u64* tile_sums) {
     scan_tile_with<u64>([=](u64 i) { return input[i]; }, n, out, tile_sums);
 }
 extern "C" __global__ void scan_u64_add(u64* out, u64 n, const u64* tile_offsets) {

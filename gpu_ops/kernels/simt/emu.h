@@ -28,6 +28,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 #define __shared__ static
 struct Dim { unsigned int x = 0, y = 0, z = 0; };
 inline thread_local Dim threadIdx, blockIdx;

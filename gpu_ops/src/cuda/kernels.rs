@@ -572,7 +572,12 @@ mod tests {
         let mut out = Vec::new();
         let mut rest = source;
         while let Some(at) = rest.find(MARK) {
-            let after = &rest[at + MARK.len()..];
+            let mut after = &rest[at + MARK.len()..];
+            // `__launch_bounds__(N)` may stand between `void` and the name.
+            if let Some(b) = after.strip_prefix("__launch_bounds__(") {
+                let close = b.find(')').expect("unclosed __launch_bounds__");
+                after = b[close + 1..].trim_start();
+            }
             let open = after.find('(').expect("kernel without a parameter list");
             let name = after[..open].trim().to_string();
             let close = after.find(')').expect("unclosed parameter list");
