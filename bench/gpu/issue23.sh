@@ -2,16 +2,16 @@
 # Issue 23's GPU check: the all-GPU batch path (products-scale R-MAT, SAGE 3×256
 # [25,10,5] b1024, 188 batches) against the PyTorch + PyG peer in the same run,
 # the host synchronizations per 8 batches from the trace's `host.syncs` counter,
-# and ncu over 5 batches. Predictions: docs/performance.md, "All-GPU batch path
+# and ncu over ~8 batches. Predictions: docs/performance.md, "All-GPU batch path
 # (issue 23)".
 #
 # Here (x86-64, with the Rust toolchain):
 #   bash bench/gpu/issue23.sh build    # release tandem + parity/cuda_backend tests, stripped, into .gpu/
 # Then one device `run` carrying `.gpu` (each part ≤ 10 min; `all` ≈ 7 min on an H200):
-#   bash bench/gpu/issue23.sh check    # parity (multi-tensor Adam, deferred loss) + cuda_backend
+#   bash bench/gpu/issue23.sh check    # parity (multi-tensor Adam, deferred loss, queued sampling) + cuda_backend
 #   bash bench/gpu/issue23.sh peer     # default / before / fastest vs the peer, 3 epochs each
 #   bash bench/gpu/issue23.sh syncs    # traced default run: host syncs per 8 batches, loss reads
-#   bash bench/gpu/issue23.sh ncu      # kernels and launches per batch over 5 batches (fast config)
+#   bash bench/gpu/issue23.sh ncu      # kernels and launches per batch over ~8 batches (fast config)
 #   bash bench/gpu/issue23.sh all      # the four in order
 #   bash bench/gpu/issue23.sh gemm     # TANDEM_GEMM=cublas|lt-inplace|lt-nosplit: parity, epochs, split-K launches (≈ 5 min)
 # Outputs under $OUT (default ./gpu-out): issue23-*.txt, issue23-default.trace.json.gz.
@@ -90,7 +90,7 @@ d = json.load(open(sys.argv[1]))
 ev = d["traceEvents"] if isinstance(d, dict) else d
 # host.syncs (compute stream) and host.syncs.sampling (the sampling sibling):
 # one cumulative sample per trained batch each (the step executor).
-for name, what in (("host.syncs", "compute stream, target <= 1"), ("host.syncs.sampling", "sampling sibling")):
+for name, what in (("host.syncs", "compute stream, target <= 1"), ("host.syncs.sampling", "sampling sibling, target <= 1: 8 batches queued, one read")):
     c = [e["args"] for e in ev if e.get("ph") == "C" and e.get("name") == name]
     vals = [float(next(iter(a.values()))) for a in c]
     n = len(vals)
@@ -101,7 +101,7 @@ for name, what in (("host.syncs", "compute stream, target <= 1"), ("host.syncs.s
         print(f"  syncs per 8 batches (second epoch): max {max(w):.0f}, mean {sum(w) / len(w):.2f}  ({what})")
 per = collections.defaultdict(list)
 for e in ev:
-    if e.get("ph") == "X" and e.get("name") in ("device step", "device sample", "loss read"):
+    if e.get("ph") == "X" and e.get("name") in ("device step", "device sample", "loss read", "sample read"):
         per[e["name"]].append((e["dur"], e.get("args", {}).get("host_syncs", 0)))
 for k, v in sorted(per.items()):
     durs = sorted(x[0] for x in v)
@@ -112,11 +112,13 @@ EOF
 
 ncu() {
     products
-    stage "ncu, fastest config, 5 batches' launches after 3000 (caches flushed: upper bounds)"
-    # ~74 launches a batch now (86 on 2026-11-26, 78 before the fused bias gradient):
-    # 420 launches hold 5 batches or more.
+    stage "ncu, fastest config, ~8 batches' launches after 3000 (caches flushed: upper bounds)"
+    # ~59 launches a batch now (86 on 2026-11-26; sampling 21 of them, 36 then; the
+    # fused bias gradient took 4 more off the dense step).
+    # Sampling ahead queues 8 batches at once (168 sampling launches together), so
+    # the window holds ~8 batches (one group) and the counts are averages over it.
     timeout 240 /usr/local/cuda/bin/ncu --clock-control none --metrics gpu__time_duration.sum \
-        --launch-skip 3000 --launch-count 420 --print-summary per-kernel \
+        --launch-skip 3000 --launch-count 520 --print-summary per-kernel \
         "$bin/tandem" train "${model[@]}" "${fastest[@]}" --set train.epochs=1 \
         > /tmp/issue23-ncu.log 2>&1 || echo "rc=$?"
     gzip -c /tmp/issue23-ncu.log > "$out/issue23-ncu.log.gz"
@@ -126,7 +128,12 @@ text = open(sys.argv[1]).read()
 seq = re.findall(r'==PROF== Profiling "([^"]*)"', text)
 starts = [i for i, n in enumerate(seq) if n == "gather_rows"]
 per_batch = [b - a for a, b in zip(starts, starts[1:])]
-print(f"launches profiled {len(seq)}; launches per batch (gather_rows to gather_rows): {per_batch}")
+print(f"launches profiled {len(seq)}; launches per batch (gather_rows to gather_rows): {per_batch} (~42 each, one gap also holds a queued group of 8 batches)")
+samp = ("sample_count_scan", "sample_pick", "unique_insert", "unique_flag_scan", "unique_scatter", "scan_u32_tiles", "scan_u32_add", "scan_u64_tiles", "scan_u64_add")
+if starts:
+    nb = len(starts)
+    print(f"over the window's {nb} batches: {len(seq) / nb:.1f} launches a batch (predicted 63), "
+          f"{sum(seq.count(k) for k in samp) / nb:.1f} of them sampling (predicted 21: 5 + 7 + 9; 36 on 2026-11-26)")
 if per_batch:
     print("one batch:", dict(collections.Counter(seq[starts[0]:starts[1]])))
 tot, kern = 0.0, collections.Counter()

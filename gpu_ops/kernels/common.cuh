@@ -134,4 +134,59 @@ __device__ __forceinline__ void warp_zero_row(float* dst, u64 dim) {
     for (u64 c = lane_id(); c < dim; c += WARP_SIZE) dst[c] = 0.0f;
 }
 
+// ---- tile scans (scan.cu; fused producers in sample.cu) ------------------------------
+// A tile is SCAN_TILE values scanned by one block of SCAN_THREADS threads,
+// SCAN_ITEMS consecutive values each (scan.cu's header says how scans use it).
+// Every kernel launched with SCAN_THREADS threads is declared
+// `__launch_bounds__(SCAN_THREADS)`: 1,024 threads a block leave 64 registers a
+// thread, which the compiler must know to fit (a launch with more fails).
+#define SCAN_THREADS 1024
+#define SCAN_ITEMS 16
+#define SCAN_TILE (SCAN_THREADS * SCAN_ITEMS)
+
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_scan(T v) {
+    const u32 lane = lane_id();
+    for (int o = 1; o < WARP_SIZE; o <<= 1) {
+        const T up = __shfl_up_sync(FULL_MASK, v, o);
+        if (lane >= (u32)o) v += up;
+    }
+    return v;
+}
+
+// One tile per block (blockDim.x must be SCAN_THREADS): out[i] = the exclusive
+// prefix of load(j) over the tile's j < i, for the tile's i < n; values at i >= n
+// count 0 and are not loaded. tile_sums[tile] = the tile's total (unless null).
+template <typename T, typename Load>
+__device__ __forceinline__ void scan_tile_with(const Load& load, u64 n, T* out, T* tile_sums) {
+    __shared__ T warp_totals[SCAN_THREADS / WARP_SIZE];
+    const u64 tile = blockIdx.x;
+    const u64 base = tile * SCAN_TILE + (u64)threadIdx.x * SCAN_ITEMS;
+    T items[SCAN_ITEMS];
+    T total = 0;
+#pragma unroll
+    for (int k = 0; k < SCAN_ITEMS; ++k) {
+        const u64 i = base + k;
+        items[k] = i < n ? load(i) : (T)0;
+        total += items[k];
+    }
+    // Exclusive offset of this thread within the block.
+    const T incl = warp_inclusive_scan<T>(total);
+    const u32 warp = threadIdx.x / WARP_SIZE;
+    const u32 lane = lane_id();
+    if (lane == WARP_SIZE - 1) warp_totals[warp] = incl;
+    __syncthreads();
+    // SCAN_THREADS / WARP_SIZE = 32 warp totals: warp 0 scans them, one a lane.
+    if (warp == 0) warp_totals[lane] = warp_inclusive_scan<T>(warp_totals[lane]);
+    __syncthreads();
+    T run = (incl - total) + (warp > 0 ? warp_totals[warp - 1] : (T)0);
+#pragma unroll
+    for (int k = 0; k < SCAN_ITEMS; ++k) {
+        const u64 i = base + k;
+        if (i < n) out[i] = run;
+        run += items[k];
+    }
+    if (tile_sums != nullptr && threadIdx.x == SCAN_THREADS - 1) tile_sums[tile] = run;
+}
+
 #endif  // TANDEM_COMMON_CUH

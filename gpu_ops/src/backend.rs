@@ -724,6 +724,9 @@ pub trait DeviceMemory: DeviceCore {
 
 /// Topology on the device, neighbor sampling and blocks (message-flow graphs).
 pub trait Sampling: DeviceCore {
+    /// A batch queued by [`Sampling::sample_queued`]: its kernels enqueued, its
+    /// layer sizes still on the device until [`Sampling::resolve_queued`].
+    type Queued: Send;
     /// Makes `graph` readable by [`Sampling::sample`] from `placement`.
     fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<Self::Graph>;
     /// Layered neighbor sampling without replacement from `seeds` (top) downwards,
@@ -737,6 +740,26 @@ pub trait Sampling: DeviceCore {
         fanouts: &[u32],
         seed: u64,
     ) -> Result<DeviceBatch<Self>>;
+    /// [`Sampling::sample`] without a synchronization: the batch is enqueued
+    /// (buffers sized by bounds) and its layer sizes stay on the device until
+    /// [`Sampling::resolve_queued`] reads them. The host checks (fanouts, seeds in
+    /// range and distinct) happen here; a layer whose edge bound is too loose to
+    /// allocate still reads its edge count (one synchronization), as `sample` does.
+    /// The blocks are those `sample` makes for the same arguments.
+    fn sample_queued(
+        &self,
+        graph: &Self::Graph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        seed: u64,
+    ) -> Result<Self::Queued>;
+    /// The batches of earlier [`Sampling::sample_queued`] calls on this backend, in
+    /// order, with **one synchronization for all of them** (one read of every
+    /// batch's layer sizes): what lets a sampler running ahead read the sizes of
+    /// several batches at once. The first error (a device fault, a repeated
+    /// frontier id) fails the call. `sample` is `sample_queued` then
+    /// `resolve_queued` of that one batch.
+    fn resolve_queued(&self, queued: Vec<Self::Queued>) -> Result<Vec<DeviceBatch<Self>>>;
     /// One hop of [`Sampling::sample`] from device-resident destinations: the block
     /// whose destinations are `dst[..n_dst]` (distinct), `fanout` neighbors each
     /// ([`cpu_ops::ALL_NEIGHBORS`] takes all), drawn with the per-layer seed

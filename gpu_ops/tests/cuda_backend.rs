@@ -101,7 +101,8 @@ fn a_bad_row_index_is_reported_at_the_next_synchronization() {
 fn relabel_handles_every_id_and_multi_level_scans() {
     let Some(d) = dev() else { return };
     let mut rng = Rng::new(2);
-    // 3 M positions: three scan levels (1024² < 3 M).
+    // 3 M positions: a multi-tile scan (184 tiles of 16,384; their totals in one
+    // block, then the add pass).
     let targets: Vec<u32> = vec![u32::MAX, 0, 17];
     let cands: Vec<u32> = (0..3_000_000)
         .map(|i| match i % 5 {

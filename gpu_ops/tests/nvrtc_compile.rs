@@ -105,3 +105,36 @@ fn a_broken_kernel_is_a_compile_error_with_the_log() {
         other => panic!("expected a Compile error, got {other:?}"),
     }
 }
+
+/// The kernels launched with 1,024-thread blocks (the scan tiles and the passes
+/// fused into them) carry `__launch_bounds__(1024)` into the PTX (`.maxntid`), so
+/// ptxas keeps them within the 64 registers a thread such a block allows.
+#[test]
+fn scan_tile_kernels_are_bounded_to_their_block() {
+    let files = [
+        (
+            "scan.cu",
+            include_str!("../kernels/scan.cu"),
+            &["scan_u32_tiles", "scan_u64_tiles"][..],
+        ),
+        (
+            "sample.cu",
+            include_str!("../kernels/sample.cu"),
+            &["sample_count_scan", "unique_flag_scan"][..],
+        ),
+    ];
+    for (file, src, kernels) in files {
+        let Some(r) = or_skip(CudaBackend::compile_source(file, src, (9, 0))) else {
+            return;
+        };
+        let ptx = r.unwrap_or_else(|e| panic!("{e}"));
+        for k in kernels {
+            let entry = ptx
+                .find(&format!(".entry {k}("))
+                .unwrap_or_else(|| panic!("{file}: no entry {k}"));
+            let body = &ptx[entry..];
+            let head = &body[..body.find('{').expect("entry body")];
+            assert!(head.contains(".maxntid 1024"), "{file} {k}: {head}");
+        }
+    }
+}

@@ -97,6 +97,7 @@ macro_rules! parity_tests {
             scale_is_one_product_per_value,
             update_cache_stays_in_budget,
             sampling_structure,
+            queued_batches_resolve_to_sampled_ones_in_one_read,
             sample_hop_reproduces_sample,
             sample_hop_skip_mask,
             sample_hop_errors,

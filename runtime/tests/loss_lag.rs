@@ -163,8 +163,10 @@ fn the_trace_counts_one_synchronization_per_batch_or_per_lag() {
 
 #[test]
 fn the_sampling_syncs_have_their_own_counter() {
-    // The host backend has no sampling sibling: its counter stays at 0, one
-    // sample per batch beside `host.syncs`.
+    // The device sampler (the host backend's sibling) queues groups of 8
+    // batches and reads each group's sizes once: after the first batch (sampled
+    // at its turn, one read) no 8 consecutive batches hold more than one
+    // sampling synchronization, and the reads do happen.
     let c = lag(8, &["train.epochs=1"]);
     let ds = load_dataset(&c).expect("dataset");
     let mut t = Trainer::new(ds, c).expect("trainer");
@@ -177,7 +179,24 @@ fn the_sampling_syncs_have_their_own_counter() {
         .map(|c| c.value)
         .collect();
     assert_eq!(sampling.len(), trace.counter_series(HOST_SYNCS).count());
-    assert!(sampling.iter().all(|&v| v == 0.0), "{sampling:?}");
+    assert!(sampling.len() > 17, "{} batches", sampling.len());
+    for w in sampling.windows(9) {
+        assert!(w[8] - w[0] <= 1.0, "{sampling:?}");
+    }
+    let reads = sampling.len().saturating_sub(1).div_ceil(8) as f64;
+    assert_eq!(sampling.last().copied(), Some(1.0 + reads), "{sampling:?}");
+    // One `sample read` slice per group read, each with its one synchronization.
+    let group_reads: Vec<_> = trace
+        .slices
+        .iter()
+        .filter(|s| s.name == "sample read")
+        .collect();
+    assert_eq!(group_reads.len() as f64, reads);
+    assert!(group_reads.iter().all(|s| s
+        .args
+        .extra
+        .iter()
+        .any(|(k, v)| k == "host_syncs" && *v == 1.0)));
     // A `loss read` slice per read, on the accelerator track, with its sync.
     let reads: Vec<_> = trace
         .slices
@@ -190,4 +209,27 @@ fn the_sampling_syncs_have_their_own_counter() {
         .extra
         .iter()
         .any(|(k, v)| k == "host_syncs" && *v == 1.0)));
+}
+
+#[test]
+fn sampling_ahead_in_groups_trains_as_sampling_at_each_turn() {
+    // Same blocks whichever way they were sampled: losses and weights agree
+    // bit for bit with sampling ahead off, and with a host sampler ahead.
+    let run = |extra: &[&str]| {
+        let c = lag(8, extra);
+        let ds = load_dataset(&c).expect("dataset");
+        let mut t = Trainer::new(ds, c).expect("trainer");
+        let stats = t.fit().expect("fit");
+        let losses: Vec<(u64, u64)> = stats
+            .iter()
+            .map(|s| (s.loss.to_bits(), s.train_acc.to_bits()))
+            .collect();
+        (losses, t.params().expect("params"))
+    };
+    let grouped = run(&[]);
+    assert_eq!(run(&["device.sample_ahead=false"]), grouped);
+    assert_eq!(
+        run(&["orchestration.policy=\"cpu-sample-gpu-gather\""]),
+        grouped
+    );
 }

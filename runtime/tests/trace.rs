@@ -141,7 +141,10 @@ fn a_training_trace_round_trips_with_valid_structure() {
     }
     assert_eq!(count("eval"), epochs);
     for s in back.slices.iter().filter(|s| s.name != "eval") {
-        let on = if s.name == "device sample" && s.args.batch != Some(0) {
+        // Batches sampled ahead and the reads of their queued groups' sizes
+        // (`sample read`) are on the sampling track.
+        let ahead = s.name == "device sample" && s.args.batch != Some(0);
+        let on = if ahead || s.name == "sample read" {
             acc[1].id
         } else {
             acc[0].id

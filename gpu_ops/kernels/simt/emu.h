@@ -28,6 +28,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 #define __shared__ static
 struct Dim { unsigned int x = 0, y = 0, z = 0; };
 inline thread_local Dim threadIdx, blockIdx;
@@ -116,9 +117,13 @@ inline unsigned atomicMin(unsigned* p, unsigned v) {
     return cur;
 }
 
+// Kernel launches so far (empty grids are not launched, as on the Rust side).
+inline unsigned long long g_launches = 0;
+
 // launch(kernel, blocks, threads, args...)
 template <class F, class... A> void launch(F f, unsigned blocks, unsigned threads, A... args) {
     if (blocks == 0) return;
+    ++g_launches;
     blockDim = {threads, 1, 1};
     gridDim = {blocks, 1, 1};
     for (unsigned b = 0; b < blocks; ++b) {

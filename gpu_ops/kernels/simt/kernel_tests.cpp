@@ -33,62 +33,80 @@ static unsigned BLOCKS = 2, T = 256;
 static unsigned tgrid(u64 n) { return (unsigned)std::min<u64>((n + 255) / 256, BLOCKS); }
 static unsigned wgrid(u64 n) { return (unsigned)std::min<u64>((n + 7) / 8, BLOCKS); }
 
+// Mirrors gpu_ops/src/cuda/scan.rs: tiles of SCAN_TILE values, one block of
+// SCAN_THREADS each; a single tile is one launch with null tile sums, more tiles
+// add a scan of the tile sums and an add pass.
+static unsigned scan_tiles(u64 n) { return (unsigned)((n + SCAN_TILE - 1) / SCAN_TILE); }
 template <class U> void scan_in_place(std::vector<U>& buf, u64 n);
-template <> void scan_in_place<u32>(std::vector<u32>& buf, u64 n) {
-    if (n == 0) return;
-    u64 t = (n + 1023) / 1024;
-    std::vector<u32> sums(t);
-    launch(scan_u32_tiles, (unsigned)t, 256, (const u32*)buf.data(), n, buf.data(), sums.data());
-    if (t > 1) { scan_in_place<u32>(sums, t); launch(scan_u32_add, tgrid(n), T, buf.data(), n, (const u32*)sums.data()); }
+template <class U> void finish_scan(std::vector<U>& buf, u64 n, std::vector<U>& sums) {
+    if (sums.empty()) return;
+    scan_in_place<U>(sums, sums.size());
+    if constexpr (sizeof(U) == 4) launch(scan_u32_add, tgrid(n), T, buf.data(), n, (const u32*)sums.data());
+    else launch(scan_u64_add, tgrid(n), T, buf.data(), n, (const u64*)sums.data());
 }
-template <> void scan_in_place<u64>(std::vector<u64>& buf, u64 n) {
-    if (n == 0) return;
-    u64 t = (n + 1023) / 1024;
-    std::vector<u64> sums(t);
-    launch(scan_u64_tiles, (unsigned)t, 256, (const u64*)buf.data(), n, buf.data(), sums.data());
-    if (t > 1) { scan_in_place<u64>(sums, t); launch(scan_u64_add, tgrid(n), T, buf.data(), n, (const u64*)sums.data()); }
+template <class U> void scan_in_place(std::vector<U>& buf, u64 n) {
+    unsigned t = scan_tiles(n);
+    std::vector<U> sums(t > 1 ? t : 0, (U)0xdead);
+    U* ts = t > 1 ? sums.data() : nullptr;
+    if constexpr (sizeof(U) == 4) launch(scan_u32_tiles, t, SCAN_THREADS, (const u32*)buf.data(), n, buf.data(), ts);
+    else launch(scan_u64_tiles, t, SCAN_THREADS, (const u64*)buf.data(), n, buf.data(), ts);
+    finish_scan<U>(buf, n, sums);
 }
 
+// Launches of one scan of n values (scan.rs's scan_launches).
+static unsigned long long scan_launch_count(u64 n) { u64 t = (n + SCAN_TILE - 1) / SCAN_TILE; return t == 0 ? 0 : t == 1 ? 1 : 2 + scan_launch_count(t); }
+
 static void test_scan() {
-    for (u64 n : {1ull, 5ull, 1023ull, 1024ull, 1025ull, 5000ull, 1024ull * 1024 + 3}) {
-        std::vector<u32> v(n), want(n);
+    const u64 tile = SCAN_TILE;
+    for (u64 n : {0ull, 1ull, 5ull, 1023ull, 1025ull, tile - 1, tile, tile + 1, 5 * tile + 77, 1024ull * 1024 + 3}) {
+        std::vector<u32> v(n + 1), want(n + 1);
         for (auto& x : v) x = below(5);
+        v[n] = want[n] = 0xabcdu;  // past n: untouched
         u32 acc = 0;
         for (u64 i = 0; i < n; ++i) { want[i] = acc; acc += v[i]; }
+        unsigned long long before = g_launches;
         scan_in_place<u32>(v, n);
         CHECK(v == want, "scan u32 n=%llu", n);
-        std::vector<u64> w(n), w2(n);
+        CHECK(g_launches - before == scan_launch_count(n), "scan u32 n=%llu: %llu launches", n, g_launches - before);
+        std::vector<u64> w(n + 1), w2(n + 1);
         for (auto& x : w) x = below(1ull << 40);
+        w[n] = w2[n] = 0xabcdull;
         u64 a2 = 0;
         for (u64 i = 0; i < n; ++i) { w2[i] = a2; a2 += w[i]; }
         scan_in_place<u64>(w, n);
         CHECK(w == w2, "scan u64 n=%llu", n);
     }
+    CHECK(scan_launch_count(tile) == 1 && scan_launch_count(tile + 1) == 3, "scan launch counts");
     std::printf("scan ok\n");
 }
 
-// Mirrors CudaBackend::relabel: `b` holds n_b slots, of which the first *live
-// (when live is given) are candidates; the flags are not zeroed first (unique_flag
-// writes every entry); one relabel_counts read gives the live, distinct and unique
-// counts.
-static void relabel(const std::vector<u32>& a, const std::vector<u32>& b, const u64* live, std::vector<u32>& uniq, std::vector<u32>& local, u64 counts[3]) {
+// Mirrors CudaBackend::relabel: `a` holds a.size() slots of which the first *live_a
+// (when given) are targets, `b` likewise with *live_b; nothing is zeroed first
+// (unique_flag_scan writes every rank); unique_scatter writes the four counts.
+static void relabel(const std::vector<u32>& a, const std::vector<u32>& b, const u64* live_a, const u64* live, u64 unique_cap, std::vector<u32>& uniq, std::vector<u32>& local, u64 counts[4]) {
     u64 na = a.size(), nb = b.size(), total = na + nb;
     u64 cap = 64; while (cap < 2 * total) cap <<= 1;
     // One table: the keys, then the first positions (as the host allocates them).
     std::vector<u32> table(2 * (cap + 1), 0xffffffffu), slot(total, 0xdeadu), ranks(total + 1, 77);
     u32* keys = table.data(); u32* minp = table.data() + cap + 1;
-    launch(unique_insert, tgrid(total), T, a.data(), na, b.data(), nb, live, keys, minp, cap, slot.data());
-    launch(unique_flag, tgrid(total + 1), T, (const u32*)slot.data(), (const u32*)minp, na, nb, live, ranks.data());
-    scan_in_place<u32>(ranks, total + 1);
-    std::vector<u64> out(3, 99);
-    launch(relabel_counts, 1, 32, live, nb, (const u32*)ranks.data(), na, out.data());
-    for (int i = 0; i < 3; ++i) counts[i] = out[i];
-    uniq.assign(out[2], 0); local.assign(nb, 0xabcdu);
-    launch(unique_scatter, tgrid(total), T, a.data(), na, b.data(), nb, live, (const u32*)slot.data(), (const u32*)minp, (const u32*)ranks.data(), uniq.data(), local.data());
+    launch(unique_insert, tgrid(total), T, a.data(), na, live_a, b.data(), nb, live, keys, minp, cap, slot.data());
+    unsigned t = scan_tiles(total + 1);
+    std::vector<u32> sums(t > 1 ? t : 0, 0xdeadu);
+    launch(unique_flag_scan, t, SCAN_THREADS, (const u32*)slot.data(), (const u32*)minp, na, live_a, nb, live, ranks.data(), t > 1 ? sums.data() : (u32*)nullptr);
+    finish_scan<u32>(ranks, total + 1, sums);
+    std::vector<u64> out(4, 99);
+    uniq.assign(unique_cap, 0xabcdu); local.assign(nb, 0xabcdu);
+    launch(unique_scatter, tgrid(std::max<u64>(total, 1)), T, a.data(), na, live_a, b.data(), nb, live, (const u32*)slot.data(), (const u32*)minp, (const u32*)ranks.data(), unique_cap, uniq.data(), local.data(), out.data());
+    for (int i = 0; i < 4; ++i) counts[i] = out[i];
+    uniq.resize(std::min<u64>(out[2], unique_cap));
+}
+static void relabel(const std::vector<u32>& a, const std::vector<u32>& b, const u64* live, std::vector<u32>& uniq, std::vector<u32>& local, u64 counts[4]) {
+    relabel(a, b, nullptr, live, a.size() + b.size(), uniq, local, counts);
 }
 
 static void test_relabel() {
-    for (auto [na, nb, range] : std::vector<std::tuple<u64, u64, u64>>{{0, 9, 4}, {17, 301, 90}, {200, 5000, 100000}, {3, 3000, 0}}) {
+    const u64 tile = SCAN_TILE;
+    for (auto [na, nb, range] : std::vector<std::tuple<u64, u64, u64>>{{0, 0, 4}, {0, 1, 4}, {1, 0, 4}, {0, 9, 4}, {17, 301, 90}, {200, 5000, 100000}, {3, 3000, 0}, {1, tile - 2, 3000}, {1, tile - 1, 3000}, {100, tile, 400000}, {7, 3 * tile, 50000}}) {
         std::vector<u32> pool(std::max<u64>(range, 1000));
         std::iota(pool.begin(), pool.end(), 0);
         std::shuffle(pool.begin(), pool.end(), rng);
@@ -99,30 +117,47 @@ static void test_relabel() {
         for (u32 t : a) { pos[t] = wu.size(); wu.push_back(t); }
         for (u32 c : b) { auto it = pos.find(c); if (it == pos.end()) { pos[c] = wu.size(); wl.push_back(wu.size()); wu.push_back(c); } else wl.push_back(it->second); }
         std::vector<u32> u, l;
-        u64 c[3];
+        u64 c[4];
         relabel(a, b, nullptr, u, l, c);
         CHECK(u == wu && l == wl, "relabel na=%llu nb=%llu (got %zu unique, want %zu)", na, nb, u.size(), wu.size());
-        CHECK(c[0] == nb && c[1] == a.size() && c[2] == wu.size(), "relabel_counts na=%llu nb=%llu: %llu %llu %llu", na, nb, c[0], c[1], c[2]);
-        // The same candidates in a buffer sized by a bound (garbage past them, ids
-        // of the targets and new ones): only the live ones count.
+        CHECK(c[0] == nb && c[1] == a.size() && c[2] == wu.size() && c[3] == a.size(), "relabel counts na=%llu nb=%llu: %llu %llu %llu %llu", na, nb, c[0], c[1], c[2], c[3]);
+        // The same targets and candidates in buffers sized by bounds (garbage past
+        // them: ids of the targets and new ones): only the live ones count.
         for (u64 extra : {1ull, 37ull, 3 * nb + 5}) {
-            std::vector<u32> bb = b;
-            for (u64 q = 0; q < extra; ++q) bb.push_back(q % 2 ? (u32)below(1u << 31) : (a.empty() ? 5u : a[q % a.size()]));
+            auto garbage = [&](std::vector<u32>& v, u64 k) { for (u64 q = 0; q < k; ++q) v.push_back(q % 2 ? (u32)below(1u << 31) : (a.empty() ? 5u : a[q % a.size()])); };
+            std::vector<u32> bb = b; garbage(bb, extra);
             u64 live = nb;
             std::vector<u32> ub, lb;
             relabel(a, bb, &live, ub, lb, c);
             bool same = ub == wu && std::equal(wl.begin(), wl.end(), lb.begin());
             for (u64 q = nb; q < bb.size(); ++q) same &= lb[q] == 0xabcdu;  // past the live: unwritten
             CHECK(same, "bounded relabel na=%llu nb=%llu extra=%llu", na, nb, extra);
-            CHECK(c[0] == nb && c[1] == a.size() && c[2] == wu.size(), "bounded relabel_counts na=%llu nb=%llu extra=%llu", na, nb, extra);
+            CHECK(c[0] == nb && c[1] == a.size() && c[2] == wu.size(), "bounded relabel counts na=%llu nb=%llu extra=%llu", na, nb, extra);
+            // Targets bounded too (a device-counted frontier), and a unique
+            // capacity exactly the unique count: the same result.
+            std::vector<u32> ab = a; garbage(ab, extra % 11 + 1);
+            u64 live_a = na;
+            relabel(ab, bb, &live_a, &live, wu.size(), ub, lb, c);
+            same = ub == wu && std::equal(wl.begin(), wl.end(), lb.begin());
+            CHECK(same && c[0] == nb && c[1] == na && c[2] == wu.size() && c[3] == na, "relabel of bounded targets na=%llu nb=%llu extra=%llu", na, nb, extra);
+        }
+        // A unique capacity below the unique count: the count tells, nothing is
+        // written beyond.
+        if (wu.size() > 1) {
+            std::vector<u32> ub, lb;
+            relabel(a, b, nullptr, nullptr, wu.size() - 1, ub, lb, c);
+            CHECK(c[2] == wu.size() && ub.size() == wu.size() - 1 && std::equal(ub.begin(), ub.end(), wu.begin()), "relabel over its unique capacity na=%llu nb=%llu", na, nb);
         }
     }
-    // Repeated targets: the distinct count says so.
+    // Repeated targets: the distinct count says so (bounded or not).
     {
         std::vector<u32> a{4, 9, 4}, b{1, 9}, u, l;
-        u64 c[3];
+        u64 c[4];
         relabel(a, b, nullptr, u, l, c);
-        CHECK(c[1] == 2, "relabel_counts of repeated targets: %llu distinct", c[1]);
+        CHECK(c[1] == 2, "relabel counts of repeated targets: %llu distinct", c[1]);
+        std::vector<u32> a2{4, 9, 4, 4}; u64 la = 3;
+        relabel(a2, b, &la, nullptr, 6, u, l, c);
+        CHECK(c[1] == 2 && c[3] == 3, "bounded repeated targets: %llu distinct of %llu", c[1], c[3]);
     }
     std::printf("relabel ok\n");
 }
@@ -294,6 +329,16 @@ static void test_xent() {
     std::printf("xent ok\n");
 }
 
+// Mirrors sample_layer's step 2: the counts scanned into indptr (nf + 1 entries)
+// by sample_count_scan, plus the rest of a multi-tile scan.
+static void count_scan(const std::vector<u64>& ip, u64 nv, const std::vector<u32>& front, u64 nf, const u64* live, u32 fanout, const u8* skip, std::vector<u64>& indptr, std::vector<u32>& fault) {
+    indptr.assign(nf + 1, 0xeeeeull);
+    unsigned t = scan_tiles(nf + 1);
+    std::vector<u64> sums(t > 1 ? t : 0, 0xdeadull);
+    launch(sample_count_scan, t, SCAN_THREADS, (const u64*)ip.data(), nv, (const u32*)front.data(), nf, live, fanout, skip, indptr.data(), t > 1 ? sums.data() : (u64*)nullptr, fault.data());
+    finish_scan<u64>(indptr, nf + 1, sums);
+}
+
 static void test_sample() {
     // random graph, sorted rows, with a hub
     u64 n = 3000; std::vector<std::set<u32>> adj(n);
@@ -304,12 +349,11 @@ static void test_sample() {
     for (u32 fanout : {1u, 5u, 25u, 32u, 33u, 40u, 2000u, 0xffffffffu}) {
         std::vector<u32> front; for (u32 v = 0; v < 400; ++v) front.push_back(v * 7 % n); front[0] = 0;
         u64 nf = front.size();
-        std::vector<u64> cnt(nf + 1), fault64; std::vector<u32> fault(8, 0);
-        launch(sample_count, tgrid(nf + 1), T, (const u64*)ip.data(), n, (const u32*)front.data(), nf, fanout, (const u8*)nullptr, cnt.data(), fault.data());
-        scan_in_place<u64>(cnt, nf + 1);
+        std::vector<u64> cnt; std::vector<u32> fault(8, 0);
+        count_scan(ip, n, front, nf, nullptr, fanout, nullptr, cnt, fault);
         u64 E = cnt[nf];
         std::vector<u32> pos(E), nb(E);
-        launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (u64)12345, (const u64*)cnt.data(), pos.data(), nb.data());
+        launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (const u64*)nullptr, (u64)12345, (const u64*)cnt.data(), pos.data(), nb.data());
         bool ok = fault[0] == 0;
         for (u64 i = 0; i < nf; ++i) {
             u32 v = front[i]; u64 deg = ip[v + 1] - ip[v]; u64 k = cnt[i + 1] - cnt[i];
@@ -330,7 +374,7 @@ static void test_sample() {
         // Fanouts up to 32 never touch the scratch (the host passes none).
         if (fanout <= 32) {
             std::vector<u32> nb0(E, 0xeeeeeeeeu);
-            launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (u64)12345, (const u64*)cnt.data(), (u32*)nullptr, nb0.data());
+            launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (const u64*)nullptr, (u64)12345, (const u64*)cnt.data(), (u32*)nullptr, nb0.data());
             CHECK(nb0 == nb, "sample_pick without scratch, fanout %u", fanout);
         }
         // As sample_layer does it: buffers sized by the bound nf · min(fanout, max
@@ -339,9 +383,9 @@ static void test_sample() {
             u64 maxdeg = 0; for (u64 v = 0; v < n; ++v) maxdeg = std::max<u64>(maxdeg, ip[v + 1] - ip[v]);
             u64 bound = nf * std::min<u64>(fanout, maxdeg);
             std::vector<u32> pb(bound, 0xeeeeeeeeu), nbb(bound, 0xeeeeeeeeu);
-            launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (u64)12345, (const u64*)cnt.data(), pb.data(), nbb.data());
+            launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (const u64*)nullptr, (u64)12345, (const u64*)cnt.data(), pb.data(), nbb.data());
             CHECK(bound >= E && std::equal(nb.begin(), nb.end(), nbb.begin()), "bounded sample_pick fanout %u", fanout);
-            std::vector<u32> u1, l1, u2, l2; u64 c1[3], c2[3];
+            std::vector<u32> u1, l1, u2, l2; u64 c1[4], c2[4];
             relabel(front, nb, nullptr, u1, l1, c1);
             relabel(front, nbb, &cnt[nf], u2, l2, c2);
             CHECK(u1 == u2 && std::equal(l1.begin(), l1.end(), l2.begin()) && c2[0] == E && c2[1] == nf && c2[2] == u1.size(),
@@ -353,17 +397,16 @@ static void test_sample() {
         std::vector<u8> skip(nf);
         for (u64 i = 0; i < nf; ++i) skip[i] = below(3) == 0 ? (u8)(1 + below(255)) : 0;
         skip[0] = 1; skip[nf - 1] = 0;
-        std::vector<u64> cs(nf + 1, 77);
-        launch(sample_count, tgrid(nf + 1), T, (const u64*)ip.data(), n, (const u32*)front.data(), nf, fanout, (const u8*)skip.data(), cs.data(), fault.data());
-        bool counts_ok = fault[0] == 0 && cs[nf] == 0;
+        std::vector<u64> cs;
+        count_scan(ip, n, front, nf, nullptr, fanout, skip.data(), cs, fault);
+        bool counts_ok = fault[0] == 0 && cs[0] == 0;
         for (u64 i = 0; i < nf; ++i) {
             u32 v = front[i]; u64 deg = ip[v + 1] - ip[v];
-            counts_ok &= cs[i] == (skip[i] ? 0 : std::min<u64>(deg, fanout));
+            counts_ok &= cs[i + 1] - cs[i] == (skip[i] ? 0 : std::min<u64>(deg, fanout));
         }
-        CHECK(counts_ok, "sample_count skip fanout %u", fanout);
-        scan_in_place<u64>(cs, nf + 1);
+        CHECK(counts_ok, "sample_count_scan skip fanout %u", fanout);
         std::vector<u32> ps(cs[nf]), ns(cs[nf]);
-        launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (u64)12345, (const u64*)cs.data(), ps.data(), ns.data());
+        launch(sample_pick, wgrid(nf), T, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)front.data(), nf, (const u64*)nullptr, (u64)12345, (const u64*)cs.data(), ps.data(), ns.data());
         bool skip_ok = true;
         for (u64 i = 0; i < nf; ++i) {
             std::vector<u32> got(ns.begin() + cs[i], ns.begin() + cs[i + 1]);
@@ -375,9 +418,9 @@ static void test_sample() {
         // A skipped vertex outside the graph is still reported.
         std::vector<u32> bad{1, (u32)n};
         std::vector<u8> both{1, 1};
-        std::vector<u64> cb(3, 77);
-        launch(sample_count, 1, 32, (const u64*)ip.data(), n, (const u32*)bad.data(), (u64)2, fanout, (const u8*)both.data(), cb.data(), fault.data());
-        CHECK(fault[0] == FAULT_SAMPLE_VERTEX && fault[1] == (u32)n && cb[0] == 0 && cb[1] == 0 && cb[2] == 0, "sample_count fault under skip");
+        std::vector<u64> cb;
+        count_scan(ip, n, bad, 2, nullptr, fanout, both.data(), cb, fault);
+        CHECK(fault[0] == FAULT_SAMPLE_VERTEX && fault[1] == (u32)n && cb[0] == 0 && cb[1] == 0 && cb[2] == 0, "sample_count_scan fault under skip");
         std::fill(fault.begin(), fault.end(), 0u);
     }
     // uniformity: vertex 0 (degree 2499), fanout 5, many seeds: each neighbor ~ 5/2499
@@ -385,7 +428,7 @@ static void test_sample() {
     u32 v0 = 0; u64 trials = 4000;
     std::vector<u64> cnt{0, 5}; std::vector<u32> pos(5), nb(5);
     for (u64 s = 0; s < trials; ++s) {
-        launch(sample_pick, 1, 32, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)&v0, (u64)1, s * 0x9E3779B97F4A7C15ull, (const u64*)cnt.data(), pos.data(), nb.data());
+        launch(sample_pick, 1, 32, (const u64*)ip.data(), (const u32*)ix.data(), n, (const u32*)&v0, (u64)1, (const u64*)nullptr, s * 0x9E3779B97F4A7C15ull, (const u64*)cnt.data(), pos.data(), nb.data());
         for (u32 u : nb) hits[u]++;
     }
     // bucket counts by position tenths: expect 2000 each
@@ -394,6 +437,116 @@ static void test_sample() {
     bool ok = true; for (u64 b : buckets) ok &= b > 1800 && b < 2200;
     CHECK(ok, "sample uniformity buckets %llu %llu %llu ...", buckets[0], buckets[1], buckets[9]);
     std::printf("sample ok\n");
+}
+
+// sample_count_scan at the scan's boundary sizes (nf + 1 = 1, 2, SCAN_TILE,
+// SCAN_TILE + 1, ...) against a scalar prefix of min(fanout, degree), unbounded
+// and with a device live count over a longer buffer whose tail would fault if read.
+static void test_count_scan() {
+    const u64 nv = 5000;
+    std::vector<u64> ip{0};
+    for (u64 v = 0; v < nv; ++v) ip.push_back(ip.back() + (below(5) == 0 ? 0 : below(41)));
+    for (u64 nf : {0ull, 1ull, (u64)SCAN_TILE - 1, (u64)SCAN_TILE, (u64)SCAN_TILE + 1, 3ull * SCAN_TILE + 5}) {
+        for (u32 fanout : {1u, 10u, 0xffffffffu}) {
+            std::vector<u32> front(nf); for (auto& v : front) v = below(nv);
+            std::vector<u64> want{0};
+            for (u32 v : front) want.push_back(want.back() + std::min<u64>(ip[v + 1] - ip[v], fanout));
+            std::vector<u64> got; std::vector<u32> fault(8, 0);
+            unsigned long long before = g_launches;
+            count_scan(ip, nv, front, nf, nullptr, fanout, nullptr, got, fault);
+            CHECK(got == want && fault[0] == 0, "sample_count_scan nf=%llu fanout %u", nf, fanout);
+            CHECK(g_launches - before == scan_launch_count(nf + 1), "sample_count_scan nf=%llu: %llu launches", nf, g_launches - before);
+            for (u64 extra : {1ull, 999ull}) {
+                std::vector<u32> fb = front;
+                for (u64 q = 0; q < extra; ++q) fb.push_back(q % 2 ? (u32)(nv + q) : (u32)below(nv));
+                u64 live = nf;
+                count_scan(ip, nv, fb, nf + extra, &live, fanout, nullptr, got, fault);
+                bool ok = fault[0] == 0 && std::equal(want.begin(), want.end(), got.begin());
+                for (u64 i = nf; i <= nf + extra; ++i) ok &= got[i] == want[nf];
+                CHECK(ok, "bounded sample_count_scan nf=%llu extra=%llu fanout %u", nf, extra, fanout);
+            }
+        }
+    }
+    std::printf("count scan ok\n");
+}
+
+// The whole chain as CudaBackend::sample runs it (sample.rs): every layer sized by
+// bounds (frontier capacity × min(fanout, max degree) edges, capacity + edges
+// sources capped at the vertex count), the frontier of a layer being the sources
+// of the layer above with their count on the device, poison past every live
+// prefix, and the four counts per layer read once at the end — against a scalar
+// reference of layered sampling (Floyd's positions in row order, first-occurrence
+// relabel). Also checks the launches per layer against the scan plan.
+static void test_sample_chain() {
+    u64 nv = 3000; std::vector<std::set<u32>> adj(nv);
+    for (int k = 0; k < 12000; ++k) { u32 a = below(nv) * below(nv) / nv, b = below(nv); if (a != b) { adj[a].insert(b); adj[b].insert(a); } }
+    for (u32 v = 1; v < 700; ++v) { adj[0].insert(v); adj[v].insert(0); }
+    std::vector<u64> ip{0}; std::vector<u32> ix;
+    for (auto& st : adj) { for (u32 v : st) ix.push_back(v); ip.push_back(ix.size()); }
+    u64 maxdeg = 0; for (u64 v = 0; v < nv; ++v) maxdeg = std::max<u64>(maxdeg, ip[v + 1] - ip[v]);
+    const u64 seed = 99;
+    for (auto fanouts : std::vector<std::vector<u32>>{{3, 4, 5}, {40, 2, 6}, {0xffffffffu, 3}, {1}}) {
+        std::vector<u32> seeds(nv); std::iota(seeds.begin(), seeds.end(), 0); std::shuffle(seeds.begin(), seeds.end(), rng);
+        seeds.resize(fanouts.size() == 1 ? 1 : 150);
+        const size_t L = fanouts.size();
+        // Scalar reference, top layer first.
+        std::vector<std::vector<u64>> r_ip(L); std::vector<std::vector<u32>> r_loc(L), r_src(L);
+        std::vector<u32> front = seeds;
+        for (size_t li = 0; li < L; ++li) {
+            size_t layer = L - 1 - li; u64 key = seed * 1000003 + layer;
+            std::map<u32, u32> pos; std::vector<u32> uniq;
+            for (u32 v : front) { pos[v] = uniq.size(); uniq.push_back(v); }
+            r_ip[li] = {0};
+            for (u32 v : front) {
+                u64 deg = ip[v + 1] - ip[v], k = std::min<u64>(deg, fanouts[layer]);
+                std::vector<u32> picked;
+                if (k >= deg) for (u64 q = 0; q < deg; ++q) picked.push_back(ix[ip[v] + q]);
+                else for (u32 q : floyd_positions(hash_key(key, v), deg, k)) picked.push_back(ix[ip[v] + q]);
+                for (u32 u : picked) { auto it = pos.find(u); if (it == pos.end()) { pos[u] = uniq.size(); r_loc[li].push_back(uniq.size()); uniq.push_back(u); } else r_loc[li].push_back(it->second); }
+                r_ip[li].push_back(r_loc[li].size());
+            }
+            r_src[li] = uniq; front = uniq;
+        }
+        // The device chain.
+        std::vector<u64> counts(4 * L, 0x7777);
+        std::vector<u32> cur = seeds; u64 cap = seeds.size(); const u64* live = nullptr;
+        std::vector<u32> fault(8, 0);
+        std::vector<std::vector<u64>> d_ip(L); std::vector<std::vector<u32>> d_loc(L), d_src(L);
+        std::vector<unsigned long long> launches(L);
+        for (size_t li = 0; li < L; ++li) {
+            size_t layer = L - 1 - li; u64 key = seed * 1000003 + layer; u32 f = fanouts[layer];
+            unsigned long long before = g_launches;
+            std::vector<u64> indptr;
+            count_scan(ip, nv, cur, cap, live, f, nullptr, indptr, fault);
+            u64 cap_e = cap * std::min<u64>(f, maxdeg);
+            std::vector<u32> nbrs(cap_e, 0xfffffff0u), scratch(f > 32 ? cap_e : 0);
+            launch(sample_pick, wgrid(cap), T, (const u64*)ip.data(), (const u32*)ix.data(), nv, (const u32*)cur.data(), cap, live, key, (const u64*)indptr.data(), f > 32 ? scratch.data() : (u32*)nullptr, nbrs.data());
+            u64 cap_src = std::min<u64>(cap + cap_e, nv);
+            std::vector<u32> uniq, loc;
+            relabel(cur, nbrs, live, &indptr[cap], cap_src, uniq, loc, &counts[4 * li]);
+            launches[li] = g_launches - before;
+            CHECK(launches[li] == scan_launch_count(cap + 1) + 3 + scan_launch_count(cap + cap_e + 1),
+                  "chain %zu layers, layer %zu: %llu launches", L, layer, launches[li]);
+            d_ip[li] = indptr; d_loc[li] = loc;
+            uniq.resize(cap_src, 0xfffffff0u);  // poison past the live sources
+            d_src[li] = uniq;
+            cur = uniq; cap = cap_src; live = &counts[4 * li + 2];
+        }
+        bool ok = fault[0] == 0;
+        for (size_t li = 0; li < L && ok; ++li) {
+            u64 nd = counts[4 * li + 3], ne = counts[4 * li], ns = counts[4 * li + 2];
+            ok &= nd == r_ip[li].size() - 1 && counts[4 * li + 1] == nd && ne == r_loc[li].size() && ns == r_src[li].size();
+            ok &= ok && std::equal(r_ip[li].begin(), r_ip[li].end(), d_ip[li].begin());
+            ok &= ok && std::equal(r_loc[li].begin(), r_loc[li].end(), d_loc[li].begin());
+            ok &= ok && std::equal(r_src[li].begin(), r_src[li].end(), d_src[li].begin());
+            if (!ok) std::printf("  layer %zu: dst %llu/%zu edges %llu/%zu src %llu/%zu\n", L - 1 - li, nd, r_ip[li].size() - 1, ne, r_loc[li].size(), ns, r_src[li].size());
+        }
+        CHECK(ok, "bounded sampling chain, %zu layers (fanout of layer 0: %u)", L, fanouts[0]);
+        std::printf("  chain %zu layers:", L);
+        for (size_t li = 0; li < L; ++li) std::printf(" layer %zu %llu launches (%llu dst, %llu edges, %llu src);", L - 1 - li, launches[li], counts[4 * li + 3], counts[4 * li], counts[4 * li + 2]);
+        std::printf("\n");
+    }
+    std::printf("sample chain ok\n");
 }
 
 // bfloat16 bits of x: round to nearest, ties to even (finite x).
@@ -689,6 +842,8 @@ int main() {
     test_gat();
     test_xent();
     test_sample();
+    test_count_scan();
+    test_sample_chain();
     test_gather_and_rows();
     test_gather_bf16();
     test_math();

@@ -135,8 +135,11 @@ uninhabited! {
         fn fill_zero[T: Elem](&mut Never, usize) -> Result<()>;
     }
     impl Sampling {
+        type Queued;
         fn load_graph(&CsrGraph, TopologyPlacement) -> Result<Never>;
         fn sample(&Never, &[u32], &[u32], u64) -> Result<DeviceBatch<Self>>;
+        fn sample_queued(&Never, &[u32], &[u32], u64) -> Result<Never>;
+        fn resolve_queued(Vec<Never>) -> Result<Vec<DeviceBatch<Self>>>;
         fn sample_hop(&Never, &Never, usize, u32, u64, Option<&Never>)
             -> Result<(Never, Never, usize)>;
         fn unique_relabel(&Never, usize, &Never, usize) -> Result<(Never, Never, usize)>;

@@ -517,20 +517,22 @@ define_kernels! {
         scan_u64_add(out: PtrMut<u64>, n: u64, tile_offsets: Ptr<u64>);
     }
     Sample {
-        sample_count(graph_indptr: Ptr<u64>, num_vertices: u64, frontier: Ptr<u32>, n: u64,
-                     fanout: u32, skip: Ptr<u8>, counts: PtrMut<u64>, fault: PtrMut<u32>);
+        sample_count_scan(graph_indptr: Ptr<u64>, num_vertices: u64, frontier: Ptr<u32>,
+                          n: u64, live_n: Ptr<u64>, fanout: u32, skip: Ptr<u8>,
+                          indptr: PtrMut<u64>, tile_sums: PtrMut<u64>, fault: PtrMut<u32>);
         sample_pick(graph_indptr: Ptr<u64>, graph_indices: Ptr<u32>, num_vertices: u64,
-                    frontier: Ptr<u32>, n: u64, layer_key: u64, block_indptr: Ptr<u64>,
-                    positions: PtrMut<u32>, nbrs: PtrMut<u32>);
-        unique_insert(a: Ptr<u32>, n_a: u64, b: Ptr<u32>, n_b: u64, live_b: Ptr<u64>,
-                      keys: PtrMut<u32>, min_pos: PtrMut<u32>, cap: u64, slot_of: PtrMut<u32>);
-        unique_flag(slot_of: Ptr<u32>, min_pos: Ptr<u32>, n_a: u64, n_b: u64, live_b: Ptr<u64>,
-                    flags: PtrMut<u32>);
-        unique_scatter(a: Ptr<u32>, n_a: u64, b: Ptr<u32>, n_b: u64, live_b: Ptr<u64>,
-                       slot_of: Ptr<u32>, min_pos: Ptr<u32>, ranks: Ptr<u32>,
-                       unique: PtrMut<u32>, local: PtrMut<u32>);
-        relabel_counts(live_b: Ptr<u64>, n_b: u64, ranks: Ptr<u32>, n_a: u64,
-                       out: PtrMut<u64>);
+                    frontier: Ptr<u32>, n: u64, live_n: Ptr<u64>, layer_key: u64,
+                    block_indptr: Ptr<u64>, positions: PtrMut<u32>, nbrs: PtrMut<u32>);
+        unique_insert(a: Ptr<u32>, n_a: u64, live_a: Ptr<u64>, b: Ptr<u32>, n_b: u64,
+                      live_b: Ptr<u64>, keys: PtrMut<u32>, min_pos: PtrMut<u32>, cap: u64,
+                      slot_of: PtrMut<u32>);
+        unique_flag_scan(slot_of: Ptr<u32>, min_pos: Ptr<u32>, n_a: u64, live_a: Ptr<u64>,
+                         n_b: u64, live_b: Ptr<u64>, ranks: PtrMut<u32>,
+                         tile_sums: PtrMut<u32>);
+        unique_scatter(a: Ptr<u32>, n_a: u64, live_a: Ptr<u64>, b: Ptr<u32>, n_b: u64,
+                       live_b: Ptr<u64>, slot_of: Ptr<u32>, min_pos: Ptr<u32>,
+                       ranks: Ptr<u32>, unique_cap: u64, unique: PtrMut<u32>,
+                       local: PtrMut<u32>, counts: PtrMut<u64>);
     }
     Aggregate {
         block_out_degree(indices: Ptr<u32>, num_edges: u64, out_deg: PtrMut<u32>);
@@ -574,7 +576,12 @@ mod tests {
         let mut out = Vec::new();
         let mut rest = source;
         while let Some(at) = rest.find(MARK) {
-            let after = &rest[at + MARK.len()..];
+            let mut after = &rest[at + MARK.len()..];
+            // `__launch_bounds__(N)` may stand between `void` and the name.
+            if let Some(b) = after.strip_prefix("__launch_bounds__(") {
+                let close = b.find(')').expect("unclosed __launch_bounds__");
+                after = b[close + 1..].trim_start();
+            }
             let open = after.find('(').expect("kernel without a parameter list");
             let name = after[..open].trim().to_string();
             let close = after.find(')').expect("unclosed parameter list");

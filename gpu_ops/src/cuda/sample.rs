@@ -3,35 +3,50 @@
 //!
 //! # One batch ([`crate::Sampling::sample`]), from the seeds down
 //! 1. The seeds are checked on the host (in range, distinct) and uploaded.
-//! 2. Per layer: `sample_count` writes `min(fanout, degree)` per destination; an
-//!    in-place scan turns the counts into the block's `indptr`, whose last entry is
-//!    the layer's edge count. The host does not read it: the edge buffers are sized
-//!    by the bound `n · min(fanout, max degree)` and the kernels below read the count
-//!    on the device. (A bound above `MAX_BOUNDED_EDGES` — e.g. `ALL_NEIGHBORS` on a
-//!    graph with a huge hub — reads the count first instead: one more
-//!    synchronization.)
+//! 2. Per layer, **sized by bounds, nothing read**: the frontier has a capacity
+//!    `n` (the seeds; below them, the sources' capacity of the layer above) and a
+//!    live count on the device (the layer above's source count). `sample_count_scan`
+//!    writes `min(fanout, degree)` per live destination and scans the counts in the
+//!    same pass into the block's `indptr` (`n + 1` entries, constant past the live
+//!    destinations; the last is the edge count): one launch up to 16,383
+//!    destinations, three beyond (`scan.rs`). The edge buffers are sized by the
+//!    bound `n · min(fanout, max degree)` and the kernels read the live count at
+//!    `indptr[n]` on the device. (A bound above `MAX_BOUNDED_EDGES` — e.g.
+//!    `ALL_NEIGHBORS` on a graph with a huge hub — reads the edge count first
+//!    instead: one more synchronization.)
 //! 3. `sample_pick` fills the sampled neighbors' global ids (one warp per
 //!    destination, Floyd's algorithm keyed by `(derive_seed(seed, layer), vertex)`,
 //!    neighbors in the order of the graph's row; fanouts up to 32 keep the draws in
 //!    registers, larger ones in a scratch buffer).
 //! 4. [`CudaBackend::relabel`] makes the block's sources (destinations first, then new
-//!    ids in first-occurrence order) and the local id of every edge. Its one
-//!    synchronization reads three counts together (`relabel_counts`): the edges,
-//!    the distinct destinations (the distinctness check) and the sources. The host
-//!    needs the source count to size the next layer and the model's matrices, so
-//!    this read stays: **one synchronization per layer** (three before, each
-//!    followed by a fault-word read).
-//! 5. The block's sources are the next layer's destinations. Its GCN source
-//!    weights (`block_out_degree`, `block_src_weight`) are computed the first time
-//!    a GCN aggregation reads them ([`CudaBackend::src_weights`]): SAGE and GAT
-//!    batches skip that work (a memset and two launches per block).
+//!    ids in first-occurrence order) and the local id of every edge, into buffers
+//!    sized by capacities: the sources' capacity is `min(n + edges bound, vertex
+//!    count)`. `unique_insert`, `unique_flag_scan` (the first-occurrence flags
+//!    scanned in the same pass: one launch up to 16,383 positions, three beyond)
+//!    and `unique_scatter`, which also writes the layer's four counts (edges,
+//!    distinct destinations, sources, destinations) into the batch's count buffer.
+//! 5. The block's sources are the next layer's frontier, their count on the device
+//!    its live count.
+//!
+//! After the last layer **one read** takes every layer's four counts (the
+//! batch's one synchronization; three before, one a layer): the blocks get their
+//! shapes, a repeated frontier id is reported (its distinct count falls short),
+//! device faults (a vertex outside the graph) surface there. A block's buffers
+//! are longer than its shape (the backend contract's prefixes); the GCN source
+//! weights (`block_out_degree`, `block_src_weight`) are computed the first time a
+//! GCN aggregation reads them ([`CudaBackend::src_weights`]).
+//!
+//! Launches per layer: `scan(n + 1) + 3 + scan(n + edges + 1)` kernels, where
+//! `scan(m)` is 1 up to 16,384 values and 3 beyond, plus one memset of the hash
+//! table (12 to 14 a layer before: a separate count and flag pass, 1,024-value
+//! scan tiles, and a count kernel before the scatter).
 //!
 //! [`crate::Sampling::sample_hop`] runs steps 2–5 once from destinations already on
-//! the device, with an optional skip mask that gives flagged destinations a count of
-//! 0 in step 2 (so step 3 draws nothing for them and step 4 sees none of their
-//! neighbors). Both paths share `sample_layer`, and layer `l` of a batch uses the key
-//! `derive_seed(seed, l)`, so hop-by-hop sampling with those keys reproduces
-//! `sample`.
+//! the device (their count known), with an optional skip mask that gives flagged
+//! destinations a count of 0 in step 2 (so step 3 draws nothing for them and step 4
+//! sees none of their neighbors), and reads the layer's counts at its end. Both paths
+//! share `sample_layer`, and layer `l` of a batch uses the key `derive_seed(seed,
+//! l)`, so hop-by-hop sampling with those keys reproduces `sample`.
 //!
 //! Everything but the random choices is a function of the input, so a batch is
 //! reproducible for a seed on a given device; the draws differ from the host
@@ -43,6 +58,7 @@ use super::alloc::{CudaBuf, Init};
 use super::device::CudaBackend;
 use super::kernels::{launch, Grid, Ptr, PtrMut};
 use super::pinned::HostRegion;
+use super::scan::scan_grid;
 use crate::backend::{DeviceBatch, DeviceCore, TopologyPlacement};
 use crate::error::{GpuOpsError, Result};
 
@@ -130,27 +146,92 @@ impl std::fmt::Debug for CudaBlock {
     }
 }
 
-/// The destinations of one sampled layer ([`CudaBackend::sample_layer`]): the
-/// first `n` ids of `ids`, distinct (not checked before the relabel, which
-/// reports a repeat naming them `name`), and an optional mask: a destination
-/// flagged in `skip[..n]` gets no neighbors.
+/// The destinations of one sampled layer ([`CudaBackend::sample_layer`]): `ids`
+/// holds `cap` slots, of which the first `live` (a device count; `None`: all
+/// `cap`) are the destinations, distinct (not checked before the relabel, whose
+/// counts tell: [`LayerOut::finish`] reports a repeat), and an optional mask: a
+/// destination flagged in `skip[..cap]` gets no neighbors.
 struct Frontier<'a> {
     ids: &'a CudaBuf<u32>,
-    n: usize,
+    cap: usize,
+    live: Option<Ptr<u64>>,
     skip: Option<&'a CudaBuf<u8>>,
-    name: &'static str,
 }
 
-/// What [`CudaBackend::relabel`] returns.
+/// One layer on the device before its counts are read: every buffer is sized by
+/// a capacity, the live sizes are in `counts` (`unique_scatter`'s four words:
+/// edges, distinct destinations, sources, destinations).
+struct LayerOut {
+    /// `cap_dst + 1` offsets (constant past the live destinations).
+    indptr: CudaBuf<u64>,
+    /// `cap_edges` local source ids.
+    local: CudaBuf<u32>,
+    /// `cap_src` global source ids, destinations first.
+    unique: CudaBuf<u32>,
+    cap_dst: usize,
+    cap_edges: usize,
+    cap_src: usize,
+}
+
+/// A batch enqueued by [`crate::Sampling::sample_queued`]: its layers (top
+/// first) and the buffer holding their counts, four a layer, unread.
+pub struct CudaQueued {
+    layers_rev: Vec<LayerOut>,
+    counts: CudaBuf<u64>,
+    num_seeds: usize,
+}
+
+impl std::fmt::Debug for CudaQueued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaQueued")
+            .field("layers", &self.layers_rev.len())
+            .field("num_seeds", &self.num_seeds)
+            .finish()
+    }
+}
+
+impl LayerOut {
+    /// The block, its sources and their count, from the layer's four counts as
+    /// read (checked against the capacities; `frontier` names the destinations in
+    /// the "not distinct" error).
+    fn finish(
+        self,
+        dev: &CudaBackend,
+        [edges, distinct, n_src, n_dst]: [u64; 4],
+        frontier: &'static str,
+    ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
+        let within = |v: u64, cap: usize| usize::try_from(v).ok().filter(|&v| v <= cap);
+        let (Some(n_dst), Some(edges), Some(n_src)) = (
+            within(n_dst, self.cap_dst),
+            within(edges, self.cap_edges),
+            within(n_src, self.cap_src),
+        ) else {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "num_candidates",
+                reason: format!(
+                    "internal: a sampled layer counts {n_dst} destinations, {edges} edges and \
+                     {n_src} sources on the device, more than the {}, {} and {} sized for",
+                    self.cap_dst, self.cap_edges, self.cap_src
+                ),
+            });
+        };
+        if distinct as usize != n_dst {
+            return Err(GpuOpsError::InvalidArgument {
+                name: frontier,
+                reason: format!("must be distinct: only {distinct} of its {n_dst} ids are"),
+            });
+        }
+        let block = dev.finish_block(n_src, n_dst, edges, self.indptr, self.local)?;
+        Ok((block, self.unique, n_src))
+    }
+}
+
+/// What [`CudaBackend::relabel`] leaves on the device.
 struct Relabeled {
-    /// The unique ids (targets first).
+    /// The unique ids (targets first), `unique_cap` slots.
     unique: CudaBuf<u32>,
     /// Each live candidate's position in `unique` (sized by the capacity).
     local: CudaBuf<u32>,
-    /// Entries of `unique`.
-    n_unique: usize,
-    /// Live candidates (entries of `local` written).
-    n_candidates: usize,
 }
 
 impl CudaBackend {
@@ -162,39 +243,44 @@ impl CudaBackend {
         Grid::warps_for(n as u64, self.kernels.max_blocks())
     }
 
-    /// One layer (steps 2–5 of the module doc) from `frontier`, drawing `fanout`
-    /// neighbors per destination with `layer_key`: returns
-    /// `(block, src_ids, num_src)`. Callers check `fanout > 0` and the buffer
-    /// lengths.
+    /// One layer (steps 2–4 of the module doc) from `frontier`, drawing `fanout`
+    /// neighbors per destination with `layer_key`; the four counts go to
+    /// `counts[..4]`, unread. Callers check `fanout > 0` and the buffer lengths.
     fn sample_layer(
         &self,
         graph: &CudaGraph,
         frontier: Frontier<'_>,
         fanout: u32,
         layer_key: u64,
-    ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
+        counts: PtrMut<u64>,
+    ) -> Result<LayerOut> {
         let Frontier {
             ids: frontier,
-            n,
+            cap: n,
+            live: live_dst,
             skip,
-            name: frontier_name,
         } = frontier;
         let (g_indptr, g_indices) = graph.ptrs();
         let nv = graph.num_vertices as u64;
-        // 2. counts → indptr.
+        let live_dst_ptr = live_dst.unwrap_or(Ptr::null());
+        // 2. counts → indptr, in one pass per tile.
         let mut indptr = self.buf::<u64>(n + 1, Init::Uninit, "block indptr")?;
-        launch::sample_count {
+        let grid = scan_grid(n + 1)?;
+        let mut sums = self.tile_sums::<u64>(grid)?;
+        launch::sample_count_scan {
             graph_indptr: g_indptr,
             num_vertices: nv,
             frontier: frontier.ptr(),
             n: n as u64,
+            live_n: live_dst_ptr,
             fanout,
             skip: skip.map_or(Ptr::null(), CudaBuf::ptr),
-            counts: indptr.ptr_mut(),
+            indptr: indptr.ptr_mut(),
+            tile_sums: sums.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
             fault: self.fault_ptr(),
         }
-        .launch(&self.kernels, self.cu(), self.grid_t(n + 1))?;
-        self.scan_u64_in_place(&mut indptr, n + 1)?;
+        .launch(&self.kernels, self.cu(), grid)?;
+        self.finish_scan_u64(&mut indptr, n + 1, sums)?;
         // The layer's edges are at most n · min(fanout, max degree): size by that and
         // let the kernels read the count at indptr[n], or read it first when the
         // bound is too loose to allocate.
@@ -220,6 +306,7 @@ impl CudaBackend {
             num_vertices: nv,
             frontier: frontier.ptr(),
             n: n as u64,
+            live_n: live_dst_ptr,
             layer_key,
             block_indptr: indptr.ptr(),
             positions: positions.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
@@ -227,11 +314,18 @@ impl CudaBackend {
         }
         .launch(&self.kernels, self.cu(), self.grid_w(n))?;
         drop(positions);
-        // 4. sources and local ids (the layer's one synchronization).
-        let r = self.relabel(frontier, n, &nbrs, cap, live, frontier_name)?;
-        // 5. the block.
-        let block = self.finish_block(r.n_unique, n, r.n_candidates, indptr, r.local)?;
-        Ok((block, r.unique, r.n_unique))
+        // 4. sources and local ids. The sources are distinct vertices, so at most
+        // the vertex count (a bad id beyond is a fault the read reports).
+        let cap_src = (n + cap).min(graph.num_vertices.max(1));
+        let r = self.relabel(frontier, n, live_dst, &nbrs, cap, live, cap_src, counts)?;
+        Ok(LayerOut {
+            indptr,
+            local: r.local,
+            unique: r.unique,
+            cap_dst: n,
+            cap_edges: cap,
+            cap_src,
+        })
     }
 
     /// The edge count at `indptr[n]`, read (a synchronization) and checked against
@@ -251,20 +345,23 @@ impl CudaBackend {
             })
     }
 
-    /// Unique ids of `targets[..n_t] ++ candidates[..n_live]` (targets first, then
-    /// first occurrences) and each candidate's position among them; see
-    /// `sample.cu`. `n_live` is the device count `live` (at most `n_c`) when given,
-    /// else `n_c`; the buffers are sized by `n_c`, and the one synchronization reads
-    /// the live count, the distinct targets and the unique count together.
-    /// `targets_name` names the targets in a "not distinct" error.
+    /// Unique ids of the live `targets[..n_t] ++ candidates[..n_c]` (targets
+    /// first, then first occurrences; `live_t` / `live_c`: device counts of the
+    /// live entries, `None` = all) into `unique_cap` slots, and each candidate's
+    /// position among them; see `sample.cu`. Nothing is read: `unique_scatter`
+    /// writes the four counts to `counts[..4]` (live candidates, distinct targets,
+    /// unique ids, live targets) for the caller to read.
+    #[allow(clippy::too_many_arguments)]
     fn relabel(
         &self,
         targets: &CudaBuf<u32>,
         n_t: usize,
+        live_t: Option<Ptr<u64>>,
         candidates: &CudaBuf<u32>,
         n_c: usize,
-        live: Option<Ptr<u64>>,
-        targets_name: &'static str,
+        live_c: Option<Ptr<u64>>,
+        unique_cap: usize,
+        counts: PtrMut<u64>,
     ) -> Result<Relabeled> {
         targets.check_len("unique_relabel targets", n_t)?;
         candidates.check_len("unique_relabel candidates", n_c)?;
@@ -275,16 +372,7 @@ impl CudaBackend {
                 name: "num_candidates",
                 reason: format!("{n_t} targets + {n_c} candidates exceed the device relabel limit of {MAX_RELABEL}"),
             })?;
-        if total == 0 {
-            let empty = || self.buf::<u32>(0, Init::Uninit, "relabel output");
-            return Ok(Relabeled {
-                unique: empty()?,
-                local: empty()?,
-                n_unique: 0,
-                n_candidates: 0,
-            });
-        }
-        let live_ptr = live.unwrap_or(Ptr::null());
+        let (live_t, live_c) = (live_t.unwrap_or(Ptr::null()), live_c.unwrap_or(Ptr::null()));
         let cap = (2 * total).next_power_of_two().max(64);
         // The hash keys and the first positions side by side, both all ones: one
         // allocation and one memset.
@@ -295,75 +383,87 @@ impl CudaBackend {
         launch::unique_insert {
             a: targets.ptr(),
             n_a: n_t as u64,
+            live_a: live_t,
             b: candidates.ptr(),
             n_b: n_c as u64,
-            live_b: live_ptr,
+            live_b: live_c,
             keys,
             min_pos: keys.offset(cap + 1),
             cap: cap as u64,
             slot_of: slot_of.ptr_mut(),
         }
         .launch(&self.kernels, self.cu(), self.grid_t(total))?;
-        // unique_flag writes all total + 1 flags (0 past the live positions), so the
-        // scan's entry at `total` is the unique count.
+        // The flags of all total + 1 positions (0 past the live ones) scanned in
+        // the same pass, so ranks[total] is the unique count.
         let mut ranks = self.buf::<u32>(total + 1, Init::Uninit, "relabel ranks")?;
-        launch::unique_flag {
+        let grid = scan_grid(total + 1)?;
+        let mut sums = self.tile_sums::<u32>(grid)?;
+        launch::unique_flag_scan {
             slot_of: slot_of.ptr(),
             min_pos,
             n_a: n_t as u64,
+            live_a: live_t,
             n_b: n_c as u64,
-            live_b: live_ptr,
-            flags: ranks.ptr_mut(),
+            live_b: live_c,
+            ranks: ranks.ptr_mut(),
+            tile_sums: sums.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
         }
-        .launch(&self.kernels, self.cu(), self.grid_t(total + 1))?;
-        self.scan_u32_in_place(&mut ranks, total + 1)?;
-        let mut counts = self.buf::<u64>(3, Init::Uninit, "relabel counts")?;
-        launch::relabel_counts {
-            live_b: live_ptr,
-            n_b: n_c as u64,
-            ranks: ranks.ptr(),
-            n_a: n_t as u64,
-            out: counts.ptr_mut(),
-        }
-        .launch(&self.kernels, self.cu(), Grid::exact(1, 32))?;
-        let [n_live, distinct, n_unique] = self.read_n::<u64, 3>(&counts, 0)?;
-        let n_live = usize::try_from(n_live)
-            .ok()
-            .filter(|&l| l <= n_c)
-            .ok_or_else(|| GpuOpsError::InvalidArgument {
-                name: "num_candidates",
-                reason: format!(
-                    "internal: {n_live} candidates on the device, more than the {n_c} sized for"
-                ),
-            })?;
-        if distinct as usize != n_t {
-            return Err(GpuOpsError::InvalidArgument {
-                name: targets_name,
-                reason: format!("must be distinct: only {distinct} of its {n_t} ids are"),
-            });
-        }
-        let n_unique = n_unique as usize;
-        let mut unique = self.buf::<u32>(n_unique, Init::Uninit, "unique ids")?;
+        .launch(&self.kernels, self.cu(), grid)?;
+        self.finish_scan_u32(&mut ranks, total + 1, sums)?;
+        let mut unique = self.buf::<u32>(unique_cap, Init::Uninit, "unique ids")?;
         let mut local = self.buf::<u32>(n_c, Init::Uninit, "local ids")?;
+        // At least one thread: it writes the counts.
         launch::unique_scatter {
             a: targets.ptr(),
             n_a: n_t as u64,
+            live_a: live_t,
             b: candidates.ptr(),
             n_b: n_c as u64,
-            live_b: live_ptr,
+            live_b: live_c,
             slot_of: slot_of.ptr(),
             min_pos,
             ranks: ranks.ptr(),
+            unique_cap: unique_cap as u64,
             unique: unique.ptr_mut(),
             local: local.ptr_mut(),
+            counts,
         }
-        .launch(&self.kernels, self.cu(), self.grid_t(total))?;
-        Ok(Relabeled {
-            unique,
-            local,
-            n_unique,
-            n_candidates: n_live,
-        })
+        .launch(&self.kernels, self.cu(), self.grid_t(total.max(1)))?;
+        Ok(Relabeled { unique, local })
+    }
+
+    /// `n` u64 counts of `buf` in one read (one synchronization; device faults
+    /// are reported there).
+    fn read_counts(&self, buf: &CudaBuf<u64>, n: usize) -> Result<Vec<u64>> {
+        crate::backend::DeviceMemory::to_host(self, buf, n)
+    }
+
+    /// `dst[at..at + len] = src[..len]`, device to device on the compute stream.
+    fn copy_at(
+        &self,
+        src: &CudaBuf<u64>,
+        dst: &mut CudaBuf<u64>,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        src.check_len("copy source", len)?;
+        dst.check_len("copy destination end", at.saturating_add(len))?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let to = dst.raw() + (at * size_of::<u64>()) as u64;
+        // SAFETY: both ranges lie in their buffers (checked above); the copy is
+        // ordered on the compute stream after the kernels that wrote `src`.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                to,
+                src.raw(),
+                len * size_of::<u64>(),
+                self.cu(),
+            )
+        }
+        .map_err(super::driver::drv("cuMemcpyDtoDAsync"))
     }
 
     /// A block from device CSR (its GCN weights are made on first use).
@@ -418,8 +518,32 @@ impl CudaBackend {
     }
 }
 
+/// `e` with the layer it happened in, where it names the fanouts.
+fn in_layer(layer: usize, e: GpuOpsError) -> GpuOpsError {
+    match e {
+        GpuOpsError::InvalidArgument {
+            name: "fanout",
+            reason,
+        } => GpuOpsError::InvalidArgument {
+            name: "fanouts",
+            reason: format!("layer {layer}: {reason}"),
+        },
+        e => e,
+    }
+}
+
+/// A count read back that is not what was written.
+fn internal_counts() -> GpuOpsError {
+    GpuOpsError::InvalidArgument {
+        name: "num_candidates",
+        reason: "internal: the device counts read back are not the ones sized for".into(),
+    }
+}
+
 /// The [`crate::Sampling`] family (module doc), on the helpers above.
 impl crate::backend::Sampling for CudaBackend {
+    type Queued = CudaQueued;
+
     /// Uploads (or maps) a graph's topology.
     fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<CudaGraph> {
         let offsets = graph.offsets();
@@ -498,7 +622,8 @@ impl crate::backend::Sampling for CudaBackend {
         Ok(())
     }
 
-    /// Layered sampling (module doc).
+    /// Layered sampling (module doc): [`crate::Sampling::sample_queued`] and the
+    /// one read of [`crate::Sampling::resolve_queued`].
     fn sample(
         &self,
         graph: &CudaGraph,
@@ -506,6 +631,20 @@ impl crate::backend::Sampling for CudaBackend {
         fanouts: &[u32],
         seed: u64,
     ) -> Result<DeviceBatch<Self>> {
+        let queued = self.sample_queued(graph, seeds, fanouts, seed)?;
+        self.resolve_queued(vec![queued])?
+            .pop()
+            .ok_or_else(internal_counts)
+    }
+
+    /// Steps 1–5 of the module doc for every layer, nothing read.
+    fn sample_queued(
+        &self,
+        graph: &CudaGraph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        seed: u64,
+    ) -> Result<CudaQueued> {
         if fanouts.is_empty() {
             return Err(GpuOpsError::InvalidArgument {
                 name: "fanouts",
@@ -543,45 +682,91 @@ impl crate::backend::Sampling for CudaBackend {
         }
         let mut seed_buf = self.buf::<u32>(seeds.len(), Init::Uninit, "seeds")?;
         self.upload_slice(&self.compute, seeds, &mut seed_buf)?;
-        let mut blocks_rev = Vec::with_capacity(fanouts.len());
-        let mut srcs_rev: Vec<CudaBuf<u32>> = Vec::with_capacity(fanouts.len());
-        let mut n = seeds.len();
+        // Every layer's four counts in one buffer, read once.
+        let mut counts = self.buf::<u64>(4 * fanouts.len(), Init::Uninit, "layer counts")?;
+        let mut layers_rev: Vec<LayerOut> = Vec::with_capacity(fanouts.len());
         for layer in (0..fanouts.len()).rev() {
-            let frontier = srcs_rev.last().unwrap_or(&seed_buf);
+            let slot = layers_rev.len();
+            let frontier = match layers_rev.last() {
+                // The sources of the layer above, their count on the device.
+                Some(above) => Frontier {
+                    ids: &above.unique,
+                    cap: above.cap_src,
+                    live: Some(counts.ptr().offset(4 * (slot - 1) + 2)),
+                    skip: None,
+                },
+                None => Frontier {
+                    ids: &seed_buf,
+                    cap: seeds.len(),
+                    live: None,
+                    skip: None,
+                },
+            };
             let layer_key = cpu_ops::derive_seed(seed, layer as u64);
-            let (block, src, n_src) = self
+            let out = self
                 .sample_layer(
                     graph,
-                    Frontier {
-                        ids: frontier,
-                        n,
-                        skip: None,
-                        name: "frontier",
-                    },
+                    frontier,
                     fanouts[layer],
                     layer_key,
+                    counts.ptr_mut().offset(4 * slot),
                 )
-                .map_err(|e| match e {
-                    GpuOpsError::InvalidArgument {
-                        name: "fanout",
-                        reason,
-                    } => GpuOpsError::InvalidArgument {
-                        name: "fanouts",
-                        reason: format!("layer {layer}: {reason}"),
-                    },
-                    e => e,
-                })?;
-            blocks_rev.push(block);
-            srcs_rev.push(src);
-            n = n_src;
+                .map_err(|e| in_layer(layer, e))?;
+            layers_rev.push(out);
         }
-        blocks_rev.reverse();
-        srcs_rev.reverse();
-        Ok(DeviceBatch {
-            blocks: blocks_rev,
-            src_ids: srcs_rev,
+        Ok(CudaQueued {
+            layers_rev,
+            counts,
             num_seeds: seeds.len(),
         })
+    }
+
+    /// One read of every queued batch's counts (their count buffers copied into
+    /// one on the device first), then the blocks.
+    fn resolve_queued(&self, queued: Vec<CudaQueued>) -> Result<Vec<DeviceBatch<Self>>> {
+        let lens: Vec<usize> = queued.iter().map(|q| 4 * q.layers_rev.len()).collect();
+        let read = match queued.as_slice() {
+            [] => return Ok(Vec::new()),
+            [one] => self.read_counts(&one.counts, lens[0])?,
+            many => {
+                let total = lens.iter().sum();
+                let mut all = self.buf::<u64>(total, Init::Uninit, "queued layer counts")?;
+                let mut at = 0;
+                for (q, &len) in many.iter().zip(&lens) {
+                    self.copy_at(&q.counts, &mut all, at, len)?;
+                    at += len;
+                }
+                self.read_counts(&all, total)?
+            }
+        };
+        let mut out = Vec::with_capacity(queued.len());
+        let mut at = 0;
+        for (q, len) in queued.into_iter().zip(lens) {
+            let counts = &read[at..at + len];
+            at += len;
+            let layers = q.layers_rev.len();
+            let mut blocks = Vec::with_capacity(layers);
+            let mut src_ids = Vec::with_capacity(layers);
+            for (i, layer_out) in q.layers_rev.into_iter().enumerate() {
+                let layer = layers - 1 - i;
+                let c: [u64; 4] = counts[4 * i..4 * i + 4]
+                    .try_into()
+                    .map_err(|_| in_layer(layer, internal_counts()))?;
+                let (block, src, _) = layer_out
+                    .finish(self, c, "frontier")
+                    .map_err(|e| in_layer(layer, e))?;
+                blocks.push(block);
+                src_ids.push(src);
+            }
+            blocks.reverse();
+            src_ids.reverse();
+            out.push(DeviceBatch {
+                blocks,
+                src_ids,
+                num_seeds: q.num_seeds,
+            });
+        }
+        Ok(out)
     }
 
     /// One hop from device-resident destinations: checks what the host can check
@@ -613,11 +798,14 @@ impl crate::backend::Sampling for CudaBackend {
         }
         let frontier = Frontier {
             ids: dst,
-            n: n_dst,
+            cap: n_dst,
+            live: None,
             skip,
-            name: "dst",
         };
-        self.sample_layer(graph, frontier, fanout, layer_seed)
+        let mut counts = self.buf::<u64>(4, Init::Uninit, "layer counts")?;
+        let out = self.sample_layer(graph, frontier, fanout, layer_seed, counts.ptr_mut())?;
+        let c = self.read_n::<u64, 4>(&counts, 0)?;
+        out.finish(self, c, "dst")
     }
 
     fn unique_relabel(
@@ -627,15 +815,30 @@ impl crate::backend::Sampling for CudaBackend {
         candidates: &CudaBuf<u32>,
         num_candidates: usize,
     ) -> Result<(CudaBuf<u32>, CudaBuf<u32>, usize)> {
+        let total = num_targets.saturating_add(num_candidates);
+        let mut counts = self.buf::<u64>(4, Init::Uninit, "relabel counts")?;
         let r = self.relabel(
             targets,
             num_targets,
+            None,
             candidates,
             num_candidates,
             None,
-            "targets",
+            total,
+            counts.ptr_mut(),
         )?;
-        Ok((r.unique, r.local, r.n_unique))
+        let [_, distinct, n_unique, _] = self.read_n::<u64, 4>(&counts, 0)?;
+        if distinct as usize != num_targets {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "targets",
+                reason: format!("must be distinct: only {distinct} of its {num_targets} ids are"),
+            });
+        }
+        let n_unique = usize::try_from(n_unique)
+            .ok()
+            .filter(|&n| n <= total)
+            .ok_or_else(internal_counts)?;
+        Ok((r.unique, r.local, n_unique))
     }
 
     /// A block from host CSR, validated by `cpu_ops::BlockView::new`.

@@ -1,20 +1,25 @@
-//! Device prefix sums: the host side of `kernels/scan.cu` (a tile pass, a recursive
-//! scan of the tile totals, an add pass), and small synchronous reads of single
-//! values.
+//! Device prefix sums: the host side of `kernels/scan.cu` (tiles of 16,384 values,
+//! one block each: a single launch up to 16,384 values, else a tile pass, a scan of
+//! the tile totals — one block up to 2^28 values — and an add pass), and small
+//! synchronous reads of single values.
+//!
+//! Fused producers (`sample_count_scan`, `unique_flag_scan` in `sample.cu`) run
+//! the tile pass themselves: [`scan_grid`] shapes their launch and
+//! `finish_scan_*` does the rest of a multi-tile scan.
 
 use cudarc::driver::result;
 
 use super::alloc::{CudaBuf, Init};
 use super::device::CudaBackend;
 use super::driver::drv;
-use super::kernels::{launch, Grid};
+use super::kernels::{launch, Grid, PtrMut};
 use crate::backend::Elem;
 use crate::error::{GpuOpsError, Result};
 
-/// Values per scan tile (`SCAN_TILE` in scan.cu).
-const TILE: u64 = 1024;
-/// Threads per scan block (`SCAN_THREADS` in scan.cu).
-const TILE_THREADS: u32 = 256;
+/// Values per scan tile (`SCAN_TILE` in common.cuh).
+pub(crate) const TILE: u64 = 16_384;
+/// Threads per scan block (`SCAN_THREADS` in common.cuh).
+const TILE_THREADS: u32 = 1024;
 
 /// Tiles for `n` values, as a grid dimension.
 fn tiles(n: usize) -> Result<u32> {
@@ -27,69 +32,112 @@ fn tiles(n: usize) -> Result<u32> {
         })
 }
 
+/// The launch of a tile pass over `n` values: one block of `SCAN_THREADS` per tile
+/// (`Grid::blocks` = the tile count; 0 for `n = 0`).
+pub(crate) fn scan_grid(n: usize) -> Result<Grid> {
+    Ok(Grid::exact(tiles(n)?, TILE_THREADS))
+}
+
+/// Kernel launches of one device scan of `n` values (a fused tile pass counts as
+/// one): 0 for none, 1 up to one tile, else the tile pass, the scan of the tile
+/// totals and the add pass.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn scan_launches(n: u64) -> u32 {
+    match n.div_ceil(TILE) {
+        0 => 0,
+        1 => 1,
+        t => 2 + scan_launches(t),
+    }
+}
+
 impl CudaBackend {
+    /// Tile totals for a scan of `grid.blocks` tiles: `None` for a single tile
+    /// (its kernel is given a null `tile_sums`).
+    pub(crate) fn tile_sums<T: Elem>(&self, grid: Grid) -> Result<Option<CudaBuf<T>>> {
+        if grid.blocks <= 1 {
+            return Ok(None);
+        }
+        self.buf::<T>(grid.blocks as usize, Init::Uninit, "scan tile sums")
+            .map(Some)
+    }
+
     /// Exclusive prefix sum of `buf[..n]` in place, on the compute stream.
     pub(crate) fn scan_u32_in_place(&self, buf: &mut CudaBuf<u32>, n: usize) -> Result<()> {
         buf.check_len("scan input", n)?;
-        let t = tiles(n)?;
-        if t == 0 {
-            return Ok(());
-        }
-        let mut sums = self.buf::<u32>(t as usize, Init::Uninit, "scan tile sums")?;
-        let input = buf.ptr();
+        let grid = scan_grid(n)?;
+        let mut sums = self.tile_sums::<u32>(grid)?;
         launch::scan_u32_tiles {
-            input,
+            input: buf.ptr(),
             n: n as u64,
             out: buf.ptr_mut(),
-            tile_sums: sums.ptr_mut(),
+            tile_sums: sums.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
         }
-        .launch(&self.kernels, self.cu(), Grid::exact(t, TILE_THREADS))?;
-        if t > 1 {
-            self.scan_u32_in_place(&mut sums, t as usize)?;
-            launch::scan_u32_add {
-                out: buf.ptr_mut(),
-                n: n as u64,
-                tile_offsets: sums.ptr(),
-            }
-            .launch(
-                &self.kernels,
-                self.cu(),
-                Grid::threads_for(n as u64, self.kernels.max_blocks()),
-            )?;
+        .launch(&self.kernels, self.cu(), grid)?;
+        self.finish_scan_u32(buf, n, sums)
+    }
+
+    /// The rest of a multi-tile scan of `buf[..n]` whose tile pass wrote the
+    /// per-tile scans and `sums` (nothing for a single tile).
+    pub(crate) fn finish_scan_u32(
+        &self,
+        buf: &mut CudaBuf<u32>,
+        n: usize,
+        sums: Option<CudaBuf<u32>>,
+    ) -> Result<()> {
+        let Some(mut sums) = sums else {
+            return Ok(());
+        };
+        let t = sums.len();
+        self.scan_u32_in_place(&mut sums, t)?;
+        launch::scan_u32_add {
+            out: buf.ptr_mut(),
+            n: n as u64,
+            tile_offsets: sums.ptr(),
         }
-        Ok(())
+        .launch(
+            &self.kernels,
+            self.cu(),
+            Grid::threads_for(n as u64, self.kernels.max_blocks()),
+        )
     }
 
     /// Exclusive prefix sum of `buf[..n]` in place, on the compute stream.
     pub(crate) fn scan_u64_in_place(&self, buf: &mut CudaBuf<u64>, n: usize) -> Result<()> {
         buf.check_len("scan input", n)?;
-        let t = tiles(n)?;
-        if t == 0 {
-            return Ok(());
-        }
-        let mut sums = self.buf::<u64>(t as usize, Init::Uninit, "scan tile sums")?;
-        let input = buf.ptr();
+        let grid = scan_grid(n)?;
+        let mut sums = self.tile_sums::<u64>(grid)?;
         launch::scan_u64_tiles {
-            input,
+            input: buf.ptr(),
             n: n as u64,
             out: buf.ptr_mut(),
-            tile_sums: sums.ptr_mut(),
+            tile_sums: sums.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
         }
-        .launch(&self.kernels, self.cu(), Grid::exact(t, TILE_THREADS))?;
-        if t > 1 {
-            self.scan_u64_in_place(&mut sums, t as usize)?;
-            launch::scan_u64_add {
-                out: buf.ptr_mut(),
-                n: n as u64,
-                tile_offsets: sums.ptr(),
-            }
-            .launch(
-                &self.kernels,
-                self.cu(),
-                Grid::threads_for(n as u64, self.kernels.max_blocks()),
-            )?;
+        .launch(&self.kernels, self.cu(), grid)?;
+        self.finish_scan_u64(buf, n, sums)
+    }
+
+    /// [`CudaBackend::finish_scan_u32`] for `u64` values.
+    pub(crate) fn finish_scan_u64(
+        &self,
+        buf: &mut CudaBuf<u64>,
+        n: usize,
+        sums: Option<CudaBuf<u64>>,
+    ) -> Result<()> {
+        let Some(mut sums) = sums else {
+            return Ok(());
+        };
+        let t = sums.len();
+        self.scan_u64_in_place(&mut sums, t)?;
+        launch::scan_u64_add {
+            out: buf.ptr_mut(),
+            n: n as u64,
+            tile_offsets: sums.ptr(),
         }
-        Ok(())
+        .launch(
+            &self.kernels,
+            self.cu(),
+            Grid::threads_for(n as u64, self.kernels.max_blocks()),
+        )
     }
 
     /// `buf[at]`, read after the compute stream finishes (then device faults and
@@ -146,5 +194,23 @@ impl CudaBackend {
         // starts `len` of them; the memset is ordered on the compute stream.
         unsafe { result::memset_d8_async(addr, value, len * size_of::<T>(), self.cu()) }
             .map_err(drv("cuMemsetD8Async"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scans_up_to_a_tile_are_one_launch() {
+        assert_eq!(scan_launches(0), 0);
+        assert_eq!(scan_launches(1), 1);
+        assert_eq!(scan_launches(TILE), 1);
+        assert_eq!(scan_launches(TILE + 1), 3);
+        assert_eq!(scan_launches(TILE * TILE), 3);
+        assert_eq!(scan_launches(TILE * TILE + 1), 5);
+        assert_eq!(scan_grid(0).unwrap().blocks, 0);
+        assert_eq!(scan_grid(TILE as usize).unwrap().blocks, 1);
+        assert_eq!(scan_grid(TILE as usize + 1).unwrap().blocks, 2);
     }
 }

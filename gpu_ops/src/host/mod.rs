@@ -246,7 +246,14 @@ impl DeviceMemory for HostBackend {
     }
 }
 
+/// Synchronizations are counted as the CUDA backend makes them (`cuda/sample.rs`),
+/// so that tests of the sampling protocol hold on both: a batch's sizes reaching
+/// the host is one (`sample`, `sample_hop`, `unique_relabel`, each
+/// `resolve_queued` call), `sample_queued` none.
 impl Sampling for HostBackend {
+    /// Sampled at once (nothing runs asynchronously here).
+    type Queued = DeviceBatch<HostBackend>;
+
     /// The topology stays in host memory whatever `placement` asks: on this backend
     /// both placements are the same memory.
     fn load_graph(&self, graph: &CsrGraph, _placement: TopologyPlacement) -> Result<HostGraph> {
@@ -260,7 +267,28 @@ impl Sampling for HostBackend {
         fanouts: &[u32],
         seed: u64,
     ) -> Result<DeviceBatch<Self>> {
+        let batch = sample::sample(graph, seeds, fanouts, seed)?;
+        // The layer sizes reach the host: the CUDA backend's one read a batch.
+        self.transfers.sync();
+        Ok(batch)
+    }
+
+    fn sample_queued(
+        &self,
+        graph: &HostGraph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        seed: u64,
+    ) -> Result<DeviceBatch<Self>> {
         sample::sample(graph, seeds, fanouts, seed)
+    }
+
+    fn resolve_queued(&self, queued: Vec<DeviceBatch<Self>>) -> Result<Vec<DeviceBatch<Self>>> {
+        if !queued.is_empty() {
+            // One read of every batch's sizes.
+            self.transfers.sync();
+        }
+        Ok(queued)
     }
 
     fn sampling_sibling(&self) -> Result<Option<Self>> {
@@ -278,7 +306,9 @@ impl Sampling for HostBackend {
         layer_seed: u64,
         skip: Option<&HostBuf<u8>>,
     ) -> Result<(HostBlock, HostBuf<u32>, usize)> {
-        sample::sample_hop(graph, dst, n_dst, fanout, layer_seed, skip)
+        let hop = sample::sample_hop(graph, dst, n_dst, fanout, layer_seed, skip)?;
+        self.transfers.sync();
+        Ok(hop)
     }
 
     fn unique_relabel(
@@ -288,7 +318,9 @@ impl Sampling for HostBackend {
         candidates: &HostBuf<u32>,
         num_candidates: usize,
     ) -> Result<(HostBuf<u32>, HostBuf<u32>, usize)> {
-        sample::unique_relabel(targets, num_targets, candidates, num_candidates)
+        let r = sample::unique_relabel(targets, num_targets, candidates, num_candidates)?;
+        self.transfers.sync();
+        Ok(r)
     }
 
     fn block_from_host(

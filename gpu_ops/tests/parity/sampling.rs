@@ -42,6 +42,62 @@ pub(crate) fn block_counts<B: Backend>(d: &B, block: &B::Block) -> Vec<f32> {
     down(d, &out, nd * ns)
 }
 
+/// `sample_queued` + `resolve_queued` of several batches: the blocks `sample`
+/// makes for each, with one synchronization for the whole group (and none to
+/// queue them); a bad seed is an error when queued, a group of none is empty.
+pub(crate) fn queued_batches_resolve_to_sampled_ones_in_one_read<B: Backend>(d: &B) {
+    let mut rng = Rng::new(15);
+    let g = random_graph(&mut rng, 500, 4000);
+    let dg = d.load_graph(&g, TopologyPlacement::Device).unwrap();
+    let fanouts = [5u32, 3, 4];
+    let batches: Vec<(Vec<u32>, u64)> = (0..5u64)
+        .map(|k| {
+            let mut s: Vec<u32> = (0..500).collect();
+            rng.shuffle(&mut s);
+            s.truncate(1 + 20 * k as usize);
+            (s, 40 + k)
+        })
+        .collect();
+    let before = d.transfer_stats();
+    let queued: Vec<B::Queued> = batches
+        .iter()
+        .map(|(s, k)| d.sample_queued(&dg, s, &fanouts, *k).unwrap())
+        .collect();
+    assert_eq!(
+        d.transfer_stats().since(&before).syncs,
+        0,
+        "queueing synchronized"
+    );
+    let resolved = d.resolve_queued(queued).unwrap();
+    assert_eq!(
+        d.transfer_stats().since(&before).syncs,
+        1,
+        "one read for the group"
+    );
+    assert_eq!(resolved.len(), batches.len());
+    for ((seeds, k), got) in batches.iter().zip(&resolved) {
+        let want = d.sample(&dg, seeds, &fanouts, *k).unwrap();
+        assert_eq!(got.num_seeds, seeds.len());
+        for l in 0..fanouts.len() {
+            let shape = d.block_shape(&got.blocks[l]);
+            assert_eq!(shape, d.block_shape(&want.blocks[l]), "layer {l}");
+            assert_eq!(
+                d.block_to_host(&got.blocks[l]).unwrap(),
+                d.block_to_host(&want.blocks[l]).unwrap(),
+                "layer {l}"
+            );
+            assert_eq!(
+                down(d, &got.src_ids[l], shape.0),
+                down(d, &want.src_ids[l], shape.0),
+                "layer {l}: sources"
+            );
+        }
+    }
+    assert!(d.sample_queued(&dg, &[500], &fanouts, 1).is_err());
+    assert!(d.sample_queued(&dg, &[3, 3], &fanouts, 1).is_err());
+    assert!(d.resolve_queued(Vec::new()).unwrap().is_empty());
+}
+
 pub(crate) fn sampling_structure<B: Backend>(d: &B) {
     let mut rng = Rng::new(14);
     let g = random_graph(&mut rng, 400, 3000);

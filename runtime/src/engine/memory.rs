@@ -12,7 +12,10 @@
 //!    `n`); the gathered inputs, each layer's output and the buffers its forward
 //!    and backward keep (counted as four per row, a conservative bound for GCN,
 //!    SAGE and GAT), the sampled edges (16 bytes each), twice (a batch sampled
-//!    ahead while one trains).
+//!    ahead while one trains); plus the blocks of the batches a device sampler
+//!    keeps ahead (`device.sample_ahead`: up to twice `SAMPLE_GROUP` = 16
+//!    batches, each a block's local ids, 4 bytes an edge, its sources' ids, 4
+//!    bytes a row, and its offsets, 8 bytes a destination).
 //!
 //! The need is the sum; it must not exceed the free memory. The host backend
 //! reports the machine's available memory, so the check holds there too.
@@ -77,6 +80,8 @@ pub(crate) fn estimate(
     // Rows per layer, from the seeds down (index l = sources of block l).
     let mut rows = vec![0u64; fanouts.len() + 1];
     let mut edges = 0u64;
+    // Bytes of one batch's kept blocks.
+    let mut kept = 0u64;
     rows[fanouts.len()] = (batch_size as u64).min(n);
     for l in (0..fanouts.len()).rev() {
         let dst = rows[l + 1];
@@ -91,13 +96,16 @@ pub(crate) fn estimate(
         };
         rows[l] = src;
         edges = edges.saturating_add(e);
+        kept = kept.saturating_add(4 * e + 4 * src + 8 * (dst + 1));
     }
     let width = (model.hidden.max(model.num_classes) as u64).max(1);
     let mut floats = rows[0].saturating_mul(dim);
     for &r in &rows {
         floats = floats.saturating_add(r.saturating_mul(width).saturating_mul(4));
     }
-    let batch = 2 * (floats.saturating_mul(4)).saturating_add(edges.saturating_mul(16));
+    let ahead = (2 * crate::executor::step::SAMPLE_GROUP as u64).saturating_mul(kept);
+    let batch = (2 * (floats.saturating_mul(4)).saturating_add(edges.saturating_mul(16)))
+        .saturating_add(ahead);
     MemoryNeed {
         topology,
         cache,
@@ -208,7 +216,10 @@ mod tests {
         let all = estimate(&d, &cfg(16), 1000, 64, &[ALL_NEIGHBORS, 5], 0, false);
         let huge = estimate(&d, &cfg(16), 1000, 1_000_000, &[ALL_NEIGHBORS, 5], 0, false);
         assert!(huge.batch >= all.batch);
-        assert!(huge.batch < 2 * (1000 * 10 + 3 * 1000 * 16 * 4) * 4 + 2 * 16 * 2 * m + 1);
+        // (The blocks of 16 batches sampled ahead: at most 8 bytes an edge of
+        // each of the two layers, 8 a source row and 16 a destination.)
+        let ahead = 16 * (8 * m + 8 * 1000 + 16 * 1001);
+        assert!(huge.batch < 2 * (1000 * 10 + 3 * 1000 * 16 * 4) * 4 + 2 * 16 * 2 * m + ahead + 1);
     }
 
     #[test]

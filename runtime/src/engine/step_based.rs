@@ -18,7 +18,11 @@
 //!    uploaded, and the model takes its step.
 //!
 //! **Sampling ahead** (`device.sample_ahead`): the step executor samples batch
-//! `k + 1` right after batch `k`'s step is queued (`executor/step/mod.rs`). On CUDA
+//! `k + 1` right after batch `k`'s step is queued (`executor/step/mod.rs`); a
+//! device sampler queues a group of batches ahead instead
+//! ([`DeviceEngine::queue_on_device`], no synchronization) and reads their layer
+//! sizes in one read when the first of them is due
+//! ([`DeviceEngine::resolve_on_device`]). On CUDA
 //! the engine then samples on a second stream ([`Sampling::sampling_sibling`](gpu_ops::Sampling::sampling_sibling),
 //! its own allocator and fault word), so its kernels and its per-layer
 //! synchronizations overlap batch `k`'s backward and Adam;
@@ -282,10 +286,8 @@ impl<B: Backend> DeviceEngine<B> {
         Ok((blocks, ids))
     }
 
-    /// Samples `seeds` on the device: on the sampling sibling when sampling
-    /// ahead (the batch handed over to the engine's backend), else on the
-    /// engine's backend.
-    fn sample_on_device(&mut self, seeds: &[u32], seed: u64) -> Result<gpu_ops::DeviceBatch<B>> {
+    /// Opens the sampling sibling on first use when sampling ahead.
+    fn open_sibling(&mut self) -> Result<()> {
         if self.opts.sample_ahead && !self.sibling.asked {
             self.sibling.asked = true;
             self.sibling.sampler = self
@@ -293,6 +295,46 @@ impl<B: Backend> DeviceEngine<B> {
                 .sampling_sibling()
                 .map_err(dev_err("opening the sampling stream (device.sample_ahead)"))?;
         }
+        Ok(())
+    }
+
+    /// Enqueues the device sampling of `seeds` without reading anything
+    /// ([`Sampling::sample_queued`](gpu_ops::Sampling::sample_queued)), on the
+    /// sampling sibling when sampling ahead, else on the engine's backend.
+    /// [`DeviceEngine::resolve_on_device`] reads a group of them at once.
+    pub(crate) fn queue_on_device(&mut self, seeds: &[u32], seed: u64) -> Result<B::Queued> {
+        self.open_sibling()?;
+        let sampler = self.sibling.sampler.as_ref().unwrap_or(&*self.dev);
+        sampler
+            .sample_queued(&self.graph, seeds, &self.opts.fanouts, seed)
+            .map_err(dev_err("sampling"))
+    }
+
+    /// The batches of [`DeviceEngine::queue_on_device`], in order, with one
+    /// synchronization for all of them, handed to the engine's backend.
+    pub(crate) fn resolve_on_device(
+        &mut self,
+        queued: Vec<B::Queued>,
+    ) -> Result<Vec<gpu_ops::DeviceBatch<B>>> {
+        match &self.sibling.sampler {
+            Some(s) => {
+                let mut batches = s.resolve_queued(queued).map_err(dev_err("sampling"))?;
+                for b in &mut batches {
+                    self.dev
+                        .adopt_batch(s, b)
+                        .map_err(dev_err("handing a sampled batch to the compute stream"))?;
+                }
+                Ok(batches)
+            }
+            None => self.dev.resolve_queued(queued).map_err(dev_err("sampling")),
+        }
+    }
+
+    /// Samples `seeds` on the device: on the sampling sibling when sampling
+    /// ahead (the batch handed over to the engine's backend), else on the
+    /// engine's backend.
+    fn sample_on_device(&mut self, seeds: &[u32], seed: u64) -> Result<gpu_ops::DeviceBatch<B>> {
+        self.open_sibling()?;
         let fanouts = &self.opts.fanouts;
         match &self.sibling.sampler {
             Some(s) => {

@@ -8,10 +8,19 @@
 //!    `sample` slice on the calling thread's track for a host sampler, a `device
 //!    sample` slice on the accelerator track for the device.
 //! 2. Its gather and step are queued ([`DeviceEngine::train_sampled`]).
-//! 3. **Sample ahead** (`device.sample_ahead`): batch `k + 1` of the same call is
-//!    sampled now, while batch `k`'s backward and Adam run (on CUDA on the
-//!    sampling sibling's stream; an `acc sample` track). A failed sample-ahead
-//!    is dropped: the batch samples again at its turn and reports the error then.
+//! 3. **Sample ahead** (`device.sample_ahead`): a host sampler samples batch
+//!    `k + 1` of the same call now, while batch `k`'s backward and Adam run. A
+//!    device sampler (on CUDA on the sampling sibling's stream; an `acc sample`
+//!    track) instead *queues* the next group of up to [`SAMPLE_GROUP`] batches
+//!    once the previous group was read — their kernels enqueued, buffers sized
+//!    by bounds, nothing read (`device sample` slices) — and step 1 of the
+//!    group's first batch reads all their layer sizes at once (a `sample read`
+//!    slice: the one synchronization of the group, whose kernels finished long
+//!    before). In steady state the sampling stream synchronizes once per
+//!    [`SAMPLE_GROUP`] batches (the trace's `host.syncs.sampling`), at the price
+//!    of up to 2 × [`SAMPLE_GROUP`] batches' blocks alive at once. A failed
+//!    sample-ahead (queue or read) is dropped: the batch samples again at its
+//!    turn and reports the error then.
 //! 4. Batch `k`'s blocks are dropped only now, so that the sibling does not
 //!    recycle their memory (which would make it wait for the backward).
 //! 5. The session sees the batch (`executor/mod.rs`, step 3).
@@ -49,12 +58,22 @@ use crate::error::{Result, StopCause};
 use crate::trace::{TrackId, TrackKind, CACHE_HIT_RATE, HOST_SYNCS, SAMPLING_SYNCS};
 use data_parallel::DataParallel;
 
+/// Batches a device sampler queues ahead at once (step 3): their layer sizes
+/// come back in one read, so sampling synchronizes once per this many batches.
+pub(crate) const SAMPLE_GROUP: usize = 8;
+
+/// A batch sampled ahead: its seeds, its seed and what was sampled.
+type AheadBatch<T> = (Vec<u32>, u64, T);
+
 /// Batches sampled ahead and their counters (steps 1 and 3).
 struct Ahead<B: Backend> {
     /// Whether to sample ahead (`device.sample_ahead`).
     on: bool,
-    /// The batch sampled ahead: its seeds, its seed and its blocks.
-    ready: Option<(Vec<u32>, u64, Sampled<B>)>,
+    /// Batches sampled ahead with their blocks ready, in batch order.
+    ready: std::collections::VecDeque<AheadBatch<Sampled<B>>>,
+    /// A group queued on the device whose layer sizes are not read yet (the
+    /// batches right after `ready`'s).
+    queued: Vec<AheadBatch<B::Queued>>,
     /// Batches that trained on blocks sampled ahead.
     used: u64,
     /// The `acc sample` track, declared on first use.
@@ -89,7 +108,8 @@ impl<B: Backend> StepExecutor<B> {
             placement,
             ahead: Ahead {
                 on: sample_ahead,
-                ready: None,
+                ready: Default::default(),
+                queued: Vec::new(),
                 used: 0,
                 track: None,
             },
@@ -104,7 +124,8 @@ impl<B: Backend> StepExecutor<B> {
     /// Samples and gathers where `placement` says from the next batch on.
     pub fn set_placement(&mut self, placement: StepBased) {
         if placement != self.placement {
-            self.ahead.ready = None;
+            self.ahead.ready.clear();
+            self.ahead.queued.clear();
         }
         self.placement = placement;
     }
@@ -119,14 +140,21 @@ impl<B: Backend> StepExecutor<B> {
         self.engine
     }
 
-    /// Step 1: `batch`'s blocks, sampled ahead or now.
+    /// Step 1: `batch`'s blocks, sampled ahead or now. A queued group is read
+    /// when its first batch is due.
     pub fn sample(&mut self, batch: BatchRef<'_>) -> Result<Sampled<B>> {
         let BatchRef { seeds, seed, .. } = batch;
-        if let Some((s, k, b)) = self.ahead.ready.take() {
+        if self.ahead.ready.is_empty() && !self.ahead.queued.is_empty() {
+            self.resolve_group(batch);
+        }
+        if let Some((s, k, b)) = self.ahead.ready.pop_front() {
             if k == seed && s == seeds {
                 self.ahead.used += 1;
                 return Ok(b);
             }
+            // Another order than the one sampled for: sample afresh.
+            self.ahead.ready.clear();
+            self.ahead.queued.clear();
         }
         let (tracer, acc) = self.engine.tracer();
         let tracer = tracer.clone();
@@ -140,8 +168,71 @@ impl<B: Backend> StepExecutor<B> {
         self.engine.sample_placed(self.placement, seeds, seed)
     }
 
-    /// Step 3: samples `batch` now, before its turn.
-    fn sample_ahead(&mut self, batch: BatchRef<'_>) {
+    /// The `acc sample` track, declared on first use.
+    fn ahead_track(&mut self) -> TrackId {
+        let tracer = self.engine.tracer().0.clone();
+        *self
+            .ahead
+            .track
+            .get_or_insert_with(|| tracer.declare_track("acc sample", TrackKind::Accelerator))
+    }
+
+    /// Reads the queued group's layer sizes (one synchronization; a `sample
+    /// read` slice on the `acc sample` track) and makes its batches ready. A
+    /// failed read drops the group: its batches sample again at their turn and
+    /// report the error then.
+    fn resolve_group(&mut self, due: BatchRef<'_>) {
+        let queued = std::mem::take(&mut self.ahead.queued);
+        let tracer = self.engine.tracer().0.clone();
+        let track = self.ahead_track();
+        let before = ModelState::transfer_stats(&self.engine);
+        let mut slice = due.tag(tracer.slice_on(track, "sample read"));
+        let (ids, work): (Vec<_>, Vec<_>) = queued.into_iter().map(|(s, k, q)| ((s, k), q)).unzip();
+        if let Ok(batches) = self.engine.resolve_on_device(work) {
+            for ((s, k), b) in ids.into_iter().zip(batches) {
+                self.ahead.ready.push_back((s, k, Sampled::Device(b)));
+            }
+        }
+        let copies = ModelState::transfer_stats(&self.engine).since(&before);
+        record_copies(slice.args_mut(), &copies);
+    }
+
+    /// Step 3 after batch `k`'s step: a device sampler queues the next group of
+    /// up to [`SAMPLE_GROUP`] batches (those after the ones ready) once the
+    /// previous group was read; a host sampler samples batch `k + 1`.
+    fn sample_ahead(&mut self, run: &EpochRun<'_>, k: usize, end: usize) {
+        if self.placement.sample_device() == scheduler::Device::Cpu {
+            if self.ahead.ready.is_empty() && k + 1 < end {
+                self.sample_one_ahead(run.batch(k + 1));
+            }
+            return;
+        }
+        if !self.ahead.queued.is_empty() {
+            return;
+        }
+        let first = k + 1 + self.ahead.ready.len();
+        let tracer = self.engine.tracer().0.clone();
+        for j in first..end.min(first + SAMPLE_GROUP) {
+            let batch = run.batch(j);
+            let track = self.ahead_track();
+            let before = ModelState::transfer_stats(&self.engine);
+            let mut slice = batch.tag(tracer.slice_on(track, "device sample"));
+            let queued = self.engine.queue_on_device(batch.seeds, batch.seed);
+            let copies = ModelState::transfer_stats(&self.engine).since(&before);
+            record_copies(slice.args_mut(), &copies);
+            match queued {
+                Ok(q) => self
+                    .ahead
+                    .queued
+                    .push((batch.seeds.to_vec(), batch.seed, q)),
+                // Dropped: this batch and the later ones sample at their turn.
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Samples `batch` on the host now, before its turn.
+    fn sample_one_ahead(&mut self, batch: BatchRef<'_>) {
         let BatchRef { seeds, seed, .. } = batch;
         let tracer = self.engine.tracer().0.clone();
         let before = ModelState::transfer_stats(&self.engine);
@@ -155,11 +246,9 @@ impl<B: Backend> StepExecutor<B> {
                 tracer.slice_on(track, "device sample")
             },
         );
-        self.ahead.ready = self
-            .engine
-            .sample_placed(self.placement, seeds, seed)
-            .ok()
-            .map(|b| (seeds.to_vec(), seed, b));
+        if let Ok(b) = self.engine.sample_placed(self.placement, seeds, seed) {
+            self.ahead.ready.push_back((seeds.to_vec(), seed, b));
+        }
         let copies = ModelState::transfer_stats(&self.engine).since(&before);
         record_copies(slice.args_mut(), &copies);
     }
@@ -252,8 +341,8 @@ impl<B: Backend> Executor for StepExecutor<B> {
             let (stats, blocks) =
                 self.engine
                     .train_sampled(self.placement, sampled, batch, true, slot, before)?;
-            if self.ahead.on && k + 1 < end {
-                self.sample_ahead(run.batch(k + 1));
+            if self.ahead.on {
+                self.sample_ahead(run, k, end);
             }
             drop(blocks);
             if run.tracer.is_enabled() {
