@@ -295,16 +295,30 @@ fn fresh_hot_rows_give_the_first_batch_the_no_reuse_loss() {
 #[test]
 fn the_layer_path_copies_a_fixed_few_things_per_batch() {
     let _serial = serial();
+    for bound in [7, 15] {
+        copies_per_batch(bound);
+    }
+}
+
+/// [`the_layer_path_copies_a_fixed_few_things_per_batch`] at `bound`: with
+/// reuse across super-batches (bound 15), each install may also be kept (two
+/// index uploads) and each launch carry (two more), and the store may grow.
+fn copies_per_batch(bound: u64) {
+    let b = format!("orchestration.staleness_bound={bound}");
     let mut t = trainer(cfg(&[
         "orchestration.hot_ratio=0.2",
         "orchestration.super_batch=4",
-        "orchestration.staleness_bound=7",
+        &b,
         "train.epochs=3",
         "train.eval_every=0",
     ]));
     t.train_epoch().expect("epoch 0");
     let before = t.transfer_stats();
     let jobs_before = stats(&t).protocol.jobs;
+    let (kept_before, carried_before) = {
+        let o = stats(&t).protocol;
+        (o.rows_kept, o.rows_carried)
+    };
     let s = t.train_epoch().expect("epoch 1");
     let d = t.transfer_stats().since(&before);
     let installs = stats(&t).protocol.jobs - jobs_before;
@@ -318,8 +332,21 @@ fn the_layer_path_copies_a_fixed_few_things_per_batch() {
     // the trainer's copy of the 6 parameter tensors and their 12 Adam moments.
     assert!(d.downloads <= batches + 3 * publications + 18, "{what}");
     // Per batch: seeds, hot positions, slab rows, skip mask, labels; per chunk:
-    // its rows.
-    assert!(d.uploads <= 5 * batches + installs, "{what}");
+    // its rows; with reuse, two index uploads per keep and per carry, and the
+    // store's growth.
+    let (kept, carried) = {
+        let o = stats(&t).protocol;
+        (o.rows_kept - kept_before, o.rows_carried - carried_before)
+    };
+    let reuse = if kept + carried > 0 {
+        2 * installs.min(kept) + 2 * super_batches.min(carried) + 4
+    } else {
+        0
+    };
+    if bound == 15 {
+        assert!(kept > 0 && carried > 0, "{what}");
+    }
+    assert!(d.uploads <= 5 * batches + installs + reuse, "{what}");
     // Nothing else crosses: the old path also sent the bottom block down and up.
     let row_bytes = 32 * 4;
     assert!(d.upload_bytes >= installs * row_bytes, "{what}");

@@ -53,7 +53,9 @@
 //!    ordered before every later batch) and becomes *ready* at that version, its
 //!    urgent flag cleared; with reuse across super-batches, its rows newer than
 //!    the store's go into the store, indexed by hot vertex, with their version
-//!    ([`Action::Keep`], right after the install); any other report is
+//!    ([`Action::Keep`], right after the install) — unless no launch still to
+//!    come could carry them (`version + bound` below the next launch's first
+//!    batch: at the default bound, nearly every install); any other report is
 //!    discarded ([`Action::Discard`]).
 //!    Either way the report's staging buffer goes back. Rows computed with
 //!    weights newer than the current ones are refused (an error): versions never
@@ -640,7 +642,17 @@ impl Protocol {
         let stats = self.stats_mut();
         stats.jobs += 1;
         stats.rows_computed += rows as u64;
-        let keep = self.cfg.reuses_across_super_batches();
+        let n = self.cfg.pipeline.batches_per_super_batch() as u64;
+        let bound = self.cfg.staleness.bound();
+        // Keep only rows a later launch could carry: the next launch's first
+        // batch trains at `v0 + next · N` at most, later ones later still, so
+        // a row with `version + bound` below it is never carried (and the
+        // store's older row for the vertex is not either).
+        let keep = self.cfg.reuses_across_super_batches()
+            && self.epoch.as_ref().is_some_and(|e| {
+                let next = e.live.back().map_or(0, |q| q.local + 1);
+                next < e.num_sb && version.saturating_add(bound) >= e.v0 + next * n
+            });
         let mut kept: Option<Action> = None;
         let target = self.epoch.as_mut().and_then(|e| {
             let current = e.version;
