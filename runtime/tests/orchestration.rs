@@ -326,16 +326,30 @@ fn fresh_hot_rows_give_the_first_batch_the_no_reuse_loss() {
 #[test]
 fn the_layer_path_copies_a_fixed_few_things_per_batch() {
     let _serial = serial();
+    for bound in [7, 15] {
+        copies_per_batch(bound);
+    }
+}
+
+/// [`the_layer_path_copies_a_fixed_few_things_per_batch`] at `bound`: with
+/// reuse across super-batches (bound 15), each install may also be kept (two
+/// index uploads) and each launch carry (two more), and the store may grow.
+fn copies_per_batch(bound: u64) {
+    let b = format!("orchestration.staleness_bound={bound}");
     let mut t = trainer(cfg(&[
         "orchestration.hot_ratio=0.2",
         "orchestration.super_batch=4",
-        "orchestration.staleness_bound=7",
+        &b,
         "train.epochs=3",
         "train.eval_every=0",
     ]));
     t.train_epoch().expect("epoch 0");
     let before = t.transfer_stats();
     let jobs_before = stats(&t).protocol.jobs;
+    let (kept_before, carried_before) = {
+        let o = stats(&t).protocol;
+        (o.rows_kept, o.rows_carried)
+    };
     let s = t.train_epoch().expect("epoch 1");
     let d = t.transfer_stats().since(&before);
     let installs = stats(&t).protocol.jobs - jobs_before;
@@ -349,8 +363,21 @@ fn the_layer_path_copies_a_fixed_few_things_per_batch() {
     // the trainer's copy of the 6 parameter tensors and their 12 Adam moments.
     assert!(d.downloads <= batches + 3 * publications + 18, "{what}");
     // Per batch: seeds, hot positions, slab rows, skip mask, labels; per chunk:
-    // its rows.
-    assert!(d.uploads <= 5 * batches + installs, "{what}");
+    // its rows; with reuse, two index uploads per keep and per carry, and the
+    // store's growth.
+    let (kept, carried) = {
+        let o = stats(&t).protocol;
+        (o.rows_kept - kept_before, o.rows_carried - carried_before)
+    };
+    let reuse = if kept + carried > 0 {
+        2 * installs.min(kept) + 2 * super_batches.min(carried) + 4
+    } else {
+        0
+    };
+    if bound == 15 {
+        assert!(kept > 0 && carried > 0, "{what}");
+    }
+    assert!(d.uploads <= 5 * batches + installs + reuse, "{what}");
     // Nothing else crosses: the old path also sent the bottom block down and up.
     let row_bytes = 32 * 4;
     assert!(d.upload_bytes >= installs * row_bytes, "{what}");
@@ -432,4 +459,86 @@ fn a_stop_inside_a_super_batch_then_training_on_matches_an_uninterrupted_run() {
         assert!(o.protocol.hot_uses > 0, "{cause:?}: {}", o.summary());
         assert_eq!(o.protocol.gaps.max(), Some(0), "{cause:?}: {}", o.summary());
     }
+}
+
+/// Reuse across super-batches (`orchestration.reuse_across_superbatches`, on by
+/// default): whatever the workers' timing, no row is used past the bound, with
+/// either late policy, with the monitor moving the split, and after a stop in
+/// the middle of an epoch (the resumed epoch starts with an empty store). With
+/// `on_late = "wait"` and a bound of `4N − 1`, rows of super-batch `j` are
+/// always in the store, fresh enough, when `j + 2` is launched: rows are
+/// carried, and fewer rows are computed than without reuse.
+#[test]
+fn rows_kept_across_super_batches_never_exceed_the_bound() {
+    let _serial = serial();
+    let base = [
+        "orchestration.hot_ratio=0.2",
+        "orchestration.super_batch=4",
+        "train.epochs=3",
+    ];
+    let with = |extra: &[&str]| {
+        let mut sets: Vec<&str> = base.to_vec();
+        sets.extend_from_slice(extra);
+        cfg(&sets)
+    };
+    for (bound, on_late, monitor) in [
+        (4u64, "wait", false),
+        (11, "compute", false),
+        (15, "wait", false),
+        (15, "compute", true),
+    ] {
+        let b = format!("orchestration.staleness_bound={bound}");
+        let l = format!("orchestration.on_late=\"{on_late}\"");
+        let m = format!("orchestration.monitor={monitor}");
+        let (_, t) = run(with(&[&b, &l, &m]));
+        let o = stats(&t);
+        let what = format!("bound {bound} {on_late} monitor {monitor}: {}", o.summary());
+        assert!(o.protocol.gaps.max().unwrap_or(0) <= bound, "{what}");
+        assert_eq!(o.protocol.gaps.total(), o.protocol.hot_uses, "{what}");
+        assert!(o.summary().contains("uses per computed row"), "{what}");
+        if bound == 15 && on_late == "wait" {
+            assert!(o.protocol.rows_carried > 0, "{what}");
+            assert!(o.protocol.rows_kept > 0, "{what}");
+            let off = stats(
+                &run(with(&[
+                    &b,
+                    &l,
+                    &m,
+                    "orchestration.reuse_across_superbatches=false",
+                ]))
+                .1,
+            );
+            assert_eq!(off.protocol.rows_carried + off.protocol.rows_kept, 0);
+            assert!(
+                o.protocol.rows_computed < off.protocol.rows_computed,
+                "{what} vs {}",
+                off.summary()
+            );
+            assert!(
+                o.protocol.uses_per_computed_row() > off.protocol.uses_per_computed_row(),
+                "{what} vs {}",
+                off.summary()
+            );
+        }
+    }
+    // A stop inside an epoch, then training on.
+    use runtime::{on_batch, BatchMetrics, Control};
+    let mut t = runtime::TrainerBuilder::new(with(&[
+        "orchestration.staleness_bound=15",
+        "orchestration.on_late=\"wait\"",
+    ]))
+    .callback(on_batch(move |m: &BatchMetrics| {
+        if m.epoch == 0 && m.batch == 5 {
+            Control::Stop
+        } else {
+            Control::Continue
+        }
+    }))
+    .build()
+    .expect("trainer");
+    assert!(t.train_epoch().is_err());
+    t.fit().expect("training on");
+    let o = stats(&t);
+    assert!(o.protocol.gaps.max().unwrap_or(0) <= 15, "{}", o.summary());
+    assert!(o.protocol.rows_carried > 0, "{}", o.summary());
 }

@@ -60,7 +60,7 @@ pub use pipeline::{
 pub use placement::{Device, Orchestration, Policy, StepBased, POLICY_NAMES};
 pub use protocol::{
     Action, ChunkKey, ClaimId, Event, Job, LaunchPlan, LaunchedBatch, Protocol, ProtocolConfig,
-    ProtocolStats, ReportId, TrainBatch, Urgent,
+    ProtocolStats, ReportId, SuperBatchHot, TrainBatch, Urgent,
 };
 pub use relabel::{hot_count, Permutation, Relabeling};
 pub use report::{BatchRecord, SimReport, SimTotals, Span, SuperBatchRecord};

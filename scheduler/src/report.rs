@@ -65,6 +65,9 @@ pub struct SuperBatchRecord {
     pub dropped_jobs: u32,
     /// Device cache bytes resident at its end.
     pub cache_bytes: u64,
+    /// Its hot queue's rows computed, carried from earlier super-batches and
+    /// used.
+    pub hot: crate::protocol::SuperBatchHot,
 }
 
 /// One piece of work as it ran (with [`crate::SimConfig::record_trace`]).

@@ -73,6 +73,9 @@ pub struct SimConfig {
     pub training_bytes: u64,
     /// Keep a [`Span`] for every piece of work in [`SimReport::trace`].
     pub record_trace: bool,
+    /// Keep hot rows across super-batches ([`ProtocolConfig::reuse`]; the
+    /// runtime's `orchestration.reuse_across_superbatches`).
+    pub reuse: bool,
 }
 
 impl SimConfig {
@@ -93,6 +96,7 @@ impl SimConfig {
             device_memory_bytes: 80 << 30,
             training_bytes: 8 << 30,
             record_trace: false,
+            reuse: true,
         })
     }
 
@@ -109,7 +113,15 @@ impl SimConfig {
             pipeline: self.pipeline,
             staleness: self.staleness,
             publication: self.effective_publication(),
+            reuse: self.reuse,
         }
+    }
+}
+
+/// A contradiction between the actions and the simulator's device model.
+fn device_model(what: String) -> SchedulerError {
+    SchedulerError::ProtocolInvariant {
+        what: format!("simulated device: {what}"),
     }
 }
 
@@ -210,6 +222,11 @@ struct Sim<'a, C> {
     cold_computed: Vec<u64>,
     totals: SimTotals,
     trace: Vec<Span>,
+    /// The device as the actions leave it, independently of the protocol's
+    /// bookkeeping: per live super-batch the version of each slab row, and
+    /// the hot-row store's version per vertex (`None`: never written).
+    slab_versions: std::collections::HashMap<u64, Vec<Option<u64>>>,
+    store_versions: Vec<Option<u64>>,
 }
 
 impl<'a, C: CostSource> Sim<'a, C> {
@@ -273,6 +290,8 @@ impl<'a, C: CostSource> Sim<'a, C> {
             moves: Vec::new(),
             cold_computed: vec![0; hot as usize],
             totals: SimTotals::default(),
+            slab_versions: Default::default(),
+            store_versions: Vec::new(),
             trace: Vec::new(),
         })
     }
@@ -446,7 +465,51 @@ impl<'a, C: CostSource> Sim<'a, C> {
             }
             Action::ReserveSlab {
                 rows, super_batch, ..
-            } => self.queue_len[super_batch as usize] = rows,
+            } => {
+                self.queue_len[super_batch as usize] = rows;
+                self.slab_versions.insert(super_batch, vec![None; rows]);
+            }
+            Action::Keep {
+                super_batch,
+                rows,
+                vertices,
+                version,
+                ..
+            } => {
+                for (&r, &v) in rows.iter().zip(&vertices) {
+                    let e = self.slab_row(super_batch, r)?;
+                    if e != Some(version) {
+                        return Err(device_model(format!(
+                            "keep of super-batch {super_batch} row {r} at version {version}: \
+                             the slab holds {e:?}"
+                        )));
+                    }
+                    let v = v as usize;
+                    if v >= self.store_versions.len() {
+                        self.store_versions.resize(v + 1, None);
+                    }
+                    self.store_versions[v] = e;
+                }
+            }
+            Action::Carry {
+                super_batch,
+                rows,
+                vertices,
+                ..
+            } => {
+                for (&r, &v) in rows.iter().zip(&vertices) {
+                    let e = self.store_versions.get(v as usize).copied().flatten();
+                    if e.is_none() {
+                        return Err(device_model(format!(
+                            "carry of vertex {v} into super-batch {super_batch}: not stored"
+                        )));
+                    }
+                    self.slab_row(super_batch, r)?;
+                    if let Some(slab) = self.slab_versions.get_mut(&super_batch) {
+                        slab[r as usize] = e;
+                    }
+                }
+            }
             Action::QueueJob(job) => match job.urgent {
                 Some(u) => {
                     self.batches[u.batch].urgent_jobs += 1;
@@ -461,6 +524,14 @@ impl<'a, C: CostSource> Sim<'a, C> {
                 version,
                 ..
             } => {
+                let slab = self
+                    .slab_versions
+                    .get_mut(&key.super_batch)
+                    .ok_or_else(|| device_model(format!("install into {key:?}: no slab")))?;
+                match slab.get_mut(rows.start as usize..rows.end as usize) {
+                    Some(r) => r.fill(Some(version)),
+                    None => return Err(device_model(format!("install {key:?} rows {rows:?}"))),
+                }
                 let w = Work::install(&m, rows.len() as u64, key.super_batch);
                 let d = self.cost(&w)?;
                 if let Some(s) = self.span(&w, self.time, self.time + d) {
@@ -486,16 +557,59 @@ impl<'a, C: CostSource> Sim<'a, C> {
             }
             Action::Train(t) => self.train(t)?,
             Action::Retire { below } => self.retired_below = below,
-            Action::EndSuperBatch { local, observe, .. } => self.end_super_batch(local, observe)?,
+            Action::EndSuperBatch {
+                super_batch,
+                local,
+                observe,
+                hot,
+            } => {
+                self.slab_versions.remove(&super_batch);
+                self.end_super_batch(local, observe)?;
+                if let Some(r) = self.sbs.last_mut() {
+                    r.hot = hot;
+                }
+            }
             Action::Finished { stats, .. } => self.finished = Some(stats),
         }
         Ok(())
+    }
+
+    /// The version of row `r` of super-batch `g`'s slab in the device model.
+    fn slab_row(&self, g: u64, r: u32) -> Result<Option<u64>> {
+        self.slab_versions
+            .get(&g)
+            .and_then(|s| s.get(r as usize).copied())
+            .ok_or_else(|| device_model(format!("row {r} of super-batch {g}'s slab")))
     }
 
     /// [`Action::Train`]: the batch's step, its late positions cold.
     fn train(&mut self, t: TrainBatch) -> Result<()> {
         let m = self.cfg.model;
         let k = t.batch;
+        // What the device reads: every slab row present, within the bound,
+        // not from the future, and the largest gap the protocol reported.
+        let bound = self.cfg.staleness.bound();
+        let mut max_gap = None;
+        for &r in &t.rows {
+            match self.slab_row(t.super_batch, r)? {
+                Some(e) if e <= t.version && t.version - e <= bound => {
+                    max_gap = max_gap.max(Some(t.version - e));
+                }
+                e => {
+                    return Err(device_model(format!(
+                        "batch {k} at version {} reads slab row {r} of super-batch {} \
+                         holding {e:?} (bound {bound})",
+                        t.version, t.super_batch
+                    )))
+                }
+            }
+        }
+        if max_gap != t.max_gap {
+            return Err(device_model(format!(
+                "batch {k}: the slab's largest gap is {max_gap:?}, the protocol's {:?}",
+                t.max_gap
+            )));
+        }
         let split = self.splits[t.local as usize];
         let shape = self.work.shape(k, &split, &m)?;
         let used = t.positions.len() as u64;
@@ -675,6 +789,7 @@ impl<'a, C: CostSource> Sim<'a, C> {
             split: self.splits[j as usize],
             dropped_jobs: 0,
             cache_bytes: cache,
+            hot: Default::default(),
         });
         if let Some(m) = self.monitor.as_mut().filter(|_| observe) {
             let obs = Observation {

@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use scheduler::{
     Action, ChunkKey, Event, HotSplit, Job, LaunchedBatch, OnLate, PipelineConfig, Protocol,
-    ProtocolConfig, Publication, ReportId, SchedulerError, TrainBatch, Urgent,
+    ProtocolConfig, Publication, ReportId, SchedulerError, SuperBatchHot, TrainBatch, Urgent,
 };
 
 /// `N = 2`, `D = 1`, chunks of at most 2: an on-time gap of 3.
@@ -453,7 +453,11 @@ fn jobs_of_finished_super_batches_become_droppable() {
             Action::EndSuperBatch {
                 super_batch: 0,
                 local: 0,
-                observe: false
+                observe: false,
+                hot: SuperBatchHot {
+                    queue_rows: 3,
+                    ..SuperBatchHot::default()
+                },
             },
             Action::BeginSuperBatch {
                 super_batch: 1,
@@ -798,4 +802,131 @@ fn a_plan_for_a_smaller_split_is_refused() {
         })
         .unwrap_err();
     assert!(e.to_string().contains("launch plan"), "{e}");
+}
+
+/// Runs epoch `batches` from `version` with every job computed at once with
+/// the current weights; returns the actions and the version at the end.
+fn run_epoch_computing_at_once(
+    p: &mut Protocol,
+    batches: Range<usize>,
+    mut version: u64,
+) -> (Vec<Action>, u64) {
+    p.handle(Event::EpochStarted { batches, version }).unwrap();
+    let mut log = Vec::new();
+    while let Some(a) = p.poll().unwrap() {
+        log.push(a.clone());
+        match a {
+            Action::Launch {
+                super_batch,
+                batches,
+                ..
+            } => {
+                let batches = batches
+                    .map(|k| LaunchedBatch {
+                        seeds: 1,
+                        bottom: bottom(k),
+                    })
+                    .collect();
+                p.handle(Event::Launched {
+                    super_batch,
+                    split: HotSplit::all_cpu(4),
+                    batches,
+                })
+                .unwrap();
+            }
+            Action::QueueJob(j) => p
+                .handle(Event::ChunkComputed {
+                    key: j.key,
+                    version,
+                    rows: j.vertices.len() as u32,
+                })
+                .unwrap(),
+            Action::Train(t) => {
+                version = t.version + 1;
+                p.handle(Event::BatchTrained {
+                    batch: t.batch,
+                    version,
+                })
+                .unwrap();
+            }
+            Action::Finished { .. } => break,
+            _ => {}
+        }
+    }
+    (log, version)
+}
+
+#[test]
+fn rows_are_kept_across_super_batches_within_the_bound_and_dropped_at_an_epoch_start() {
+    // N = 2, D = 1: rows computed at a super-batch's launch-ahead are 2 steps
+    // old at the next super-batch's first batch. Bound 5 leaves room.
+    let cfg = ProtocolConfig::new(pipeline(), 5, OnLate::Wait).with_reuse(true);
+    assert!(cfg.reuses_across_super_batches());
+    let mut p = Protocol::new(cfg);
+    let (log, v) = run_epoch_computing_at_once(&mut p, 0..8, 0);
+    let carries: Vec<&Action> = log
+        .iter()
+        .filter(|a| matches!(a, Action::Carry { .. }))
+        .collect();
+    assert!(!carries.is_empty(), "{:?}", names(&log));
+    // The epoch's first launch carries nothing: the store is empty at an
+    // epoch's start.
+    for a in &carries {
+        let Action::Carry { super_batch, .. } = a else {
+            unreachable!()
+        };
+        assert!(*super_batch >= 1, "{a:?}");
+    }
+    let Some(Action::Finished { stats, .. }) = log.last() else {
+        panic!()
+    };
+    assert!(stats.rows_carried > 0 && stats.rows_kept > 0);
+    assert!(stats.gaps.max().unwrap() <= 5);
+    // Every batch's hot rows are used: none is late (none waits), and the
+    // per-super-batch counts add up.
+    assert_eq!(stats.wait_batches, 0);
+    let hot: Vec<SuperBatchHot> = log
+        .iter()
+        .filter_map(|a| match a {
+            Action::EndSuperBatch { hot, .. } => Some(*hot),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(hot.len(), 4);
+    assert_eq!(
+        hot.iter().map(|h| h.carried_rows).sum::<u64>(),
+        stats.rows_carried
+    );
+    assert_eq!(hot.iter().map(|h| h.uses).sum::<u64>(), stats.hot_uses);
+    // Carried rows are not queued: rows computed + carried = rows queued.
+    assert_eq!(
+        hot.iter().map(|h| h.queue_rows).sum::<u64>(),
+        stats.rows_computed + stats.rows_carried
+    );
+    // Next epoch (global super-batches 4..8): its first launch carries
+    // nothing again, though the rows of the epoch before would be in bound.
+    let (log2, _) = run_epoch_computing_at_once(&mut p, 0..8, v);
+    let first_launch: Vec<&Action> = log2
+        .iter()
+        .skip_while(|a| !matches!(a, Action::Launch { .. }))
+        .skip(1)
+        .take_while(|a| !matches!(a, Action::Launch { .. }))
+        .collect();
+    assert!(!first_launch.is_empty());
+    assert!(first_launch
+        .iter()
+        .all(|a| !matches!(a, Action::Carry { .. })));
+    assert!(log2
+        .iter()
+        .any(|a| matches!(a, Action::Carry { super_batch, .. } if *super_batch > 4)));
+    // A bound without room (below D · N = 2) keeps nothing: the actions are
+    // exactly those without reuse.
+    for bound in [0, 1] {
+        let on = ProtocolConfig::new(pipeline(), bound, OnLate::Wait).with_reuse(true);
+        assert!(!on.reuses_across_super_batches());
+        let (a, _) = run_epoch_computing_at_once(&mut Protocol::new(on), 0..8, 0);
+        let off = ProtocolConfig::new(pipeline(), bound, OnLate::Wait);
+        let (b, _) = run_epoch_computing_at_once(&mut Protocol::new(off), 0..8, 0);
+        assert_eq!(a, b, "bound {bound}");
+    }
 }

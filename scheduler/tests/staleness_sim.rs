@@ -9,7 +9,10 @@
 //! it started; an install uploads its computation's rows; a chunk's rows are
 //! readable by a batch once an install of them finished before the batch's
 //! step; and a batch may only have used, per chunk of its super-batch's queue
-//! that it reads, the newest installed rows of that chunk.
+//! that it reads, the newest installed rows of that chunk. That replay runs
+//! without reuse across super-batches; with it, the simulator's own device
+//! model (slab and store versions as the actions leave them) checks every row
+//! a batch reads, and the runs are compared with the runs without reuse.
 
 use scheduler::{
     simulate, CostModel, Device, ModelShape, MonitorConfig, OnLate, PipelineConfig, Publication,
@@ -20,7 +23,11 @@ use scheduler::{
 use cpu_ops::Rng;
 
 /// A random scenario for `seed`: pipeline shape, bound, workers, CPU speed, costs.
-fn scenario(seed: u64, on_late: OnLate) -> (SimConfig, Workload, RandomCosts<CostModel>) {
+fn scenario(
+    seed: u64,
+    on_late: OnLate,
+    reuse: bool,
+) -> (SimConfig, Workload, RandomCosts<CostModel>) {
     let mut rng = Rng::new(seed);
     let n = 1 + rng.below(6) as usize;
     let depth = rng.below(3) as usize;
@@ -29,12 +36,14 @@ fn scenario(seed: u64, on_late: OnLate) -> (SimConfig, Workload, RandomCosts<Cos
         .and_then(|p| p.with_min_chunks(1 + rng.below(4) as usize))
         .unwrap();
     let natural = pipeline.on_time_gap();
-    let bound = match rng.below(5) {
+    let bound = match rng.below(6) {
         0 => 0,
         1 => 1,
         2 => natural / 2,
         3 => natural,
-        _ => natural + rng.below(6),
+        4 => natural + rng.below(6),
+        // Room for rows kept across super-batches.
+        _ => natural + (n * (1 + depth)) as u64 * (1 + rng.below(3)),
     };
     let model = ModelShape::new(64, 64, 2 + rng.below(2) as u32, 5 + rng.below(10) as u32).unwrap();
     let mut cfg = SimConfig::layer(model).unwrap();
@@ -42,6 +51,7 @@ fn scenario(seed: u64, on_late: OnLate) -> (SimConfig, Workload, RandomCosts<Cos
     cfg.staleness = StalenessRule::new(bound, on_late);
     cfg.cpu_workers = 1 + rng.below(4) as u32;
     cfg.record_trace = true;
+    cfg.reuse = reuse;
     let mut synth = SyntheticWorkload::small(150 + rng.below(150) as usize, seed ^ 0xABCD);
     synth.hot_count = [0, 50, 500, 2000][rng.below(4) as usize];
     synth.hot_draws = if synth.hot_count == 0 {
@@ -211,7 +221,7 @@ fn no_reuse_ever_exceeds_the_bound_over_ten_thousand_random_batches() {
     let mut seed = 0;
     while batches < 20_000 || seed < 40 {
         for (i, on_late) in [OnLate::Wait, OnLate::Compute].into_iter().enumerate() {
-            let (cfg, work, costs) = scenario(seed, on_late);
+            let (cfg, work, costs) = scenario(seed, on_late, false);
             let r = simulate(&cfg, &work, costs).unwrap_or_else(|e| {
                 panic!(
                     "seed {seed} {on_late}: {e} {cfg:?} hot {}",
@@ -300,4 +310,104 @@ fn the_slow_cpu_shows_up_as_waiting_or_as_cold_work() {
     assert!(head > tail, "{head} {tail}");
     // Same inputs, same report.
     assert_eq!(compute, simulate(&cfg, &work, slow).unwrap());
+}
+
+/// Reuse across super-batches, over many random scenarios: every row a batch
+/// reads is within the bound on the simulated device (the simulator fails the
+/// run otherwise); rows are carried whenever the bound leaves room; under a
+/// bound too small for any reuse the run is the run without reuse, bit for
+/// bit; and reuse never computes more rows than the run without it.
+#[test]
+fn rows_kept_across_super_batches_never_exceed_the_bound() {
+    let mut batches = 0;
+    let (mut carried, mut kept, mut fewer) = (0u64, 0u64, 0u64);
+    let mut seed = 0;
+    let mut identical = 0;
+    while batches < 20_000 || seed < 40 {
+        for on_late in [OnLate::Wait, OnLate::Compute] {
+            let (cfg, work, costs) = scenario(seed, on_late, true);
+            let r = simulate(&cfg, &work, costs.clone()).unwrap_or_else(|e| {
+                panic!("seed {seed} {on_late}: {e} {cfg:?}");
+            });
+            let bound = cfg.staleness.bound();
+            let st = &r.stats;
+            assert!(st.gaps.max().is_none_or(|g| g <= bound), "seed {seed}");
+            assert_eq!(st.gaps.total(), st.hot_uses);
+            let used: u64 = r.batches.iter().map(|b| b.hot_used as u64).sum();
+            assert_eq!(used, st.hot_uses);
+            if on_late == OnLate::Wait {
+                assert_eq!(st.computed_cold, 0, "seed {seed}");
+            }
+            // Per super-batch counts add up to the epoch's.
+            let sb_carried: u64 = r.super_batches.iter().map(|s| s.hot.carried_rows).sum();
+            let sb_uses: u64 = r.super_batches.iter().map(|s| s.hot.uses).sum();
+            assert_eq!((sb_carried, sb_uses), (st.rows_carried, st.hot_uses));
+            for sb in &r.super_batches {
+                assert!(sb.hot.carried_rows <= sb.hot.queue_rows);
+                assert_eq!(sb.hot.queue_rows, sb.queue_len as u64);
+            }
+            let mut off_cfg = cfg.clone();
+            off_cfg.reuse = false;
+            let off = simulate(&off_cfg, &work, costs).unwrap();
+            let n = cfg.pipeline.batches_per_super_batch() as u64;
+            let room = bound >= cfg.pipeline.depth().max(1) as u64 * n;
+            if !room {
+                assert_eq!(st.rows_carried + st.rows_kept, 0, "seed {seed}");
+                assert_eq!((&r.stats, &r.batches), (&off.stats, &off.batches));
+                assert_eq!(r.trace, off.trace, "seed {seed}");
+                identical += 1;
+            }
+            if st.rows_carried > 0 {
+                // Carried rows are rows not queued again.
+                let queued: u64 = r.super_batches.iter().map(|s| s.hot.queue_rows).sum();
+                let queued_off: u64 = off.super_batches.iter().map(|s| s.hot.queue_rows).sum();
+                if queued == queued_off && off.stats.rows_computed > st.rows_computed {
+                    fewer += 1;
+                }
+            }
+            carried += st.rows_carried;
+            kept += st.rows_kept;
+            batches += work.len();
+        }
+        seed += 1;
+    }
+    println!("{seed} seeds, {batches} batches, {carried} rows carried, {kept} kept, {identical} runs without room identical, {fewer} runs computing fewer rows");
+    assert!(carried > 1000, "{carried}");
+    assert!(kept >= carried.min(1), "{kept}");
+    assert!(identical > 10, "{identical}");
+    assert!(fewer > 5, "{fewer}");
+}
+
+/// With a fast CPU and a bound of three super-batches, rows computed for one
+/// super-batch serve the next: fewer rows are computed for the same batches,
+/// each serving more uses, and nothing is late after the first super-batch.
+#[test]
+fn a_bound_of_three_super_batches_computes_fewer_rows() {
+    let model = ModelShape::new(64, 64, 2, 10).unwrap();
+    let mut cfg = SimConfig::layer(model).unwrap();
+    let n = cfg.pipeline.batches_per_super_batch() as u64;
+    cfg.staleness = StalenessRule::new(3 * n - 1, OnLate::Wait);
+    let work = SyntheticWorkload::small(400, 3).generate().unwrap();
+    let mut costs = CostModel::reference();
+    costs.cpu.flops_per_s *= 100.0;
+    costs.cpu.mem_bytes_per_s *= 100.0;
+    costs.cpu.sample_edges_per_s *= 100.0;
+    let on = simulate(&cfg, &work, costs).unwrap();
+    cfg.reuse = false;
+    let off = simulate(&cfg, &work, costs).unwrap();
+    assert_eq!(on.stats.hot_uses, off.stats.hot_uses);
+    assert!(on.stats.rows_carried > 0);
+    assert!(
+        on.stats.rows_computed < off.stats.rows_computed,
+        "{} vs {}",
+        on.stats.rows_computed,
+        off.stats.rows_computed
+    );
+    let (u_on, u_off) = (
+        on.stats.uses_per_computed_row().unwrap(),
+        off.stats.uses_per_computed_row().unwrap(),
+    );
+    assert!(u_on > u_off, "{u_on} vs {u_off}");
+    assert!(on.stats.gaps.max().unwrap() < 3 * n);
+    println!("uses per computed row {u_off:.2} -> {u_on:.2}");
 }

@@ -87,6 +87,9 @@ pub struct PolicyRow {
     pub test_acc: Option<f64>,
     /// `"auto"`: what it chose (the placement, and the CPU split for `"layer"`).
     pub chose: Option<String>,
+    /// The layer pipeline's hot rows: uses per CPU-computed row and rows
+    /// carried across super-batches, over the run (`None`: it did not run).
+    pub hot_rows: Option<(Option<f64>, u64)>,
 }
 
 /// The table of [`bench_orchestration`].
@@ -229,6 +232,9 @@ pub fn measure_policy(cfg: TrainConfig, dataset: Option<Dataset>) -> Result<Poli
         cpu_busy: summary.cpu_busy as f64 / wall,
         h2d_per_epoch: trainer.h2d_bytes() / stats.len().max(1) as u64,
         test_acc: test_at_best_val(&stats).map(|(_, t)| t),
+        hot_rows: trainer
+            .orchestration_totals()
+            .map(|o| (o.protocol.uses_per_computed_row(), o.protocol.rows_carried)),
         chose: trainer.auto_choice().map(|c| {
             if c.policy == Orchestration::Layer {
                 format!("layer (cpu split {})", c.cpu_split)
@@ -292,6 +298,14 @@ impl fmt::Display for OrchestrationReport {
         for r in &self.rows {
             if let Some(c) = &r.chose {
                 writeln!(f, "  (auto chose {c})")?;
+            }
+            if let Some((per_row, carried)) = r.hot_rows {
+                let per_row = per_row.map_or_else(|| "-".into(), |u| format!("{u:.2}"));
+                writeln!(
+                    f,
+                    "  ({}: {per_row} uses per computed hot row, {carried} rows carried across super-batches)",
+                    r.policy
+                )?;
             }
         }
         Ok(())

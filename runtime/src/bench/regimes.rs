@@ -579,6 +579,7 @@ mod tests {
             cpu_busy: 0.5,
             h2d_per_epoch: 1 << 20,
             test_acc: acc,
+            hot_rows: None,
         }
     }
 

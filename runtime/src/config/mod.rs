@@ -594,6 +594,10 @@ pub struct OrchestrationSection {
     pub monitor_control: MonitorControl,
     /// CPU worker threads computing hot embeddings (≥ 1).
     pub cpu_workers: usize,
+    /// Keep CPU-computed hot embeddings on the device across super-batches and
+    /// recompute one only when using it in the coming super-batch would exceed
+    /// `staleness_bound` (effective when the bound is at least `super_batch`).
+    pub reuse_across_superbatches: bool,
 }
 
 impl Default for OrchestrationSection {
@@ -610,6 +614,7 @@ impl Default for OrchestrationSection {
             monitor: false,
             monitor_control: MonitorControl::Time,
             cpu_workers: 1,
+            reuse_across_superbatches: true,
         }
     }
 }

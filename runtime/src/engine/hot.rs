@@ -33,7 +33,19 @@
 //!    nothing is skipped (the hot rows' gradient flows through the accelerator's
 //!    own aggregate of their neighborhoods).
 //!
-//! Device buffers of steps 2–4 are kept and grown on demand, so the steady state
+//! 5. **The hot-row store** (reuse across super-batches, `scheduler::protocol`
+//!    steps 3–4): one device buffer of rows indexed by relabeled hot id.
+//!    [`LayerDevice::hot_keep`](super::LayerDevice::hot_keep) copies freshly
+//!    installed slab rows into it and
+//!    [`LayerDevice::hot_carry`](super::LayerDevice::hot_carry) copies stored
+//!    rows into a newly reserved slab, so those rows are not computed again.
+//!    Both are row gathers and scatters through a scratch buffer on the compute
+//!    stream, ordered after the installs the compute stream already waits for
+//!    and before every batch enqueued later. The store grows to the largest hot
+//!    id kept (its old rows copied over); it is never read where the protocol
+//!    has not kept a row.
+//!
+//! Device buffers of steps 2–5 are kept and grown on demand, so the steady state
 //! allocates only what the model's own ops allocate.
 
 use std::any::Any;
@@ -116,6 +128,12 @@ pub(crate) struct HotDevice<B: Backend> {
     labels: Option<B::Buf<u32>>,
     seeds: Option<B::Buf<u32>>,
     prepared: std::collections::HashMap<u64, PreparedTop<B>>,
+    /// Step 5: the store, its rows, and the gather/scatter scratch.
+    store: Option<B::Buf<f32>>,
+    store_rows: usize,
+    copy_from: Option<B::Buf<u32>>,
+    copy_to: Option<B::Buf<u32>>,
+    copy_rows: Option<B::Buf<f32>>,
 }
 
 impl<B: Backend> Default for HotDevice<B> {
@@ -131,6 +149,11 @@ impl<B: Backend> Default for HotDevice<B> {
             labels: None,
             seeds: None,
             prepared: std::collections::HashMap::new(),
+            store: None,
+            store_rows: 0,
+            copy_from: None,
+            copy_to: None,
+            copy_rows: None,
         }
     }
 }
@@ -274,6 +297,120 @@ impl<B: Backend> DeviceEngine<B> {
             .map_err(dev_err("hot install event"))?;
         self.h2d += (n * width * 4) as u64;
         Ok(())
+    }
+
+    /// Step 5: `store[vertices[i]] = slab[rows[i]]` (`keep`) or
+    /// `slab[rows[i]] = store[vertices[i]]` (carry).
+    pub(super) fn hot_store_copy_op(
+        &mut self,
+        slab: usize,
+        rows: &[u32],
+        vertices: &[u32],
+        keep: bool,
+    ) -> Result<()> {
+        let what = if keep { "hot keep" } else { "hot carry" };
+        let n = rows.len();
+        if vertices.len() != n {
+            return Err(Error::invalid_argument(
+                what,
+                format!("internal: {n} slab rows but {} store rows", vertices.len()),
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let slab_rows = self.hot.slab_rows.get(slab).copied().unwrap_or(0);
+        if let Some(&r) = rows.iter().find(|&&r| r as usize >= slab_rows) {
+            return Err(Error::invalid_argument(
+                what,
+                format!("internal: row {r} of slab {slab} ({slab_rows} rows reserved)"),
+            ));
+        }
+        let need = vertices.iter().max().map_or(0, |&v| v as usize + 1);
+        if !keep && need > self.hot.store_rows {
+            return Err(Error::invalid_argument(
+                what,
+                format!(
+                    "internal: store row {} past the {} kept",
+                    need - 1,
+                    self.hot.store_rows
+                ),
+            ));
+        }
+        let width = self.hot_width_op();
+        let dev = Arc::clone(&self.dev);
+        if need > self.hot.store_rows {
+            // Grow, keeping the rows stored so far.
+            let cap = need + need / 4;
+            let mut grown = dev
+                .alloc_uninit::<f32>(cap * width)
+                .map_err(dev_err("hot-row store"))?;
+            if let Some(old) = self.hot.store.as_ref() {
+                let old_rows = self.hot.store_rows;
+                let ids: Vec<u32> = (0..old_rows as u32).collect();
+                upload_into(&*dev, &mut self.hot.copy_from, &ids, "hot store rows")?;
+                let idx = self
+                    .hot
+                    .copy_from
+                    .as_ref()
+                    .ok_or_else(|| internal("rows"))?;
+                dev.index_select_rows(old, width, idx, old_rows, &mut grown)
+                    .map_err(dev_err("growing the hot-row store"))?;
+            }
+            self.hot.store = Some(grown);
+            self.hot.store_rows = cap;
+        }
+        let (from, to) = if keep {
+            (rows, vertices)
+        } else {
+            (vertices, rows)
+        };
+        upload_into(&*dev, &mut self.hot.copy_from, from, "hot copy rows")?;
+        upload_into(&*dev, &mut self.hot.copy_to, to, "hot copy rows")?;
+        self.h2d += (n * 8) as u64;
+        reserve(
+            &*dev,
+            &mut self.hot.copy_rows,
+            n * width,
+            "hot copy scratch",
+        )?;
+        let from_idx = self
+            .hot
+            .copy_from
+            .as_ref()
+            .ok_or_else(|| internal("rows"))?;
+        let to_idx = self.hot.copy_to.as_ref().ok_or_else(|| internal("rows"))?;
+        let scratch = self
+            .hot
+            .copy_rows
+            .as_mut()
+            .ok_or_else(|| internal("scratch"))?;
+        let slab_buf = self.hot.slabs[slab]
+            .as_mut()
+            .ok_or_else(|| internal("hot slab"))?;
+        let store = self.hot.store.as_mut().ok_or_else(|| internal("store"))?;
+        if keep {
+            dev.index_select_rows(slab_buf, width, from_idx, n, scratch)
+                .map_err(dev_err(what))?;
+            dev.index_put_rows(scratch, width, to_idx, n, store)
+                .map_err(dev_err(what))?;
+        } else {
+            dev.index_select_rows(store, width, from_idx, n, scratch)
+                .map_err(dev_err(what))?;
+            dev.index_put_rows(scratch, width, to_idx, n, slab_buf)
+                .map_err(dev_err(what))?;
+        }
+        Ok(())
+    }
+
+    /// Slab `slab`'s rows, copied to the host (tests).
+    #[cfg(test)]
+    pub(crate) fn hot_slab_to_host(&self, slab: usize) -> Result<Vec<f32>> {
+        let buf = self.hot.slabs[slab]
+            .as_ref()
+            .ok_or_else(|| internal("hot slab"))?;
+        let n = self.hot.slab_rows[slab] * self.hot_width_op();
+        self.dev.to_host(buf, n).map_err(dev_err("hot slab"))
     }
 
     /// Step 1.

@@ -645,6 +645,12 @@ pub(crate) trait LayerDevice: Send {
         n: usize,
         staging: &mut dyn HotStaging,
     ) -> Result<()>;
+    /// Copies rows `rows` of slab `slab` into the hot-row store at `vertices`
+    /// (one per row), after the installs before it (`engine/hot.rs` step 5).
+    fn hot_keep(&mut self, slab: usize, rows: &[u32], vertices: &[u32]) -> Result<()>;
+    /// Copies the hot-row store's rows `vertices` into slab `slab` at `rows`,
+    /// before every batch enqueued later (`engine/hot.rs` step 5).
+    fn hot_carry(&mut self, slab: usize, rows: &[u32], vertices: &[u32]) -> Result<()>;
     /// Samples the layers above the bottom for `seeds` (drawing as a whole
     /// batch sampled with `seed` would) and keeps them under `key`. Returns the
     /// global ids of block 0's destinations, in position order.
@@ -708,6 +714,14 @@ impl<B: Backend> LayerDevice for DeviceEngine<B> {
         staging: &mut dyn HotStaging,
     ) -> Result<()> {
         self.hot_install_op(slab, row0, n, staging)
+    }
+
+    fn hot_keep(&mut self, slab: usize, rows: &[u32], vertices: &[u32]) -> Result<()> {
+        self.hot_store_copy_op(slab, rows, vertices, true)
+    }
+
+    fn hot_carry(&mut self, slab: usize, rows: &[u32], vertices: &[u32]) -> Result<()> {
+        self.hot_store_copy_op(slab, rows, vertices, false)
     }
 
     fn prepare_top(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>> {

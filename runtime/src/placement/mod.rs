@@ -65,6 +65,7 @@ fn layer_options(o: &crate::config::OrchestrationSection) -> Result<LayerOptions
         monitor: o.monitor,
         monitor_control: o.monitor_control,
         cpu_workers: o.cpu_workers,
+        reuse: o.reuse_across_superbatches,
     })
 }
 

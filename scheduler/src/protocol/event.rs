@@ -11,6 +11,7 @@ use std::ops::Range;
 use crate::pipeline::HotSplit;
 
 use super::plan::LaunchPlan;
+use super::queue::SuperBatchHot;
 use super::stats::ProtocolStats;
 
 /// Names a chunk of a hot queue: the global super-batch (numbered across epochs,
@@ -246,6 +247,36 @@ pub enum Action {
         /// The rows' version.
         version: u64,
     },
+    /// Reuse across super-batches (step 4, keep): copy rows `rows` of slab
+    /// `slab` (just installed, computed with `version`) into the hot-row store
+    /// at `vertices` (relabeled hot ids, one per row), ordered after the
+    /// install and before every later action's device work.
+    Keep {
+        /// The super-batch whose chunk was installed.
+        super_batch: u64,
+        /// Its slab.
+        slab: usize,
+        /// Slab rows.
+        rows: Vec<u32>,
+        /// Store rows (relabeled hot ids), one per slab row.
+        vertices: Vec<u32>,
+        /// The rows' version.
+        version: u64,
+    },
+    /// Reuse across super-batches (step 3, carry): copy the hot-row store's
+    /// rows `vertices` into slab `slab` at `rows`, ordered after the
+    /// [`Action::ReserveSlab`] before it and before every later batch; those
+    /// rows of `super_batch`'s queue are not computed again.
+    Carry {
+        /// The super-batch launched.
+        super_batch: u64,
+        /// Its slab.
+        slab: usize,
+        /// Slab rows.
+        rows: Vec<u32>,
+        /// Store rows (relabeled hot ids), one per slab row.
+        vertices: Vec<u32>,
+    },
     /// Give report `report`'s staging buffer back without installing it (its
     /// super-batch finished, or the slab holds rows as new) (step 4).
     Discard {
@@ -301,6 +332,8 @@ pub enum Action {
         local: u64,
         /// Hand the monitor this window.
         observe: bool,
+        /// What its hot queue did: rows computed, carried, used.
+        hot: SuperBatchHot,
     },
     /// The epoch is over (step 10), with its counts.
     Finished {
@@ -321,6 +354,8 @@ impl Action {
             Self::QueueJob(_) => "QueueJob",
             Self::Install { .. } => "Install",
             Self::Discard { .. } => "Discard",
+            Self::Keep { .. } => "Keep",
+            Self::Carry { .. } => "Carry",
             Self::BeginSuperBatch { .. } => "BeginSuperBatch",
             Self::Gate { .. } => "Gate",
             Self::Wait { .. } => "Wait",

@@ -32,7 +32,17 @@
 //!    hottest first ([`crate::SuperBatchPlan`]), cut into chunks
 //!    ([`crate::PipelineConfig::chunk_ranges`]); the protocol reserves slab
 //!    `g % (D + 1)` for it ([`Action::ReserveSlab`]) and queues one regular job per
-//!    chunk, each with a fresh claim ([`Action::QueueJob`]). A batch's own seeds
+//!    chunk, each with a fresh claim ([`Action::QueueJob`]). **Carry** (reuse
+//!    across super-batches, [`ProtocolConfig::reuses_across_super_batches`]):
+//!    a queued vertex whose row the hot-row store holds at version `e` with
+//!    `e + staleness_bound ≥ v_first + i` — `v_first` the most the super-batch's
+//!    first batch can train at, `i` the last of its batches reading the vertex,
+//!    so the row is within the bound at every read — is not computed: its row
+//!    goes to the slab from the store ([`Action::Carry`], right after the
+//!    reservation), in chunks ready at their version with no job; the rows to
+//!    compute come first in the slab. The store is empty at every epoch's start
+//!    (step 1: the weights may have been moved back), so an epoch's first
+//!    launch carries nothing. A batch's own seeds
 //!    never read a hot row: their bottom rows are computed on the accelerator,
 //!    so the training vertices' own paths always train layer 0 (with constant
 //!    historical rows, a training set inside the hot set otherwise starves
@@ -41,7 +51,12 @@
 //!    chunk of a live super-batch computed with newer weights than its slab rows
 //!    (or into an empty slot) is installed ([`Action::Install`]: one upload,
 //!    ordered before every later batch) and becomes *ready* at that version, its
-//!    urgent flag cleared; any other report is discarded ([`Action::Discard`]).
+//!    urgent flag cleared; with reuse across super-batches, its rows newer than
+//!    the store's go into the store, indexed by hot vertex, with their version
+//!    ([`Action::Keep`], right after the install) — unless no launch still to
+//!    come could carry them (`version + bound` below the next launch's first
+//!    batch: at the default bound, nearly every install); any other report is
+//!    discarded ([`Action::Discard`]).
 //!    Either way the report's staging buffer goes back. Rows computed with
 //!    weights newer than the current ones are refused (an error): versions never
 //!    run ahead.
@@ -69,7 +84,8 @@
 //!    After a super-batch's last batch its regular jobs become droppable
 //!    ([`Action::Retire`]); then the per-batch publication of step 2, if any.
 //! 8. **After the super-batch**: publish (step 2), then [`Action::EndSuperBatch`]
-//!    (the monitor observes its window, except for the epoch's first and last
+//!    with its queue's counts ([`SuperBatchHot`]: rows queued, computed,
+//!    carried, used) (the monitor observes its window, except for the epoch's first and last
 //!    super-batch, where the pipeline fills or drains). The next super-batch
 //!    starts with [`Action::BeginSuperBatch`] (the monitor's evictions taking
 //!    effect), then its launch-ahead (step 3), then its batches.
@@ -88,6 +104,12 @@
 //! By steps 4, 5 and 7 no recorded gap exceeds the bound and no row is from the
 //! future, whatever the timing of the reports; the tests check it over thousands
 //! of simulated batches with an independent replay of the simulator's trace.
+//! Carried rows keep their version: the gate (step 5) checks them like any
+//! other, and the carry rule (step 3) makes them pass it. The monitor's moves
+//! change which vertices are CPU-hot, never what a stored row holds (a row is
+//! layer 0 of a vertex at a version, wherever its features live), so a split
+//! change invalidates nothing: a vertex back on the CPU is carried only if its
+//! stored row is still fresh enough.
 //!
 //! # Driving it
 //! 1. Hand in every worker report waiting ([`Event::ChunkComputed`],
@@ -143,7 +165,8 @@ use crate::error::{invalid, Result, SchedulerError};
 use crate::pipeline::{HotSplit, PipelineConfig, Publication};
 use crate::staleness::{OnLate, StalenessRule};
 
-use queue::{ChunkState, HotQueue, LaunchSpec};
+pub use queue::SuperBatchHot;
+use queue::{CarrySpec, ChunkState, HotQueue, LaunchSpec, NO_ROW};
 
 /// The protocol's knobs: the pipeline's shape, the staleness rule and the
 /// publication cadence.
@@ -155,6 +178,10 @@ pub struct ProtocolConfig {
     pub staleness: StalenessRule,
     /// When weights are published besides the epoch's start (step 2).
     pub publication: Publication,
+    /// Keep hot rows across super-batches (step 3's carry, step 4's keep):
+    /// effective only when the bound allows any reuse
+    /// ([`ProtocolConfig::reuses_across_super_batches`]).
+    pub reuse: bool,
 }
 
 impl ProtocolConfig {
@@ -165,7 +192,28 @@ impl ProtocolConfig {
             pipeline,
             staleness: StalenessRule::new(staleness_bound, on_late),
             publication: Publication::for_bound(&pipeline, staleness_bound),
+            reuse: false,
         }
+    }
+
+    /// This configuration with reuse across super-batches on or off
+    /// ([`ProtocolConfig::reuse`]).
+    pub fn with_reuse(mut self, reuse: bool) -> Self {
+        self.reuse = reuse;
+        self
+    }
+
+    /// Whether hot rows are kept across super-batches: [`ProtocolConfig::reuse`]
+    /// and a bound of at least `max(D, 1) · N` steps. A row carried into
+    /// super-batch `g` was computed with weights no newer than those at `g`'s
+    /// launch, `D · N` steps before `g`'s first batch, and must serve every
+    /// batch of `g` reading it; under a smaller bound (0 included) no row ever
+    /// could, so nothing is kept and the protocol is exactly the one without
+    /// reuse.
+    pub fn reuses_across_super_batches(&self) -> bool {
+        let n = self.pipeline.batches_per_super_batch() as u64;
+        let d = self.pipeline.depth().max(1) as u64;
+        self.reuse && self.staleness.bound() >= d * n
     }
 
     /// Slabs the driver needs: one per live super-batch, `D + 1`.
@@ -227,6 +275,10 @@ struct Epoch {
     urgent_seq: u64,
     /// Late positions of the batch whose gate blocked, when it first blocked.
     waiting: Option<u64>,
+    /// The hot-row store: per relabeled hot id, the version of the row the
+    /// driver keeps for it ([`NO_ROW`]: none). Empty at every epoch's start
+    /// (the weights may have moved: a checkpoint, another strategy's epochs).
+    store: Vec<u64>,
 }
 
 impl Epoch {
@@ -383,6 +435,7 @@ impl Protocol {
             stats,
             urgent_seq: 0,
             waiting: None,
+            store: Vec::new(),
         });
         Ok(())
     }
@@ -472,7 +525,7 @@ impl Protocol {
                 }
             }
             Pc::End(j) => {
-                e.live.pop_front();
+                let hot = e.live.pop_front().map(|q| q.counts).unwrap_or_default();
                 let (global, observe) = (e.first + j, j > 0 && j + 1 < e.num_sb);
                 e.pc = Pc::Begin(j + 1);
                 self.publish();
@@ -480,6 +533,7 @@ impl Protocol {
                     super_batch: global,
                     local: j,
                     observe,
+                    hot,
                 });
             }
             Pc::Finish => self.finish(false),
@@ -525,6 +579,8 @@ impl Protocol {
         let n = self.cfg.pipeline.batches_per_super_batch();
         let slabs = self.cfg.slabs() as u64;
         let pipeline = self.cfg.pipeline;
+        let reuse = self.cfg.reuses_across_super_batches();
+        let bound = self.cfg.staleness.bound();
         let next_claim = &mut self.next_claim;
         let e = match self.epoch.as_mut() {
             Some(e) if e.awaiting == Awaiting::Launched(g) => e,
@@ -544,7 +600,13 @@ impl Protocol {
             batches: e.batches_of(local, n),
             split,
         };
-        let q = HotQueue::from_plan(spec, plan, &pipeline, || {
+        let first_version = e.v0 + (spec.batches.start - e.batches.start) as u64;
+        let carry = reuse.then_some(CarrySpec {
+            store: &e.store,
+            first_version,
+            bound,
+        });
+        let q = HotQueue::from_plan_carrying(spec, plan, &pipeline, carry, || {
             *next_claim += 1;
             ClaimId(*next_claim)
         })?;
@@ -553,8 +615,20 @@ impl Protocol {
             rows: q.len(),
             super_batch: g,
         });
+        if q.counts.carried_rows > 0 {
+            let (rows, vertices) = q.carried();
+            e.stats.rows_carried += rows.len() as u64;
+            self.actions.push_back(Action::Carry {
+                super_batch: g,
+                slab: q.slab,
+                rows,
+                vertices,
+            });
+        }
         for c in 0..q.chunks.len() {
-            self.actions.push_back(Action::QueueJob(q.regular_job(c)));
+            if !q.chunks[c].carried {
+                self.actions.push_back(Action::QueueJob(q.regular_job(c)));
+            }
         }
         e.live.push_back(q);
         e.awaiting = Awaiting::Nothing;
@@ -568,6 +642,18 @@ impl Protocol {
         let stats = self.stats_mut();
         stats.jobs += 1;
         stats.rows_computed += rows as u64;
+        let n = self.cfg.pipeline.batches_per_super_batch() as u64;
+        let bound = self.cfg.staleness.bound();
+        // Keep only rows a later launch could carry: the next launch's first
+        // batch trains at `v0 + next · N` at most, later ones later still, so
+        // a row with `version + bound` below it is never carried (and the
+        // store's older row for the vertex is not either).
+        let keep = self.cfg.reuses_across_super_batches()
+            && self.epoch.as_ref().is_some_and(|e| {
+                let next = e.live.back().map_or(0, |q| q.local + 1);
+                next < e.num_sb && version.saturating_add(bound) >= e.v0 + next * n
+            });
+        let mut kept: Option<Action> = None;
         let target = self.epoch.as_mut().and_then(|e| {
             let current = e.version;
             e.live
@@ -575,23 +661,49 @@ impl Protocol {
                 .find(|q| q.global == key.super_batch)
                 .and_then(|q| {
                     let slab = q.slab;
+                    q.counts.computed_rows += rows as u64;
                     q.chunks
                         .get_mut(key.chunk as usize)
-                        .map(|c| (current, slab, c, &mut e.stats))
+                        .map(|c| (current, slab, c, &mut e.stats, &mut e.store))
                 })
         });
         let install = match target {
-            Some((current, _, _, _)) if version > current => {
+            Some((current, ..)) if version > current => {
                 return Err(SchedulerError::VersionAhead {
                     embedding: version,
                     current,
                 })
             }
-            Some((_, slab, c, stats)) if c.state.version().is_none_or(|e| e < version) => {
+            Some((_, slab, c, stats, store)) if c.state.version().is_none_or(|e| e < version) => {
                 c.state = ChunkState::Ready(version);
                 c.urgent = false;
                 stats.installs += 1;
                 stats.rows_installed += c.rows.len() as u64;
+                if keep {
+                    // Step 4, keep: rows newer than the store's go into it.
+                    let (mut rows, mut vertices) = (Vec::new(), Vec::new());
+                    for (r, &v) in c.rows.clone().zip(&c.vertices) {
+                        let v_us = v as usize;
+                        if v_us >= store.len() {
+                            store.resize(v_us + 1, NO_ROW);
+                        }
+                        if store[v_us] == NO_ROW || store[v_us] < version {
+                            store[v_us] = version;
+                            rows.push(r);
+                            vertices.push(v);
+                        }
+                    }
+                    if !rows.is_empty() {
+                        stats.rows_kept += rows.len() as u64;
+                        kept = Some(Action::Keep {
+                            super_batch: key.super_batch,
+                            slab,
+                            rows,
+                            vertices,
+                            version,
+                        });
+                    }
+                }
                 Some((slab, c.rows.clone()))
             }
             _ => None,
@@ -610,6 +722,7 @@ impl Protocol {
             }
         };
         self.actions.push_back(action);
+        self.actions.extend(kept);
         Ok(())
     }
 

@@ -46,6 +46,10 @@ pub(crate) struct Chunk {
     pub(crate) urgent: bool,
     /// Some batch read it already.
     pub(crate) read: bool,
+    /// Its rows are carried from the hot-row store (rows computed for an
+    /// earlier super-batch, [`Action::Carry`](super::Action::Carry)): no job
+    /// computes them unless the gate finds them stale.
+    pub(crate) carried: bool,
 }
 
 /// A super-batch whose batches are sampled and whose queue is out.
@@ -58,15 +62,54 @@ pub(crate) struct HotQueue {
     pub(crate) slab: usize,
     /// Epoch batch indices.
     pub(crate) batches: Range<usize>,
-    /// Per batch: (position among the bottom destinations, queue index) of its
+    /// Per batch: (position among the bottom destinations, slab row) of its
     /// CPU-hot destinations.
     entries: Vec<Vec<(u32, u32)>>,
     /// Per batch: the chunks it reads, ascending.
     reads: Vec<Vec<u32>>,
-    /// The chunk of each queue index.
+    /// The chunk of each slab row.
     chunk_of: Vec<u32>,
     pub(crate) chunks: Vec<Chunk>,
+    /// Its counts so far (reported at its end).
+    pub(crate) counts: SuperBatchHot,
 }
+
+/// What a super-batch's hot queue did, reported with
+/// [`Action::EndSuperBatch`](super::Action::EndSuperBatch): the trace's
+/// per-super-batch record of reuse across super-batches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SuperBatchHot {
+    /// Rows of its queue (its slab).
+    pub queue_rows: u64,
+    /// Of which carried from the store: computed for an earlier super-batch
+    /// and fresh enough for every batch of this one that reads them.
+    pub carried_rows: u64,
+    /// Rows CPU jobs computed for it (reports handed in, installed or not).
+    pub computed_rows: u64,
+    /// Hot rows its batches used (positions that took a slab row).
+    pub uses: u64,
+}
+
+impl SuperBatchHot {
+    /// Uses per computed row (`None` when nothing was computed).
+    pub fn uses_per_computed_row(&self) -> Option<f64> {
+        (self.computed_rows > 0).then(|| self.uses as f64 / self.computed_rows as f64)
+    }
+}
+
+/// What a launch may carry from the hot-row store (step 3, reuse across
+/// super-batches): the store's version per vertex and the bound.
+pub(crate) struct CarrySpec<'a> {
+    /// Version of the store's row per relabeled hot id ([`NO_ROW`]: none).
+    pub(crate) store: &'a [u64],
+    /// The version the super-batch's first batch trains at, at most.
+    pub(crate) first_version: u64,
+    /// `staleness_bound`.
+    pub(crate) bound: u64,
+}
+
+/// A store slot without a row.
+pub(crate) const NO_ROW: u64 = u64::MAX;
 
 /// Where a launch comes from: the super-batch, its slab and batches, the split.
 pub(crate) struct LaunchSpec {
@@ -97,10 +140,28 @@ impl HotQueue {
     /// the queue (a prefix, so union indices are queue indices), cut into
     /// chunks as `pipeline` says; per batch its positions in the queue and the
     /// chunks they read. Linear in the plan's entries, no search.
+    #[cfg(test)]
     pub(crate) fn from_plan(
         spec: LaunchSpec,
         plan: &LaunchPlan,
         pipeline: &PipelineConfig,
+        claim: impl FnMut() -> ClaimId,
+    ) -> Result<Self> {
+        Self::from_plan_carrying(spec, plan, pipeline, None, claim)
+    }
+
+    /// [`HotQueue::from_plan`], carrying from the store every queued vertex
+    /// whose stored row is fresh enough for the last batch of this
+    /// super-batch that reads it (`carry`; reuse across super-batches): the
+    /// rows to compute come first in the slab, cut into chunks as `pipeline`
+    /// says, then the carried rows, one chunk per stored version (ready at it).
+    /// Without `carry`, or with nothing to carry, the queue is
+    /// [`HotQueue::from_plan`]'s.
+    pub(crate) fn from_plan_carrying(
+        spec: LaunchSpec,
+        plan: &LaunchPlan,
+        pipeline: &PipelineConfig,
+        carry: Option<CarrySpec<'_>>,
         mut claim: impl FnMut() -> ClaimId,
     ) -> Result<Self> {
         if plan.batches() != spec.batches.len() {
@@ -120,23 +181,96 @@ impl HotQueue {
         }
         let len = plan.queue_len(cpu);
         let queue = &plan.union()[..len];
+        // Reuse across super-batches: the stored version of each queue index
+        // fresh enough for the last batch reading it (versions only grow, so
+        // the upper bound `first_version + i` of batch `i`'s version is safe).
+        let mut kept: Vec<Option<u64>> = Vec::new();
+        if let Some(c) = &carry {
+            let mut last_read = vec![0u64; len];
+            for i in 0..plan.batches() {
+                for &(_, q) in plan.entries_of(i) {
+                    if let Some(l) = last_read.get_mut(q as usize) {
+                        *l = i as u64;
+                    }
+                }
+            }
+            kept = queue
+                .iter()
+                .zip(&last_read)
+                .map(|(&v, &i)| {
+                    let e = c.store.get(v as usize).copied().unwrap_or(NO_ROW);
+                    (e != NO_ROW && e.saturating_add(c.bound) >= c.first_version + i).then_some(e)
+                })
+                .collect();
+        }
+        // Slab row of each queue index: computed rows first (queue order),
+        // then carried ones by version, newest first.
+        let mut carried: Vec<(u64, u32)> = kept
+            .iter()
+            .enumerate()
+            .filter_map(|(q, e)| e.map(|e| (e, q as u32)))
+            .collect();
+        carried.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let computed = len - carried.len();
+        let mut row_of: Vec<u32> = Vec::new();
+        let mut order: Vec<u32> = Vec::with_capacity(len);
+        if !carried.is_empty() {
+            row_of = vec![0u32; len];
+            order.extend((0..len as u32).filter(|&q| kept[q as usize].is_none()));
+            order.extend(carried.iter().map(|&(_, q)| q));
+            for (r, &q) in order.iter().enumerate() {
+                row_of[q as usize] = r as u32;
+            }
+        }
+        let vertex_at = |r: usize| -> u32 {
+            if order.is_empty() {
+                queue[r]
+            } else {
+                queue[order[r] as usize]
+            }
+        };
         let mut chunk_of = vec![0u32; len];
-        let chunks: Vec<Chunk> = pipeline
-            .chunk_ranges(len)
+        let mut chunks: Vec<Chunk> = pipeline
+            .chunk_ranges(computed)
             .into_iter()
             .enumerate()
             .map(|(c, r)| {
                 chunk_of[r.clone()].fill(c as u32);
                 Chunk {
                     rows: r.start as u32..r.end as u32,
-                    vertices: queue[r].to_vec(),
+                    vertices: r.clone().map(vertex_at).collect(),
                     state: ChunkState::Pending,
                     claim: claim(),
                     urgent: false,
                     read: false,
+                    carried: false,
                 }
             })
             .collect();
+        let mut r = computed;
+        while r < len {
+            let e = carried[r - computed].0;
+            let end = r + carried[r - computed..].partition_point(|&(v, _)| v == e);
+            let c = chunks.len() as u32;
+            chunk_of[r..end].fill(c);
+            chunks.push(Chunk {
+                rows: r as u32..end as u32,
+                vertices: (r..end).map(vertex_at).collect(),
+                state: ChunkState::Ready(e),
+                claim: claim(),
+                urgent: false,
+                read: false,
+                carried: true,
+            });
+            r = end;
+        }
+        let row = |q: u32| -> u32 {
+            if row_of.is_empty() {
+                q
+            } else {
+                row_of[q as usize]
+            }
+        };
         let mut entries = Vec::with_capacity(plan.batches());
         let mut reads = Vec::with_capacity(plan.batches());
         let mut hit = vec![false; chunks.len()];
@@ -149,6 +283,7 @@ impl HotQueue {
                 .iter()
                 .copied()
                 .filter(|&(_, q)| (q as usize) < len)
+                .map(|(p, q)| (p, row(q)))
                 .collect();
             for &(_, q) in &e {
                 hit[chunk_of[q as usize] as usize] = true;
@@ -170,7 +305,24 @@ impl HotQueue {
             reads,
             chunk_of,
             chunks,
+            counts: SuperBatchHot {
+                queue_rows: len as u64,
+                carried_rows: (len - computed) as u64,
+                ..SuperBatchHot::default()
+            },
         })
+    }
+
+    /// The carried chunks' slab rows and vertices (for
+    /// [`Action::Carry`](super::Action::Carry)), in slab-row order.
+    pub(crate) fn carried(&self) -> (Vec<u32>, Vec<u32>) {
+        let mut rows = Vec::new();
+        let mut vertices = Vec::new();
+        for c in self.chunks.iter().filter(|c| c.carried) {
+            rows.extend(c.rows.clone());
+            vertices.extend_from_slice(&c.vertices);
+        }
+        (rows, vertices)
     }
 
     /// The queue's length (rows of its slab).
@@ -265,6 +417,7 @@ impl HotQueue {
             positions.push(p);
             rows.push(q);
         }
+        self.counts.uses += positions.len() as u64;
         let mut first_reads = Vec::new();
         for &c in &self.reads[i] {
             let chunk = &mut self.chunks[c as usize];

@@ -40,6 +40,11 @@ pub struct ProtocolStats {
     /// Reports discarded (their super-batch had finished, or the slab held rows
     /// as new).
     pub discarded: u64,
+    /// Rows carried into a super-batch's slab from the hot-row store instead of
+    /// computed again (reuse across super-batches).
+    pub rows_carried: u64,
+    /// Rows copied into the hot-row store after their install.
+    pub rows_kept: u64,
 }
 
 impl ProtocolStats {
@@ -59,6 +64,15 @@ impl ProtocolStats {
         self.installs += other.installs;
         self.rows_installed += other.rows_installed;
         self.discarded += other.discarded;
+        self.rows_carried += other.rows_carried;
+        self.rows_kept += other.rows_kept;
+    }
+
+    /// Hot rows used per row computed (`None` when nothing was computed): how
+    /// many batches each CPU-computed row served, within and across
+    /// super-batches.
+    pub fn uses_per_computed_row(&self) -> Option<f64> {
+        (self.rows_computed > 0).then(|| self.hot_uses as f64 / self.rows_computed as f64)
     }
 
     /// One line: reuses and their gaps, rows computed and installed, late work.
@@ -71,13 +85,18 @@ impl ProtocolStats {
             .gaps
             .mean()
             .map_or_else(|| "-".into(), |m| format!("{m:.2}"));
+        let per_row = self
+            .uses_per_computed_row()
+            .map_or_else(|| "-".into(), |u| format!("{u:.2}"));
         format!(
             "hot: {} reused (gap max {max}, mean {mean}), {} rows computed, {} installed, \
+             {} carried across super-batches, {per_row} uses per computed row, \
              {} waited ({} batches), {} computed cold, {} CPU jobs ({} urgent, {} recomputed, \
              {} dropped)",
             self.hot_uses,
             self.rows_computed,
             self.rows_installed,
+            self.rows_carried,
             self.waited,
             self.wait_batches,
             self.computed_cold,

@@ -41,6 +41,10 @@
 //!      urgent one's `derive_seed(derive_seed(base_seed, 6_000_000), seq)`;
 //!    - `Install`: [`LayerDevice::hot_install`] of the report's rows; `Discard`:
 //!      nothing; either way its staging buffer goes back to the workers;
+//!    - `Keep` / `Carry` (reuse across super-batches):
+//!      [`LayerDevice::hot_keep`] (installed slab rows into the device's
+//!      hot-row store) / [`LayerDevice::hot_carry`] (stored rows into a new
+//!      slab: rows not computed again);
 //!    - `BeginSuperBatch` / `EndSuperBatch`: the hybrid monitor's evictions /
 //!      its observation of the super-batch's window (`monitor.rs`);
 //!    - `Gate`: a cancelled token answers [`Event::Stop`]; else the batch's
@@ -63,7 +67,9 @@
 //! engine's `sample top`s of the super-batch after it), `gate`, `hot wait` (inside the gate), `train`
 //! (with `staleness_gap` = the batch's largest gap, the engine's `sample bottom`
 //! and `device step` inside), `publish`; instants `hot install` (rows, bytes host
-//! → device) and `compute cold` (vertices); `hot compute` slices on `hot worker
+//! → device), `compute cold` (vertices), `hot carry` (rows carried into a
+//! super-batch's slab) and `hot rows` at a super-batch's end (rows `queued`,
+//! `computed`, `carried`, `uses`, `uses_per_computed_row`); `hot compute` slices on `hot worker
 //! i` tracks with a flow to the first batch reading their rows.
 
 use parking_lot::Mutex;
@@ -123,6 +129,8 @@ pub(crate) struct LayerOptions {
     pub monitor_control: scheduler::MonitorControl,
     /// CPU workers computing hot rows.
     pub cpu_workers: usize,
+    /// Keep hot rows across super-batches (`reuse_across_superbatches`).
+    pub reuse: bool,
 }
 
 /// What [`Orchestrator::new`] needs: the pipeline's options, and the dataset,
@@ -236,11 +244,9 @@ impl Orchestrator {
         let bottom_fanout = *fanouts.first().ok_or_else(|| {
             Error::invalid_argument("train.fanouts", "orchestration needs at least one layer")
         })?;
-        let protocol = Protocol::new(ProtocolConfig::new(
-            pipeline,
-            cfg.staleness_bound,
-            cfg.on_late,
-        ));
+        let protocol = Protocol::new(
+            ProtocolConfig::new(pipeline, cfg.staleness_bound, cfg.on_late).with_reuse(cfg.reuse),
+        );
         Ok(Self {
             split: HotSplit::all_cpu(hot),
             protocol,
@@ -834,6 +840,26 @@ impl<'a> Driver<'a> {
                 self.workers.recycle(staging);
                 Ok(())
             }
+            Action::Keep {
+                slab,
+                rows,
+                vertices,
+                ..
+            } => engine.hot_keep(slab, &rows, &vertices),
+            Action::Carry {
+                super_batch,
+                slab,
+                rows,
+                vertices,
+            } => {
+                engine.hot_carry(slab, &rows, &vertices)?;
+                let run = self.run;
+                run.tracer.instant_on(run.acc_track, "hot carry", |a| {
+                    a.super_batch = Some(super_batch);
+                    a.extra.push(("rows".into(), rows.len() as f64));
+                });
+                Ok(())
+            }
             Action::BeginSuperBatch { local, .. } => {
                 // A measurement window (`policy = "auto"`) starting the run
                 // starts here; one starting later, after the batch before it
@@ -848,7 +874,23 @@ impl<'a> Driver<'a> {
                     None => Ok(()),
                 }
             }
-            Action::EndSuperBatch { local, observe, .. } => {
+            Action::EndSuperBatch {
+                super_batch,
+                local,
+                observe,
+                hot,
+            } => {
+                let run = self.run;
+                run.tracer.instant_on(run.acc_track, "hot rows", |a| {
+                    a.super_batch = Some(super_batch);
+                    a.extra.push(("queued".into(), hot.queue_rows as f64));
+                    a.extra.push(("computed".into(), hot.computed_rows as f64));
+                    a.extra.push(("carried".into(), hot.carried_rows as f64));
+                    a.extra.push(("uses".into(), hot.uses as f64));
+                    if let Some(u) = hot.uses_per_computed_row() {
+                        a.extra.push(("uses_per_computed_row".into(), u));
+                    }
+                });
                 self.end_super_batch(engine, local, observe)
             }
             Action::Gate { batch, version } => self.gate(batch, version),

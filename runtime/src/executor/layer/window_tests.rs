@@ -60,6 +60,12 @@ impl LayerDevice for Scripted {
     ) -> Result<()> {
         self.inner.hot_install(slab, row0, n, staging)
     }
+    fn hot_keep(&mut self, slab: usize, rows: &[u32], vertices: &[u32]) -> Result<()> {
+        self.inner.hot_keep(slab, rows, vertices)
+    }
+    fn hot_carry(&mut self, slab: usize, rows: &[u32], vertices: &[u32]) -> Result<()> {
+        self.inner.hot_carry(slab, rows, vertices)
+    }
     fn prepare_top(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>> {
         self.clock.advance(LAUNCH);
         self.inner.prepare_top(key, seeds, seed)
@@ -165,6 +171,7 @@ fn rig_with(dtype: gpu_ops::FeatureDtype) -> Rig {
         monitor: false,
         monitor_control: scheduler::MonitorControl::Time,
         cpu_workers: 1,
+        reuse: true,
     };
     let mut orch = Orchestrator::new(&LayerSetup {
         opts: &opts,
@@ -378,4 +385,38 @@ fn a_stop_mid_epoch_joins_the_planner_with_plans_in_flight() {
         assert_eq!(r.run(5 * N, None).unwrap(), EpochEnd::Finished(false));
         assert_eq!(r.orch.planners_alive(), 0);
     }
+}
+
+/// The device's hot-row store (reuse across super-batches): kept slab rows come
+/// back, unchanged, in whichever slab and row a later carry puts them, also
+/// after the store grew; a carry of a row never kept is refused.
+#[test]
+fn kept_rows_are_carried_into_another_slab_unchanged() {
+    let mut dev = rig().device.inner;
+    let w = dev.hot_width();
+    dev.hot_slab_reserve(0, 4).unwrap();
+    let mut staging = dev.new_staging(4).unwrap();
+    for (i, x) in staging.rows_mut()[..4 * w].iter_mut().enumerate() {
+        *x = i as f32 + 0.5;
+    }
+    dev.hot_install(0, 0, 4, &mut *staging).unwrap();
+    let row = |k: usize| -> Vec<f32> { (k * w..(k + 1) * w).map(|i| i as f32 + 0.5).collect() };
+    // Slab rows 1 and 3 go to vertices 10 and 2.
+    dev.hot_keep(0, &[1, 3], &[10, 2]).unwrap();
+    // The store grows (vertex 500) and keeps what it held.
+    dev.hot_keep(0, &[0], &[500]).unwrap();
+    dev.hot_slab_reserve(1, 3).unwrap();
+    dev.hot_carry(1, &[0, 2], &[2, 10]).unwrap();
+    dev.hot_carry(1, &[1], &[500]).unwrap();
+    let slab = dev.hot_slab_to_host(1).unwrap();
+    assert_eq!(&slab[..w], &row(3)[..]);
+    assert_eq!(&slab[w..2 * w], &row(0)[..]);
+    assert_eq!(&slab[2 * w..3 * w], &row(1)[..]);
+    // Slab 0 is untouched by the carries.
+    let first = dev.hot_slab_to_host(0).unwrap();
+    assert_eq!(&first[3 * w..4 * w], &row(3)[..]);
+    // Past the store, past the slab, mismatched lengths: errors, not panics.
+    assert!(dev.hot_carry(1, &[0], &[100_000]).is_err());
+    assert!(dev.hot_carry(1, &[99], &[2]).is_err());
+    assert!(dev.hot_keep(0, &[0, 1], &[2]).is_err());
 }
