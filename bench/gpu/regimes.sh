@@ -22,7 +22,9 @@
 # Overrides (environment): ROWS=bf16 (one row dtype; the files get a `-bf16` suffix:
 # run a part once per dtype when it does not fit), GUARD, VERTICES / EDGES (a smaller
 # graph), HOTNESS=pcie (rank hot vertices by PCIe bytes saved per CPU µs,
-# `orchestration.hotness = "pcie"`; files get a `-pcie` suffix), DEVICE=host (the host backend: a dry run without a GPU; with the default
+# `orchestration.hotness = "pcie"`; files get a `-pcie` suffix), BOUND=11 (the
+# staleness bound at which hot rows kept across super-batches pay, docs/performance.md;
+# files get a `-b11` suffix), DEVICE=host (the host backend: a dry run without a GPU; with the default
 # `cuda` such a run ends in "no CUDA device"), BIN (where `tandem` is, default .gpu).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,6 +40,7 @@ model=(--set "device.kind=\"${DEVICE:-cuda}\"" --set model.kind='"sage"' --set m
        --set orchestration.cpu_workers=12)
 fast=(--set device.sample_ahead=true --set model.precision='"tf32"')
 [ -z "${HOTNESS:-}" ] || fast+=(--set "orchestration.hotness=\"$HOTNESS\"")
+[ -z "${BOUND:-}" ] || fast+=(--set "orchestration.staleness_bound=$BOUND")
 rows="${ROWS:-f32,bf16}"
 guard="${GUARD:-560}"
 
@@ -50,7 +53,7 @@ w512b) dim=512 fractions=(0.05 0) ;;
     exit 2
     ;;
 esac
-tag="$part${ROWS:+-${ROWS//,/-}}${HOTNESS:+-$HOTNESS}"
+tag="$part${ROWS:+-${ROWS//,/-}}${HOTNESS:+-$HOTNESS}${BOUND:+-b$BOUND}"
 txt="$out/regimes-$tag.txt"
 jsonl="$out/regimes-$tag.jsonl"
 parts=$(mktemp -d)
