@@ -552,3 +552,15 @@ fn docs_list_every_key_with_its_default() {
             .unwrap_or_else(|e| panic!("documented key `{key}` is refused: {e}"));
     }
 }
+
+#[test]
+fn empty_eval_fanouts_raise_each_training_fanout_to_the_floor() {
+    let c = parse("[train]\nfanouts = [10, 25]\n").unwrap();
+    assert_eq!(c.eval_fanouts().unwrap(), vec![20, 25]);
+    let c = parse("[model]\nlayers = 3\n[train]\nfanouts = [15, -1, 5]\n").unwrap();
+    assert_eq!(c.eval_fanouts().unwrap(), vec![20, ALL_NEIGHBORS, 20]);
+    // Set explicitly, they are taken as they are (a fanout below the floor too).
+    let c = parse("[train]\nfanouts = [10, 10]\neval_fanouts = [5, -1]\n").unwrap();
+    assert_eq!(c.eval_fanouts().unwrap(), vec![5, ALL_NEIGHBORS]);
+    assert_eq!(DEFAULT_EVAL_FANOUT_FLOOR, 20);
+}
