@@ -23,7 +23,9 @@
 //!   without the last layer) as an `ids × hidden` [`ndarray::Array2`],
 //!   [`Trainer::embedding_table`] a shareable snapshot for all of them;
 //!   [`Trainer::predict`] / [`Trainer::full_graph_logits`] the logits of given /
-//!   all vertices;
+//!   all vertices; [`Trainer::infer_to_file`] writes either for every vertex to
+//!   a `.npy` file, streamed layer by layer in row blocks (memory: the store and
+//!   one block, not a matrix of every vertex);
 //! - [`Trainer::save_checkpoint`] / [`Trainer::load_checkpoint`]: a resumed run is
 //!   bit-identical to an uninterrupted one;
 //! - [`Trainer::export_onnx`] writes the model as an ONNX graph that takes the
@@ -171,4 +173,4 @@ pub use session::control::{
     on_batch, on_epoch, test_at_best_val, BatchMetrics, Callback, CallbackId, CancelToken, Control,
     EpochStats,
 };
-pub use session::{load_dataset, Trainer};
+pub use session::{load_dataset, InferOutput, InferReport, Trainer};

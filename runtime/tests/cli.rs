@@ -820,3 +820,78 @@ fn partition_writes_a_partition_file_or_says_how_to_build_it() {
     let e = err(&["partition", s(&ds), "--parts", "0", "-o", s(&part)]);
     assert!(e.contains("--parts"), "{e}");
 }
+
+/// `tandem infer` writes every vertex's rows from a checkpoint as `.npy`
+/// (header shape, size), reports per layer on stderr when piped, and names the
+/// file in its errors.
+#[test]
+fn infer_writes_every_vertex_and_names_bad_files() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let run = d.path().join("run");
+    ok(&[
+        "train",
+        "--quiet-config",
+        "--set",
+        "data.synthetic.vertices=3000",
+        "--set",
+        "data.synthetic.edges=20000",
+        "--set",
+        "data.synthetic.classes=4",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "model.hidden=16",
+        "--set",
+        "model.layers=3",
+        "--set",
+        "train.fanouts=[5,5,5]",
+        "--out",
+        s(&run),
+    ]);
+    let ck = run.join("checkpoint.tck");
+    for (flag, width) in [(None, 16usize), (Some("--logits"), 4)] {
+        let npy = d.path().join("rows.npy");
+        let mut args = vec!["infer", "--checkpoint", s(&ck), "-o", s(&npy)];
+        args.extend(flag);
+        let out = tandem(&args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{stdout}{stderr}");
+        assert!(stdout.contains(&format!("3000 × {width} f32")), "{stdout}");
+        let layers = if flag.is_some() { 3 } else { 2 };
+        assert!(
+            stderr.contains(&format!("infer: layer {layers}/{layers} 100%")),
+            "{stderr}"
+        );
+        let bytes = std::fs::read(&npy).expect("rows file");
+        let header = String::from_utf8_lossy(&bytes[..128]);
+        assert!(
+            header.contains(&format!("'shape': (3000, {width})")),
+            "{header}"
+        );
+        assert_eq!(bytes.len(), 128 + 3000 * width * 4);
+    }
+    // Only the output is left beside it (no layer file, no temporary).
+    let mut names: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["rows.npy", "run"]);
+    let e = err(&[
+        "infer",
+        "--checkpoint",
+        "/nonexistent/ck.tck",
+        "-o",
+        "x.npy",
+    ]);
+    assert!(
+        e.contains("/nonexistent/ck.tck") && e.lines().count() <= 2,
+        "{e}"
+    );
+    let bad_out = d.path().join("missing-dir").join("rows.npy");
+    let e = err(&["infer", "--checkpoint", s(&ck), "-o", s(&bad_out)]);
+    assert!(e.contains("missing-dir"), "{e}");
+}

@@ -549,8 +549,10 @@ fn full_graph_evaluation_is_sharded_and_equals_whole_graph_inference() {
         for (r, (sharded, whole)) in results.iter().enumerate() {
             eprintln!("{kind}, {ranks} ranks, rank {r}: {how} {sharded:?}, whole {whole:?}");
             assert_eq!(sharded, &results[0].0, "{kind}: ranks agree");
-            if kind == "gcn" && how == "sharded" {
+            if kind == "gcn" {
                 // Rescaled inputs: equal up to rounding (a near tie may flip).
+                // Replicated evaluation streams row blocks (`session/infer.rs`),
+                // so it rescales GCN's inputs too.
                 assert!((sharded.0 - whole.0).abs() <= one_vertex, "{kind}");
                 assert!((sharded.1 - whole.1).abs() <= one_vertex, "{kind}");
             } else {

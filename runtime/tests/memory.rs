@@ -33,10 +33,29 @@ fn tandem(args: &[&str]) -> String {
     text
 }
 
+/// The `peak host memory … (N bytes, VmHWM)` figure of a tandem run.
+fn peak_of(out: &str) -> u64 {
+    out.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("peak host memory ")?;
+            let inner = rest.split('(').nth(1)?;
+            inner.split(" bytes").next()?.parse::<u64>().ok()
+        })
+        .unwrap_or_else(|| panic!("no `peak host memory` line in:\n{out}"))
+}
+
+/// Peaks of one size: `tandem train` and `tandem infer`.
+struct Peaks {
+    store: u64,
+    train: u64,
+    infer: u64,
+}
+
 /// Generates an R-MAT store of `vertices` (4 drawn edges a vertex, 128 columns,
-/// small splits so one epoch is a few batches) and trains one epoch on it with the
-/// default model and evaluation: (store bytes, peak resident bytes of `train`).
-fn store_and_peak(dir: &Path, vertices: usize) -> (u64, u64) {
+/// small splits so one epoch is a few batches), trains one epoch on it with the
+/// default model and evaluation, then infers every vertex's logits from the
+/// checkpoint (one 256-wide layer file of every vertex on the way).
+fn store_and_peaks(dir: &Path, vertices: usize) -> Peaks {
     let ds = dir.join(format!("g{vertices}.tds"));
     let ds = ds.to_str().expect("utf-8 temp path");
     let (v, e) = (vertices.to_string(), (4 * vertices).to_string());
@@ -59,7 +78,9 @@ fn store_and_peak(dir: &Path, vertices: usize) -> (u64, u64) {
         ds,
     ]);
     let store = std::fs::metadata(ds).expect("store file").len();
-    let out = tandem(&[
+    let run = dir.join(format!("run{vertices}"));
+    let run = run.to_str().expect("utf-8 temp path");
+    let train = peak_of(&tandem(&[
         "train",
         "--quiet-config",
         "--device",
@@ -70,17 +91,30 @@ fn store_and_peak(dir: &Path, vertices: usize) -> (u64, u64) {
         "train.epochs=1",
         "--set",
         "train.fanouts=[10,5]",
-    ]);
-    let peak = out
-        .lines()
-        .find_map(|l| {
-            let rest = l.strip_prefix("peak host memory ")?;
-            let inner = rest.split('(').nth(1)?;
-            inner.split(" bytes").next()?.parse::<u64>().ok()
-        })
-        .unwrap_or_else(|| panic!("no `peak host memory` line in:\n{out}"));
+        "--out",
+        run,
+    ]));
+    let logits = dir.join(format!("logits{vertices}.npy"));
+    let infer = peak_of(&tandem(&[
+        "infer",
+        "--checkpoint",
+        &format!("{run}/checkpoint.tck"),
+        "--logits",
+        "-o",
+        logits.to_str().expect("utf-8 temp path"),
+    ]));
+    let header = 128; // `.npy` header of an `(n, 16)` `<f4` array
+    assert_eq!(
+        std::fs::metadata(&logits).expect("logits file").len(),
+        header + (vertices * 16 * 4) as u64
+    );
     std::fs::remove_file(ds).expect("remove the store");
-    (store, peak)
+    std::fs::remove_file(logits).expect("remove the logits");
+    Peaks {
+        store,
+        train,
+        infer,
+    }
 }
 
 #[test]
@@ -90,24 +124,30 @@ fn peak_training_memory_grows_with_the_store_not_faster() {
         return;
     }
     let d = tempfile::tempdir().expect("tempdir");
-    let (small_store, small_peak) = store_and_peak(d.path(), 200_000);
-    let (large_store, large_peak) = store_and_peak(d.path(), 800_000);
-    let store_growth = large_store - small_store;
-    let peak_growth = large_peak.saturating_sub(small_peak);
-    let bound = store_growth + store_growth / 5 + SLACK_BYTES;
-    eprintln!(
-        "stores {small_store} → {large_store} bytes, peaks {small_peak} → {large_peak} bytes: \
-         growth {peak_growth} against the bound {bound}"
-    );
-    assert!(
-        peak_growth <= bound,
-        "peak memory grew by {peak_growth} bytes for {store_growth} more store bytes \
-         (bound 1.2 × store growth + {SLACK_BYTES} = {bound}); peaks {small_peak} and \
-         {large_peak}, stores {small_store} and {large_store}"
-    );
-    // And the large run stays within its own store plus a bounded working set.
-    assert!(
-        large_peak <= large_store + (1 << 30),
-        "peak {large_peak} bytes exceeds the store's {large_store} bytes + 1 GiB"
-    );
+    let small = store_and_peaks(d.path(), 200_000);
+    let large = store_and_peaks(d.path(), 800_000);
+    for (what, small_peak, large_peak) in [
+        ("train", small.train, large.train),
+        ("infer", small.infer, large.infer),
+    ] {
+        let (small_store, large_store) = (small.store, large.store);
+        let store_growth = large_store - small_store;
+        let peak_growth = large_peak.saturating_sub(small_peak);
+        let bound = store_growth + store_growth / 5 + SLACK_BYTES;
+        eprintln!(
+            "{what}: stores {small_store} → {large_store} bytes, peaks {small_peak} → \
+             {large_peak} bytes: growth {peak_growth} against the bound {bound}"
+        );
+        assert!(
+            peak_growth <= bound,
+            "{what}: peak memory grew by {peak_growth} bytes for {store_growth} more store \
+             bytes (bound 1.2 × store growth + {SLACK_BYTES} = {bound}); peaks {small_peak} \
+             and {large_peak}, stores {small_store} and {large_store}"
+        );
+        // And the large run stays within its own store plus a bounded working set.
+        assert!(
+            large_peak <= large_store + (1 << 30),
+            "{what}: peak {large_peak} bytes exceeds the store's {large_store} bytes + 1 GiB"
+        );
+    }
 }

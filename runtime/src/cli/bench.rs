@@ -59,6 +59,24 @@ pub(super) enum BenchCmd {
     /// 3×256 [15,10,5] batch 1024, accuracy, peak host and device memory; a table
     /// and one JSON line.
     Scale(ScaleArgs),
+    /// Validation and test accuracy of a checkpoint's weights under one
+    /// evaluation setting (`--set train.eval_fanouts=[…]`, `train.eval_mode`,
+    /// `train.eval_batch_size`): accuracy, evaluation time, resident memory
+    /// before and peak during the evaluation (run once per setting, each in its
+    /// own process, to compare settings on the same weights).
+    Eval(EvalArgs),
+}
+
+#[derive(Debug, Args)]
+pub(super) struct EvalArgs {
+    /// The checkpoint (`checkpoint.tck` of `tandem train --out`); its
+    /// configuration is the base.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Override a configuration key (repeatable), e.g.
+    /// `--set 'train.eval_fanouts=[25,25]'`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
 }
 
 /// ogbn-papers100M's size: vertices, undirected edges, classes, and its split
@@ -160,6 +178,13 @@ fn run_scale(a: &ScaleArgs) -> Result<()> {
         None => TrainConfig::from_layers("", "bench scale defaults".as_ref(), &layers)?,
     };
     cfg.data.path = None;
+    if cfg.train.eval_fanouts.is_empty() {
+        // Evaluate with the training fanouts, as this benchmark always has (its
+        // GPU predictions and `--fit-device`'s reserve assume that working set):
+        // the default floor of 20 a layer (`train.eval_fanouts`) makes a 4096-seed
+        // evaluation batch of a 3-layer model ~9× larger in the engine's estimate.
+        cfg.train.eval_fanouts = cfg.train.fanouts.clone();
+    }
     let opts = ScaleOptions {
         graph: RmatOptions {
             num_vertices: vertices,
@@ -638,8 +663,58 @@ fn gather_features(a: &GatherArgs) -> Result<FeatureMatrix> {
     }
 }
 
+/// `tandem bench eval`: one evaluation of a checkpoint's weights, measured.
+fn run_eval(a: &EvalArgs) -> Result<()> {
+    let mut layers = env_overrides(std::env::vars_os())?;
+    for o in &a.overrides {
+        layers.push(Override::from_set(o)?);
+    }
+    let ck = crate::Checkpoint::read(&a.checkpoint)?;
+    let cfg = TrainConfig::from_layers(&ck.config_toml, &a.checkpoint, &layers)?;
+    let setting = match cfg.train.eval_mode {
+        crate::config::EvalMode::Full => "full".to_string(),
+        crate::config::EvalMode::Sampled => {
+            let f: Vec<String> = cfg
+                .eval_fanouts()?
+                .iter()
+                .map(|&f| match f {
+                    cpu_ops::ALL_NEIGHBORS => "all".to_string(),
+                    f => f.to_string(),
+                })
+                .collect();
+            format!(
+                "sampled [{}] batch {}",
+                f.join(", "),
+                cfg.train.eval_batch_size
+            )
+        }
+    };
+    let mut trainer = crate::TrainerBuilder::new(cfg).build()?;
+    trainer.restore(ck, &a.checkpoint)?;
+    let before = crate::trace::current_rss();
+    let reset = crate::trace::reset_peak_rss();
+    let t = Instant::now();
+    let (val, test) = trainer.evaluate_val_test()?;
+    let secs = t.elapsed().as_secs_f64();
+    let peak = crate::trace::peak_rss().filter(|_| reset);
+    let mib = |b: Option<u64>| {
+        b.map_or("n/a".into(), |b| {
+            format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64)
+        })
+    };
+    println!(
+        "eval {setting}: val {val:.4} test {test:.4}, {secs:.2} s, rss before {}, peak {} \
+         (+{})",
+        mib(before),
+        mib(peak),
+        mib(peak.zip(before).map(|(p, b)| p.saturating_sub(b)))
+    );
+    Ok(())
+}
+
 pub(super) fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
+        BenchCmd::Eval(a) => run_eval(&a)?,
         BenchCmd::Sample(a) => {
             set_threads(a.pool.threads)?;
             let g = sample_graph(&a)?;

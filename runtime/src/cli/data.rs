@@ -10,8 +10,8 @@ use super::OutputArg;
 use crate::data::dataset::{open_dataset, write_dataset, Dataset, SplitSpec, Verify};
 use crate::data::generate::{generate_rmat_with, generate_sbm_with, RmatOptions, SbmOptions};
 use crate::data::import::{
-    import_edge_list_with, import_metis, import_npy_dir, import_wordnet, FeatureSource,
-    GraphImportOptions, LabelSource, WordNetOptions,
+    import_edge_list_with, import_metis_with, import_npy_dir_with, import_wordnet_with,
+    FeatureSource, GraphImportOptions, LabelSource, WordNetOptions,
 };
 use crate::error::{Error, Result};
 
@@ -234,9 +234,14 @@ pub(super) fn import(cmd: ImportCmd) -> Result<()> {
                 split: a.split,
                 seed: a.seed,
             };
-            save(&import_wordnet(&opts)?, &a.out, t)
+            let progress = CliProgress::stderr("import wordnet");
+            save(&import_wordnet_with(&opts, &progress)?, &a.out, t)
         }
-        ImportCmd::Metis(a) => save(&import_metis(&a.input, &a.attach.options())?, &a.out, t),
+        ImportCmd::Metis(a) => {
+            let progress = CliProgress::stderr("import metis");
+            let ds = import_metis_with(&a.input, &a.attach.options(), &progress)?;
+            save(&ds, &a.out, t)
+        }
         ImportCmd::Edgelist(a) => {
             let opts = GraphImportOptions {
                 directed: a.directed,
@@ -251,7 +256,10 @@ pub(super) fn import(cmd: ImportCmd) -> Result<()> {
                 t,
             )
         }
-        ImportCmd::Npy(a) => save(&import_npy_dir(&a.input)?, &a.out, t),
+        ImportCmd::Npy(a) => {
+            let progress = CliProgress::stderr("import npy");
+            save(&import_npy_dir_with(&a.input, &progress)?, &a.out, t)
+        }
     }
 }
 

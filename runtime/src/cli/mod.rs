@@ -1,5 +1,5 @@
 //! The `tandem` command line: import, export, generate, inspect, benchmark, train,
-//! export a trained model (ONNX) and report on traces.
+//! export a trained model (ONNX), infer every vertex's rows and report on traces.
 //!
 //! Every subcommand maps onto a library function; this module only parses
 //! arguments, prints results and turns errors into one-line messages.
@@ -7,6 +7,7 @@
 mod bench;
 mod bench_dist;
 mod data;
+mod infer;
 mod onnx;
 mod partition;
 mod progress;
@@ -51,6 +52,9 @@ enum Command {
     /// Export a checkpoint's model as an ONNX graph (logits or embeddings) that
     /// takes the features and each layer's block: sampled batches or the whole graph.
     ExportModel(onnx::ExportModelArgs),
+    /// Full-graph inference of a checkpoint's weights (embeddings or logits of
+    /// every vertex), streamed layer by layer to a `.npy` file.
+    Infer(infer::InferArgs),
     /// Summarize a trace from `train --trace` (and draw utilization over time).
     Report(report::ReportArgs),
 }
@@ -96,6 +100,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(c) => bench::run(c),
         Command::Train(a) => train::run(a),
         Command::ExportModel(a) => onnx::run(a),
+        Command::Infer(a) => infer::run(a),
         Command::Report(a) => report::run(a),
     }
 }

@@ -590,3 +590,15 @@ fn model_precision_is_auto_by_default_tf32_on_cuda_and_fp32_on_the_host() {
     .unwrap_err();
     assert!(e.to_string().contains("model.precision"), "{e}");
 }
+
+#[test]
+fn empty_eval_fanouts_raise_each_training_fanout_to_the_floor() {
+    let c = parse("[train]\nfanouts = [10, 25]\n").unwrap();
+    assert_eq!(c.eval_fanouts().unwrap(), vec![20, 25]);
+    let c = parse("[model]\nlayers = 3\n[train]\nfanouts = [15, -1, 5]\n").unwrap();
+    assert_eq!(c.eval_fanouts().unwrap(), vec![20, ALL_NEIGHBORS, 20]);
+    // Set explicitly, they are taken as they are (a fanout below the floor too).
+    let c = parse("[train]\nfanouts = [10, 10]\neval_fanouts = [5, -1]\n").unwrap();
+    assert_eq!(c.eval_fanouts().unwrap(), vec![5, ALL_NEIGHBORS]);
+    assert_eq!(DEFAULT_EVAL_FANOUT_FLOOR, 20);
+}

@@ -35,7 +35,8 @@ pub use generate::{
     generate_sbm_with, region_labels, GraphStats, RmatOptions, SbmOptions,
 };
 pub use import::{
-    dataset_from_graph, import_edge_list, import_edge_list_with, import_metis, import_npy_dir,
-    import_wordnet, read_edge_list, read_edge_list_with, read_metis, ArrayInt, DatasetBuilder,
-    EdgeListGraph, FeatureSource, GraphImportOptions, LabelSource, WordNetOptions,
+    dataset_from_graph, import_edge_list, import_edge_list_with, import_metis, import_metis_with,
+    import_npy_dir, import_npy_dir_with, import_wordnet, import_wordnet_with, read_edge_list,
+    read_edge_list_with, read_metis, read_metis_with, ArrayInt, DatasetBuilder, EdgeListGraph,
+    FeatureSource, GraphImportOptions, LabelSource, WordNetOptions,
 };

@@ -770,7 +770,7 @@ pub fn read_index_matrix(path: &Path) -> Result<(Vec<u64>, usize, usize)> {
 }
 
 /// Builds the header bytes (magic through the padded dict) for a version 1.0 file.
-fn header_bytes(dtype: Dtype, shape: &[usize]) -> Vec<u8> {
+pub(crate) fn header_bytes(dtype: Dtype, shape: &[usize]) -> Vec<u8> {
     let dict = format!(
         "{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
         dtype.descr(),

@@ -447,6 +447,8 @@ pub(crate) trait ModelState: Send {
     /// of the block's sources, each row scaled by `x`'s value when `x` is not
     /// empty (GCN's degree correction).
     fn layer_rows(&mut self, l: usize, block: &cpu_ops::Block, x: &[f32]) -> Result<Vec<f32>>;
+    /// Output width of layer `l` (`None` past the last layer).
+    fn layer_width(&self, l: usize) -> Option<usize>;
     /// Feature-cache statistics since the start.
     fn cache_stats(&self) -> CacheStats;
     /// Copies and synchronizations of the backend so far (training, evaluation
@@ -599,6 +601,10 @@ impl<B: Backend> ModelState for DeviceEngine<B> {
             .ok_or_else(|| Error::invalid_argument("layer", format!("internal: no layer {l}")))?;
         dev.to_host(&out, block.num_dst() * width)
             .map_err(dev_err("downloading layer outputs"))
+    }
+
+    fn layer_width(&self, l: usize) -> Option<usize> {
+        self.model.layer_out_dim(l)
     }
 
     fn cache_stats(&self) -> CacheStats {

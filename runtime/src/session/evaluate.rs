@@ -4,7 +4,10 @@
 //! - **Full-graph** (`train.eval_mode = "full"`, predictions, embeddings): every
 //!   layer is applied to the whole graph before the next (layer-wise
 //!   full-neighbor inference, DGL's `inference` pattern), on the executor's
-//!   device. In a job over several machines (`dist.full_eval`) it is sharded:
+//!   device. Evaluation streams it in row blocks through layer files
+//!   (`session/infer.rs`, as [`Trainer::infer_to_file`] does); predictions and
+//!   embeddings, which return every vertex's rows anyway, compute it in memory
+//!   with the whole graph as one block. In a job over several machines (`dist.full_eval`) it is sharded:
 //!   rank `r` computes every layer's rows of its vertex range over the one-hop
 //!   block of that range, the ranks exchange the hidden rows after each layer
 //!   below the top (one all-gather), and the correct counts are summed. GCN
@@ -94,7 +97,7 @@ impl Trainer {
 
     /// Full-graph computations read every feature row: an error on a rank that
     /// holds only its partition.
-    fn check_every_row(&self, what: &str) -> Result<()> {
+    pub(super) fn check_every_row(&self, what: &str) -> Result<()> {
         if self.dist.features.is_some() {
             return Err(Error::invalid_argument(
                 "dist.features",
@@ -165,8 +168,10 @@ impl Trainer {
         self.embedding_table()?.gather(ids)
     }
 
-    /// Accuracy of `logits` (all vertices) on `ids`.
-    fn accuracy_on(&self, logits: &[f32], ids: &[u32]) -> Result<f64> {
+    /// Accuracy of `logits` (all vertices) on `ids` (what the in-memory
+    /// full-graph evaluation computed; the streamed one is tested against it).
+    #[cfg(test)]
+    pub(super) fn accuracy_on(&self, logits: &[f32], ids: &[u32]) -> Result<f64> {
         if ids.is_empty() {
             return Ok(0.0);
         }
@@ -208,12 +213,9 @@ impl Trainer {
             if self.dist.shard_full_eval {
                 return self.evaluate_full_sharded();
             }
-            let layers = self.cfg.model.layers;
-            let logits = self.state()?.full_graph_forward(layers)?;
-            Ok((
-                self.accuracy_on(&logits, &self.splits.val)?,
-                self.accuracy_on(&logits, &self.splits.test)?,
-            ))
+            // Streamed through layer files: no activation matrix of every
+            // vertex (`session/infer.rs`).
+            self.evaluate_full_streamed()
         } else {
             let (v, t) = (self.splits.val.clone(), self.splits.test.clone());
             Ok((self.evaluate_here(&v)?, self.evaluate_here(&t)?))

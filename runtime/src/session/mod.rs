@@ -55,6 +55,7 @@ pub(crate) mod builder;
 pub(crate) mod control;
 mod epoch;
 mod evaluate;
+mod infer;
 mod join;
 mod state;
 #[cfg(test)]
@@ -77,6 +78,8 @@ use crate::executor::{DistSetup, EpochEnd, EpochRun, Executor, OrchestrationStat
 use crate::placement::{place, PlacementInput};
 use crate::pool::build_pool;
 use crate::trace::{Tracer, TrackId, TrackKind};
+
+pub use infer::{InferOutput, InferReport};
 
 use control::{Callback, CallbackId, CancelToken};
 use epoch::OnNonFinite;

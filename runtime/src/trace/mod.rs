@@ -48,7 +48,7 @@ pub use model::{
     Args, Counter, Device, Direction, Flow, FlowPoint, InstantEvent, Name, Nanos, Slice, Trace,
     Track, TrackId, TrackKind,
 };
-pub use procfs::{peak_rss, reset_peak_rss};
+pub use procfs::{current_rss, peak_rss, reset_peak_rss};
 pub use recorder::{FlowId, Gauge, SliceGuard, Tracer};
 #[cfg(feature = "svg")]
 pub use report::{render_utilization_svg, write_utilization_svg};

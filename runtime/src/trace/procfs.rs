@@ -83,6 +83,13 @@ pub fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
+/// This process's resident set size in bytes now (`VmRSS` of
+/// `/proc/self/status`); `None` where there is no such file (not Linux).
+pub fn current_rss() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_vm_rss(&text).ok()
+}
+
 /// The `key:` line of `/proc/self/status`, a number of kB, in bytes.
 fn parse_status_kb(text: &str, key: &str) -> Result<u64, String> {
     let line = text

@@ -30,6 +30,10 @@ use super::attach::{dataset_from_graph, name_from_path, GraphImportOptions};
 use super::edgelist::{first_non_blank, parse_u64, show, Lines, Tokens};
 use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
+use crate::progress::{Meter, NoProgress, Progress};
+
+/// Bytes read between two progress reports of [`read_metis_with`].
+const BYTES_PER_REPORT: u64 = 4 << 20;
 
 /// What a METIS header declares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +125,18 @@ fn parse_header(path: &Path, line_no: u64, line: &[u8]) -> Result<Header> {
 
 /// Reads the METIS graph at `path` (format in the module doc) into a CSR.
 pub fn read_metis(path: &Path) -> Result<CsrGraph> {
+    read_metis_with(path, &NoProgress)
+}
+
+/// [`read_metis`], reporting to `progress` the phases `"reading"` (bytes of the
+/// file) and `"graph"` (one unit: the CSR build), as the edge-list importer does.
+pub fn read_metis_with(path: &Path, progress: &dyn Progress) -> Result<CsrGraph> {
     let mut lines = Lines::open(path)?;
+    let size = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len();
+    let reading = Meter::new(progress, "reading", size);
+    let mut next_report = BYTES_PER_REPORT;
     // Skip comments and blank lines before the header.
     let (header_line, header) = loop {
         match next_content_line(&mut lines)? {
@@ -149,6 +164,10 @@ pub fn read_metis(path: &Path) -> Result<CsrGraph> {
     let mut entries: u64 = 0;
     let mut v: u64 = 0;
     while v < n {
+        if lines.bytes() >= next_report {
+            reading.set(lines.bytes());
+            next_report = lines.bytes() + BYTES_PER_REPORT;
+        }
         let Some((line_no, line)) = next_content_line(&mut lines)? else {
             return Err(Error::parse(
                 path,
@@ -239,16 +258,33 @@ pub fn read_metis(path: &Path) -> Result<CsrGraph> {
             ),
         ));
     }
-    CsrGraph::from_edges(n as usize, &edges, BuildOptions::UNDIRECTED)
-        .map_err(|e| Error::cpu_ops(path.display().to_string(), e))
+    reading.finish();
+    let building = Meter::new(progress, "graph", 1);
+    let g = CsrGraph::from_edges(n as usize, &edges, BuildOptions::UNDIRECTED)
+        .map_err(|e| Error::cpu_ops(path.display().to_string(), e))?;
+    building.finish();
+    Ok(g)
 }
 
 /// Imports the METIS graph at `path` as a dataset named after the file stem, with
 /// features, labels and split from `opts` (its `directed`, `relabel` and
 /// `num_vertices` are ignored: see [`GraphImportOptions`]).
 pub fn import_metis(path: &Path, opts: &GraphImportOptions) -> Result<Dataset> {
-    let graph = read_metis(path)?;
-    dataset_from_graph(name_from_path(path), graph, opts)
+    import_metis_with(path, opts, &NoProgress)
+}
+
+/// [`import_metis`], reporting to `progress` the phases of [`read_metis_with`],
+/// then `"attach"` (one unit: labels, features, split).
+pub fn import_metis_with(
+    path: &Path,
+    opts: &GraphImportOptions,
+    progress: &dyn Progress,
+) -> Result<Dataset> {
+    let graph = read_metis_with(path, progress)?;
+    let attaching = Meter::new(progress, "attach", 1);
+    let ds = dataset_from_graph(name_from_path(path), graph, opts)?;
+    attaching.finish();
+    Ok(ds)
 }
 
 #[cfg(test)]
@@ -453,5 +489,37 @@ mod tests {
         let g = read_metis(&p).unwrap();
         assert_eq!(g.num_vertices(), 766);
         assert_eq!(g.num_edges(), 2 * 1314);
+    }
+
+    #[test]
+    fn metis_import_reports_reading_graph_and_attach() {
+        let d = tempfile::tempdir().unwrap();
+        // A ring of 800k vertices (~11 MB): over two report intervals of bytes.
+        let n = 800_000u64;
+        let mut text = format!("% a ring\n{n} {n}\n");
+        for v in 1..=n {
+            let (a, b) = (
+                if v == 1 { n } else { v - 1 },
+                if v == n { 1 } else { v + 1 },
+            );
+            text.push_str(&format!("{a} {b}\n"));
+        }
+        assert!(text.len() as u64 > 2 * BYTES_PER_REPORT);
+        let p = file(d.path(), &text);
+        let rec = crate::progress::testing::Recorder::default();
+        let opts = GraphImportOptions::default();
+        let ds = import_metis_with(&p, &opts, &rec).unwrap();
+        assert_eq!(ds, import_metis(&p, &opts).unwrap());
+        assert_eq!(ds.graph.num_edges(), 2 * n as usize);
+        assert_eq!(
+            rec.check(),
+            vec![
+                ("reading".to_string(), text.len() as u64),
+                ("graph".to_string(), 1),
+                ("attach".to_string(), 1),
+            ]
+        );
+        let reports = rec.0.lock().iter().filter(|r| r.0 == "reading").count();
+        assert!(reports >= 4, "0, two intervals and the end: {reports}");
     }
 }

@@ -37,6 +37,6 @@ pub use attach::{dataset_from_graph, FeatureSource, GraphImportOptions, LabelSou
 pub use edgelist::{
     import_edge_list, import_edge_list_with, read_edge_list, read_edge_list_with, EdgeListGraph,
 };
-pub use metis::{import_metis, read_metis};
-pub use npydir::import_npy_dir;
-pub use wordnet::{import_wordnet, WordNetOptions};
+pub use metis::{import_metis, import_metis_with, read_metis, read_metis_with};
+pub use npydir::{import_npy_dir, import_npy_dir_with};
+pub use wordnet::{import_wordnet, import_wordnet_with, WordNetOptions};

@@ -25,6 +25,7 @@ use cpu_ops::{BuildOptions, CsrGraph};
 use crate::data::dataset::Dataset;
 use crate::data::npy;
 use crate::error::{Error, Result};
+use crate::progress::{Meter, NoProgress, Progress};
 
 /// What `meta.json` says; every field is optional in the file.
 #[derive(Debug, Default, PartialEq)]
@@ -38,6 +39,23 @@ struct Meta {
 
 /// Reads `dir` (layout in the module doc) back into a dataset.
 pub fn import_npy_dir(dir: &Path) -> Result<Dataset> {
+    import_npy_dir_with(dir, &NoProgress)
+}
+
+/// The arrays of the directory, in the order [`import_npy_dir_with`] reads them.
+const ARRAY_FILES: [&str; 6] = [
+    "features.npy",
+    "labels.npy",
+    "train_mask.npy",
+    "val_mask.npy",
+    "test_mask.npy",
+    "edge_index.npy",
+];
+
+/// [`import_npy_dir`], reporting to `progress` the phase `"reading"`: bytes of
+/// the six arrays, advanced as each is read and checked (`edge_index.npy` last,
+/// with the CSR build).
+pub fn import_npy_dir_with(dir: &Path, progress: &dyn Progress) -> Result<Dataset> {
     if !dir.is_dir() {
         return Err(Error::io(
             dir,
@@ -52,8 +70,16 @@ pub fn import_npy_dir(dir: &Path) -> Result<Dataset> {
         Meta::default()
     };
 
+    // A missing array is reported by its reader below, by name.
+    let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len());
+    let reading = Meter::new(
+        progress,
+        "reading",
+        ARRAY_FILES.iter().map(|f| size(f)).sum(),
+    );
     let features_path = dir.join("features.npy");
     let features = npy::read_f32_matrix(&features_path)?;
+    reading.add(size("features.npy"));
     let n = features.num_rows();
     let per_vertex = |name: &str, len: usize| -> Result<()> {
         if len != n {
@@ -66,14 +92,17 @@ pub fn import_npy_dir(dir: &Path) -> Result<Dataset> {
     };
     let labels = npy::read_labels(&dir.join("labels.npy"))?;
     per_vertex("labels.npy", labels.len())?;
+    reading.add(size("labels.npy"));
     let mut masks = Vec::with_capacity(3);
     for name in ["train_mask.npy", "val_mask.npy", "test_mask.npy"] {
         let m = npy::read_mask(&dir.join(name))?;
         per_vertex(name, m.len())?;
         masks.push(m);
+        reading.add(size(name));
     }
     let edge_path = dir.join("edge_index.npy");
     let graph = read_edge_index(&edge_path, n)?;
+    reading.finish();
 
     let check = |key: &str, found: Option<u64>, actual: usize, source: &str| -> Result<()> {
         match found {
@@ -381,6 +410,24 @@ mod tests {
         let ds = import_metis(&mg, &GraphImportOptions::default()).unwrap();
         export_npy(&ds, &out).unwrap();
         assert_eq!(import_npy_dir(&out).unwrap(), ds);
+    }
+
+    #[test]
+    fn npy_import_reports_the_bytes_of_its_arrays() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("odd");
+        export_npy(&odd_dataset(), &out).unwrap();
+        let rec = crate::progress::testing::Recorder::default();
+        let ds = import_npy_dir_with(&out, &rec).unwrap();
+        assert_eq!(ds, import_npy_dir(&out).unwrap());
+        let bytes: u64 = ARRAY_FILES
+            .iter()
+            .map(|f| std::fs::metadata(out.join(f)).unwrap().len())
+            .sum();
+        assert_eq!(rec.check(), vec![("reading".to_string(), bytes)]);
+        // One report per array after the first 0 (an array may add nothing new
+        // only when it is empty).
+        assert!(rec.0.lock().len() >= 2);
     }
 
     #[test]

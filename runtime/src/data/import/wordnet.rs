@@ -87,6 +87,7 @@ use cpu_ops::{BuildOptions, CsrGraph, FeatureMatrix};
 
 use crate::data::dataset::{Amount, Dataset, SplitSpec};
 use crate::error::{Error, Result};
+use crate::progress::{Meter, NoProgress, Progress};
 
 /// Number of classes: WordNet 3.0 has 45 lexicographer files, numbered 0..=44.
 pub const NUM_CLASSES: u32 = 45;
@@ -172,17 +173,45 @@ fn file_of_pos(pos: u8) -> Option<usize> {
 /// bad line, [`Error::InvalidArgument`] for `feature_dim` 0 or too large, and the
 /// errors of [`SplitSpec::apply`].
 pub fn import_wordnet(opts: &WordNetOptions) -> Result<Dataset> {
+    import_wordnet_with(opts, &NoProgress)
+}
+
+/// [`import_wordnet`], reporting to `progress` the phases `"reading"` (bytes of
+/// the four data files, after each), `"parsing"` (files), `"graph"` and
+/// `"features"` (one unit each).
+pub fn import_wordnet_with(opts: &WordNetOptions, progress: &dyn Progress) -> Result<Dataset> {
     if opts.feature_dim == 0 {
         return Err(Error::invalid_argument("feature_dim", "must be at least 1"));
     }
     let paths: Vec<PathBuf> = DATA_FILES.iter().map(|f| opts.dir.join(f.name)).collect();
+    let sizes: Vec<u64> = paths
+        .iter()
+        .map(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.len())
+                .map_err(|e| Error::io(p, e))
+        })
+        .collect::<Result<_>>()?;
+    let reading = Meter::new(progress, "reading", sizes.iter().sum());
     let contents: Vec<Vec<u8>> = paths
         .iter()
-        .map(|p| std::fs::read(p).map_err(|e| Error::io(p, e)))
+        .map(|p| {
+            let c = std::fs::read(p).map_err(|e| Error::io(p, e))?;
+            reading.add(c.len() as u64);
+            Ok(c)
+        })
         .collect::<Result<_>>()?;
+    reading.finish();
+    let parsing = Meter::new(progress, "parsing", DATA_FILES.len() as u64);
     let parsed: Vec<ParsedFile<'_>> = (0..DATA_FILES.len())
-        .map(|k| parse_file(&paths[k], &DATA_FILES[k], &contents[k]))
+        .map(|k| {
+            let f = parse_file(&paths[k], &DATA_FILES[k], &contents[k]);
+            parsing.add(1);
+            f
+        })
         .collect::<Result<_>>()?;
+    parsing.finish();
+    let building = Meter::new(progress, "graph", 1);
 
     // Vertex ids: files in order, each sorted by offset (done by `parse_file`).
     let mut base = vec![0usize; parsed.len() + 1];
@@ -224,6 +253,8 @@ pub fn import_wordnet(opts: &WordNetOptions) -> Result<Dataset> {
     let graph = CsrGraph::from_edges(n, &edges, BuildOptions::UNDIRECTED)
         .map_err(|e| Error::cpu_ops("WordNet pointers", e))?;
     drop(edges);
+    building.finish();
+    let featuring = Meter::new(progress, "features", 1);
 
     let synsets = || parsed.iter().flat_map(|f| f.synsets.iter());
     let labels: Vec<u32> = synsets().map(|s| s.label as u32).collect();
@@ -232,6 +263,7 @@ pub fn import_wordnet(opts: &WordNetOptions) -> Result<Dataset> {
     let features = FeatureMatrix::new(values.into(), n, opts.feature_dim)
         .map_err(|e| Error::cpu_ops("WordNet features", e))?;
 
+    featuring.finish();
     let masks = opts.split.apply(&labels, NUM_CLASSES, opts.seed)?;
     Dataset::from_parts(
         "wordnet".into(),
@@ -709,6 +741,24 @@ mod tests {
         );
         assert_eq!(ds.graph.num_edges(), 8);
         ds.validate().unwrap();
+    }
+
+    #[test]
+    fn wordnet_import_reports_its_phases() {
+        let dir = fixture(None);
+        let rec = crate::progress::testing::Recorder::default();
+        let ds = import_wordnet_with(&options(dir.path(), 8), &rec).unwrap();
+        assert_eq!(ds, import_wordnet(&options(dir.path(), 8)).unwrap());
+        let bytes = (NOUN.len() + VERB.len() + ADJ.len() + ADV.len()) as u64;
+        assert_eq!(
+            rec.check(),
+            vec![
+                ("reading".to_string(), bytes),
+                ("parsing".to_string(), 4),
+                ("graph".to_string(), 1),
+                ("features".to_string(), 1),
+            ]
+        );
     }
 
     #[test]
