@@ -1121,6 +1121,18 @@ pub trait DenseOps: DeviceMemory {
     /// ([`bf16_bits_to_f32`]), e.g. rows uploaded as bfloat16 (half the bytes)
     /// and widened on the device.
     fn widen_bf16(&self, src: &Self::Buf<u16>, n: usize, out: &mut Self::Buf<f32>) -> Result<()>;
+    /// `out[out_at + i] = f32(src[src_at + i])` for `i < n`: [`widen_bf16`](Self::widen_bf16)
+    /// on parts of buffers, e.g. bfloat16 hot-row embeddings uploaded into one
+    /// region of a slab and widened in place of its fp32 rows. Either offset may be
+    /// unaligned.
+    fn widen_bf16_at(
+        &self,
+        src: &Self::Buf<u16>,
+        src_at: usize,
+        n: usize,
+        out: &mut Self::Buf<f32>,
+        out_at: usize,
+    ) -> Result<()>;
     /// `x[..n] *= alpha` (an IEEE single-precision product per value, as on the
     /// host), e.g. a rank's gradients weighted by its share of the batch.
     fn scale(&self, x: &mut Self::Buf<f32>, n: usize, alpha: f32) -> Result<()>;

@@ -93,6 +93,7 @@ macro_rules! parity_tests {
             index_select_and_put_rows,
             gather_through_the_cache,
             widen_bf16_is_exact,
+            widen_bf16_at_is_exact,
             count_nonfinite_counts_nan_and_inf,
             scale_is_one_product_per_value,
             update_cache_stays_in_budget,

@@ -175,6 +175,7 @@ uninhabited! {
         fn softmax_cross_entropy_deferred(&XentInputs<'_, Self>, &mut Never, LossSlot<'_, Self>,
             &mut Never) -> Result<()>;
         fn widen_bf16(&Never, usize, &mut Never) -> Result<()>;
+        fn widen_bf16_at(&Never, usize, usize, &mut Never, usize) -> Result<()>;
         fn scale(&mut Never, usize, f32) -> Result<()>;
         fn count_nonfinite(&Never, usize, &mut Never) -> Result<()>;
     }

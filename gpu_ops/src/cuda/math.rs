@@ -289,6 +289,29 @@ impl DenseOps for CudaBackend {
         .launch(&self.kernels, self.cu(), self.grid_threads(n.div_ceil(2)))
     }
 
+    /// [`crate::DenseOps::widen_bf16_at`]: the same kernel on offset pointers
+    /// (it handles unaligned sources and stores one value at a time).
+    fn widen_bf16_at(
+        &self,
+        src: &CudaBuf<u16>,
+        src_at: usize,
+        n: usize,
+        out: &mut CudaBuf<f32>,
+        out_at: usize,
+    ) -> Result<()> {
+        src.check_len("widen_bf16_at source", src_at.saturating_add(n))?;
+        out.check_len("widen_bf16_at output", out_at.saturating_add(n))?;
+        if n == 0 {
+            return Ok(());
+        }
+        launch::widen_bf16 {
+            src: src.ptr().offset(src_at),
+            n: n as u64,
+            out: out.ptr_mut().offset(out_at),
+        }
+        .launch(&self.kernels, self.cu(), self.grid_threads(n.div_ceil(2)))
+    }
+
     fn scale(&self, x: &mut CudaBuf<f32>, n: usize, alpha: f32) -> Result<()> {
         x.check_len("scale x", n)?;
         if n == 0 {

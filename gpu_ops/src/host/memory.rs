@@ -98,6 +98,22 @@ pub(crate) fn widen_bf16(src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -
     Ok(())
 }
 
+/// [`crate::DenseOps::widen_bf16_at`].
+pub(crate) fn widen_bf16_at(
+    src: &HostBuf<u16>,
+    src_at: usize,
+    n: usize,
+    out: &mut HostBuf<f32>,
+    out_at: usize,
+) -> Result<()> {
+    let s = prefix("widen_bf16_at source", src, src_at.saturating_add(n))?;
+    let o = prefix_mut("widen_bf16_at output", out, out_at.saturating_add(n))?;
+    for (o, &b) in o[out_at..].iter_mut().zip(&s[src_at..]) {
+        *o = crate::bf16_bits_to_f32(b);
+    }
+    Ok(())
+}
+
 /// [`crate::DenseOps::scale`].
 pub(crate) fn scale(x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
     for v in prefix_mut("scale x", x, n)? {

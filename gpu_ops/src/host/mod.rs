@@ -420,6 +420,17 @@ impl DenseOps for HostBackend {
         memory::widen_bf16(src, n, out)
     }
 
+    fn widen_bf16_at(
+        &self,
+        src: &HostBuf<u16>,
+        src_at: usize,
+        n: usize,
+        out: &mut HostBuf<f32>,
+        out_at: usize,
+    ) -> Result<()> {
+        memory::widen_bf16_at(src, src_at, n, out, out_at)
+    }
+
     fn scale(&self, x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
         memory::scale(x, n, alpha)
     }

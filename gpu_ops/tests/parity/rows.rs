@@ -152,6 +152,40 @@ pub(crate) fn widen_bf16_is_exact<B: Backend>(d: &B) {
     assert!(d.widen_bf16(&src, 4, &mut out).is_err());
 }
 
+/// `widen_bf16_at` widens exactly the region asked for, at odd and even
+/// offsets on either side; values outside it stay; a region past a buffer is an
+/// error.
+pub(crate) fn widen_bf16_at_is_exact<B: Backend>(d: &B) {
+    let mut rng = Rng::new(15);
+    for (src_at, out_at, n) in [
+        (0usize, 0usize, 7usize),
+        (1, 3, 1000),
+        (3, 2, 1001),
+        (2, 5, 1),
+    ] {
+        let x = rand_f32(&mut rng, src_at + n);
+        let halves: Vec<u16> = x.iter().map(|&v| f32_to_bf16_bits(v * 50.0)).collect();
+        let src = d.to_device(&halves).unwrap();
+        let total = out_at + n + 2;
+        let mut out = output(d, &vec![-1.5f32; total]);
+        d.widen_bf16_at(&src, src_at, n, &mut out, out_at).unwrap();
+        let mut want = vec![-1.5f32; total];
+        for i in 0..n {
+            want[out_at + i] = bf16_bits_to_f32(halves[src_at + i]);
+        }
+        let got = read(d, &out, total, "widen_bf16_at");
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "src_at {src_at} out_at {out_at} n {n}"
+        );
+    }
+    let src = d.to_device(&[0u16; 4]).unwrap();
+    let mut out = d.to_device(&[0f32; 8]).unwrap();
+    assert!(d.widen_bf16_at(&src, 2, 3, &mut out, 0).is_err());
+    assert!(d.widen_bf16_at(&src, 0, 3, &mut out, 6).is_err());
+}
+
 /// `scale` is one rounded f32 product per value, bit for bit; nothing past `n`
 /// changes; a short buffer is an error.
 pub(crate) fn scale_is_one_product_per_value<B: Backend>(d: &B) {

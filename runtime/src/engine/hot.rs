@@ -22,6 +22,17 @@
 //!    after the copy is waited for by the compute stream, so every batch enqueued
 //!    later reads the rows (a GPU-side wait: the host thread does not block). The
 //!    staging buffer's host view waits for the copy before it can be rewritten.
+//!    With bfloat16 feature rows (`device.feature_dtype = "bf16"`) the worker
+//!    narrows its fp32 rows into the staging buffer's bfloat16 half
+//!    ([`HotStaging::seal`], round to nearest even, as
+//!    [`f32_to_bf16_bits`](gpu_ops::f32_to_bf16_bits)); the install uploads
+//!    those (half the bytes) into the slab's bfloat16 mirror at the same
+//!    position, and the compute stream, after waiting for the copy, widens
+//!    them into the slab's fp32 rows
+//!    ([`DenseOps::widen_bf16_at`](gpu_ops::DenseOps::widen_bf16_at)). Each
+//!    chunk has its own region of the mirror, which step 2's wait protects
+//!    from the next super-batch's uploads, so no upload overwrites bits not
+//!    yet widened.
 //! 4. **Train** ([`LayerDevice::train_prepared`](super::LayerDevice::train_prepared)) with a [`HotUse`]: upload the
 //!    batch's hot positions and slab rows (8 bytes per hot destination) and the
 //!    skip mask (1 byte per bottom destination) into reused buffers; sample the
@@ -67,15 +78,35 @@ pub trait HotStaging: Send {
     /// The host view, `capacity_rows × width` values. Waits until no upload still
     /// reads the buffer.
     fn rows_mut(&mut self) -> &mut [f32];
+    /// Makes the first `rows` rows written through [`rows_mut`](Self::rows_mut)
+    /// ready to upload: a staging buffer of bfloat16 feature rows narrows them
+    /// (round to nearest even) into its page-locked bfloat16 half, waiting
+    /// until no upload still reads it; an fp32 one has nothing to do. Call it
+    /// after writing, before [`LayerDevice::hot_install`](super::LayerDevice::hot_install).
+    fn seal(&mut self, rows: usize);
     /// The concrete type, for the engine that made it.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// What a [`Staging`] uploads.
+enum StagingRows<B: Backend> {
+    /// fp32 rows, written and uploaded in place.
+    F32(B::Pinned<f32>),
+    /// bfloat16 rows: written as fp32 into `wide`, narrowed into `narrow` by
+    /// [`HotStaging::seal`] (`sealed` rows), uploaded from there.
+    Bf16 {
+        wide: Vec<f32>,
+        narrow: B::Pinned<u16>,
+        sealed: usize,
+    },
 }
 
 /// A [`HotStaging`] of a [`DeviceEngine`] on backend `B`.
 pub(crate) struct Staging<B: Backend> {
     dev: Arc<B>,
-    buf: B::Pinned<f32>,
+    buf: StagingRows<B>,
     rows: usize,
+    width: usize,
 }
 
 impl<B: Backend> HotStaging for Staging<B> {
@@ -84,7 +115,29 @@ impl<B: Backend> HotStaging for Staging<B> {
     }
 
     fn rows_mut(&mut self) -> &mut [f32] {
-        self.dev.pinned_slice_mut(&mut self.buf)
+        match &mut self.buf {
+            StagingRows::F32(buf) => self.dev.pinned_slice_mut(buf),
+            StagingRows::Bf16 { wide, sealed, .. } => {
+                *sealed = 0;
+                wide
+            }
+        }
+    }
+
+    fn seal(&mut self, rows: usize) {
+        if let StagingRows::Bf16 {
+            wide,
+            narrow,
+            sealed,
+        } = &mut self.buf
+        {
+            let n = (rows.min(self.rows)) * self.width;
+            let dst = self.dev.pinned_slice_mut(narrow);
+            for (d, &x) in dst[..n].iter_mut().zip(&wide[..n]) {
+                *d = gpu_ops::f32_to_bf16_bits(x);
+            }
+            *sealed = rows.min(self.rows);
+        }
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
@@ -134,6 +187,8 @@ pub(crate) struct HotDevice<B: Backend> {
     copy_from: Option<B::Buf<u32>>,
     copy_to: Option<B::Buf<u32>>,
     copy_rows: Option<B::Buf<f32>>,
+    /// Step 3 with bfloat16 rows: each slab's bfloat16 mirror.
+    narrow: [Option<B::Buf<u16>>; 2],
 }
 
 impl<B: Backend> Default for HotDevice<B> {
@@ -154,6 +209,7 @@ impl<B: Backend> Default for HotDevice<B> {
             copy_from: None,
             copy_to: None,
             copy_rows: None,
+            narrow: [None, None],
         }
     }
 }
@@ -193,18 +249,31 @@ impl<B: Backend> DeviceEngine<B> {
         self.model.layer_out_dim(0).unwrap_or(0)
     }
 
+    /// Whether hot rows are staged and uploaded as bfloat16 (step 3): with
+    /// bfloat16 feature rows.
+    pub(super) fn hot_bf16(&self) -> bool {
+        matches!(self.opts.feature_dtype, gpu_ops::FeatureDtype::Bf16)
+    }
+
     pub(super) fn new_staging_op(&self, rows: usize) -> Result<Box<dyn HotStaging>> {
         let n = rows
             .checked_mul(self.hot_width_op())
             .ok_or_else(|| Error::invalid_argument("hot staging", "size overflows"))?;
-        let buf = self
-            .dev
-            .alloc_pinned::<f32>(n)
-            .map_err(dev_err("hot-row staging (pinned host memory)"))?;
+        let what = "hot-row staging (pinned host memory)";
+        let buf = if self.hot_bf16() {
+            StagingRows::Bf16 {
+                wide: vec![0.0; n],
+                narrow: self.dev.alloc_pinned::<u16>(n).map_err(dev_err(what))?,
+                sealed: 0,
+            }
+        } else {
+            StagingRows::F32(self.dev.alloc_pinned::<f32>(n).map_err(dev_err(what))?)
+        };
         Ok(Box::new(Staging {
             dev: Arc::clone(&self.dev),
             buf,
             rows,
+            width: self.hot_width_op(),
         }))
     }
 
@@ -231,6 +300,12 @@ impl<B: Backend> DeviceEngine<B> {
                     .map_err(dev_err("hot-row slab"))?,
             );
             self.hot.slab_rows[slab] = cap;
+            if self.hot_bf16() {
+                self.hot.narrow[slab] = Some(
+                    dev.alloc_uninit(cap.max(1) * width)
+                        .map_err(dev_err("hot-row slab (bfloat16 mirror)"))?,
+                );
+            }
         }
         // Later uploads wait for every batch enqueued so far (which may still read
         // this slab's previous rows).
@@ -288,14 +363,41 @@ impl<B: Backend> DeviceEngine<B> {
         let dst = self.hot.slabs[slab]
             .as_mut()
             .ok_or_else(|| internal("hot slab"))?;
-        dev.upload_pinned_at(copy, &st.buf, n * width, dst, row0 * width)
-            .map_err(dev_err("uploading hot rows"))?;
+        let bytes = match &st.buf {
+            StagingRows::F32(buf) => {
+                dev.upload_pinned_at(copy, buf, n * width, dst, row0 * width)
+                    .map_err(dev_err("uploading hot rows"))?;
+                4
+            }
+            StagingRows::Bf16 { narrow, sealed, .. } => {
+                if n > *sealed {
+                    return Err(Error::invalid_argument(
+                        "hot install",
+                        format!("internal: {n} rows of a staging buffer with {sealed} sealed"),
+                    ));
+                }
+                let mirror = self.hot.narrow[slab]
+                    .as_mut()
+                    .ok_or_else(|| internal("hot slab (bfloat16 mirror)"))?;
+                dev.upload_pinned_at(copy, narrow, n * width, mirror, row0 * width)
+                    .map_err(dev_err("uploading hot rows"))?;
+                2
+            }
+        };
         let ev = dev
             .record_event(copy)
             .map_err(dev_err("hot install event"))?;
         dev.wait_event(dev.stream(), &ev)
             .map_err(dev_err("hot install event"))?;
-        self.h2d += (n * width * 4) as u64;
+        if let (StagingRows::Bf16 { .. }, Some(mirror)) = (&st.buf, self.hot.narrow[slab].as_ref())
+        {
+            let dst = self.hot.slabs[slab]
+                .as_mut()
+                .ok_or_else(|| internal("hot slab"))?;
+            dev.widen_bf16_at(mirror, row0 * width, n * width, dst, row0 * width)
+                .map_err(dev_err("widening hot rows"))?;
+        }
+        self.h2d += (n * width * bytes) as u64;
         Ok(())
     }
 

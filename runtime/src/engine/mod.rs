@@ -93,6 +93,10 @@ pub struct EngineOptions {
     /// Sample device batches on a sibling stream (`device.sample_ahead`:
     /// `executor/step/mod.rs` samples the next batch while this one trains).
     pub sample_ahead: bool,
+    /// Hot vertices whose layer-0 rows the cross-super-batch store may keep
+    /// (`engine/hot.rs` step 5; 0: no store): counted in the working set of
+    /// `placement/budget.rs` ([`hot_store_bytes`](crate::placement::budget::hot_store_bytes)).
+    pub hot_store_rows: u64,
 }
 
 /// Where a device engine's input rows come from when the device does not hold
@@ -252,7 +256,9 @@ impl<B: Backend> DeviceEngine<B> {
                 0,
                 false,
             );
+            let width = layout.layer_specs().first().map_or(0, |s| s.d_out) as u64;
             train.total().max(eval.total())
+                + crate::placement::budget::hot_store_bytes(opts.hot_store_rows, width)
         };
         let n = ds.num_vertices() as u64;
         let (chosen, mut auto_note) = crate::placement::budget::choose(

@@ -19,6 +19,11 @@
 //! 3. **Cache** (`"auto"`): what the room leaves after the topology, at most
 //!    every row; the engine fills it with the highest-degree (hottest) rows.
 //!
+//! With layer-based orchestration reusing hot rows across super-batches the
+//! working set also holds the engine's hot-row store ([`hot_store_bytes`]:
+//! `engine/hot.rs` step 5 grows it to the largest kept hot id plus 25%, fp32
+//! rows of layer 0's width).
+//!
 //! The engine's device-memory check (`engine/memory.rs`) then runs on the
 //! resolved values, so a choice that cannot fit still fails before anything is
 //! loaded. On the host backend there is no separate device memory: `"auto"` is
@@ -33,6 +38,21 @@ use crate::trace::fmt_bytes;
 /// Device memory an automatic choice leaves free beyond the engine's estimate
 /// (step 1): the allocator's slack and kernel scratch.
 pub const DEVICE_HEADROOM_BYTES: u64 = 1 << 30;
+
+/// Device bytes of the cross-super-batch hot-row store for `hot_rows` hot
+/// vertices (relabeled hot ids `0..hot_rows`, the largest a store can keep) of
+/// layer-0 width `width`: the store grows to the largest kept id plus 25%
+/// (`engine/hot.rs` step 5), fp32 rows (4 bytes a value, also with bf16
+/// feature rows: only the upload is bfloat16). 0 without hot rows.
+pub fn hot_store_bytes(hot_rows: u64, width: u64) -> u64 {
+    if hot_rows == 0 {
+        return 0;
+    }
+    hot_rows
+        .saturating_add(hot_rows / 4)
+        .saturating_mul(width)
+        .saturating_mul(4)
+}
 
 /// Where the topology goes and how large the feature cache is ([`choose`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,6 +292,25 @@ mod tests {
         // A fixed device topology is subtracted even when it leaves nothing.
         let (p, _) = choose(&req(false, true), 10 * G, 0).unwrap();
         assert_eq!((p.topology, p.cache_bytes), (TopologyPlacement::Device, 0));
+    }
+
+    /// The hot-row store is the largest hot id plus 25% of fp32 layer-0 rows,
+    /// and counted in the working set it shrinks an automatic cache by as much.
+    #[test]
+    fn the_hot_row_store_counts_in_the_working_set() {
+        assert_eq!(hot_store_bytes(0, 256), 0);
+        // 40,000 hot rows of 256 columns: 50,000 × 1 KiB.
+        assert_eq!(hot_store_bytes(40_000, 256), 50_000 * 1024);
+        assert_eq!(hot_store_bytes(3, 10), 3 * 10 * 4);
+        assert_eq!(hot_store_bytes(u64::MAX, 256), u64::MAX);
+        let mut r = req(false, true);
+        let (without, _) = choose(&r, 40 * G, 0).unwrap();
+        r.working_set += hot_store_bytes(400_000, 256);
+        let (with, _) = choose(&r, 40 * G, 0).unwrap();
+        assert_eq!(
+            without.cache_bytes - with.cache_bytes,
+            hot_store_bytes(400_000, 256)
+        );
     }
 
     #[test]

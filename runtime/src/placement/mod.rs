@@ -69,6 +69,19 @@ fn layer_options(o: &crate::config::OrchestrationSection) -> Result<LayerOptions
     })
 }
 
+/// Hot vertices the cross-super-batch store may keep rows of
+/// (`placement/budget.rs`): with a fixed layer policy that reuses rows across
+/// super-batches, every hot vertex (`hot_ratio` of the `n`, rounded up: at least
+/// the relabeled hot ids the store is indexed by); else 0. (Under
+/// `policy = "auto"` the probe's layer candidate is not counted.)
+fn hot_store_rows(o: &crate::config::OrchestrationSection, n: usize) -> u64 {
+    if o.reuses_embeddings() && o.reuse_across_superbatches {
+        (o.hot_ratio * n as f64).ceil().min(n as f64) as u64
+    } else {
+        0
+    }
+}
+
 /// What the session needs to build its executor.
 pub(crate) struct PlacementInput<'a> {
     /// The validated configuration.
@@ -190,6 +203,7 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             feature_dtype: cfg.device.feature_dtype,
             sparse,
             sample_ahead: cfg.device.sample_ahead,
+            hot_store_rows: hot_store_rows(&cfg.orchestration, input.ds.num_vertices()),
         },
     )?;
     if let Some(n) = engine.budget_note() {
@@ -307,6 +321,43 @@ mod tests {
             ..DeviceSection::default()
         };
         open_backend(&device, 0)
+    }
+
+    /// The hot-row store is counted for a fixed layer policy that reuses rows
+    /// across super-batches, with every hot vertex; for nothing else.
+    #[test]
+    fn the_hot_row_store_is_counted_only_where_the_layer_path_keeps_rows() {
+        let o = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            TrainConfig::from_toml_with_overrides("", std::path::Path::new("t"), &sets)
+                .expect("config")
+                .orchestration
+        };
+        let layer = [
+            "orchestration.policy=\"layer\"",
+            "orchestration.hot_ratio=0.2",
+        ];
+        assert_eq!(hot_store_rows(&o(&layer), 1001), 201);
+        let mut off = layer.to_vec();
+        off.push("orchestration.reuse_across_superbatches=false");
+        assert_eq!(hot_store_rows(&o(&off), 1001), 0);
+        assert_eq!(
+            hot_store_rows(
+                &o(&[
+                    "orchestration.policy=\"layer\"",
+                    "orchestration.hot_ratio=0"
+                ]),
+                1001
+            ),
+            0
+        );
+        assert_eq!(
+            hot_store_rows(
+                &o(&["orchestration.policy=\"gpu-sample-gpu-gather\""]),
+                1001
+            ),
+            0
+        );
     }
 
     /// `"host"` is the host backend in every build.

@@ -564,6 +564,7 @@ mod tests {
                 feature_dtype: gpu_ops::FeatureDtype::Bf16,
                 sparse: false,
                 sample_ahead: false,
+                hot_store_rows: 0,
             },
         )
         .unwrap();
@@ -622,6 +623,7 @@ mod tests {
                 feature_dtype: gpu_ops::FeatureDtype::F32,
                 sparse: false,
                 sample_ahead: false,
+                hot_store_rows: 0,
             },
         )
         .unwrap();

@@ -157,6 +157,7 @@ fn rig_with(dtype: gpu_ops::FeatureDtype) -> Rig {
             feature_dtype: dtype,
             sparse: false,
             sample_ahead: false,
+            hot_store_rows: 0,
         },
     )
     .unwrap();
@@ -419,4 +420,71 @@ fn kept_rows_are_carried_into_another_slab_unchanged() {
     assert!(dev.hot_carry(1, &[0], &[100_000]).is_err());
     assert!(dev.hot_carry(1, &[99], &[2]).is_err());
     assert!(dev.hot_keep(0, &[0, 1], &[2]).is_err());
+}
+
+/// Hot rows installed into `slab` of a fresh `dtype` rig: rows of values
+/// that are not bfloat16-exact, written by a "worker" and sealed. Returns the
+/// slab's first `rows` rows as the device holds them, the values written, and
+/// the upload bytes the install moved (engine count, transfer stats).
+fn install_hot_rows(dtype: gpu_ops::FeatureDtype, rows: usize) -> (Vec<f32>, Vec<f32>, u64, u64) {
+    let mut dev = rig_with(dtype).device.inner;
+    let w = dev.hot_width();
+    dev.hot_slab_reserve(0, rows + 2).unwrap();
+    let mut staging = dev.new_staging(rows).unwrap();
+    let written: Vec<f32> = (0..rows * w)
+        .map(|i| (i as f32 * 0.371 - 5.0) / 3.0 + 1e-4 * (i % 7) as f32)
+        .collect();
+    staging.rows_mut()[..rows * w].copy_from_slice(&written);
+    staging.seal(rows);
+    let h2d = LayerDevice::h2d_bytes(&dev);
+    let up = LayerDevice::transfer_stats(&dev).upload_bytes;
+    // Rows 1..=rows: an install at an offset (odd, for the widening).
+    dev.hot_install(0, 1, rows, &mut *staging).unwrap();
+    let moved = LayerDevice::h2d_bytes(&dev) - h2d;
+    let uploaded = LayerDevice::transfer_stats(&dev).upload_bytes - up;
+    let slab = dev.hot_slab_to_host(0).unwrap();
+    (slab[w..(rows + 1) * w].to_vec(), written, moved, uploaded)
+}
+
+/// With bfloat16 feature rows the hot rows are staged and uploaded as
+/// bfloat16: the rows the device reads are the fp32 rows rounded to nearest
+/// even (the crate's conversion), and the upload is half the bytes; with fp32
+/// rows they are the rows written, bit for bit.
+#[test]
+fn bf16_rows_upload_hot_rows_as_bf16_rounded_to_nearest_even() {
+    let rows = 5;
+    let (f32_slab, written, f32_h2d, f32_up) = install_hot_rows(gpu_ops::FeatureDtype::F32, rows);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&f32_slab), bits(&written));
+    let (bf16_slab, written16, bf16_h2d, bf16_up) =
+        install_hot_rows(gpu_ops::FeatureDtype::Bf16, rows);
+    assert_eq!(written16, written);
+    let rounded: Vec<f32> = written.iter().map(|&x| gpu_ops::round_to_bf16(x)).collect();
+    assert_eq!(bits(&bf16_slab), bits(&rounded));
+    // The values were not bfloat16-exact: the test sees the rounding.
+    assert!(rounded.iter().zip(&written).any(|(a, b)| a != b));
+    let w = rig_with(gpu_ops::FeatureDtype::F32)
+        .device
+        .inner
+        .hot_width() as u64;
+    assert_eq!(f32_h2d, rows as u64 * w * 4);
+    assert_eq!(bf16_h2d, rows as u64 * w * 2);
+    assert_eq!(f32_up, f32_h2d);
+    assert_eq!(bf16_up, bf16_h2d);
+}
+
+/// A bfloat16 staging buffer must be sealed before its rows are installed:
+/// rows written but not sealed are refused (an error, not stale bits).
+#[test]
+fn bf16_hot_install_refuses_unsealed_rows() {
+    let mut dev = rig_with(gpu_ops::FeatureDtype::Bf16).device.inner;
+    dev.hot_slab_reserve(0, 4).unwrap();
+    let mut staging = dev.new_staging(4).unwrap();
+    staging.rows_mut().fill(1.0);
+    staging.seal(2);
+    assert!(dev.hot_install(0, 0, 3, &mut *staging).is_err());
+    dev.hot_install(0, 0, 2, &mut *staging).unwrap();
+    // Writing again unseals.
+    staging.rows_mut().fill(2.0);
+    assert!(dev.hot_install(0, 0, 1, &mut *staging).is_err());
 }

@@ -388,6 +388,7 @@ fn compute(
         ctx.computer
             .compute_into(&job.ids, &weights, job.seed, scratch, staging.rows_mut())
     })?;
+    staging.seal(job.ids.len());
     drop(slice);
     Ok((weights.version, job.ids.len(), staging))
 }
