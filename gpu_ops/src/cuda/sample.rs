@@ -280,7 +280,7 @@ impl CudaBackend {
             fault: self.fault_ptr(),
         }
         .launch(&self.kernels, self.cu(), grid)?;
-        self.finish_scan_u64(&mut indptr, n + 1, sums)?;
+        self.finish_scan(&mut indptr, n + 1, sums)?;
         // The layer's edges are at most n · min(fanout, max degree): size by that and
         // let the kernels read the count at indptr[n], or read it first when the
         // bound is too loose to allocate.
@@ -409,7 +409,7 @@ impl CudaBackend {
             tile_sums: sums.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
         }
         .launch(&self.kernels, self.cu(), grid)?;
-        self.finish_scan_u32(&mut ranks, total + 1, sums)?;
+        self.finish_scan(&mut ranks, total + 1, sums)?;
         let mut unique = self.buf::<u32>(unique_cap, Init::Uninit, "unique ids")?;
         let mut local = self.buf::<u32>(n_c, Init::Uninit, "local ids")?;
         // At least one thread: it writes the counts.

@@ -5,7 +5,7 @@
 //!
 //! Fused producers (`sample_count_scan`, `unique_flag_scan` in `sample.cu`) run
 //! the tile pass themselves: [`scan_grid`] shapes their launch and
-//! `finish_scan_*` does the rest of a multi-tile scan.
+//! `finish_scan` does the rest of a multi-tile scan.
 
 use cudarc::driver::result;
 
@@ -50,6 +50,67 @@ pub(crate) fn scan_launches(n: u64) -> u32 {
     }
 }
 
+/// An element type the scan kernels exist for: its tile pass (`scan_*_tiles`,
+/// in place) and its add pass (`scan_*_add`).
+pub(crate) trait ScanElem: Elem {
+    /// Scans each tile of `buf[..n]` in place, writing tile totals to `tile_sums`
+    /// (null for a single tile).
+    fn tiles(
+        be: &CudaBackend,
+        buf: &mut CudaBuf<Self>,
+        n: usize,
+        tile_sums: PtrMut<Self>,
+        grid: Grid,
+    ) -> Result<()>;
+    /// Adds each tile's scanned offset in `offsets` to `buf[..n]`.
+    fn add(
+        be: &CudaBackend,
+        buf: &mut CudaBuf<Self>,
+        n: usize,
+        offsets: &CudaBuf<Self>,
+        grid: Grid,
+    ) -> Result<()>;
+}
+
+/// [`ScanElem`] for one type from its two kernels' launchers.
+macro_rules! scan_elem {
+    ($t:ty, $tiles:ident, $add:ident) => {
+        impl ScanElem for $t {
+            fn tiles(
+                be: &CudaBackend,
+                buf: &mut CudaBuf<Self>,
+                n: usize,
+                tile_sums: PtrMut<Self>,
+                grid: Grid,
+            ) -> Result<()> {
+                launch::$tiles {
+                    input: buf.ptr(),
+                    n: n as u64,
+                    out: buf.ptr_mut(),
+                    tile_sums,
+                }
+                .launch(&be.kernels, be.cu(), grid)
+            }
+            fn add(
+                be: &CudaBackend,
+                buf: &mut CudaBuf<Self>,
+                n: usize,
+                offsets: &CudaBuf<Self>,
+                grid: Grid,
+            ) -> Result<()> {
+                launch::$add {
+                    out: buf.ptr_mut(),
+                    n: n as u64,
+                    tile_offsets: offsets.ptr(),
+                }
+                .launch(&be.kernels, be.cu(), grid)
+            }
+        }
+    };
+}
+scan_elem!(u32, scan_u32_tiles, scan_u32_add);
+scan_elem!(u64, scan_u64_tiles, scan_u64_add);
+
 impl CudaBackend {
     /// Tile totals for a scan of `grid.blocks` tiles: `None` for a single tile
     /// (its kernel is given a null `tile_sums`).
@@ -62,80 +123,38 @@ impl CudaBackend {
     }
 
     /// Exclusive prefix sum of `buf[..n]` in place, on the compute stream.
-    pub(crate) fn scan_u32_in_place(&self, buf: &mut CudaBuf<u32>, n: usize) -> Result<()> {
+    pub(crate) fn scan_in_place<T: ScanElem>(&self, buf: &mut CudaBuf<T>, n: usize) -> Result<()> {
         buf.check_len("scan input", n)?;
         let grid = scan_grid(n)?;
-        let mut sums = self.tile_sums::<u32>(grid)?;
-        launch::scan_u32_tiles {
-            input: buf.ptr(),
-            n: n as u64,
-            out: buf.ptr_mut(),
-            tile_sums: sums.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
-        }
-        .launch(&self.kernels, self.cu(), grid)?;
-        self.finish_scan_u32(buf, n, sums)
+        let mut sums = self.tile_sums::<T>(grid)?;
+        T::tiles(
+            self,
+            buf,
+            n,
+            sums.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
+            grid,
+        )?;
+        self.finish_scan(buf, n, sums)
     }
 
     /// The rest of a multi-tile scan of `buf[..n]` whose tile pass wrote the
     /// per-tile scans and `sums` (nothing for a single tile).
-    pub(crate) fn finish_scan_u32(
+    pub(crate) fn finish_scan<T: ScanElem>(
         &self,
-        buf: &mut CudaBuf<u32>,
+        buf: &mut CudaBuf<T>,
         n: usize,
-        sums: Option<CudaBuf<u32>>,
+        sums: Option<CudaBuf<T>>,
     ) -> Result<()> {
         let Some(mut sums) = sums else {
             return Ok(());
         };
         let t = sums.len();
-        self.scan_u32_in_place(&mut sums, t)?;
-        launch::scan_u32_add {
-            out: buf.ptr_mut(),
-            n: n as u64,
-            tile_offsets: sums.ptr(),
-        }
-        .launch(
-            &self.kernels,
-            self.cu(),
-            Grid::threads_for(n as u64, self.kernels.max_blocks()),
-        )
-    }
-
-    /// Exclusive prefix sum of `buf[..n]` in place, on the compute stream.
-    pub(crate) fn scan_u64_in_place(&self, buf: &mut CudaBuf<u64>, n: usize) -> Result<()> {
-        buf.check_len("scan input", n)?;
-        let grid = scan_grid(n)?;
-        let mut sums = self.tile_sums::<u64>(grid)?;
-        launch::scan_u64_tiles {
-            input: buf.ptr(),
-            n: n as u64,
-            out: buf.ptr_mut(),
-            tile_sums: sums.as_mut().map_or(PtrMut::null(), CudaBuf::ptr_mut),
-        }
-        .launch(&self.kernels, self.cu(), grid)?;
-        self.finish_scan_u64(buf, n, sums)
-    }
-
-    /// [`CudaBackend::finish_scan_u32`] for `u64` values.
-    pub(crate) fn finish_scan_u64(
-        &self,
-        buf: &mut CudaBuf<u64>,
-        n: usize,
-        sums: Option<CudaBuf<u64>>,
-    ) -> Result<()> {
-        let Some(mut sums) = sums else {
-            return Ok(());
-        };
-        let t = sums.len();
-        self.scan_u64_in_place(&mut sums, t)?;
-        launch::scan_u64_add {
-            out: buf.ptr_mut(),
-            n: n as u64,
-            tile_offsets: sums.ptr(),
-        }
-        .launch(
-            &self.kernels,
-            self.cu(),
+        self.scan_in_place(&mut sums, t)?;
+        T::add(
+            self,
+            buf,
+            n,
+            &sums,
             Grid::threads_for(n as u64, self.kernels.max_blocks()),
         )
     }

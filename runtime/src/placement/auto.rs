@@ -93,6 +93,14 @@ pub(crate) struct LayerPlan {
     pub pin_from: Option<usize>,
 }
 
+impl LayerPlan {
+    /// A fresh set of measurements: every step-based candidate, and the
+    /// layer-based one when the model has two layers or more.
+    fn calibrator(&self) -> Calibrator {
+        Calibrator::new(self.fanouts.len() >= 2, self.opts.super_batch)
+    }
+}
+
 /// `policy = "auto"` (module doc).
 pub(crate) struct AutoExecutor<B: Backend> {
     current: Current<B>,
@@ -128,8 +136,7 @@ impl<B: Backend> AutoExecutor<B> {
         sample_ahead: bool,
         clock: SharedClock,
     ) -> Self {
-        let layer = plan.fanouts.len() >= 2;
-        let calibrator = Calibrator::new(layer, plan.opts.super_batch);
+        let calibrator = plan.calibrator();
         Self {
             current: Current::Step(Box::new(StepExecutor::new(
                 engine,
@@ -180,10 +187,7 @@ impl<B: Backend> AutoExecutor<B> {
                 self.drift.redecisions(),
                 super::drift::MAX_REDECISIONS,
             ));
-            self.calibrator = Some(Calibrator::new(
-                self.plan.fanouts.len() >= 2,
-                self.plan.opts.super_batch,
-            ));
+            self.calibrator = Some(self.plan.calibrator());
         }
     }
 
