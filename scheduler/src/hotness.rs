@@ -13,9 +13,10 @@
 //! - **PCIe value** (issue 22, item 4; [`crate::pcie_value`]): one pre-sampling
 //!   pass counts both sides of the bottom block, and a vertex scores the feature
 //!   bytes it alone makes the accelerator read per µs of CPU time
-//!   ([`crate::pcie_values`], with [`RowCost::REFERENCE`]). Its ranking depends
-//!   only on the ratio of the row cost's two terms, not their scale, so a
-//!   reference cost ranks as a measured one of the same shape would; the hot
+//!   ([`crate::pcie_values`], with [`RowCost::REFERENCE`] scaled to the model's
+//!   layer 0 by [`RowCost::for_layer`] when the runtime builds the policy). Its
+//!   ranking depends only on the ratio of the row cost's two terms, not their
+//!   scale, so a reference cost ranks as a measured one of the same shape would; the hot
 //!   set's size is still `hot_ratio`'s, corrected at run time by the time
 //!   monitor. A vertex that saves nothing (no batch needs its layer-0 row) is
 //!   never hot.
@@ -190,6 +191,18 @@ impl HotnessPolicy {
                 )?;
                 Ok(values.iter().map(|&v| value_score(v)).collect())
             }
+        }
+    }
+
+    /// This policy with the CPU row cost the PCIe value ranks by (e.g.
+    /// [`RowCost::for_layer`] of the trained model); other policies ignore it.
+    pub fn with_row_cost(self, row_cost: RowCost) -> Self {
+        match self {
+            Self::PcieValue { epochs, .. } => Self::PcieValue {
+                epochs,
+                cost: row_cost,
+            },
+            other => other,
         }
     }
 
@@ -525,6 +538,17 @@ mod tests {
             }
         );
         assert!(HotnessPolicy::from_name("pcie", 0).is_err());
+        let cost = RowCost::for_layer(100, 64, 4);
+        assert_eq!(
+            HotnessPolicy::new(Hotness::Pcie, 2)
+                .unwrap()
+                .with_row_cost(cost),
+            HotnessPolicy::PcieValue { epochs: 2, cost }
+        );
+        assert_eq!(
+            HotnessPolicy::Degree.with_row_cost(cost),
+            HotnessPolicy::Degree
+        );
     }
 
     fn random_graph() -> (CsrGraph, Vec<u32>) {

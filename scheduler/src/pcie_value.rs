@@ -56,6 +56,29 @@ impl RowCost {
         fixed_us: 6.0,
         per_row_us: 0.14,
     };
+
+    /// [`RowCost::REFERENCE`] scaled to a layer 0 of `d_in` input columns stored
+    /// in `value_bytes` bytes each and `d_out` output columns: the fixed term by
+    /// the projection's multiply-adds (`d_in · d_out`, compute-bound), the
+    /// per-row term by the bytes one feature row reads (`d_in · value_bytes`,
+    /// bandwidth-bound). Deterministic, so the hot set does not depend on the
+    /// machine's timing; only the ratio of the terms orders vertices, and it
+    /// moves with `d_out` and the row dtype (a wide projection makes the
+    /// per-vertex cost matter less than the neighbors it reads). A zero shape
+    /// gives the reference.
+    pub fn for_layer(d_in: usize, d_out: usize, value_bytes: usize) -> RowCost {
+        const REF_IN: f64 = 512.0;
+        const REF_OUT: f64 = 256.0;
+        const REF_VALUE_BYTES: f64 = 2.0;
+        if d_in == 0 || d_out == 0 || value_bytes == 0 {
+            return Self::REFERENCE;
+        }
+        let (d_in, d_out, vb) = (d_in as f64, d_out as f64, value_bytes as f64);
+        RowCost {
+            fixed_us: Self::REFERENCE.fixed_us * (d_in * d_out) / (REF_IN * REF_OUT),
+            per_row_us: Self::REFERENCE.per_row_us * (d_in * vb) / (REF_IN * REF_VALUE_BYTES),
+        }
+    }
 }
 
 /// What [`pcie_values`] needs besides the graph.
@@ -314,6 +337,22 @@ mod tests {
         assert_eq!(size(2, 21.0), 4);
         assert_eq!(size(4, 1e9), 4);
         assert!(size_by_throughput(&g, &order, &inp, 0, 10, 1, 1.0).is_err());
+    }
+
+    #[test]
+    fn the_row_cost_scales_with_the_layer_shape() {
+        assert_eq!(RowCost::for_layer(512, 256, 2), RowCost::REFERENCE);
+        assert_eq!(RowCost::for_layer(0, 256, 2), RowCost::REFERENCE);
+        let f32_rows = RowCost::for_layer(512, 256, 4);
+        assert_eq!(f32_rows.fixed_us, RowCost::REFERENCE.fixed_us);
+        assert_eq!(f32_rows.per_row_us, 2.0 * RowCost::REFERENCE.per_row_us);
+        let narrow = RowCost::for_layer(100, 64, 4);
+        let ratio = |c: RowCost| c.fixed_us / c.per_row_us;
+        // The per-vertex term shrinks with the projection's width, the
+        // per-neighbor one with the row's bytes: 64 / 256 · 2 / 4 of the ratio.
+        let want = ratio(RowCost::REFERENCE) * (64.0 / 256.0) * (2.0 / 4.0);
+        assert!((ratio(narrow) - want).abs() < 1e-9 * want, "{narrow:?}");
+        assert!((narrow.fixed_us - 6.0 * 100.0 * 64.0 / (512.0 * 256.0)).abs() < 1e-12);
     }
 
     #[test]

@@ -52,11 +52,19 @@ pub(crate) fn step_placement(o: Orchestration) -> StepBased {
         .unwrap_or(StepBased::new(Device::Accelerator, Device::Accelerator))
 }
 
-/// The layer pipeline's options from `[orchestration]`.
-fn layer_options(o: &crate::config::OrchestrationSection) -> Result<LayerOptions> {
+/// The layer pipeline's options from `[orchestration]`; `hotness = "pcie"`
+/// ranks with the CPU row cost of `model`'s layer 0 over rows of `dtype`
+/// ([`scheduler::RowCost::for_layer`]).
+fn layer_options(
+    o: &crate::config::OrchestrationSection,
+    model: &cpu_ops::ModelConfig,
+    dtype: gpu_ops::FeatureDtype,
+) -> Result<LayerOptions> {
+    let row_cost = scheduler::RowCost::for_layer(model.in_dim, model.hidden, dtype.value_bytes());
     Ok(LayerOptions {
         hotness: scheduler::HotnessPolicy::new(o.hotness, o.presample_epochs)
-            .map_err(|source| Error::scheduler("orchestration.hotness", source))?,
+            .map_err(|source| Error::scheduler("orchestration.hotness", source))?
+            .with_row_cost(row_cost),
         hot_ratio: o.hot_ratio,
         super_batch: o.super_batch,
         staleness_bound: o.staleness_bound,
@@ -238,7 +246,7 @@ fn strategy<B: Backend>(
     let ahead = cfg.device.sample_ahead;
     Ok(match o.policy.fixed() {
         None => {
-            let mut layer = layer_options(o)?;
+            let mut layer = layer_options(o, input.model, cfg.device.feature_dtype)?;
             if layer.hot_ratio <= 0.0 {
                 layer.hot_ratio = AUTO_HOT_RATIO;
             }
@@ -257,7 +265,7 @@ fn strategy<B: Backend>(
         }
         Some(_) if o.reuses_embeddings() => {
             let mut orch = Orchestrator::new(&LayerSetup {
-                opts: &layer_options(o)?,
+                opts: &layer_options(o, input.model, cfg.device.feature_dtype)?,
                 ds: input.ds,
                 model: input.model,
                 fanouts: &cfg.train_fanouts()?,
@@ -358,6 +366,34 @@ mod tests {
             ),
             0
         );
+    }
+
+    /// `hotness = "pcie"` ranks with the row cost of the trained model's layer
+    /// 0 over rows of the configured dtype; other policies carry no cost.
+    #[test]
+    fn pcie_hotness_ranks_with_the_models_layer0_cost() {
+        let sets: Vec<String> = vec!["orchestration.hotness=\"pcie\"".into()];
+        let cfg = TrainConfig::from_toml_with_overrides("", std::path::Path::new("t"), &sets)
+            .expect("config");
+        let model = cfg.model_config(100, 7).expect("model");
+        for dtype in [gpu_ops::FeatureDtype::F32, gpu_ops::FeatureDtype::Bf16] {
+            let opts = layer_options(&cfg.orchestration, &model, dtype).expect("options");
+            assert_eq!(
+                opts.hotness,
+                scheduler::HotnessPolicy::PcieValue {
+                    epochs: cfg.orchestration.presample_epochs,
+                    cost: scheduler::RowCost::for_layer(100, model.hidden, dtype.value_bytes()),
+                }
+            );
+        }
+        let presample = TrainConfig::default();
+        let opts = layer_options(
+            &presample.orchestration,
+            &model,
+            gpu_ops::FeatureDtype::Bf16,
+        )
+        .expect("options");
+        assert!(!opts.hotness.zero_is_cold());
     }
 
     /// `"host"` is the host backend in every build.
