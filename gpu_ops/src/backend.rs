@@ -16,6 +16,9 @@
 //!    ([`DeviceCore::stream`]) in call order. Copies ([`DeviceMemory::upload`],
 //!    [`DeviceMemory::download`]) name their stream, so a copy stream can overlap compute;
 //!    order across streams with [`DeviceCore::record_event`] + [`DeviceCore::wait_event`].
+//!    A host thread waits for one point of a stream with [`DeviceCore::wait_host`]
+//!    on its event, e.g. for an asynchronous [`DeviceMemory::download_pinned`]
+//!    issued by another thread.
 //!    On the host backend every op completes before it returns (streams and events
 //!    only keep time), which trivially satisfies every ordering obligation.
 //! 2. **Shapes.** Matrices are row-major `f32`. An op reads the *prefix* of a buffer
@@ -253,9 +256,11 @@ impl CacheStats {
 
 /// Host↔device copies made through a backend (per instance, since it was made):
 /// uploads (including blocks built from host CSR), downloads (including
-/// `block_to_host`), and host-blocking synchronizations (the host backend counts
-/// downloads and [`DeviceCore::synchronize`]; CUDA every stream synchronization,
-/// including those inside ops that read a count or a loss back).
+/// `block_to_host` and the asynchronous [`DeviceMemory::download_pinned`]), and
+/// host-blocking synchronizations (the host backend counts downloads and
+/// [`DeviceCore::synchronize`]; CUDA every stream synchronization, including
+/// those inside ops that read a count or a loss back). A host wait on an event
+/// ([`DeviceCore::wait_host`]) is counted apart, in `event_waits`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TransferStats {
     /// Host → device copies.
@@ -268,6 +273,10 @@ pub struct TransferStats {
     pub download_bytes: u64,
     /// Times the host waited for the device.
     pub syncs: u64,
+    /// Times a host thread waited for an event ([`DeviceCore::wait_host`]; not
+    /// in `syncs`: e.g. a CPU worker waiting for weights the accelerator thread
+    /// published without waiting).
+    pub event_waits: u64,
     /// Buffers zero-filled when allocated ([`DeviceMemory::alloc`]; on CUDA every
     /// zeroed pool allocation, ops' own included: one memset each, which a
     /// per-kernel profile does not show).
@@ -283,6 +292,7 @@ impl TransferStats {
             downloads: self.downloads.saturating_sub(earlier.downloads),
             download_bytes: self.download_bytes.saturating_sub(earlier.download_bytes),
             syncs: self.syncs.saturating_sub(earlier.syncs),
+            event_waits: self.event_waits.saturating_sub(earlier.event_waits),
             zero_fills: self.zero_fills.saturating_sub(earlier.zero_fills),
         }
     }
@@ -296,6 +306,7 @@ impl TransferStats {
             downloads: self.downloads.saturating_add(other.downloads),
             download_bytes: self.download_bytes.saturating_add(other.download_bytes),
             syncs: self.syncs.saturating_add(other.syncs),
+            event_waits: self.event_waits.saturating_add(other.event_waits),
             zero_fills: self.zero_fills.saturating_add(other.zero_fills),
         }
     }
@@ -309,6 +320,7 @@ pub(crate) struct TransferCounter {
     downloads: std::sync::atomic::AtomicU64,
     download_bytes: std::sync::atomic::AtomicU64,
     syncs: std::sync::atomic::AtomicU64,
+    event_waits: std::sync::atomic::AtomicU64,
     zero_fills: std::sync::atomic::AtomicU64,
 }
 
@@ -333,6 +345,12 @@ impl TransferCounter {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Counts one host wait on an event.
+    pub(crate) fn event_wait(&self) {
+        self.event_waits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Counts one zero-filled allocation.
     pub(crate) fn zero_fill(&self) {
         self.zero_fills
@@ -348,6 +366,7 @@ impl TransferCounter {
             downloads: self.downloads.load(Relaxed),
             download_bytes: self.download_bytes.load(Relaxed),
             syncs: self.syncs.load(Relaxed),
+            event_waits: self.event_waits.load(Relaxed),
             zero_fills: self.zero_fills.load(Relaxed),
         }
     }
@@ -631,6 +650,15 @@ pub trait DeviceCore: Send + Sync + Sized + 'static {
     fn elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> Result<f32>;
     /// Blocks until all work on `stream` is done.
     fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
+    /// Blocks the calling thread until the work before `event` on its stream is
+    /// done, e.g. a CPU worker waiting for a [`DeviceMemory::download_pinned`]
+    /// that the thread issuing device work recorded `event` after. Counted in
+    /// [`TransferStats::event_waits`], not in `syncs`. Only the event's own
+    /// error is returned: device faults (the CUDA backend's fault word) and
+    /// errors kept from `Drop` stay for the next [`DeviceCore::synchronize`] of
+    /// the stream, on the thread that issues its work. The host backend returns
+    /// at once (its work completed before the event was recorded).
+    fn wait_host(&self, event: &Self::Event) -> Result<()>;
 }
 
 /// Device memory: allocation, pinned host buffers, and copies between host and
@@ -702,6 +730,43 @@ pub trait DeviceMemory: DeviceCore {
         stream: &Self::Stream,
         src: &Self::Buf<T>,
         dst: &mut [T],
+    ) -> Result<()>;
+    /// Device → pinned host, `dst[..n] = src[..n]`, asynchronous on `stream`:
+    /// the call returns without waiting for the device (no synchronization; one
+    /// download in [`TransferStats`]). E.g. a parameter snapshot that the thread
+    /// issuing training steps hands to CPU workers without waiting for the
+    /// batches queued before it.
+    ///
+    /// Ordering obligations:
+    /// 1. The copy reads `src[..n]` after earlier work on `stream` (on CUDA also
+    ///    after `src`'s allocation and zeroing, whatever stream it is), and later
+    ///    work on `stream` runs after it: an op that overwrites `src` on the same
+    ///    stream afterwards (an optimizer step on the compute stream) does not
+    ///    change what the copy reads.
+    /// 2. Work on another stream that writes `src[..n]` must be ordered around the
+    ///    copy through events, both ways: its event waited for on `stream` before
+    ///    the call, or an event recorded on `stream` after the call waited for on
+    ///    its stream. On a stream other than the compute stream `src` must also
+    ///    outlive the copy (a dropped CUDA buffer's memory is reused in the compute
+    ///    stream's order, which knows nothing of the copy).
+    /// 3. The host must not read `dst[..n]` until the copy is done: record an event
+    ///    on `stream` after the call and [`DeviceCore::wait_host`] on it (or
+    ///    synchronize `stream`). [`DeviceMemory::pinned_slice`] does not wait;
+    ///    [`DeviceMemory::pinned_slice_mut`] and dropping `dst` do (on CUDA, as
+    ///    for uploads: one event per pinned buffer).
+    /// 4. Copies already issued out of `dst` (uploads) or into it (earlier
+    ///    downloads) finish before this one writes it: on CUDA `stream` waits for
+    ///    the buffer's event on the device, without blocking the host.
+    ///
+    /// `n` beyond `src`'s or `dst`'s length is a
+    /// [`GpuOpsError::SizeMismatch`](crate::GpuOpsError::SizeMismatch); `n = 0`
+    /// copies nothing.
+    fn download_pinned<T: Elem>(
+        &self,
+        stream: &Self::Stream,
+        src: &Self::Buf<T>,
+        n: usize,
+        dst: &mut Self::Pinned<T>,
     ) -> Result<()>;
     /// Convenience: a new device buffer holding `src` (compute stream).
     fn to_device<T: Elem>(&self, src: &[T]) -> Result<Self::Buf<T>> {

@@ -77,6 +77,7 @@ macro_rules! parity_tests {
         parity_tests!(@each
             round_trip,
             upload_pinned_at_offsets,
+            download_pinned_orders_on_its_stream,
             events_time_forward,
             gemm_all_transposes,
             gemm_tf32,

@@ -410,6 +410,44 @@ fn copies_per_batch(bound: u64) {
     assert!(d.zero_fills <= 2, "{what}");
 }
 
+/// Publishing layer 0's weights adds no synchronization to the accelerator
+/// thread: each `publish` slice (every super-batch's end) queues one download
+/// per tensor (SAGE's layer 0 has three) and waits for none of them — before,
+/// each was a blocking download, a synchronization per tensor. The workers
+/// wait for the copies on an event instead, at most once per publication (a
+/// publication replaced before any worker read it is never waited for).
+#[test]
+fn publishing_adds_no_synchronization_to_the_accelerator_thread() {
+    let _serial = serial();
+    let tracer = runtime::trace::Tracer::new();
+    let mut t = trainer(cfg(&[
+        "train.epochs=2",
+        "train.eval_every=0",
+        "orchestration.hot_ratio=0.2",
+        "orchestration.super_batch=4",
+    ]));
+    t.set_tracer(tracer.clone());
+    let before = t.transfer_stats();
+    t.fit().expect("fit");
+    let d = t.transfer_stats().since(&before);
+    let trace = tracer.collect();
+    let publish: Vec<_> = trace
+        .slices
+        .iter()
+        .filter(|s| s.name == "publish")
+        .collect();
+    assert!(publish.len() >= 4, "{} publications", publish.len());
+    let arg = |s: &runtime::trace::Slice, key: &str| {
+        s.args.extra.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    };
+    for s in &publish {
+        assert_eq!(arg(s, "host_syncs"), Some(0.0), "{:?}", s.args);
+        assert_eq!(arg(s, "downloads"), Some(3.0), "{:?}", s.args);
+    }
+    assert!(d.event_waits >= 1, "{d:?}");
+    assert!(d.event_waits <= publish.len() as u64, "{d:?}");
+}
+
 /// A stop inside a super-batch — a cancelled token (seen at the batch's gate) or a
 /// callback's stop (after the batch trained) — ends the pipeline's epoch cleanly,
 /// and training on from there gives exactly the weights and losses of a run that

@@ -112,4 +112,12 @@ impl DeviceCore for CudaBackend {
             None => Ok(()),
         }
     }
+
+    /// `cuEventSynchronize`. The fault word and the deferred error slot are
+    /// left alone: they belong to the thread issuing compute work, which reads
+    /// them at its next synchronization.
+    fn wait_host(&self, event: &CudaEventHandle) -> Result<()> {
+        self.transfers.event_wait();
+        event.inner.synchronize().map_err(drv("cuEventSynchronize"))
+    }
 }

@@ -119,6 +119,7 @@ uninhabited! {
         fn wait_event(&Never, &Never) -> Result<()>;
         fn elapsed_ms(&Never, &Never) -> Result<f32>;
         fn synchronize(&Never) -> Result<()>;
+        fn wait_host(&Never) -> Result<()>;
     }
     impl DeviceMemory {
         fn alloc[T: Elem](usize) -> Result<Never>;
@@ -131,6 +132,7 @@ uninhabited! {
         fn upload_pinned[T: Elem](&Never, &Never, &mut Never) -> Result<()>;
         fn upload_pinned_at[T: Elem](&Never, &Never, usize, &mut Never, usize) -> Result<()>;
         fn download[T: Elem](&Never, &Never, &mut [T]) -> Result<()>;
+        fn download_pinned[T: Elem](&Never, &Never, usize, &mut Never) -> Result<()>;
         fn copy[T: Elem](&Never, &mut Never, usize) -> Result<()>;
         fn fill_zero[T: Elem](&mut Never, usize) -> Result<()>;
     }

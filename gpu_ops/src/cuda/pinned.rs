@@ -36,9 +36,10 @@ use crate::error::{GpuOpsError, Result};
 /// A zeroed, page-locked host buffer (`cuMemHostAlloc`, portable) for asynchronous
 /// copies.
 ///
-/// Each asynchronous copy out of it records the buffer's event; the mutable view and
-/// `Drop` wait for that event, so the host never overwrites or frees memory a copy
-/// is still reading.
+/// Each asynchronous copy out of it or into it records the buffer's event; the
+/// mutable view and `Drop` wait for that event, so the host never overwrites or
+/// frees memory a copy is still reading or writing, and a download into it first
+/// makes its stream wait for the event ([`CudaPinned::order_after_copies`]).
 pub struct CudaPinned<T: Elem> {
     ptr: NonNull<T>,
     len: usize,
@@ -155,7 +156,25 @@ impl<T: Elem> CudaPinned<T> {
         unsafe { result::event::synchronize(self.event) }.map_err(drv("cuEventSynchronize"))
     }
 
-    /// Records that a copy reading the buffer was enqueued on `stream`.
+    /// Makes later work on `stream` wait (on the device) for every recorded copy
+    /// out of or into the buffer.
+    pub(crate) fn order_after_copies(&self, stream: &CudaStream) -> Result<()> {
+        if self.event.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the event is live and owned by this buffer (an event never
+        // recorded counts as complete); the wait only adds an ordering edge.
+        unsafe {
+            result::stream::wait_event(
+                stream.cu_stream(),
+                self.event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(drv("cuStreamWaitEvent"))
+    }
+
+    /// Records that a copy reading or writing the buffer was enqueued on `stream`.
     pub(crate) fn record_copy(&self, stream: &CudaStream) -> Result<()> {
         if self.event.is_null() {
             return Ok(());

@@ -99,6 +99,37 @@ impl CudaBackend {
         self.synchronize(stream)
     }
 
+    /// Device → pinned host, `dst[..n] = src[..n]`, asynchronous on `stream`
+    /// ([`crate::DeviceMemory::download_pinned`]); lengths already checked by
+    /// the caller.
+    fn device_to_pinned<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &CudaBuf<T>,
+        n: usize,
+        dst: &mut CudaPinned<T>,
+    ) -> Result<()> {
+        debug_assert!(n <= src.len() && n <= dst.len());
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        self.order_on(stream, src)?;
+        // Obligation 4: copies still reading or writing `dst` finish first.
+        dst.order_after_copies(&stream.inner)?;
+        let host = &mut dst.as_mut_slice()[..n];
+        // SAFETY: `src` holds at least `n` device elements and `host` is `n`
+        // elements of pinned memory (checked by the caller). The memory stays
+        // allocated until the copy is done (the buffer's Drop and its mutable
+        // view wait for the event recorded just below), earlier copies touching
+        // it come first (the wait above), and the host reads it only after
+        // waiting for an event recorded after this copy (the caller's
+        // obligation 3).
+        unsafe { result::memcpy_dtoh_async(host, src.raw(), stream.cu()) }
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        dst.record_copy(&stream.inner)
+    }
+
     /// `dst[..len] = src[..len]` on the compute stream.
     pub(crate) fn copy_buf<T: Elem>(
         &self,
@@ -211,6 +242,28 @@ impl DeviceMemory for CudaBackend {
     ) -> Result<()> {
         self.transfers.download(std::mem::size_of_val(dst));
         self.download_slice(stream, src, dst)
+    }
+
+    /// Device → pinned host, asynchronous on `stream`
+    /// ([`crate::DeviceMemory::download_pinned`]): one download, no
+    /// synchronization.
+    fn download_pinned<T: Elem>(
+        &self,
+        stream: &CudaStreamHandle,
+        src: &CudaBuf<T>,
+        n: usize,
+        dst: &mut CudaPinned<T>,
+    ) -> Result<()> {
+        src.check_len("download_pinned source (n)", n)?;
+        if n > dst.len() {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "download_pinned destination (n)",
+                expected: n,
+                found: dst.len(),
+            });
+        }
+        self.transfers.download(n * std::mem::size_of::<T>());
+        self.device_to_pinned(stream, src, n, dst)
     }
 
     fn to_device<T: Elem>(&self, src: &[T]) -> Result<CudaBuf<T>> {

@@ -76,6 +76,17 @@ pub(crate) fn download<T: Elem>(src: &HostBuf<T>, dst: &mut [T]) -> Result<()> {
     Ok(())
 }
 
+/// `dst[..n] = src[..n]` ([`crate::DeviceMemory::download_pinned`]).
+pub(crate) fn download_pinned<T: Elem>(
+    src: &HostBuf<T>,
+    n: usize,
+    dst: &mut HostBuf<T>,
+) -> Result<()> {
+    let s = prefix("download_pinned source (n)", src, n)?;
+    prefix_mut("download_pinned destination (n)", dst, n)?.copy_from_slice(s);
+    Ok(())
+}
+
 /// `dst[..len] = src[..len]`.
 pub(crate) fn copy<T: Elem>(src: &HostBuf<T>, dst: &mut HostBuf<T>, len: usize) -> Result<()> {
     let s = prefix("copy source", src, len)?;

@@ -163,6 +163,12 @@ impl DeviceCore for HostBackend {
         self.transfers.sync();
         Ok(())
     }
+
+    fn wait_host(&self, _event: &HostEvent) -> Result<()> {
+        // The event's work completed before it was recorded.
+        self.transfers.event_wait();
+        Ok(())
+    }
 }
 
 impl DeviceMemory for HostBackend {
@@ -234,6 +240,20 @@ impl DeviceMemory for HostBackend {
         memory::download(src, dst)?;
         self.transfers.download(std::mem::size_of_val(dst));
         self.transfers.sync();
+        Ok(())
+    }
+
+    /// Copied at once (so every ordering obligation holds); counted as a
+    /// download without a synchronization, as on CUDA.
+    fn download_pinned<T: Elem>(
+        &self,
+        _stream: &HostStream,
+        src: &HostBuf<T>,
+        n: usize,
+        dst: &mut HostBuf<T>,
+    ) -> Result<()> {
+        memory::download_pinned(src, n, dst)?;
+        self.transfers.download(n * std::mem::size_of::<T>());
         Ok(())
     }
 

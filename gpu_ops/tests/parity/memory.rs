@@ -143,3 +143,67 @@ pub(crate) fn events_time_forward<B: Backend>(d: &B) {
     assert!(m.total > 0 && m.free <= m.total, "{m:?}");
     assert!(!d.describe().is_empty());
 }
+
+/// `download_pinned`: asynchronous (a download, no synchronization, until the
+/// host waits for an event recorded after it: one event wait), ordered on its
+/// stream (an overwrite issued after it does not change what it read), a prefix
+/// only, reusable, on a copy stream too; `n = 0` and out-of-range errors.
+pub(crate) fn download_pinned_orders_on_its_stream<B: Backend>(d: &B) {
+    let mut rng = Rng::new(3);
+    let f = rand_f32(&mut rng, 513);
+    let mut src = d.to_device(&f).unwrap();
+    let mut p = d.alloc_pinned::<f32>(600).unwrap();
+    d.synchronize(d.stream()).unwrap();
+    let before = d.transfer_stats();
+    d.download_pinned(d.stream(), &src, 513, &mut p).unwrap();
+    let copied = d.record_event(d.stream()).unwrap();
+    // Overwritten after the copy, on its stream: the copy read the old values.
+    d.fill_zero(&mut src, 513).unwrap();
+    let issued = d.transfer_stats().since(&before);
+    assert_eq!(
+        (issued.downloads, issued.download_bytes, issued.syncs),
+        (1, 513 * 4, 0),
+        "{issued:?}"
+    );
+    assert_eq!(issued.event_waits, 0, "{issued:?}");
+    d.wait_host(&copied).unwrap();
+    let waited = d.transfer_stats().since(&before);
+    assert_eq!((waited.syncs, waited.event_waits), (0, 1), "{waited:?}");
+    assert_eq!(bits(&d.pinned_slice(&p)[..513]), bits(&f));
+    assert_eq!(&d.pinned_slice(&p)[513..], &[0.0; 87], "past n: untouched");
+
+    // Again into the same buffer, a shorter prefix (now zeros).
+    d.download_pinned(d.stream(), &src, 100, &mut p).unwrap();
+    let e = d.record_event(d.stream()).unwrap();
+    d.wait_host(&e).unwrap();
+    assert_eq!(&d.pinned_slice(&p)[..100], &[0.0; 100]);
+    assert_eq!(bits(&d.pinned_slice(&p)[100..513]), bits(&f[100..]));
+
+    // On a copy stream ordered after the compute stream's upload.
+    let u: Vec<u32> = (0..77).map(|_| rng.next_u32()).collect();
+    let ub = d.to_device(&u).unwrap();
+    let copy = d.new_stream().unwrap();
+    let up = d.record_event(d.stream()).unwrap();
+    d.wait_event(&copy, &up).unwrap();
+    let mut q = d.alloc_pinned::<u32>(77).unwrap();
+    d.download_pinned(&copy, &ub, 77, &mut q).unwrap();
+    let e = d.record_event(&copy).unwrap();
+    d.wait_host(&e).unwrap();
+    assert_eq!(d.pinned_slice(&q), &u[..]);
+    // The mutable view waits for the copy too; writing it leaves the device alone.
+    d.pinned_slice_mut(&mut q).fill(0);
+    assert_eq!(down(d, &ub, 77), u);
+
+    // n = 0 copies nothing; out of range is an error.
+    d.download_pinned(d.stream(), &src, 0, &mut p).unwrap();
+    assert_size_mismatch(
+        "n > source length",
+        d.download_pinned(d.stream(), &src, 514, &mut p),
+    );
+    let long = d.alloc::<f32>(700).unwrap();
+    assert_size_mismatch(
+        "n > pinned length",
+        d.download_pinned(d.stream(), &long, 601, &mut p),
+    );
+    d.synchronize(d.stream()).unwrap();
+}

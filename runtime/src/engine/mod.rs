@@ -12,6 +12,8 @@
 //!   `executor/step/mod.rs` and `executor/step/data_parallel.rs`;
 //! - `engine/hot.rs`: the hot-row slabs and the batch trained with them, behind
 //!   [`LayerDevice`], for the layer-based pipeline (`executor/layer/`);
+//!   `engine/publish.rs`: layer 0's weights published to its CPU workers
+//!   without waiting for the device;
 //! - this file: setup, the gather, evaluation and the weights, behind
 //!   [`ModelState`], for the session;
 //! - `engine/reduce.rs`: the device-resident gradient sum of a data-parallel step.
@@ -23,11 +25,13 @@
 mod hot;
 mod input;
 mod memory;
+mod publish;
 mod reduce;
 mod step_based;
 
 pub(crate) use hot::{HotStaging, HotUse};
 pub(crate) use input::{density, sparse_rows_where};
+pub(crate) use publish::PendingParams;
 pub(crate) use reduce::{CopyReduce, ReduceOn};
 pub(crate) use step_based::{BatchRef, Sampled};
 
@@ -155,6 +159,8 @@ pub struct DeviceEngine<B: Backend> {
     /// Hot-row slabs, copy stream, reused buffers and batches sampled ahead
     /// (`engine/hot.rs`).
     hot: hot::HotDevice<B>,
+    /// Pinned buffers of layer 0's asynchronous publications (`engine/publish.rs`).
+    publish: publish::PublishPool<B>,
     /// The dataset and sampler for steps placed on the host.
     host: HostSide,
     /// The gradient sum of the device-resident data-parallel step.
@@ -332,6 +338,7 @@ impl<B: Backend> DeviceEngine<B> {
             bits: None,
             full_block: None,
             hot: hot::HotDevice::default(),
+            publish: publish::PublishPool::default(),
             sibling: step_based::Sibling::default(),
             reduce: None,
             opts,
@@ -679,9 +686,15 @@ pub(crate) trait LayerDevice: Send {
     ) -> Result<(f64, usize)>;
     /// Forgets every kept batch.
     fn discard_prepared(&mut self);
-    /// Layer 0's parameter tensors, copied to the host (one download per call
-    /// on a GPU).
+    /// Layer 0's parameter tensors, copied to the host: one blocking download
+    /// per tensor, which waits for every batch queued (the epoch's start).
     fn layer0_params(&self) -> Result<Vec<Vec<f32>>>;
+    /// Layer 0's parameter tensors at the current version on their way to the
+    /// host, without waiting for the device: the copies are queued on the
+    /// compute stream after the steps so far and before the next, and the
+    /// returned handle, resolved on any thread, waits for them
+    /// (`engine/publish.rs`). One download per tensor, no synchronization.
+    fn publish_layer0(&self) -> Result<Box<dyn PendingParams>>;
     /// Evicts `evict`'s rows from the device feature cache, then caches
     /// `insert`'s (user ids): returns how many entries of `insert` are cached
     /// afterwards. The cache never exceeds its budget.
@@ -767,6 +780,10 @@ impl<B: Backend> LayerDevice for DeviceEngine<B> {
             })
             .collect::<std::result::Result<_, _>>()
             .map_err(dev_err("publishing layer 0's parameters"))
+    }
+
+    fn publish_layer0(&self) -> Result<Box<dyn PendingParams>> {
+        self.publish_layer0_op()
     }
 
     fn update_cache(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize> {

@@ -2,7 +2,8 @@
 //! uses.
 //!
 //! # Protocol (one chunk of a super-batch's hot queue)
-//! 1. Read the newest [`Published`] layer-0 weights *once*; their version `e` stamps
+//! 1. Read the newest [`Published`] layer-0 weights *once* (resolving them if
+//!    the accelerator thread published them pending); their version `e` stamps
 //!    the whole chunk (staleness step 3).
 //! 2. Sample one hop from the chunk's vertices (user ids) with the bottom fanout
 //!    (`cpu_ops` sampler semantics, seeded per chunk).
@@ -24,6 +25,7 @@ use cpu_ops::{
 };
 
 use crate::data::dataset::Dataset;
+use crate::engine::PendingParams;
 use crate::error::{Error, Result};
 
 /// Layer 0's weights as of one optimizer step.
@@ -35,37 +37,124 @@ pub struct Snapshot {
     pub tensors: Vec<Vec<f32>>,
 }
 
+/// Layer 0's weights of one publication: ready, or still on their way from
+/// the device.
+enum Weights {
+    /// Copies queued by the accelerator thread, not waited for yet.
+    Pending(Box<dyn PendingParams>),
+    /// Resolved (or published ready).
+    Ready(Arc<Snapshot>),
+    /// The resolution failed; the worker that tried reported why.
+    Failed,
+}
+
+/// One publication: its version and its weights, resolved once.
+struct Publication {
+    version: u64,
+    weights: Mutex<Weights>,
+}
+
+impl Publication {
+    fn new(version: u64, weights: Weights) -> Arc<Self> {
+        Arc::new(Self {
+            version,
+            weights: Mutex::new(weights),
+        })
+    }
+
+    /// The snapshot, resolving the pending copies if no reader has yet (one
+    /// reader at a time: the others wait for it and share its result).
+    fn snapshot(&self) -> Result<Arc<Snapshot>> {
+        let mut w = self.weights.lock();
+        let pending = match std::mem::replace(&mut *w, Weights::Failed) {
+            Weights::Ready(s) => {
+                *w = Weights::Ready(Arc::clone(&s));
+                return Ok(s);
+            }
+            Weights::Failed => {
+                return Err(Error::Worker {
+                    worker: "hot workers".into(),
+                    what: format!(
+                        "layer 0's weights of version {} could not be read back from the \
+                         device (the worker that tried first reported why)",
+                        self.version
+                    ),
+                })
+            }
+            Weights::Pending(p) => p,
+        };
+        // On an error the publication stays `Failed`.
+        let snapshot = Arc::new(Snapshot {
+            version: self.version,
+            tensors: pending.resolve()?,
+        });
+        *w = Weights::Ready(Arc::clone(&snapshot));
+        Ok(snapshot)
+    }
+}
+
 /// The newest published layer-0 weights, shared by the accelerator thread
 /// (publisher) and the CPU workers (readers).
-#[derive(Debug)]
+///
+/// A publication may arrive *pending* ([`Published::publish_pending`]: the
+/// accelerator thread queued the copies and did not wait for them,
+/// `engine/publish.rs`); the first reader that needs it resolves it — waiting
+/// for the device and copying the tensors out — and every later reader of that
+/// version shares the result. A failed resolution is that reader's error (its
+/// job fails, which ends the epoch), and later readers of the version get an
+/// error too; nothing panics.
 pub struct Published {
-    newest: Mutex<Arc<Snapshot>>,
+    newest: Mutex<Arc<Publication>>,
+}
+
+impl std::fmt::Debug for Published {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = Arc::clone(&self.newest.lock());
+        let state = match &*p.weights.lock() {
+            Weights::Pending(_) => "pending",
+            Weights::Ready(_) => "ready",
+            Weights::Failed => "failed",
+        };
+        f.debug_struct("Published")
+            .field("version", &p.version)
+            .field("weights", &state)
+            .finish()
+    }
 }
 
 impl Published {
     /// Starts with `snapshot`.
     pub fn new(snapshot: Snapshot) -> Self {
         Self {
-            newest: Mutex::new(Arc::new(snapshot)),
+            newest: Mutex::new(Publication::new(
+                snapshot.version,
+                Weights::Ready(Arc::new(snapshot)),
+            )),
         }
     }
 
-    /// Replaces the snapshot (the version only moves forward).
-    pub fn publish(&self, snapshot: Snapshot) {
+    /// Replaces the newest publication with the weights of `version` still on
+    /// their way from the device (the version only moves forward; an older one
+    /// is dropped, giving its buffers back).
+    pub(crate) fn publish_pending(&self, version: u64, pending: Box<dyn PendingParams>) {
         let mut cur = self.newest.lock();
-        if snapshot.version >= cur.version {
-            *cur = Arc::new(snapshot);
+        if version >= cur.version {
+            *cur = Publication::new(version, Weights::Pending(pending));
         }
     }
 
     /// Replaces the snapshot whatever its version (a checkpoint was loaded).
     pub fn reset(&self, snapshot: Snapshot) {
-        *self.newest.lock() = Arc::new(snapshot);
+        *self.newest.lock() =
+            Publication::new(snapshot.version, Weights::Ready(Arc::new(snapshot)));
     }
 
-    /// The newest snapshot.
-    pub fn newest(&self) -> Arc<Snapshot> {
-        Arc::clone(&self.newest.lock())
+    /// The newest snapshot, resolved if it was pending (see the type's doc).
+    pub fn newest(&self) -> Result<Arc<Snapshot>> {
+        // The outer lock only for the handle: a reader waiting for the device
+        // does not hold up a publication.
+        let p = Arc::clone(&self.newest.lock());
+        p.snapshot()
     }
 }
 
@@ -227,7 +316,9 @@ impl HotComputer {
 #[cfg(test)]
 mod tests {
     //! The worker's GraphSAGE path reads the bfloat16 copy when it has one, and the
-    //! `f32` matrix otherwise: the same rows as the fused kernel on each.
+    //! `f32` matrix otherwise: the same rows as the fused kernel on each. A
+    //! pending publication is resolved once, by the first reader; its failure
+    //! is an error for every reader, never a panic.
 
     use super::*;
     use crate::data::generate::{generate_sbm, SbmOptions};
@@ -305,5 +396,93 @@ mod tests {
         );
         assert_eq!(full, kernel((&ds.features).into()));
         assert_ne!(half, full, "the bf16 copy was not read");
+    }
+
+    /// A pending publication that counts its resolutions (and fails when
+    /// `fail`).
+    struct Scripted {
+        tensors: Vec<Vec<f32>>,
+        fail: bool,
+        resolved: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl crate::engine::PendingParams for Scripted {
+        fn resolve(self: Box<Self>) -> Result<Vec<Vec<f32>>> {
+            self.resolved
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.fail {
+                return Err(Error::device(
+                    "reading back layer 0's published parameters",
+                    gpu_ops::GpuOpsError::Driver {
+                        op: "cuEventSynchronize".into(),
+                        message: "injected".into(),
+                    },
+                ));
+            }
+            Ok(self.tensors)
+        }
+    }
+
+    fn scripted(fail: bool) -> (Box<Scripted>, Arc<std::sync::atomic::AtomicUsize>) {
+        let resolved = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let s = Box::new(Scripted {
+            tensors: vec![vec![1.0, 2.0], vec![3.0]],
+            fail,
+            resolved: Arc::clone(&resolved),
+        });
+        (s, resolved)
+    }
+
+    #[test]
+    fn a_pending_publication_is_resolved_once_and_shared() {
+        let published = Arc::new(Published::new(Snapshot {
+            version: 0,
+            tensors: vec![vec![0.0; 2], vec![0.0]],
+        }));
+        let (pending, resolved) = scripted(false);
+        published.publish_pending(4, pending);
+        // An older version never replaces a newer one.
+        let (old, old_resolved) = scripted(false);
+        published.publish_pending(3, old);
+        let readers: Vec<_> = (0..4)
+            .map(|_| {
+                let p = Arc::clone(&published);
+                std::thread::spawn(move || p.newest().unwrap())
+            })
+            .collect();
+        let got: Vec<Arc<Snapshot>> = readers.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(resolved.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(old_resolved.load(std::sync::atomic::Ordering::SeqCst), 0);
+        for s in &got {
+            assert!(Arc::ptr_eq(s, &got[0]), "each reader resolved its own copy");
+            assert_eq!(s.version, 4);
+            assert_eq!(s.tensors, vec![vec![1.0, 2.0], vec![3.0]]);
+        }
+        // A reset replaces it whatever the version (a checkpoint was loaded).
+        published.reset(Snapshot {
+            version: 1,
+            tensors: vec![],
+        });
+        assert_eq!(published.newest().unwrap().version, 1);
+    }
+
+    #[test]
+    fn a_failed_resolution_is_an_error_for_every_reader() {
+        let published = Published::new(Snapshot {
+            version: 0,
+            tensors: vec![],
+        });
+        let (pending, resolved) = scripted(true);
+        published.publish_pending(2, pending);
+        let first = published.newest().unwrap_err().to_string();
+        assert!(first.contains("injected"), "{first}");
+        let later = published.newest().unwrap_err().to_string();
+        assert!(later.contains("version 2"), "{later}");
+        assert_eq!(resolved.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(format!("{published:?}").contains("failed"));
+        // The next publication works again.
+        let (pending, _) = scripted(false);
+        published.publish_pending(3, pending);
+        assert_eq!(published.newest().unwrap().version, 3);
     }
 }

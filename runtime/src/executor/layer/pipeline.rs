@@ -24,7 +24,9 @@
 //!    [`Event::JobDropped`]; a worker's failure is the epoch's error.
 //! 4. **Carry out** each [`Action`], in order:
 //!    - `Publish`: layer 0's weights at the engine's version to the workers
-//!      ([`Published`]; a reset at the epoch's start);
+//!      ([`Published`]): queued on the compute stream without waiting
+//!      ([`LayerDevice::publish_layer0`]; the first worker reading them waits
+//!      for the copies); a reset at the epoch's start downloads them at once;
 //!    - `Launch`: take this super-batch's plan from the planner thread
 //!      (`planner.rs`: relabel, candidate-split counts for `policy = "auto"`,
 //!      the split-independent [`scheduler::LaunchPlan`], made while the
@@ -66,7 +68,8 @@
 //! `plan wait` inside when its plan was not ready), `sample ahead` (the
 //! engine's `sample top`s of the super-batch after it), `gate`, `hot wait` (inside the gate), `train`
 //! (with `staleness_gap` = the batch's largest gap, the engine's `sample bottom`
-//! and `device step` inside), `publish`; instants `hot install` (rows, bytes host
+//! and `device step` inside), `publish` (with its `downloads` and `host_syncs`:
+//! one per layer-0 tensor and none); instants `hot install` (rows, bytes host
 //! → device), `compute cold` (vertices), `hot carry` (rows carried into a
 //! super-batch's slab) and `hot rows` at a super-batch's end (rows `queued`,
 //! `computed`, `carried`, `uses`, `uses_per_computed_row`); `hot compute` slices on `hot worker
@@ -947,12 +950,13 @@ impl<'a> Driver<'a> {
                 tensors: engine.layer0_params()?,
             });
         } else {
+            // Queued, not waited for: the first worker reading it resolves it.
             let run = self.run;
-            let _s = run.tracer.slice_on(run.acc_track, "publish");
-            published.publish(Snapshot {
-                version,
-                tensors: engine.layer0_params()?,
-            });
+            let mut slice = run.tracer.slice_on(run.acc_track, "publish");
+            let before = engine.transfer_stats();
+            let pending = engine.publish_layer0()?;
+            record_copies(slice.args_mut(), &engine.transfer_stats().since(&before));
+            published.publish_pending(version, pending);
         }
         Ok(())
     }

@@ -16,7 +16,7 @@ use super::pipeline::{LayerOptions, LayerSetup, Orchestrator};
 use crate::cancel::CancelToken;
 use crate::data::dataset::Dataset;
 use crate::data::generate::{generate_sbm, SbmOptions};
-use crate::engine::{DeviceEngine, EngineOptions, HotStaging, HotUse, LayerDevice};
+use crate::engine::{DeviceEngine, EngineOptions, HotStaging, HotUse, LayerDevice, PendingParams};
 use crate::error::{Result, StopCause};
 use crate::executor::{EpochEnd, EpochRun};
 use crate::trace::{Tracer, TrackKind};
@@ -85,6 +85,9 @@ impl LayerDevice for Scripted {
     }
     fn layer0_params(&self) -> Result<Vec<Vec<f32>>> {
         self.inner.layer0_params()
+    }
+    fn publish_layer0(&self) -> Result<Box<dyn PendingParams>> {
+        self.inner.publish_layer0()
     }
     fn update_cache(&mut self, insert: &[u32], evict: &[u32]) -> Result<usize> {
         self.inner.update_cache(insert, evict)

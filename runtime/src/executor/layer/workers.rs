@@ -17,7 +17,9 @@
 //!    duplicate promoting it) shares one claim flag: the first worker to claim
 //!    it computes, the others skip it silently (protocol step 9).
 //! 4. **Compute** with a staging buffer from the free list (blocking until the
-//!    accelerator returns one) and the newest published weights, read once; the
+//!    accelerator returns one) and the newest published weights, read once
+//!    (the first worker to read a pending publication waits for its copies
+//!    and copies it out; the others share that; a failure is this job's); the
 //!    result (rows, version, busy time on the shared clock) goes back on the done
 //!    channel with the staging buffer. Errors and panics (caught) are reported the
 //!    same way, so the accelerator thread never waits for a message that cannot
@@ -358,7 +360,7 @@ fn compute(
     pool: &rayon::ThreadPool,
     fault: Option<InjectedFault>,
 ) -> Result<(u64, usize, Box<dyn HotStaging>)> {
-    let weights = ctx.shared.published.newest();
+    let weights = ctx.shared.published.newest()?;
     let (tracer, track) = {
         let t = ctx.shared.tracer.lock();
         (t.0.clone(), t.1.get(ctx.index).copied())
