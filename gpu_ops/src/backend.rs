@@ -41,7 +41,11 @@
 //!    comes from a CPU-computed table: they get no neighbors, so the device neither
 //!    gathers nor aggregates their neighborhoods. [`DeviceMemory::upload_pinned_at`] copies
 //!    those rows from pinned staging memory into their offset of a device buffer on a
-//!    copy stream.
+//!    copy stream. The layers above the bottom are sampled ahead, a group of batches
+//!    at a time, with [`Sampling::sample_queued_from`] (layer `l` still drawn with
+//!    `derive_seed(seed, l)`), and [`Sampling::read_queued`] /
+//!    [`Sampling::finish_read`] bring their sizes and bottom ids to the host with one
+//!    synchronization, which another thread may wait for.
 
 use std::fmt;
 use std::sync::Arc;
@@ -792,6 +796,9 @@ pub trait Sampling: DeviceCore {
     /// A batch queued by [`Sampling::sample_queued`]: its kernels enqueued, its
     /// layer sizes still on the device until [`Sampling::resolve_queued`].
     type Queued: Send;
+    /// The read of a group of queued batches in flight
+    /// ([`Sampling::read_queued`]), until [`Sampling::finish_read`].
+    type Reading: Send;
     /// Makes `graph` readable by [`Sampling::sample`] from `placement`.
     fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<Self::Graph>;
     /// Layered neighbor sampling without replacement from `seeds` (top) downwards,
@@ -811,11 +818,32 @@ pub trait Sampling: DeviceCore {
     /// range and distinct) happen here; a layer whose edge bound is too loose to
     /// allocate still reads its edge count (one synchronization), as `sample` does.
     /// The blocks are those `sample` makes for the same arguments.
+    /// [`Sampling::sample_queued_from`] from layer 0.
     fn sample_queued(
         &self,
         graph: &Self::Graph,
         seeds: &[u32],
         fanouts: &[u32],
+        seed: u64,
+    ) -> Result<Self::Queued> {
+        self.sample_queued_from(graph, seeds, fanouts, 0, seed)
+    }
+    /// [`Sampling::sample_queued`] of layers `from..fanouts.len()` only: the
+    /// blocks those layers of `sample(graph, seeds, fanouts, seed)` are (layer
+    /// `l` drawn with `derive_seed(seed, l)`, `fanouts[l]` neighbors a
+    /// destination), the layers below `from` not sampled. Resolved, the batch
+    /// holds `fanouts.len() − from` blocks, layer `from`'s first, and its
+    /// `src_ids[0]` are the destinations of layer `from − 1`: e.g. a batch's top
+    /// layers sampled a super-batch ahead, its bottom hop later with
+    /// [`Sampling::sample_hop`] and `derive_seed(seed, 0)` (the layer-based
+    /// pipeline). Errors: those of `sample_queued` for the layers sampled, and
+    /// `from` not below `fanouts.len()`.
+    fn sample_queued_from(
+        &self,
+        graph: &Self::Graph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        from: usize,
         seed: u64,
     ) -> Result<Self::Queued>;
     /// The batches of earlier [`Sampling::sample_queued`] calls on this backend, in
@@ -825,6 +853,23 @@ pub trait Sampling: DeviceCore {
     /// frontier id) fails the call. `sample` is `sample_queued` then
     /// `resolve_queued` of that one batch.
     fn resolve_queued(&self, queued: Vec<Self::Queued>) -> Result<Vec<DeviceBatch<Self>>>;
+    /// Starts [`Sampling::resolve_queued`]'s one read without waiting for it:
+    /// every queued batch's layer sizes and its bottom sources (`src_ids[0]`,
+    /// read at the capacity the batch was sized by, as the sizes are not known
+    /// yet) are copied into page-locked host memory, asynchronously on this
+    /// backend's stream. Nothing synchronizes. [`Sampling::finish_read`] on this
+    /// backend waits for the copy, on any thread: e.g. a planner thread waits
+    /// for the bottom ids while the thread that queued them issues other work.
+    /// A reading dropped unfinished waits for its copy first.
+    fn read_queued(&self, queued: Vec<Self::Queued>) -> Result<Self::Reading>;
+    /// The batches of a [`Sampling::read_queued`] of this backend, in order,
+    /// each with its bottom sources on the host (`src_ids[0]`'s first
+    /// `num_src(blocks[0])` ids), after **one synchronization** for all of them
+    /// (none for a reading of no batch). The batches are those
+    /// [`Sampling::resolve_queued`] returns; its errors, and on CUDA a reading
+    /// another backend started (its copies are on that backend's stream).
+    #[allow(clippy::type_complexity)]
+    fn finish_read(&self, reading: Self::Reading) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>>;
     /// One hop of [`Sampling::sample`] from device-resident destinations: the block
     /// whose destinations are `dst[..n_dst]` (distinct), `fanout` neighbors each
     /// ([`cpu_ops::ALL_NEIGHBORS`] takes all), drawn with the per-layer seed

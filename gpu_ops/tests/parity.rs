@@ -100,6 +100,7 @@ macro_rules! parity_tests {
             update_cache_stays_in_budget,
             sampling_structure,
             queued_batches_resolve_to_sampled_ones_in_one_read,
+            top_layers_read_ahead_equal_hop_by_hop,
             sample_hop_reproduces_sample,
             sample_hop_skip_mask,
             sample_hop_errors,

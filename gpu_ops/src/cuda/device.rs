@@ -159,7 +159,16 @@ pub struct CudaBackend {
     pub(crate) info: DeviceInfo,
     /// Copies and synchronizations of this instance.
     pub(crate) transfers: crate::backend::TransferCounter,
+    /// The pinned counts and bottom sources of the last finished
+    /// `Sampling::read_queued`, reused by the next (`sample.rs`).
+    pub(crate) readback: Mutex<Option<ReadbackPair>>,
 }
+
+/// Pinned layer counts and bottom sources of a queued read (`sample.rs`).
+pub(crate) type ReadbackPair = (
+    super::pinned::CudaPinned<u64>,
+    super::pinned::CudaPinned<u32>,
+);
 
 impl fmt::Debug for CudaBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -260,6 +269,7 @@ impl CudaBackend {
             ctx,
             info,
             transfers: crate::backend::TransferCounter::default(),
+            readback: Mutex::new(None),
         })
     }
 

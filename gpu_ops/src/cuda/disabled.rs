@@ -138,10 +138,13 @@ uninhabited! {
     }
     impl Sampling {
         type Queued;
+        type Reading;
         fn load_graph(&CsrGraph, TopologyPlacement) -> Result<Never>;
         fn sample(&Never, &[u32], &[u32], u64) -> Result<DeviceBatch<Self>>;
-        fn sample_queued(&Never, &[u32], &[u32], u64) -> Result<Never>;
+        fn sample_queued_from(&Never, &[u32], &[u32], usize, u64) -> Result<Never>;
         fn resolve_queued(Vec<Never>) -> Result<Vec<DeviceBatch<Self>>>;
+        fn read_queued(Vec<Never>) -> Result<Never>;
+        fn finish_read(Never) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>>;
         fn sample_hop(&Never, &Never, usize, u32, u64, Option<&Never>)
             -> Result<(Never, Never, usize)>;
         fn unique_relabel(&Never, usize, &Never, usize) -> Result<(Never, Never, usize)>;

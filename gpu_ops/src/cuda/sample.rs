@@ -48,6 +48,17 @@
 //! share `sample_layer`, and layer `l` of a batch uses the key `derive_seed(seed,
 //! l)`, so hop-by-hop sampling with those keys reproduces `sample`.
 //!
+//! [`crate::Sampling::sample_queued_from`] runs steps 1–5 for layers `from..` only
+//! (the layer path's top layers). [`crate::Sampling::read_queued`] makes the one
+//! read asynchronous: the queued batches' count buffers are gathered into one on
+//! the device, copied with every batch's bottom sources (at their capacity: the
+//! live count is among the counts being copied) into a page-locked pair kept on
+//! the backend (`readback`, reused by the next read when large enough), and both
+//! buffers' events are recorded after the copies; [`crate::Sampling::finish_read`]
+//! synchronizes the stream (one synchronization, faults included) and cuts the
+//! ids at the counts read. A reading dropped unfinished waits for its copies
+//! before its pinned memory is freed.
+//!
 //! Everything but the random choices is a function of the input, so a batch is
 //! reproducible for a seed on a given device; the draws differ from the host
 //! sampler's (same distribution, another generator).
@@ -57,7 +68,7 @@ use cpu_ops::{BlockView, CsrGraph};
 use super::alloc::{CudaBuf, Init};
 use super::device::CudaBackend;
 use super::kernels::{launch, Grid, Ptr, PtrMut};
-use super::pinned::HostRegion;
+use super::pinned::{CudaPinned, HostRegion};
 use super::scan::scan_grid;
 use crate::backend::{DeviceBatch, DeviceCore, TopologyPlacement};
 use crate::error::{GpuOpsError, Result};
@@ -179,6 +190,56 @@ pub struct CudaQueued {
     layers_rev: Vec<LayerOut>,
     counts: CudaBuf<u64>,
     num_seeds: usize,
+    /// The lowest layer sampled ([`crate::Sampling::sample_queued_from`]).
+    from: usize,
+}
+
+impl CudaQueued {
+    /// The batch from its layers' counts as read (four a layer, top first).
+    fn finish(self, dev: &CudaBackend, counts: &[u64]) -> Result<DeviceBatch<CudaBackend>> {
+        let layers = self.layers_rev.len();
+        let mut blocks = Vec::with_capacity(layers);
+        let mut src_ids = Vec::with_capacity(layers);
+        for (i, layer_out) in self.layers_rev.into_iter().enumerate() {
+            let layer = self.from + layers - 1 - i;
+            let c: [u64; 4] = counts
+                .get(4 * i..4 * i + 4)
+                .and_then(|c| c.try_into().ok())
+                .ok_or_else(|| in_layer(layer, internal_counts()))?;
+            let (block, src, _) = layer_out
+                .finish(dev, c, "frontier")
+                .map_err(|e| in_layer(layer, e))?;
+            blocks.push(block);
+            src_ids.push(src);
+        }
+        blocks.reverse();
+        src_ids.reverse();
+        Ok(DeviceBatch {
+            blocks,
+            src_ids,
+            num_seeds: self.num_seeds,
+        })
+    }
+}
+
+/// A read of queued batches in flight ([`crate::Sampling::read_queued`]): the
+/// batches, and the pinned counts and bottom sources their copies go to (`None`
+/// for no batch); dropped unfinished, the pinned buffers wait for the copies.
+pub struct CudaReading {
+    queued: Vec<CudaQueued>,
+    pinned: Option<(CudaPinned<u64>, CudaPinned<u32>)>,
+    /// Where each batch's bottom sources start in the pinned ids.
+    ids_at: Vec<usize>,
+    /// The stream that copies (the backend that may finish the read).
+    stream: usize,
+}
+
+impl std::fmt::Debug for CudaReading {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaReading")
+            .field("batches", &self.queued.len())
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for CudaQueued {
@@ -543,6 +604,7 @@ fn internal_counts() -> GpuOpsError {
 /// The [`crate::Sampling`] family (module doc), on the helpers above.
 impl crate::backend::Sampling for CudaBackend {
     type Queued = CudaQueued;
+    type Reading = CudaReading;
 
     /// Uploads (or maps) a graph's topology.
     fn load_graph(&self, graph: &CsrGraph, placement: TopologyPlacement) -> Result<CudaGraph> {
@@ -637,12 +699,14 @@ impl crate::backend::Sampling for CudaBackend {
             .ok_or_else(internal_counts)
     }
 
-    /// Steps 1–5 of the module doc for every layer, nothing read.
-    fn sample_queued(
+    /// Steps 1–5 of the module doc for layers `from..` (top first), nothing
+    /// read; layer `l` keyed by `derive_seed(seed, l)` as in a whole batch.
+    fn sample_queued_from(
         &self,
         graph: &CudaGraph,
         seeds: &[u32],
         fanouts: &[u32],
+        from: usize,
         seed: u64,
     ) -> Result<CudaQueued> {
         if fanouts.is_empty() {
@@ -651,7 +715,16 @@ impl crate::backend::Sampling for CudaBackend {
                 reason: "at least one layer is needed".into(),
             });
         }
-        if let Some(l) = fanouts.iter().position(|&f| f == 0) {
+        if from >= fanouts.len() {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "from",
+                reason: format!(
+                    "layer {from} is not below the {} layers of the fanouts",
+                    fanouts.len()
+                ),
+            });
+        }
+        if let Some(l) = (from..fanouts.len()).find(|&l| fanouts[l] == 0) {
             return Err(GpuOpsError::InvalidArgument {
                 name: "fanouts",
                 reason: format!(
@@ -683,9 +756,10 @@ impl crate::backend::Sampling for CudaBackend {
         let mut seed_buf = self.buf::<u32>(seeds.len(), Init::Uninit, "seeds")?;
         self.upload_slice(&self.compute, seeds, &mut seed_buf)?;
         // Every layer's four counts in one buffer, read once.
-        let mut counts = self.buf::<u64>(4 * fanouts.len(), Init::Uninit, "layer counts")?;
-        let mut layers_rev: Vec<LayerOut> = Vec::with_capacity(fanouts.len());
-        for layer in (0..fanouts.len()).rev() {
+        let layers = fanouts.len() - from;
+        let mut counts = self.buf::<u64>(4 * layers, Init::Uninit, "layer counts")?;
+        let mut layers_rev: Vec<LayerOut> = Vec::with_capacity(layers);
+        for layer in (from..fanouts.len()).rev() {
             let slot = layers_rev.len();
             let frontier = match layers_rev.last() {
                 // The sources of the layer above, their count on the device.
@@ -718,6 +792,7 @@ impl crate::backend::Sampling for CudaBackend {
             layers_rev,
             counts,
             num_seeds: seeds.len(),
+            from,
         })
     }
 
@@ -742,29 +817,140 @@ impl crate::backend::Sampling for CudaBackend {
         let mut out = Vec::with_capacity(queued.len());
         let mut at = 0;
         for (q, len) in queued.into_iter().zip(lens) {
-            let counts = &read[at..at + len];
+            out.push(q.finish(self, &read[at..at + len])?);
             at += len;
-            let layers = q.layers_rev.len();
-            let mut blocks = Vec::with_capacity(layers);
-            let mut src_ids = Vec::with_capacity(layers);
-            for (i, layer_out) in q.layers_rev.into_iter().enumerate() {
-                let layer = layers - 1 - i;
-                let c: [u64; 4] = counts[4 * i..4 * i + 4]
-                    .try_into()
-                    .map_err(|_| in_layer(layer, internal_counts()))?;
-                let (block, src, _) = layer_out
-                    .finish(self, c, "frontier")
-                    .map_err(|e| in_layer(layer, e))?;
-                blocks.push(block);
-                src_ids.push(src);
-            }
-            blocks.reverse();
-            src_ids.reverse();
-            out.push(DeviceBatch {
-                blocks,
-                src_ids,
-                num_seeds: q.num_seeds,
+        }
+        Ok(out)
+    }
+
+    /// Every batch's counts gathered into one device buffer and copied with
+    /// the bottom layers' sources (at their capacity) into the pinned pair
+    /// (kept from the last finished read when large enough), on the compute
+    /// stream; both buffers' events recorded after the copies.
+    fn read_queued(&self, queued: Vec<CudaQueued>) -> Result<CudaReading> {
+        let lens: Vec<usize> = queued.iter().map(|q| 4 * q.layers_rev.len()).collect();
+        let id_caps: Vec<usize> = queued
+            .iter()
+            .map(|q| q.layers_rev.last().map_or(0, |l| l.cap_src))
+            .collect();
+        let (n_counts, n_ids) = (lens.iter().sum::<usize>(), id_caps.iter().sum::<usize>());
+        let stream = self.cu() as usize;
+        if queued.is_empty() {
+            return Ok(CudaReading {
+                queued,
+                pinned: None,
+                ids_at: Vec::new(),
+                stream,
             });
+        }
+        let (mut counts, mut ids) = match self.readback.lock().take() {
+            Some((c, i)) if c.len() >= n_counts && i.len() >= n_ids => (c, i),
+            _ => (
+                CudaPinned::<u64>::new(&self.ctx, n_counts + n_counts / 4)?,
+                CudaPinned::<u32>::new(&self.ctx, n_ids + n_ids / 4)?,
+            ),
+        };
+        self.bind()?;
+        // The counts side by side on the device, then one copy of them.
+        let gathered;
+        let all = match queued.as_slice() {
+            [one] => &one.counts,
+            many => {
+                let mut buf = self.buf::<u64>(n_counts, Init::Uninit, "queued layer counts")?;
+                let mut at = 0;
+                for (q, &len) in many.iter().zip(&lens) {
+                    self.copy_at(&q.counts, &mut buf, at, len)?;
+                    at += len;
+                }
+                gathered = buf;
+                &gathered
+            }
+        };
+        // SAFETY: `counts` holds at least `n_counts` values and `all` as many
+        // (checked when sized); the copy is ordered on the compute stream after
+        // the kernels that wrote them; the pinned buffer is owned by the reading
+        // returned, whose `finish_read` synchronizes this stream before the host
+        // reads it and whose `Drop` waits for the event recorded below.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                &mut counts.as_mut_slice()[..n_counts],
+                all.raw(),
+                self.cu(),
+            )
+        }
+        .map_err(super::driver::drv("cuMemcpyDtoHAsync"))?;
+        let mut ids_at = Vec::with_capacity(queued.len());
+        let mut at = 0;
+        for (q, &cap) in queued.iter().zip(&id_caps) {
+            ids_at.push(at);
+            if let (Some(bottom), true) = (q.layers_rev.last(), cap > 0) {
+                bottom.unique.check_len("bottom sources", cap)?;
+                // SAFETY: as above; `ids[at..at + cap]` lies in the buffer
+                // (sized by the sum of the capacities) and `unique` holds `cap`.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtoh_async(
+                        &mut ids.as_mut_slice()[at..at + cap],
+                        bottom.unique.raw(),
+                        self.cu(),
+                    )
+                }
+                .map_err(super::driver::drv("cuMemcpyDtoHAsync"))?;
+            }
+            at += cap;
+        }
+        counts.record_copy(&self.compute.inner)?;
+        ids.record_copy(&self.compute.inner)?;
+        self.transfers.download(n_counts * 8 + n_ids * 4);
+        Ok(CudaReading {
+            queued,
+            pinned: Some((counts, ids)),
+            ids_at,
+            stream,
+        })
+    }
+
+    /// One synchronization of the compute stream (the copies of
+    /// [`crate::Sampling::read_queued`] and any fault of the sampling kernels
+    /// before them), then the blocks from the counts and the bottom sources
+    /// from the pinned ids; the pinned pair is kept for the next read.
+    fn finish_read(&self, reading: CudaReading) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>> {
+        let CudaReading {
+            queued,
+            pinned,
+            ids_at,
+            stream,
+        } = reading;
+        if stream != self.cu() as usize {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "reading",
+                reason: "finished on another backend than the one whose stream read it".into(),
+            });
+        }
+        let Some((counts, ids)) = pinned else {
+            return Ok(Vec::new());
+        };
+        self.sync_compute()?;
+        let mut out = Vec::with_capacity(queued.len());
+        let mut at = 0;
+        let (all, all_ids) = (counts.as_slice(), ids.as_slice());
+        for (q, &id_at) in queued.into_iter().zip(&ids_at) {
+            let len = 4 * q.layers_rev.len();
+            let c = all.get(at..at + len).ok_or_else(internal_counts)?;
+            at += len;
+            let batch = q.finish(self, c)?;
+            let n = batch.blocks.first().map_or(0, |b| b.num_src);
+            let bottom = all_ids
+                .get(id_at..id_at + n)
+                .ok_or_else(internal_counts)?
+                .to_vec();
+            out.push((batch, bottom));
+        }
+        let mut kept = self.readback.lock();
+        let larger = kept
+            .as_ref()
+            .is_none_or(|(c, i)| c.len() <= counts.len() && i.len() <= ids.len());
+        if larger {
+            *kept = Some((counts, ids));
         }
         Ok(out)
     }

@@ -40,6 +40,7 @@ pub use buffer::{HostBuf, HostEvent, HostStream};
 pub use features::HostFeatures;
 pub use math::HostMask;
 pub use sample::HostGraph;
+use sample::HostReading;
 pub use sparse::HostSparse;
 
 /// The host backend (see the module doc). Cheap to create; holds no threads of its
@@ -273,6 +274,8 @@ impl DeviceMemory for HostBackend {
 impl Sampling for HostBackend {
     /// Sampled at once (nothing runs asynchronously here).
     type Queued = DeviceBatch<HostBackend>;
+    /// The batches, already on the host.
+    type Reading = HostReading;
 
     /// The topology stays in host memory whatever `placement` asks: on this backend
     /// both placements are the same memory.
@@ -293,14 +296,19 @@ impl Sampling for HostBackend {
         Ok(batch)
     }
 
-    fn sample_queued(
+    fn sample_queued_from(
         &self,
         graph: &HostGraph,
         seeds: &[u32],
         fanouts: &[u32],
+        from: usize,
         seed: u64,
     ) -> Result<DeviceBatch<Self>> {
-        sample::sample(graph, seeds, fanouts, seed)
+        if from == 0 {
+            sample::sample(graph, seeds, fanouts, seed)
+        } else {
+            sample::sample_from(graph, seeds, fanouts, from, seed)
+        }
     }
 
     fn resolve_queued(&self, queued: Vec<DeviceBatch<Self>>) -> Result<Vec<DeviceBatch<Self>>> {
@@ -309,6 +317,34 @@ impl Sampling for HostBackend {
             self.transfers.sync();
         }
         Ok(queued)
+    }
+
+    /// Counts the downloads CUDA starts here: every batch's bottom sources.
+    fn read_queued(&self, queued: Vec<DeviceBatch<Self>>) -> Result<HostReading> {
+        for b in &queued {
+            let n = b.blocks.first().map_or(0, |blk| self.block_shape(blk).0);
+            self.transfers.download(n * 4);
+        }
+        Ok(HostReading(queued))
+    }
+
+    fn finish_read(&self, reading: HostReading) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>> {
+        let batches = reading.0;
+        if !batches.is_empty() {
+            // The one wait for every batch's sizes and bottom sources.
+            self.transfers.sync();
+        }
+        batches
+            .into_iter()
+            .map(|b| {
+                let n = b.blocks.first().map_or(0, |blk| self.block_shape(blk).0);
+                let ids = match b.src_ids.first() {
+                    Some(src) => buffer::prefix("bottom sources", src, n)?.to_vec(),
+                    None => Vec::new(),
+                };
+                Ok((b, ids))
+            })
+            .collect()
     }
 
     fn sampling_sibling(&self) -> Result<Option<Self>> {

@@ -81,6 +81,89 @@ pub(crate) fn sample(
     Ok(out)
 }
 
+/// [`crate::Sampling::sample_queued_from`] with `from > 0`: layers
+/// `from..fanouts.len()` hop by hop from the seeds down ([`cpu_ops::sample_hop`]
+/// with `derive_seed(seed, l)`, which is layer `l` of [`sample`]), blocks bottom
+/// first.
+pub(crate) fn sample_from(
+    g: &HostGraph,
+    seeds: &[u32],
+    fanouts: &[u32],
+    from: usize,
+    seed: u64,
+) -> Result<DeviceBatch<HostBackend>> {
+    if from >= fanouts.len() {
+        return Err(GpuOpsError::InvalidArgument {
+            name: "from",
+            reason: format!(
+                "layer {from} is not below the {} layers of the fanouts",
+                fanouts.len()
+            ),
+        });
+    }
+    if let Some(l) = (from..fanouts.len()).find(|&l| fanouts[l] == 0) {
+        return Err(GpuOpsError::InvalidArgument {
+            name: "fanouts",
+            reason: format!(
+                "the fanout of layer {l} is 0; use ALL_NEIGHBORS ({}) to take every neighbor",
+                cpu_ops::ALL_NEIGHBORS
+            ),
+        });
+    }
+    let n = g.graph.num_vertices();
+    if let Some(&bad) = seeds.iter().find(|&&s| s as usize >= n) {
+        return Err(GpuOpsError::InvalidArgument {
+            name: "seeds",
+            reason: format!("seed {bad} is not below the vertex count {n}"),
+        });
+    }
+    let layers = fanouts.len() - from;
+    let mut blocks_rev = Vec::with_capacity(layers);
+    let mut src_rev: Vec<Vec<u32>> = Vec::with_capacity(layers);
+    let mut scratch = g.take_scratch();
+    let mut result = Ok(());
+    for l in (from..fanouts.len()).rev() {
+        let dst = src_rev.last().map_or(seeds, Vec::as_slice);
+        let layer_seed = cpu_ops::derive_seed(seed, l as u64);
+        match cpu_ops::sample_hop(&g.graph, dst, fanouts[l], layer_seed, None, &mut scratch) {
+            Ok(block) => {
+                let (_, src_ids, indptr, indices) = block.into_parts();
+                blocks_rev.push((src_ids.len(), indptr, indices));
+                src_rev.push(src_ids);
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    // The sampler leaves its scratch clean on success and on error.
+    g.put_scratch(scratch);
+    result?;
+    let mut out = DeviceBatch {
+        blocks: Vec::with_capacity(layers),
+        src_ids: Vec::with_capacity(layers),
+        num_seeds: seeds.len(),
+    };
+    for ((n_src, indptr, indices), src_ids) in blocks_rev.into_iter().zip(src_rev).rev() {
+        out.blocks.push(HostBlock::new(n_src, indptr, indices)?);
+        out.src_ids.push(HostBuf::from_vec(src_ids));
+    }
+    Ok(out)
+}
+
+/// A read of queued batches ([`crate::Sampling::read_queued`]) on the host
+/// backend: the batches, sampled when they were queued.
+pub struct HostReading(pub(crate) Vec<DeviceBatch<HostBackend>>);
+
+impl std::fmt::Debug for HostReading {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostReading")
+            .field("batches", &self.0.len())
+            .finish()
+    }
+}
+
 /// [`crate::Sampling::sample_hop`]: [`cpu_ops::sample_hop`] from `dst[..n_dst]`, with
 /// the first `n_dst` flags of `skip`. Returns `(block, src_ids, num_src)`.
 pub(crate) fn sample_hop(

@@ -98,6 +98,131 @@ pub(crate) fn queued_batches_resolve_to_sampled_ones_in_one_read<B: Backend>(d: 
     assert!(d.resolve_queued(Vec::new()).unwrap().is_empty());
 }
 
+/// Layers `1..` of a batch, queued (`sample_queued_from`) and read with one
+/// synchronization (`read_queued`, then `finish_read` on another thread), are
+/// the blocks hop-by-hop `sample_hop` with `derive_seed(seed, l)` makes — the
+/// layer path's top layers before and after issue 22 — and `sample`'s blocks
+/// `1..`, with block 0's destinations on the host; on random graphs, seeds,
+/// fanouts and batch sizes, on the backend and on its sampling sibling.
+pub(crate) fn top_layers_read_ahead_equal_hop_by_hop<B: Backend>(d: &B) {
+    let mut rng = Rng::new(23);
+    let sibling = d.sampling_sibling().unwrap();
+    for case in 0..6u64 {
+        let g = random_graph(&mut rng, 300 + 40 * case as usize, 2500);
+        let n = g.num_vertices();
+        let dg = d.load_graph(&g, TopologyPlacement::Device).unwrap();
+        // The sibling reads the graph once its upload is done.
+        d.synchronize(d.stream()).unwrap();
+        let layers = 2 + rng.below(3) as usize;
+        let fanouts: Vec<u32> = (0..layers)
+            .map(|_| match rng.below(6) {
+                0 => ALL_NEIGHBORS,
+                f => f as u32,
+            })
+            .collect();
+        let batches: Vec<(Vec<u32>, u64)> = (0..1 + rng.below(5))
+            .map(|_| {
+                let mut s: Vec<u32> = (0..n as u32).collect();
+                rng.shuffle(&mut s);
+                s.truncate(1 + rng.below(40) as usize);
+                (s, rng.next_u64())
+            })
+            .collect();
+        // Queued and read on the backend itself, then on its sibling (adopted).
+        let samplers: Vec<&B> = std::iter::once(d).chain(sibling.as_ref()).collect();
+        for (si, s) in samplers.into_iter().enumerate() {
+            let what = format!("case {case}, fanouts {fanouts:?}, sampler {si}");
+            // Both backends' counts (once when the backend samples itself).
+            let stats = || match si {
+                0 => d.transfer_stats(),
+                _ => d.transfer_stats().plus(&s.transfer_stats()),
+            };
+            let before = stats();
+            let syncs = || stats().since(&before).syncs;
+            let queued: Vec<B::Queued> = batches
+                .iter()
+                .map(|(seeds, k)| s.sample_queued_from(&dg, seeds, &fanouts, 1, *k).unwrap())
+                .collect();
+            let reading = s.read_queued(queued).unwrap();
+            assert_eq!(
+                syncs(),
+                0,
+                "{what}: queueing or starting the read synchronized"
+            );
+            let read = std::thread::scope(|t| t.spawn(|| s.finish_read(reading)).join())
+                .unwrap()
+                .unwrap();
+            assert_eq!(syncs(), 1, "{what}: one read for the group");
+            assert_eq!(read.len(), batches.len());
+            for ((seeds, k), (mut got, bottom)) in batches.iter().zip(read) {
+                if si > 0 {
+                    d.adopt_batch(s, &mut got).unwrap();
+                }
+                assert_eq!(got.num_seeds, seeds.len());
+                assert_eq!(got.blocks.len(), layers - 1, "{what}");
+                let whole = d.sample(&dg, seeds, &fanouts, *k).unwrap();
+                let mut frontier = d.to_device(seeds).unwrap();
+                let mut n_dst = seeds.len();
+                for l in (1..layers).rev() {
+                    let (block, src, ns) = d
+                        .sample_hop(
+                            &dg,
+                            &frontier,
+                            n_dst,
+                            fanouts[l],
+                            derive_seed(*k, l as u64),
+                            None,
+                        )
+                        .unwrap();
+                    let b = &got.blocks[l - 1];
+                    assert_eq!(d.block_shape(b), d.block_shape(&block), "{what}: layer {l}");
+                    assert_eq!(
+                        d.block_to_host(b).unwrap(),
+                        d.block_to_host(&block).unwrap(),
+                        "{what}: layer {l}"
+                    );
+                    assert_eq!(
+                        d.block_to_host(b).unwrap(),
+                        d.block_to_host(&whole.blocks[l]).unwrap(),
+                        "{what}: layer {l} of sample"
+                    );
+                    let src_host = down(d, &src, ns);
+                    assert_eq!(
+                        down(d, &got.src_ids[l - 1], ns),
+                        src_host,
+                        "{what}: layer {l}"
+                    );
+                    if l == 1 {
+                        assert_eq!(bottom, src_host, "{what}: bottom destinations");
+                    }
+                    frontier = src;
+                    n_dst = ns;
+                }
+            }
+        }
+    }
+    // A read of nothing waits for nothing; bad layers and seeds fail when queued.
+    let g = random_graph(&mut rng, 100, 500);
+    let dg = d.load_graph(&g, TopologyPlacement::Device).unwrap();
+    d.synchronize(d.stream()).unwrap();
+    let before = d.transfer_stats();
+    let empty = d.read_queued(Vec::new()).unwrap();
+    assert!(d.finish_read(empty).unwrap().is_empty());
+    assert_eq!(d.transfer_stats().since(&before).syncs, 0);
+    assert!(d.sample_queued_from(&dg, &[1, 2], &[3, 4], 2, 1).is_err());
+    assert!(d.sample_queued_from(&dg, &[1, 2], &[3, 0], 1, 1).is_err());
+    assert!(d.sample_queued_from(&dg, &[100], &[3, 4], 1, 1).is_err());
+    assert!(d.sample_queued_from(&dg, &[5, 5], &[3, 4], 1, 1).is_err());
+    // A fanout of 0 below `from` is never sampled.
+    assert!(d.sample_queued_from(&dg, &[1, 2], &[0, 4], 1, 1).is_ok());
+    if let (DeviceKind::Cuda, Some(s)) = (d.kind(), sibling.as_ref()) {
+        // Only the backend whose stream copies may finish its read.
+        let q = s.sample_queued_from(&dg, &[1, 2], &[3, 4], 1, 1).unwrap();
+        let r = s.read_queued(vec![q]).unwrap();
+        assert!(d.finish_read(r).is_err());
+    }
+}
+
 pub(crate) fn sampling_structure<B: Backend>(d: &B) {
     let mut rng = Rng::new(14);
     let g = random_graph(&mut rng, 400, 3000);

@@ -3,13 +3,29 @@
 //! rows read from a slab.
 //!
 //! # Protocol
-//! 1. **Sample the top a super-batch ahead** ([`LayerDevice::prepare_top`](super::LayerDevice::prepare_top)): the layers
-//!    above the bottom hop by hop
-//!    ([`Sampling::sample_hop`](gpu_ops::Sampling::sample_hop) with
-//!    `derive_seed(seed, l)`, exactly as [`Sampling::sample`](gpu_ops::Sampling::sample)
-//!    draws them), kept under the batch's key; the bottom layer's destinations (block
-//!    1's sources) go to the host so the orchestrator can plan the CPU's queue. One
-//!    download per batch, made a super-batch before the batch trains.
+//! 1. **Sample the top a super-batch ahead**
+//!    ([`LayerDevice::prepare_tops`](super::LayerDevice::prepare_tops), once
+//!    per super-batch): the layers above the bottom of every batch are queued
+//!    ([`Sampling::sample_queued_from`](gpu_ops::Sampling::sample_queued_from)
+//!    from layer 1: layer `l` drawn with `derive_seed(seed, l)`, exactly as
+//!    [`Sampling::sample`](gpu_ops::Sampling::sample) draws it, so the blocks
+//!    are those a hop-by-hop [`Sampling::sample_hop`](gpu_ops::Sampling::sample_hop)
+//!    makes), then one read of all their layer sizes and bottom destinations
+//!    (block 1's sources) is started
+//!    ([`Sampling::read_queued`](gpu_ops::Sampling::read_queued): into
+//!    page-locked memory on CUDA). With `device.sample_ahead` this runs on the
+//!    sampling sibling (its own stream, `engine/step_based.rs`), never on the
+//!    compute stream, and the read's one synchronization is left to whoever
+//!    calls [`TopsAhead::wait`] — the planner thread, which plans the CPU's
+//!    queue from those ids; without it the engine's backend samples and reads
+//!    at once (one synchronization of the compute stream per super-batch).
+//!    [`LayerDevice::adopt_tops`](super::LayerDevice::adopt_tops) then keeps the
+//!    blocks under their batches' keys, handed to the compute stream with
+//!    [`Sampling::adopt_batch`](gpu_ops::Sampling::adopt_batch) (it waits for
+//!    the sibling's work, and their memory is reused only after the compute
+//!    stream's). Before: two `sample_hop`s and a download per batch, three
+//!    synchronizations of the compute stream while the super-batch before
+//!    trained on it.
 //! 2. **Slabs.** Two device buffers of `rows × width` (`width` = layer 0's output
 //!    width). Super-batch `j` reads slab `j % 2` while the CPU's rows for `j + 1`
 //!    go into the other. [`LayerDevice::hot_slab_reserve`](super::LayerDevice::hot_slab_reserve) (called when the queue of
@@ -169,6 +185,84 @@ pub(crate) struct PreparedTop<B: Backend> {
     num_bottom: usize,
 }
 
+/// What a failed read of the top layers is called.
+const READ_TOPS: &str = "reading the top layers' sizes and bottom destinations";
+
+/// One batch whose top layers
+/// [`LayerDevice::prepare_tops`](super::LayerDevice::prepare_tops) samples.
+#[derive(Clone, Copy, Debug)]
+pub struct TopBatch<'a> {
+    /// The key [`LayerDevice::train_prepared`](super::LayerDevice::train_prepared)
+    /// finds it by.
+    pub key: u64,
+    /// Its seeds.
+    pub seeds: &'a [u32],
+    /// Its sampling seed.
+    pub seed: u64,
+}
+
+/// The top layers of a super-batch's batches, sampled (step 1), with their
+/// bottom destinations on their way to the host: [`TopsAhead::wait`] reads
+/// them, on any thread.
+pub struct TopsAhead(Ahead);
+
+/// Where a [`TopsAhead`] stands.
+enum Ahead {
+    /// Read already (sampled on the engine's backend).
+    Read(TopsRead),
+    /// In flight on the sampling sibling: the closure waits for the read.
+    Later(Box<dyn FnOnce() -> Result<TopsRead> + Send>),
+}
+
+impl TopsAhead {
+    /// Waits for the read (one synchronization of the sampling stream for the
+    /// whole super-batch) and returns the batches' bottom destinations.
+    pub fn wait(self) -> Result<TopsRead> {
+        match self.0 {
+            Ahead::Read(r) => Ok(r),
+            Ahead::Later(f) => f(),
+        }
+    }
+}
+
+impl std::fmt::Debug for TopsAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            Ahead::Read(_) => "TopsAhead(read)",
+            Ahead::Later(_) => "TopsAhead(in flight)",
+        })
+    }
+}
+
+/// A super-batch's top layers, read ([`TopsAhead::wait`]).
+#[derive(Debug)]
+pub struct TopsRead {
+    /// Per batch, in order: block 0's destinations (global ids), in position
+    /// order.
+    pub bottoms: Vec<Vec<u32>>,
+    /// The blocks, for
+    /// [`LayerDevice::adopt_tops`](super::LayerDevice::adopt_tops).
+    pub tops: PreparedTops,
+}
+
+/// Sampled top layers of an engine, not yet handed to it
+/// ([`LayerDevice::adopt_tops`](super::LayerDevice::adopt_tops)).
+pub struct PreparedTops(Box<dyn Any + Send>);
+
+impl std::fmt::Debug for PreparedTops {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PreparedTops")
+    }
+}
+
+/// What a [`PreparedTops`] holds for an engine on backend `B`.
+struct Tops<B: Backend> {
+    /// Each batch's key and its top blocks.
+    batches: Vec<(u64, gpu_ops::DeviceBatch<B>)>,
+    /// Whether the sampling sibling sampled them.
+    on_sibling: bool,
+}
+
 /// The engine's device state for hot rows (steps 2–4).
 pub(crate) struct HotDevice<B: Backend> {
     slabs: [Option<B::Buf<f32>>; 2],
@@ -179,7 +273,6 @@ pub(crate) struct HotDevice<B: Backend> {
     mask: Option<B::Buf<u8>>,
     rows: Option<B::Buf<f32>>,
     labels: Option<B::Buf<u32>>,
-    seeds: Option<B::Buf<u32>>,
     prepared: std::collections::HashMap<u64, PreparedTop<B>>,
     /// Step 5: the store, its rows, and the gather/scatter scratch.
     store: Option<B::Buf<f32>>,
@@ -202,7 +295,6 @@ impl<B: Backend> Default for HotDevice<B> {
             mask: None,
             rows: None,
             labels: None,
-            seeds: None,
             prepared: std::collections::HashMap::new(),
             store: None,
             store_rows: 0,
@@ -515,13 +607,11 @@ impl<B: Backend> DeviceEngine<B> {
         self.dev.to_host(buf, n).map_err(dev_err("hot slab"))
     }
 
-    /// Step 1.
-    pub(super) fn prepare_top_op(
-        &mut self,
-        key: u64,
-        seeds: &[u32],
-        seed: u64,
-    ) -> Result<Vec<u32>> {
+    /// Step 1: queues the top layers of `batches` and starts the read of their
+    /// sizes and bottom sources (on the sampling sibling when sampling ahead,
+    /// where the read is finished by whoever waits; else on the engine's
+    /// backend, finished here).
+    pub(super) fn prepare_tops_op(&mut self, batches: &[TopBatch<'_>]) -> Result<TopsAhead> {
         let fanouts = self.opts.fanouts.clone();
         if fanouts.len() < 2 {
             return Err(Error::invalid_argument(
@@ -529,46 +619,92 @@ impl<B: Backend> DeviceEngine<B> {
                 "embedding reuse needs at least two layers",
             ));
         }
-        let _s = self.tracer.slice_on(self.acc, "sample top");
-        let dev = Arc::clone(&self.dev);
-        upload_into(&*dev, &mut self.hot.seeds, seeds, "seeds")?;
-        self.h2d += (seeds.len() * 4) as u64;
-        let mut blocks_rev = Vec::with_capacity(fanouts.len() - 1);
-        let mut src_rev: Vec<B::Buf<u32>> = Vec::with_capacity(fanouts.len() - 1);
-        let mut n = seeds.len();
-        for l in (1..fanouts.len()).rev() {
-            let frontier = match src_rev.last() {
-                Some(s) => s,
-                None => self.hot.seeds.as_ref().ok_or_else(|| internal("seeds"))?,
-            };
-            let (block, src, ns) = dev
-                .sample_hop(
-                    &self.graph,
-                    frontier,
-                    n,
-                    fanouts[l],
-                    derive_seed(seed, l as u64),
-                    None,
-                )
-                .map_err(dev_err("sampling"))?;
-            blocks_rev.push(block);
-            src_rev.push(src);
-            n = ns;
+        self.open_sibling()?;
+        let tracer = self.tracer.clone();
+        let _s = tracer.slice_on(self.acc, "sample top");
+        let on_sibling = self.sibling.sampler().is_some();
+        let sampler = self
+            .sibling
+            .sampler()
+            .map_or_else(|| Arc::clone(&self.dev), Arc::clone);
+        let mut queued = Vec::with_capacity(batches.len());
+        for b in batches {
+            queued.push(
+                sampler
+                    .sample_queued_from(&self.graph, b.seeds, &fanouts, 1, b.seed)
+                    .map_err(dev_err("sampling the top layers"))?,
+            );
+            self.h2d += (b.seeds.len() * 4) as u64;
         }
-        blocks_rev.reverse();
-        src_rev.reverse();
-        let bottom = dev
-            .to_host(&src_rev[0], n)
-            .map_err(dev_err("bottom-layer ids"))?;
-        self.hot.prepared.insert(
-            key,
-            PreparedTop {
-                blocks: blocks_rev,
-                src: src_rev,
-                num_bottom: n,
-            },
-        );
-        Ok(bottom)
+        let reading = sampler.read_queued(queued).map_err(dev_err(READ_TOPS))?;
+        let keys: Vec<u64> = batches.iter().map(|b| b.key).collect();
+        let finish = move || -> Result<TopsRead> {
+            let read = sampler.finish_read(reading).map_err(dev_err(READ_TOPS))?;
+            if read.len() != keys.len() {
+                return Err(internal(&format!(
+                    "{} batches read for {} queued",
+                    read.len(),
+                    keys.len()
+                )));
+            }
+            let mut bottoms = Vec::with_capacity(read.len());
+            let mut kept = Vec::with_capacity(read.len());
+            for (key, (batch, ids)) in keys.into_iter().zip(read) {
+                bottoms.push(ids);
+                kept.push((key, batch));
+            }
+            Ok(TopsRead {
+                bottoms,
+                tops: PreparedTops(Box::new(Tops::<B> {
+                    batches: kept,
+                    on_sibling,
+                })),
+            })
+        };
+        if on_sibling {
+            Ok(TopsAhead(Ahead::Later(Box::new(finish))))
+        } else {
+            finish().map(|r| TopsAhead(Ahead::Read(r)))
+        }
+    }
+
+    /// Step 1's end: keeps the batches of `tops` for
+    /// [`LayerDevice::train_prepared`](super::LayerDevice::train_prepared), handed to
+    /// the compute stream when the sibling sampled them.
+    pub(super) fn adopt_tops_op(&mut self, tops: PreparedTops) -> Result<()> {
+        let tops = tops
+            .0
+            .downcast::<Tops<B>>()
+            .map_err(|_| internal("top layers sampled by this engine"))?;
+        let Tops {
+            batches,
+            on_sibling,
+        } = *tops;
+        for (key, mut batch) in batches {
+            if on_sibling {
+                let from = self
+                    .sibling
+                    .sampler()
+                    .ok_or_else(|| internal("the sampling sibling"))?;
+                self.dev
+                    .adopt_batch(from, &mut batch)
+                    .map_err(dev_err("handing the top layers to the compute stream"))?;
+            }
+            let num_bottom = batch
+                .blocks
+                .first()
+                .map(|b| self.dev.block_shape(b).0)
+                .ok_or_else(|| internal("a top layer"))?;
+            self.hot.prepared.insert(
+                key,
+                PreparedTop {
+                    blocks: batch.blocks,
+                    src: batch.src_ids,
+                    num_bottom,
+                },
+            );
+        }
+        Ok(())
     }
 
     pub(super) fn discard_prepared_op(&mut self) {

@@ -29,7 +29,7 @@ mod publish;
 mod reduce;
 mod step_based;
 
-pub(crate) use hot::{HotStaging, HotUse};
+pub(crate) use hot::{HotStaging, HotUse, PreparedTops, TopBatch, TopsAhead};
 pub(crate) use input::{density, sparse_rows_where};
 pub(crate) use publish::PendingParams;
 pub(crate) use reduce::{CopyReduce, ReduceOn};
@@ -670,10 +670,16 @@ pub(crate) trait LayerDevice: Send {
     /// Copies the hot-row store's rows `vertices` into slab `slab` at `rows`,
     /// before every batch enqueued later (`engine/hot.rs` step 5).
     fn hot_carry(&mut self, slab: usize, rows: &[u32], vertices: &[u32]) -> Result<()>;
-    /// Samples the layers above the bottom for `seeds` (drawing as a whole
-    /// batch sampled with `seed` would) and keeps them under `key`. Returns the
-    /// global ids of block 0's destinations, in position order.
-    fn prepare_top(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>>;
+    /// Samples the layers above the bottom of `batches` (each drawn as a
+    /// whole batch sampled with its seed would be) and starts one read of
+    /// their sizes and block 0's destinations: on the sampling sibling with
+    /// `device.sample_ahead`, where [`TopsAhead::wait`] (on any thread) does
+    /// the read's one synchronization (`engine/hot.rs` step 1).
+    fn prepare_tops(&mut self, batches: &[TopBatch<'_>]) -> Result<TopsAhead>;
+    /// Keeps the batches of `tops` (from this engine's
+    /// [`LayerDevice::prepare_tops`]) under their keys for
+    /// [`LayerDevice::train_prepared`], handed to the compute stream.
+    fn adopt_tops(&mut self, tops: PreparedTops) -> Result<()>;
     /// Trains the batch kept under `key` with `hot`'s slab rows replacing layer
     /// 0's outputs at its positions; then forgets it. Returns (loss × rows,
     /// correct).
@@ -749,8 +755,12 @@ impl<B: Backend> LayerDevice for DeviceEngine<B> {
         self.hot_store_copy_op(slab, rows, vertices, false)
     }
 
-    fn prepare_top(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>> {
-        self.prepare_top_op(key, seeds, seed)
+    fn prepare_tops(&mut self, batches: &[TopBatch<'_>]) -> Result<TopsAhead> {
+        self.prepare_tops_op(batches)
+    }
+
+    fn adopt_tops(&mut self, tops: PreparedTops) -> Result<()> {
+        self.adopt_tops_op(tops)
     }
 
     fn train_prepared(

@@ -138,8 +138,10 @@ impl BatchRef<'_> {
 /// while the previous one trains overlaps its kernels.
 pub(crate) struct Sibling<B: Backend> {
     /// Made on first device sampling; `None` where the backend has none (then
-    /// the engine's backend samples).
-    sampler: Option<B>,
+    /// the engine's backend samples). Shared with the reads of the layer
+    /// path's top layers in flight (`engine/hot.rs` step 1), which a planner
+    /// thread finishes.
+    sampler: Option<Arc<B>>,
     /// Whether `sampler` was asked for.
     asked: bool,
 }
@@ -154,6 +156,11 @@ impl<B: Backend> Default for Sibling<B> {
 }
 
 impl<B: Backend> Sibling<B> {
+    /// The sampling sibling, once opened (`None`: the engine's backend samples).
+    pub(super) fn sampler(&self) -> Option<&Arc<B>> {
+        self.sampler.as_ref()
+    }
+
     /// The transfers of the sampling sibling.
     pub(super) fn transfer_stats(&self) -> gpu_ops::TransferStats {
         self.sampler
@@ -286,14 +293,17 @@ impl<B: Backend> DeviceEngine<B> {
         Ok((blocks, ids))
     }
 
-    /// Opens the sampling sibling on first use when sampling ahead.
-    fn open_sibling(&mut self) -> Result<()> {
+    /// Opens the sampling sibling on first use when sampling ahead
+    /// (`device.sample_ahead`; the step path's device sampler and the layer
+    /// path's top layers, `engine/hot.rs` step 1).
+    pub(super) fn open_sibling(&mut self) -> Result<()> {
         if self.opts.sample_ahead && !self.sibling.asked {
             self.sibling.asked = true;
             self.sibling.sampler = self
                 .dev
                 .sampling_sibling()
-                .map_err(dev_err("opening the sampling stream (device.sample_ahead)"))?;
+                .map_err(dev_err("opening the sampling stream (device.sample_ahead)"))?
+                .map(Arc::new);
         }
         Ok(())
     }
@@ -304,7 +314,7 @@ impl<B: Backend> DeviceEngine<B> {
     /// [`DeviceEngine::resolve_on_device`] reads a group of them at once.
     pub(crate) fn queue_on_device(&mut self, seeds: &[u32], seed: u64) -> Result<B::Queued> {
         self.open_sibling()?;
-        let sampler = self.sibling.sampler.as_ref().unwrap_or(&*self.dev);
+        let sampler = self.sibling.sampler.as_deref().unwrap_or(&*self.dev);
         sampler
             .sample_queued(&self.graph, seeds, &self.opts.fanouts, seed)
             .map_err(dev_err("sampling"))

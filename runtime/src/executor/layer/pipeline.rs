@@ -31,11 +31,13 @@
 //!      (`planner.rs`: relabel, candidate-split counts for `policy = "auto"`,
 //!      the split-independent [`scheduler::LaunchPlan`], made while the
 //!      super-batch before trained) and answer `Planned` with the monitor's
-//!      split (or the fixed one). Once its jobs are queued (at the next `Gate`
-//!      or `Launch`), sample the top layers ([`LayerDevice::prepare_top`]) of
-//!      the super-batch *after* it and submit their bottom destinations to the
-//!      planner. The run's first launch samples and submits its own
-//!      super-batch and the next first;
+//!      split (or the fixed one), its sampled top layers handed to the engine
+//!      ([`LayerDevice::adopt_tops`]). Once its jobs are queued (at the next
+//!      `Gate` or `Launch`), sample the top layers ([`LayerDevice::prepare_tops`],
+//!      one read for the super-batch, on the sampling stream with
+//!      `device.sample_ahead`) of the super-batch *after* it and submit the read
+//!      to the planner, which waits for their bottom destinations. The run's
+//!      first launch samples and submits its own super-batch and the next first;
 //!    - `ReserveSlab`: [`LayerDevice::hot_slab_reserve`];
 //!    - `QueueJob`: the job with its vertices' user ids, the flag of its claim,
 //!      a trace flow (regular jobs) and its sampling seed: a regular job's
@@ -66,14 +68,16 @@
 //!
 //! Trace (`acc stream compute` track): `launch` slices (with `super_batch`;
 //! `plan wait` inside when its plan was not ready), `sample ahead` (the
-//! engine's `sample top`s of the super-batch after it), `gate`, `hot wait` (inside the gate), `train`
+//! engine's one `sample top` of the super-batch after it: kernels queued and a
+//! read started, no synchronization with `device.sample_ahead`), `gate`, `hot wait` (inside the gate), `train`
 //! (with `staleness_gap` = the batch's largest gap, the engine's `sample bottom`
 //! and `device step` inside), `publish` (with its `downloads` and `host_syncs`:
 //! one per layer-0 tensor and none); instants `hot install` (rows, bytes host
 //! → device), `compute cold` (vertices), `hot carry` (rows carried into a
 //! super-batch's slab) and `hot rows` at a super-batch's end (rows `queued`,
 //! `computed`, `carried`, `uses`, `uses_per_computed_row`); `hot compute` slices on `hot worker
-//! i` tracks with a flow to the first batch reading their rows.
+//! i` tracks with a flow to the first batch reading their rows; `plan` slices on
+//! the `planner` track, with `sample wait` (the top layers' read) inside.
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -89,7 +93,7 @@ use scheduler::{
 };
 
 use crate::data::dataset::Dataset;
-use crate::engine::{record_copies, HotStaging, HotUse, LayerDevice};
+use crate::engine::{record_copies, HotStaging, HotUse, LayerDevice, TopBatch};
 use crate::error::{Error, Result, StopCause};
 use crate::executor::{BatchDone, EpochEnd, EpochRun, OnBatch};
 use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind};
@@ -992,7 +996,7 @@ impl<'a> Driver<'a> {
             // Sampled once this launch's jobs are queued (the CPU starts first).
             self.sample_next = Some(next);
         }
-        let ready = if self.planner.ready() {
+        let (ready, tops) = if self.planner.ready() {
             self.planner.take(super_batch)?
         } else {
             let _s = run
@@ -1001,6 +1005,9 @@ impl<'a> Driver<'a> {
                 .super_batch(local);
             self.planner.take(super_batch)?
         };
+        if let Some(tops) = tops {
+            engine.adopt_tops(tops)?;
+        }
         if !ready.counts.is_empty() {
             let (sums, launched) = &mut *self.split_counts;
             sums.resize(ready.counts.len(), (0, 0));
@@ -1024,7 +1031,7 @@ impl<'a> Driver<'a> {
     }
 
     /// Samples the super-batch the last launch left for the planner (a
-    /// `sample ahead` slice with the engine's `sample top`s inside).
+    /// `sample ahead` slice with the engine's `sample top` inside).
     fn sample_ahead(&mut self, engine: &mut dyn LayerDevice) -> Result<()> {
         let Some((g, batches)) = self.sample_next.take() else {
             return Ok(());
@@ -1044,8 +1051,10 @@ impl<'a> Driver<'a> {
         first..(first + n).min(self.batches.end)
     }
 
-    /// Samples `batches`' top layers on the device and hands their bottom
-    /// destinations to the planner as global super-batch `super_batch`.
+    /// Samples `batches`' top layers on the device (one read of their sizes
+    /// and bottom destinations for all of them, still in flight with
+    /// `device.sample_ahead`) and hands the read to the planner as global
+    /// super-batch `super_batch`.
     fn submit(
         &mut self,
         engine: &mut dyn LayerDevice,
@@ -1053,15 +1062,21 @@ impl<'a> Driver<'a> {
         batches: Range<usize>,
     ) -> Result<()> {
         let run = self.run;
-        let mut sampled = Vec::with_capacity(batches.len());
-        for k in batches {
-            let b = run.batch(k);
-            let ids = engine.prepare_top(k as u64, b.seeds, b.seed)?;
-            sampled.push((b.seeds.len(), ids));
-        }
+        let tops: Vec<TopBatch<'_>> = batches
+            .map(|k| {
+                let b = run.batch(k);
+                TopBatch {
+                    key: k as u64,
+                    seeds: b.seeds,
+                    seed: b.seed,
+                }
+            })
+            .collect();
+        let ahead = engine.prepare_tops(&tops)?;
         self.planner.submit(PlanRequest {
             super_batch,
-            batches: sampled,
+            batches: tops.iter().map(|b| (b.seeds.len(), Vec::new())).collect(),
+            ahead: Some(ahead),
         })
     }
 

@@ -18,9 +18,14 @@
 //! 2. **Submit** ([`Planner::submit`]): once the protocol's launch of
 //!    super-batch `g` is answered and its jobs are queued, the driver samples
 //!    the top layers of `g + 1`'s batches on the device
-//!    (`LayerDevice::prepare_top`, which downloads their bottom destinations)
-//!    and submits those ids; the run's first launch submits `g` and `g + 1`
-//!    before it waits for `g`'s plan. Requests are answered in order.
+//!    (`LayerDevice::prepare_tops`, which queues them and starts one read of
+//!    their sizes and bottom destinations) and submits the read; the run's
+//!    first launch submits `g` and `g + 1` before it waits for `g`'s plan.
+//!    With `device.sample_ahead` the read is still in flight on the sampling
+//!    stream: the thread waits for it (a `sample wait` slice; the read's one
+//!    synchronization, which the accelerator thread never makes) before it
+//!    plans, and the sampled blocks go back with the plan. Requests are
+//!    answered in order.
 //! 3. **Plan** ([`plan`], on the thread): relabel each batch's destinations, count
 //!    the candidate splits, and build the [`LaunchPlan`] for every split up to
 //!    the limit — the pure, split-independent part of protocol step 3. Nothing
@@ -28,7 +33,8 @@
 //!    protocol's. Each plan is a `plan` slice on the `planner` track.
 //! 4. **Take** ([`Planner::take`]): at the launch of `g` the driver takes `g`'s
 //!    plan (submitted a super-batch earlier, so normally ready; a block is
-//!    traced as `plan wait`) and answers [`scheduler::Event::Planned`] with the
+//!    traced as `plan wait`), hands its sampled blocks to the device
+//!    (`LayerDevice::adopt_tops`) and answers [`scheduler::Event::Planned`] with the
 //!    split it plans with; the protocol cuts the plan at that split (linear, no
 //!    search). The actions are those [`scheduler::Event::Launched`] with the
 //!    same batches gives (`scheduler/tests/protocol_script.rs`).
@@ -48,6 +54,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use scheduler::{LaunchPlan, LaunchedBatch, Relabeling};
 
+use crate::engine::{PreparedTops, TopsAhead};
 use crate::error::{Error, Result};
 use crate::trace::{Tracer, TrackId};
 
@@ -56,8 +63,40 @@ pub(crate) struct PlanRequest {
     /// Global super-batch.
     pub super_batch: u64,
     /// Per batch: its seed count and its bottom destinations (user ids), in
-    /// position order.
+    /// position order (empty while `ahead` still reads them).
     pub batches: Vec<(usize, Vec<u32>)>,
+    /// The device's read of the bottom destinations, when still in flight
+    /// (`device.sample_ahead`): the thread waits for it (step 2) and fills
+    /// `batches`' lists, and the sampled blocks go back with the plan.
+    pub ahead: Option<TopsAhead>,
+}
+
+/// Step 2 on the thread: waits for `req`'s bottom destinations when they are
+/// still being read (a `sample wait` slice), puts them into its batches, and
+/// returns the sampled blocks to hand back.
+fn wait_bottoms(inputs: &PlanInputs<'_>, req: &mut PlanRequest) -> Result<Option<PreparedTops>> {
+    let Some(ahead) = req.ahead.take() else {
+        return Ok(None);
+    };
+    let read = {
+        let _slice = inputs.trace.map(|(t, track)| {
+            t.slice_on(track, "sample wait")
+                .super_batch(req.super_batch)
+        });
+        ahead.wait()?
+    };
+    if read.bottoms.len() != req.batches.len() {
+        return Err(failed(format!(
+            "super-batch {}: {} batches read for {} submitted",
+            req.super_batch,
+            read.bottoms.len(),
+            req.batches.len()
+        )));
+    }
+    for ((_, ids), bottom) in req.batches.iter_mut().zip(read.bottoms) {
+        *ids = bottom;
+    }
+    Ok(Some(read.tops))
 }
 
 /// A finished plan.
@@ -151,7 +190,7 @@ fn failed(what: impl Into<String>) -> Error {
 /// The accelerator thread's end of the planner (module doc).
 pub(crate) struct Planner {
     requests: Option<Sender<PlanRequest>>,
-    ready: Receiver<Result<PlanReady>>,
+    ready: Receiver<Result<(PlanReady, Option<PreparedTops>)>>,
     /// Super-batches submitted and not taken, oldest first.
     in_flight: VecDeque<u64>,
 }
@@ -186,20 +225,23 @@ impl Planner {
             .name("tandem-planner".into())
             .spawn_scoped(scope, move || {
                 let _alive = alive;
-                for req in inbox {
+                for mut req in inbox {
                     let g = req.super_batch;
                     let _slice = inputs
                         .trace
                         .map(|(t, track)| t.slice_on(track, "plan").super_batch(g));
-                    let out =
-                        catch_unwind(AssertUnwindSafe(|| plan(&inputs, req))).unwrap_or_else(|p| {
-                            let msg = p
-                                .downcast_ref::<&str>()
-                                .map(|s| (*s).to_string())
-                                .or_else(|| p.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "a panic".into());
-                            Err(failed(format!("planning super-batch {g} panicked: {msg}")))
-                        });
+                    let out = catch_unwind(AssertUnwindSafe(|| {
+                        let tops = wait_bottoms(&inputs, &mut req)?;
+                        plan(&inputs, req).map(|ready| (ready, tops))
+                    }))
+                    .unwrap_or_else(|p| {
+                        let msg = p
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a panic".into());
+                        Err(failed(format!("planning super-batch {g} panicked: {msg}")))
+                    });
                     if outbox.send(out).is_err() {
                         break;
                     }
@@ -237,9 +279,10 @@ impl Planner {
         !self.ready.is_empty()
     }
 
-    /// Step 4: `super_batch`'s plan, which must be the oldest in flight;
-    /// blocks until it is ready.
-    pub fn take(&mut self, super_batch: u64) -> Result<PlanReady> {
+    /// Step 4: `super_batch`'s plan, which must be the oldest in flight, and
+    /// its sampled blocks when the thread waited for their read; blocks until
+    /// it is ready.
+    pub fn take(&mut self, super_batch: u64) -> Result<(PlanReady, Option<PreparedTops>)> {
         match self.in_flight.front() {
             Some(&g) if g == super_batch => {}
             front => {
@@ -263,10 +306,10 @@ impl Planner {
                 return Err(failed("the planner thread ended before answering"))
             }
         }?;
-        if ready.super_batch != super_batch {
+        if ready.0.super_batch != super_batch {
             return Err(failed(format!(
                 "answered super-batch {} for {super_batch}",
-                ready.super_batch
+                ready.0.super_batch
             )));
         }
         Ok(ready)
@@ -293,6 +336,7 @@ mod tests {
 
     fn request(rng: &mut Rng, g: u64, n: u32) -> PlanRequest {
         PlanRequest {
+            ahead: None,
             super_batch: g,
             batches: (0..1 + rng.below(4))
                 .map(|_| {
@@ -352,8 +396,9 @@ mod tests {
                     p.submit(q).unwrap();
                 }
                 assert!(p.pending(g as u64));
-                let got = p.take(g as u64).unwrap();
+                let (got, tops) = p.take(g as u64).unwrap();
                 assert_eq!(&got, want, "super-batch {g}");
+                assert!(tops.is_none(), "no device read to hand back");
             }
         });
         assert_eq!(alive.load(Ordering::Acquire), 0);
@@ -375,6 +420,7 @@ mod tests {
             let req = |g| PlanRequest {
                 super_batch: g,
                 batches: vec![(1, vec![3, 4, 5])],
+                ahead: None,
             };
             p.submit(req(0)).unwrap();
             p.submit(req(1)).unwrap();
@@ -385,6 +431,7 @@ mod tests {
             p.submit(PlanRequest {
                 super_batch: 2,
                 batches: vec![(0, vec![100])],
+                ahead: None,
             })
             .unwrap();
             assert!(p.take(0).is_ok());

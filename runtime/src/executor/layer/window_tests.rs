@@ -1,9 +1,11 @@
 //! What `policy = "auto"` asks of the layer pipeline, on a scripted clock: its
 //! measurement window ([`EpochRun::mark`]) on a device whose launches (one
-//! `prepare_top` per batch) and steps (`train_prepared`) move a [`ManualClock`]
+//! `LAUNCH` per batch in `prepare_tops`) and steps (`train_prepared`) move a [`ManualClock`]
 //! by fixed costs, so what the window holds is exact (no sleeps, no wall
-//! clock); a new split under a running monitor; and the planner thread's
-//! ends: a failed plan is the epoch's error, a stop joins the thread.
+//! clock); a new split under a running monitor; the planner thread's
+//! ends: a failed plan is the epoch's error, a stop joins the thread; and the
+//! top layers sampled ahead (`engine/hot.rs` step 1): one synchronization per
+//! super-batch, the blocks of hop-by-hop sampling.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +18,10 @@ use super::pipeline::{LayerOptions, LayerSetup, Orchestrator};
 use crate::cancel::CancelToken;
 use crate::data::dataset::Dataset;
 use crate::data::generate::{generate_sbm, SbmOptions};
-use crate::engine::{DeviceEngine, EngineOptions, HotStaging, HotUse, LayerDevice, PendingParams};
+use crate::engine::{
+    DeviceEngine, EngineOptions, HotStaging, HotUse, LayerDevice, PendingParams, PreparedTops,
+    TopBatch, TopsAhead,
+};
 use crate::error::{Result, StopCause};
 use crate::executor::{EpochEnd, EpochRun};
 use crate::trace::{Tracer, TrackKind};
@@ -66,9 +71,14 @@ impl LayerDevice for Scripted {
     fn hot_carry(&mut self, slab: usize, rows: &[u32], vertices: &[u32]) -> Result<()> {
         self.inner.hot_carry(slab, rows, vertices)
     }
-    fn prepare_top(&mut self, key: u64, seeds: &[u32], seed: u64) -> Result<Vec<u32>> {
-        self.clock.advance(LAUNCH);
-        self.inner.prepare_top(key, seeds, seed)
+    fn prepare_tops(&mut self, batches: &[TopBatch<'_>]) -> Result<TopsAhead> {
+        for _ in batches {
+            self.clock.advance(LAUNCH);
+        }
+        self.inner.prepare_tops(batches)
+    }
+    fn adopt_tops(&mut self, tops: PreparedTops) -> Result<()> {
+        self.inner.adopt_tops(tops)
     }
     fn train_prepared(
         &mut self,
@@ -120,6 +130,12 @@ fn rig() -> Rig {
 
 /// The rig with the device storing feature rows as `dtype`.
 fn rig_with(dtype: gpu_ops::FeatureDtype) -> Rig {
+    rig_opts(dtype, false)
+}
+
+/// The rig with feature rows as `dtype`, sampling the top layers on the
+/// sampling sibling when `sample_ahead` (`device.sample_ahead`).
+fn rig_opts(dtype: gpu_ops::FeatureDtype, sample_ahead: bool) -> Rig {
     let ds = Arc::new(
         generate_sbm(&SbmOptions {
             num_vertices: 2000,
@@ -159,7 +175,7 @@ fn rig_with(dtype: gpu_ops::FeatureDtype) -> Rig {
             defer_features: false,
             feature_dtype: dtype,
             sparse: false,
-            sample_ahead: false,
+            sample_ahead,
             hot_store_rows: 0,
         },
     )
@@ -490,4 +506,134 @@ fn bf16_hot_install_refuses_unsealed_rows() {
     // Writing again unseals.
     staging.rows_mut().fill(2.0);
     assert!(dev.hot_install(0, 0, 1, &mut *staging).is_err());
+}
+
+/// With `device.sample_ahead` each super-batch's top layers cost one
+/// synchronization of the sampling stream (the read of their sizes and bottom
+/// destinations, which the planner thread waits for) and none of the compute
+/// stream — issue 22: three a batch on the compute stream before (two hops
+/// and a download). Without it the one read is the compute stream's.
+#[test]
+fn each_super_batch_s_top_layers_cost_one_sampling_synchronization() {
+    let super_batches = 5;
+    let syncs: Vec<(u64, u64)> = [false, true]
+        .into_iter()
+        .map(|ahead| {
+            let mut r = rig_opts(gpu_ops::FeatureDtype::F32, ahead);
+            let before = r.device.inner.syncs_by_stream();
+            r.train(super_batches * N, None);
+            let after = r.device.inner.syncs_by_stream();
+            (after.0 - before.0, after.1 - before.1)
+        })
+        .collect();
+    let ((compute_off, sampling_off), (compute_on, sampling_on)) = (syncs[0], syncs[1]);
+    assert_eq!(sampling_off, 0, "no sibling without sample_ahead");
+    assert_eq!(
+        sampling_on, super_batches as u64,
+        "one read per super-batch ({N} batches each)"
+    );
+    assert_eq!(
+        compute_off - compute_on,
+        super_batches as u64,
+        "the reads moved off the compute stream ({compute_off} vs {compute_on})"
+    );
+}
+
+/// The top layers read ahead are those hop-by-hop sampling draws (the bottom
+/// destinations of `cpu_ops::sample_hop` with `derive_seed(seed, 1)`), the read
+/// is finished on another thread, and batches trained from them train the same
+/// with the read on the sampling sibling as on the engine's backend (losses
+/// and weights bit for bit).
+#[test]
+fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
+    let r = rig();
+    let ds = Arc::clone(&r.ds);
+    let mut engines: Vec<(bool, DeviceEngine<HostBackend>)> = [false, true]
+        .into_iter()
+        .map(|ahead| {
+            (
+                ahead,
+                rig_opts(gpu_ops::FeatureDtype::F32, ahead).device.inner,
+            )
+        })
+        .collect();
+    let mut rng = cpu_ops::Rng::new(41);
+    let mut scratch = cpu_ops::SamplerScratch::new(ds.num_vertices());
+    let no_hot = HotUse {
+        slab: 0,
+        positions: &[],
+        rows: &[],
+        grad: gpu_ops::HotGrad::default(),
+    };
+    for round in 0..3u64 {
+        let batches: Vec<(Vec<u32>, u64)> = (0..1 + rng.below(4))
+            .map(|_| {
+                let mut s: Vec<u32> = (0..ds.num_vertices() as u32).collect();
+                rng.shuffle(&mut s);
+                s.truncate(1 + rng.below(64) as usize);
+                (s, rng.next_u64())
+            })
+            .collect();
+        let tops: Vec<TopBatch<'_>> = batches
+            .iter()
+            .enumerate()
+            .map(|(i, (seeds, seed))| TopBatch {
+                key: 100 * round + i as u64,
+                seeds,
+                seed: *seed,
+            })
+            .collect();
+        let want: Vec<Vec<u32>> = batches
+            .iter()
+            .map(|(seeds, seed)| {
+                let hop = cpu_ops::sample_hop(
+                    &ds.graph,
+                    seeds,
+                    5,
+                    cpu_ops::derive_seed(*seed, 1),
+                    None,
+                    &mut scratch,
+                )
+                .unwrap();
+                hop.src_ids().to_vec()
+            })
+            .collect();
+        let mut losses = Vec::new();
+        for (ahead, e) in &mut engines {
+            let (c0, s0) = e.syncs_by_stream();
+            let reading = e.prepare_tops(&tops).unwrap();
+            let queued = e.syncs_by_stream();
+            let read = std::thread::scope(|t| t.spawn(|| reading.wait()).join())
+                .unwrap()
+                .unwrap();
+            let done = e.syncs_by_stream();
+            if *ahead {
+                assert_eq!(queued, (c0, s0), "queued without a synchronization");
+                assert_eq!(done, (c0, s0 + 1), "one read, on the sampling stream");
+            } else {
+                assert_eq!(queued, (c0 + 1, s0), "one read, on the compute stream");
+                assert_eq!(done, queued);
+            }
+            assert_eq!(read.bottoms, want, "round {round}, ahead {ahead}");
+            e.adopt_tops(read.tops).unwrap();
+            let l: Vec<(u64, usize)> = tops
+                .iter()
+                .map(|b| {
+                    let (loss, correct) =
+                        e.train_prepared(b.key, b.seeds, b.seed, &no_hot).unwrap();
+                    (loss.to_bits(), correct)
+                })
+                .collect();
+            losses.push(l);
+        }
+        assert_eq!(losses[0], losses[1], "round {round}");
+    }
+    use crate::engine::ModelState;
+    assert_eq!(
+        engines[0].1.params_to_host().unwrap(),
+        engines[1].1.params_to_host().unwrap()
+    );
+    // A batch never adopted is not trained.
+    let e = &mut engines[1].1;
+    assert!(e.train_prepared(999, &[1], 1, &no_hot).is_err());
 }
