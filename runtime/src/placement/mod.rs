@@ -26,6 +26,8 @@ pub(crate) mod auto;
 pub(crate) mod budget;
 pub(crate) mod calibrator;
 pub(crate) mod drift;
+#[cfg(test)]
+mod memory_tests;
 
 use std::sync::Arc;
 
@@ -35,7 +37,7 @@ use scheduler::{Device, Orchestration, StepBased};
 
 use crate::config::{PinPolicy, SparseFeatures, TrainConfig};
 use crate::data::dataset::Dataset;
-use crate::engine::{density, DeviceEngine, EngineOptions, ModelState};
+use crate::engine::{density, DeviceEngine, EngineOptions, LayerReserve, ModelState};
 use crate::error::{Error, Result};
 use crate::executor::layer::clock::{wall_clock, SharedClock};
 use crate::executor::layer::{LayerExecutor, LayerOptions, LayerSetup, Orchestrator};
@@ -69,16 +71,28 @@ fn layer_options(o: &crate::config::OrchestrationSection) -> Result<LayerOptions
     })
 }
 
-/// Hot vertices the cross-super-batch store may keep rows of
-/// (`placement/budget.rs`): with a fixed layer policy that reuses rows across
-/// super-batches, every hot vertex (`hot_ratio` of the `n`, rounded up: at least
-/// the relabeled hot ids the store is indexed by); else 0. (Under
-/// `policy = "auto"` the probe's layer candidate is not counted.)
-fn hot_store_rows(o: &crate::config::OrchestrationSection, n: usize) -> u64 {
-    if o.reuses_embeddings() && o.reuse_across_superbatches {
-        (o.hot_ratio * n as f64).ceil().min(n as f64) as u64
+/// The layer path's hot rows the engine makes room for (`engine/memory.rs`
+/// step 8): a fixed layer policy's whole hot set (`hot_ratio` of the `n`,
+/// rounded up: at least the relabeled hot ids), which must fit; `"auto"`'s
+/// layer candidate (its `hot_ratio`, [`AUTO_HOT_RATIO`] when 0; only with two
+/// layers or more), which shrinks to fit; else none.
+fn layer_reserve(o: &crate::config::OrchestrationSection, n: usize, layers: usize) -> LayerReserve {
+    let ratio = if o.reuses_embeddings() {
+        o.hot_ratio
+    } else if o.is_auto() && layers >= 2 {
+        if o.hot_ratio > 0.0 {
+            o.hot_ratio
+        } else {
+            AUTO_HOT_RATIO
+        }
     } else {
-        0
+        return LayerReserve::default();
+    };
+    LayerReserve {
+        hot_rows: (ratio * n as f64).ceil().min(n as f64) as u64,
+        super_batch: o.super_batch,
+        store: o.reuse_across_superbatches,
+        fixed: !o.is_auto(),
     }
 }
 
@@ -203,7 +217,11 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             feature_dtype: cfg.device.feature_dtype,
             sparse,
             sample_ahead: cfg.device.sample_ahead,
-            hot_store_rows: hot_store_rows(&cfg.orchestration, input.ds.num_vertices()),
+            layer: layer_reserve(
+                &cfg.orchestration,
+                input.ds.num_vertices(),
+                cfg.train_fanouts()?.len(),
+            ),
         },
     )?;
     if let Some(n) = engine.budget_note() {
@@ -323,10 +341,11 @@ mod tests {
         open_backend(&device, 0)
     }
 
-    /// The hot-row store is counted for a fixed layer policy that reuses rows
-    /// across super-batches, with every hot vertex; for nothing else.
+    /// The layer path's rows are counted for a fixed layer policy (which must
+    /// fit) and `"auto"`'s layer candidate (which shrinks), with the store only
+    /// when rows are kept across super-batches; for nothing else.
     #[test]
-    fn the_hot_row_store_is_counted_only_where_the_layer_path_keeps_rows() {
+    fn the_layer_reserve_follows_the_policy() {
         let o = |sets: &[&str]| {
             let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
             TrainConfig::from_toml_with_overrides("", std::path::Path::new("t"), &sets)
@@ -337,27 +356,24 @@ mod tests {
             "orchestration.policy=\"layer\"",
             "orchestration.hot_ratio=0.2",
         ];
-        assert_eq!(hot_store_rows(&o(&layer), 1001), 201);
+        let r = layer_reserve(&o(&layer), 1001, 2);
+        assert_eq!((r.hot_rows, r.store, r.fixed), (201, true, true));
+        assert_eq!(r.super_batch, o(&layer).super_batch);
         let mut off = layer.to_vec();
         off.push("orchestration.reuse_across_superbatches=false");
-        assert_eq!(hot_store_rows(&o(&off), 1001), 0);
-        assert_eq!(
-            hot_store_rows(
-                &o(&[
-                    "orchestration.policy=\"layer\"",
-                    "orchestration.hot_ratio=0"
-                ]),
-                1001
-            ),
-            0
-        );
-        assert_eq!(
-            hot_store_rows(
-                &o(&["orchestration.policy=\"gpu-sample-gpu-gather\""]),
-                1001
-            ),
-            0
-        );
+        let r = layer_reserve(&o(&off), 1001, 2);
+        assert_eq!((r.hot_rows, r.store), (201, false));
+        let none = [
+            "orchestration.policy=\"layer\"",
+            "orchestration.hot_ratio=0",
+        ];
+        assert_eq!(layer_reserve(&o(&none), 1001, 2), LayerReserve::default());
+        let step = ["orchestration.policy=\"gpu-sample-gpu-gather\""];
+        assert_eq!(layer_reserve(&o(&step), 1001, 2), LayerReserve::default());
+        let auto = ["orchestration.policy=\"auto\"", "orchestration.hot_ratio=0"];
+        let r = layer_reserve(&o(&auto), 1000, 3);
+        assert_eq!((r.hot_rows, r.fixed), (200, false));
+        assert_eq!(layer_reserve(&o(&auto), 1000, 1), LayerReserve::default());
     }
 
     /// `"host"` is the host backend in every build.

@@ -157,7 +157,7 @@ fn rig_with(dtype: gpu_ops::FeatureDtype) -> Rig {
             feature_dtype: dtype,
             sparse: false,
             sample_ahead: false,
-            hot_store_rows: 0,
+            layer: crate::engine::LayerReserve::default(),
         },
     )
     .unwrap();
