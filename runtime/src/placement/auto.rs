@@ -102,6 +102,8 @@ pub(crate) struct LayerPlan {
     pub seed: u64,
     /// First core of the CPU workers when pinning.
     pub pin_from: Option<usize>,
+    /// Where the hot set's pre-sampling pass reports its progress.
+    pub progress: Arc<dyn crate::progress::Progress>,
 }
 
 /// `policy = "auto"` (module doc).
@@ -291,6 +293,7 @@ impl<B: Backend> AutoExecutor<B> {
                     let n = p.ds.num_vertices().max(1) as f64;
                     let mut opts = p.opts.clone();
                     opts.hot_ratio = opts.hot_ratio.min(limit as f64 / n);
+                    let off = Tracer::disabled();
                     let mut o = Orchestrator::new(&LayerSetup {
                         opts: &opts,
                         ds: &p.ds,
@@ -299,6 +302,8 @@ impl<B: Backend> AutoExecutor<B> {
                         train_ids: &p.train_ids,
                         batch_size: p.batch_size,
                         seed: p.seed,
+                        progress: &*p.progress,
+                        tracer: self.trace.as_ref().map_or(&off, |(t, _)| t),
                     })?;
                     if u64::from(o.hot_count()) > limit {
                         return Err(internal(&format!(

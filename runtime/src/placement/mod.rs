@@ -96,6 +96,26 @@ fn layer_reserve(o: &crate::config::OrchestrationSection, n: usize, layers: usiz
     }
 }
 
+/// Where setup reports besides its result: the progress of long phases (the
+/// hot set's pre-sampling pass, phase `"presample"`) and the tracer its
+/// slices go into (`hotness scores`). Default: nowhere.
+#[derive(Clone)]
+pub(crate) struct SetupSinks {
+    /// Progress reports (`crate::progress`).
+    pub progress: Arc<dyn crate::progress::Progress>,
+    /// The tracer.
+    pub tracer: crate::trace::Tracer,
+}
+
+impl Default for SetupSinks {
+    fn default() -> Self {
+        Self {
+            progress: Arc::new(crate::progress::NoProgress),
+            tracer: crate::trace::Tracer::disabled(),
+        }
+    }
+}
+
 /// What the session needs to build its executor.
 pub(crate) struct PlacementInput<'a> {
     /// The validated configuration.
@@ -116,6 +136,8 @@ pub(crate) struct PlacementInput<'a> {
     /// `clock` (tests of its mechanics, on a scripted clock or the wall's);
     /// `None`: on the wall clock, and only on a GPU.
     pub measure_on_host: Option<SharedClock>,
+    /// Where setup reports.
+    pub sinks: &'a SetupSinks,
 }
 
 /// The executor and the note saying what was chosen and why.
@@ -269,6 +291,7 @@ fn strategy<B: Backend>(
                 batch_size: cfg.train.batch_size,
                 seed: cfg.train.seed,
                 pin_from,
+                progress: Arc::clone(&input.sinks.progress),
             };
             let clock = input.measure_on_host.clone().unwrap_or_else(wall_clock);
             Box::new(auto::AutoExecutor::new(engine, plan, ahead, clock))
@@ -282,6 +305,8 @@ fn strategy<B: Backend>(
                 train_ids: input.train_ids,
                 batch_size: cfg.train.batch_size,
                 seed: cfg.train.seed,
+                progress: &*input.sinks.progress,
+                tracer: &input.sinks.tracer,
             })?;
             orch.pin_workers_from(pin_from);
             Box::new(LayerExecutor::new(engine, orch))

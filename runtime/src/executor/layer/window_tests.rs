@@ -182,6 +182,8 @@ fn rig_with(dtype: gpu_ops::FeatureDtype) -> Rig {
         train_ids: &train_ids,
         batch_size: 64,
         seed: 7,
+        progress: &crate::progress::NoProgress,
+        tracer: &crate::trace::Tracer::disabled(),
     })
     .unwrap();
     let clock = ManualClock::new();
