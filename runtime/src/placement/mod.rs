@@ -239,11 +239,17 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             feature_dtype: cfg.device.feature_dtype,
             sparse,
             sample_ahead: cfg.device.sample_ahead,
-            layer: layer_reserve(
-                &cfg.orchestration,
-                input.ds.num_vertices(),
-                cfg.train_fanouts()?.len(),
-            ),
+            // (`"auto"` on the host backend measures nothing unless a test
+            // asks it to: no layer candidate to make room for.)
+            layer: if cfg.orchestration.is_auto() && !on_cuda && input.measure_on_host.is_none() {
+                LayerReserve::default()
+            } else {
+                layer_reserve(
+                    &cfg.orchestration,
+                    input.ds.num_vertices(),
+                    cfg.train_fanouts()?.len(),
+                )
+            },
         },
     )?;
     if let Some(n) = engine.budget_note() {
