@@ -328,9 +328,14 @@ impl<B: Backend> DeviceEngine<B> {
         let layer_rows = if opts.layer.fixed {
             want
         } else {
-            let limit = match opts.memory_budget {
-                0 => free,
-                b => b.min(free),
+            // Under a budget, what it leaves (the budget is what the job may
+            // plan for); else the free memory less the allocator's headroom
+            // (`placement/budget.rs`), which the hot rows must not eat.
+            let budgeted = opts.memory_budget > 0 && opts.memory_budget < free;
+            let limit = if budgeted {
+                opts.memory_budget
+            } else {
+                free.saturating_sub(crate::placement::budget::DEVICE_HEADROOM_BYTES)
             };
             let rest = memory::MemoryNeed { cache, ..need }.total();
             let room = limit.saturating_sub(rest);
@@ -342,10 +347,10 @@ impl<B: Backend> DeviceEngine<B> {
                      the topology, the feature cache and the working set",
                     crate::trace::fmt_bytes(memory::layer_bytes(rows, &shape).total()),
                     crate::trace::fmt_bytes(room),
-                    if opts.memory_budget > 0 && opts.memory_budget < free {
+                    if budgeted {
                         "device.memory_budget_bytes"
                     } else {
-                        "the free device memory"
+                        "the free device memory (less 1 GiB of headroom)"
                     },
                 ));
             }
