@@ -6,9 +6,11 @@
 //!    apply [`crate::config::env_overrides`] yourself if you want them).
 //! 2. Optionally pass an in-memory [`Dataset`] — by value, or as an
 //!    `Arc<Dataset>` that several trainers share without copying (otherwise
-//!    `[data]` says what to load or generate) —, callbacks, a cancel token, and
+//!    `[data]` says what to load or generate) —, callbacks, a cancel token,
 //!    `verbose(true)` to get one line per epoch on stderr (nothing is printed
-//!    otherwise).
+//!    otherwise), a progress sink for long setup phases
+//!    ([`TrainerBuilder::progress`]) and a tracer that records setup too
+//!    ([`TrainerBuilder::tracer`]).
 //! 3. Optionally bound what the job takes from the machine: a core budget
 //!    ([`TrainerBuilder::threads`]) or a rayon pool shared with other jobs
 //!    ([`TrainerBuilder::thread_pool`]), and for a GPU job its device
