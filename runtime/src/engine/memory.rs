@@ -300,17 +300,24 @@ fn layer_clause(need: &MemoryNeed) -> String {
 /// `limit` bytes (`what` names the limit).
 fn layer_error(need: &MemoryNeed, limit: u64, what: &str) -> Error {
     let others = need.total() - need.layer;
+    let cache = if need.cache > 0 {
+        format!(
+            "a feature cache of {} included (device.cache_bytes)",
+            fmt_bytes(need.cache)
+        )
+    } else {
+        "with no feature cache".to_string()
+    };
     Error::invalid_argument(
         "orchestration.hot_ratio",
         format!(
             "the layer-based hot set does not fit in device memory: its slabs and hot-row \
-             store need about {} beside the {} the rest of this run needs (without a feature \
-             cache: {}), {} in all, but the limit is {} ({what}); lower orchestration.hot_ratio \
-             (or orchestration.super_batch, or set orchestration.reuse_across_superbatches = \
+             store need about {} beside the {} the rest of this run needs ({cache}), {} in \
+             all, but the limit is {} ({what}); lower orchestration.hot_ratio (or \
+             orchestration.super_batch, or set orchestration.reuse_across_superbatches = \
              false), or use orchestration.policy = \"auto\", which shrinks the hot set to fit",
             fmt_bytes(need.layer),
             fmt_bytes(others),
-            fmt_bytes(others - need.cache),
             fmt_bytes(need.total()),
             fmt_bytes(limit),
         ),
