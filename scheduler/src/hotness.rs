@@ -157,15 +157,38 @@ impl HotnessPolicy {
         batch_size: usize,
         seed: u64,
     ) -> Result<Vec<u64>> {
+        self.scores_with(graph, sampler, train_ids, batch_size, seed, &|_, _| {})
+    }
+
+    /// [`HotnessPolicy::scores`], reporting the pre-sampling pass's progress
+    /// to `progress` as `(batches done, batches in all)` (the protocol of
+    /// [`presample_sides_with`]; degree order reports nothing).
+    pub fn scores_with(
+        &self,
+        graph: &CsrGraph,
+        sampler: &NeighborSampler,
+        train_ids: &[u32],
+        batch_size: usize,
+        seed: u64,
+        progress: &(dyn Fn(u64, u64) + Sync),
+    ) -> Result<Vec<u64>> {
         match *self {
             Self::PreSample { epochs, touch } => {
-                let counts =
-                    presample_counts(graph, sampler, train_ids, batch_size, epochs, seed, touch)?;
+                let [counts] = presample_sides_with(
+                    graph,
+                    sampler,
+                    train_ids,
+                    batch_size,
+                    epochs,
+                    seed,
+                    [touch],
+                    progress,
+                )?;
                 Ok(counts.into_iter().map(u64::from).collect())
             }
             Self::Degree => Ok(degree_scores(graph)),
             Self::PcieValue { epochs, cost } => {
-                let [in_uses, out_uses]: [Vec<u32>; 2] = presample_sides(
+                let [in_uses, out_uses]: [Vec<u32>; 2] = presample_sides_with(
                     graph,
                     sampler,
                     train_ids,
@@ -173,6 +196,7 @@ impl HotnessPolicy {
                     epochs,
                     seed,
                     [Touch::BottomInputs, Touch::BottomOutputs],
+                    progress,
                 )?;
                 let n = graph.num_vertices();
                 let values = crate::pcie_values(
@@ -260,6 +284,34 @@ pub fn presample_sides<const K: usize>(
     seed: u64,
     touches: [Touch; K],
 ) -> Result<[Vec<u32>; K]> {
+    presample_sides_with(
+        graph,
+        sampler,
+        train_ids,
+        batch_size,
+        epochs,
+        seed,
+        touches,
+        &|_, _| {},
+    )
+}
+
+/// [`presample_sides`], reporting progress to `progress` as `(done, total)`
+/// pre-sampled batches: `(0, total)` first, then one report per batch in
+/// order (serialized across threads, so `done` never decreases), the last
+/// `(total, total)` when the pass succeeds. Large graphs spend seconds here
+/// before the first epoch.
+#[allow(clippy::too_many_arguments)]
+pub fn presample_sides_with<const K: usize>(
+    graph: &CsrGraph,
+    sampler: &NeighborSampler,
+    train_ids: &[u32],
+    batch_size: usize,
+    epochs: u32,
+    seed: u64,
+    touches: [Touch; K],
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<[Vec<u32>; K]> {
     if batch_size == 0 {
         return Err(invalid("batch_size", "at least 1", 0));
     }
@@ -295,6 +347,10 @@ pub fn presample_sides<const K: usize>(
         .collect();
     let counts: [Vec<AtomicU32>; K] =
         std::array::from_fn(|_| (0..n).map(|_| AtomicU32::new(0)).collect());
+    let total = batches.len() as u64;
+    progress(0, total);
+    // Batches done; reported under the lock so reports stay in order.
+    let done = std::sync::Mutex::new(0u64);
     batches.par_iter().try_for_each_init(
         || (SamplerScratch::new(n), cpu_ops::SampledBatch::default()),
         |(scratch, batch), &(batch_seed, seeds)| -> Result<()> {
@@ -311,6 +367,11 @@ pub fn presample_sides<const K: usize>(
                     counts[v as usize].fetch_add(1, Ordering::Relaxed);
                 }
             }
+            let mut d = done
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *d += 1;
+            progress(*d, total);
             Ok(())
         },
     )?;
@@ -614,5 +675,53 @@ mod tests {
         // Not the touch-count order: the value weighs what a vertex alone saves.
         let by_touch = hotness_order(&ins).unwrap();
         assert_ne!(&order[..100], &by_touch[..100]);
+    }
+
+    /// Progress reports start at `(0, total)`, never decrease (the pass runs
+    /// on several threads) and end at `(total, total)`, one per batch; the
+    /// counts are those of the pass without a sink.
+    #[test]
+    fn presample_progress_is_monotone_and_ends_at_the_total() {
+        let g = small_graph();
+        let sampler = NeighborSampler::new(vec![2, 2]).unwrap();
+        let train: Vec<u32> = (0..7).collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let seen = std::sync::Mutex::new(Vec::new());
+        let sink = |done: u64, total: u64| seen.lock().unwrap().push((done, total));
+        let got = pool
+            .install(|| {
+                presample_sides_with(&g, &sampler, &train, 2, 3, 5, [Touch::BottomInputs], &sink)
+            })
+            .unwrap();
+        let seen = seen.into_inner().unwrap();
+        // 3 epochs of ceil(7 / 2) = 4 batches.
+        let total = 12;
+        assert_eq!(seen.len(), total as usize + 1);
+        assert_eq!(seen[0], (0, total));
+        assert_eq!(*seen.last().unwrap(), (total, total));
+        assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0 && w[1].1 == total));
+        let plain = presample_counts(&g, &sampler, &train, 2, 3, 5, Touch::BottomInputs).unwrap();
+        assert_eq!(got[0], plain);
+        // Through the policy; degree order has no pass and reports nothing.
+        let mut reports = 0;
+        let count = std::sync::Mutex::new(&mut reports);
+        let policy = HotnessPolicy::new(Hotness::Presample, 2).unwrap();
+        policy
+            .scores_with(&g, &sampler, &train, 2, 5, &|_, _| {
+                **count.lock().unwrap() += 1
+            })
+            .unwrap();
+        assert_eq!(reports, 2 * 4 + 1);
+        let mut none = 0;
+        let count = std::sync::Mutex::new(&mut none);
+        HotnessPolicy::Degree
+            .scores_with(&g, &sampler, &train, 2, 5, &|_, _| {
+                **count.lock().unwrap() += 1
+            })
+            .unwrap();
+        assert_eq!(none, 0);
     }
 }

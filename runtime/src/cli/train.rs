@@ -263,15 +263,19 @@ fn train(
     if let Err(e) = ctrlc::set_handler(move || on_signal.cancel()) {
         eprintln!("note: Ctrl-C will not stop training cleanly: {e}");
     }
-    let mut trainer = TrainerBuilder::new(cfg)
+    let mut builder = TrainerBuilder::new(cfg)
         .callback(Progress {
             enabled: lead && std::io::stderr().is_terminal(),
             bar: None,
         })
         .cancel_token(cancel)
         .communicator(comm)
-        .build()?;
-    trainer.set_tracer(tracer);
+        .tracer(tracer);
+    if lead {
+        // The layer path's pre-sampling pass, as the importers report theirs.
+        builder = builder.progress(super::progress::CliProgress::stderr("train setup"));
+    }
+    let mut trainer = builder.build()?;
     // The failure test of `docs/distributed.md`: this rank fails while the
     // others wait in the first step's all-reduce.
     if std::env::var("TANDEM_TEST_FAIL_RANK")

@@ -607,6 +607,25 @@ impl<B: Backend> DeviceEngine<B> {
         self.dev.to_host(buf, n).map_err(dev_err("hot slab"))
     }
 
+    /// Device bytes the hot-row buffers hold now: (both slabs with their
+    /// bfloat16 mirrors, the store, the keep/carry scratch and index
+    /// buffers), from the buffers' lengths (tests of `engine/memory.rs`
+    /// step 8).
+    #[cfg(test)]
+    pub(crate) fn hot_alloc_bytes(&self) -> (u64, u64, u64) {
+        fn bytes<B: Backend, T: gpu_ops::Elem>(dev: &B, b: &Option<B::Buf<T>>) -> u64 {
+            b.as_ref()
+                .map_or(0, |b| (dev.len(b) * std::mem::size_of::<T>()) as u64)
+        }
+        let d = &*self.dev;
+        let h = &self.hot;
+        let slabs = (0..2)
+            .map(|i| bytes(d, &h.slabs[i]) + bytes(d, &h.narrow[i]))
+            .sum();
+        let scratch = bytes(d, &h.copy_rows) + bytes(d, &h.copy_from) + bytes(d, &h.copy_to);
+        (slabs, bytes(d, &h.store), scratch)
+    }
+
     /// Step 1: queues the top layers of `batches` and starts the read of their
     /// sizes and bottom sources (on the sampling sibling when sampling ahead,
     /// where the read is finished by whoever waits; else on the engine's

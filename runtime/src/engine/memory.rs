@@ -28,6 +28,29 @@
 //! 6. the feature cache gets `min(step 2, M − fixed)`: the budget caps the
 //!    cache, which shrinks to what the budget leaves;
 //! 7. the total with that cache must still be free on the device.
+//!
+//! # The layer path's hot rows ([`layer_bytes`])
+//! 8. **Layer-based orchestration** keeps, beyond a step's working set, the
+//!    device buffers of `engine/hot.rs` for a CPU share of at most `H` hot rows
+//!    of layer 0's output width `W` (fp32: 4 bytes a value):
+//!    - the two hot-row **slabs** (super-batches `j` and `j + 1`, pipeline
+//!      depth 1), each grown to a queue's rows plus 25%; a queue is at most
+//!      `Q = min(H, N · b₀)` rows, `N` batches per super-batch
+//!      (`orchestration.super_batch`) of at most `b₀` bottom destinations
+//!      each (step 4's sources of block 1); with bfloat16 feature rows each
+//!      slab has a bfloat16 mirror of the same rows (2 bytes a value);
+//!    - with `orchestration.reuse_across_superbatches`, the **store** of hot
+//!      rows indexed by relabeled hot id, grown to the largest kept id plus
+//!      25% (`H + H/4` rows);
+//!    - the keep/carry **scratch** (up to `Q` rows plus 25%) and its two index
+//!      buffers (4 bytes a row), and the **growth** transient: a slab or the
+//!      store grows by allocating the new buffer before the old one is freed,
+//!      so the largest old buffer is counted once more.
+//!
+//!    A fixed `layer` policy counts all of it at its whole hot set; with
+//!    `policy = "auto"` the layer candidate gets the largest hot set whose
+//!    bytes fit what the budget leaves after the other parts
+//!    ([`rows_within`]), never an error.
 
 use cpu_ops::{ModelConfig, ALL_NEIGHBORS};
 
@@ -46,13 +69,132 @@ pub(crate) struct MemoryNeed {
     pub model: u64,
     /// Step 4.
     pub batch: u64,
+    /// Step 8: the layer path's hot rows (0 without a fixed `layer` policy).
+    pub layer: u64,
 }
 
 impl MemoryNeed {
     /// Everything.
     pub fn total(&self) -> u64 {
-        self.topology + self.cache + self.model + self.batch
+        self.topology + self.cache + self.model + self.batch + self.layer
     }
+}
+
+/// What sizes the layer path's device buffers besides the hot rows (step 8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerShape {
+    /// Layer 0's output width `W` (values a hot row).
+    pub width: u64,
+    /// Batches per super-batch `N`.
+    pub super_batch: u64,
+    /// Bottom destinations of one batch at most, `b₀` ([`bottom_rows`]).
+    pub bottom_rows: u64,
+    /// Feature rows are bfloat16: each slab has a bfloat16 mirror.
+    pub bf16: bool,
+    /// Rows are kept across super-batches: the store exists.
+    pub store: bool,
+}
+
+/// The layer path's device bytes for a CPU share of `H` hot rows (step 8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerBytes {
+    /// Both slabs, with their bfloat16 mirrors.
+    pub slabs: u64,
+    /// The cross-super-batch store.
+    pub store: u64,
+    /// The keep/carry scratch rows and index buffers.
+    pub scratch: u64,
+    /// The largest buffer alive twice while it grows.
+    pub growth: u64,
+}
+
+impl LayerBytes {
+    /// Everything.
+    pub fn total(&self) -> u64 {
+        self.slabs
+            .saturating_add(self.store)
+            .saturating_add(self.scratch)
+            .saturating_add(self.growth)
+    }
+}
+
+/// `rows` plus 25%: what `engine/hot.rs` allocates when a buffer grows to
+/// `rows`.
+fn grown(rows: u64) -> u64 {
+    rows.saturating_add(rows / 4)
+}
+
+/// Bottom destinations of one batch of `batch_size` seeds with `fanouts`
+/// (bottom first) on `n` vertices, at most: the sources of block 1 (the seeds
+/// themselves with one layer).
+pub fn bottom_rows(n: u64, batch_size: usize, fanouts: &[u32]) -> u64 {
+    let mut rows = (batch_size as u64).min(n);
+    for &f in fanouts.iter().skip(1).rev() {
+        rows = if f == ALL_NEIGHBORS {
+            n
+        } else {
+            rows.saturating_mul(1 + u64::from(f)).min(n)
+        };
+    }
+    rows
+}
+
+/// Step 8: the device bytes of the layer path's hot-row buffers for a CPU
+/// share of at most `hot_rows` rows of `shape` (all 0 without hot rows). The
+/// one estimate the engine's check, the automatic placement and `"auto"`'s
+/// layer candidate use.
+pub fn layer_bytes(hot_rows: u64, shape: &LayerShape) -> LayerBytes {
+    if hot_rows == 0 || shape.width == 0 {
+        return LayerBytes::default();
+    }
+    let queue = hot_rows.min(
+        shape
+            .super_batch
+            .max(1)
+            .saturating_mul(shape.bottom_rows.max(1)),
+    );
+    let row = shape.width.saturating_mul(4);
+    let mirror = if shape.bf16 { shape.width * 2 } else { 0 };
+    let slab = grown(queue).saturating_mul(row.saturating_add(mirror));
+    let (store, scratch) = if shape.store {
+        let store_rows = grown(hot_rows);
+        (
+            store_rows.saturating_mul(row),
+            // Scratch rows, the `to` ids (a carry's rows), the `from` ids
+            // (a grow copies every old store row's id).
+            grown(queue)
+                .saturating_mul(row)
+                .saturating_add(grown(queue).saturating_mul(4))
+                .saturating_add(grown(store_rows.max(queue)).saturating_mul(4)),
+        )
+    } else {
+        (0, 0)
+    };
+    LayerBytes {
+        slabs: slab.saturating_mul(2),
+        store,
+        scratch,
+        growth: slab.max(store),
+    }
+}
+
+/// The largest CPU share of at most `max_rows` hot rows whose
+/// [`layer_bytes`] fit in `room` bytes (0 when not even one row fits).
+pub fn rows_within(room: u64, max_rows: u64, shape: &LayerShape) -> u64 {
+    if layer_bytes(max_rows, shape).total() <= room {
+        return max_rows;
+    }
+    // `layer_bytes` grows with the rows: the largest fitting count by bisection.
+    let (mut lo, mut hi) = (0u64, max_rows);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if layer_bytes(mid, shape).total() <= room {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 /// Steps 1–4 for `ds` trained as `model` with `batch_size` seeds and `fanouts`
@@ -111,6 +253,7 @@ pub(crate) fn estimate(
         cache,
         model: params,
         batch,
+        layer: 0,
     }
 }
 
@@ -120,21 +263,65 @@ pub(crate) fn check(need: &MemoryNeed, free: u64, device: &str) -> Result<()> {
     if need.total() <= free {
         return Ok(());
     }
+    let without_layer = MemoryNeed { layer: 0, ..*need };
+    if need.layer > 0 && without_layer.total() <= free {
+        return Err(layer_error(need, free, &format!("what {device} has free")));
+    }
     Err(Error::invalid_argument(
         "device",
         format!(
             "this run needs about {} of memory on {device} but {} is free: feature cache {} \
              (device.cache_bytes), topology {} (device.topology = \"pinned-host\" keeps it in \
              host memory), batch working set {} (train.batch_size, train.fanouts, model.hidden), \
-             model and optimizer state {} (model.hidden, model.layers)",
+             model and optimizer state {} (model.hidden, model.layers){}",
             fmt_bytes(need.total()),
             fmt_bytes(free),
             fmt_bytes(need.cache),
             fmt_bytes(need.topology),
             fmt_bytes(need.batch),
             fmt_bytes(need.model),
+            layer_clause(need),
         ),
     ))
+}
+
+/// The layer part of a "does not fit" message (empty without one).
+fn layer_clause(need: &MemoryNeed) -> String {
+    if need.layer == 0 {
+        return String::new();
+    }
+    format!(
+        ", layer-based hot rows {} (orchestration.hot_ratio, orchestration.super_batch)",
+        fmt_bytes(need.layer)
+    )
+}
+
+/// A fixed `layer` policy whose hot rows (step 8) are what does not fit in
+/// `limit` bytes (`what` names the limit).
+fn layer_error(need: &MemoryNeed, limit: u64, what: &str) -> Error {
+    let others = need.total() - need.layer;
+    let cache = if need.cache > 0 {
+        format!(
+            "a feature cache of {} included (device.cache_bytes)",
+            fmt_bytes(need.cache)
+        )
+    } else {
+        "with no feature cache".to_string()
+    };
+    Error::invalid_argument(
+        "orchestration.hot_ratio",
+        format!(
+            "the layer-based hot set does not fit in device memory: its slabs and hot-row \
+             store need about {} beside the {} the rest of this run needs ({cache}), {} in \
+             all, but the limit is {} ({what}); lower orchestration.hot_ratio (or \
+             orchestration.super_batch, or set orchestration.reuse_across_superbatches = \
+             false), or use orchestration.policy = \"auto\", which shrinks the hot set to fit",
+            fmt_bytes(need.layer),
+            fmt_bytes(others),
+            fmt_bytes(need.total()),
+            fmt_bytes(limit),
+        ),
+    )
 }
 
 /// Steps 5–7: the feature-cache bytes the engine may use for `need` under a
@@ -147,18 +334,26 @@ pub(crate) fn plan(need: &MemoryNeed, free: u64, budget: u64, device: &str) -> R
     }
     let fixed = MemoryNeed { cache: 0, ..*need };
     if fixed.total() > budget {
+        if need.layer > 0 && fixed.total() - need.layer <= budget {
+            return Err(layer_error(
+                &fixed,
+                budget,
+                &format!("device.memory_budget_bytes = {budget}"),
+            ));
+        }
         return Err(Error::invalid_argument(
             "device.memory_budget_bytes",
             format!(
                 "{} is below what this run needs without a feature cache, about {}: \
                  topology {} (device.topology = \"pinned-host\" keeps it in host memory), \
                  batch working set {} (train.batch_size, train.fanouts, model.hidden), \
-                 model and optimizer state {} (model.hidden, model.layers)",
+                 model and optimizer state {} (model.hidden, model.layers){}",
                 fmt_bytes(budget),
                 fmt_bytes(fixed.total()),
                 fmt_bytes(fixed.topology),
                 fmt_bytes(fixed.batch),
                 fmt_bytes(fixed.model),
+                layer_clause(&fixed),
             ),
         ));
     }
@@ -229,6 +424,7 @@ mod tests {
             cache: 5000,
             model: 200,
             batch: 800,
+            layer: 0,
         };
         let plenty = u64::MAX;
         // No budget: the cache as requested.
@@ -264,6 +460,7 @@ mod tests {
             cache: 4 << 30,
             model: 1 << 20,
             batch: 2 << 30,
+            layer: 0,
         };
         assert!(check(&need, need.total(), "the GPU").is_ok());
         let e = check(&need, 6 << 30, "the GPU").unwrap_err().to_string();
@@ -277,5 +474,171 @@ mod tests {
         ] {
             assert!(e.contains(key), "{key}: {e}");
         }
+    }
+
+    /// The estimate of step 8 is what the engine allocates: both slabs (with
+    /// their bfloat16 mirrors) and the store exactly, the scratch at most, for
+    /// a queue below and at the super-batch bound, fp32 and bf16 rows.
+    #[test]
+    fn the_layer_estimate_is_what_the_engine_allocates() {
+        use super::super::{DeviceEngine, EngineOptions, LayerDevice, LayerReserve};
+        use gpu_ops::{FeatureDtype, HostBackend, TopologyPlacement};
+        use std::sync::Arc;
+        let d = Arc::new(ds());
+        let model = cfg(8);
+        for dtype in [FeatureDtype::F32, FeatureDtype::Bf16] {
+            // 2 batches of 64 seeds, fanouts [5, 5]: b₀ = 64 · 6 = 384, so a
+            // queue is at most 768 rows; hot sets below and above that.
+            for hot in [300u64, 900] {
+                let layer = LayerReserve {
+                    hot_rows: hot,
+                    super_batch: 2,
+                    store: true,
+                    fixed: true,
+                };
+                let mut e = DeviceEngine::new(
+                    HostBackend::new(),
+                    &d,
+                    &model,
+                    EngineOptions {
+                        fanouts: vec![5, 5],
+                        eval_fanouts: vec![5, 5],
+                        cache_bytes: 0,
+                        memory_budget: 0,
+                        topology: TopologyPlacement::Device,
+                        auto: Default::default(),
+                        eval_batch_size: 1,
+                        adam: cpu_ops::AdamConfig::default(),
+                        init_seed: 1,
+                        batch_size: 64,
+                        precision: gpu_ops::Precision::Fp32,
+                        defer_features: false,
+                        feature_dtype: dtype,
+                        sparse: false,
+                        sample_ahead: false,
+                        layer,
+                    },
+                )
+                .unwrap();
+                assert_eq!(e.layer_rows_limit(), hot);
+                let shape = LayerShape {
+                    width: 8,
+                    super_batch: 2,
+                    bottom_rows: bottom_rows(1000, 64, &[5, 5]),
+                    bf16: dtype == FeatureDtype::Bf16,
+                    store: true,
+                };
+                assert_eq!(shape.bottom_rows, 384);
+                let est = layer_bytes(hot, &shape);
+                // The largest queue, both slabs; the hottest row kept (the
+                // store at its largest), then a whole queue carried back.
+                let q = hot.min(768) as usize;
+                e.hot_slab_reserve(0, q).unwrap();
+                e.hot_slab_reserve(1, q).unwrap();
+                e.hot_keep(0, &[0], &[hot as u32 - 1]).unwrap();
+                let rows: Vec<u32> = (0..q as u32).collect();
+                e.hot_keep(1, &rows, &rows).unwrap();
+                e.hot_carry(0, &rows, &rows).unwrap();
+                let (slabs, store, scratch) = e.hot_alloc_bytes();
+                assert_eq!(slabs, est.slabs, "{dtype:?} hot {hot}: slabs");
+                assert_eq!(store, est.store, "{dtype:?} hot {hot}: store");
+                assert!(
+                    scratch <= est.scratch,
+                    "{dtype:?} hot {hot}: {scratch} > {}",
+                    est.scratch
+                );
+                assert_eq!(est.growth, (est.slabs / 2).max(est.store));
+                assert_eq!(
+                    est.total(),
+                    est.slabs + est.store + est.scratch + est.growth
+                );
+            }
+        }
+    }
+
+    /// Step 8's parts: nothing without hot rows or width, the queue bounded
+    /// by the super-batch, no store without reuse, and the largest share
+    /// within a room found exactly.
+    #[test]
+    fn the_layer_parts_follow_the_keys_that_set_them() {
+        let shape = LayerShape {
+            width: 100,
+            super_batch: 4,
+            bottom_rows: 1000,
+            bf16: false,
+            store: true,
+        };
+        assert_eq!(layer_bytes(0, &shape), LayerBytes::default());
+        let small = layer_bytes(100, &shape);
+        // 125 rows of 400 bytes per slab, 125 in the store.
+        assert_eq!(small.slabs, 2 * 125 * 400);
+        assert_eq!(small.store, 125 * 400);
+        // Above N · b₀ = 4000 rows the slabs stop growing, the store does not.
+        let a = layer_bytes(4000, &shape);
+        let b = layer_bytes(40_000, &shape);
+        assert_eq!(a.slabs, b.slabs);
+        assert_eq!(b.store, 50_000 * 400);
+        let bf16 = layer_bytes(
+            4000,
+            &LayerShape {
+                bf16: true,
+                ..shape
+            },
+        );
+        assert_eq!(bf16.slabs, a.slabs / 4 * 6);
+        let no_store = layer_bytes(
+            4000,
+            &LayerShape {
+                store: false,
+                ..shape
+            },
+        );
+        assert_eq!((no_store.store, no_store.scratch), (0, 0));
+        assert_eq!(no_store.slabs, a.slabs);
+        for room in [0, 1, 100_000, 2_000_000, 10_000_000, u64::MAX] {
+            let r = rows_within(room, 40_000, &shape);
+            assert!(layer_bytes(r, &shape).total() <= room);
+            if r < 40_000 {
+                assert!(layer_bytes(r + 1, &shape).total() > room, "{room}: {r}");
+            }
+        }
+        assert_eq!(bottom_rows(1000, 64, &[5, 5]), 384);
+        assert_eq!(bottom_rows(1000, 64, &[5]), 64);
+        assert_eq!(bottom_rows(1000, 64, &[5, ALL_NEIGHBORS]), 1000);
+        assert_eq!(bottom_rows(1000, 64, &[5, 10, 5]), 1000);
+    }
+
+    /// A fixed layer policy's hot rows that do not fit are an error naming
+    /// `orchestration.hot_ratio`, the bytes and the limit; under a budget the
+    /// cache shrinks first.
+    #[test]
+    fn hot_rows_that_do_not_fit_name_the_hot_ratio() {
+        let need = MemoryNeed {
+            topology: 1000,
+            cache: 5000,
+            model: 200,
+            batch: 800,
+            layer: 3000,
+        };
+        // Budget 6000: fixed 5000 fits, the cache gets 1000.
+        assert_eq!(plan(&need, u64::MAX, 6000, "d").unwrap(), 1000);
+        for (free, budget, limit) in [(u64::MAX, 4999, 4999), (9999, 0, 9999)] {
+            let e = plan(&need, free, budget, "d").unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidArgument { name, .. } if name == "orchestration.hot_ratio"),
+                "{e}"
+            );
+            let msg = e.to_string();
+            assert!(msg.contains(&fmt_bytes(3000)), "{msg}");
+            assert!(msg.contains(&fmt_bytes(limit)), "{msg}");
+        }
+        // Without the layer part it would not fit either: the general error,
+        // which lists the layer part too.
+        let e = plan(&need, u64::MAX, 1999, "d").unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { name, .. } if name == "device.memory_budget_bytes"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("orchestration.hot_ratio"), "{e}");
     }
 }

@@ -24,7 +24,7 @@
 
 mod hot;
 mod input;
-mod memory;
+pub(crate) mod memory;
 mod publish;
 mod reduce;
 mod step_based;
@@ -97,10 +97,28 @@ pub struct EngineOptions {
     /// Sample device batches on a sibling stream (`device.sample_ahead`:
     /// `executor/step/mod.rs` samples the next batch while this one trains).
     pub sample_ahead: bool,
-    /// Hot vertices whose layer-0 rows the cross-super-batch store may keep
-    /// (`engine/hot.rs` step 5; 0: no store): counted in the working set of
-    /// `placement/budget.rs` ([`hot_store_bytes`](crate::placement::budget::hot_store_bytes)).
-    pub hot_store_rows: u64,
+    /// The layer path's hot rows to make room for (`engine/memory.rs` step 8;
+    /// [`LayerReserve::default`]: none).
+    pub layer: LayerReserve,
+}
+
+/// The device memory the layer path's hot rows may take
+/// ([`EngineOptions::layer`]; `engine/memory.rs` step 8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerReserve {
+    /// Hot vertices the CPU may compute at most (the hot set: the monitor
+    /// never moves the CPU share past it); 0: no layer path.
+    pub hot_rows: u64,
+    /// Batches per super-batch (`orchestration.super_batch`).
+    pub super_batch: usize,
+    /// Rows are kept across super-batches (the store,
+    /// `orchestration.reuse_across_superbatches`).
+    pub store: bool,
+    /// `true`: a fixed `layer` policy, whose hot set must fit or the engine
+    /// fails naming `orchestration.hot_ratio`; `false`: `policy = "auto"`'s
+    /// layer candidate, shrunk to what the memory leaves
+    /// ([`DeviceEngine::layer_rows_limit`]).
+    pub fixed: bool,
 }
 
 /// Where a device engine's input rows come from when the device does not hold
@@ -180,6 +198,9 @@ pub struct DeviceEngine<B: Backend> {
     acc: TrackId,
     /// What `device.memory_budget_bytes` changed, for the device note.
     budget_note: Option<String>,
+    /// The most hot rows the layer path may compute on the CPU within the
+    /// memory checked at setup ([`DeviceEngine::layer_rows_limit`]).
+    layer_rows: u64,
 }
 
 fn dev_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
@@ -241,6 +262,21 @@ impl<B: Backend> DeviceEngine<B> {
         let layout = gpu_ops::ModelLayout::new(model).map_err(dev_err("model"))?;
         let num_params = layout.params().iter().map(|p| p.len).sum();
         let free = dev.memory_info().map_err(dev_err("device memory"))?.free as u64;
+        let n = ds.num_vertices() as u64;
+        // The layer path's hot rows (`engine/memory.rs` step 8).
+        let shape = memory::LayerShape {
+            width: layout.layer_specs().first().map_or(0, |s| s.d_out) as u64,
+            super_batch: opts.layer.super_batch as u64,
+            bottom_rows: memory::bottom_rows(n, opts.batch_size, &opts.fanouts),
+            bf16: matches!(opts.feature_dtype, gpu_ops::FeatureDtype::Bf16),
+            store: opts.layer.store,
+        };
+        let want = opts.layer.hot_rows;
+        let fixed_layer = if opts.layer.fixed {
+            memory::layer_bytes(want, &shape).total()
+        } else {
+            0
+        };
         // `"auto"` placement: topology and cache from the free memory, less the
         // working set (`placement/budget.rs`).
         let working_set = {
@@ -262,11 +298,8 @@ impl<B: Backend> DeviceEngine<B> {
                 0,
                 false,
             );
-            let width = layout.layer_specs().first().map_or(0, |s| s.d_out) as u64;
-            train.total().max(eval.total())
-                + crate::placement::budget::hot_store_bytes(opts.hot_store_rows, width)
+            train.total().max(eval.total()) + fixed_layer
         };
-        let n = ds.num_vertices() as u64;
         let (chosen, mut auto_note) = crate::placement::budget::choose(
             &crate::placement::budget::Request {
                 auto: opts.auto,
@@ -275,6 +308,7 @@ impl<B: Backend> DeviceEngine<B> {
                 topology_bytes: 8 * (n + 1) + 4 * ds.graph.num_edges() as u64,
                 rows_bytes: n * ds.features.dim() as u64 * opts.feature_dtype.value_bytes() as u64,
                 working_set,
+                layer: (!opts.layer.fixed && want > 0).then_some((want, shape)),
             },
             free,
             opts.memory_budget,
@@ -282,16 +316,52 @@ impl<B: Backend> DeviceEngine<B> {
         opts.topology = chosen.topology;
         opts.cache_bytes = usize::try_from(chosen.cache_bytes).unwrap_or(usize::MAX);
         // Fail before loading anything when the run cannot fit.
-        let need = memory::estimate(
-            ds,
-            model,
-            num_params,
-            opts.batch_size,
-            &opts.fanouts,
-            opts.cache_bytes as u64,
-            opts.topology == TopologyPlacement::Device,
-        );
+        let need = memory::MemoryNeed {
+            layer: fixed_layer,
+            ..memory::estimate(
+                ds,
+                model,
+                num_params,
+                opts.batch_size,
+                &opts.fanouts,
+                opts.cache_bytes as u64,
+                opts.topology == TopologyPlacement::Device,
+            )
+        };
         let cache = memory::plan(&need, free, opts.memory_budget, &dev.describe())?;
+        // `"auto"`'s layer candidate: the largest hot set that fits what the
+        // rest leaves (`engine/memory.rs` step 8).
+        let layer_rows = if opts.layer.fixed {
+            want
+        } else {
+            // Under a budget, what it leaves (the budget is what the job may
+            // plan for); else the free memory less the allocator's headroom
+            // (`placement/budget.rs`), which the hot rows must not eat.
+            let budgeted = opts.memory_budget > 0 && opts.memory_budget < free;
+            let limit = if budgeted {
+                opts.memory_budget
+            } else {
+                free.saturating_sub(crate::placement::budget::DEVICE_HEADROOM_BYTES)
+            };
+            let rest = memory::MemoryNeed { cache, ..need }.total();
+            let room = limit.saturating_sub(rest);
+            let rows = memory::rows_within(room, want, &shape);
+            if rows < want {
+                auto_note.push_str(&format!(
+                    "; the layer candidate of orchestration.policy = \"auto\" keeps {rows} of \
+                     {want} hot rows: their slabs and store ({}) fit the {} of {} left after \
+                     the topology, the feature cache and the working set",
+                    crate::trace::fmt_bytes(memory::layer_bytes(rows, &shape).total()),
+                    crate::trace::fmt_bytes(room),
+                    if budgeted {
+                        "device.memory_budget_bytes"
+                    } else {
+                        "the free device memory (less 1 GiB of headroom)"
+                    },
+                ));
+            }
+            rows
+        };
         if cache < need.cache {
             opts.cache_bytes = usize::try_from(cache).unwrap_or(usize::MAX);
             auto_note.push_str(&format!(
@@ -324,6 +394,7 @@ impl<B: Backend> DeviceEngine<B> {
             budget_note,
             loss_lag: 1,
             loss_slots: None,
+            layer_rows,
             acc: tracer.declare_track("acc", TrackKind::Accelerator),
             tracer,
             graph,
@@ -351,6 +422,15 @@ impl<B: Backend> DeviceEngine<B> {
     /// cache it shrank), as clauses of the device note; `None` when nothing.
     pub fn budget_note(&self) -> Option<&str> {
         self.budget_note.as_deref()
+    }
+
+    /// The most hot rows the layer path may compute on the CPU within the
+    /// device memory checked at setup (`engine/memory.rs` step 8): a fixed
+    /// `layer` policy's whole hot set (the check failed otherwise), or the
+    /// largest share of `policy = "auto"`'s layer candidate that fits (0:
+    /// none fits, the candidate is skipped).
+    pub fn layer_rows_limit(&self) -> u64 {
+        self.layer_rows
     }
 
     /// The device feature store, loaded on first use.

@@ -53,7 +53,7 @@ fn engine() -> DeviceEngine<HostBackend> {
             feature_dtype: gpu_ops::FeatureDtype::F32,
             sparse: false,
             sample_ahead: false,
-            hot_store_rows: 0,
+            layer: crate::engine::LayerReserve::default(),
         },
     )
     .unwrap()

@@ -32,6 +32,17 @@
 //! Leaving the layer pipeline for a step-based placement gives the feature
 //! cache back as it was loaded ([`Orchestrator::release_cache`]).
 //!
+//! # Memory
+//! The layer candidate's slabs and hot-row store (`engine/memory.rs` step 8)
+//! must fit what the device memory (or `device.memory_budget_bytes`) leaves
+//! after the topology, the feature cache and the working set: its hot set is
+//! cut to the largest the engine found room for at setup
+//! ([`DeviceEngine::layer_rows_limit`]), so every CPU split it can measure or
+//! choose — and every share the monitor moves to later, which never exceeds
+//! the hot set — fits; with no room for one row the candidate is skipped.
+//! Either is said in the reason line and on the trace (`layer_rows_limit` on
+//! the `layer setup` slice and the `auto choice` instant). Never an error.
+//!
 //! A measurement that does not fit in what is left of the epoch moves to the
 //! next one (the batches in between train on the best placement measured so
 //! far); one longer than a whole epoch is skipped.
@@ -91,14 +102,8 @@ pub(crate) struct LayerPlan {
     pub seed: u64,
     /// First core of the CPU workers when pinning.
     pub pin_from: Option<usize>,
-}
-
-impl LayerPlan {
-    /// A fresh set of measurements: every step-based candidate, and the
-    /// layer-based one when the model has two layers or more.
-    fn calibrator(&self) -> Calibrator {
-        Calibrator::new(self.fanouts.len() >= 2, self.opts.super_batch)
-    }
+    /// Where the hot set's pre-sampling pass reports its progress.
+    pub progress: Arc<dyn crate::progress::Progress>,
 }
 
 /// `policy = "auto"` (module doc).
@@ -117,6 +122,10 @@ pub(crate) struct AutoExecutor<B: Backend> {
     drift: DriftWatch,
     /// Why the calibration running now was started again, for its reason line.
     redecide: Option<String>,
+    /// The most hot rows the layer candidate may have (module doc, "Memory").
+    layer_rows: u64,
+    /// What memory did to the layer candidate, for every reason line.
+    layer_note: Option<String>,
 }
 
 fn internal(what: &str) -> Error {
@@ -136,15 +145,35 @@ impl<B: Backend> AutoExecutor<B> {
         sample_ahead: bool,
         clock: SharedClock,
     ) -> Self {
-        let calibrator = plan.calibrator();
-        Self {
+        let layer_rows = engine.layer_rows_limit();
+        let n = plan.ds.num_vertices() as f64;
+        let wanted = (plan.opts.hot_ratio * n).ceil().min(n) as u64;
+        let layer_note = if plan.fanouts.len() < 2 {
+            None
+        } else if layer_rows == 0 {
+            Some(
+                "no layer-based candidate: its hot-row slabs and store do not fit the device \
+                 memory (device.memory_budget_bytes or what is free) left after the topology, \
+                 the feature cache and the working set"
+                    .to_string(),
+            )
+        } else if layer_rows < wanted {
+            Some(format!(
+                "the layer-based candidate's hot set cut to {layer_rows} of {wanted} rows: \
+                 the most whose slabs and store fit the device memory left after the topology, \
+                 the feature cache and the working set"
+            ))
+        } else {
+            None
+        };
+        let mut this = Self {
             current: Current::Step(Box::new(StepExecutor::new(
                 engine,
                 step_placement(Orchestration::GpuSampleGpuGather),
                 sample_ahead,
             ))),
             parked: None,
-            calibrator: Some(calibrator),
+            calibrator: None,
             choice: None,
             plan,
             sample_ahead,
@@ -152,7 +181,22 @@ impl<B: Backend> AutoExecutor<B> {
             trace: None,
             drift: DriftWatch::new(),
             redecide: None,
+            layer_rows,
+            layer_note,
+        };
+        this.calibrator = Some(this.new_calibrator());
+        this
+    }
+
+    /// A calibration from the start: the layer candidate only with two layers
+    /// or more and room for its hot rows (module doc, "Memory").
+    fn new_calibrator(&self) -> Calibrator {
+        let layer = self.plan.fanouts.len() >= 2 && self.layer_rows > 0;
+        let mut c = Calibrator::new(layer, self.plan.opts.super_batch);
+        if let Some(note) = &self.layer_note {
+            c.note(note.clone());
         }
+        c
     }
 
     /// An epoch of `batches` batches trained wholly on the choice in `secs`:
@@ -187,7 +231,7 @@ impl<B: Backend> AutoExecutor<B> {
                 self.drift.redecisions(),
                 super::drift::MAX_REDECISIONS,
             ));
-            self.calibrator = Some(self.plan.calibrator());
+            self.calibrator = Some(self.new_calibrator());
         }
     }
 
@@ -239,16 +283,34 @@ impl<B: Backend> AutoExecutor<B> {
                     let p = &self.plan;
                     // Scoring the hot set (a presampling epoch by default) is
                     // part of what measuring the layer placement costs.
-                    let _slice = self.trace.as_ref().map(|(t, _)| t.slice("layer setup"));
+                    let limit = self.layer_rows;
+                    let _slice = self.trace.as_ref().map(|(t, _)| {
+                        t.slice("layer setup")
+                            .args(|a| a.extra.push(("layer_rows_limit".into(), limit as f64)))
+                    });
+                    // The hot set the memory has room for (module doc,
+                    // "Memory"): `floor(ratio · n)` hot ids, at most `limit`.
+                    let n = p.ds.num_vertices().max(1) as f64;
+                    let mut opts = p.opts.clone();
+                    opts.hot_ratio = opts.hot_ratio.min(limit as f64 / n);
+                    let off = Tracer::disabled();
                     let mut o = Orchestrator::new(&LayerSetup {
-                        opts: &p.opts,
+                        opts: &opts,
                         ds: &p.ds,
                         model: &p.model,
                         fanouts: &p.fanouts,
                         train_ids: &p.train_ids,
                         batch_size: p.batch_size,
                         seed: p.seed,
+                        progress: &*p.progress,
+                        tracer: self.trace.as_ref().map_or(&off, |(t, _)| t),
                     })?;
+                    if u64::from(o.hot_count()) > limit {
+                        return Err(internal(&format!(
+                            "a hot set of {} rows past the {limit} memory has room for",
+                            o.hot_count()
+                        )));
+                    }
                     o.set_clock(Arc::clone(&self.clock));
                     o.pin_workers_from(p.pin_from);
                     o
@@ -360,9 +422,11 @@ impl<B: Backend> AutoExecutor<B> {
                 choice.cpu_split,
                 choice.per_batch_s * 1e3,
             );
+            let limit = self.layer_rows;
             tracer.instant("auto choice", |a| {
                 a.extra.push((format!("policy {name}").into(), ms));
                 a.extra.push(("cpu_split".into(), split as f64));
+                a.extra.push(("layer_rows_limit".into(), limit as f64));
             });
         }
         self.choice = Some(choice);

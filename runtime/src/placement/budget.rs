@@ -19,10 +19,19 @@
 //! 3. **Cache** (`"auto"`): what the room leaves after the topology, at most
 //!    every row; the engine fills it with the highest-degree (hottest) rows.
 //!
-//! With layer-based orchestration reusing hot rows across super-batches the
-//! working set also holds the engine's hot-row store ([`hot_store_bytes`]:
-//! `engine/hot.rs` step 5 grows it to the largest kept hot id plus 25%, fp32
-//! rows of layer 0's width).
+//! With a fixed `layer` policy the working set also holds the layer path's
+//! hot-row buffers at its whole hot set (slabs, store, scratch:
+//! `engine/memory.rs` step 8, [`layer_bytes`](crate::engine::memory::layer_bytes)).
+//! With `orchestration.policy = "auto"` and an automatic cache, the layer
+//! candidate's buffers are set aside from the room of step 1 that the cache
+//! and the topology would leave unused anyway ([`layer_reserve`]: the largest
+//! CPU share of its hot set whose bytes fit there); the engine then gives the
+//! candidate what is left after the cache (never an error). The cache is never
+//! shrunk for the candidate: `auto`'s step-based candidates run with the cache
+//! a fixed step-based policy gets, so choosing one never costs cache rows.
+//! Where memory is tight the candidate gets less (or is skipped), which is
+//! where a fixed `layer` policy, whose buffers count in the working set, may
+//! trade cache for hot rows deliberately.
 //!
 //! The engine's device-memory check (`engine/memory.rs`) then runs on the
 //! resolved values, so a choice that cannot fit still fails before anything is
@@ -32,6 +41,7 @@
 
 use gpu_ops::TopologyPlacement;
 
+use crate::engine::memory::{layer_bytes, rows_within, LayerShape};
 use crate::error::{Error, Result};
 use crate::trace::fmt_bytes;
 
@@ -39,19 +49,14 @@ use crate::trace::fmt_bytes;
 /// (step 1): the allocator's slack and kernel scratch.
 pub const DEVICE_HEADROOM_BYTES: u64 = 1 << 30;
 
-/// Device bytes of the cross-super-batch hot-row store for `hot_rows` hot
-/// vertices (relabeled hot ids `0..hot_rows`, the largest a store can keep) of
-/// layer-0 width `width`: the store grows to the largest kept id plus 25%
-/// (`engine/hot.rs` step 5), fp32 rows (4 bytes a value, also with bf16
-/// feature rows: only the upload is bfloat16). 0 without hot rows.
-pub fn hot_store_bytes(hot_rows: u64, width: u64) -> u64 {
-    if hot_rows == 0 {
-        return 0;
-    }
-    hot_rows
-        .saturating_add(hot_rows / 4)
-        .saturating_mul(width)
-        .saturating_mul(4)
+/// Bytes an automatic cache leaves to `policy = "auto"`'s layer candidate of
+/// `hot_rows` hot rows shaped `shape`: the candidate's buffers at its largest
+/// CPU share whose bytes fit in `spare`, the room an automatic cache would
+/// leave unused anyway (module doc). Never taken from the cache: the
+/// step-based candidates keep the cache a fixed step-based policy would get.
+pub(crate) fn layer_reserve(spare: u64, hot_rows: u64, shape: &LayerShape) -> u64 {
+    let rows = rows_within(spare, hot_rows, shape);
+    layer_bytes(rows, shape).total()
 }
 
 /// Where the topology goes and how large the feature cache is ([`choose`]).
@@ -93,8 +98,10 @@ pub(crate) struct Request {
     /// Every feature row in the device's dtype.
     pub rows_bytes: u64,
     /// The model with Adam's state plus a batch's working set
-    /// (`engine/memory.rs`).
+    /// (`engine/memory.rs`), and a fixed `layer` policy's hot-row buffers.
     pub working_set: u64,
+    /// `policy = "auto"`'s layer candidate: its hot rows and their shape.
+    pub layer: Option<(u64, LayerShape)>,
 }
 
 /// Steps 1–3: the resolved placement and the note clause that prints it with
@@ -130,7 +137,22 @@ pub(crate) fn choose(req: &Request, free: u64, budget: u64) -> Result<(DevicePla
             ),
         ));
     }
-    let room = available.saturating_sub(reserve);
+    let mut room = available.saturating_sub(reserve);
+    let layer = match req.layer {
+        Some((rows, shape)) if req.auto.cache => {
+            // What the cache cannot use: the room past every row and the
+            // topology (when it may go on the device).
+            let topology = if req.auto.topology || req.topology == TopologyPlacement::Device {
+                req.topology_bytes
+            } else {
+                0
+            };
+            let spare = room.saturating_sub(req.rows_bytes).saturating_sub(topology);
+            layer_reserve(spare, rows, &shape)
+        }
+        _ => 0,
+    };
+    room -= layer;
     let beside = if req.auto.cache || budget > 0 {
         0
     } else {
@@ -173,8 +195,13 @@ pub(crate) fn choose(req: &Request, free: u64, budget: u64) -> Result<(DevicePla
             fmt_bytes(req.rows_bytes)
         ));
     }
+    let layer_clause = if layer > 0 {
+        format!(", {} for the layer candidate's hot rows", fmt_bytes(layer))
+    } else {
+        String::new()
+    };
     let note = format!(
-        "; {} from {} {} less {} working set and {} headroom",
+        "; {} from {} {} less {} working set{layer_clause} and {} headroom",
         parts.join(", "),
         fmt_bytes(available),
         if budgeted {
@@ -209,6 +236,7 @@ mod tests {
             topology_bytes: 12 * G,
             rows_bytes: 57 * G,
             working_set: 5 * G,
+            layer: None,
         }
     }
 
@@ -225,6 +253,7 @@ mod tests {
             topology_bytes: 12_400_000_000,
             rows_bytes: 56_900_000_000,
             working_set: 12 * G - H,
+            layer: None,
         };
         let (p, _) = choose(&r, 79 * G, 0).unwrap();
         assert_eq!(p.topology, TopologyPlacement::Device);
@@ -294,22 +323,62 @@ mod tests {
         assert_eq!((p.topology, p.cache_bytes), (TopologyPlacement::Device, 0));
     }
 
-    /// The hot-row store is the largest hot id plus 25% of fp32 layer-0 rows,
-    /// and counted in the working set it shrinks an automatic cache by as much.
+    /// A fixed layer policy's buffers count in the working set and shrink an
+    /// automatic cache by as much; `"auto"`'s layer candidate takes only the
+    /// room an automatic cache leaves unused, shrunk to the largest CPU share
+    /// that fits, and never shrinks the cache.
     #[test]
-    fn the_hot_row_store_counts_in_the_working_set() {
-        assert_eq!(hot_store_bytes(0, 256), 0);
-        // 40,000 hot rows of 256 columns: 50,000 × 1 KiB.
-        assert_eq!(hot_store_bytes(40_000, 256), 50_000 * 1024);
-        assert_eq!(hot_store_bytes(3, 10), 3 * 10 * 4);
-        assert_eq!(hot_store_bytes(u64::MAX, 256), u64::MAX);
+    fn the_layer_path_counts_in_the_working_set() {
+        fn r_without_layer() -> Request {
+            let mut r = req(false, true);
+            r.topology = TopologyPlacement::PinnedHost;
+            r
+        }
+        let shape = LayerShape {
+            width: 256,
+            super_batch: 4,
+            bottom_rows: 20_000,
+            bf16: false,
+            store: true,
+        };
         let mut r = req(false, true);
+        r.topology = TopologyPlacement::PinnedHost;
         let (without, _) = choose(&r, 40 * G, 0).unwrap();
-        r.working_set += hot_store_bytes(400_000, 256);
+        let bytes = layer_bytes(400_000, &shape).total();
+        r.working_set += bytes;
         let (with, _) = choose(&r, 40 * G, 0).unwrap();
+        assert_eq!(without.cache_bytes - with.cache_bytes, bytes);
+        // `"auto"`: the candidate takes only what the cache leaves unused.
+        // 40 GB less 5 GB working set and 1 GiB headroom cannot hold 57 GB of
+        // rows: nothing is spare, the cache keeps all the room.
+        let mut a = req(false, true);
+        a.topology = TopologyPlacement::PinnedHost;
+        a.layer = Some((400_000, shape));
+        let (p, _) = choose(&a, 40 * G, 0).unwrap();
+        assert_eq!(p.cache_bytes, without.cache_bytes);
+        // 80 GB: every row cached, the candidate whole in the spare room.
+        let (full, _) = choose(&r_without_layer(), 80 * G, 0).unwrap();
+        let (p, note) = choose(&a, 80 * G, 0).unwrap();
+        assert_eq!(p.cache_bytes, 57 * G);
+        assert_eq!(full.cache_bytes, p.cache_bytes);
+        assert!(note.contains("layer candidate"), "{note}");
+        // A spare room of 1 GB past the rows: the candidate shrinks to what
+        // fits in it and the cache still holds every row.
+        let (p, note) = choose(&a, 5 * G + H + 57 * G + G, 0).unwrap();
+        assert_eq!(p.cache_bytes, 57 * G);
+        let rows = rows_within(G, 400_000, &shape);
+        assert!(rows > 0 && rows < 400_000, "{rows}");
+        assert!(note.contains("layer candidate"), "{note}");
+        // Never an error: no room leaves the candidate nothing.
+        let (p, _) = choose(&a, 5 * G + H, 0).unwrap();
+        assert_eq!(p.cache_bytes, 0);
+        // With an explicit cache nothing is set aside here (the engine gives
+        // the candidate what the cache leaves).
+        let mut e = req(true, false);
+        e.layer = Some((400_000, shape));
         assert_eq!(
-            without.cache_bytes - with.cache_bytes,
-            hot_store_bytes(400_000, 256)
+            choose(&e, 60 * G, 0).unwrap(),
+            choose(&req(true, false), 60 * G, 0).unwrap()
         );
     }
 

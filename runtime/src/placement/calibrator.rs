@@ -256,6 +256,12 @@ impl Calibrator {
         }
     }
 
+    /// Adds `note` to the reason line (e.g. what device memory did to the
+    /// layer-based candidate).
+    pub fn note(&mut self, note: String) {
+        self.notes.push(note);
+    }
+
     /// Skips the measurement at the front (it could not run: e.g. an epoch too
     /// short for a layer-based probe), saying why in the reason.
     pub fn skip(&mut self, why: &str) {

@@ -26,6 +26,8 @@ pub(crate) mod auto;
 pub(crate) mod budget;
 pub(crate) mod calibrator;
 pub(crate) mod drift;
+#[cfg(test)]
+mod memory_tests;
 
 use std::sync::Arc;
 
@@ -35,7 +37,7 @@ use scheduler::{Device, Orchestration, StepBased};
 
 use crate::config::{PinPolicy, SparseFeatures, TrainConfig};
 use crate::data::dataset::Dataset;
-use crate::engine::{density, DeviceEngine, EngineOptions, ModelState};
+use crate::engine::{density, DeviceEngine, EngineOptions, LayerReserve, ModelState};
 use crate::error::{Error, Result};
 use crate::executor::layer::clock::{wall_clock, SharedClock};
 use crate::executor::layer::{LayerExecutor, LayerOptions, LayerSetup, Orchestrator};
@@ -77,16 +79,48 @@ fn layer_options(
     })
 }
 
-/// Hot vertices the cross-super-batch store may keep rows of
-/// (`placement/budget.rs`): with a fixed layer policy that reuses rows across
-/// super-batches, every hot vertex (`hot_ratio` of the `n`, rounded up: at least
-/// the relabeled hot ids the store is indexed by); else 0. (Under
-/// `policy = "auto"` the probe's layer candidate is not counted.)
-fn hot_store_rows(o: &crate::config::OrchestrationSection, n: usize) -> u64 {
-    if o.reuses_embeddings() && o.reuse_across_superbatches {
-        (o.hot_ratio * n as f64).ceil().min(n as f64) as u64
+/// The layer path's hot rows the engine makes room for (`engine/memory.rs`
+/// step 8): a fixed layer policy's whole hot set (`hot_ratio` of the `n`,
+/// rounded up: at least the relabeled hot ids), which must fit; `"auto"`'s
+/// layer candidate (its `hot_ratio`, [`AUTO_HOT_RATIO`] when 0; only with two
+/// layers or more), which shrinks to fit; else none.
+fn layer_reserve(o: &crate::config::OrchestrationSection, n: usize, layers: usize) -> LayerReserve {
+    let ratio = if o.reuses_embeddings() {
+        o.hot_ratio
+    } else if o.is_auto() && layers >= 2 {
+        if o.hot_ratio > 0.0 {
+            o.hot_ratio
+        } else {
+            AUTO_HOT_RATIO
+        }
     } else {
-        0
+        return LayerReserve::default();
+    };
+    LayerReserve {
+        hot_rows: (ratio * n as f64).ceil().min(n as f64) as u64,
+        super_batch: o.super_batch,
+        store: o.reuse_across_superbatches,
+        fixed: !o.is_auto(),
+    }
+}
+
+/// Where setup reports besides its result: the progress of long phases (the
+/// hot set's pre-sampling pass, phase `"presample"`) and the tracer its
+/// slices go into (`hotness scores`). Default: nowhere.
+#[derive(Clone)]
+pub(crate) struct SetupSinks {
+    /// Progress reports (`crate::progress`).
+    pub progress: Arc<dyn crate::progress::Progress>,
+    /// The tracer.
+    pub tracer: crate::trace::Tracer,
+}
+
+impl Default for SetupSinks {
+    fn default() -> Self {
+        Self {
+            progress: Arc::new(crate::progress::NoProgress),
+            tracer: crate::trace::Tracer::disabled(),
+        }
     }
 }
 
@@ -110,6 +144,8 @@ pub(crate) struct PlacementInput<'a> {
     /// `clock` (tests of its mechanics, on a scripted clock or the wall's);
     /// `None`: on the wall clock, and only on a GPU.
     pub measure_on_host: Option<SharedClock>,
+    /// Where setup reports.
+    pub sinks: &'a SetupSinks,
 }
 
 /// The executor and the note saying what was chosen and why.
@@ -211,7 +247,17 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
             feature_dtype: cfg.device.feature_dtype,
             sparse,
             sample_ahead: cfg.device.sample_ahead,
-            hot_store_rows: hot_store_rows(&cfg.orchestration, input.ds.num_vertices()),
+            // (`"auto"` on the host backend measures nothing unless a test
+            // asks it to: no layer candidate to make room for.)
+            layer: if cfg.orchestration.is_auto() && !on_cuda && input.measure_on_host.is_none() {
+                LayerReserve::default()
+            } else {
+                layer_reserve(
+                    &cfg.orchestration,
+                    input.ds.num_vertices(),
+                    cfg.train_fanouts()?.len(),
+                )
+            },
         },
     )?;
     if let Some(n) = engine.budget_note() {
@@ -259,6 +305,7 @@ fn strategy<B: Backend>(
                 batch_size: cfg.train.batch_size,
                 seed: cfg.train.seed,
                 pin_from,
+                progress: Arc::clone(&input.sinks.progress),
             };
             let clock = input.measure_on_host.clone().unwrap_or_else(wall_clock);
             Box::new(auto::AutoExecutor::new(engine, plan, ahead, clock))
@@ -272,6 +319,8 @@ fn strategy<B: Backend>(
                 train_ids: input.train_ids,
                 batch_size: cfg.train.batch_size,
                 seed: cfg.train.seed,
+                progress: &*input.sinks.progress,
+                tracer: &input.sinks.tracer,
             })?;
             orch.pin_workers_from(pin_from);
             Box::new(LayerExecutor::new(engine, orch))
@@ -331,10 +380,11 @@ mod tests {
         open_backend(&device, 0)
     }
 
-    /// The hot-row store is counted for a fixed layer policy that reuses rows
-    /// across super-batches, with every hot vertex; for nothing else.
+    /// The layer path's rows are counted for a fixed layer policy (which must
+    /// fit) and `"auto"`'s layer candidate (which shrinks), with the store only
+    /// when rows are kept across super-batches; for nothing else.
     #[test]
-    fn the_hot_row_store_is_counted_only_where_the_layer_path_keeps_rows() {
+    fn the_layer_reserve_follows_the_policy() {
         let o = |sets: &[&str]| {
             let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
             TrainConfig::from_toml_with_overrides("", std::path::Path::new("t"), &sets)
@@ -345,27 +395,24 @@ mod tests {
             "orchestration.policy=\"layer\"",
             "orchestration.hot_ratio=0.2",
         ];
-        assert_eq!(hot_store_rows(&o(&layer), 1001), 201);
+        let r = layer_reserve(&o(&layer), 1001, 2);
+        assert_eq!((r.hot_rows, r.store, r.fixed), (201, true, true));
+        assert_eq!(r.super_batch, o(&layer).super_batch);
         let mut off = layer.to_vec();
         off.push("orchestration.reuse_across_superbatches=false");
-        assert_eq!(hot_store_rows(&o(&off), 1001), 0);
-        assert_eq!(
-            hot_store_rows(
-                &o(&[
-                    "orchestration.policy=\"layer\"",
-                    "orchestration.hot_ratio=0"
-                ]),
-                1001
-            ),
-            0
-        );
-        assert_eq!(
-            hot_store_rows(
-                &o(&["orchestration.policy=\"gpu-sample-gpu-gather\""]),
-                1001
-            ),
-            0
-        );
+        let r = layer_reserve(&o(&off), 1001, 2);
+        assert_eq!((r.hot_rows, r.store), (201, false));
+        let none = [
+            "orchestration.policy=\"layer\"",
+            "orchestration.hot_ratio=0",
+        ];
+        assert_eq!(layer_reserve(&o(&none), 1001, 2), LayerReserve::default());
+        let step = ["orchestration.policy=\"gpu-sample-gpu-gather\""];
+        assert_eq!(layer_reserve(&o(&step), 1001, 2), LayerReserve::default());
+        let auto = ["orchestration.policy=\"auto\"", "orchestration.hot_ratio=0"];
+        let r = layer_reserve(&o(&auto), 1000, 3);
+        assert_eq!((r.hot_rows, r.fixed), (200, false));
+        assert_eq!(layer_reserve(&o(&auto), 1000, 1), LayerReserve::default());
     }
 
     /// `hotness = "pcie"` ranks with the row cost of the trained model's layer

@@ -6,9 +6,11 @@
 //!    apply [`crate::config::env_overrides`] yourself if you want them).
 //! 2. Optionally pass an in-memory [`Dataset`] — by value, or as an
 //!    `Arc<Dataset>` that several trainers share without copying (otherwise
-//!    `[data]` says what to load or generate) —, callbacks, a cancel token, and
+//!    `[data]` says what to load or generate) —, callbacks, a cancel token,
 //!    `verbose(true)` to get one line per epoch on stderr (nothing is printed
-//!    otherwise).
+//!    otherwise), a progress sink for long setup phases
+//!    ([`TrainerBuilder::progress`]) and a tracer that records setup too
+//!    ([`TrainerBuilder::tracer`]).
 //! 3. Optionally bound what the job takes from the machine: a core budget
 //!    ([`TrainerBuilder::threads`]) or a rayon pool shared with other jobs
 //!    ([`TrainerBuilder::thread_pool`]), and for a GPU job its device
@@ -78,6 +80,8 @@ pub struct TrainerBuilder {
     verbose: bool,
     checkpoint: Option<std::path::PathBuf>,
     communicator: Option<Arc<dyn Communicator>>,
+    progress: Option<Arc<dyn crate::progress::Progress>>,
+    tracer: Option<crate::trace::Tracer>,
 }
 
 impl TrainerBuilder {
@@ -92,6 +96,8 @@ impl TrainerBuilder {
             verbose: false,
             checkpoint: None,
             communicator: None,
+            progress: None,
+            tracer: None,
         }
     }
 
@@ -205,6 +211,23 @@ impl TrainerBuilder {
         self
     }
 
+    /// Where [`TrainerBuilder::build`] reports the progress of its long
+    /// phases (default: nowhere): the layer path's hot-set pre-sampling pass
+    /// (`orchestration.hotness = "presample"` or `"pcie"`, phase
+    /// `"presample"`, in batches), which takes seconds on a large graph. The
+    /// protocol is [`crate::progress`]'s, as for the importers.
+    pub fn progress(mut self, sink: impl crate::progress::Progress + 'static) -> Self {
+        self.progress = Some(Arc::new(sink));
+        self
+    }
+
+    /// Records into `tracer` from the start, setup included (its `hotness
+    /// scores` slice), as [`Trainer::set_tracer`] does from when it is called.
+    pub fn tracer(mut self, tracer: crate::trace::Tracer) -> Self {
+        self.tracer = Some(tracer);
+        self
+    }
+
     /// The configuration the trainer will use.
     pub fn config(&self) -> &TrainConfig {
         &self.cfg
@@ -221,6 +244,8 @@ impl TrainerBuilder {
             verbose,
             checkpoint,
             communicator,
+            progress,
+            tracer,
         } = self;
         cfg.validate()?;
         let pool = match pool {
@@ -246,7 +271,17 @@ impl TrainerBuilder {
             .as_ref()
             .filter(|c| c.size() > 1)
             .map_or(0, |c| c.local_rank());
-        let mut trainer = Trainer::with_pool(ds, cfg, pool, gpu_offset)?;
+        let mut sinks = crate::placement::SetupSinks::default();
+        if let Some(p) = progress {
+            sinks.progress = p;
+        }
+        if let Some(t) = &tracer {
+            sinks.tracer = t.clone();
+        }
+        let mut trainer = Trainer::with_pool(ds, cfg, pool, gpu_offset, sinks)?;
+        if let Some(t) = tracer {
+            trainer.set_tracer(t);
+        }
         if let Some(comm) = communicator {
             trainer.set_communicator(comm)?;
         }

@@ -75,7 +75,7 @@ use crate::embedding::Embeddings;
 use crate::error::{Error, Result};
 use crate::executor::layer::clock::SharedClock;
 use crate::executor::{DistSetup, EpochEnd, EpochRun, Executor, OrchestrationStats};
-use crate::placement::{place, PlacementInput};
+use crate::placement::{place, PlacementInput, SetupSinks};
 use crate::pool::build_pool;
 use crate::trace::{Tracer, TrackId, TrackKind};
 
@@ -198,7 +198,7 @@ impl Trainer {
     pub fn new(ds: impl Into<Arc<Dataset>>, cfg: TrainConfig) -> Result<Self> {
         cfg.validate()?;
         let pool = build_pool(cfg.compute_threads(), cfg.threads.pin)?;
-        Self::with_pool(ds.into(), cfg, Arc::new(pool), 0)
+        Self::with_pool(ds.into(), cfg, Arc::new(pool), 0, SetupSinks::default())
     }
 
     /// [`Trainer::new`] on an existing compute pool (which also runs the setup);
@@ -208,9 +208,10 @@ impl Trainer {
         cfg: TrainConfig,
         pool: Arc<ThreadPool>,
         gpu_offset: usize,
+        sinks: SetupSinks,
     ) -> Result<Self> {
         let p = Arc::clone(&pool);
-        p.install(move || Self::assemble(ds, cfg, pool, gpu_offset, None))
+        p.install(move || Self::assemble(ds, cfg, pool, gpu_offset, None, &sinks))
     }
 
     /// `measure_on_host`: `policy = "auto"` measures on the host backend too,
@@ -221,6 +222,7 @@ impl Trainer {
         pool: Arc<ThreadPool>,
         gpu_offset: usize,
         measure_on_host: Option<SharedClock>,
+        sinks: &SetupSinks,
     ) -> Result<Self> {
         cfg.validate()?;
         let train = ds.train_ids();
@@ -242,6 +244,7 @@ impl Trainer {
             gpu_offset,
             pool_threads: pool.current_num_threads(),
             measure_on_host,
+            sinks,
         })?;
         let tracer = Tracer::disabled();
         Ok(Self {
@@ -499,7 +502,16 @@ impl Trainer {
     ) -> Result<Self> {
         let pool = Arc::new(build_pool(cfg.compute_threads(), cfg.threads.pin)?);
         let p = Arc::clone(&pool);
-        p.install(move || Self::assemble(Arc::new(ds), cfg, pool, 0, Some(clock)))
+        p.install(move || {
+            Self::assemble(
+                Arc::new(ds),
+                cfg,
+                pool,
+                0,
+                Some(clock),
+                &SetupSinks::default(),
+            )
+        })
     }
 
     /// Test seam: a fault in the layer pipeline's CPU workers from the next

@@ -564,7 +564,7 @@ mod tests {
                 feature_dtype: gpu_ops::FeatureDtype::Bf16,
                 sparse: false,
                 sample_ahead: false,
-                hot_store_rows: 0,
+                layer: crate::engine::LayerReserve::default(),
             },
         )
         .unwrap();
@@ -623,7 +623,7 @@ mod tests {
                 feature_dtype: gpu_ops::FeatureDtype::F32,
                 sparse: false,
                 sample_ahead: false,
-                hot_store_rows: 0,
+                layer: crate::engine::LayerReserve::default(),
             },
         )
         .unwrap();

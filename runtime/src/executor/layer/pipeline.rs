@@ -12,8 +12,10 @@
 //!
 //! # Driving it (one epoch, the accelerator thread)
 //! 1. **Setup** (once per trainer, [`Orchestrator::new`]): score hotness
-//!    (`orchestration.hotness`), build the [`Relabeling`] (hot = relabeled id
-//!    below `hot_count`) and the [`Protocol`], which lives across epochs. The
+//!    (`orchestration.hotness`; a `hotness scores` slice, the pre-sampling
+//!    pass's progress reported as phase `"presample"`), build the
+//!    [`Relabeling`] (hot = relabeled id below `hot_count`) and the
+//!    [`Protocol`], which lives across epochs. The
 //!    workers (`workers.rs`) start on the first epoch and live as long as the
 //!    orchestrator.
 //! 2. **Start**: [`Event::EpochStarted`] with the run's batches and the
@@ -157,6 +159,11 @@ pub(crate) struct LayerSetup<'a> {
     pub batch_size: usize,
     /// `train.seed`.
     pub seed: u64,
+    /// Where the pre-sampling pass reports its progress (phase
+    /// `"presample"`, batches; `crate::progress`).
+    pub progress: &'a dyn crate::progress::Progress,
+    /// Where scoring the hot set records its `hotness scores` slice.
+    pub tracer: &'a Tracer,
 }
 
 /// Layer-based orchestration for one trainer: the hot set, the protocol, the
@@ -225,15 +232,38 @@ impl Orchestrator {
             train_ids,
             batch_size,
             seed,
+            progress,
+            tracer,
         } = setup;
         let (ds, batch_size, seed) = (Arc::clone(ds), *batch_size, *seed);
         let cpu_workers = cfg.cpu_workers;
         let policy = cfg.hotness;
         let sampler = NeighborSampler::new(fanouts.to_vec())
             .map_err(|e| Error::cpu_ops("train.fanouts", e))?;
-        let scores = policy
-            .scores(&ds.graph, &sampler, train_ids, batch_size, seed)
-            .map_err(sched("hotness scores"))?;
+        let scores = {
+            // The pre-sampling pass can take seconds on a large graph: a
+            // slice, and progress reports as the importers give them.
+            let mut slice = tracer.slice("hotness scores");
+            let batches = AtomicU64::new(0);
+            let scores = policy
+                .scores_with(
+                    &ds.graph,
+                    &sampler,
+                    train_ids,
+                    batch_size,
+                    seed,
+                    &|done, total| {
+                        batches.store(total, Ordering::Relaxed);
+                        progress.update("presample", done, total);
+                    },
+                )
+                .map_err(sched("hotness scores"))?;
+            if let Some(a) = slice.args_mut() {
+                a.extra
+                    .push(("presample_batches".into(), batches.into_inner() as f64));
+            }
+            scores
+        };
         let mut relabeling = Relabeling::by_score(&scores, cfg.hot_ratio)
             .map_err(sched("orchestration.hot_ratio"))?;
         if policy.zero_is_cold() {

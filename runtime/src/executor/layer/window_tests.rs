@@ -176,7 +176,7 @@ fn rig_opts(dtype: gpu_ops::FeatureDtype, sample_ahead: bool) -> Rig {
             feature_dtype: dtype,
             sparse: false,
             sample_ahead,
-            hot_store_rows: 0,
+            layer: crate::engine::LayerReserve::default(),
         },
     )
     .unwrap();
@@ -201,6 +201,8 @@ fn rig_opts(dtype: gpu_ops::FeatureDtype, sample_ahead: bool) -> Rig {
         train_ids: &train_ids,
         batch_size: 64,
         seed: 7,
+        progress: &crate::progress::NoProgress,
+        tracer: &crate::trace::Tracer::disabled(),
     })
     .unwrap();
     let clock = ManualClock::new();
