@@ -175,12 +175,14 @@ impl HotnessPolicy {
         match *self {
             Self::PreSample { epochs, touch } => {
                 let [counts] = presample_sides_with(
-                    graph,
-                    sampler,
-                    train_ids,
-                    batch_size,
-                    epochs,
-                    seed,
+                    &PresampleRun {
+                        graph,
+                        sampler,
+                        train_ids,
+                        batch_size,
+                        epochs,
+                        seed,
+                    },
                     [touch],
                     progress,
                 )?;
@@ -189,12 +191,14 @@ impl HotnessPolicy {
             Self::Degree => Ok(degree_scores(graph)),
             Self::PcieValue { epochs, cost } => {
                 let [in_uses, out_uses]: [Vec<u32>; 2] = presample_sides_with(
-                    graph,
-                    sampler,
-                    train_ids,
-                    batch_size,
-                    epochs,
-                    seed,
+                    &PresampleRun {
+                        graph,
+                        sampler,
+                        train_ids,
+                        batch_size,
+                        epochs,
+                        seed,
+                    },
                     [Touch::BottomInputs, Touch::BottomOutputs],
                     progress,
                 )?;
@@ -285,15 +289,35 @@ pub fn presample_sides<const K: usize>(
     touches: [Touch; K],
 ) -> Result<[Vec<u32>; K]> {
     presample_sides_with(
-        graph,
-        sampler,
-        train_ids,
-        batch_size,
-        epochs,
-        seed,
+        &PresampleRun {
+            graph,
+            sampler,
+            train_ids,
+            batch_size,
+            epochs,
+            seed,
+        },
         touches,
         &|_, _| {},
     )
+}
+
+/// What one pre-sampling pass runs: training's graph, sampler, vertices, batch
+/// size and seed, over `epochs` epochs ([`presample_sides_with`]).
+#[derive(Clone, Copy)]
+pub struct PresampleRun<'a> {
+    /// The graph training samples.
+    pub graph: &'a CsrGraph,
+    /// Training's sampler (its fanouts).
+    pub sampler: &'a NeighborSampler,
+    /// The training vertices.
+    pub train_ids: &'a [u32],
+    /// Training's batch size.
+    pub batch_size: usize,
+    /// Epochs to pre-sample (at least 1).
+    pub epochs: u32,
+    /// Training's seed.
+    pub seed: u64,
 }
 
 /// [`presample_sides`], reporting progress to `progress` as `(done, total)`
@@ -301,17 +325,19 @@ pub fn presample_sides<const K: usize>(
 /// order (serialized across threads, so `done` never decreases), the last
 /// `(total, total)` when the pass succeeds. Large graphs spend seconds here
 /// before the first epoch.
-#[allow(clippy::too_many_arguments)]
 pub fn presample_sides_with<const K: usize>(
-    graph: &CsrGraph,
-    sampler: &NeighborSampler,
-    train_ids: &[u32],
-    batch_size: usize,
-    epochs: u32,
-    seed: u64,
+    run: &PresampleRun<'_>,
     touches: [Touch; K],
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<[Vec<u32>; K]> {
+    let PresampleRun {
+        graph,
+        sampler,
+        train_ids,
+        batch_size,
+        epochs,
+        seed,
+    } = *run;
     if batch_size == 0 {
         return Err(invalid("batch_size", "at least 1", 0));
     }
@@ -693,7 +719,18 @@ mod tests {
         let sink = |done: u64, total: u64| seen.lock().unwrap().push((done, total));
         let got = pool
             .install(|| {
-                presample_sides_with(&g, &sampler, &train, 2, 3, 5, [Touch::BottomInputs], &sink)
+                presample_sides_with(
+                    &PresampleRun {
+                        graph: &g,
+                        sampler: &sampler,
+                        train_ids: &train,
+                        batch_size: 2,
+                        epochs: 3,
+                        seed: 5,
+                    },
+                    [Touch::BottomInputs],
+                    &sink,
+                )
             })
             .unwrap();
         let seen = seen.into_inner().unwrap();

@@ -50,7 +50,7 @@ pub use cost::{
 pub use error::{Result, SchedulerError};
 pub use hotness::{
     degree_scores, hotness_order, presample_counts, presample_sides, presample_sides_with, Hotness,
-    HotnessPolicy, Touch, DEFAULT_PRESAMPLE_EPOCHS,
+    HotnessPolicy, PresampleRun, Touch, DEFAULT_PRESAMPLE_EPOCHS,
 };
 pub use monitor::{Direction, Monitor, MonitorConfig, MoveEvent, MoveReason, Observation};
 pub use pcie_value::{pcie_value_order, pcie_values, size_by_throughput, RowCost, ValueInputs};

@@ -287,6 +287,15 @@ impl LayerOut {
     }
 }
 
+/// Ids on the device for a relabel: `ids[..n]`, of which the first
+/// `*live` are live when `live` is a device count (`None`: all `n`).
+#[derive(Clone, Copy)]
+struct LiveIds<'a> {
+    ids: &'a CudaBuf<u32>,
+    n: usize,
+    live: Option<Ptr<u64>>,
+}
+
 /// What [`CudaBackend::relabel`] leaves on the device.
 struct Relabeled {
     /// The unique ids (targets first), `unique_cap` slots.
@@ -378,7 +387,20 @@ impl CudaBackend {
         // 4. sources and local ids. The sources are distinct vertices, so at most
         // the vertex count (a bad id beyond is a fault the read reports).
         let cap_src = (n + cap).min(graph.num_vertices.max(1));
-        let r = self.relabel(frontier, n, live_dst, &nbrs, cap, live, cap_src, counts)?;
+        let r = self.relabel(
+            LiveIds {
+                ids: frontier,
+                n,
+                live: live_dst,
+            },
+            LiveIds {
+                ids: &nbrs,
+                n: cap,
+                live,
+            },
+            cap_src,
+            counts,
+        )?;
         Ok(LayerOut {
             indptr,
             local: r.local,
@@ -412,18 +434,23 @@ impl CudaBackend {
     /// position among them; see `sample.cu`. Nothing is read: `unique_scatter`
     /// writes the four counts to `counts[..4]` (live candidates, distinct targets,
     /// unique ids, live targets) for the caller to read.
-    #[allow(clippy::too_many_arguments)]
     fn relabel(
         &self,
-        targets: &CudaBuf<u32>,
-        n_t: usize,
-        live_t: Option<Ptr<u64>>,
-        candidates: &CudaBuf<u32>,
-        n_c: usize,
-        live_c: Option<Ptr<u64>>,
+        targets: LiveIds<'_>,
+        candidates: LiveIds<'_>,
         unique_cap: usize,
         counts: PtrMut<u64>,
     ) -> Result<Relabeled> {
+        let LiveIds {
+            ids: targets,
+            n: n_t,
+            live: live_t,
+        } = targets;
+        let LiveIds {
+            ids: candidates,
+            n: n_c,
+            live: live_c,
+        } = candidates;
         targets.check_len("unique_relabel targets", n_t)?;
         candidates.check_len("unique_relabel candidates", n_c)?;
         let total = n_t
@@ -1004,12 +1031,16 @@ impl crate::backend::Sampling for CudaBackend {
         let total = num_targets.saturating_add(num_candidates);
         let mut counts = self.buf::<u64>(4, Init::Uninit, "relabel counts")?;
         let r = self.relabel(
-            targets,
-            num_targets,
-            None,
-            candidates,
-            num_candidates,
-            None,
+            LiveIds {
+                ids: targets,
+                n: num_targets,
+                live: None,
+            },
+            LiveIds {
+                ids: candidates,
+                n: num_candidates,
+                live: None,
+            },
             total,
             counts.ptr_mut(),
         )?;
