@@ -139,7 +139,14 @@ fn reuse_within_two_super_batches_keeps_accuracy() {
         ]));
         let reuse = best_test(&s);
         let o = stats(&t);
-        assert!(o.protocol.hot_uses > 1000, "{}", o.summary());
+        // Every hot position is reused or (late, `compute`) computed cold;
+        // which of the two depends on how fast the CPU workers run beside the
+        // accelerator thread, so only `wait` pins the reuse count.
+        let hot_positions = o.protocol.hot_uses + o.protocol.computed_cold;
+        assert!(hot_positions > 1000, "{}", o.summary());
+        if on_late == "wait" {
+            assert_eq!(o.protocol.computed_cold, 0, "{}", o.summary());
+        }
         assert!(
             (plain - reuse).abs() <= 0.01,
             "{on_late}: no reuse {plain} vs hot_ratio 0.2 {reuse} ({})",
