@@ -172,33 +172,23 @@ impl HotnessPolicy {
         seed: u64,
         progress: &(dyn Fn(u64, u64) + Sync),
     ) -> Result<Vec<u64>> {
+        let run = |epochs| PresampleRun {
+            graph,
+            sampler,
+            train_ids,
+            batch_size,
+            epochs,
+            seed,
+        };
         match *self {
             Self::PreSample { epochs, touch } => {
-                let [counts] = presample_sides_with(
-                    &PresampleRun {
-                        graph,
-                        sampler,
-                        train_ids,
-                        batch_size,
-                        epochs,
-                        seed,
-                    },
-                    [touch],
-                    progress,
-                )?;
+                let [counts] = presample_sides_with(&run(epochs), [touch], progress)?;
                 Ok(counts.into_iter().map(u64::from).collect())
             }
             Self::Degree => Ok(degree_scores(graph)),
             Self::PcieValue { epochs, cost } => {
                 let [in_uses, out_uses]: [Vec<u32>; 2] = presample_sides_with(
-                    &PresampleRun {
-                        graph,
-                        sampler,
-                        train_ids,
-                        batch_size,
-                        epochs,
-                        seed,
-                    },
+                    &run(epochs),
                     [Touch::BottomInputs, Touch::BottomOutputs],
                     progress,
                 )?;

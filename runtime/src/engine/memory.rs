@@ -482,7 +482,7 @@ mod tests {
     #[test]
     fn the_layer_estimate_is_what_the_engine_allocates() {
         use super::super::{DeviceEngine, EngineOptions, LayerDevice, LayerReserve};
-        use gpu_ops::{FeatureDtype, HostBackend, TopologyPlacement};
+        use gpu_ops::{FeatureDtype, HostBackend};
         use std::sync::Arc;
         let d = Arc::new(ds());
         let model = cfg(8);
@@ -501,22 +501,9 @@ mod tests {
                     &d,
                     &model,
                     EngineOptions {
-                        fanouts: vec![5, 5],
-                        eval_fanouts: vec![5, 5],
-                        cache_bytes: 0,
-                        memory_budget: 0,
-                        topology: TopologyPlacement::Device,
-                        auto: Default::default(),
-                        eval_batch_size: 1,
-                        adam: cpu_ops::AdamConfig::default(),
-                        init_seed: 1,
-                        batch_size: 64,
-                        precision: gpu_ops::Precision::Fp32,
-                        defer_features: false,
                         feature_dtype: dtype,
-                        sparse: false,
-                        sample_ahead: false,
                         layer,
+                        ..EngineOptions::for_tests(vec![5, 5], 64)
                     },
                 )
                 .unwrap();

@@ -102,6 +102,33 @@ pub struct EngineOptions {
     pub layer: LayerReserve,
 }
 
+#[cfg(test)]
+impl EngineOptions {
+    /// Unit tests' options: `fanouts` for training and evaluation, batches of
+    /// `batch_size`, no feature cache, no budget, fp32 everything, evaluation
+    /// batches of 1; override fields with `..EngineOptions::for_tests(..)`.
+    pub(crate) fn for_tests(fanouts: Vec<u32>, batch_size: usize) -> Self {
+        EngineOptions {
+            eval_fanouts: fanouts.clone(),
+            fanouts,
+            cache_bytes: 0,
+            memory_budget: 0,
+            topology: TopologyPlacement::Device,
+            auto: Default::default(),
+            eval_batch_size: 1,
+            adam: AdamConfig::default(),
+            init_seed: 1,
+            batch_size,
+            precision: gpu_ops::Precision::Fp32,
+            defer_features: false,
+            feature_dtype: gpu_ops::FeatureDtype::F32,
+            sparse: false,
+            sample_ahead: false,
+            layer: LayerReserve::default(),
+        }
+    }
+}
+
 /// The device memory the layer path's hot rows may take
 /// ([`EngineOptions::layer`]; `engine/memory.rs` step 8).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

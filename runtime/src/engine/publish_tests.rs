@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use cpu_ops::{ModelConfig, ModelKind};
-use gpu_ops::{HostBackend, TopologyPlacement};
+use gpu_ops::HostBackend;
 use scheduler::{Device, StepBased};
 
 use crate::data::generate::{generate_sbm, SbmOptions};
@@ -37,24 +37,7 @@ fn engine() -> DeviceEngine<HostBackend> {
         HostBackend::new(),
         &ds,
         &model,
-        EngineOptions {
-            fanouts: fanouts.clone(),
-            eval_fanouts: fanouts,
-            cache_bytes: 0,
-            memory_budget: 0,
-            topology: TopologyPlacement::Device,
-            auto: Default::default(),
-            eval_batch_size: 1,
-            adam: cpu_ops::AdamConfig::default(),
-            init_seed: 1,
-            batch_size: 32,
-            precision: gpu_ops::Precision::Fp32,
-            defer_features: false,
-            feature_dtype: gpu_ops::FeatureDtype::F32,
-            sparse: false,
-            sample_ahead: false,
-            layer: crate::engine::LayerReserve::default(),
-        },
+        EngineOptions::for_tests(fanouts, 32),
     )
     .unwrap()
 }

@@ -494,7 +494,7 @@ mod tests {
     use std::time::Duration;
 
     use cpu_ops::{ModelConfig, ModelKind};
-    use gpu_ops::{HostBackend, TopologyPlacement};
+    use gpu_ops::HostBackend;
 
     use super::*;
     use crate::data::generate::{generate_sbm, SbmOptions};
@@ -549,22 +549,9 @@ mod tests {
             &ds,
             &model,
             EngineOptions {
-                fanouts: vec![5, 5],
-                eval_fanouts: vec![5, 5],
                 cache_bytes: 50 * DIM * 4,
-                memory_budget: 0,
-                topology: TopologyPlacement::Device,
-                auto: Default::default(),
-                eval_batch_size: 1,
-                adam: cpu_ops::AdamConfig::default(),
-                init_seed: 1,
-                batch_size: 128,
-                precision: gpu_ops::Precision::Fp32,
-                defer_features: false,
                 feature_dtype: gpu_ops::FeatureDtype::Bf16,
-                sparse: false,
-                sample_ahead: false,
-                layer: crate::engine::LayerReserve::default(),
+                ..EngineOptions::for_tests(vec![5, 5], 128)
             },
         )
         .unwrap();
@@ -608,22 +595,8 @@ mod tests {
             &ds,
             &model,
             EngineOptions {
-                fanouts: vec![5, 5],
-                eval_fanouts: vec![5, 5],
                 cache_bytes: cache,
-                memory_budget: 0,
-                topology: TopologyPlacement::Device,
-                auto: Default::default(),
-                eval_batch_size: 1,
-                adam: cpu_ops::AdamConfig::default(),
-                init_seed: 1,
-                batch_size: 128,
-                precision: gpu_ops::Precision::Fp32,
-                defer_features: false,
-                feature_dtype: gpu_ops::FeatureDtype::F32,
-                sparse: false,
-                sample_ahead: false,
-                layer: crate::engine::LayerReserve::default(),
+                ..EngineOptions::for_tests(vec![5, 5], 128)
             },
         )
         .unwrap();

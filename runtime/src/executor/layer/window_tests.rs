@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cpu_ops::{ModelConfig, ModelKind};
-use gpu_ops::{HostBackend, TopologyPlacement};
+use gpu_ops::HostBackend;
 
 use super::clock::{Clock, ManualClock};
 use super::pipeline::{LayerOptions, LayerSetup, Orchestrator};
@@ -161,22 +161,10 @@ fn rig_opts(dtype: gpu_ops::FeatureDtype, sample_ahead: bool) -> Rig {
         &ds,
         &model,
         EngineOptions {
-            fanouts: fanouts.clone(),
-            eval_fanouts: fanouts.clone(),
             cache_bytes: 200 * DIM * 4,
-            memory_budget: 0,
-            topology: TopologyPlacement::Device,
-            auto: Default::default(),
-            eval_batch_size: 1,
-            adam: cpu_ops::AdamConfig::default(),
-            init_seed: 1,
-            batch_size: 64,
-            precision: gpu_ops::Precision::Fp32,
-            defer_features: false,
             feature_dtype: dtype,
-            sparse: false,
             sample_ahead,
-            layer: crate::engine::LayerReserve::default(),
+            ..EngineOptions::for_tests(fanouts.clone(), 64)
         },
     )
     .unwrap();
