@@ -176,6 +176,38 @@ pub fn round_to_bf16(x: f32) -> f32 {
     bf16_bits_to_f32(f32_to_bf16_bits(x))
 }
 
+/// What every backend's [`Sampling::sample_queued_from`] checks of its
+/// layers: at least one, `from` below their count, and no zero fanout from
+/// layer `from` on.
+pub(crate) fn check_fanouts_from(fanouts: &[u32], from: usize) -> Result<()> {
+    use crate::error::GpuOpsError;
+    if fanouts.is_empty() {
+        return Err(GpuOpsError::InvalidArgument {
+            name: "fanouts",
+            reason: "at least one layer is needed".into(),
+        });
+    }
+    if from >= fanouts.len() {
+        return Err(GpuOpsError::InvalidArgument {
+            name: "from",
+            reason: format!(
+                "layer {from} is not below the {} layers of the fanouts",
+                fanouts.len()
+            ),
+        });
+    }
+    if let Some(l) = (from..fanouts.len()).find(|&l| fanouts[l] == 0) {
+        return Err(GpuOpsError::InvalidArgument {
+            name: "fanouts",
+            reason: format!(
+                "the fanout of layer {l} is 0; use ALL_NEIGHBORS ({}) to take every neighbor",
+                cpu_ops::ALL_NEIGHBORS
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// [`DenseOps::count_nonfinite`]'s bound on `n` (its count is 32 bits).
 pub(crate) fn check_count_len(n: usize) -> Result<()> {
     if n > u32::MAX as usize {

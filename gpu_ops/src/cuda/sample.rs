@@ -736,30 +736,7 @@ impl crate::backend::Sampling for CudaBackend {
         from: usize,
         seed: u64,
     ) -> Result<CudaQueued> {
-        if fanouts.is_empty() {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "fanouts",
-                reason: "at least one layer is needed".into(),
-            });
-        }
-        if from >= fanouts.len() {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "from",
-                reason: format!(
-                    "layer {from} is not below the {} layers of the fanouts",
-                    fanouts.len()
-                ),
-            });
-        }
-        if let Some(l) = (from..fanouts.len()).find(|&l| fanouts[l] == 0) {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "fanouts",
-                reason: format!(
-                    "the fanout of layer {l} is 0; use ALL_NEIGHBORS ({}) to take every neighbor",
-                    cpu_ops::ALL_NEIGHBORS
-                ),
-            });
-        }
+        crate::backend::check_fanouts_from(fanouts, from)?;
         if let Some(&bad) = seeds.iter().find(|&&s| s as usize >= graph.num_vertices) {
             return Err(GpuOpsError::InvalidArgument {
                 name: "seeds",

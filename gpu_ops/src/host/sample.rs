@@ -92,24 +92,7 @@ pub(crate) fn sample_from(
     from: usize,
     seed: u64,
 ) -> Result<DeviceBatch<HostBackend>> {
-    if from >= fanouts.len() {
-        return Err(GpuOpsError::InvalidArgument {
-            name: "from",
-            reason: format!(
-                "layer {from} is not below the {} layers of the fanouts",
-                fanouts.len()
-            ),
-        });
-    }
-    if let Some(l) = (from..fanouts.len()).find(|&l| fanouts[l] == 0) {
-        return Err(GpuOpsError::InvalidArgument {
-            name: "fanouts",
-            reason: format!(
-                "the fanout of layer {l} is 0; use ALL_NEIGHBORS ({}) to take every neighbor",
-                cpu_ops::ALL_NEIGHBORS
-            ),
-        });
-    }
+    crate::backend::check_fanouts_from(fanouts, from)?;
     let n = g.graph.num_vertices();
     if let Some(&bad) = seeds.iter().find(|&&s| s as usize >= n) {
         return Err(GpuOpsError::InvalidArgument {
