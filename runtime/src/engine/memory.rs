@@ -128,12 +128,24 @@ fn grown(rows: u64) -> u64 {
 /// (bottom first) on `n` vertices, at most: the sources of block 1 (the seeds
 /// themselves with one layer).
 pub fn bottom_rows(n: u64, batch_size: usize, fanouts: &[u32]) -> u64 {
-    let mut rows = (batch_size as u64).min(n);
-    for &f in fanouts.iter().skip(1).rev() {
-        rows = if f == ALL_NEIGHBORS {
+    let rows = layer_rows(n, batch_size, fanouts);
+    // No fanouts (no block): the seeds.
+    rows.get(1).copied().unwrap_or(rows[0])
+}
+
+/// Rows of each layer of one batch of `batch_size` seeds with `fanouts`
+/// (bottom first) on `n` vertices, at most: index `l` holds the sources of
+/// block `l` (index `fanouts.len()` the seeds). Every destination is a source
+/// too, so a layer has at most `dst · (1 + fanout)` rows, and never more than
+/// the graph's vertices.
+fn layer_rows(n: u64, batch_size: usize, fanouts: &[u32]) -> Vec<u64> {
+    let mut rows = vec![0u64; fanouts.len() + 1];
+    rows[fanouts.len()] = (batch_size as u64).min(n);
+    for l in (0..fanouts.len()).rev() {
+        rows[l] = if fanouts[l] == ALL_NEIGHBORS {
             n
         } else {
-            rows.saturating_mul(1 + u64::from(f)).min(n)
+            rows[l + 1].saturating_mul(1 + u64::from(fanouts[l])).min(n)
         };
     }
     rows
@@ -220,23 +232,17 @@ pub(crate) fn estimate(
     let cache = cache_bytes.min(n * dim * 4);
     let params = 4 * 4 * num_params as u64;
     // Rows per layer, from the seeds down (index l = sources of block l).
-    let mut rows = vec![0u64; fanouts.len() + 1];
+    let rows = layer_rows(n, batch_size, fanouts);
     let mut edges = 0u64;
     // Bytes of one batch's kept blocks.
     let mut kept = 0u64;
-    rows[fanouts.len()] = (batch_size as u64).min(n);
     for l in (0..fanouts.len()).rev() {
-        let dst = rows[l + 1];
-        let (src, e) = if fanouts[l] == ALL_NEIGHBORS {
-            (n, m.min(dst.saturating_mul(n)))
+        let (src, dst) = (rows[l], rows[l + 1]);
+        let e = if fanouts[l] == ALL_NEIGHBORS {
+            m.min(dst.saturating_mul(n))
         } else {
-            let f = u64::from(fanouts[l]);
-            (
-                dst.saturating_mul(1 + f).min(n),
-                dst.saturating_mul(f).min(m),
-            )
+            dst.saturating_mul(u64::from(fanouts[l])).min(m)
         };
-        rows[l] = src;
         edges = edges.saturating_add(e);
         kept = kept.saturating_add(4 * e + 4 * src + 8 * (dst + 1));
     }
