@@ -885,16 +885,9 @@ impl<B: Backend> LayerDevice for DeviceEngine<B> {
     }
 
     fn layer0_params(&self) -> Result<Vec<Vec<f32>>> {
-        let range = self
-            .model
-            .layer_params(0)
-            .map_err(dev_err("layer 0's parameters"))?;
-        let params = self.model.params();
-        range
-            .map(|i| {
-                let n = self.dev.len(&params[i]);
-                self.dev.to_host(&params[i], n)
-            })
+        self.layer0_tensors()?
+            .iter()
+            .map(|p| self.dev.to_host(p, self.dev.len(p)))
             .collect::<std::result::Result<_, _>>()
             .map_err(dev_err("publishing layer 0's parameters"))
     }

@@ -101,13 +101,18 @@ impl<B: Backend> Drop for Pending<B> {
 }
 
 impl<B: Backend> DeviceEngine<B> {
-    /// Step 1 ([`LayerDevice::publish_layer0`](super::LayerDevice::publish_layer0)).
-    pub(super) fn publish_layer0_op(&self) -> Result<Box<dyn PendingParams>> {
+    /// Layer 0's parameter tensors on the device, in the model's order.
+    pub(super) fn layer0_tensors(&self) -> Result<&[B::Buf<f32>]> {
         let range = self
             .model
             .layer_params(0)
             .map_err(dev_err("layer 0's parameters"))?;
-        let params = &self.model.params()[range];
+        Ok(&self.model.params()[range])
+    }
+
+    /// Step 1 ([`LayerDevice::publish_layer0`](super::LayerDevice::publish_layer0)).
+    pub(super) fn publish_layer0_op(&self) -> Result<Box<dyn PendingParams>> {
+        let params = self.layer0_tensors()?;
         let dev = &*self.dev;
         let lens: Vec<usize> = params.iter().map(|p| dev.len(p)).collect();
         let fits = |set: &Set<B>| {
