@@ -369,13 +369,13 @@ mod auto {
         "cpu-sample-cpu-gather",
     ];
 
+    /// Measures on a scripted clock (the wall clock of a loaded 2-core machine
+    /// can make any epoch look slower than the one before).
     #[test]
     fn auto_is_the_default_and_measures_every_candidate_then_trains_with_its_choice() {
         let c = cfg(&[]);
         assert_eq!(c.orchestration.policy, scheduler::Policy::Auto);
-        let mut t = auto_trainer(c);
-        let tracer = Tracer::new();
-        t.set_tracer(tracer.clone());
+        let (mut t, tracer) = scripted_trainer(c, |_| 1e-3);
         assert!(t.auto_choice().is_none(), "nothing measured yet");
         let stats = t.fit().expect("fit");
         let choice = t.auto_choice().expect("auto decided").clone();
@@ -421,15 +421,10 @@ mod auto {
         assert!(acc > 0.6, "test accuracy {acc}");
     }
 
-    /// `"auto"` on a scripted clock that a callback moves by `cost(epoch)` per
-    /// batch (whatever the placement): `epochs` epochs, the stats and trace.
-    fn auto_on_scripted_time(
-        epochs: usize,
-        cost: fn(usize) -> f64,
-    ) -> (Vec<EpochStats>, crate::trace::Trace, scheduler::Choice) {
+    /// A trainer of `c` measuring on a scripted clock that a callback moves by
+    /// `cost(epoch)` per batch (whatever the placement), and its tracer.
+    fn scripted_trainer(c: TrainConfig, cost: fn(usize) -> f64) -> (Trainer, Tracer) {
         use crate::executor::layer::clock::ManualClock;
-        let epochs_set = format!("train.epochs={epochs}");
-        let c = cfg(&[epochs_set.as_str()]);
         let clock = ManualClock::new();
         let ds = load_dataset(&c).expect("dataset");
         let mut t =
@@ -440,6 +435,17 @@ mod auto {
             clock.advance(Duration::from_secs_f64(cost(m.epoch)));
             crate::Control::Continue
         })));
+        (t, tracer)
+    }
+
+    /// `"auto"` on a scripted clock that a callback moves by `cost(epoch)` per
+    /// batch (whatever the placement): `epochs` epochs, the stats and trace.
+    fn auto_on_scripted_time(
+        epochs: usize,
+        cost: fn(usize) -> f64,
+    ) -> (Vec<EpochStats>, crate::trace::Trace, scheduler::Choice) {
+        let epochs_set = format!("train.epochs={epochs}");
+        let (mut t, tracer) = scripted_trainer(cfg(&[epochs_set.as_str()]), cost);
         let stats = t.fit().expect("fit");
         let choice = t.auto_choice().expect("auto decided").clone();
         (stats, tracer.collect(), choice)
