@@ -35,8 +35,8 @@ pub use host::{
     HostStream,
 };
 pub use model::{
-    layer0_rows, AdamMoments, DeviceForward, DeviceModel, HotGrad, HotRows, Layer0, LayerInput,
-    ModelLayout,
+    layer0_rows, AdamMoments, DeferredStep, DeviceForward, DeviceModel, HotGrad, HotRows, Layer0,
+    LayerInput, ModelLayout,
 };
 pub use reduce::{check_reduce_args, GradReduce, NcclId};
 

@@ -2,7 +2,12 @@
 //! executor queues batches without reading their losses and reads them in groups.
 //! Losses, weights and the non-finite stop are those of reading every loss at
 //! once, and the trace's `host.syncs` counter shows one synchronization per
-//! group instead of one per batch.
+//! group instead of one per batch. The layer-based executor defers its losses
+//! the same way (issue 22, `executor/layer/losses.rs`): the same losses,
+//! weights and non-finite stop, one read per super-batch, and no
+//! synchronization of the compute stream for them (a stop under a lag:
+//! `a_stop_inside_a_super_batch_then_training_on_matches_an_uninterrupted_run`
+//! in `orchestration.rs`).
 
 use std::path::Path;
 
@@ -39,6 +44,21 @@ fn lag(n: usize, extra: &[&str]) -> TrainConfig {
     cfg(&refs)
 }
 
+/// Each epoch's loss, accuracy (bits) and batches, the weights and the steps.
+type Bits = (Vec<(u64, u64, usize)>, Vec<Vec<f32>>, u64);
+
+/// The [`Bits`] of a `fit` under `c`, and the trainer.
+fn fit_bits(c: TrainConfig) -> (Bits, Trainer) {
+    let ds = load_dataset(&c).expect("dataset");
+    let mut t = Trainer::new(ds, c).expect("trainer");
+    let stats = t.fit().expect("fit");
+    let losses = stats
+        .iter()
+        .map(|s| (s.loss.to_bits(), s.train_acc.to_bits(), s.batches))
+        .collect();
+    ((losses, t.params().expect("params"), t.steps()), t)
+}
+
 #[test]
 fn a_loss_lag_trains_the_same_losses_and_weights() {
     for extra in [
@@ -46,17 +66,7 @@ fn a_loss_lag_trains_the_same_losses_and_weights() {
         &["orchestration.policy=\"cpu-sample-cpu-gather\""][..],
         &["device.sample_ahead=false"][..],
     ] {
-        let run = |n: usize| {
-            let c = lag(n, extra);
-            let ds = load_dataset(&c).expect("dataset");
-            let mut t = Trainer::new(ds, c).expect("trainer");
-            let stats = t.fit().expect("fit");
-            let losses: Vec<(u64, u64, usize)> = stats
-                .iter()
-                .map(|s| (s.loss.to_bits(), s.train_acc.to_bits(), s.batches))
-                .collect();
-            (losses, t.params().expect("params"), t.steps())
-        };
+        let run = |n: usize| fit_bits(lag(n, extra)).0;
         let one = run(1);
         assert!(one.2 > 16, "{extra:?}: too few batches to test a lag");
         for n in [3, 8] {
@@ -232,4 +242,114 @@ fn sampling_ahead_in_groups_trains_as_sampling_at_each_turn() {
         run(&["orchestration.policy=\"cpu-sample-gpu-gather\""]),
         grouped
     );
+}
+
+/// The layer-based executor with rows that do not depend on the CPU workers'
+/// timing: all-neighbour bottom sampling, no dropout, bound 0 and `"wait"`
+/// (every hot row is computed with the batch's own weights).
+const LAYER: [&str; 7] = [
+    "orchestration.policy=\"layer\"",
+    "orchestration.hot_ratio=0.3",
+    "orchestration.staleness_bound=0",
+    "orchestration.on_late=\"wait\"",
+    "orchestration.super_batch=4",
+    "train.fanouts=[-1, 5]",
+    "model.dropout=0.0",
+];
+
+fn layer_lag(n: usize, extra: &[&str]) -> TrainConfig {
+    let mut sets: Vec<&str> = LAYER.to_vec();
+    sets.extend_from_slice(extra);
+    lag(n, &sets)
+}
+
+#[test]
+fn the_layer_path_under_a_loss_lag_trains_the_same_losses_and_weights() {
+    let run = |n: usize| {
+        let (bits, t) = fit_bits(layer_lag(n, &[]));
+        let o = t.orchestration_totals().expect("layer path");
+        assert!(o.protocol.hot_uses > 0, "lag {n}: {}", o.summary());
+        bits
+    };
+    let one = run(1);
+    assert!(one.2 > 16, "too few batches to test a lag");
+    for n in [3, 8] {
+        assert_eq!(run(n), one, "lag {n}");
+    }
+}
+
+/// The compute stream's synchronizations and the `loss read` slices of one
+/// epoch on the layer path (after a first epoch).
+fn layer_syncs(n: usize) -> (u64, usize, usize) {
+    let c = layer_lag(n, &["train.eval_every=0"]);
+    let ds = load_dataset(&c).expect("dataset");
+    let mut t = Trainer::new(ds, c).expect("trainer");
+    t.train_epoch().expect("epoch 0");
+    let tracer = Tracer::new();
+    t.set_tracer(tracer.clone());
+    let before = t.transfer_stats();
+    let s = t.train_epoch().expect("epoch 1");
+    let d = t.transfer_stats().since(&before);
+    let trace = tracer.collect();
+    let reads: Vec<_> = trace
+        .slices
+        .iter()
+        .filter(|s| s.name == "loss read")
+        .collect();
+    // A read waits for its copy on an event, never on the stream.
+    for r in &reads {
+        let syncs = r.args.extra.iter().find(|(k, _)| k == "host_syncs");
+        assert_eq!(syncs.map(|(_, v)| *v), Some(0.0), "{:?}", r.args);
+    }
+    (d.syncs, reads.len(), s.batches)
+}
+
+#[test]
+fn the_layer_path_reads_its_losses_once_per_super_batch_without_a_synchronization() {
+    let (syncs1, reads1, batches) = layer_syncs(1);
+    assert!(batches > 8, "{batches} batches");
+    assert_eq!(reads1, 0, "lag 1 reads each loss in its step");
+    for n in [3, 8] {
+        let (syncs, reads, b) = layer_syncs(n);
+        assert_eq!(b, batches);
+        // Each batch's loss read was one synchronization of the compute
+        // stream (the host backend counts a loss reaching the host as one).
+        assert_eq!(syncs1 - syncs, batches as u64, "lag {n}");
+        // One read queued per super-batch of 4, and one more per `n` batches
+        // inside a super-batch when `n` is smaller; each `loss read` slice
+        // resolves the read before it and queues the next, and the run's end
+        // resolves the last.
+        let super_batches = batches.div_ceil(4);
+        let queued: usize = (0..super_batches)
+            .map(|j| (batches - 4 * j).min(4).div_ceil(n))
+            .sum();
+        assert_eq!(reads, queued + 1, "lag {n}");
+    }
+}
+
+#[test]
+fn a_nan_under_a_loss_lag_on_the_layer_path_stops_at_its_batch_with_the_weights_before_it() {
+    let clean = load_dataset(&layer_lag(1, &[])).expect("dataset");
+    let v = quiet_training_vertex(&clean);
+    let run = |n: usize| {
+        let c = layer_lag(n, &[]);
+        let mut t = Trainer::new(poisoned(&c, v), c).expect("trainer");
+        match t.fit() {
+            Err(Error::NonFinite { epoch, batch, loss }) => {
+                assert!(!loss.is_finite(), "lag {n}");
+                assert_eq!(t.batch_in_epoch(), batch, "lag {n}: the position");
+                (epoch, batch, t.params().expect("params"), t.steps())
+            }
+            other => panic!("lag {n}: expected a non-finite stop, got {other:?}"),
+        }
+    };
+    let one = run(1);
+    assert!(one.3 > 0, "the bad batch is not the first");
+    assert!(
+        one.2.iter().all(|p| p.iter().all(|x| x.is_finite())),
+        "the bad update was applied"
+    );
+    for n in [3, 8] {
+        assert_eq!(run(n), one, "lag {n}");
+    }
 }

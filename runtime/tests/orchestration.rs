@@ -459,73 +459,89 @@ fn publishing_adds_no_synchronization_to_the_accelerator_thread() {
 /// callback's stop (after the batch trained) — ends the pipeline's epoch cleanly,
 /// and training on from there gives exactly the weights and losses of a run that
 /// never stopped: with fresh rows (bound 0, wait) and all-neighbour bottom sampling
-/// no hot row depends on where the resumed epoch's super-batches start.
+/// no hot row depends on where the resumed epoch's super-batches start. Under a
+/// loss lag (`executor/layer/losses.rs`) the session sees a batch when its
+/// super-batch's read resolves, at the next super-batch's end: the stop comes
+/// after the batches trained by then, every one of them shown.
 #[test]
 fn a_stop_inside_a_super_batch_then_training_on_matches_an_uninterrupted_run() {
     let _serial = serial();
     use runtime::{on_batch, BatchMetrics, CancelToken, Control, Error, StopCause};
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    let c = cfg(&[
-        "train.fanouts=[-1, 5]",
-        "model.dropout=0.0",
-        "train.epochs=2",
-        "orchestration.hot_ratio=0.3",
-        "orchestration.staleness_bound=0",
-        "orchestration.on_late=\"wait\"",
-        "orchestration.super_batch=4",
-    ]);
-    let ds = load_dataset(&c).expect("dataset");
-    let bits = |t: &Trainer, s: &[EpochStats]| {
-        let params: Vec<Vec<u32>> = t
-            .params()
-            .expect("params")
-            .iter()
-            .map(|p| p.iter().map(|x| x.to_bits()).collect())
-            .collect();
-        let losses: Vec<u64> = s.iter().map(|e| e.loss.to_bits()).collect();
-        (params, losses)
-    };
-    let mut whole = Trainer::new(ds.clone(), c.clone()).expect("trainer");
-    let all = whole.fit().expect("fit");
-    let expected = bits(&whole, &all);
+    // Batch 5 is the second batch of super-batch 1; under a lag its loss is
+    // read at super-batch 2's end, after batch 11 trained.
+    for (lag, stop_at) in [(1, 6), (8, 12)] {
+        let lag_set = format!("device.loss_lag={lag}");
+        let c = cfg(&[
+            "train.fanouts=[-1, 5]",
+            "model.dropout=0.0",
+            "train.epochs=2",
+            "orchestration.hot_ratio=0.3",
+            "orchestration.staleness_bound=0",
+            "orchestration.on_late=\"wait\"",
+            "orchestration.super_batch=4",
+            &lag_set,
+        ]);
+        let ds = load_dataset(&c).expect("dataset");
+        let bits = |t: &Trainer, s: &[EpochStats]| {
+            let params: Vec<Vec<u32>> = t
+                .params()
+                .expect("params")
+                .iter()
+                .map(|p| p.iter().map(|x| x.to_bits()).collect())
+                .collect();
+            let losses: Vec<u64> = s.iter().map(|e| e.loss.to_bits()).collect();
+            (params, losses)
+        };
+        let mut whole = Trainer::new(ds.clone(), c.clone()).expect("trainer");
+        let all = whole.fit().expect("fit");
+        let expected = bits(&whole, &all);
 
-    for cause in [StopCause::Token, StopCause::Callback] {
-        // Batch 5 is the second batch of super-batch 1.
-        let token = CancelToken::new();
-        let (stopper, fired) = (token.clone(), Arc::new(AtomicBool::new(false)));
-        let mut t = runtime::TrainerBuilder::new(c.clone())
-            .dataset(ds.clone())
-            .cancel_token(token)
-            .callback(on_batch(move |m: &BatchMetrics| {
-                if m.epoch != 0 || m.batch != 5 || fired.swap(true, Ordering::Relaxed) {
-                    return Control::Continue;
-                }
-                match cause {
-                    StopCause::Token => {
-                        stopper.cancel();
-                        Control::Continue
+        for cause in [StopCause::Token, StopCause::Callback] {
+            let token = CancelToken::new();
+            let (stopper, fired) = (token.clone(), Arc::new(AtomicBool::new(false)));
+            let seen = Arc::new(AtomicUsize::new(0));
+            let counter = Arc::clone(&seen);
+            let mut t = runtime::TrainerBuilder::new(c.clone())
+                .dataset(ds.clone())
+                .cancel_token(token)
+                .callback(on_batch(move |m: &BatchMetrics| {
+                    if m.epoch == 0 {
+                        counter.fetch_add(1, Ordering::Relaxed);
                     }
-                    _ => Control::Stop,
-                }
-            }))
-            .build()
-            .expect("trainer");
-        match t.train_epoch() {
-            Err(Error::Cancelled {
-                epoch: 0,
-                batch: 6,
-                cause: found,
-            }) if found == cause => {}
-            other => panic!("{cause:?}: expected a stop before batch 6, got {other:?}"),
+                    if m.epoch != 0 || m.batch != 5 || fired.swap(true, Ordering::Relaxed) {
+                        return Control::Continue;
+                    }
+                    match cause {
+                        StopCause::Token => {
+                            stopper.cancel();
+                            Control::Continue
+                        }
+                        _ => Control::Stop,
+                    }
+                }))
+                .build()
+                .expect("trainer");
+            let what = format!("{cause:?}, lag {lag}");
+            match t.train_epoch() {
+                Err(Error::Cancelled {
+                    epoch: 0,
+                    batch,
+                    cause: found,
+                }) if found == cause && batch == stop_at => {}
+                other => panic!("{what}: expected a stop before batch {stop_at}, got {other:?}"),
+            }
+            let seen = seen.load(Ordering::Relaxed);
+            assert_eq!(seen, stop_at, "{what}: every batch trained is shown");
+            t.set_cancel_token(CancelToken::new());
+            let rest = t.fit().expect("training on");
+            assert_eq!(bits(&t, &rest), expected, "{what}");
+            let o = stats(&t);
+            assert!(o.protocol.hot_uses > 0, "{what}: {}", o.summary());
+            assert_eq!(o.protocol.gaps.max(), Some(0), "{what}: {}", o.summary());
         }
-        t.set_cancel_token(CancelToken::new());
-        let rest = t.fit().expect("training on");
-        assert_eq!(bits(&t, &rest), expected, "{cause:?}");
-        let o = stats(&t);
-        assert!(o.protocol.hot_uses > 0, "{cause:?}: {}", o.summary());
-        assert_eq!(o.protocol.gaps.max(), Some(0), "{cause:?}: {}", o.summary());
     }
 }
 

@@ -156,6 +156,15 @@ pub struct HotRows<'a, B: Backend> {
     pub grad: HotGrad,
 }
 
+/// A deferred step's extras ([`DeviceModel::train_step_hot_deferred`]):
+/// historical rows for some of layer 0's outputs, and the slot its loss goes to.
+pub struct DeferredStep<'a, B: Backend> {
+    /// The historical rows, if any.
+    pub hot: Option<&'a HotRows<'a, B>>,
+    /// Where the batch's loss sum and correct count go.
+    pub dest: LossSlot<'a, B>,
+}
+
 /// The result of [`DeviceModel::forward`]: the logits and what the backward needs.
 pub struct DeviceForward<B: Backend> {
     layers: Vec<LayerFwd<B>>,
@@ -733,11 +742,28 @@ impl<B: Backend> DeviceModel<B> {
         seed: u64,
         dest: LossSlot<'_, B>,
     ) -> Result<()> {
+        let step = DeferredStep { hot: None, dest };
+        self.train_step_hot_deferred(dev, blocks, x, labels, seed, step)
+    }
+
+    /// [`DeviceModel::train_step_deferred`] with historical embeddings for some
+    /// of layer 0's outputs (`step.hot`, as [`DeviceModel::train_step_hot`]
+    /// takes them), the loss going to `step.dest`.
+    pub fn train_step_hot_deferred<'x>(
+        &mut self,
+        dev: &B,
+        blocks: &[B::Block],
+        x: impl Into<LayerInput<'x, B>>,
+        labels: &B::Buf<u32>,
+        seed: u64,
+        step: DeferredStep<'_, B>,
+    ) -> Result<()> {
+        let DeferredStep { hot, dest } = step;
         let x = x.into();
         if self.guard.is_none() {
             self.guard = Some(dev.alloc(1)?);
         }
-        let fwd = self.forward_hot(dev, blocks, x, true, seed, None)?;
+        let fwd = self.forward_hot(dev, blocks, x, true, seed, hot)?;
         let rows = fwd.rows();
         let classes = self.arch.cfg.num_classes;
         let mut dlogits = dev.alloc_uninit(rows * classes)?;

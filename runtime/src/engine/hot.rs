@@ -56,7 +56,10 @@
 //!    the accelerator neither gathers nor aggregates their neighborhoods — no
 //!    host round trip); gather the remaining inputs through the feature cache;
 //!    select the hot rows from the slab on the device; forward with them in
-//!    place of layer 0's outputs; loss, backward, step. With `"aggregate"`
+//!    place of layer 0's outputs; loss, backward, step — with a loss slot
+//!    (`device.loss_lag` > 1) the loss goes to the slot and the step is
+//!    guarded, nothing read ([`gpu_ops::DeviceModel::train_step_hot_deferred`];
+//!    `executor/layer/losses.rs`). With `"aggregate"`
 //!    nothing is skipped (the hot rows' gradient flows through the accelerator's
 //!    own aggregate of their neighborhoods).
 //!
@@ -79,7 +82,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use cpu_ops::derive_seed;
-use gpu_ops::{Backend, HotGrad, HotRows};
+use gpu_ops::{Backend, DeferredStep, HotGrad, HotRows};
 
 use super::{dev_err, take_at_least, DeviceEngine};
 use crate::error::{Error, Result};
@@ -734,10 +737,13 @@ impl<B: Backend> DeviceEngine<B> {
     pub(super) fn train_prepared_op(
         &mut self,
         key: u64,
-        seeds: &[u32],
-        seed: u64,
+        (seeds, seed): (&[u32], u64),
         hot: &HotUse<'_>,
-    ) -> Result<(f64, usize)> {
+        deferred: Option<usize>,
+    ) -> Result<Option<(f64, usize)>> {
+        if let Some(slot) = deferred {
+            self.ensure_loss_slot(slot)?;
+        }
         let top = self.hot.prepared.remove(&key).ok_or_else(|| {
             Error::invalid_argument(
                 "prepared batch",
@@ -814,7 +820,7 @@ impl<B: Backend> DeviceEngine<B> {
         blocks.extend(top.blocks);
         let labels = self.labels_of(seeds);
         self.h2d += (labels.len() * 4) as u64;
-        let result = (|| -> Result<gpu_ops::LossStats> {
+        let result = (|| -> Result<Option<gpu_ops::LossStats>> {
             upload_into(&*dev, &mut self.hot.labels, &labels, "labels")?;
             if n_hot > 0 {
                 reserve(&*dev, &mut self.hot.rows, n_hot * width, "hot rows")?;
@@ -836,14 +842,26 @@ impl<B: Backend> DeviceEngine<B> {
                 }),
                 _ => None,
             };
-            self.model
-                .train_step_hot(&*dev, &blocks, x.layer(), labels, seed, rows.as_ref())
-                .map_err(dev_err("training step"))
+            match (deferred, self.loss_slots.as_mut()) {
+                (Some(slot), Some(out)) => {
+                    let step = DeferredStep {
+                        hot: rows.as_ref(),
+                        dest: gpu_ops::LossSlot { out, slot },
+                    };
+                    self.model
+                        .train_step_hot_deferred(&*dev, &blocks, x.layer(), labels, seed, step)
+                        .map(|()| None)
+                }
+                _ => self
+                    .model
+                    .train_step_hot(&*dev, &blocks, x.layer(), labels, seed, rows.as_ref())
+                    .map(Some),
+            }
+            .map_err(dev_err("training step"))
         })();
         self.recycle(x);
         self.settle_gather_misses();
         step.set_transfer(Direction::HostToDevice, self.h2d - start);
-        let stats = result?;
-        Ok((stats.loss * seeds.len() as f64, stats.correct))
+        Ok(result?.map(|stats| (stats.loss * seeds.len() as f64, stats.correct)))
     }
 }

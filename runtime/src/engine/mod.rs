@@ -33,7 +33,7 @@ pub(crate) use hot::{HotStaging, HotUse, PreparedTops, TopBatch, TopsAhead};
 pub(crate) use input::{density, sparse_rows_where};
 pub(crate) use publish::PendingParams;
 pub(crate) use reduce::{CopyReduce, ReduceOn};
-pub(crate) use step_based::{BatchRef, Sampled};
+pub(crate) use step_based::{BatchRef, PendingLosses, Sampled};
 
 use std::sync::Arc;
 
@@ -205,7 +205,7 @@ pub struct DeviceEngine<B: Backend> {
     /// (`engine/hot.rs`).
     hot: hot::HotDevice<B>,
     /// Pinned buffers of layer 0's asynchronous publications (`engine/publish.rs`).
-    publish: publish::PublishPool<B>,
+    publish: publish::PinnedPool<B, f32>,
     /// The dataset and sampler for steps placed on the host.
     host: HostSide,
     /// The gradient sum of the device-resident data-parallel step.
@@ -221,6 +221,9 @@ pub struct DeviceEngine<B: Backend> {
     loss_lag: usize,
     /// The deferred losses' slots (`2 · loss_lag` words; made on first use).
     loss_slots: Option<B::Buf<u64>>,
+    /// Page-locked sets the deferred losses are read into
+    /// ([`DeviceEngine::queue_loss_read`]).
+    loss_reads: publish::PinnedPool<B, u64>,
     tracer: Tracer,
     acc: TrackId,
     /// What `device.memory_budget_bytes` changed, for the device note.
@@ -421,6 +424,7 @@ impl<B: Backend> DeviceEngine<B> {
             budget_note,
             loss_lag: 1,
             loss_slots: None,
+            loss_reads: publish::PinnedPool::default(),
             layer_rows,
             acc: tracer.declare_track("acc", TrackKind::Accelerator),
             tracer,
@@ -436,7 +440,7 @@ impl<B: Backend> DeviceEngine<B> {
             bits: None,
             full_block: None,
             hot: hot::HotDevice::default(),
-            publish: publish::PublishPool::default(),
+            publish: publish::PinnedPool::default(),
             sibling: step_based::Sibling::default(),
             reduce: None,
             opts,
@@ -789,14 +793,27 @@ pub(crate) trait LayerDevice: Send {
     fn adopt_tops(&mut self, tops: PreparedTops) -> Result<()>;
     /// Trains the batch kept under `key` with `hot`'s slab rows replacing layer
     /// 0's outputs at its positions; then forgets it. Returns (loss × rows,
-    /// correct).
+    /// correct) — or, with `deferred = Some(slot)`, nothing: the step reads
+    /// nothing, its loss goes to loss slot `slot` (below
+    /// [`LayerDevice::loss_lag`]) for [`LayerDevice::queue_loss_read`], and a
+    /// non-finite loss makes the device skip this step and every later one
+    /// until [`LayerDevice::rewind_skipped`] (the version moves on at once).
     fn train_prepared(
         &mut self,
         key: u64,
-        seeds: &[u32],
-        seed: u64,
+        batch: (&[u32], u64),
         hot: &HotUse<'_>,
-    ) -> Result<(f64, usize)>;
+        deferred: Option<usize>,
+    ) -> Result<Option<(f64, usize)>>;
+    /// Batches between a step and the read of its loss (`device.loss_lag`
+    /// resolved, at least 1).
+    fn loss_lag(&self) -> usize;
+    /// Loss slots `0..n` on their way to the host, queued after every step so
+    /// far without waiting for them.
+    fn queue_loss_read(&mut self, n: usize) -> Result<Box<dyn PendingLosses>>;
+    /// After a non-finite deferred loss: the version moves back by the
+    /// `skipped` steps the device did not apply, and the guard is cleared.
+    fn rewind_skipped(&mut self, skipped: usize) -> Result<()>;
     /// Forgets every kept batch.
     fn discard_prepared(&mut self);
     /// Layer 0's parameter tensors, copied to the host: one blocking download
@@ -873,11 +890,23 @@ impl<B: Backend> LayerDevice for DeviceEngine<B> {
     fn train_prepared(
         &mut self,
         key: u64,
-        seeds: &[u32],
-        seed: u64,
+        batch: (&[u32], u64),
         hot: &HotUse<'_>,
-    ) -> Result<(f64, usize)> {
-        self.train_prepared_op(key, seeds, seed, hot)
+        deferred: Option<usize>,
+    ) -> Result<Option<(f64, usize)>> {
+        self.train_prepared_op(key, batch, hot, deferred)
+    }
+
+    fn loss_lag(&self) -> usize {
+        self.loss_lag
+    }
+
+    fn queue_loss_read(&mut self, n: usize) -> Result<Box<dyn PendingLosses>> {
+        DeviceEngine::queue_loss_read(self, n)
+    }
+
+    fn rewind_skipped(&mut self, skipped: usize) -> Result<()> {
+        DeviceEngine::rewind_skipped(self, skipped)
     }
 
     fn discard_prepared(&mut self) {

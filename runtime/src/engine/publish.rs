@@ -49,17 +49,19 @@ pub(crate) trait PendingParams: Send {
     fn resolve(self: Box<Self>) -> Result<Vec<Vec<f32>>>;
 }
 
-/// One page-locked buffer per layer-0 tensor.
-type Set<B> = Vec<<B as gpu_ops::DeviceCore>::Pinned<f32>>;
+/// One page-locked buffer per tensor copied.
+type Set<B, T> = Vec<<B as gpu_ops::DeviceCore>::Pinned<T>>;
 
-/// The engine's pool of pinned sets (step 3).
-pub(super) struct PublishPool<B: Backend> {
-    free: Arc<Mutex<Vec<Set<B>>>>,
+/// The engine's pool of pinned sets (step 3), of one element type: layer 0's
+/// `f32` tensors, or the deferred losses' `u64` slot words
+/// ([`DeviceEngine::queue_loss_read`](super::DeviceEngine::queue_loss_read)).
+pub(super) struct PinnedPool<B: Backend, T: gpu_ops::Elem> {
+    free: Arc<Mutex<Vec<Set<B, T>>>>,
     /// Sets allocated so far.
     made: AtomicUsize,
 }
 
-impl<B: Backend> Default for PublishPool<B> {
+impl<B: Backend, T: gpu_ops::Elem> Default for PinnedPool<B, T> {
     fn default() -> Self {
         Self {
             free: Arc::default(),
@@ -68,22 +70,73 @@ impl<B: Backend> Default for PublishPool<B> {
     }
 }
 
-/// A publication in flight ([`PendingParams`] of a [`DeviceEngine`] on `B`).
-struct Pending<B: Backend> {
+impl<B: Backend, T: gpu_ops::Elem> PinnedPool<B, T> {
+    /// Step 1 for `tensors` (their first `lens[i]` elements each): a pooled set
+    /// (or a new one), every copy queued on the compute stream, an event after
+    /// them; `what` names the copy in errors.
+    pub(super) fn download(
+        &self,
+        dev: &Arc<B>,
+        tensors: &[&B::Buf<T>],
+        lens: Vec<usize>,
+        what: &'static str,
+    ) -> Result<PendingCopy<B, T>> {
+        let fits = |set: &Set<B, T>| {
+            set.len() == lens.len()
+                && set
+                    .iter()
+                    .zip(&lens)
+                    .all(|(b, &n)| dev.pinned_slice(b).len() >= n)
+        };
+        let taken = self.free.lock().pop().filter(fits);
+        let mut set = match taken {
+            Some(set) => set,
+            None => {
+                self.made.fetch_add(1, Ordering::Relaxed);
+                lens.iter()
+                    .map(|&n| dev.alloc_pinned::<T>(n))
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(dev_err(what))?
+            }
+        };
+        let stream = dev.stream();
+        for ((p, b), &n) in tensors.iter().zip(&mut set).zip(&lens) {
+            dev.download_pinned(stream, p, n, b)
+                .map_err(dev_err(what))?;
+        }
+        let event = dev.record_event(stream).map_err(dev_err(what))?;
+        Ok(PendingCopy {
+            dev: Arc::clone(dev),
+            event,
+            set,
+            lens,
+            what,
+            pool: Arc::clone(&self.free),
+        })
+    }
+}
+
+/// A copy in flight (step 1's result): resolved once, on any thread.
+pub(crate) struct PendingCopy<B: Backend, T: gpu_ops::Elem> {
     dev: Arc<B>,
     /// Recorded on the compute stream after the copies.
     event: B::Event,
-    set: Set<B>,
+    set: Set<B, T>,
     /// Each tensor's length (a prefix of its buffer).
     lens: Vec<usize>,
-    pool: Arc<Mutex<Vec<Set<B>>>>,
+    /// Names the copy in errors.
+    what: &'static str,
+    pool: Arc<Mutex<Vec<Set<B, T>>>>,
 }
 
-impl<B: Backend> PendingParams for Pending<B> {
-    fn resolve(self: Box<Self>) -> Result<Vec<Vec<f32>>> {
+impl<B: Backend, T: gpu_ops::Elem> PendingCopy<B, T> {
+    /// Step 2: waits for the copies (an event wait, not a synchronization)
+    /// and returns each tensor's elements; the set goes back to the pool when
+    /// `self` is dropped (step 3).
+    pub(crate) fn resolve_copies(&self) -> Result<Vec<Vec<T>>> {
         self.dev
             .wait_host(&self.event)
-            .map_err(dev_err("reading back layer 0's published parameters"))?;
+            .map_err(dev_err(self.what))?;
         Ok(self
             .set
             .iter()
@@ -93,7 +146,13 @@ impl<B: Backend> PendingParams for Pending<B> {
     }
 }
 
-impl<B: Backend> Drop for Pending<B> {
+impl<B: Backend> PendingParams for PendingCopy<B, f32> {
+    fn resolve(self: Box<Self>) -> Result<Vec<Vec<f32>>> {
+        self.resolve_copies()
+    }
+}
+
+impl<B: Backend, T: gpu_ops::Elem> Drop for PendingCopy<B, T> {
     /// Step 3.
     fn drop(&mut self) {
         self.pool.lock().push(std::mem::take(&mut self.set));
@@ -113,42 +172,12 @@ impl<B: Backend> DeviceEngine<B> {
     /// Step 1 ([`LayerDevice::publish_layer0`](super::LayerDevice::publish_layer0)).
     pub(super) fn publish_layer0_op(&self) -> Result<Box<dyn PendingParams>> {
         let params = self.layer0_tensors()?;
-        let dev = &*self.dev;
-        let lens: Vec<usize> = params.iter().map(|p| dev.len(p)).collect();
-        let fits = |set: &Set<B>| {
-            set.len() == lens.len()
-                && set
-                    .iter()
-                    .zip(&lens)
-                    .all(|(b, &n)| dev.pinned_slice(b).len() >= n)
-        };
-        let pool = &self.publish;
-        let taken = pool.free.lock().pop().filter(fits);
-        let mut set = match taken {
-            Some(set) => set,
-            None => {
-                pool.made.fetch_add(1, Ordering::Relaxed);
-                lens.iter()
-                    .map(|&n| dev.alloc_pinned::<f32>(n))
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(dev_err("allocating pinned memory to publish layer 0"))?
-            }
-        };
-        let stream = dev.stream();
-        for ((p, b), &n) in params.iter().zip(&mut set).zip(&lens) {
-            dev.download_pinned(stream, p, n, b)
-                .map_err(dev_err("publishing layer 0's parameters"))?;
-        }
-        let event = dev
-            .record_event(stream)
-            .map_err(dev_err("publishing layer 0's parameters"))?;
-        Ok(Box::new(Pending {
-            dev: Arc::clone(&self.dev),
-            event,
-            set,
-            lens,
-            pool: Arc::clone(&pool.free),
-        }))
+        let lens = params.iter().map(|p| self.dev.len(p)).collect();
+        let tensors: Vec<&B::Buf<f32>> = params.iter().collect();
+        let what = "publishing layer 0's parameters";
+        Ok(Box::new(
+            self.publish.download(&self.dev, &tensors, lens, what)?,
+        ))
     }
 
     /// Pinned sets the publication pool has allocated (tests).

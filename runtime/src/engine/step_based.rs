@@ -405,10 +405,42 @@ impl<B: Backend> DeviceEngine<B> {
             .dev
             .to_host(slots, 2 * n)
             .map_err(dev_err("reading the batches' losses"))?;
-        Ok(words
-            .chunks_exact(2)
-            .map(|w| (f64::from_bits(w[0]), w[1] as usize))
-            .collect())
+        Ok(loss_words(&words))
+    }
+
+    /// The deferred slots `0..n` on their way to the host, without waiting:
+    /// one download into page-locked memory queued on the compute stream
+    /// after every step so far (`engine/publish.rs`'s pool and event). The
+    /// slots may be written again at once: the next steps are queued after the
+    /// copy. Resolving the handle waits for the copy only (an event wait, not
+    /// a synchronization of the stream), so the device keeps the work queued
+    /// after it.
+    pub(crate) fn queue_loss_read(&mut self, n: usize) -> Result<Box<dyn PendingLosses>> {
+        let slots = self
+            .loss_slots
+            .as_ref()
+            .ok_or_else(|| missing("loss slots"))?;
+        let what = "reading the batches' losses";
+        let copy = self
+            .loss_reads
+            .download(&self.dev, &[slots], vec![2 * n], what)?;
+        Ok(Box::new(copy))
+    }
+
+    /// Checks `slot` against [`DeviceEngine::loss_lag`] and makes the slots on
+    /// first use.
+    pub(super) fn ensure_loss_slot(&mut self, slot: usize) -> Result<()> {
+        if slot >= self.loss_lag {
+            return Err(missing("a loss slot below the loss lag"));
+        }
+        if self.loss_slots.is_none() {
+            self.loss_slots = Some(
+                self.dev
+                    .alloc(2 * self.loss_lag)
+                    .map_err(dev_err("loss slots"))?,
+            );
+        }
+        Ok(())
     }
 
     /// After a non-finite deferred loss: the `skipped` steps queued from that
@@ -462,16 +494,10 @@ impl<B: Backend> DeviceEngine<B> {
         copies_before: gpu_ops::TransferStats,
     ) -> Result<(Option<gpu_ops::LossStats>, Vec<B::Block>)> {
         if let Some(slot) = deferred {
-            if !step || slot >= self.loss_lag {
+            if !step {
                 return Err(missing("a loss slot for a full step"));
             }
-            if self.loss_slots.is_none() {
-                self.loss_slots = Some(
-                    self.dev
-                        .alloc(2 * self.loss_lag)
-                        .map_err(dev_err("loss slots"))?,
-                );
-            }
+            self.ensure_loss_slot(slot)?;
         }
         let BatchRef { seeds, seed, .. } = batch;
         let tracer = self.tracer.clone();
@@ -562,5 +588,28 @@ impl<B: Backend> DeviceEngine<B> {
         record_copies(slice.args_mut(), &copies);
         drop(slice);
         Ok((stats?, blocks))
+    }
+}
+
+/// Deferred slot words as (loss sum, correct count) pairs.
+fn loss_words(words: &[u64]) -> Vec<(f64, usize)> {
+    words
+        .chunks_exact(2)
+        .map(|w| (f64::from_bits(w[0]), w[1] as usize))
+        .collect()
+}
+
+/// Deferred losses on their way to the host
+/// ([`DeviceEngine::queue_loss_read`]): a `Send` handle resolved once.
+pub(crate) trait PendingLosses: Send {
+    /// Waits for the copy and returns each slot's (loss sum, correct count),
+    /// in slot order.
+    fn resolve(self: Box<Self>) -> Result<Vec<(f64, usize)>>;
+}
+
+impl<B: Backend> PendingLosses for super::publish::PendingCopy<B, u64> {
+    fn resolve(self: Box<Self>) -> Result<Vec<(f64, usize)>> {
+        let words = self.resolve_copies()?;
+        Ok(loss_words(words.first().map_or(&[][..], |w| w)))
     }
 }

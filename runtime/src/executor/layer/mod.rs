@@ -15,6 +15,7 @@
 
 pub(crate) mod clock;
 pub(crate) mod hot_compute;
+pub(crate) mod losses;
 pub(crate) mod monitor;
 pub(crate) mod pipeline;
 pub(crate) mod planner;

@@ -60,7 +60,11 @@
 //!      the `Wait` (protocol step 6), so the one awaited is still to come;
 //!    - `Train`: [`LayerDevice::train_prepared`] with the order's positions and
 //!      slab rows, answer [`Event::BatchTrained`] with the engine's version;
-//!      `on_batch` sees the batch, and a callback's stop answers `Stop`;
+//!      `on_batch` sees the batch, and a callback's stop answers `Stop`. With
+//!      `device.loss_lag` > 1 the loss is deferred (`losses.rs`): read once
+//!      per super-batch (at `EndSuperBatch`, or every `loss_lag` batches),
+//!      without a synchronization, and shown a super-batch later; flushed
+//!      before a measurement mark, a cancel and the run's end;
 //!    - `Retire`: the workers' drop watermark;
 //!    - `Finished`: the epoch's counts; the epoch is over.
 //! 5. **End** (finished, stopped or failed): a protocol still running is
@@ -73,7 +77,8 @@
 //! engine's one `sample top` of the super-batch after it: kernels queued and a
 //! read started, no synchronization with `device.sample_ahead`), `gate`, `hot wait` (inside the gate), `train`
 //! (with `staleness_gap` = the batch's largest gap, the engine's `sample bottom`
-//! and `device step` inside), `publish` (with its `downloads` and `host_syncs`:
+//! and `device step` inside), `loss read` (deferred losses: its `host_syncs`
+//! is 0), `publish` (with its `downloads` and `host_syncs`:
 //! one per layer-0 tensor and none); instants `hot install` (rows, bytes host
 //! → device), `compute cold` (vertices), `hot carry` (rows carried into a
 //! super-batch's slab) and `hot rows` at a super-batch's end (rows `queued`,
@@ -102,6 +107,7 @@ use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind};
 
 use super::clock::{wall_clock, Clock, SharedClock};
 use super::hot_compute::{HotComputer, Published, Snapshot};
+use super::losses::{DeferredLosses, Trained};
 use super::monitor::{HybridMonitor, SuperBatchEnd, Window};
 use super::planner::{PlanInputs, PlanRequest, Planner};
 use super::stats::OrchestrationStats;
@@ -584,6 +590,8 @@ impl Orchestrator {
                 launch: None,
                 gate: None,
                 end: None,
+                losses: DeferredLosses::default(),
+                last_trained: None,
             };
             let result = driver.drive(engine, batches, on_batch);
             // Step 5, whatever happened.
@@ -719,6 +727,10 @@ struct Driver<'a> {
     gate: Option<OpenGate<'a>>,
     /// How the epoch ends, once the driver stopped it.
     end: Option<EpochEnd>,
+    /// Batches whose deferred losses are not read yet (`losses.rs`).
+    losses: DeferredLosses,
+    /// The last batch trained.
+    last_trained: Option<usize>,
 }
 
 impl<'a> Driver<'a> {
@@ -742,6 +754,8 @@ impl<'a> Driver<'a> {
                 .ok_or_else(|| internal("the protocol awaits an answer"))?;
             if let Action::Finished { stats, .. } = action {
                 self.stats.protocol = stats;
+                // Every batch trained is shown before the run returns.
+                self.read_losses(engine, on_batch, true)?;
                 return Ok(self.end.unwrap_or(EpochEnd::Finished(false)));
             }
             self.act(engine, action, on_batch)?;
@@ -905,7 +919,7 @@ impl<'a> Driver<'a> {
                 // first batch's gate left the first launch out: 2026-11-26,
                 // 1.46 ms/batch measured for 2.84 real).
                 let first = self.run.start + local as usize * self.per_super_batch;
-                self.take_marks(first);
+                self.take_marks(engine, first, on_batch)?;
                 match self.monitor.as_deref_mut() {
                     Some(m) => m.begin_super_batch(self.base + local, engine, self.relabeling),
                     None => Ok(()),
@@ -928,9 +942,13 @@ impl<'a> Driver<'a> {
                         a.extra.push(("uses_per_computed_row".into(), u));
                     }
                 });
+                // One loss read per super-batch: each monitor window holds one.
+                if self.losses.pending() > 0 {
+                    self.read_losses(engine, on_batch, false)?;
+                }
                 self.end_super_batch(engine, local, observe)
             }
-            Action::Gate { batch, version } => self.gate(batch, version),
+            Action::Gate { batch, version } => self.gate(engine, batch, version, on_batch),
             Action::Wait { late_vertices, .. } => {
                 if let Some(g) = self.gate.as_mut() {
                     if g.wait.is_none() {
@@ -1149,22 +1167,105 @@ impl<'a> Driver<'a> {
     /// mark when `k` is one past its last; once each ([`EpochRun::mark`]).
     /// Called at a super-batch's start with its first batch and after batch
     /// `k − 1` trains.
-    fn take_marks(&mut self, k: usize) {
+    /// Deferred losses are flushed first (`losses.rs` step 4): the clock
+    /// then covers the device's work up to the mark.
+    fn take_marks(
+        &mut self,
+        engine: &mut dyn LayerDevice,
+        k: usize,
+        on_batch: &mut OnBatch<'_>,
+    ) -> Result<()> {
         let Some((first, end)) = self.run.mark else {
-            return;
+            return Ok(());
         };
-        let now = || self.clock.now().as_secs_f64();
-        if k == first && self.marks.start.is_none() {
-            self.marks.start = Some((now(), self.synced_stats().clone()));
-        } else if k == end && self.marks.start.is_some() && self.marks.end.is_none() {
-            self.marks.end = Some((now(), self.synced_stats().clone()));
+        let start = k == first && self.marks.start.is_none();
+        let stop = k == end && self.marks.start.is_some() && self.marks.end.is_none();
+        if !(start || stop) {
+            return Ok(());
         }
+        self.read_losses(engine, on_batch, true)?;
+        let mark = (self.clock.now().as_secs_f64(), self.synced_stats().clone());
+        if start {
+            self.marks.start = Some(mark);
+        } else {
+            self.marks.end = Some(mark);
+        }
+        Ok(())
+    }
+
+    /// `losses.rs` steps 2–5: resolves the loss read in flight and queues the
+    /// pending batches' (resolved too with `flush`), and shows the batches
+    /// read to `on_batch`. A callback's stop ends the run after every batch
+    /// trained (all shown); a non-finite loss ends it with the session's
+    /// error for that batch.
+    fn read_losses(
+        &mut self,
+        engine: &mut dyn LayerDevice,
+        on_batch: &mut OnBatch<'_>,
+        flush: bool,
+    ) -> Result<()> {
+        if self.losses.is_empty() {
+            return Ok(());
+        }
+        let run = self.run;
+        let mut slice = run.tracer.slice_on(run.acc_track, "loss read");
+        let before = engine.transfer_stats();
+        let mut read = self.losses.rotate(engine, flush)?;
+        let mut stop = false;
+        for done in &read.done {
+            stop |= on_batch(done)?;
+        }
+        if !read.nonfinite && stop && !flush {
+            // The batches trained since are shown too.
+            read = self.losses.rotate(engine, true)?;
+            for done in &read.done {
+                on_batch(done)?;
+            }
+        }
+        record_copies(slice.args_mut(), &engine.transfer_stats().since(&before));
+        drop(slice);
+        if read.nonfinite {
+            let k = read.done.last().map_or(0, |d| d.k);
+            return Err(Error::invalid_argument(
+                "device.loss_lag",
+                format!(
+                    "internal: batch {k} had a non-finite loss and the steps queued after it \
+                     were not applied, but training went on (a loss lag needs \
+                     train.on_nonfinite = \"stop\")"
+                ),
+            ));
+        }
+        if stop && self.end.is_none() {
+            let next = self.last_trained.map_or(self.batches.start, |k| k + 1);
+            let end = if next < run.batches.len() {
+                EpochEnd::Stopped(next, StopCause::Callback)
+            } else {
+                EpochEnd::Finished(true)
+            };
+            if self.protocol.running() {
+                self.stop(end)?;
+            } else {
+                self.end = Some(end);
+            }
+        }
+        Ok(())
     }
 
     /// `Gate` of epoch batch `batch` at `version`.
-    fn gate(&mut self, batch: usize, version: u64) -> Result<()> {
+    fn gate(
+        &mut self,
+        engine: &mut dyn LayerDevice,
+        batch: usize,
+        version: u64,
+        on_batch: &mut OnBatch<'_>,
+    ) -> Result<()> {
         let run = self.run;
         if run.cancel.is_cancelled() {
+            // The batches trained so far are shown first.
+            self.read_losses(engine, on_batch, true)?;
+            if self.end.is_some() {
+                return Ok(());
+            }
             return self.stop(EpochEnd::Stopped(batch, StopCause::Token));
         }
         let start = self.clock.now();
@@ -1227,16 +1328,17 @@ impl<'a> Driver<'a> {
         let h2d_before = engine.h2d_bytes();
         let copies_before = engine.transfer_stats();
         let b = run.batch(k);
-        let (loss_sum, correct) = engine.train_prepared(
+        let deferred = (engine.loss_lag() > 1).then(|| self.losses.next_slot());
+        let stats = engine.train_prepared(
             k as u64,
-            b.seeds,
-            b.seed,
+            (b.seeds, b.seed),
             &HotUse {
                 slab: t.slab,
                 positions: &t.positions,
                 rows: &t.rows,
                 grad: self.hot_grad,
             },
+            deferred,
         )?;
         slice.set_transfer(
             Direction::HostToDevice,
@@ -1251,17 +1353,31 @@ impl<'a> Driver<'a> {
         }
         drop(slice);
         let version = engine.version();
+        self.last_trained = Some(k);
         self.protocol
             .handle(Event::BatchTrained { batch: k, version })
             .map_err(protocol_error)?;
+        let seconds = |clock: &dyn Clock| clock.now().saturating_sub(start).as_secs_f64();
+        let Some((loss_sum, correct)) = stats else {
+            // Deferred (`losses.rs`): shown when its read resolves.
+            self.losses.push(Trained {
+                k,
+                seconds: seconds(self.clock),
+                version,
+            });
+            if self.losses.pending() >= engine.loss_lag() {
+                self.read_losses(engine, on_batch, false)?;
+            }
+            return self.take_marks(engine, k + 1, on_batch);
+        };
         // A window's end is after its last batch; a window starting at the
         // next batch starts here, before the next super-batch's launch-ahead.
-        self.take_marks(k + 1);
+        self.take_marks(engine, k + 1, on_batch)?;
         let done = BatchDone {
             k,
             loss_sum,
             correct,
-            seconds: (self.clock.now().saturating_sub(start)).as_secs_f64(),
+            seconds: seconds(self.clock),
             version,
         };
         if on_batch(&done)? {

@@ -19,8 +19,8 @@ use crate::cancel::CancelToken;
 use crate::data::dataset::Dataset;
 use crate::data::generate::{generate_sbm, SbmOptions};
 use crate::engine::{
-    DeviceEngine, EngineOptions, HotStaging, HotUse, LayerDevice, PendingParams, PreparedTops,
-    TopBatch, TopsAhead,
+    DeviceEngine, EngineOptions, HotStaging, HotUse, LayerDevice, PendingLosses, PendingParams,
+    PreparedTops, TopBatch, TopsAhead,
 };
 use crate::error::{Result, StopCause};
 use crate::executor::{EpochEnd, EpochRun};
@@ -83,12 +83,21 @@ impl LayerDevice for Scripted {
     fn train_prepared(
         &mut self,
         key: u64,
-        seeds: &[u32],
-        seed: u64,
+        batch: (&[u32], u64),
         hot: &HotUse<'_>,
-    ) -> Result<(f64, usize)> {
+        deferred: Option<usize>,
+    ) -> Result<Option<(f64, usize)>> {
         self.clock.advance(STEP);
-        self.inner.train_prepared(key, seeds, seed, hot)
+        self.inner.train_prepared(key, batch, hot, deferred)
+    }
+    fn loss_lag(&self) -> usize {
+        self.inner.loss_lag()
+    }
+    fn queue_loss_read(&mut self, n: usize) -> Result<Box<dyn PendingLosses>> {
+        self.inner.queue_loss_read(n)
+    }
+    fn rewind_skipped(&mut self, skipped: usize) -> Result<()> {
+        LayerDevice::rewind_skipped(&mut self.inner, skipped)
     }
     fn discard_prepared(&mut self) {
         self.inner.discard_prepared()
@@ -609,8 +618,10 @@ fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
             let l: Vec<(u64, usize)> = tops
                 .iter()
                 .map(|b| {
-                    let (loss, correct) =
-                        e.train_prepared(b.key, b.seeds, b.seed, &no_hot).unwrap();
+                    let (loss, correct) = e
+                        .train_prepared(b.key, (b.seeds, b.seed), &no_hot, None)
+                        .unwrap()
+                        .unwrap();
                     (loss.to_bits(), correct)
                 })
                 .collect();
@@ -625,5 +636,5 @@ fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
     );
     // A batch never adopted is not trained.
     let e = &mut engines[1].1;
-    assert!(e.train_prepared(999, &[1], 1, &no_hot).is_err());
+    assert!(e.train_prepared(999, (&[1], 1), &no_hot, None).is_err());
 }
