@@ -496,6 +496,85 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
     }
 }
 
+/// The deferred step with historical rows (the layer path's, issue 22) trains
+/// exactly as `train_step_hot` with the same rows, in both backward modes, and
+/// reads nothing.
+#[test]
+fn a_deferred_hot_step_equals_train_step_hot() {
+    let g = random_graph(200, 1600, 8);
+    let dev = HostBackend::new();
+    let seeds: Vec<u32> = (0..40).collect();
+    let graph = dev.load_graph(&g, Default::default()).expect("graph");
+    let batch = dev.sample(&graph, &seeds, &[4, 4], 3).expect("sample");
+    let n_in = dev.block_shape(&batch.blocks[0]).0;
+    let n_mid = dev.block_shape(&batch.blocks[1]).0;
+    let mut rng = Rng::new(5);
+    let x: Vec<f32> = (0..n_in * 8).map(|_| rng.normal() as f32).collect();
+    let xd = dev.to_device(&x).expect("x");
+    let labels = dev
+        .to_device(&seeds.iter().map(|&s| s % 3).collect::<Vec<u32>>())
+        .expect("labels");
+    // Every third of layer 1's sources past the seeds takes a historical row.
+    let positions: Vec<u32> = (seeds.len() as u32..n_mid as u32).step_by(3).collect();
+    let hidden = 16;
+    let rows: Vec<f32> = (0..positions.len() * hidden)
+        .map(|_| rng.normal().abs() as f32)
+        .collect();
+    let (pd, rd) = (
+        dev.to_device(&positions).expect("positions"),
+        dev.to_device(&rows).expect("rows"),
+    );
+    let cfg = ModelConfig {
+        kind: ModelKind::Sage,
+        in_dim: 8,
+        hidden,
+        num_classes: 3,
+        num_layers: 2,
+        heads: 1,
+        dropout: 0.2,
+    };
+    for grad in [super::HotGrad::Constant, super::HotGrad::Aggregate] {
+        let hot = super::HotRows {
+            positions: &pd,
+            rows: &rd,
+            n: positions.len(),
+            grad,
+        };
+        let mut sync = DeviceModel::new(&dev, &cfg, 1, AdamConfig::default()).expect("model");
+        let mut lag = DeviceModel::new(&dev, &cfg, 1, AdamConfig::default()).expect("model");
+        let mut slots = dev.alloc::<u64>(2 * 3).expect("slots");
+        let before = dev.transfer_stats();
+        for k in 0..3u64 {
+            let step = super::DeferredStep {
+                hot: Some(&hot),
+                dest: LossSlot {
+                    out: &mut slots,
+                    slot: k as usize,
+                },
+            };
+            lag.train_step_hot_deferred(&dev, &batch.blocks, &xd, &labels, k, step)
+                .expect("deferred hot step");
+        }
+        let syncs = dev.transfer_stats().since(&before).syncs;
+        assert_eq!(syncs, 0, "{grad:?}: a deferred step synchronized");
+        let words = dev.to_host(&slots, 6).expect("slots");
+        for k in 0..3u64 {
+            let s = sync
+                .train_step_hot(&dev, &batch.blocks, &xd, &labels, k, Some(&hot))
+                .expect("step");
+            let sum = f64::from_bits(words[2 * k as usize]);
+            assert_eq!(sum, s.loss * seeds.len() as f64, "{grad:?} batch {k}");
+            assert_eq!(words[2 * k as usize + 1], s.correct as u64, "{grad:?}");
+        }
+        assert_eq!(
+            sync.params_to_host(&dev).expect("params"),
+            lag.params_to_host(&dev).expect("params"),
+            "{grad:?}: weights differ"
+        );
+        assert_eq!((sync.version(), lag.version()), (3, 3));
+    }
+}
+
 #[test]
 fn a_split_step_equals_train_step_and_set_grads_replaces_the_gradients() {
     let g = random_graph(200, 1600, 5);
