@@ -26,7 +26,10 @@
 # staleness bound at which hot rows kept across super-batches pay, docs/performance.md;
 # files get a `-b11` suffix), SUPER=2 (`orchestration.super_batch`: at the default bound
 # 7, super-batches of 2 let a hot row serve three of them, 28–32% fewer CPU rows,
-# docs/performance.md; files get a `-n2` suffix), DEVICE=host (the host backend: a dry run without a GPU; with the default
+# docs/performance.md; files get a `-n2` suffix), LAG=1 (`device.loss_lag`: 1 reads every
+# batch's loss before its step, the layer path's old per-batch synchronization; the
+# default 0 is 8 on CUDA, one read per super-batch on the layer path without a
+# synchronization; files get a `-lag1` suffix), DEVICE=host (the host backend: a dry run without a GPU; with the default
 # `cuda` such a run ends in "no CUDA device"), BIN (where `tandem` is, default .gpu).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,6 +47,7 @@ fast=(--set device.sample_ahead=true --set model.precision='"tf32"')
 [ -z "${HOTNESS:-}" ] || fast+=(--set "orchestration.hotness=\"$HOTNESS\"")
 [ -z "${BOUND:-}" ] || fast+=(--set "orchestration.staleness_bound=$BOUND")
 [ -z "${SUPER:-}" ] || fast+=(--set "orchestration.super_batch=$SUPER")
+[ -z "${LAG:-}" ] || fast+=(--set "device.loss_lag=$LAG")
 rows="${ROWS:-f32,bf16}"
 guard="${GUARD:-560}"
 
@@ -56,7 +60,7 @@ w512b) dim=512 fractions=(0.05 0) ;;
     exit 2
     ;;
 esac
-tag="$part${ROWS:+-${ROWS//,/-}}${HOTNESS:+-$HOTNESS}${BOUND:+-b$BOUND}${SUPER:+-n$SUPER}"
+tag="$part${ROWS:+-${ROWS//,/-}}${HOTNESS:+-$HOTNESS}${BOUND:+-b$BOUND}${SUPER:+-n$SUPER}${LAG:+-lag$LAG}"
 txt="$out/regimes-$tag.txt"
 jsonl="$out/regimes-$tag.jsonl"
 parts=$(mktemp -d)
