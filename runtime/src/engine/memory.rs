@@ -15,7 +15,10 @@
 //!    ahead while one trains); plus the blocks of the batches a device sampler
 //!    keeps ahead (`device.sample_ahead`: up to twice `SAMPLE_GROUP` = 16
 //!    batches, each a block's local ids, 4 bytes an edge, its sources' ids, 4
-//!    bytes a row, and its offsets, 8 bytes a destination).
+//!    bytes a row, and its offsets, 8 bytes a destination). The layer path
+//!    keeps two super-batches' blocks ahead instead — top layers and bottom
+//!    hops (`engine/hot.rs` steps 1 and 1b), `2N` whole batches — which
+//!    that bound covers for `orchestration.super_batch` `N ≤ 8`.
 //!
 //! The need is the sum; it must not exceed the free memory. The host backend
 //! reports the machine's available memory, so the check holds there too.
