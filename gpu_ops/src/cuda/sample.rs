@@ -51,7 +51,10 @@
 //! [`crate::Sampling::sample_hop_queued`] is `sample_hop` without the read: its
 //! counts stay in the queued batch's count buffer and a later
 //! `resolve_queued` or `read_queued` reads them with the other batches' (a
-//! read copies no ids back for a hop: its sources stay on the device).
+//! read copies no ids back for a hop: its sources stay on the device; a read
+//! of hops only is finished by waiting for its copies' event, not by a
+//! synchronization of the stream, which the allocator may have made wait for
+//! another stream's work since).
 //!
 //! [`crate::Sampling::sample_queued_from`] runs steps 1–5 for layers `from..` only
 //! (the layer path's top layers). [`crate::Sampling::read_queued`] makes the one
@@ -986,8 +989,9 @@ impl crate::backend::Sampling for CudaBackend {
 
     /// One synchronization of the compute stream (the copies of
     /// [`crate::Sampling::read_queued`] and any fault of the sampling kernels
-    /// before them), then the blocks from the counts and the bottom sources
-    /// from the pinned ids; the pinned pair is kept for the next read.
+    /// before them) — for a read of hops only, a wait for the copies' event —
+    /// then the blocks from the counts and the bottom sources from the pinned
+    /// ids; the pinned pair is kept for the next read.
     fn finish_read(&self, reading: CudaReading) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>> {
         let CudaReading {
             queued,
@@ -1004,7 +1008,19 @@ impl crate::backend::Sampling for CudaBackend {
         let Some((counts, ids)) = pinned else {
             return Ok(Vec::new());
         };
-        self.sync_compute()?;
+        if queued.iter().any(|q| q.read_ids) {
+            self.sync_compute()?;
+        } else {
+            // Hops only (sizes, no ids): wait for the copies' event, not the
+            // stream, which may since wait for the compute stream's work
+            // through the allocator (`alloc.rs` step 3). A fault of the hops'
+            // kernels surfaces at this backend's next synchronization.
+            counts.wait_copies()?;
+            self.transfers.event_wait();
+            if let Some(e) = self.pool.take_deferred() {
+                return Err(e);
+            }
+        }
         let mut out = Vec::with_capacity(queued.len());
         let mut at = 0;
         let (all, all_ids) = (counts.as_slice(), ids.as_slice());

@@ -359,9 +359,12 @@ impl Sampling for HostBackend {
 
     fn finish_read(&self, reading: HostReading) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>> {
         let batches = reading.0;
-        if !batches.is_empty() {
+        if batches.iter().any(|q| q.read_ids) {
             // The one wait for every batch's sizes and bottom sources.
             self.transfers.sync();
+        } else if !batches.is_empty() {
+            // Hops only: CUDA waits for the copies' event.
+            self.transfers.event_wait();
         }
         batches
             .into_iter()

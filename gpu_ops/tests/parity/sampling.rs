@@ -571,9 +571,10 @@ pub(crate) fn unique_relabel_contract<B: Backend>(d: &B) {
 /// ahead) is `sample_hop` with the same arguments, bit for bit, masked or not:
 /// queued without a synchronization, read with the top layers' kind of one
 /// read for the group (`read_queued` / `finish_read` on another thread, no
-/// ids copied back) or with `resolve_queued`; on the backend and on its
+/// ids copied back) or with `resolve_queued` (one synchronization); on the backend and on its
 /// sampling sibling (the destinations and the mask written on its stream,
-/// the hops adopted). Bad arguments fail when queued.
+/// the hops adopted). A read of hops only is finished with one event wait,
+/// no synchronization. Bad arguments fail when queued.
 #[allow(clippy::type_complexity)]
 pub(crate) fn queued_hops_equal_sample_hop<B: Backend>(d: &B) {
     let mut rng = Rng::new(29);
@@ -639,7 +640,13 @@ pub(crate) fn queued_hops_equal_sample_hop<B: Backend>(d: &B) {
                     })
                     .collect()
             };
-            assert_eq!(syncs(), 1, "{what}: one read for the group");
+            // resolve_queued synchronizes once; a read of hops only waits
+            // for its copies' event instead.
+            let waits = stats().since(&before).event_waits;
+            match resolve {
+                true => assert_eq!((syncs(), waits), (1, 0), "{what}: one read"),
+                false => assert_eq!((syncs(), waits), (0, 1), "{what}: one event wait"),
+            }
             for (((ids, mask, fanout, key), mut batch), (dst, m)) in
                 hops.iter().zip(got).zip(&inputs)
             {

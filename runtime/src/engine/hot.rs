@@ -38,21 +38,21 @@
 //!    `"aggregate"`) — its skip mask uploaded on the sibling's stream — and
 //!    one read of their sizes (no ids) is started. The super-batch's first
 //!    [`LayerDevice::train_prepared`](super::LayerDevice::train_prepared)
-//!    finishes that read (one synchronization of the sampling stream, whose
-//!    work was queued a super-batch before) and hands the hops to the compute
-//!    stream ([`Sampling::adopt_batch`](gpu_ops::Sampling::adopt_batch)). A
+//!    finishes that read — a wait for its copies' event, queued a super-batch
+//!    before, not a synchronization of either stream — and hands the hops to
+//!    the compute stream ([`Sampling::adopt_batch`](gpu_ops::Sampling::adopt_batch)). A
 //!    batch that trains with the positions its hop skipped uses it; one that
 //!    trains with others (late chunks left cold under `on_late = "compute"`)
 //!    samples its hop again as step 4 describes, counted in
 //!    [`BottomCounts::resampled`]. Before: one `sample_hop` per batch on the
 //!    compute stream, one synchronization of it each. The two super-batches'
 //!    bottom hops alive at once (`2N` batches' block 0) are within
-//!    `engine/memory.rs` step 4's blocks kept ahead for `N ≤ 8`. (On CUDA
-//!    the sibling's stream also waits, through its allocator, for compute
-//!    work that dropped its buffers — `cuda/alloc.rs` step 3 — so the read's
-//!    synchronization can wait for the batches before the super-batch's
-//!    first: free while each step reads its loss, not once losses are
-//!    deferred.)
+//!    `engine/memory.rs` step 4's blocks kept ahead for `N ≤ 8`. (The event,
+//!    not the stream: on CUDA the sibling's stream also waits, through its
+//!    allocator, for compute work that dropped its buffers — `cuda/alloc.rs`
+//!    step 3 — so synchronizing it at the super-batch's first batch would
+//!    wait for the batches queued before, once losses are not read every
+//!    step.)
 //! 2. **Slabs.** Two device buffers of `rows × width` (`width` = layer 0's output
 //!    width). Super-batch `j` reads slab `j % 2` while the CPU's rows for `j + 1`
 //!    go into the other. [`LayerDevice::hot_slab_reserve`](super::LayerDevice::hot_slab_reserve) (called when the queue of
@@ -687,6 +687,12 @@ impl<B: Backend> DeviceEngine<B> {
         Ok(())
     }
 
+    /// Event waits of the sampling sibling so far (tests: step 1b's reads).
+    #[cfg(test)]
+    pub(crate) fn sampling_event_waits(&self) -> u64 {
+        self.sibling.transfer_stats().event_waits
+    }
+
     /// Slab `slab`'s rows, copied to the host (tests).
     #[cfg(test)]
     pub(crate) fn hot_slab_to_host(&self, slab: usize) -> Result<Vec<f32>> {
@@ -908,8 +914,8 @@ impl<B: Backend> DeviceEngine<B> {
 
     /// Step 1b's end for the batch kept under `key`: its bottom hop sampled
     /// ahead, if any. The first batch of a super-batch finishes the read of
-    /// all its hops (one synchronization of the sampling stream, whose work
-    /// was queued a super-batch ago) and hands them to the compute stream.
+    /// all its hops (a wait for the read's event, queued a super-batch ago;
+    /// no synchronization) and hands them to the compute stream.
     fn take_bottom(&mut self, key: u64) -> Result<Option<PreparedBottom<B>>> {
         let at = self
             .hot

@@ -792,8 +792,8 @@ pub(crate) trait LayerDevice: Send {
     /// Samples the bottom hop of `batches` (their top layers adopted) a
     /// super-batch ahead on the sampling sibling, each skipping its planned
     /// positions, and starts one read of their sizes; the super-batch's first
-    /// [`LayerDevice::train_prepared`] finishes it (one synchronization of the
-    /// sampling stream). Nothing without `device.sample_ahead`
+    /// [`LayerDevice::train_prepared`] finishes it (a wait for the
+    /// read's event, no synchronization). Nothing without `device.sample_ahead`
     /// (`engine/hot.rs` step 1b).
     fn prepare_bottoms(&mut self, batches: &[BottomBatch<'_>]) -> Result<()>;
     /// How the bottom hops of the batches trained so far were sampled

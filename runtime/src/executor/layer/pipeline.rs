@@ -83,8 +83,8 @@
 //! engine's one `sample top` of the super-batch after it: kernels queued and a
 //! read started, no synchronization with `device.sample_ahead`), `gate`, `hot wait` (inside the gate), `train`
 //! (with `staleness_gap` = the batch's largest gap, the engine's `device step`
-//! inside, and in it `bottom read` at a super-batch's first batch — the one
-//! sampling-stream synchronization for its bottom hops — and `sample bottom`
+//! inside, and in it `bottom read` at a super-batch's first batch — the wait
+//! for its bottom hops' read (an event, no synchronization) — and `sample bottom`
 //! only where the hop is sampled at train time: without `device.sample_ahead`,
 //! or when the batch's positions changed since its plan, then with
 //! `bottom_resampled`, also an arg of the `train` slice), `publish` (with its `downloads` and `host_syncs`:

@@ -508,31 +508,36 @@ fn bf16_hot_install_refuses_unsealed_rows() {
 /// synchronization of the sampling stream (the read of their sizes and bottom
 /// destinations, which the planner thread waits for) and none of the compute
 /// stream — issue 22: three a batch on the compute stream before (two hops
-/// and a download) — and so do its bottom hops (`engine/hot.rs` step 1b: one
-/// read of their sizes, finished at the super-batch's first batch), which
-/// took one synchronization of the compute stream per batch before. Without
-/// it both reads are the compute stream's.
+/// and a download) — and its bottom hops cost none of either (`engine/hot.rs`
+/// step 1b: one read of their sizes, finished at the super-batch's first
+/// batch by one event wait), where they took one synchronization of the
+/// compute stream per batch before. Without it both reads are the compute
+/// stream's.
 #[test]
 fn each_super_batch_s_top_layers_cost_one_sampling_synchronization() {
     let super_batches = 5;
     let batches = super_batches * N;
-    let runs: Vec<((u64, u64), BottomCounts)> = [false, true]
+    let runs: Vec<((u64, u64, u64), BottomCounts)> = [false, true]
         .into_iter()
         .map(|ahead| {
             let mut r = rig_opts(gpu_ops::FeatureDtype::F32, ahead);
             let before = r.device.inner.syncs_by_stream();
+            let waits = r.device.inner.sampling_event_waits();
             r.train(batches, None);
             let after = r.device.inner.syncs_by_stream();
+            let waits = r.device.inner.sampling_event_waits() - waits;
             (
-                (after.0 - before.0, after.1 - before.1),
+                (after.0 - before.0, after.1 - before.1, waits),
                 r.device.bottom_counts(),
             )
         })
         .collect();
-    let (((compute_off, sampling_off), off), ((compute_on, sampling_on), on)) = (runs[0], runs[1]);
+    let (((compute_off, sampling_off, waits_off), off), ((compute_on, sampling_on, waits_on), on)) =
+        (runs[0], runs[1]);
     eprintln!(
         "{batches} batches, 2 layers: without sample_ahead {compute_off} compute / \
-         {sampling_off} sampling synchronizations; with it {compute_on} / {sampling_on}"
+         {sampling_off} sampling synchronizations and event waits {waits_off}; with it \
+         {compute_on} / {sampling_on}, {waits_on}"
     );
     assert_eq!(sampling_off, 0, "no sibling without sample_ahead");
     assert_eq!(
@@ -549,10 +554,13 @@ fn each_super_batch_s_top_layers_cost_one_sampling_synchronization() {
         }
     );
     assert_eq!(
-        sampling_on,
-        2 * super_batches as u64,
-        "one read of the top layers and one of the bottom hops per super-batch \
-         ({N} batches each)"
+        sampling_on, super_batches as u64,
+        "one read of the top layers per super-batch ({N} batches each)"
+    );
+    assert_eq!(
+        (waits_off, waits_on),
+        (0, super_batches as u64),
+        "one event wait for the bottom hops' read per super-batch"
     );
     assert_eq!(
         compute_off - compute_on,
@@ -667,8 +675,8 @@ fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
 /// trained with fewer positions (late chunks left cold under `on_late =
 /// "compute"`) samples its hop again, counted — and with `"aggregate"`
 /// unmasked. Queueing them synchronizes nothing; the super-batch's first batch
-/// finishes their one read on the sampling stream; each hop used ahead saves
-/// the compute stream one synchronization.
+/// finishes their one read with an event wait, no synchronization; each hop
+/// used ahead saves the compute stream one synchronization.
 #[test]
 fn bottom_hops_sampled_ahead_train_as_at_train_time_and_resample_when_the_mask_changed() {
     use crate::engine::ModelState;
@@ -763,6 +771,7 @@ fn bottom_hops_sampled_ahead_train_as_at_train_time_and_resample_when_the_mask_c
                     .map(|j| ((j * 7 + i) % slab_rows) as u32)
                     .collect();
                 let before = e.syncs_by_stream();
+                let waits = e.sampling_event_waits();
                 let (loss, correct) = e
                     .train_prepared(
                         t.key,
@@ -777,11 +786,13 @@ fn bottom_hops_sampled_ahead_train_as_at_train_time_and_resample_when_the_mask_c
                     )
                     .unwrap();
                 let after = e.syncs_by_stream();
+                let waits = e.sampling_event_waits() - waits;
                 let read_now = u64::from(*ahead && i == 0);
                 assert_eq!(
-                    after.1 - before.1,
-                    read_now,
-                    "round {round}, batch {i}: the read is finished by the first batch"
+                    (after.1 - before.1, waits),
+                    (0, read_now),
+                    "round {round}, batch {i}: the read is finished by the first batch, \
+                     with an event wait"
                 );
                 losses.push((loss.to_bits(), correct, after.0 - before.0));
             }
