@@ -54,7 +54,8 @@
 //! read copies no ids back for a hop: its sources stay on the device; a read
 //! of hops only is finished by waiting for its copies' event, not by a
 //! synchronization of the stream, which the allocator may have made wait for
-//! another stream's work since).
+//! another stream's work since, and keeps its pinned pair in a slot of its
+//! own, `readback_hops`).
 //!
 //! [`crate::Sampling::sample_queued_from`] runs steps 1–5 for layers `from..` only
 //! (the layer path's top layers). [`crate::Sampling::read_queued`] makes the one
@@ -422,6 +423,19 @@ impl CudaBackend {
             cap_edges: cap,
             cap_src,
         })
+    }
+
+    /// Where a read of `queued` keeps its pinned pair: reads of hops only
+    /// (sizes) in their own slot.
+    fn readback_slot(
+        &self,
+        queued: &[CudaQueued],
+    ) -> &parking_lot::Mutex<Option<super::device::ReadbackPair>> {
+        if queued.iter().any(|q| q.read_ids) {
+            &self.readback
+        } else {
+            &self.readback_hops
+        }
     }
 
     /// A hop's checks ([`crate::Sampling::sample_hop`], `sample_hop_queued`):
@@ -921,7 +935,8 @@ impl crate::backend::Sampling for CudaBackend {
                 stream,
             });
         }
-        let (mut counts, mut ids) = match self.readback.lock().take() {
+        let slot = self.readback_slot(&queued);
+        let (mut counts, mut ids) = match slot.lock().take() {
             Some((c, i)) if c.len() >= n_counts && i.len() >= n_ids => (c, i),
             _ => (
                 CudaPinned::<u64>::new(&self.ctx, n_counts + n_counts / 4)?,
@@ -1008,6 +1023,7 @@ impl crate::backend::Sampling for CudaBackend {
         let Some((counts, ids)) = pinned else {
             return Ok(Vec::new());
         };
+        let slot = self.readback_slot(&queued);
         if queued.iter().any(|q| q.read_ids) {
             self.sync_compute()?;
         } else {
@@ -1041,7 +1057,7 @@ impl crate::backend::Sampling for CudaBackend {
             };
             out.push((batch, bottom));
         }
-        let mut kept = self.readback.lock();
+        let mut kept = slot.lock();
         let larger = kept
             .as_ref()
             .is_none_or(|(c, i)| c.len() <= counts.len() && i.len() <= ids.len());
