@@ -1013,7 +1013,8 @@ impl<B: Backend> DeviceEngine<B> {
         let dev = Arc::clone(&self.dev);
         let width = self.hot_width_op();
         let mut step = tracer.slice_on(acc, "device step");
-        // Positions, slab rows and the skip mask.
+        // Positions and slab rows (the skip mask only where the hop is
+        // sampled now, below).
         let skip = n_hot > 0 && hot.grad == HotGrad::Constant;
         if n_hot > 0 {
             upload_into(
