@@ -899,7 +899,12 @@ pub trait Sampling: DeviceCore {
     /// `num_src(blocks[0])` ids), after **one synchronization** for all of them
     /// (none for a reading of no batch). The batches are those
     /// [`Sampling::resolve_queued`] returns; its errors, and on CUDA a reading
-    /// another backend started (its copies are on that backend's stream).
+    /// another backend started (its copies are on that backend's stream). A
+    /// reading of [`Sampling::sample_hop_queued`] hops only waits for its
+    /// copies' event instead (an event wait, no synchronization: on CUDA the
+    /// stream may since wait for another's work through the allocator), and
+    /// a device fault of their kernels surfaces at the backend's next
+    /// synchronization.
     #[allow(clippy::type_complexity)]
     fn finish_read(&self, reading: Self::Reading) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>>;
     /// One hop of [`Sampling::sample`] from device-resident destinations: the block
@@ -936,6 +941,33 @@ pub trait Sampling: DeviceCore {
         layer_seed: u64,
         skip: Option<&Self::Buf<u8>>,
     ) -> Result<(Self::Block, Self::Buf<u32>, usize)>;
+    /// [`Sampling::sample_hop`] without a synchronization: the hop's kernels
+    /// are enqueued (its buffers sized by bounds, as
+    /// [`Sampling::sample_queued_from`]'s layers are) and its sizes stay on the
+    /// device until [`Sampling::resolve_queued`] or [`Sampling::read_queued`] /
+    /// [`Sampling::finish_read`] read them, together with other queued batches
+    /// (one synchronization for all). Resolved, the batch holds one block (the
+    /// one `sample_hop` makes for the same arguments, bit for bit on the same
+    /// backend), its sources as `src_ids[0]` and `num_seeds = n_dst`; a read
+    /// copies no ids back for it (`finish_read`'s id vector is empty: the
+    /// sources stay on the device; a read of hops only takes an event wait,
+    /// not a synchronization). `dst[..n_dst]` and `skip[..n_dst]` must not
+    /// change until the hop is resolved (on CUDA they are read in stream order:
+    /// write them on this backend's stream before the call). The layer path
+    /// samples each batch's bottom hop a super-batch ahead with it, masked by
+    /// the batch's planned hot positions. Errors: those of `sample_hop` that
+    /// the host can check here (lengths, a fanout of 0); a repeated or
+    /// out-of-range destination here (host backend) or when the hop is
+    /// resolved (CUDA).
+    fn sample_hop_queued(
+        &self,
+        graph: &Self::Graph,
+        dst: &Self::Buf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&Self::Buf<u8>>,
+    ) -> Result<Self::Queued>;
     /// Unique ids of `targets ++ candidates` with the targets first in their order
     /// (they must be distinct) and the other ids in first-occurrence order, plus the
     /// position of each candidate in that list. Returns `(unique, local, n_unique)`.

@@ -103,6 +103,7 @@ macro_rules! parity_tests {
             top_layers_read_ahead_equal_hop_by_hop,
             sample_hop_reproduces_sample,
             sample_hop_skip_mask,
+            queued_hops_equal_sample_hop,
             sample_hop_errors,
             unique_relabel_contract,
             malformed_blocks_are_errors,

@@ -301,6 +301,26 @@ fn layer_syncs(n: usize) -> (u64, usize, usize) {
         let syncs = r.args.extra.iter().find(|(k, _)| k == "host_syncs");
         assert_eq!(syncs.map(|(_, v)| *v), Some(0.0), "{:?}", r.args);
     }
+    // Inside a `train` slice (the batch's whole device step, its bottom hop
+    // sampled a super-batch ahead and read on an event): the loss read at
+    // lag 1, nothing under a lag — but for the planner thread's one read of
+    // a super-batch's top layers on the sampling stream, which the slice
+    // counts when it runs meanwhile.
+    let trains: Vec<f64> = trace
+        .slices
+        .iter()
+        .filter(|s| s.name == "train")
+        .filter_map(|s| s.args.extra.iter().find(|(k, _)| k == "host_syncs"))
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(trains.len(), s.batches, "lag {n}");
+    let planner_reads = s.batches.div_ceil(4) as f64;
+    if n == 1 {
+        assert!(trains.iter().all(|&v| v >= 1.0), "lag {n}: {trains:?}");
+    } else {
+        let total: f64 = trains.iter().sum();
+        assert!(total <= planner_reads, "lag {n}: {trains:?}");
+    }
     (d.syncs, reads.len(), s.batches)
 }
 

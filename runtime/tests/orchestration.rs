@@ -53,6 +53,17 @@ fn run(c: TrainConfig) -> (Vec<EpochStats>, Trainer) {
     (s, t)
 }
 
+/// The trained weights and each epoch's loss, as bits.
+fn bits(t: &Trainer, s: &[EpochStats]) -> (Vec<Vec<u32>>, Vec<u64>) {
+    let params = t
+        .params()
+        .expect("params")
+        .iter()
+        .map(|p| p.iter().map(|x| x.to_bits()).collect())
+        .collect();
+    (params, s.iter().map(|e| e.loss.to_bits()).collect())
+}
+
 fn stats(t: &Trainer) -> runtime::OrchestrationStats {
     t.orchestration_totals().expect("orchestration ran").clone()
 }
@@ -422,7 +433,8 @@ fn copies_per_batch(bound: u64) {
 /// per tensor (SAGE's layer 0 has three) and waits for none of them — before,
 /// each was a blocking download, a synchronization per tensor. The workers
 /// wait for the copies on an event instead, at most once per publication (a
-/// publication replaced before any worker read it is never waited for).
+/// publication replaced before any worker read it is never waited for); the
+/// only other event waits are the bottom hops' reads, one a super-batch.
 #[test]
 fn publishing_adds_no_synchronization_to_the_accelerator_thread() {
     let _serial = serial();
@@ -451,8 +463,19 @@ fn publishing_adds_no_synchronization_to_the_accelerator_thread() {
         assert_eq!(arg(s, "host_syncs"), Some(0.0), "{:?}", s.args);
         assert_eq!(arg(s, "downloads"), Some(3.0), "{:?}", s.args);
     }
-    assert!(d.event_waits >= 1, "{d:?}");
-    assert!(d.event_waits <= publish.len() as u64, "{d:?}");
+    // Besides, each super-batch's first batch waits for its bottom hops'
+    // read (`device.sample_ahead`, engine/hot.rs step 1b) on an event.
+    let bottom_reads = trace
+        .slices
+        .iter()
+        .filter(|s| s.name == "bottom read")
+        .count() as u64;
+    assert!(bottom_reads >= 4, "{bottom_reads} bottom reads");
+    assert!(d.event_waits > bottom_reads, "{d:?}");
+    assert!(
+        d.event_waits <= publish.len() as u64 + bottom_reads,
+        "{d:?}"
+    );
 }
 
 /// A stop inside a super-batch — a cancelled token (seen at the batch's gate) or a
@@ -485,16 +508,6 @@ fn a_stop_inside_a_super_batch_then_training_on_matches_an_uninterrupted_run() {
             &lag_set,
         ]);
         let ds = load_dataset(&c).expect("dataset");
-        let bits = |t: &Trainer, s: &[EpochStats]| {
-            let params: Vec<Vec<u32>> = t
-                .params()
-                .expect("params")
-                .iter()
-                .map(|p| p.iter().map(|x| x.to_bits()).collect())
-                .collect();
-            let losses: Vec<u64> = s.iter().map(|e| e.loss.to_bits()).collect();
-            (params, losses)
-        };
         let mut whole = Trainer::new(ds.clone(), c.clone()).expect("trainer");
         let all = whole.fit().expect("fit");
         let expected = bits(&whole, &all);
@@ -625,4 +638,73 @@ fn rows_kept_across_super_batches_never_exceed_the_bound() {
     let o = stats(&t);
     assert!(o.protocol.gaps.max().unwrap_or(0) <= 15, "{}", o.summary());
     assert!(o.protocol.rows_carried > 0, "{}", o.summary());
+}
+
+/// The bottom hop of every batch sampled a super-batch ahead on the sampling
+/// stream (`device.sample_ahead`, `engine/hot.rs` step 1b), masked by its
+/// planned hot positions, trains exactly as the hop sampled at train time
+/// (`sample_ahead = false`): weights and losses bit for bit, with either
+/// `hot_backward`. With fresh rows (bound 0, wait) and all-neighbour bottom
+/// sampling no hot row depends on the workers' timing. Under `"wait"` every
+/// batch trains with its planned positions, so every hop is used; under
+/// `"compute"` a batch with late positions left cold samples its hop again,
+/// and only then (counted in `bottoms_resampled`).
+#[test]
+fn bottom_hops_sampled_ahead_train_bit_for_bit_as_at_train_time() {
+    let _serial = serial();
+    for grad in ["constant", "aggregate"] {
+        let g = format!("orchestration.hot_backward=\"{grad}\"");
+        let runs: Vec<_> = ["false", "true"]
+            .into_iter()
+            .map(|ahead| {
+                let a = format!("device.sample_ahead={ahead}");
+                let (s, t) = run(cfg(&[
+                    "train.fanouts=[-1, 5]",
+                    "model.dropout=0.0",
+                    "train.epochs=2",
+                    "orchestration.hot_ratio=0.3",
+                    "orchestration.staleness_bound=0",
+                    "orchestration.on_late=\"wait\"",
+                    "orchestration.super_batch=4",
+                    &g,
+                    &a,
+                ]));
+                let batches: u64 = s.iter().map(|e| e.batches as u64).sum();
+                (bits(&t, &s), stats(&t), batches)
+            })
+            .collect();
+        let ((off_bits, off, batches), (on_bits, on, _)) = (&runs[0], &runs[1]);
+        assert_eq!(off_bits, on_bits, "{grad}");
+        assert!(on.protocol.hot_uses > 0, "{grad}: {}", on.summary());
+        assert_eq!((off.bottoms_ahead, off.bottoms_resampled), (0, 0), "{grad}");
+        assert_eq!(
+            (on.bottoms_ahead, on.bottoms_resampled),
+            (*batches, 0),
+            "{grad}: {}",
+            on.summary()
+        );
+        // "compute": late positions stay cold; the hop sampled ahead with
+        // them skipped is sampled again (constant) or fits as is (aggregate).
+        let (s, t) = run(cfg(&[
+            "train.epochs=2",
+            "orchestration.hot_ratio=0.3",
+            "orchestration.staleness_bound=0",
+            "orchestration.on_late=\"compute\"",
+            "orchestration.super_batch=4",
+            &g,
+        ]));
+        let o = stats(&t);
+        let batches: u64 = s.iter().map(|e| e.batches as u64).sum();
+        let what = format!("{grad}, compute: {}", o.summary());
+        assert_eq!(o.bottoms_ahead + o.bottoms_resampled, batches, "{what}");
+        if grad == "constant" {
+            assert_eq!(
+                o.bottoms_resampled > 0,
+                o.protocol.computed_cold > 0,
+                "{what}"
+            );
+        } else {
+            assert_eq!(o.bottoms_resampled, 0, "{what}");
+        }
+    }
 }

@@ -930,3 +930,63 @@ fn rows_are_kept_across_super_batches_within_the_bound_and_dropped_at_an_epoch_s
         assert_eq!(a, b, "bound {bound}");
     }
 }
+
+/// `Protocol::planned_positions`: each batch's hot positions are known once
+/// its super-batch's launch is answered (the layer path samples the bottom
+/// hops ahead with them as skip masks), until the super-batch ends; under
+/// `"wait"` they are the training order's positions, under `"compute"` a late
+/// chunk's positions move to `cold` (positions ∪ cold = planned).
+#[test]
+fn planned_positions_are_the_trained_ones_unless_late_chunks_stay_cold() {
+    for on_late in [OnLate::Wait, OnLate::Compute] {
+        let mut s = Script::with(3, on_late);
+        assert_eq!(s.p.planned_positions(0), None, "no epoch");
+        s.start(0..4, 0);
+        assert_eq!(s.p.planned_positions(0), None, "not launched yet");
+        // Up to the first gate: super-batches 0 and 1 launched.
+        s.step_to(|a| matches!(a, Action::Gate { .. }));
+        // Every batch's bottom is its seed then two hot ids: positions 1 and 2.
+        let planned = vec![vec![1, 2], vec![1, 2]];
+        assert_eq!(s.p.planned_positions(0), Some(planned.clone()));
+        assert_eq!(s.p.planned_positions(1), Some(planned.clone()));
+        assert_eq!(s.p.planned_positions(2), None, "super-batch 2 is not");
+        let mut version = 0;
+        for k in 0..4usize {
+            let sb = (k / 2) as u64;
+            let t = loop {
+                let acts = s.step();
+                match acts.last() {
+                    Some(Action::Train(t)) => break t.clone(),
+                    Some(Action::Wait { .. }) => {
+                        // Compute every chunk of the super-batch at this version.
+                        let chunks = s
+                            .regular_jobs()
+                            .iter()
+                            .filter(|j| j.key.super_batch == sb)
+                            .map(|j| (j.key.chunk, j.vertices.len() as u32))
+                            .collect::<Vec<_>>();
+                        for (c, rows) in chunks {
+                            s.report(sb, c, version, rows);
+                        }
+                    }
+                    other => panic!("{other:?}"),
+                }
+            };
+            let want = &s.p.planned_positions(sb).unwrap()[k % 2];
+            let mut got: Vec<u32> = t.positions.iter().chain(&t.cold).copied().collect();
+            got.sort_unstable();
+            assert_eq!(&got, want, "{on_late:?}, batch {k}");
+            match on_late {
+                OnLate::Wait => assert!(t.cold.is_empty()),
+                OnLate::Compute if k == 0 => assert_eq!(t.positions, Vec::<u32>::new()),
+                OnLate::Compute => {}
+            }
+            version += 1;
+            s.trained(k, version);
+        }
+        // Super-batch 0 ended: its plan is gone.
+        s.step_to(|a| matches!(a, Action::Finished { .. }));
+        assert_eq!(s.p.planned_positions(0), None);
+        assert_eq!(s.p.planned_positions(1), None, "the epoch is over");
+    }
+}

@@ -162,6 +162,11 @@ pub struct CudaBackend {
     /// The pinned counts and bottom sources of the last finished
     /// `Sampling::read_queued`, reused by the next (`sample.rs`).
     pub(crate) readback: Mutex<Option<ReadbackPair>>,
+    /// The same for reads of queued hops only (their sizes): a slot of their
+    /// own, so the two kinds of read, both in flight once a super-batch on
+    /// the layer path, never take each other's pair and reallocate
+    /// (`cuMemFreeHost` synchronizes).
+    pub(crate) readback_hops: Mutex<Option<ReadbackPair>>,
 }
 
 /// Pinned layer counts and bottom sources of a queued read (`sample.rs`).
@@ -270,6 +275,7 @@ impl CudaBackend {
             info,
             transfers: crate::backend::TransferCounter::default(),
             readback: Mutex::new(None),
+            readback_hops: Mutex::new(None),
         })
     }
 

@@ -147,6 +147,7 @@ uninhabited! {
         fn finish_read(Never) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>>;
         fn sample_hop(&Never, &Never, usize, u32, u64, Option<&Never>)
             -> Result<(Never, Never, usize)>;
+        fn sample_hop_queued(&Never, &Never, usize, u32, u64, Option<&Never>) -> Result<Never>;
         fn unique_relabel(&Never, usize, &Never, usize) -> Result<(Never, Never, usize)>;
         fn block_from_host(usize, &[u64], &[u32]) -> Result<Never>;
         fn add_self_loops(&Never) -> Result<Never>;

@@ -48,6 +48,15 @@
 //! share `sample_layer`, and layer `l` of a batch uses the key `derive_seed(seed,
 //! l)`, so hop-by-hop sampling with those keys reproduces `sample`.
 //!
+//! [`crate::Sampling::sample_hop_queued`] is `sample_hop` without the read: its
+//! counts stay in the queued batch's count buffer and a later
+//! `resolve_queued` or `read_queued` reads them with the other batches' (a
+//! read copies no ids back for a hop: its sources stay on the device; a read
+//! of hops only is finished by waiting for its copies' event, not by a
+//! synchronization of the stream, which the allocator may have made wait for
+//! another stream's work since, and keeps its pinned pair in a slot of its
+//! own, `readback_hops`).
+//!
 //! [`crate::Sampling::sample_queued_from`] runs steps 1–5 for layers `from..` only
 //! (the layer path's top layers). [`crate::Sampling::read_queued`] makes the one
 //! read asynchronous: the queued batches' count buffers are gathered into one on
@@ -192,6 +201,11 @@ pub struct CudaQueued {
     num_seeds: usize,
     /// The lowest layer sampled ([`crate::Sampling::sample_queued_from`]).
     from: usize,
+    /// Whether [`crate::Sampling::read_queued`] copies its bottom sources to
+    /// the host (not for a hop: [`crate::Sampling::sample_hop_queued`]).
+    read_ids: bool,
+    /// What the "not distinct" error calls the top layer's destinations.
+    frontier: &'static str,
 }
 
 impl CudaQueued {
@@ -207,7 +221,7 @@ impl CudaQueued {
                 .and_then(|c| c.try_into().ok())
                 .ok_or_else(|| in_layer(layer, internal_counts()))?;
             let (block, src, _) = layer_out
-                .finish(dev, c, "frontier")
+                .finish(dev, c, self.frontier)
                 .map_err(|e| in_layer(layer, e))?;
             blocks.push(block);
             src_ids.push(src);
@@ -409,6 +423,52 @@ impl CudaBackend {
             cap_edges: cap,
             cap_src,
         })
+    }
+
+    /// Where a read of `queued` keeps its pinned pair: reads of hops only
+    /// (sizes) in their own slot.
+    fn readback_slot(
+        &self,
+        queued: &[CudaQueued],
+    ) -> &parking_lot::Mutex<Option<super::device::ReadbackPair>> {
+        if queued.iter().any(|q| q.read_ids) {
+            &self.readback
+        } else {
+            &self.readback_hops
+        }
+    }
+
+    /// A hop's checks ([`crate::Sampling::sample_hop`], `sample_hop_queued`):
+    /// a fanout above 0, `dst` and `skip` holding `n_dst` entries; its
+    /// frontier and a buffer for its four counts.
+    fn hop_frontier<'a>(
+        &self,
+        dst: &'a CudaBuf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        skip: Option<&'a CudaBuf<u8>>,
+    ) -> Result<(Frontier<'a>, CudaBuf<u64>)> {
+        if fanout == 0 {
+            return Err(GpuOpsError::InvalidArgument {
+                name: "fanout",
+                reason: format!(
+                    "0 samples nothing; use ALL_NEIGHBORS ({}) to take every neighbor",
+                    cpu_ops::ALL_NEIGHBORS
+                ),
+            });
+        }
+        dst.check_len("sample_hop dst", n_dst)?;
+        if let Some(s) = skip {
+            s.check_len("sample_hop skip (one flag per destination)", n_dst)?;
+        }
+        let frontier = Frontier {
+            ids: dst,
+            cap: n_dst,
+            live: None,
+            skip,
+        };
+        let counts = self.buf::<u64>(4, Init::Uninit, "layer counts")?;
+        Ok((frontier, counts))
     }
 
     /// The edge count at `indptr[n]`, read (a synchronization) and checked against
@@ -797,6 +857,31 @@ impl crate::backend::Sampling for CudaBackend {
             counts,
             num_seeds: seeds.len(),
             from,
+            read_ids: true,
+            frontier: "frontier",
+        })
+    }
+
+    /// [`crate::Sampling::sample_hop`]'s checks and steps 2–5 with its mask,
+    /// its four counts left on the device for the read that resolves it.
+    fn sample_hop_queued(
+        &self,
+        graph: &CudaGraph,
+        dst: &CudaBuf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&CudaBuf<u8>>,
+    ) -> Result<CudaQueued> {
+        let (frontier, mut counts) = self.hop_frontier(dst, n_dst, fanout, skip)?;
+        let out = self.sample_layer(graph, frontier, fanout, layer_seed, counts.ptr_mut())?;
+        Ok(CudaQueued {
+            layers_rev: vec![out],
+            counts,
+            num_seeds: n_dst,
+            from: 0,
+            read_ids: false,
+            frontier: "dst",
         })
     }
 
@@ -835,7 +920,10 @@ impl crate::backend::Sampling for CudaBackend {
         let lens: Vec<usize> = queued.iter().map(|q| 4 * q.layers_rev.len()).collect();
         let id_caps: Vec<usize> = queued
             .iter()
-            .map(|q| q.layers_rev.last().map_or(0, |l| l.cap_src))
+            .map(|q| match q.layers_rev.last() {
+                Some(l) if q.read_ids => l.cap_src,
+                _ => 0,
+            })
             .collect();
         let (n_counts, n_ids) = (lens.iter().sum::<usize>(), id_caps.iter().sum::<usize>());
         let stream = self.cu() as usize;
@@ -847,7 +935,8 @@ impl crate::backend::Sampling for CudaBackend {
                 stream,
             });
         }
-        let (mut counts, mut ids) = match self.readback.lock().take() {
+        let slot = self.readback_slot(&queued);
+        let (mut counts, mut ids) = match slot.lock().take() {
             Some((c, i)) if c.len() >= n_counts && i.len() >= n_ids => (c, i),
             _ => (
                 CudaPinned::<u64>::new(&self.ctx, n_counts + n_counts / 4)?,
@@ -915,8 +1004,9 @@ impl crate::backend::Sampling for CudaBackend {
 
     /// One synchronization of the compute stream (the copies of
     /// [`crate::Sampling::read_queued`] and any fault of the sampling kernels
-    /// before them), then the blocks from the counts and the bottom sources
-    /// from the pinned ids; the pinned pair is kept for the next read.
+    /// before them) — for a read of hops only, a wait for the copies' event —
+    /// then the blocks from the counts and the bottom sources from the pinned
+    /// ids; the pinned pair is kept for the next read.
     fn finish_read(&self, reading: CudaReading) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>> {
         let CudaReading {
             queued,
@@ -933,7 +1023,20 @@ impl crate::backend::Sampling for CudaBackend {
         let Some((counts, ids)) = pinned else {
             return Ok(Vec::new());
         };
-        self.sync_compute()?;
+        let slot = self.readback_slot(&queued);
+        if queued.iter().any(|q| q.read_ids) {
+            self.sync_compute()?;
+        } else {
+            // Hops only (sizes, no ids): wait for the copies' event, not the
+            // stream, which may since wait for the compute stream's work
+            // through the allocator (`alloc.rs` step 3). A fault of the hops'
+            // kernels surfaces at this backend's next synchronization.
+            counts.wait_copies()?;
+            self.transfers.event_wait();
+            if let Some(e) = self.pool.take_deferred() {
+                return Err(e);
+            }
+        }
         let mut out = Vec::with_capacity(queued.len());
         let mut at = 0;
         let (all, all_ids) = (counts.as_slice(), ids.as_slice());
@@ -941,15 +1044,20 @@ impl crate::backend::Sampling for CudaBackend {
             let len = 4 * q.layers_rev.len();
             let c = all.get(at..at + len).ok_or_else(internal_counts)?;
             at += len;
+            let read_ids = q.read_ids;
             let batch = q.finish(self, c)?;
             let n = batch.blocks.first().map_or(0, |b| b.num_src);
-            let bottom = all_ids
-                .get(id_at..id_at + n)
-                .ok_or_else(internal_counts)?
-                .to_vec();
+            let bottom = if read_ids {
+                all_ids
+                    .get(id_at..id_at + n)
+                    .ok_or_else(internal_counts)?
+                    .to_vec()
+            } else {
+                Vec::new()
+            };
             out.push((batch, bottom));
         }
-        let mut kept = self.readback.lock();
+        let mut kept = slot.lock();
         let larger = kept
             .as_ref()
             .is_none_or(|(c, i)| c.len() <= counts.len() && i.len() <= ids.len());
@@ -973,26 +1081,7 @@ impl crate::backend::Sampling for CudaBackend {
         layer_seed: u64,
         skip: Option<&CudaBuf<u8>>,
     ) -> Result<(CudaBlock, CudaBuf<u32>, usize)> {
-        if fanout == 0 {
-            return Err(GpuOpsError::InvalidArgument {
-                name: "fanout",
-                reason: format!(
-                    "0 samples nothing; use ALL_NEIGHBORS ({}) to take every neighbor",
-                    cpu_ops::ALL_NEIGHBORS
-                ),
-            });
-        }
-        dst.check_len("sample_hop dst", n_dst)?;
-        if let Some(s) = skip {
-            s.check_len("sample_hop skip (one flag per destination)", n_dst)?;
-        }
-        let frontier = Frontier {
-            ids: dst,
-            cap: n_dst,
-            live: None,
-            skip,
-        };
-        let mut counts = self.buf::<u64>(4, Init::Uninit, "layer counts")?;
+        let (frontier, mut counts) = self.hop_frontier(dst, n_dst, fanout, skip)?;
         let out = self.sample_layer(graph, frontier, fanout, layer_seed, counts.ptr_mut())?;
         let c = self.read_n::<u64, 4>(&counts, 0)?;
         out.finish(self, c, "dst")

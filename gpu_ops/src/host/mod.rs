@@ -40,7 +40,7 @@ pub use buffer::{HostBuf, HostEvent, HostStream};
 pub use features::HostFeatures;
 pub use math::HostMask;
 pub use sample::HostGraph;
-use sample::HostReading;
+use sample::{HostQueued, HostReading};
 pub use sparse::HostSparse;
 
 /// The host backend (see the module doc). Cheap to create; holds no threads of its
@@ -273,7 +273,7 @@ impl DeviceMemory for HostBackend {
 /// `resolve_queued` call), `sample_queued` none.
 impl Sampling for HostBackend {
     /// Sampled at once (nothing runs asynchronously here).
-    type Queued = DeviceBatch<HostBackend>;
+    type Queued = HostQueued;
     /// The batches, already on the host.
     type Reading = HostReading;
 
@@ -303,26 +303,55 @@ impl Sampling for HostBackend {
         fanouts: &[u32],
         from: usize,
         seed: u64,
-    ) -> Result<DeviceBatch<Self>> {
-        if from == 0 {
+    ) -> Result<HostQueued> {
+        let batch = if from == 0 {
             sample::sample(graph, seeds, fanouts, seed)
         } else {
             sample::sample_from(graph, seeds, fanouts, from, seed)
-        }
+        }?;
+        Ok(HostQueued {
+            batch,
+            read_ids: true,
+        })
     }
 
-    fn resolve_queued(&self, queued: Vec<DeviceBatch<Self>>) -> Result<Vec<DeviceBatch<Self>>> {
+    fn sample_hop_queued(
+        &self,
+        graph: &HostGraph,
+        dst: &HostBuf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&HostBuf<u8>>,
+    ) -> Result<HostQueued> {
+        let (block, src, _) = sample::sample_hop(graph, dst, n_dst, fanout, layer_seed, skip)?;
+        Ok(HostQueued {
+            batch: DeviceBatch {
+                blocks: vec![block],
+                src_ids: vec![src],
+                num_seeds: n_dst,
+            },
+            read_ids: false,
+        })
+    }
+
+    fn resolve_queued(&self, queued: Vec<HostQueued>) -> Result<Vec<DeviceBatch<Self>>> {
         if !queued.is_empty() {
             // One read of every batch's sizes.
             self.transfers.sync();
         }
-        Ok(queued)
+        Ok(queued.into_iter().map(|q| q.batch).collect())
     }
 
-    /// Counts the downloads CUDA starts here: every batch's bottom sources.
-    fn read_queued(&self, queued: Vec<DeviceBatch<Self>>) -> Result<HostReading> {
-        for b in &queued {
-            let n = b.blocks.first().map_or(0, |blk| self.block_shape(blk).0);
+    /// Counts the downloads CUDA starts here: every batch's bottom sources
+    /// (none for a queued hop).
+    fn read_queued(&self, queued: Vec<HostQueued>) -> Result<HostReading> {
+        for q in queued.iter().filter(|q| q.read_ids) {
+            let n = q
+                .batch
+                .blocks
+                .first()
+                .map_or(0, |blk| self.block_shape(blk).0);
             self.transfers.download(n * 4);
         }
         Ok(HostReading(queued))
@@ -330,17 +359,20 @@ impl Sampling for HostBackend {
 
     fn finish_read(&self, reading: HostReading) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>> {
         let batches = reading.0;
-        if !batches.is_empty() {
+        if batches.iter().any(|q| q.read_ids) {
             // The one wait for every batch's sizes and bottom sources.
             self.transfers.sync();
+        } else if !batches.is_empty() {
+            // Hops only: CUDA waits for the copies' event.
+            self.transfers.event_wait();
         }
         batches
             .into_iter()
-            .map(|b| {
+            .map(|HostQueued { batch: b, read_ids }| {
                 let n = b.blocks.first().map_or(0, |blk| self.block_shape(blk).0);
                 let ids = match b.src_ids.first() {
-                    Some(src) => buffer::prefix("bottom sources", src, n)?.to_vec(),
-                    None => Vec::new(),
+                    Some(src) if read_ids => buffer::prefix("bottom sources", src, n)?.to_vec(),
+                    _ => Vec::new(),
                 };
                 Ok((b, ids))
             })

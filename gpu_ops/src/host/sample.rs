@@ -135,9 +135,26 @@ pub(crate) fn sample_from(
     Ok(out)
 }
 
+/// A batch queued on the host backend ([`crate::Sampling::sample_queued_from`],
+/// [`crate::Sampling::sample_hop_queued`]): sampled when it was queued.
+pub struct HostQueued {
+    pub(crate) batch: DeviceBatch<HostBackend>,
+    /// Whether a read brings its bottom sources to the host (not for a hop).
+    pub(crate) read_ids: bool,
+}
+
+impl std::fmt::Debug for HostQueued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostQueued")
+            .field("blocks", &self.batch.blocks.len())
+            .field("read_ids", &self.read_ids)
+            .finish()
+    }
+}
+
 /// A read of queued batches ([`crate::Sampling::read_queued`]) on the host
 /// backend: the batches, sampled when they were queued.
-pub struct HostReading(pub(crate) Vec<DeviceBatch<HostBackend>>);
+pub struct HostReading(pub(crate) Vec<HostQueued>);
 
 impl std::fmt::Debug for HostReading {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -566,3 +566,120 @@ pub(crate) fn unique_relabel_contract<B: Backend>(d: &B) {
         }
     }
 }
+
+/// `sample_hop_queued` (the layer path's bottom hop sampled a super-batch
+/// ahead) is `sample_hop` with the same arguments, bit for bit, masked or not:
+/// queued without a synchronization, read with the top layers' kind of one
+/// read for the group (`read_queued` / `finish_read` on another thread, no
+/// ids copied back) or with `resolve_queued` (one synchronization); on the backend and on its
+/// sampling sibling (the destinations and the mask written on its stream,
+/// the hops adopted). A read of hops only is finished with one event wait,
+/// no synchronization. Bad arguments fail when queued.
+#[allow(clippy::type_complexity)]
+pub(crate) fn queued_hops_equal_sample_hop<B: Backend>(d: &B) {
+    let mut rng = Rng::new(29);
+    let g = random_graph(&mut rng, 500, 4000);
+    let dg = d.load_graph(&g, TopologyPlacement::Device).unwrap();
+    d.synchronize(d.stream()).unwrap();
+    let sibling = d.sampling_sibling().unwrap();
+    let samplers: Vec<&B> = std::iter::once(d).chain(sibling.as_ref()).collect();
+    for (si, s) in samplers.into_iter().enumerate() {
+        let hops: Vec<(Vec<u32>, Option<Vec<u8>>, u32, u64)> = (0..4)
+            .map(|h| {
+                let mut ids: Vec<u32> = (0..500).collect();
+                rng.shuffle(&mut ids);
+                ids.truncate(1 + rng.below(150) as usize);
+                let mask = (h % 2 == 1).then(|| {
+                    ids.iter()
+                        .map(|_| u8::from(rng.next_f64() < 0.4))
+                        .collect::<Vec<u8>>()
+                });
+                let fanout = if h == 2 { ALL_NEIGHBORS } else { 1 + h as u32 };
+                (ids, mask, fanout, rng.next_u64())
+            })
+            .collect();
+        for resolve in [false, true] {
+            let what = format!("sampler {si}, resolve {resolve}");
+            // Both backends' counts (once when the backend samples itself).
+            let stats = || match si {
+                0 => d.transfer_stats(),
+                _ => d.transfer_stats().plus(&s.transfer_stats()),
+            };
+            // Inputs on the sampler's own stream, as the layer path writes them.
+            let inputs: Vec<(B::Buf<u32>, Option<B::Buf<u8>>)> = hops
+                .iter()
+                .map(|(ids, mask, _, _)| {
+                    let dst = s.to_device(ids).unwrap();
+                    let m = mask.as_ref().map(|m| s.to_device(m).unwrap());
+                    (dst, m)
+                })
+                .collect();
+            let before = stats();
+            let syncs = || stats().since(&before).syncs;
+            let queued: Vec<B::Queued> = hops
+                .iter()
+                .zip(&inputs)
+                .map(|((ids, _, fanout, key), (dst, m))| {
+                    s.sample_hop_queued(&dg, dst, ids.len(), *fanout, *key, m.as_ref())
+                        .unwrap()
+                })
+                .collect();
+            assert_eq!(syncs(), 0, "{what}: queued without a synchronization");
+            let got: Vec<_> = if resolve {
+                s.resolve_queued(queued).unwrap()
+            } else {
+                let reading = s.read_queued(queued).unwrap();
+                assert_eq!(syncs(), 0, "{what}: the read started without one");
+                let read = std::thread::scope(|t| t.spawn(|| s.finish_read(reading)).join())
+                    .unwrap()
+                    .unwrap();
+                read.into_iter()
+                    .map(|(b, ids)| {
+                        assert!(ids.is_empty(), "{what}: no ids copied back for a hop");
+                        b
+                    })
+                    .collect()
+            };
+            // resolve_queued synchronizes once; a read of hops only waits
+            // for its copies' event instead.
+            let waits = stats().since(&before).event_waits;
+            match resolve {
+                true => assert_eq!((syncs(), waits), (1, 0), "{what}: one read"),
+                false => assert_eq!((syncs(), waits), (0, 1), "{what}: one event wait"),
+            }
+            for (((ids, mask, fanout, key), mut batch), (dst, m)) in
+                hops.iter().zip(got).zip(&inputs)
+            {
+                if si > 0 {
+                    d.adopt_batch(s, &mut batch).unwrap();
+                }
+                assert_eq!(
+                    (batch.blocks.len(), batch.src_ids.len(), batch.num_seeds),
+                    (1, 1, ids.len()),
+                    "{what}"
+                );
+                let (block, src, ns) = s
+                    .sample_hop(&dg, dst, ids.len(), *fanout, *key, m.as_ref())
+                    .unwrap();
+                let b = &batch.blocks[0];
+                assert_eq!(d.block_shape(b), s.block_shape(&block), "{what}");
+                assert_eq!(d.block_shape(b).0, ns, "{what}");
+                assert_eq!(
+                    d.block_to_host(b).unwrap(),
+                    s.block_to_host(&block).unwrap(),
+                    "{what}, mask {}",
+                    mask.is_some()
+                );
+                assert_eq!(down(d, &batch.src_ids[0], ns), down(s, &src, ns), "{what}");
+            }
+        }
+    }
+    // What the host can check fails when queued.
+    let dst = d.to_device(&[1u32, 2, 3]).unwrap();
+    let short = d.to_device(&[0u8; 2]).unwrap();
+    assert!(d.sample_hop_queued(&dg, &dst, 3, 0, 1, None).is_err());
+    assert!(d.sample_hop_queued(&dg, &dst, 4, 2, 1, None).is_err());
+    assert!(d
+        .sample_hop_queued(&dg, &dst, 3, 2, 1, Some(&short))
+        .is_err());
+}

@@ -26,6 +26,34 @@
 //!    stream's). Before: two `sample_hop`s and a download per batch, three
 //!    synchronizations of the compute stream while the super-batch before
 //!    trained on it.
+//!
+//!    **1b. The bottom hop, a super-batch ahead too**
+//!    ([`LayerDevice::prepare_bottoms`](super::LayerDevice::prepare_bottoms),
+//!    at the super-batch's launch, right after its plan is handled and its
+//!    top layers adopted; only with `device.sample_ahead`): every batch's
+//!    bottom hop is queued on the sampling sibling behind its top layers
+//!    ([`Sampling::sample_hop_queued`](gpu_ops::Sampling::sample_hop_queued)
+//!    from block 1's sources, `derive_seed(seed, 0)`), skipping the batch's
+//!    *planned* hot positions (`hot_backward = "constant"`; none with
+//!    `"aggregate"`) — its skip mask uploaded on the sibling's stream — and
+//!    one read of their sizes (no ids) is started. The super-batch's first
+//!    [`LayerDevice::train_prepared`](super::LayerDevice::train_prepared)
+//!    finishes that read — a wait for its copies' event, queued a super-batch
+//!    before, not a synchronization of either stream — and hands the hops to
+//!    the compute stream ([`Sampling::adopt_batch`](gpu_ops::Sampling::adopt_batch)). A
+//!    batch that trains with the positions its hop skipped uses it; one that
+//!    trains with others (late chunks left cold under `on_late = "compute"`)
+//!    samples its hop again as step 4 describes, counted in
+//!    [`BottomCounts::resampled`]. Before: one `sample_hop` per batch on the
+//!    compute stream, one synchronization of it each. The two super-batches'
+//!    bottom hops alive at once (`2N` batches' block 0) are within
+//!    `engine/memory.rs` step 4's blocks kept ahead for `N ≤ 8`, and step 8
+//!    counts the batches beyond. (The event,
+//!    not the stream: on CUDA the sibling's stream also waits, through its
+//!    allocator, for compute work that dropped its buffers — `cuda/alloc.rs`
+//!    step 3 — so synchronizing it at the super-batch's first batch would
+//!    wait for the batches queued before, once losses are not read every
+//!    step.)
 //! 2. **Slabs.** Two device buffers of `rows × width` (`width` = layer 0's output
 //!    width). Super-batch `j` reads slab `j % 2` while the CPU's rows for `j + 1`
 //!    go into the other. [`LayerDevice::hot_slab_reserve`](super::LayerDevice::hot_slab_reserve) (called when the queue of
@@ -50,8 +78,10 @@
 //!    from the next super-batch's uploads, so no upload overwrites bits not
 //!    yet widened.
 //! 4. **Train** ([`LayerDevice::train_prepared`](super::LayerDevice::train_prepared)) with a [`HotUse`]: upload the
-//!    batch's hot positions and slab rows (8 bytes per hot destination) and the
-//!    skip mask (1 byte per bottom destination) into reused buffers; sample the
+//!    batch's hot positions and slab rows (8 bytes per hot destination) into
+//!    reused buffers; take the bottom hop sampled ahead (step 1b) when it
+//!    skipped exactly these positions, else upload the skip mask (1 byte per
+//!    bottom destination) and sample the
 //!    bottom hop with the hot destinations skipped (`hot_backward = "constant"`:
 //!    the accelerator neither gathers nor aggregates their neighborhoods — no
 //!    host round trip); gather the remaining inputs through the feature cache;
@@ -188,8 +218,60 @@ pub(crate) struct PreparedTop<B: Backend> {
     num_bottom: usize,
 }
 
+/// A batch's bottom hop sampled ahead (step 1b), read and handed to the
+/// compute stream.
+pub(crate) struct PreparedBottom<B: Backend> {
+    /// Block 0.
+    block: B::Block,
+    /// Its sources (the rows to gather).
+    src: B::Buf<u32>,
+    /// Their count.
+    n_src: usize,
+    /// The positions its mask skipped, ascending (none: no mask).
+    skip: Vec<u32>,
+}
+
+/// A super-batch's bottom hops queued on the sampling sibling (step 1b),
+/// their one read in flight.
+pub(crate) struct BottomsInFlight<B: Backend> {
+    /// Each batch's key and the positions its mask skips (ascending).
+    batches: Vec<(u64, Vec<u32>)>,
+    /// The masks the hops read (kept until the read is finished).
+    masks: Vec<B::Buf<u8>>,
+    /// The sizes' read.
+    reading: B::Reading,
+}
+
+/// One batch whose bottom hop
+/// [`LayerDevice::prepare_bottoms`](super::LayerDevice::prepare_bottoms)
+/// samples ahead.
+#[derive(Clone, Copy, Debug)]
+pub struct BottomBatch<'a> {
+    /// Its key (its top layers are kept under it).
+    pub key: u64,
+    /// Its sampling seed.
+    pub seed: u64,
+    /// The positions among its bottom destinations to skip: its planned hot
+    /// positions with `hot_backward = "constant"`, none with `"aggregate"`.
+    pub skip: &'a [u32],
+}
+
+/// How the bottom hops of trained batches were sampled (step 1b).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BottomCounts {
+    /// Trained from a bottom hop sampled ahead.
+    pub ahead: u64,
+    /// Sampled again at train time: the hop sampled ahead skipped other
+    /// positions than the batch trains with (late chunks left cold under
+    /// `on_late = "compute"`).
+    pub resampled: u64,
+}
+
 /// What a failed read of the top layers is called.
 const READ_TOPS: &str = "reading the top layers' sizes and bottom destinations";
+
+/// What a failed read of the bottom hops is called.
+const READ_BOTTOMS: &str = "reading the bottom hops' sizes";
 
 /// One batch whose top layers
 /// [`LayerDevice::prepare_tops`](super::LayerDevice::prepare_tops) samples.
@@ -285,6 +367,12 @@ pub(crate) struct HotDevice<B: Backend> {
     copy_rows: Option<B::Buf<f32>>,
     /// Step 3 with bfloat16 rows: each slab's bfloat16 mirror.
     narrow: [Option<B::Buf<u16>>; 2],
+    /// Step 1b: bottom hops whose read is in flight (a super-batch each).
+    bottoms_in_flight: Vec<BottomsInFlight<B>>,
+    /// Step 1b: bottom hops read, under their batches' keys.
+    bottoms: std::collections::HashMap<u64, PreparedBottom<B>>,
+    /// Step 1b's counts.
+    bottom_counts: BottomCounts,
 }
 
 impl<B: Backend> Default for HotDevice<B> {
@@ -305,6 +393,9 @@ impl<B: Backend> Default for HotDevice<B> {
             copy_to: None,
             copy_rows: None,
             narrow: [None, None],
+            bottoms_in_flight: Vec::new(),
+            bottoms: std::collections::HashMap::new(),
+            bottom_counts: BottomCounts::default(),
         }
     }
 }
@@ -600,6 +691,12 @@ impl<B: Backend> DeviceEngine<B> {
         Ok(())
     }
 
+    /// Event waits of the sampling sibling so far (tests: step 1b's reads).
+    #[cfg(test)]
+    pub(crate) fn sampling_event_waits(&self) -> u64 {
+        self.sibling.transfer_stats().event_waits
+    }
+
     /// Slab `slab`'s rows, copied to the host (tests).
     #[cfg(test)]
     pub(crate) fn hot_slab_to_host(&self, slab: usize) -> Result<Vec<f32>> {
@@ -731,6 +828,149 @@ impl<B: Backend> DeviceEngine<B> {
 
     pub(super) fn discard_prepared_op(&mut self) {
         self.hot.prepared.clear();
+        self.hot.bottoms.clear();
+        // A reading dropped unfinished waits for its copies first.
+        self.hot.bottoms_in_flight.clear();
+    }
+
+    /// Step 1b's counts so far.
+    pub(super) fn bottom_counts_op(&self) -> BottomCounts {
+        self.hot.bottom_counts
+    }
+
+    /// Step 1b: queues the bottom hop of every batch of `batches` (their top
+    /// layers adopted already) on the sampling sibling, each with its skip
+    /// mask uploaded on the sibling's stream, and starts one read of their
+    /// sizes (no ids). Nothing synchronizes. Without the sibling
+    /// (`device.sample_ahead` off) nothing happens: the batches sample their
+    /// bottom hop when they train.
+    pub(super) fn prepare_bottoms_op(&mut self, batches: &[BottomBatch<'_>]) -> Result<()> {
+        let Some(sampler) = self.sibling.sampler().map(Arc::clone) else {
+            return Ok(());
+        };
+        if batches.is_empty() {
+            return Ok(());
+        }
+        let tracer = self.tracer.clone();
+        let _s = tracer.slice_on(self.acc, "sample bottom ahead");
+        let fanout = self.opts.fanouts[0];
+        let what = "sampling the bottom hop ahead";
+        let mut queued = Vec::with_capacity(batches.len());
+        let mut masks = Vec::new();
+        let mut kept = Vec::with_capacity(batches.len());
+        for b in batches {
+            let top = self.hot.prepared.get(&b.key).ok_or_else(|| {
+                Error::invalid_argument(
+                    "prepared batch",
+                    format!("internal: no top layers were adopted under key {}", b.key),
+                )
+            })?;
+            let nd = top.num_bottom;
+            let mut skip = b.skip.to_vec();
+            skip.sort_unstable();
+            skip.dedup();
+            if let Some(&p) = skip.iter().find(|&&p| p as usize >= nd) {
+                return Err(Error::invalid_argument(
+                    "hot rows",
+                    format!("internal: planned position {p} past the {nd} bottom destinations"),
+                ));
+            }
+            let mask = if skip.is_empty() {
+                None
+            } else {
+                let mut flags = vec![0u8; nd];
+                for &p in &skip {
+                    flags[p as usize] = 1;
+                }
+                let mut buf = sampler
+                    .alloc_uninit::<u8>(nd)
+                    .map_err(dev_err("hot skip mask"))?;
+                sampler
+                    .upload(sampler.stream(), &flags, &mut buf)
+                    .map_err(dev_err("hot skip mask"))?;
+                self.h2d += nd as u64;
+                Some(buf)
+            };
+            let dst = top.src.first().ok_or_else(|| internal("bottom ids"))?;
+            queued.push(
+                sampler
+                    .sample_hop_queued(
+                        &self.graph,
+                        dst,
+                        nd,
+                        fanout,
+                        derive_seed(b.seed, 0),
+                        mask.as_ref(),
+                    )
+                    .map_err(dev_err(what))?,
+            );
+            masks.extend(mask);
+            kept.push((b.key, skip));
+        }
+        let reading = sampler.read_queued(queued).map_err(dev_err(READ_BOTTOMS))?;
+        self.hot.bottoms_in_flight.push(BottomsInFlight {
+            batches: kept,
+            masks,
+            reading,
+        });
+        Ok(())
+    }
+
+    /// Step 1b's end for the batch kept under `key`: its bottom hop sampled
+    /// ahead, if any. The first batch of a super-batch finishes the read of
+    /// all its hops (a wait for the read's event, queued a super-batch ago;
+    /// no synchronization) and hands them to the compute stream.
+    fn take_bottom(&mut self, key: u64) -> Result<Option<PreparedBottom<B>>> {
+        let at = self
+            .hot
+            .bottoms_in_flight
+            .iter()
+            .position(|f| f.batches.iter().any(|(k, _)| *k == key));
+        if let Some(at) = at {
+            let BottomsInFlight {
+                batches,
+                masks,
+                reading,
+            } = self.hot.bottoms_in_flight.remove(at);
+            let sampler = self
+                .sibling
+                .sampler()
+                .map(Arc::clone)
+                .ok_or_else(|| internal("the sampling sibling"))?;
+            let read = {
+                let _s = self.tracer.slice_on(self.acc, "bottom read");
+                sampler
+                    .finish_read(reading)
+                    .map_err(dev_err(READ_BOTTOMS))?
+            };
+            drop(masks);
+            if read.len() != batches.len() {
+                return Err(internal(&format!(
+                    "{} bottom hops read for {} queued",
+                    read.len(),
+                    batches.len()
+                )));
+            }
+            for ((k, skip), (mut batch, _)) in batches.into_iter().zip(read) {
+                self.dev
+                    .adopt_batch(&sampler, &mut batch)
+                    .map_err(dev_err("handing the bottom hop to the compute stream"))?;
+                let (Some(block), Some(src)) = (batch.blocks.pop(), batch.src_ids.pop()) else {
+                    return Err(internal("a bottom hop"));
+                };
+                let n_src = self.dev.block_shape(&block).0;
+                self.hot.bottoms.insert(
+                    k,
+                    PreparedBottom {
+                        block,
+                        src,
+                        n_src,
+                        skip,
+                    },
+                );
+            }
+        }
+        Ok(self.hot.bottoms.remove(&key))
     }
 
     /// Step 4.
@@ -780,7 +1020,8 @@ impl<B: Backend> DeviceEngine<B> {
         let dev = Arc::clone(&self.dev);
         let width = self.hot_width_op();
         let mut step = tracer.slice_on(acc, "device step");
-        // Positions, slab rows and the skip mask.
+        // Positions and slab rows (the skip mask only where the hop is
+        // sampled now, below).
         let skip = n_hot > 0 && hot.grad == HotGrad::Constant;
         if n_hot > 0 {
             upload_into(
@@ -792,27 +1033,48 @@ impl<B: Backend> DeviceEngine<B> {
             upload_into(&*dev, &mut self.hot.rows_idx, hot.rows, "hot slab rows")?;
             self.h2d += (n_hot * 8) as u64;
         }
-        if skip {
-            let mut mask = vec![0u8; nd];
-            for &p in hot.positions {
-                mask[p as usize] = 1;
+        // The bottom hop, hot destinations skipped: sampled ahead (step 1b)
+        // when it skipped the positions this batch trains with, else now.
+        let mut want: Vec<u32> = if skip {
+            hot.positions.to_vec()
+        } else {
+            Vec::new()
+        };
+        want.sort_unstable();
+        let ahead = self.take_bottom(key)?;
+        let resampled = ahead.is_some();
+        let (block0, src0, ns0) = match ahead {
+            Some(b) if b.skip == want => {
+                self.hot.bottom_counts.ahead += 1;
+                (b.block, b.src, b.n_src)
             }
-            upload_into(&*dev, &mut self.hot.mask, &mask, "hot skip mask")?;
-            self.h2d += nd as u64;
-        }
-        // The bottom hop, hot destinations skipped.
-        let bottom_dst = top.src.first().ok_or_else(|| internal("bottom ids"))?;
-        let (block0, src0, ns0) = {
-            let _s = tracer.slice_on(acc, "sample bottom");
-            dev.sample_hop(
-                &self.graph,
-                bottom_dst,
-                nd,
-                self.opts.fanouts[0],
-                derive_seed(seed, 0),
-                if skip { self.hot.mask.as_ref() } else { None },
-            )
-            .map_err(dev_err("sampling the bottom hop"))?
+            _ => {
+                let mut s = tracer.slice_on(acc, "sample bottom");
+                if resampled {
+                    self.hot.bottom_counts.resampled += 1;
+                    if let Some(a) = s.args_mut() {
+                        a.extra.push(("bottom_resampled".into(), 1.0));
+                    }
+                }
+                if skip {
+                    let mut mask = vec![0u8; nd];
+                    for &p in hot.positions {
+                        mask[p as usize] = 1;
+                    }
+                    upload_into(&*dev, &mut self.hot.mask, &mask, "hot skip mask")?;
+                    self.h2d += nd as u64;
+                }
+                let bottom_dst = top.src.first().ok_or_else(|| internal("bottom ids"))?;
+                dev.sample_hop(
+                    &self.graph,
+                    bottom_dst,
+                    nd,
+                    self.opts.fanouts[0],
+                    derive_seed(seed, 0),
+                    if skip { self.hot.mask.as_ref() } else { None },
+                )
+                .map_err(dev_err("sampling the bottom hop"))?
+            }
         };
         let x = self.gather_counted(&src0, ns0)?;
         let mut blocks = Vec::with_capacity(top.blocks.len() + 1);

@@ -15,7 +15,11 @@
 //!    ahead while one trains); plus the blocks of the batches a device sampler
 //!    keeps ahead (`device.sample_ahead`: up to twice `SAMPLE_GROUP` = 16
 //!    batches, each a block's local ids, 4 bytes an edge, its sources' ids, 4
-//!    bytes a row, and its offsets, 8 bytes a destination).
+//!    bytes a row, and its offsets, 8 bytes a destination). The layer path
+//!    keeps two super-batches' blocks ahead instead — top layers and bottom
+//!    hops (`engine/hot.rs` steps 1 and 1b), `2N` whole batches — which
+//!    that bound covers for `orchestration.super_batch` `N ≤ 8`; step 8
+//!    counts the `2N − 16` batches beyond it.
 //!
 //! The need is the sum; it must not exceed the free memory. The host backend
 //! reports the machine's available memory, so the check holds there too.
@@ -45,7 +49,10 @@
 //!    - the keep/carry **scratch** (up to `Q` rows plus 25%) and its two index
 //!      buffers (4 bytes a row), and the **growth** transient: a slab or the
 //!      store grows by allocating the new buffer before the old one is freed,
-//!      so the largest old buffer is counted once more.
+//!      so the largest old buffer is counted once more;
+//!    - with `N > 8`, the **blocks** of the `2N − 16` batches sampled ahead
+//!      beyond step 4's bound (`N` batches' top layers and bottom hops of the
+//!      next super-batch and of the one training).
 //!
 //!    A fixed `layer` policy counts all of it at its whole hot set; with
 //!    `policy = "auto"` the layer candidate gets the largest hot set whose
@@ -93,6 +100,10 @@ pub struct LayerShape {
     pub bf16: bool,
     /// Rows are kept across super-batches: the store exists.
     pub store: bool,
+    /// Bytes of one batch's blocks ([`batch_block_bytes`]): the layer path
+    /// keeps `2N` batches' blocks ahead, of which those beyond step 4's
+    /// bound count here.
+    pub batch_blocks: u64,
 }
 
 /// The layer path's device bytes for a CPU share of `H` hot rows (step 8).
@@ -106,6 +117,9 @@ pub struct LayerBytes {
     pub scratch: u64,
     /// The largest buffer alive twice while it grows.
     pub growth: u64,
+    /// The blocks of the `2N` batches sampled ahead beyond the
+    /// `2 · SAMPLE_GROUP` step 4 counts (`N > 8`).
+    pub blocks: u64,
 }
 
 impl LayerBytes {
@@ -115,6 +129,7 @@ impl LayerBytes {
             .saturating_add(self.store)
             .saturating_add(self.scratch)
             .saturating_add(self.growth)
+            .saturating_add(self.blocks)
     }
 }
 
@@ -151,6 +166,33 @@ fn layer_rows(n: u64, batch_size: usize, fanouts: &[u32]) -> Vec<u64> {
     rows
 }
 
+/// Sampled edges of one batch whose layers hold `rows` ([`layer_rows`]) on a
+/// graph of `n` vertices and `m` edges, at most, and the bytes of its blocks
+/// as step 4 keeps them ahead: 4 bytes an edge (local ids), 4 a source row
+/// (ids) and 8 a destination (offsets).
+fn block_sizes(n: u64, m: u64, rows: &[u64], fanouts: &[u32]) -> (u64, u64) {
+    let mut edges = 0u64;
+    let mut kept = 0u64;
+    for l in (0..fanouts.len()).rev() {
+        let (src, dst) = (rows[l], rows[l + 1]);
+        let e = if fanouts[l] == ALL_NEIGHBORS {
+            m.min(dst.saturating_mul(n))
+        } else {
+            dst.saturating_mul(u64::from(fanouts[l])).min(m)
+        };
+        edges = edges.saturating_add(e);
+        kept = kept.saturating_add(4 * e + 4 * src + 8 * (dst + 1));
+    }
+    (edges, kept)
+}
+
+/// Bytes of one batch's blocks as step 4 keeps them ahead, for `batch_size`
+/// seeds with `fanouts` on a graph of `n` vertices and `m` edges
+/// ([`LayerShape::batch_blocks`]).
+pub fn batch_block_bytes(n: u64, m: u64, batch_size: usize, fanouts: &[u32]) -> u64 {
+    block_sizes(n, m, &layer_rows(n, batch_size, fanouts), fanouts).1
+}
+
 /// Step 8: the device bytes of the layer path's hot-row buffers for a CPU
 /// share of at most `hot_rows` rows of `shape` (all 0 without hot rows). The
 /// one estimate the engine's check, the automatic placement and `"auto"`'s
@@ -182,11 +224,14 @@ pub fn layer_bytes(hot_rows: u64, shape: &LayerShape) -> LayerBytes {
     } else {
         (0, 0)
     };
+    let beyond =
+        (2 * shape.super_batch).saturating_sub(2 * crate::executor::step::SAMPLE_GROUP as u64);
     LayerBytes {
         slabs: slab.saturating_mul(2),
         store,
         scratch,
         growth: slab.max(store),
+        blocks: beyond.saturating_mul(shape.batch_blocks),
     }
 }
 
@@ -233,19 +278,7 @@ pub(crate) fn estimate(
     let params = 4 * 4 * num_params as u64;
     // Rows per layer, from the seeds down (index l = sources of block l).
     let rows = layer_rows(n, batch_size, fanouts);
-    let mut edges = 0u64;
-    // Bytes of one batch's kept blocks.
-    let mut kept = 0u64;
-    for l in (0..fanouts.len()).rev() {
-        let (src, dst) = (rows[l], rows[l + 1]);
-        let e = if fanouts[l] == ALL_NEIGHBORS {
-            m.min(dst.saturating_mul(n))
-        } else {
-            dst.saturating_mul(u64::from(fanouts[l])).min(m)
-        };
-        edges = edges.saturating_add(e);
-        kept = kept.saturating_add(4 * e + 4 * src + 8 * (dst + 1));
-    }
+    let (edges, kept) = block_sizes(n, m, &rows, fanouts);
     let width = (model.hidden.max(model.num_classes) as u64).max(1);
     let mut floats = rows[0].saturating_mul(dim);
     for &r in &rows {
@@ -520,6 +553,7 @@ mod tests {
                     bottom_rows: bottom_rows(1000, 64, &[5, 5]),
                     bf16: dtype == FeatureDtype::Bf16,
                     store: true,
+                    batch_blocks: batch_block_bytes(1000, 0, 64, &[5, 5]),
                 };
                 assert_eq!(shape.bottom_rows, 384);
                 let est = layer_bytes(hot, &shape);
@@ -560,6 +594,7 @@ mod tests {
             bottom_rows: 1000,
             bf16: false,
             store: true,
+            batch_blocks: 10_000,
         };
         assert_eq!(layer_bytes(0, &shape), LayerBytes::default());
         let small = layer_bytes(100, &shape);
@@ -588,6 +623,19 @@ mod tests {
         );
         assert_eq!((no_store.store, no_store.scratch), (0, 0));
         assert_eq!(no_store.slabs, a.slabs);
+        // Up to N = 8 the blocks kept ahead are within step 4's bound; past
+        // it, every batch beyond 16 counts.
+        assert_eq!(a.blocks, 0);
+        let eight = LayerShape {
+            super_batch: 8,
+            ..shape
+        };
+        assert_eq!(layer_bytes(4000, &eight).blocks, 0);
+        let twelve = LayerShape {
+            super_batch: 12,
+            ..shape
+        };
+        assert_eq!(layer_bytes(4000, &twelve).blocks, 8 * 10_000);
         for room in [0, 1, 100_000, 2_000_000, 10_000_000, u64::MAX] {
             let r = rows_within(room, 40_000, &shape);
             assert!(layer_bytes(r, &shape).total() <= room);

@@ -29,7 +29,9 @@ mod publish;
 mod reduce;
 mod step_based;
 
-pub(crate) use hot::{HotStaging, HotUse, PreparedTops, TopBatch, TopsAhead};
+pub(crate) use hot::{
+    BottomBatch, BottomCounts, HotStaging, HotUse, PreparedTops, TopBatch, TopsAhead,
+};
 pub(crate) use input::{density, sparse_rows_where};
 pub(crate) use publish::PendingParams;
 pub(crate) use reduce::{CopyReduce, ReduceOn};
@@ -300,6 +302,12 @@ impl<B: Backend> DeviceEngine<B> {
             bottom_rows: memory::bottom_rows(n, opts.batch_size, &opts.fanouts),
             bf16: matches!(opts.feature_dtype, gpu_ops::FeatureDtype::Bf16),
             store: opts.layer.store,
+            batch_blocks: memory::batch_block_bytes(
+                n,
+                ds.graph.num_edges() as u64,
+                opts.batch_size,
+                &opts.fanouts,
+            ),
         };
         let want = opts.layer.hot_rows;
         let fixed_layer = if opts.layer.fixed {
@@ -791,6 +799,18 @@ pub(crate) trait LayerDevice: Send {
     /// [`LayerDevice::prepare_tops`]) under their keys for
     /// [`LayerDevice::train_prepared`], handed to the compute stream.
     fn adopt_tops(&mut self, tops: PreparedTops) -> Result<()>;
+    /// Samples the bottom hop of `batches` (their top layers adopted) a
+    /// super-batch ahead on the sampling sibling, each skipping its planned
+    /// positions, and starts one read of their sizes; the super-batch's first
+    /// [`LayerDevice::train_prepared`] finishes it (a wait for the
+    /// read's event, no synchronization). Nothing without `device.sample_ahead`
+    /// (`engine/hot.rs` step 1b).
+    fn prepare_bottoms(&mut self, batches: &[BottomBatch<'_>]) -> Result<()>;
+    /// How the bottom hops of the batches trained so far were sampled
+    /// (`engine/hot.rs` step 1b).
+    fn bottom_counts(&self) -> BottomCounts {
+        BottomCounts::default()
+    }
     /// Trains the batch kept under `key` with `hot`'s slab rows replacing layer
     /// 0's outputs at its positions; then forgets it. Returns (loss × rows,
     /// correct) — or, with `deferred = Some(slot)`, nothing: the step reads
@@ -885,6 +905,14 @@ impl<B: Backend> LayerDevice for DeviceEngine<B> {
 
     fn adopt_tops(&mut self, tops: PreparedTops) -> Result<()> {
         self.adopt_tops_op(tops)
+    }
+
+    fn prepare_bottoms(&mut self, batches: &[BottomBatch<'_>]) -> Result<()> {
+        self.prepare_bottoms_op(batches)
+    }
+
+    fn bottom_counts(&self) -> BottomCounts {
+        self.bottom_counts_op()
     }
 
     fn train_prepared(

@@ -340,6 +340,7 @@ mod tests {
             bottom_rows: 20_000,
             bf16: false,
             store: true,
+            batch_blocks: 0,
         };
         let mut r = req(false, true);
         r.topology = TopologyPlacement::PinnedHost;

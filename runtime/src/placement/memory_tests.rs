@@ -16,7 +16,7 @@ use scheduler::{
 
 use crate::config::TrainConfig;
 use crate::data::dataset::Dataset;
-use crate::engine::memory::{bottom_rows, estimate, layer_bytes, LayerShape};
+use crate::engine::memory::{batch_block_bytes, bottom_rows, estimate, layer_bytes, LayerShape};
 use crate::error::Error;
 use crate::executor::layer::clock::ManualClock;
 use crate::trace::Tracer;
@@ -88,6 +88,12 @@ fn need_of(c: &TrainConfig, ds: &Dataset) -> Need {
             bottom_rows: bottom_rows(n, c.train.batch_size, &fanouts),
             bf16: false,
             store: c.orchestration.reuse_across_superbatches,
+            batch_blocks: batch_block_bytes(
+                n,
+                ds.graph.num_edges() as u64,
+                c.train.batch_size,
+                &fanouts,
+            ),
         },
         hot: (c.orchestration.hot_ratio * n as f64).ceil() as u64,
     }

@@ -341,6 +341,24 @@ impl Protocol {
         self.epoch.as_ref().map(|e| &e.stats)
     }
 
+    /// Each batch's planned hot positions of live global super-batch
+    /// `super_batch` (in its batch order): the positions among the batch's
+    /// bottom destinations that take a slab row if nothing is late when it
+    /// trains — with `on_late = "wait"` exactly [`TrainBatch::positions`]
+    /// (as a set); with `"compute"` a late chunk's positions move to
+    /// [`TrainBatch::cold`]. Known once [`Event::Planned`] or
+    /// [`Event::Launched`] for it is handled (step 3), until its
+    /// [`Action::EndSuperBatch`]; `None` otherwise. The driver samples the
+    /// bottom hops a super-batch ahead with these as the skip masks.
+    pub fn planned_positions(&self, super_batch: u64) -> Option<Vec<Vec<u32>>> {
+        self.epoch
+            .as_ref()?
+            .live
+            .iter()
+            .find(|q| q.global == super_batch)
+            .map(HotQueue::planned_positions)
+    }
+
     /// Feeds one event (module doc); the actions it causes come out of
     /// [`Protocol::poll`]. An event the protocol does not expect now is an error
     /// that names it.

@@ -325,6 +325,16 @@ impl HotQueue {
         (rows, vertices)
     }
 
+    /// Per batch, the positions among its bottom destinations that take a
+    /// slab row when no chunk is left cold (step 7 with nothing late), in
+    /// plan order.
+    pub(crate) fn planned_positions(&self) -> Vec<Vec<u32>> {
+        self.entries
+            .iter()
+            .map(|e| e.iter().map(|&(p, _)| p).collect())
+            .collect()
+    }
+
     /// The queue's length (rows of its slab).
     pub(crate) fn len(&self) -> usize {
         self.chunk_of.len()

@@ -34,7 +34,12 @@
 //!      the split-independent [`scheduler::LaunchPlan`], made while the
 //!      super-batch before trained) and answer `Planned` with the monitor's
 //!      split (or the fixed one), its sampled top layers handed to the engine
-//!      ([`LayerDevice::adopt_tops`]). Once its jobs are queued (at the next
+//!      ([`LayerDevice::adopt_tops`]); then its batches' bottom hops, each
+//!      skipping the batch's planned hot positions
+//!      ([`Protocol::planned_positions`]; none with `hot_backward =
+//!      "aggregate"`), queued on the sampling stream with one read of their
+//!      sizes started ([`LayerDevice::prepare_bottoms`]; nothing without
+//!      `device.sample_ahead`). Once its jobs are queued (at the next
 //!      `Gate` or `Launch`), sample the top layers ([`LayerDevice::prepare_tops`],
 //!      one read for the super-batch, on the sampling stream with
 //!      `device.sample_ahead`) of the super-batch *after* it and submit the read
@@ -59,7 +64,10 @@
 //!      error); a report handed in after the gate decided to wait withdraws
 //!      the `Wait` (protocol step 6), so the one awaited is still to come;
 //!    - `Train`: [`LayerDevice::train_prepared`] with the order's positions and
-//!      slab rows, answer [`Event::BatchTrained`] with the engine's version;
+//!      slab rows (the engine uses the bottom hop sampled at the launch when
+//!      it skipped exactly these positions, else samples it again: the
+//!      `bottoms_ahead` / `bottoms_resampled` counts), answer
+//!      [`Event::BatchTrained`] with the engine's version;
 //!      `on_batch` sees the batch, and a callback's stop answers `Stop`. With
 //!      `device.loss_lag` > 1 the loss is deferred (`losses.rs`): read once
 //!      per super-batch (at `EndSuperBatch`, or every `loss_lag` batches),
@@ -73,12 +81,18 @@
 //!    worker's failure the workers are restarted on the next epoch.
 //!
 //! Trace (`acc stream compute` track): `launch` slices (with `super_batch`;
-//! `plan wait` inside when its plan was not ready), `sample ahead` (the
+//! `plan wait` inside when its plan was not ready, and the engine's `sample
+//! bottom ahead`: the bottom hops' kernels queued on the sampling stream and
+//! their read started), `sample ahead` (the
 //! engine's one `sample top` of the super-batch after it: kernels queued and a
 //! read started, no synchronization with `device.sample_ahead`), `gate`, `hot wait` (inside the gate), `train`
-//! (with `staleness_gap` = the batch's largest gap, the engine's `sample bottom`
-//! and `device step` inside), `loss read` (deferred losses: its `host_syncs`
-//! is 0), `publish` (with its `downloads` and `host_syncs`:
+//! (with `staleness_gap` = the batch's largest gap, the engine's `device step`
+//! inside, and in it `bottom read` at a super-batch's first batch — the wait
+//! for its bottom hops' read (an event, no synchronization) — and `sample bottom`
+//! only where the hop is sampled at train time: without `device.sample_ahead`,
+//! or when the batch's positions changed since its plan, then with
+//! `bottom_resampled`, also an arg of the `train` slice), `loss read`
+//! (deferred losses: its `host_syncs` is 0), `publish` (with its `downloads` and `host_syncs`:
 //! one per layer-0 tensor and none); instants `hot install` (rows, bytes host
 //! → device), `compute cold` (vertices), `hot carry` (rows carried into a
 //! super-batch's slab) and `hot rows` at a super-batch's end (rows `queued`,
@@ -100,7 +114,7 @@ use scheduler::{
 };
 
 use crate::data::dataset::Dataset;
-use crate::engine::{record_copies, HotStaging, HotUse, LayerDevice, TopBatch};
+use crate::engine::{record_copies, BottomBatch, HotStaging, HotUse, LayerDevice, TopBatch};
 use crate::error::{Error, Result, StopCause};
 use crate::executor::{BatchDone, EpochEnd, EpochRun, OnBatch};
 use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind};
@@ -1036,7 +1050,7 @@ impl<'a> Driver<'a> {
         if !self.planner.pending(super_batch) {
             // The run's first launch: this one and the next go to the planner
             // now, so the next is planned while this one's jobs go out.
-            self.submit(engine, super_batch, batches)?;
+            self.submit(engine, super_batch, batches.clone())?;
             if !next.1.is_empty() {
                 self.submit(engine, next.0, next.1)?;
             }
@@ -1075,7 +1089,23 @@ impl<'a> Driver<'a> {
                 split,
                 plan: ready.plan,
             })
-            .map_err(protocol_error)
+            .map_err(protocol_error)?;
+        // Its bottom hops, masked by the planned hot positions, on the
+        // sampling stream behind its top layers (`engine/hot.rs` step 1b).
+        let planned = self
+            .protocol
+            .planned_positions(super_batch)
+            .ok_or_else(|| internal(format!("no plan for super-batch {super_batch}")))?;
+        let masked = self.hot_grad == gpu_ops::HotGrad::Constant;
+        let bottoms: Vec<BottomBatch<'_>> = batches
+            .zip(&planned)
+            .map(|(k, positions)| BottomBatch {
+                key: k as u64,
+                seed: run.batch(k).seed,
+                skip: if masked { positions } else { &[] },
+            })
+            .collect();
+        engine.prepare_bottoms(&bottoms)
     }
 
     /// Samples the super-batch the last launch left for the planner (a
@@ -1327,6 +1357,7 @@ impl<'a> Driver<'a> {
         }
         let h2d_before = engine.h2d_bytes();
         let copies_before = engine.transfer_stats();
+        let bottoms_before = engine.bottom_counts();
         let b = run.batch(k);
         let deferred = (engine.loss_lag() > 1).then(|| self.losses.next_slot());
         let stats = engine.train_prepared(
@@ -1348,8 +1379,15 @@ impl<'a> Driver<'a> {
         // installs and the launch's downloads are not in it).
         let copies = engine.transfer_stats().since(&copies_before);
         record_copies(slice.args_mut(), &copies);
+        let bottoms = engine.bottom_counts();
+        let resampled = bottoms.resampled - bottoms_before.resampled;
+        self.stats.bottoms_ahead += bottoms.ahead - bottoms_before.ahead;
+        self.stats.bottoms_resampled += resampled;
         if let Some(a) = slice.args_mut() {
             a.extra.push(("hot_rows".into(), t.positions.len() as f64));
+            if resampled > 0 {
+                a.extra.push(("bottom_resampled".into(), resampled as f64));
+            }
         }
         drop(slice);
         let version = engine.version();

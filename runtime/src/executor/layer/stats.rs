@@ -31,6 +31,12 @@ pub struct OrchestrationStats {
     pub monitor_cached_rows: u64,
     /// Moves against the previous move's direction.
     pub monitor_reversals: u64,
+    /// Batches trained from a bottom hop sampled a super-batch ahead
+    /// (`device.sample_ahead`, `engine/hot.rs` step 1b).
+    pub bottoms_ahead: u64,
+    /// Batches whose bottom hop sampled ahead skipped other positions than
+    /// they trained with (late chunks left cold), sampled again at train time.
+    pub bottoms_resampled: u64,
 }
 
 impl OrchestrationStats {
@@ -49,6 +55,8 @@ impl OrchestrationStats {
             self.monitor_cached_rows = other.monitor_cached_rows;
         }
         self.monitor_reversals += other.monitor_reversals;
+        self.bottoms_ahead += other.bottoms_ahead;
+        self.bottoms_resampled += other.bottoms_resampled;
     }
 
     /// One line: the protocol's counts ([`ProtocolStats::summary`]), the time
@@ -60,6 +68,12 @@ impl OrchestrationStats {
             self.wait_secs,
             self.cpu_busy_secs
         );
+        if self.bottoms_ahead + self.bottoms_resampled > 0 {
+            line.push_str(&format!(
+                "; bottom hops: {} sampled ahead, {} resampled",
+                self.bottoms_ahead, self.bottoms_resampled
+            ));
+        }
         if self.monitor {
             line.push_str(&format!(
                 "; monitor: {} moves to cache ({} rows), {} to CPU ({} rows), {} rows cached, {} reversals",

@@ -19,8 +19,8 @@ use crate::cancel::CancelToken;
 use crate::data::dataset::Dataset;
 use crate::data::generate::{generate_sbm, SbmOptions};
 use crate::engine::{
-    DeviceEngine, EngineOptions, HotStaging, HotUse, LayerDevice, PendingLosses, PendingParams,
-    PreparedTops, TopBatch, TopsAhead,
+    BottomBatch, BottomCounts, DeviceEngine, EngineOptions, HotStaging, HotUse, LayerDevice,
+    PendingLosses, PendingParams, PreparedTops, TopBatch, TopsAhead,
 };
 use crate::error::{Result, StopCause};
 use crate::executor::{EpochEnd, EpochRun};
@@ -79,6 +79,12 @@ impl LayerDevice for Scripted {
     }
     fn adopt_tops(&mut self, tops: PreparedTops) -> Result<()> {
         self.inner.adopt_tops(tops)
+    }
+    fn prepare_bottoms(&mut self, batches: &[BottomBatch<'_>]) -> Result<()> {
+        self.inner.prepare_bottoms(batches)
+    }
+    fn bottom_counts(&self) -> BottomCounts {
+        self.inner.bottom_counts()
     }
     fn train_prepared(
         &mut self,
@@ -511,30 +517,65 @@ fn bf16_hot_install_refuses_unsealed_rows() {
 /// synchronization of the sampling stream (the read of their sizes and bottom
 /// destinations, which the planner thread waits for) and none of the compute
 /// stream — issue 22: three a batch on the compute stream before (two hops
-/// and a download). Without it the one read is the compute stream's.
+/// and a download) — and its bottom hops cost none of either (`engine/hot.rs`
+/// step 1b: one read of their sizes, finished at the super-batch's first
+/// batch by one event wait), where they took one synchronization of the
+/// compute stream per batch before. Without it both reads are the compute
+/// stream's.
 #[test]
 fn each_super_batch_s_top_layers_cost_one_sampling_synchronization() {
     let super_batches = 5;
-    let syncs: Vec<(u64, u64)> = [false, true]
+    let batches = super_batches * N;
+    let runs: Vec<((u64, u64, u64), BottomCounts)> = [false, true]
         .into_iter()
         .map(|ahead| {
             let mut r = rig_opts(gpu_ops::FeatureDtype::F32, ahead);
             let before = r.device.inner.syncs_by_stream();
-            r.train(super_batches * N, None);
+            let waits = r.device.inner.sampling_event_waits();
+            r.train(batches, None);
             let after = r.device.inner.syncs_by_stream();
-            (after.0 - before.0, after.1 - before.1)
+            let waits = r.device.inner.sampling_event_waits() - waits;
+            (
+                (after.0 - before.0, after.1 - before.1, waits),
+                r.device.bottom_counts(),
+            )
         })
         .collect();
-    let ((compute_off, sampling_off), (compute_on, sampling_on)) = (syncs[0], syncs[1]);
+    let (((compute_off, sampling_off, waits_off), off), ((compute_on, sampling_on, waits_on), on)) =
+        (runs[0], runs[1]);
+    eprintln!(
+        "{batches} batches, 2 layers: without sample_ahead {compute_off} compute / \
+         {sampling_off} sampling synchronizations and event waits {waits_off}; with it \
+         {compute_on} / {sampling_on}, {waits_on}"
+    );
     assert_eq!(sampling_off, 0, "no sibling without sample_ahead");
     assert_eq!(
+        off,
+        BottomCounts::default(),
+        "nothing sampled ahead without it"
+    );
+    // Under on_late = "wait" every batch trains with its planned positions.
+    assert_eq!(
+        on,
+        BottomCounts {
+            ahead: batches as u64,
+            resampled: 0
+        }
+    );
+    assert_eq!(
         sampling_on, super_batches as u64,
-        "one read per super-batch ({N} batches each)"
+        "one read of the top layers per super-batch ({N} batches each)"
+    );
+    assert_eq!(
+        (waits_off, waits_on),
+        (0, super_batches as u64),
+        "one event wait for the bottom hops' read per super-batch"
     );
     assert_eq!(
         compute_off - compute_on,
-        super_batches as u64,
-        "the reads moved off the compute stream ({compute_off} vs {compute_on})"
+        (super_batches + batches) as u64,
+        "the reads moved off the compute stream ({compute_off} vs {compute_on}): \
+         the top layers' one a super-batch, the bottom hop's one a batch"
     );
 }
 
@@ -547,15 +588,7 @@ fn each_super_batch_s_top_layers_cost_one_sampling_synchronization() {
 fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
     let r = rig();
     let ds = Arc::clone(&r.ds);
-    let mut engines: Vec<(bool, DeviceEngine<HostBackend>)> = [false, true]
-        .into_iter()
-        .map(|ahead| {
-            (
-                ahead,
-                rig_opts(gpu_ops::FeatureDtype::F32, ahead).device.inner,
-            )
-        })
-        .collect();
+    let mut engines = engines_with_and_without_sibling();
     let mut rng = cpu_ops::Rng::new(41);
     let mut scratch = cpu_ops::SamplerScratch::new(ds.num_vertices());
     let no_hot = HotUse {
@@ -565,23 +598,9 @@ fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
         grad: gpu_ops::HotGrad::default(),
     };
     for round in 0..3u64 {
-        let batches: Vec<(Vec<u32>, u64)> = (0..1 + rng.below(4))
-            .map(|_| {
-                let mut s: Vec<u32> = (0..ds.num_vertices() as u32).collect();
-                rng.shuffle(&mut s);
-                s.truncate(1 + rng.below(64) as usize);
-                (s, rng.next_u64())
-            })
-            .collect();
-        let tops: Vec<TopBatch<'_>> = batches
-            .iter()
-            .enumerate()
-            .map(|(i, (seeds, seed))| TopBatch {
-                key: 100 * round + i as u64,
-                seeds,
-                seed: *seed,
-            })
-            .collect();
+        let count = 1 + rng.below(4) as usize;
+        let batches = random_batches(&mut rng, ds.num_vertices(), count, (1, 64));
+        let tops = top_batches(&batches, round);
         let want: Vec<Vec<u32>> = batches
             .iter()
             .map(|(seeds, seed)| {
@@ -637,4 +656,191 @@ fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
     // A batch never adopted is not trained.
     let e = &mut engines[1].1;
     assert!(e.train_prepared(999, (&[1], 1), &no_hot, None).is_err());
+}
+
+/// The bottom hops sampled a super-batch ahead (`engine/hot.rs` step 1b)
+/// train bit for bit as the hops sampled at train time: with
+/// `hot_backward = "constant"` masked by the planned hot positions — a batch
+/// trained with fewer positions (late chunks left cold under `on_late =
+/// "compute"`) samples its hop again, counted — and with `"aggregate"`
+/// unmasked. Queueing them synchronizes nothing; the super-batch's first batch
+/// finishes their one read with an event wait, no synchronization; each hop
+/// used ahead saves the compute stream one synchronization.
+#[test]
+fn bottom_hops_sampled_ahead_train_as_at_train_time_and_resample_when_the_mask_changed() {
+    use crate::engine::ModelState;
+    let r = rig();
+    let ds = Arc::clone(&r.ds);
+    let mut engines = engines_with_and_without_sibling();
+    // Slab 0 holds 40 rows of fixed values on both engines.
+    let slab_rows = 40usize;
+    for (_, e) in &mut engines {
+        let w = e.hot_width();
+        e.hot_slab_reserve(0, slab_rows).unwrap();
+        let mut staging = e.new_staging(slab_rows).unwrap();
+        for (i, x) in staging.rows_mut()[..slab_rows * w].iter_mut().enumerate() {
+            *x = ((i * 37 % 101) as f32 - 50.0) / 70.0;
+        }
+        staging.seal(slab_rows);
+        e.hot_install(0, 0, slab_rows, &mut *staging).unwrap();
+    }
+    let mut rng = cpu_ops::Rng::new(43);
+    for (round, grad) in [
+        gpu_ops::HotGrad::Constant,
+        gpu_ops::HotGrad::Aggregate,
+        gpu_ops::HotGrad::Constant,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let round = round as u64;
+        let batches = random_batches(&mut rng, ds.num_vertices(), 4, (8, 40));
+        let tops = top_batches(&batches, round);
+        let mut per_engine = Vec::new();
+        for (ahead, e) in &mut engines {
+            let read = e.prepare_tops(&tops).unwrap().wait().unwrap();
+            let bottoms = read.bottoms.clone();
+            e.adopt_tops(read.tops).unwrap();
+            // Planned: every other position past the seeds (they never take
+            // a hot row), slab rows in turn.
+            let planned: Vec<Vec<u32>> = bottoms
+                .iter()
+                .zip(&batches)
+                .map(|(b, (seeds, _))| (seeds.len() as u32..b.len() as u32).step_by(2).collect())
+                .collect();
+            let masked = grad == gpu_ops::HotGrad::Constant;
+            let bottom_batches: Vec<BottomBatch<'_>> = tops
+                .iter()
+                .zip(&planned)
+                .map(|(t, p)| BottomBatch {
+                    key: t.key,
+                    seed: t.seed,
+                    skip: if masked { p } else { &[] },
+                })
+                .collect();
+            let syncs = e.syncs_by_stream();
+            e.prepare_bottoms(&bottom_batches).unwrap();
+            assert_eq!(
+                e.syncs_by_stream(),
+                syncs,
+                "queued without a synchronization"
+            );
+            let counts = e.bottom_counts();
+            let mut losses = Vec::new();
+            for (i, t) in tops.iter().enumerate() {
+                // Batch 1 leaves its first planned positions cold.
+                let positions: Vec<u32> = match i {
+                    1 => planned[i].iter().skip(2).copied().collect(),
+                    _ => planned[i].clone(),
+                };
+                let rows: Vec<u32> = (0..positions.len())
+                    .map(|j| ((j * 7 + i) % slab_rows) as u32)
+                    .collect();
+                let before = e.syncs_by_stream();
+                let waits = e.sampling_event_waits();
+                let (loss, correct) = e
+                    .train_prepared(
+                        t.key,
+                        (t.seeds, t.seed),
+                        &HotUse {
+                            slab: 0,
+                            positions: &positions,
+                            rows: &rows,
+                            grad,
+                        },
+                        None,
+                    )
+                    .unwrap()
+                    .unwrap();
+                let after = e.syncs_by_stream();
+                let waits = e.sampling_event_waits() - waits;
+                let read_now = u64::from(*ahead && i == 0);
+                assert_eq!(
+                    (after.1 - before.1, waits),
+                    (0, read_now),
+                    "round {round}, batch {i}: the read is finished by the first batch, \
+                     with an event wait"
+                );
+                losses.push((loss.to_bits(), correct, after.0 - before.0));
+            }
+            let got = e.bottom_counts();
+            let resampled = u64::from(masked && planned[1].len() > 2);
+            let want = if *ahead {
+                BottomCounts {
+                    ahead: counts.ahead + 4 - resampled,
+                    resampled: counts.resampled + resampled,
+                }
+            } else {
+                BottomCounts::default()
+            };
+            assert_eq!(got, want, "round {round}, ahead {ahead}");
+            per_engine.push(losses);
+        }
+        let (off, on) = (&per_engine[0], &per_engine[1]);
+        for (i, (a, b)) in off.iter().zip(on).enumerate() {
+            assert_eq!((a.0, a.1), (b.0, b.1), "round {round}, batch {i}: loss");
+            // A hop used ahead saves the compute stream its synchronization.
+            let saved = u64::from(!(i == 1 && grad == gpu_ops::HotGrad::Constant));
+            assert_eq!(a.2 - b.2, saved, "round {round}, batch {i}: compute syncs");
+        }
+    }
+    assert_eq!(
+        engines[0].1.params_to_host().unwrap(),
+        engines[1].1.params_to_host().unwrap()
+    );
+    // A batch never prepared is not trained; forgetting drops the hops too.
+    let e = &mut engines[1].1;
+    e.discard_prepared();
+    let no_hot = HotUse {
+        slab: 0,
+        positions: &[],
+        rows: &[],
+        grad: gpu_ops::HotGrad::Constant,
+    };
+    assert!(e.train_prepared(0, (&[1], 1), &no_hot, None).is_err());
+}
+
+/// `count` batches of distinct random seeds below `n`, `lo + below(span)`
+/// each, with random seeds.
+fn random_batches(
+    rng: &mut cpu_ops::Rng,
+    n: usize,
+    count: usize,
+    (lo, span): (usize, u64),
+) -> Vec<(Vec<u32>, u64)> {
+    (0..count)
+        .map(|_| {
+            let mut s: Vec<u32> = (0..n as u32).collect();
+            rng.shuffle(&mut s);
+            s.truncate(lo + rng.below(span) as usize);
+            (s, rng.next_u64())
+        })
+        .collect()
+}
+
+/// `batches` as top batches of round `round` (keys `100 · round + i`).
+fn top_batches(batches: &[(Vec<u32>, u64)], round: u64) -> Vec<TopBatch<'_>> {
+    batches
+        .iter()
+        .enumerate()
+        .map(|(i, (seeds, seed))| TopBatch {
+            key: 100 * round + i as u64,
+            seeds,
+            seed: *seed,
+        })
+        .collect()
+}
+
+/// Two fp32 rig engines: without (`false`) and with (`true`) the sampling
+/// sibling (`device.sample_ahead`).
+fn engines_with_and_without_sibling() -> Vec<(bool, DeviceEngine<HostBackend>)> {
+    [false, true]
+        .into_iter()
+        .map(|ahead| {
+            (
+                ahead,
+                rig_opts(gpu_ops::FeatureDtype::F32, ahead).device.inner,
+            )
+        })
+        .collect()
 }
