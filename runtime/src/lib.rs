@@ -143,6 +143,7 @@ pub(crate) mod cancel;
 pub(crate) mod checkpoint;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub(crate) mod clock;
 pub mod config;
 pub mod data;
 pub mod dist;

@@ -21,20 +21,21 @@
 
 use rayon::ThreadPool;
 
-use crate::config::PinPolicy;
 use crate::error::{Error, Result};
 
 /// Builds the compute pool: `threads` workers (0: one per core, or
-/// `RAYON_NUM_THREADS` when set), named `tandem-compute-<i>`, pinned as `pin` says.
-pub fn build_pool(threads: usize, pin: PinPolicy) -> Result<ThreadPool> {
+/// `RAYON_NUM_THREADS` when set), named `tandem-compute-<i>`, each bound to a
+/// core when `pin_cores` (`threads.pin = "cores"`).
+pub fn build_pool(threads: usize, pin_cores: bool) -> Result<ThreadPool> {
     let builder = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("tandem-compute-{i}"));
-    match pin {
-        PinPolicy::None => builder
+    if pin_cores {
+        pinned(builder)
+    } else {
+        builder
             .build()
-            .map_err(|e| Error::invalid_argument("threads.compute", e.to_string())),
-        PinPolicy::Cores => pinned(builder),
+            .map_err(|e| Error::invalid_argument("threads.compute", e.to_string()))
     }
 }
 
@@ -170,7 +171,7 @@ mod tests {
 
     #[test]
     fn unpinned_pool_has_the_configured_size_and_names() {
-        let pool = build_pool(3, PinPolicy::None).unwrap();
+        let pool = build_pool(3, false).unwrap();
         assert_eq!(pool.current_num_threads(), 3);
         let names = pool.broadcast(|_| std::thread::current().name().map(String::from));
         for (i, n) in names.iter().enumerate() {
@@ -181,7 +182,7 @@ mod tests {
     #[cfg(not(feature = "hwloc"))]
     #[test]
     fn pinning_without_hwloc_is_an_error_naming_the_feature() {
-        let e = build_pool(2, PinPolicy::Cores).unwrap_err().to_string();
+        let e = build_pool(2, true).unwrap_err().to_string();
         assert!(e.contains("threads.pin") && e.contains("hwloc"), "{e}");
     }
 
@@ -191,7 +192,7 @@ mod tests {
         let pinner = hwloc::CorePinner::new().unwrap();
         // More workers than cores exercises the wrap-around too.
         let workers = pinner.cores().len() + 1;
-        let pool = build_pool(workers, PinPolicy::Cores).unwrap();
+        let pool = build_pool(workers, true).unwrap();
         let got = pool.broadcast(|ctx| (ctx.index(), pinner.current_thread_binding()));
         assert_eq!(got.len(), workers);
         for (i, binding) in got {
@@ -199,7 +200,7 @@ mod tests {
             assert_eq!(&binding, pinner.core_for(i), "worker {i}");
         }
         // The calling thread is not a worker and stays unbound by the pool.
-        let unpinned = build_pool(1, PinPolicy::None).unwrap();
+        let unpinned = build_pool(1, false).unwrap();
         let free = unpinned.install(|| pinner.current_thread_binding().unwrap());
         assert!(pinner.cores().iter().all(|c| free.includes(c)), "{free}");
     }

@@ -17,8 +17,6 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use crate::atomic::write_file_atomically;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
@@ -31,49 +29,9 @@ pub const METRICS_FILE: &str = "metrics.jsonl";
 /// File name of the checkpoint.
 pub const CHECKPOINT_FILE: &str = "checkpoint.tck";
 
-/// One line of `metrics.jsonl`: an epoch's statistics. Accuracies are `null` in
-/// epochs without evaluation.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct EpochRecord {
-    /// 0-based epoch.
-    pub epoch: usize,
-    /// Mean training loss.
-    pub loss: f64,
-    /// Training accuracy.
-    pub train_acc: f64,
-    /// Validation accuracy.
-    pub val_acc: Option<f64>,
-    /// Test accuracy.
-    pub test_acc: Option<f64>,
-    /// Seconds training.
-    pub train_secs: f64,
-    /// Seconds evaluating.
-    pub eval_secs: f64,
-    /// Training batches.
-    pub batches: usize,
-    /// Optimizer steps at the end of the epoch.
-    pub steps: u64,
-}
-
-impl From<&EpochStats> for EpochRecord {
-    fn from(s: &EpochStats) -> Self {
-        Self {
-            epoch: s.epoch,
-            loss: s.loss,
-            train_acc: s.train_acc,
-            val_acc: s.val_acc,
-            test_acc: s.test_acc,
-            train_secs: s.train_secs,
-            eval_secs: s.eval_secs,
-            batches: s.batches,
-            steps: s.steps,
-        }
-    }
-}
-
 /// The JSON line of an epoch (no newline). Non-finite numbers become `null`.
 pub fn epoch_json(s: &EpochStats) -> String {
-    serde_json::to_string(&EpochRecord::from(s))
+    serde_json::to_string(s)
         .unwrap_or_else(|e| format!("{{\"epoch\":{},\"error\":\"{e}\"}}", s.epoch))
 }
 
@@ -191,7 +149,7 @@ mod tests {
         }
     }
 
-    fn records(dir: &Path) -> Vec<EpochRecord> {
+    fn records(dir: &Path) -> Vec<EpochStats> {
         std::fs::read_to_string(dir.join(METRICS_FILE))
             .unwrap()
             .lines()
@@ -212,7 +170,7 @@ mod tests {
         assert_eq!(TrainConfig::from_toml(&text, Path::new("c")).unwrap(), cfg);
         let r = records(&out);
         assert_eq!(r.len(), 3);
-        assert_eq!(r[1], EpochRecord::from(&stats(1)));
+        assert_eq!(r[1], stats(1));
         assert_eq!(r[0].val_acc, None);
         // Only our three files, no temporaries.
         assert_eq!(std::fs::read_dir(&out).unwrap().count(), 2);

@@ -253,7 +253,10 @@ impl TrainerBuilder {
                 check_given_pool(&cfg, &pool)?;
                 pool
             }
-            None => Arc::new(build_pool(cfg.compute_threads(), cfg.threads.pin)?),
+            None => Arc::new(build_pool(
+                cfg.compute_threads(),
+                cfg.threads.pin == PinPolicy::Cores,
+            )?),
         };
         let ds = match dataset {
             Some(ds) => {

@@ -85,8 +85,10 @@ pub struct BatchMetrics {
     pub step: u64,
 }
 
-/// What one epoch did, as [`Callback::on_epoch`] and `Trainer::fit` report it.
-#[derive(Clone, Debug, PartialEq)]
+/// What one epoch did, as [`Callback::on_epoch`] and `Trainer::fit` report it,
+/// and as `tandem train --out` writes it to `metrics.jsonl`, one JSON object
+/// per epoch (the fields up to `steps`; non-finite numbers as `null`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EpochStats {
     /// 0-based epoch index.
     pub epoch: usize,
@@ -108,12 +110,16 @@ pub struct EpochStats {
     pub steps: u64,
     /// What layer-based orchestration did this epoch (`None` without embedding
     /// reuse): staleness gaps, waits, vertices computed cold, CPU jobs.
+    #[serde(skip)]
     pub orchestration: Option<OrchestrationStats>,
     /// `policy = "auto"` was still measuring placements during this epoch.
+    #[serde(skip)]
     pub calibrating: bool,
     /// What `policy = "auto"` chose, and why, in the epoch it decided.
+    #[serde(skip)]
     pub auto_choice: Option<String>,
     /// Batches skipped for a non-finite loss (`train.on_nonfinite = "skip-batch"`).
+    #[serde(skip)]
     pub skipped_batches: usize,
 }
 

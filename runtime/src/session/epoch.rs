@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
 use cpu_ops::{derive_seed, Rng};
 
@@ -109,7 +108,7 @@ impl Trainer {
         self.pos.epoch = e + 1;
         let every = self.cfg.train.eval_every;
         let eval_now = e + 1 == target || (every > 0 && (e + 1).is_multiple_of(every));
-        let t = Instant::now();
+        let t = self.clock.now();
         let (val_acc, test_acc) = if eval_now {
             let (v, t) = self.evaluate_val_test_here()?;
             (Some(v), Some(t))
@@ -124,7 +123,7 @@ impl Trainer {
             val_acc,
             test_acc,
             train_secs: pos.train_secs,
-            eval_secs: t.elapsed().as_secs_f64(),
+            eval_secs: self.clock.now().saturating_sub(t).as_secs_f64(),
             batches: pos.batch,
             steps: self.steps(),
             orchestration: self.orchestration_stats().cloned(),
@@ -181,7 +180,7 @@ impl Trainer {
     /// callback asked to stop after the last batch; a cancel or a stop before it
     /// is [`Error::Cancelled`].
     fn train_batches(&mut self) -> Result<bool> {
-        let t = Instant::now();
+        let t = self.clock.now();
         let epoch = self.pos.epoch;
         let (base, order) = self.epoch_order(epoch);
         let batches: Vec<&[u32]> = order.chunks(self.cfg.train.batch_size).collect();
@@ -196,6 +195,7 @@ impl Trainer {
             acc_track,
             on_nonfinite,
             skipped,
+            clock,
             ..
         } = self;
         let run = EpochRun {
@@ -209,6 +209,7 @@ impl Trainer {
             tracer,
             acc_track: *acc_track,
             cancel,
+            clock: &**clock,
         };
         let mut books = Books {
             pos,
@@ -219,7 +220,7 @@ impl Trainer {
             batches: &batches,
         };
         let end = exec.train(&run, &mut |d: &BatchDone| books.batch(d));
-        books.pos.train_secs += t.elapsed().as_secs_f64();
+        books.pos.train_secs += clock.now().saturating_sub(t).as_secs_f64();
         match end? {
             EpochEnd::Finished(stop) => Ok(stop),
             EpochEnd::Stopped(k, cause) => Err(Error::Cancelled {

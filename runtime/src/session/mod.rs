@@ -67,13 +67,13 @@ use std::sync::Arc;
 use rayon::ThreadPool;
 
 use crate::checkpoint::Position;
-use crate::config::{OnNonFiniteKind, TrainConfig};
+use crate::clock::SharedClock;
+use crate::config::{OnNonFiniteKind, PinPolicy, TrainConfig};
 use crate::data::dataset::{open_dataset, Dataset, SplitSpec, Verify};
 use crate::data::generate::{generate_sbm, SbmOptions};
 use crate::dist::DistStats;
 use crate::embedding::Embeddings;
 use crate::error::{Error, Result};
-use crate::executor::layer::clock::SharedClock;
 use crate::executor::{DistSetup, EpochEnd, EpochRun, Executor, OrchestrationStats};
 use crate::placement::{place, PlacementInput, SetupSinks};
 use crate::pool::build_pool;
@@ -150,6 +150,8 @@ pub struct Trainer {
     skipped: usize,
     /// The ranks of a distributed job ([`crate::dist::Solo`] unless set).
     dist: Dist,
+    /// Every batch, epoch and measurement time is read from it (`crate::clock`).
+    clock: SharedClock,
 }
 
 /// A failed [`Trainer::set_communicator`] left no executor behind.
@@ -197,7 +199,7 @@ impl Trainer {
     /// the trainer keeps the `Arc` and copies none of its arrays.
     pub fn new(ds: impl Into<Arc<Dataset>>, cfg: TrainConfig) -> Result<Self> {
         cfg.validate()?;
-        let pool = build_pool(cfg.compute_threads(), cfg.threads.pin)?;
+        let pool = build_pool(cfg.compute_threads(), cfg.threads.pin == PinPolicy::Cores)?;
         Self::with_pool(ds.into(), cfg, Arc::new(pool), 0, SetupSinks::default())
     }
 
@@ -211,17 +213,19 @@ impl Trainer {
         sinks: SetupSinks,
     ) -> Result<Self> {
         let p = Arc::clone(&pool);
-        p.install(move || Self::assemble(ds, cfg, pool, gpu_offset, None, &sinks))
+        let clock = crate::clock::wall_clock();
+        p.install(move || Self::assemble(ds, cfg, pool, gpu_offset, (clock, false), &sinks))
     }
 
-    /// `measure_on_host`: `policy = "auto"` measures on the host backend too,
-    /// on that clock (tests of its mechanics; `crate::placement`).
+    /// `(clock, measure_on_host)`: the clock every time is read from, and
+    /// whether `policy = "auto"` measures on the host backend too (tests of its
+    /// mechanics; `crate::placement`).
     fn assemble(
         ds: Arc<Dataset>,
         cfg: TrainConfig,
         pool: Arc<ThreadPool>,
         gpu_offset: usize,
-        measure_on_host: Option<SharedClock>,
+        (clock, measure_on_host): (SharedClock, bool),
         sinks: &SetupSinks,
     ) -> Result<Self> {
         cfg.validate()?;
@@ -243,6 +247,7 @@ impl Trainer {
             train_ids: &train,
             gpu_offset,
             pool_threads: pool.current_num_threads(),
+            clock: Arc::clone(&clock),
             measure_on_host,
             sinks,
         })?;
@@ -260,6 +265,7 @@ impl Trainer {
             },
             skipped: 0,
             dist: Dist::solo(),
+            clock,
             splits: Splits {
                 val: ds.val_ids(),
                 test: ds.test_ids(),
@@ -489,7 +495,7 @@ impl Trainer {
     /// backend as it would on a GPU.
     #[cfg(test)]
     pub(crate) fn measuring_on_host(ds: Dataset, cfg: TrainConfig) -> Result<Self> {
-        Self::measuring_on_host_with_clock(ds, cfg, crate::executor::layer::clock::wall_clock())
+        Self::measuring_on_host_with_clock(ds, cfg, crate::clock::wall_clock())
     }
 
     /// Test seam: [`Trainer::measuring_on_host`] timing on `clock` (a
@@ -500,7 +506,10 @@ impl Trainer {
         cfg: TrainConfig,
         clock: SharedClock,
     ) -> Result<Self> {
-        let pool = Arc::new(build_pool(cfg.compute_threads(), cfg.threads.pin)?);
+        let pool = Arc::new(build_pool(
+            cfg.compute_threads(),
+            cfg.threads.pin == PinPolicy::Cores,
+        )?);
         let p = Arc::clone(&pool);
         p.install(move || {
             Self::assemble(
@@ -508,7 +517,7 @@ impl Trainer {
                 cfg,
                 pool,
                 0,
-                Some(clock),
+                (clock, true),
                 &SetupSinks::default(),
             )
         })

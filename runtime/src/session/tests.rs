@@ -424,7 +424,7 @@ mod auto {
     /// A trainer of `c` measuring on a scripted clock that a callback moves by
     /// `cost(epoch)` per batch (whatever the placement), and its tracer.
     fn scripted_trainer(c: TrainConfig, cost: fn(usize) -> f64) -> (Trainer, Tracer) {
-        use crate::executor::layer::clock::ManualClock;
+        use crate::clock::ManualClock;
         let clock = ManualClock::new();
         let ds = load_dataset(&c).expect("dataset");
         let mut t =

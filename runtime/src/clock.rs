@@ -1,6 +1,10 @@
-//! Time for the orchestration's measurements, injectable so that decisions made
-//! from measured time (the hybrid monitor, `policy = "auto"`) are tested with
-//! scripted time instead of the wall clock.
+//! The one clock of the runtime: every duration that decides something or is
+//! reported (batch and epoch times, the hybrid monitor's windows, `policy =
+//! "auto"`'s measurements, the all-reduce time of a data-parallel step) is read
+//! from a [`SharedClock`], so tests run those decisions on scripted time
+//! ([`ManualClock`]) instead of the wall clock. A leaf: it imports nothing from
+//! the crate. (Trace timestamps keep their own origin in `trace/recorder.rs`:
+//! they order slices, they decide nothing.)
 //!
 //! A hand-written trait rather than a crate: the runtime only needs "seconds since
 //! an origin", shared across threads, and a test double that advances on demand.
