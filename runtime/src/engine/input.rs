@@ -105,7 +105,7 @@ impl<B: Backend> DeviceEngine<B> {
     /// Step 2: the sparse store, built on first use.
     pub(super) fn sparse_store(&mut self) -> Result<&SparseStore<B>> {
         if self.sparse.is_none() {
-            let f = &self.host.ds().features;
+            let f = &self.ds.features;
             let host = Arc::new(sparse_rows_where(f, |_| true)?);
             let dev = self
                 .dev
@@ -120,7 +120,7 @@ impl<B: Backend> DeviceEngine<B> {
 
     /// Step 3: the input rows of `ids` (device ids, `n` of them): sparse or
     /// dense, from the device store or, with a row source, from the host.
-    pub(super) fn gather_input(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<Input<B>> {
+    pub(crate) fn gather_input(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<Input<B>> {
         if !self.opts.sparse {
             return Ok(Input::Dense(self.gather(ids, n)?));
         }
@@ -143,7 +143,7 @@ impl<B: Backend> DeviceEngine<B> {
     /// from the row source when there is one — and uploaded. Returns the rows
     /// and the host bytes gathered (an `exchange` slice records what crossed
     /// between ranks).
-    pub(super) fn host_input(&mut self, ids: &[u32]) -> Result<(Input<B>, u64)> {
+    pub(crate) fn host_input(&mut self, ids: &[u32]) -> Result<(Input<B>, u64)> {
         if !self.opts.sparse {
             let values = self.gather_on_host(ids)?;
             return Ok((
@@ -164,7 +164,7 @@ impl<B: Backend> DeviceEngine<B> {
                         // A source without sparse rows: dense rows, then sparse.
                         let mut dense = Vec::new();
                         x.set_bytes(src.gather(ids, &mut dense)?);
-                        let dim = self.host.ds().features.dim();
+                        let dim = self.ds.features.dim();
                         SparseRows::from_dense(&dense, ids.len(), dim)
                             .map_err(|e| Error::cpu_ops("sparse input rows", e))?
                     }
@@ -185,8 +185,97 @@ impl<B: Backend> DeviceEngine<B> {
         Ok((Input::Sparse(x), bytes))
     }
 
+    /// [`DeviceEngine::gather`] of a training batch, whose feature-cache misses'
+    /// rows [`DeviceEngine::settle_gather_misses`] adds to the host → device
+    /// counter after the step. The counts are not read here: on CUDA they reach
+    /// `cache_stats` at the next synchronization (the loss read), so reading them
+    /// now would cost one more per batch.
+    pub(crate) fn gather_counted(&mut self, ids: &B::Buf<u32>, n: usize) -> Result<Input<B>> {
+        // Current: the last batch (or evaluation) ended with a synchronization.
+        self.misses_before = Some(super::ModelState::cache_stats(self).misses);
+        self.gather_input(ids, n)
+    }
+
+    /// Adds the rows the batch's gather read from host memory (cache misses
+    /// since [`DeviceEngine::gather_counted`]) to the host → device counter.
+    /// Call after the step's synchronization.
+    pub(crate) fn settle_gather_misses(&mut self) {
+        if let Some(before) = self.misses_before.take() {
+            let misses = super::ModelState::cache_stats(self)
+                .misses
+                .saturating_sub(before);
+            self.h2d += misses * self.ds.features.dim() as u64 * 4;
+        }
+    }
+
+    /// Gathers the rows of `ids` on the host into the reused host buffer that
+    /// [`DeviceEngine::upload_gathered`] reads: bfloat16 bits (`host_bits`)
+    /// when the device takes bfloat16 rows (`device.feature_dtype = "bf16"`),
+    /// else f32 values (`host_rows`). Rows come from the row source when there
+    /// is one (an `exchange` slice with its bytes; bfloat16 rows that travelled
+    /// as bfloat16 are never widened on the host), else from the dataset.
+    /// Returns the number of values.
+    pub(crate) fn gather_on_host(&mut self, ids: &[u32]) -> Result<usize> {
+        let bf16 = self.opts.feature_dtype == gpu_ops::FeatureDtype::Bf16;
+        let features = &self.ds.features;
+        match &self.rows {
+            Some(src) => {
+                let mut x = self.tracer.slice("exchange");
+                let bytes = if bf16 {
+                    src.gather_bf16(ids, &mut self.host_bits)?
+                } else {
+                    src.gather(ids, &mut self.host_rows)?
+                };
+                x.set_bytes(bytes);
+            }
+            None => {
+                self.host_rows.resize(ids.len() * features.dim(), 0.0);
+                cpu_ops::gather_rows(features, ids, &mut self.host_rows)
+                    .map_err(|e| Error::cpu_ops("gather", e))?;
+                if bf16 {
+                    self.host_bits.clear();
+                    self.host_bits
+                        .extend(self.host_rows.iter().map(|&v| gpu_ops::f32_to_bf16_bits(v)));
+                }
+            }
+        }
+        Ok(ids.len() * features.dim())
+    }
+
+    /// Uploads the `need` values [`DeviceEngine::gather_on_host`] left into the
+    /// reused input buffer. Bfloat16 rows travel as bfloat16 (half the bytes,
+    /// rounded as the device's bfloat16 store rounds, so every placement trains
+    /// on the same values) and are widened on the device.
+    pub(crate) fn upload_gathered(&mut self, need: usize) -> Result<B::Buf<f32>> {
+        let mut x = take_at_least(&*self.dev, &mut self.x, need, "input buffer")?;
+        if self.opts.feature_dtype == gpu_ops::FeatureDtype::Bf16 {
+            let host = self.host_bits.get(..need).ok_or_else(|| {
+                Error::invalid_argument("gathered rows", "internal: fewer than needed")
+            })?;
+            let mut bits =
+                take_at_least(&*self.dev, &mut self.bits, need, "bfloat16 input buffer")?;
+            let up = self
+                .dev
+                .upload(self.dev.stream(), host, &mut bits)
+                .and_then(|()| self.dev.widen_bf16(&bits, need, &mut x))
+                .map_err(dev_err("uploading gathered rows as bfloat16"));
+            self.bits = Some(bits);
+            up?;
+            self.h2d += (need * 2) as u64;
+        } else {
+            let host = self.host_rows.get(..need).ok_or_else(|| {
+                Error::invalid_argument("gathered rows", "internal: fewer than needed")
+            })?;
+            self.dev
+                .upload(self.dev.stream(), host, &mut x)
+                .map_err(dev_err("uploading gathered rows"))?;
+            self.h2d += (need * 4) as u64;
+        }
+        Ok(x)
+    }
+
     /// Keeps a dense input buffer for the next gather.
-    pub(super) fn recycle(&mut self, x: Input<B>) {
+    pub(crate) fn recycle(&mut self, x: Input<B>) {
         if let Input::Dense(x) = x {
             self.x = Some(x);
         }
@@ -215,9 +304,9 @@ impl<B: Backend> DeviceEngine<B> {
     /// evaluation), dense or sparse as training reads them.
     pub(super) fn scaled_rows(&mut self, ids: &[u32], scale: Option<&[f32]>) -> Result<Input<B>> {
         if !self.opts.sparse {
-            let dim = self.host.ds().features.dim();
+            let dim = self.ds.features.dim();
             let mut x = vec![0.0f32; ids.len() * dim];
-            cpu_ops::gather_rows(&self.host.ds().features, ids, &mut x)
+            cpu_ops::gather_rows(&self.ds.features, ids, &mut x)
                 .map_err(|e| Error::cpu_ops("input rows", e))?;
             if let Some(s) = scale {
                 for (row, &c) in x.chunks_mut(dim.max(1)).zip(s) {

@@ -13,11 +13,12 @@
 //!    and backward keep (counted as four per row, a conservative bound for GCN,
 //!    SAGE and GAT), the sampled edges (16 bytes each), twice (a batch sampled
 //!    ahead while one trains); plus the blocks of the batches a device sampler
-//!    keeps ahead (`device.sample_ahead`: up to twice `SAMPLE_GROUP` = 16
+//!    keeps ahead (`device.sample_ahead`, `engine/sibling.rs`: up to
+//!    `AHEAD_BATCHES` = twice `SAMPLE_GROUP` = 16
 //!    batches, each a block's local ids, 4 bytes an edge, its sources' ids, 4
 //!    bytes a row, and its offsets, 8 bytes a destination). The layer path
 //!    keeps two super-batches' blocks ahead instead — top layers and bottom
-//!    hops (`engine/hot.rs` steps 1 and 1b), `2N` whole batches — which
+//!    hops (`executor/layer/device/` steps 1 and 1b), `2N` whole batches — which
 //!    that bound covers for `orchestration.super_batch` `N ≤ 8`; step 8
 //!    counts the `2N − 16` batches beyond it.
 //!
@@ -35,7 +36,7 @@
 //!
 //! # The layer path's hot rows ([`layer_bytes`])
 //! 8. **Layer-based orchestration** keeps, beyond a step's working set, the
-//!    device buffers of `engine/hot.rs` for a CPU share of at most `H` hot rows
+//!    device buffers of `executor/layer/device/` for a CPU share of at most `H` hot rows
 //!    of layer 0's output width `W` (fp32: 4 bytes a value):
 //!    - the two hot-row **slabs** (super-batches `j` and `j + 1`, pipeline
 //!      depth 1), each grown to a queue's rows plus 25%; a queue is at most
@@ -118,7 +119,7 @@ pub struct LayerBytes {
     /// The largest buffer alive twice while it grows.
     pub growth: u64,
     /// The blocks of the `2N` batches sampled ahead beyond the
-    /// `2 · SAMPLE_GROUP` step 4 counts (`N > 8`).
+    /// `AHEAD_BATCHES` step 4 counts (`N > 8`).
     pub blocks: u64,
 }
 
@@ -133,7 +134,7 @@ impl LayerBytes {
     }
 }
 
-/// `rows` plus 25%: what `engine/hot.rs` allocates when a buffer grows to
+/// `rows` plus 25%: what `executor/layer/device/` allocates when a buffer grows to
 /// `rows`.
 fn grown(rows: u64) -> u64 {
     rows.saturating_add(rows / 4)
@@ -224,8 +225,7 @@ pub fn layer_bytes(hot_rows: u64, shape: &LayerShape) -> LayerBytes {
     } else {
         (0, 0)
     };
-    let beyond =
-        (2 * shape.super_batch).saturating_sub(2 * crate::executor::step::SAMPLE_GROUP as u64);
+    let beyond = (2 * shape.super_batch).saturating_sub(super::sibling::AHEAD_BATCHES as u64);
     LayerBytes {
         slabs: slab.saturating_mul(2),
         store,
@@ -284,7 +284,7 @@ pub(crate) fn estimate(
     for &r in &rows {
         floats = floats.saturating_add(r.saturating_mul(width).saturating_mul(4));
     }
-    let ahead = (2 * crate::executor::step::SAMPLE_GROUP as u64).saturating_mul(kept);
+    let ahead = (super::sibling::AHEAD_BATCHES as u64).saturating_mul(kept);
     let batch = (2 * (floats.saturating_mul(4)).saturating_add(edges.saturating_mul(16)))
         .saturating_add(ahead);
     MemoryNeed {
@@ -512,74 +512,6 @@ mod tests {
             "6.00 GiB",
         ] {
             assert!(e.contains(key), "{key}: {e}");
-        }
-    }
-
-    /// The estimate of step 8 is what the engine allocates: both slabs (with
-    /// their bfloat16 mirrors) and the store exactly, the scratch at most, for
-    /// a queue below and at the super-batch bound, fp32 and bf16 rows.
-    #[test]
-    fn the_layer_estimate_is_what_the_engine_allocates() {
-        use super::super::{DeviceEngine, EngineOptions, LayerDevice, LayerReserve};
-        use gpu_ops::{FeatureDtype, HostBackend};
-        use std::sync::Arc;
-        let d = Arc::new(ds());
-        let model = cfg(8);
-        for dtype in [FeatureDtype::F32, FeatureDtype::Bf16] {
-            // 2 batches of 64 seeds, fanouts [5, 5]: b₀ = 64 · 6 = 384, so a
-            // queue is at most 768 rows; hot sets below and above that.
-            for hot in [300u64, 900] {
-                let layer = LayerReserve {
-                    hot_rows: hot,
-                    super_batch: 2,
-                    store: true,
-                    fixed: true,
-                };
-                let mut e = DeviceEngine::new(
-                    HostBackend::new(),
-                    &d,
-                    &model,
-                    EngineOptions {
-                        feature_dtype: dtype,
-                        layer,
-                        ..EngineOptions::for_tests(vec![5, 5], 64)
-                    },
-                )
-                .unwrap();
-                assert_eq!(e.layer_rows_limit(), hot);
-                let shape = LayerShape {
-                    width: 8,
-                    super_batch: 2,
-                    bottom_rows: bottom_rows(1000, 64, &[5, 5]),
-                    bf16: dtype == FeatureDtype::Bf16,
-                    store: true,
-                    batch_blocks: batch_block_bytes(1000, 0, 64, &[5, 5]),
-                };
-                assert_eq!(shape.bottom_rows, 384);
-                let est = layer_bytes(hot, &shape);
-                // The largest queue, both slabs; the hottest row kept (the
-                // store at its largest), then a whole queue carried back.
-                let q = hot.min(768) as usize;
-                e.hot_slab_reserve(0, q).unwrap();
-                e.hot_slab_reserve(1, q).unwrap();
-                e.hot_keep(0, &[0], &[hot as u32 - 1]).unwrap();
-                let rows: Vec<u32> = (0..q as u32).collect();
-                e.hot_keep(1, &rows, &rows).unwrap();
-                e.hot_carry(0, &rows, &rows).unwrap();
-                let (slabs, store, scratch) = e.hot_alloc_bytes();
-                assert_eq!(slabs, est.slabs, "{dtype:?} hot {hot}: slabs");
-                assert_eq!(store, est.store, "{dtype:?} hot {hot}: store");
-                assert!(
-                    scratch <= est.scratch,
-                    "{dtype:?} hot {hot}: {scratch} > {}",
-                    est.scratch
-                );
-                assert_eq!(est.growth, (est.slabs / 2).max(est.store));
-                assert_eq!(
-                    est.total(),
-                    est.slabs + est.store + est.scratch + est.growth
-                );
-            }
         }
     }
 

@@ -33,7 +33,9 @@ pub(crate) mod step;
 use std::sync::Arc;
 
 use crate::cancel::CancelToken;
+use crate::clock::Clock;
 use crate::data::dataset::Dataset;
+pub(crate) use crate::engine::BatchDone;
 use crate::engine::ModelState;
 use crate::error::{Result, StopCause};
 use crate::trace::{Tracer, TrackId};
@@ -69,12 +71,14 @@ pub(crate) struct EpochRun<'a> {
     pub acc_track: TrackId,
     /// Checked before every batch.
     pub cancel: &'a CancelToken,
+    /// Every batch's time is read from it.
+    pub clock: &'a dyn Clock,
 }
 
 impl<'a> EpochRun<'a> {
     /// Batch `k` of the epoch: its seeds, its seed, its place.
-    pub fn batch(&self, k: usize) -> crate::engine::BatchRef<'a> {
-        crate::engine::BatchRef {
+    pub fn batch(&self, k: usize) -> BatchRef<'a> {
+        BatchRef {
             seeds: self.batches[k],
             seed: cpu_ops::derive_seed(self.base_seed, k as u64),
             epoch: self.epoch,
@@ -94,20 +98,25 @@ impl<'a> EpochRun<'a> {
     }
 }
 
-/// What one trained batch did, for the session's bookkeeping and callbacks.
+/// One training batch as the executors name it: its seeds, its sampling
+/// seed, and where it stands (its slices carry the epoch and batch index).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct BatchDone {
-    /// Batch index in the epoch.
+pub(crate) struct BatchRef<'a> {
+    /// The batch's seeds.
+    pub seeds: &'a [u32],
+    /// Its sampling seed.
+    pub seed: u64,
+    /// The epoch.
+    pub epoch: usize,
+    /// The batch index in the epoch.
     pub k: usize,
-    /// Loss × rows (NaN when the loss or a gradient was not finite: no update
-    /// was applied).
-    pub loss_sum: f64,
-    /// Correct predictions.
-    pub correct: usize,
-    /// Seconds the batch took.
-    pub seconds: f64,
-    /// The weight version after it.
-    pub version: u64,
+}
+
+impl BatchRef<'_> {
+    /// `slice` with this batch's epoch and index.
+    pub fn tag<'t>(&self, slice: crate::trace::SliceGuard<'t>) -> crate::trace::SliceGuard<'t> {
+        slice.epoch(self.epoch as u64).batch(self.k as u64)
+    }
 }
 
 /// How a [`Executor::train`] call ended.

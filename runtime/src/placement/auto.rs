@@ -36,8 +36,8 @@
 //! The layer candidate's slabs and hot-row store (`engine/memory.rs` step 8)
 //! must fit what the device memory (or `device.memory_budget_bytes`) leaves
 //! after the topology, the feature cache and the working set: its hot set is
-//! cut to the largest the engine found room for at setup
-//! ([`DeviceEngine::layer_rows_limit`]), so every CPU split it can measure or
+//! cut to the largest the placement found room for at setup
+//! (`budget::MemoryDecision::layer_rows`), so every CPU split it can measure or
 //! choose — and every share the monitor moves to later, which never exceeds
 //! the hot set — fits; with no room for one row the candidate is skipped.
 //! Either is said in the reason line and on the trace (`layer_rows_limit` on
@@ -62,11 +62,11 @@ use scheduler::{Choice, LayerProbe, Orchestration};
 use super::calibrator::{Calibrator, ProbeStep};
 use super::drift::{DriftWatch, Verdict};
 use super::step_placement;
+use crate::clock::SharedClock;
 use crate::engine::{DeviceEngine, ModelState};
 use crate::error::{Error, Result};
-use crate::executor::layer::clock::SharedClock;
 use crate::executor::layer::{
-    LayerExecutor, LayerOptions, LayerSetup, OrchestrationStats, Orchestrator,
+    LayerExecutor, LayerOptions, LayerSetup, OrchestrationStats, Orchestrator, ParkedLayer,
 };
 use crate::executor::step::StepExecutor;
 use crate::executor::DistSetup;
@@ -110,7 +110,7 @@ pub(crate) struct LayerPlan {
 pub(crate) struct AutoExecutor<B: Backend> {
     current: Current<B>,
     /// The layer pipeline while a step-based candidate runs.
-    parked: Option<Orchestrator>,
+    parked: Option<ParkedLayer<B>>,
     /// Measuring (`None` once decided).
     calibrator: Option<Calibrator>,
     choice: Option<Choice>,
@@ -141,11 +141,11 @@ impl<B: Backend> AutoExecutor<B> {
     /// model has two layers or more.
     pub fn new(
         engine: DeviceEngine<B>,
+        layer_rows: u64,
         plan: LayerPlan,
         sample_ahead: bool,
         clock: SharedClock,
     ) -> Self {
-        let layer_rows = engine.layer_rows_limit();
         let n = plan.ds.num_vertices() as f64;
         let wanted = (plan.opts.hot_ratio * n).ceil().min(n) as u64;
         let layer_note = if plan.fanouts.len() < 2 {
@@ -260,9 +260,8 @@ impl<B: Backend> AutoExecutor<B> {
                 self.current = Current::Step(s);
             }
             Current::Layer(l) => {
-                let (mut engine, mut orch) = l.into_parts();
-                orch.release_cache(&mut engine)?;
-                self.parked = Some(orch);
+                let (engine, parked) = l.park()?;
+                self.parked = Some(parked);
                 let mut s = StepExecutor::new(engine, placement, self.sample_ahead);
                 if let Some((t, acc)) = &self.trace {
                     s.set_tracer(t, *acc);
@@ -277,8 +276,8 @@ impl<B: Backend> AutoExecutor<B> {
     /// Runs the layer pipeline from now on (built on first use).
     fn use_layer(&mut self) -> Result<&mut Orchestrator> {
         if let Current::Step(_) = self.current {
-            let orch = match self.parked.take() {
-                Some(o) => o,
+            let parked = match self.parked.take() {
+                Some(p) => p,
                 None => {
                     let p = &self.plan;
                     // Scoring the hot set (a presampling epoch by default) is
@@ -313,13 +312,13 @@ impl<B: Backend> AutoExecutor<B> {
                     }
                     o.set_clock(Arc::clone(&self.clock));
                     o.pin_workers_from(p.pin_from);
-                    o
+                    ParkedLayer::new(o)
                 }
             };
             let Current::Step(s) = std::mem::replace(&mut self.current, Current::Moving) else {
                 return Err(internal("no step executor"));
             };
-            let mut l = LayerExecutor::new(s.into_engine(), orch);
+            let mut l = LayerExecutor::resume(s.into_engine(), parked);
             if let Some((t, acc)) = &self.trace {
                 l.set_tracer(t, *acc);
             }
@@ -596,8 +595,8 @@ impl<B: Backend> Executor for AutoExecutor<B> {
         if let Ok(e) = self.exec() {
             e.set_tracer(tracer, acc);
         }
-        if let Some(o) = self.parked.as_mut() {
-            o.set_tracer(tracer);
+        if let Some(p) = self.parked.as_mut() {
+            p.orchestrator_mut().set_tracer(tracer);
         }
     }
 

@@ -33,15 +33,21 @@
 //! where a fixed `layer` policy, whose buffers count in the working set, may
 //! trade cache for hot rows deliberately.
 //!
-//! The engine's device-memory check (`engine/memory.rs`) then runs on the
-//! resolved values, so a choice that cannot fit still fails before anything is
-//! loaded. On the host backend there is no separate device memory: `"auto"` is
+//! The device-memory check (`engine/memory.rs`'s estimate, [`decide`]) then
+//! runs on the resolved values, so a choice that cannot fit still fails before
+//! anything is loaded: the placement builds the engine with what [`decide`]
+//! returns. On the host backend there is no separate device memory: `"auto"` is
 //! `"device"` (the host ignores it) and a cache of every row (nothing is
 //! copied there), the same on every machine.
 
-use gpu_ops::TopologyPlacement;
+use cpu_ops::ModelConfig;
+use gpu_ops::{FeatureDtype, TopologyPlacement};
 
-use crate::engine::memory::{layer_bytes, rows_within, LayerShape};
+use crate::data::dataset::Dataset;
+use crate::engine::memory::{
+    self, batch_block_bytes, bottom_rows, estimate, layer_bytes, rows_within, LayerShape,
+    MemoryNeed,
+};
 use crate::error::{Error, Result};
 use crate::trace::fmt_bytes;
 
@@ -219,6 +225,202 @@ pub(crate) fn choose(req: &Request, free: u64, budget: u64) -> Result<(DevicePla
         },
         note,
     ))
+}
+
+/// The device memory the layer path's hot rows may take (`engine/memory.rs`
+/// step 8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerReserve {
+    /// Hot vertices the CPU may compute at most (the hot set: the monitor
+    /// never moves the CPU share past it); 0: no layer path.
+    pub hot_rows: u64,
+    /// Batches per super-batch (`orchestration.super_batch`).
+    pub super_batch: usize,
+    /// Rows are kept across super-batches (the store,
+    /// `orchestration.reuse_across_superbatches`).
+    pub store: bool,
+    /// `true`: a fixed `layer` policy, whose hot set must fit or the run
+    /// fails naming `orchestration.hot_ratio`; `false`: `policy = "auto"`'s
+    /// layer candidate, shrunk to what the memory leaves
+    /// ([`MemoryDecision::layer_rows`]).
+    pub fixed: bool,
+}
+
+/// What the run asks of the device's memory, in config terms
+/// ([`decide`]).
+#[derive(Clone, Debug)]
+pub(crate) struct MemoryRequest {
+    /// Which of `device.topology` and `device.cache_bytes` are `"auto"`.
+    pub auto: Auto,
+    /// `device.topology` when not automatic.
+    pub topology: TopologyPlacement,
+    /// `device.cache_bytes` when not automatic.
+    pub cache_bytes: u64,
+    /// `device.memory_budget_bytes` (0: none).
+    pub budget: u64,
+    /// `train.batch_size` and `train.fanouts`.
+    pub batch_size: usize,
+    /// Training fanouts, bottom first.
+    pub fanouts: Vec<u32>,
+    /// `train.eval_batch_size` and `train.eval_fanouts`.
+    pub eval_batch_size: usize,
+    /// Evaluation fanouts, bottom first.
+    pub eval_fanouts: Vec<u32>,
+    /// `device.feature_dtype`.
+    pub feature_dtype: FeatureDtype,
+    /// The layer path's hot rows to make room for ([`LayerReserve::default`]:
+    /// none).
+    pub layer: LayerReserve,
+}
+
+/// What the placement decided for the device's memory: the engine is built
+/// with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct MemoryDecision {
+    /// `device.topology` resolved.
+    pub topology: TopologyPlacement,
+    /// `device.cache_bytes` resolved, under the budget.
+    pub cache_bytes: u64,
+    /// The most hot rows the layer path may compute on the CPU within the
+    /// memory checked here: a fixed `layer` policy's whole hot set (the check
+    /// failed otherwise), or the largest share of `policy = "auto"`'s layer
+    /// candidate that fits (0: none fits, the candidate is skipped).
+    pub layer_rows: u64,
+    /// What `"auto"` keys chose and what the budget changed, as clauses of
+    /// the device note (`None`: nothing).
+    pub note: Option<String>,
+}
+
+/// The topology, the feature cache and the layer path's hot rows of `req`
+/// for `model` on `ds`, on a device with `free` bytes free named `device`
+/// (module doc, then `engine/memory.rs`'s check): an error naming the keys
+/// that shrink the run when it cannot fit.
+pub(crate) fn decide(
+    req: &MemoryRequest,
+    ds: &Dataset,
+    model: &ModelConfig,
+    free: u64,
+    device: &str,
+) -> Result<MemoryDecision> {
+    let layout =
+        gpu_ops::ModelLayout::new(model).map_err(|source| Error::device("model", source))?;
+    let num_params = layout.params().iter().map(|p| p.len).sum();
+    let n = ds.num_vertices() as u64;
+    let m = ds.graph.num_edges() as u64;
+    // The layer path's hot rows (`engine/memory.rs` step 8).
+    let shape = LayerShape {
+        width: layout.layer_specs().first().map_or(0, |s| s.d_out) as u64,
+        super_batch: req.layer.super_batch as u64,
+        bottom_rows: bottom_rows(n, req.batch_size, &req.fanouts),
+        bf16: matches!(req.feature_dtype, FeatureDtype::Bf16),
+        store: req.layer.store,
+        batch_blocks: batch_block_bytes(n, m, req.batch_size, &req.fanouts),
+    };
+    let want = req.layer.hot_rows;
+    let fixed_layer = if req.layer.fixed {
+        layer_bytes(want, &shape).total()
+    } else {
+        0
+    };
+    // Steps 1–3: topology and cache from the free memory, less the working set.
+    let working_set = {
+        let train = estimate(
+            ds,
+            model,
+            num_params,
+            req.batch_size,
+            &req.fanouts,
+            0,
+            false,
+        );
+        let eval = estimate(
+            ds,
+            model,
+            num_params,
+            req.eval_batch_size,
+            &req.eval_fanouts,
+            0,
+            false,
+        );
+        train.total().max(eval.total()) + fixed_layer
+    };
+    let (chosen, mut note) = choose(
+        &Request {
+            auto: req.auto,
+            topology: req.topology,
+            cache_bytes: req.cache_bytes,
+            topology_bytes: 8 * (n + 1) + 4 * m,
+            rows_bytes: n * ds.features.dim() as u64 * req.feature_dtype.value_bytes() as u64,
+            working_set,
+            layer: (!req.layer.fixed && want > 0).then_some((want, shape)),
+        },
+        free,
+        req.budget,
+    )?;
+    // Fail before loading anything when the run cannot fit.
+    let need = MemoryNeed {
+        layer: fixed_layer,
+        ..estimate(
+            ds,
+            model,
+            num_params,
+            req.batch_size,
+            &req.fanouts,
+            chosen.cache_bytes,
+            chosen.topology == TopologyPlacement::Device,
+        )
+    };
+    let cache = memory::plan(&need, free, req.budget, device)?;
+    // `"auto"`'s layer candidate: the largest hot set that fits what the
+    // rest leaves (`engine/memory.rs` step 8).
+    let layer_rows = if req.layer.fixed {
+        want
+    } else {
+        // Under a budget, what it leaves (the budget is what the job may plan
+        // for); else the free memory less the allocator's headroom, which the
+        // hot rows must not eat.
+        let budgeted = req.budget > 0 && req.budget < free;
+        let limit = if budgeted {
+            req.budget
+        } else {
+            free.saturating_sub(DEVICE_HEADROOM_BYTES)
+        };
+        let rest = MemoryNeed { cache, ..need }.total();
+        let room = limit.saturating_sub(rest);
+        let rows = rows_within(room, want, &shape);
+        if rows < want {
+            note.push_str(&format!(
+                "; the layer candidate of orchestration.policy = \"auto\" keeps {rows} of \
+                 {want} hot rows: their slabs and store ({}) fit the {} of {} left after \
+                 the topology, the feature cache and the working set",
+                fmt_bytes(layer_bytes(rows, &shape).total()),
+                fmt_bytes(room),
+                if budgeted {
+                    "device.memory_budget_bytes"
+                } else {
+                    "the free device memory (less 1 GiB of headroom)"
+                },
+            ));
+        }
+        rows
+    };
+    let mut cache_bytes = chosen.cache_bytes;
+    if cache < need.cache {
+        cache_bytes = cache;
+        note.push_str(&format!(
+            "; device.memory_budget_bytes = {} leaves the feature cache {} of the {} \
+             device.cache_bytes asks for",
+            req.budget,
+            fmt_bytes(cache),
+            fmt_bytes(need.cache)
+        ));
+    }
+    Ok(MemoryDecision {
+        topology: chosen.topology,
+        cache_bytes,
+        layer_rows,
+        note: (!note.is_empty()).then_some(note),
+    })
 }
 
 #[cfg(test)]

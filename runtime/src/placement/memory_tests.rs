@@ -14,11 +14,11 @@ use scheduler::{
     HotSplit, Monitor, MonitorConfig, Observation, Orchestration, PipelineConfig, ShareConfig,
 };
 
+use crate::clock::ManualClock;
 use crate::config::TrainConfig;
 use crate::data::dataset::Dataset;
 use crate::engine::memory::{batch_block_bytes, bottom_rows, estimate, layer_bytes, LayerShape};
 use crate::error::Error;
-use crate::executor::layer::clock::ManualClock;
 use crate::trace::Tracer;
 use crate::{load_dataset, Trainer};
 

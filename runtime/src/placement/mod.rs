@@ -3,9 +3,11 @@
 //!
 //! 1. **Backend.** `device.kind` opens a GPU or the host backend
 //!    ([`open_backend`]; `"auto"` falls back to the host and says why).
-//! 2. **Engine.** The dataset and the model go onto it (`engine::DeviceEngine`:
-//!    topology, feature cache, model; the memory check fails first when the run
-//!    cannot fit).
+//! 2. **Memory, then the engine.** The device's memory is divided before
+//!    anything is loaded ([`budget::decide`]: `"auto"` topology and cache, the
+//!    budget, the layer path's hot rows; an error naming the keys that shrink
+//!    the run when it cannot fit), then the dataset and the model go onto it
+//!    with those decisions (`engine::DeviceEngine`).
 //! 3. **Strategy.** `orchestration.policy` picks the executor
 //!    (`crate::executor`):
 //!    - a step-based policy → a `StepExecutor` with that placement
@@ -35,14 +37,15 @@ use cpu_ops::{derive_seed, ModelConfig};
 use gpu_ops::Backend;
 use scheduler::{Device, Orchestration, StepBased};
 
+use crate::clock::SharedClock;
 use crate::config::{PinPolicy, SparseFeatures, TrainConfig};
 use crate::data::dataset::Dataset;
-use crate::engine::{density, DeviceEngine, EngineOptions, LayerReserve, ModelState};
+use crate::engine::{density, DeviceEngine, EngineOptions, ModelState};
 use crate::error::{Error, Result};
-use crate::executor::layer::clock::{wall_clock, SharedClock};
 use crate::executor::layer::{LayerExecutor, LayerOptions, LayerSetup, Orchestrator};
 use crate::executor::step::StepExecutor;
 use crate::executor::Executor;
+use budget::{LayerReserve, MemoryDecision, MemoryRequest};
 
 pub use auto::AUTO_HOT_RATIO;
 
@@ -140,10 +143,11 @@ pub(crate) struct PlacementInput<'a> {
     /// Threads of the session's compute pool (hot workers are pinned after
     /// them with `threads.pin = "cores"`).
     pub pool_threads: usize,
-    /// `Some(clock)`: `"auto"` measures on the host backend too, timing on
-    /// `clock` (tests of its mechanics, on a scripted clock or the wall's);
-    /// `None`: on the wall clock, and only on a GPU.
-    pub measure_on_host: Option<SharedClock>,
+    /// The clock every measurement reads (the session's).
+    pub clock: SharedClock,
+    /// `"auto"` measures on the host backend too (tests of its mechanics, on
+    /// a scripted clock or the wall's); else only on a GPU.
+    pub measure_on_host: bool,
     /// Where setup reports.
     pub sinks: &'a SetupSinks,
 }
@@ -163,14 +167,14 @@ pub(crate) fn place(input: &PlacementInput<'_>) -> Result<Placed> {
         .map_err(|_| Error::invalid_argument("device.ordinal", "too large"))?;
     let (exec, note) = match open_backend(&cfg.device, ordinal)? {
         Opened::Cuda(dev) => {
-            let (e, sparse) = engine(*dev, input)?;
+            let (e, memory, sparse) = engine(*dev, input)?;
             let note = format!("device: {}{sparse}", e.describe());
-            (strategy(e, input)?, note)
+            (strategy(e, memory.layer_rows, input)?, note)
         }
         Opened::Host(dev, why) => {
-            let (e, sparse) = engine(dev, input)?;
+            let (e, memory, sparse) = engine(dev, input)?;
             let mut note = format!("device: {} ({why}){sparse}", e.describe());
-            if cfg.orchestration.is_auto() && input.measure_on_host.is_none() {
+            if cfg.orchestration.is_auto() && !input.measure_on_host {
                 note.push_str(
                     "; orchestration.policy = \"auto\" on the host backend is \
                      gpu-sample-gpu-gather (one device: nothing to place)",
@@ -182,7 +186,7 @@ pub(crate) fn place(input: &PlacementInput<'_>) -> Result<Placed> {
                     note,
                 });
             }
-            (strategy(e, input)?, note)
+            (strategy(e, memory.layer_rows, input)?, note)
         }
     };
     // (`device.sample_ahead`, on by default, does not apply to the layer-based
@@ -190,9 +194,13 @@ pub(crate) fn place(input: &PlacementInput<'_>) -> Result<Placed> {
     Ok(Placed { exec, note })
 }
 
-/// Step 2: the engine on `dev`, and what the note says of its input rows
-/// (`train.sparse_features`: sparse rows where the backend has the ops).
-fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngine<B>, String)> {
+/// Step 2: the memory decided for `dev`, the engine built with it, and what
+/// the note says of the input rows (`train.sparse_features`: sparse rows
+/// where the backend has the ops) and of the memory's `"auto"` choices.
+fn engine<B: Backend>(
+    dev: B,
+    input: &PlacementInput<'_>,
+) -> Result<(DeviceEngine<B>, MemoryDecision, String)> {
     let cfg = input.cfg;
     let t = &cfg.train;
     let wanted = match t.sparse_features {
@@ -210,61 +218,71 @@ fn engine<B: Backend>(dev: B, input: &PlacementInput<'_>) -> Result<(DeviceEngin
         _ => String::new(),
     };
     let on_cuda = dev.kind() == gpu_ops::DeviceKind::Cuda;
-    let mut engine = DeviceEngine::new(
+    let fanouts = cfg.train_fanouts()?;
+    let eval_fanouts = cfg.eval_fanouts()?;
+    let request = MemoryRequest {
+        // On the host there is no device memory to divide
+        // (`placement/budget.rs`): `"auto"` is the device topology (ignored
+        // there) and every row cached (nothing is copied).
+        auto: budget::Auto {
+            topology: on_cuda && cfg.device.topology.fixed().is_none(),
+            cache: on_cuda && cfg.device.cache_bytes == crate::config::CACHE_BYTES_AUTO,
+        },
+        topology: cfg
+            .device
+            .topology
+            .fixed()
+            .unwrap_or(gpu_ops::TopologyPlacement::Device),
+        cache_bytes: cfg.device.cache_bytes,
+        budget: cfg.device.memory_budget_bytes,
+        batch_size: t.batch_size,
+        fanouts: fanouts.clone(),
+        eval_batch_size: t.eval_batch_size,
+        eval_fanouts: eval_fanouts.clone(),
+        feature_dtype: cfg.device.feature_dtype,
+        // (`"auto"` on the host backend measures nothing unless a test asks
+        // it to: no layer candidate to make room for.)
+        layer: if cfg.orchestration.is_auto() && !on_cuda && !input.measure_on_host {
+            LayerReserve::default()
+        } else {
+            layer_reserve(&cfg.orchestration, input.ds.num_vertices(), fanouts.len())
+        },
+    };
+    let free = dev
+        .memory_info()
+        .map_err(|source| Error::device("device memory", source))?
+        .free as u64;
+    let memory = budget::decide(&request, input.ds, input.model, free, &dev.describe())?;
+    let engine = DeviceEngine::new(
         dev,
         input.ds,
         input.model,
         EngineOptions {
-            fanouts: cfg.train_fanouts()?,
-            eval_fanouts: cfg.eval_fanouts()?,
-            cache_bytes: usize::try_from(cfg.device.cache_bytes).unwrap_or(usize::MAX),
-            memory_budget: cfg.device.memory_budget_bytes,
-            topology: cfg
-                .device
-                .topology
-                .fixed()
-                .unwrap_or(gpu_ops::TopologyPlacement::Device),
-            // On the host there is no device memory to divide
-            // (`placement/budget.rs`): `"auto"` is the device topology (ignored
-            // there) and every row cached (nothing is copied).
-            auto: budget::Auto {
-                topology: on_cuda && cfg.device.topology.fixed().is_none(),
-                cache: on_cuda && cfg.device.cache_bytes == crate::config::CACHE_BYTES_AUTO,
-            },
+            fanouts,
+            eval_fanouts,
+            cache_bytes: usize::try_from(memory.cache_bytes).unwrap_or(usize::MAX),
+            topology: memory.topology,
             adam: cpu_ops::AdamConfig {
-                lr: cfg.train.lr,
-                weight_decay: cfg.train.weight_decay,
+                lr: t.lr,
+                weight_decay: t.weight_decay,
                 decay: cpu_ops::WeightDecay::L2,
                 ..cpu_ops::AdamConfig::default()
             },
-            init_seed: derive_seed(cfg.train.seed, 1),
-            batch_size: cfg.train.batch_size,
-            eval_batch_size: cfg.train.eval_batch_size,
+            init_seed: derive_seed(t.seed, 1),
             precision: cfg.model.precision.resolve(on_cuda, cfg.model.kind),
             // A rank with partitioned features gets its rows from the exchange
-            // (`executor/step/data_parallel.rs`): the device never holds them all.
+            // (`executor/step/data_parallel/`): the device never holds them all.
             defer_features: cfg.dist.features == crate::config::DistFeatures::Partitioned,
             feature_dtype: cfg.device.feature_dtype,
             sparse,
             sample_ahead: cfg.device.sample_ahead,
-            // (`"auto"` on the host backend measures nothing unless a test
-            // asks it to: no layer candidate to make room for.)
-            layer: if cfg.orchestration.is_auto() && !on_cuda && input.measure_on_host.is_none() {
-                LayerReserve::default()
-            } else {
-                layer_reserve(
-                    &cfg.orchestration,
-                    input.ds.num_vertices(),
-                    cfg.train_fanouts()?.len(),
-                )
-            },
+            loss_lag: loss_lag(cfg, on_cuda),
         },
     )?;
-    if let Some(n) = engine.budget_note() {
+    if let Some(n) = &memory.note {
         note.push_str(n);
     }
-    engine.set_loss_lag(loss_lag(cfg, on_cuda));
-    Ok((engine, note))
+    Ok((engine, memory, note))
 }
 
 /// `device.loss_lag` resolved: `0` is 8 on CUDA and 1 on the host backend
@@ -281,9 +299,11 @@ fn loss_lag(cfg: &TrainConfig, on_cuda: bool) -> usize {
     }
 }
 
-/// Step 3: the executor of `orchestration.policy` over `engine`.
+/// Step 3: the executor of `orchestration.policy` over `engine`; `layer_rows`
+/// is the most hot rows step 2 found room for.
 fn strategy<B: Backend>(
     engine: DeviceEngine<B>,
+    layer_rows: u64,
     input: &PlacementInput<'_>,
 ) -> Result<Box<dyn Executor>> {
     let cfg = input.cfg;
@@ -307,8 +327,10 @@ fn strategy<B: Backend>(
                 pin_from,
                 progress: Arc::clone(&input.sinks.progress),
             };
-            let clock = input.measure_on_host.clone().unwrap_or_else(wall_clock);
-            Box::new(auto::AutoExecutor::new(engine, plan, ahead, clock))
+            let clock = Arc::clone(&input.clock);
+            Box::new(auto::AutoExecutor::new(
+                engine, layer_rows, plan, ahead, clock,
+            ))
         }
         Some(_) if o.reuses_embeddings() => {
             let mut orch = Orchestrator::new(&LayerSetup {
@@ -323,6 +345,7 @@ fn strategy<B: Backend>(
                 tracer: &input.sinks.tracer,
             })?;
             orch.pin_workers_from(pin_from);
+            orch.set_clock(Arc::clone(&input.clock));
             Box::new(LayerExecutor::new(engine, orch))
         }
         Some(policy) => Box::new(StepExecutor::new(engine, step_placement(policy), ahead)),

@@ -3,6 +3,9 @@
 //! engine trains, and every batch reuses them within the staleness bound. The
 //! decisions are `scheduler::protocol`'s; this module carries them out.
 //!
+//! - [`device`]: the strategy's device half over the engine's mechanisms
+//!   ([`device::LayerEngine`]: hot-row slabs and store, the top layers and
+//!   bottom hops sampled ahead, the batch trained with hot rows);
 //! - [`pipeline`]: the protocol's driver on the accelerator thread
 //!   ([`Orchestrator`]): engine calls, worker channels, claim flags, staging
 //!   buffers, the clock and the trace;
@@ -10,12 +13,10 @@
 //! - [`hot_compute`]: published layer-0 weights and the CPU computation of a chunk;
 //! - [`monitor`]: the hybrid monitor at run time: moves hot vertices between CPU
 //!   computation and the device feature cache;
-//! - [`clock`]: the injectable clock every measurement reads;
 //! - [`stats`]: what the pipeline did ([`OrchestrationStats`]).
 
-pub(crate) mod clock;
+pub(crate) mod device;
 pub(crate) mod hot_compute;
-pub(crate) mod losses;
 pub(crate) mod monitor;
 pub(crate) mod pipeline;
 pub(crate) mod planner;
@@ -30,6 +31,7 @@ use super::{DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
 use crate::engine::{DeviceEngine, ModelState};
 use crate::error::{Error, Result};
 use crate::trace::{Tracer, TrackId};
+use device::{LayerEngine, LayerState};
 
 pub(crate) use pipeline::{LayerOptions, LayerSetup, Orchestrator};
 pub use stats::OrchestrationStats;
@@ -38,14 +40,33 @@ pub(crate) use workers::InjectedFault;
 
 /// The super-batch pipeline over one device engine.
 pub(crate) struct LayerExecutor<B: Backend> {
-    engine: DeviceEngine<B>,
+    engine: LayerEngine<B>,
     orch: Orchestrator,
 }
 
+/// What a [`LayerExecutor`] keeps while another strategy has its engine
+/// (`policy = "auto"`): the pipeline (its hot set and workers) and the device
+/// half's state (the hot-row store the protocol counts on).
+pub(crate) struct ParkedLayer<B: Backend> {
+    orch: Orchestrator,
+    state: LayerState<B>,
+}
+
 impl<B: Backend> LayerExecutor<B> {
-    /// `orch`'s pipeline over `engine`.
+    /// `orch`'s pipeline over `engine`, with a fresh device half.
     pub fn new(engine: DeviceEngine<B>, orch: Orchestrator) -> Self {
-        Self { engine, orch }
+        Self {
+            engine: LayerEngine::new(engine, LayerState::default()),
+            orch,
+        }
+    }
+
+    /// A parked pipeline over `engine` again.
+    pub fn resume(engine: DeviceEngine<B>, parked: ParkedLayer<B>) -> Self {
+        Self {
+            engine: LayerEngine::new(engine, parked.state),
+            orch: parked.orch,
+        }
     }
 
     /// The pipeline's state, to change its split or turn the monitor on.
@@ -53,10 +74,35 @@ impl<B: Backend> LayerExecutor<B> {
         &mut self.orch
     }
 
-    /// Gives the engine and the pipeline back (another strategy takes the
-    /// engine over; the pipeline, its hot set and workers stay reusable).
-    pub fn into_parts(self) -> (DeviceEngine<B>, Orchestrator) {
-        (self.engine, self.orch)
+    /// Gives the engine back and parks the rest (another strategy takes the
+    /// engine over; the pipeline, its hot set, workers and store stay
+    /// reusable). The rows the monitor moved into the feature cache go back
+    /// first.
+    pub fn park(mut self) -> Result<(DeviceEngine<B>, ParkedLayer<B>)> {
+        self.orch.release_cache(&mut self.engine)?;
+        let (engine, state) = self.engine.into_parts();
+        Ok((
+            engine,
+            ParkedLayer {
+                orch: self.orch,
+                state,
+            },
+        ))
+    }
+}
+
+impl<B: Backend> ParkedLayer<B> {
+    /// A parked pipeline with a fresh device half.
+    pub fn new(orch: Orchestrator) -> Self {
+        Self {
+            orch,
+            state: LayerState::default(),
+        }
+    }
+
+    /// The parked pipeline.
+    pub fn orchestrator_mut(&mut self) -> &mut Orchestrator {
+        &mut self.orch
     }
 }
 
@@ -66,15 +112,15 @@ impl<B: Backend> Executor for LayerExecutor<B> {
     }
 
     fn state(&mut self) -> &mut dyn ModelState {
-        &mut self.engine
+        &mut self.engine.engine
     }
 
     fn state_ref(&self) -> &dyn ModelState {
-        &self.engine
+        &self.engine.engine
     }
 
     fn set_tracer(&mut self, tracer: &Tracer, acc: TrackId) {
-        self.engine.set_tracer(tracer.clone(), acc);
+        self.engine.engine.set_tracer(tracer.clone(), acc);
         self.orch.set_tracer(tracer);
     }
 

@@ -60,13 +60,13 @@ use scheduler::{
     PipelineConfig, Relabeling, ShareConfig,
 };
 
+use super::device::LayerDevice;
 use crate::data::dataset::Dataset;
-use crate::engine::LayerDevice;
 use crate::error::{Error, Result};
 use crate::trace::{Direction as TraceDirection, Tracer, TrackId};
 
-use super::clock::Clock;
 use super::stats::OrchestrationStats;
+use crate::clock::Clock;
 
 /// Who holds a vertex's cache row, in the runtime's model of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -496,10 +496,11 @@ mod tests {
     use cpu_ops::{ModelConfig, ModelKind};
     use gpu_ops::HostBackend;
 
+    use super::super::device::{LayerEngine, LayerState};
     use super::*;
+    use crate::clock::ManualClock;
     use crate::data::generate::{generate_sbm, SbmOptions};
     use crate::engine::{DeviceEngine, EngineOptions};
-    use crate::executor::layer::clock::ManualClock;
 
     const HOT: u32 = 400;
     const DIM: usize = 16;
@@ -507,7 +508,7 @@ mod tests {
     const CACHE: usize = 1000 * DIM * 4;
 
     struct Rig {
-        engine: DeviceEngine<HostBackend>,
+        engine: LayerEngine<HostBackend>,
         ds: Arc<Dataset>,
         relabeling: Relabeling,
         clock: ManualClock,
@@ -551,10 +552,11 @@ mod tests {
             EngineOptions {
                 cache_bytes: 50 * DIM * 4,
                 feature_dtype: gpu_ops::FeatureDtype::Bf16,
-                ..EngineOptions::for_tests(vec![5, 5], 128)
+                ..EngineOptions::for_tests(vec![5, 5])
             },
         )
         .unwrap();
+        let engine = LayerEngine::new(engine, LayerState::default());
         assert_eq!(engine.row_bytes(), (DIM * 2) as u64);
         let pipeline = PipelineConfig::new(2, 1, 256).unwrap();
         let split = HotSplit::new(HOT, 20).unwrap();
@@ -596,10 +598,11 @@ mod tests {
             &model,
             EngineOptions {
                 cache_bytes: cache,
-                ..EngineOptions::for_tests(vec![5, 5], 128)
+                ..EngineOptions::for_tests(vec![5, 5])
             },
         )
         .unwrap();
+        let engine = LayerEngine::new(engine, LayerState::default());
         let scores = scheduler::degree_scores(&ds.graph);
         let relabeling = Relabeling::by_score(&scores, HOT as f64 / 4000.0).unwrap();
         assert_eq!(relabeling.hot_count(), HOT);
@@ -768,13 +771,13 @@ mod tests {
             .collect();
         r.relabeling = Relabeling::by_score(&scores, HOT as f64 / 4000.0).unwrap();
         let n = r.ds.num_vertices() as u32;
-        let loaded: Vec<u32> = (0..n).filter(|&v| r.engine.is_cached(v)).collect();
+        let loaded: Vec<u32> = (0..n).filter(|&v| r.engine.engine.is_cached(v)).collect();
         assert!(!loaded.is_empty());
         // A CPU too slow: the monitor moves hot rows into the cache, displacing
         // filler rows.
         r.epoch(12, 4.0, 20.0);
         assert!(r.monitor.cached_rows() > 0, "no move: {:?}", r.moves);
-        let moved: Vec<u32> = (0..n).filter(|&v| r.engine.is_cached(v)).collect();
+        let moved: Vec<u32> = (0..n).filter(|&v| r.engine.engine.is_cached(v)).collect();
         assert_ne!(moved, loaded, "the moves changed nothing");
         let Rig {
             mut engine,
@@ -782,7 +785,7 @@ mod tests {
             ..
         } = r;
         monitor.restore_cache(&mut engine).unwrap();
-        let restored: Vec<u32> = (0..n).filter(|&v| engine.is_cached(v)).collect();
+        let restored: Vec<u32> = (0..n).filter(|&v| engine.engine.is_cached(v)).collect();
         assert_eq!(restored, loaded);
     }
 

@@ -69,7 +69,7 @@
 //!      `bottoms_ahead` / `bottoms_resampled` counts), answer
 //!      [`Event::BatchTrained`] with the engine's version;
 //!      `on_batch` sees the batch, and a callback's stop answers `Stop`. With
-//!      `device.loss_lag` > 1 the loss is deferred (`losses.rs`): read once
+//!      `device.loss_lag` > 1 the loss is deferred (`engine/losses.rs`): read once
 //!      per super-batch (at `EndSuperBatch`, or every `loss_lag` batches),
 //!      without a synchronization, and shown a super-batch later; flushed
 //!      before a measurement mark, a cancel and the run's end;
@@ -113,19 +113,20 @@ use scheduler::{
     ProtocolConfig, Relabeling, ReportId, TrainBatch,
 };
 
+use super::device::{BottomBatch, HotStaging, HotUse, LayerDevice, TopBatch};
 use crate::data::dataset::Dataset;
-use crate::engine::{record_copies, BottomBatch, HotStaging, HotUse, LayerDevice, TopBatch};
+use crate::engine::record_copies;
 use crate::error::{Error, Result, StopCause};
 use crate::executor::{BatchDone, EpochEnd, EpochRun, OnBatch};
 use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind};
 
-use super::clock::{wall_clock, Clock, SharedClock};
 use super::hot_compute::{HotComputer, Published, Snapshot};
-use super::losses::{DeferredLosses, Trained};
 use super::monitor::{HybridMonitor, SuperBatchEnd, Window};
 use super::planner::{PlanInputs, PlanRequest, Planner};
 use super::stats::OrchestrationStats;
 use super::workers::{Done, HotWorkers, InjectedFault, Job, Outcome, WorkerShared};
+use crate::clock::{wall_clock, Clock, SharedClock};
+use crate::engine::{DeferredLosses, Trained};
 
 /// Pipeline depth `D` (NeutronOrch's: the CPU works one super-batch ahead).
 pub const DEPTH: usize = 1;
@@ -741,7 +742,7 @@ struct Driver<'a> {
     gate: Option<OpenGate<'a>>,
     /// How the epoch ends, once the driver stopped it.
     end: Option<EpochEnd>,
-    /// Batches whose deferred losses are not read yet (`losses.rs`).
+    /// Batches whose deferred losses are not read yet (`engine/losses.rs`).
     losses: DeferredLosses,
     /// The last batch trained.
     last_trained: Option<usize>,
@@ -1197,7 +1198,7 @@ impl<'a> Driver<'a> {
     /// mark when `k` is one past its last; once each ([`EpochRun::mark`]).
     /// Called at a super-batch's start with its first batch and after batch
     /// `k − 1` trains.
-    /// Deferred losses are flushed first (`losses.rs` step 4): the clock
+    /// Deferred losses are flushed first (`engine/losses.rs` step 4): the clock
     /// then covers the device's work up to the mark.
     fn take_marks(
         &mut self,
@@ -1223,7 +1224,7 @@ impl<'a> Driver<'a> {
         Ok(())
     }
 
-    /// `losses.rs` steps 2–5: resolves the loss read in flight and queues the
+    /// `engine/losses.rs` steps 2–5: resolves the loss read in flight and queues the
     /// pending batches' (resolved too with `flush`), and shows the batches
     /// read to `on_batch`. A callback's stop ends the run after every batch
     /// trained (all shown); a non-finite loss ends it with the session's
@@ -1397,7 +1398,7 @@ impl<'a> Driver<'a> {
             .map_err(protocol_error)?;
         let seconds = |clock: &dyn Clock| clock.now().saturating_sub(start).as_secs_f64();
         let Some((loss_sum, correct)) = stats else {
-            // Deferred (`losses.rs`): shown when its read resolves.
+            // Deferred (`engine/losses.rs`): shown when its read resolves.
             self.losses.push(Trained {
                 k,
                 seconds: seconds(self.clock),

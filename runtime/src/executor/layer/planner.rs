@@ -54,7 +54,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use scheduler::{LaunchPlan, LaunchedBatch, Relabeling};
 
-use crate::engine::{PreparedTops, TopsAhead};
+use super::device::{PreparedTops, TopsAhead};
 use crate::error::{Error, Result};
 use crate::trace::{Tracer, TrackId};
 

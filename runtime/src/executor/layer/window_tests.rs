@@ -4,7 +4,7 @@
 //! by fixed costs, so what the window holds is exact (no sleeps, no wall
 //! clock); a new split under a running monitor; the planner thread's
 //! ends: a failed plan is the epoch's error, a stop joins the thread; and the
-//! top layers sampled ahead (`engine/hot.rs` step 1): one synchronization per
+//! top layers sampled ahead (`executor/layer/device/` step 1): one synchronization per
 //! super-batch, the blocks of hop-by-hop sampling.
 
 use std::sync::Arc;
@@ -13,15 +13,16 @@ use std::time::Duration;
 use cpu_ops::{ModelConfig, ModelKind};
 use gpu_ops::HostBackend;
 
-use super::clock::{Clock, ManualClock};
+use super::device::{
+    BottomBatch, BottomCounts, HotStaging, HotUse, LayerDevice, LayerEngine, LayerState,
+    PreparedTops, TopBatch, TopsAhead,
+};
 use super::pipeline::{LayerOptions, LayerSetup, Orchestrator};
 use crate::cancel::CancelToken;
+use crate::clock::{Clock, ManualClock};
 use crate::data::dataset::Dataset;
 use crate::data::generate::{generate_sbm, SbmOptions};
-use crate::engine::{
-    BottomBatch, BottomCounts, DeviceEngine, EngineOptions, HotStaging, HotUse, LayerDevice,
-    PendingLosses, PendingParams, PreparedTops, TopBatch, TopsAhead,
-};
+use crate::engine::{DeviceEngine, EngineOptions, LossReads, PendingLosses, PendingParams};
 use crate::error::{Result, StopCause};
 use crate::executor::{EpochEnd, EpochRun};
 use crate::trace::{Tracer, TrackKind};
@@ -36,8 +37,17 @@ const N: usize = 2;
 
 /// A host-backend engine whose launches and steps advance `clock`.
 struct Scripted {
-    inner: DeviceEngine<HostBackend>,
+    inner: LayerEngine<HostBackend>,
     clock: ManualClock,
+}
+
+impl LossReads for Scripted {
+    fn queue_loss_read(&mut self, n: usize) -> Result<Box<dyn PendingLosses>> {
+        self.inner.queue_loss_read(n)
+    }
+    fn rewind_skipped(&mut self, skipped: usize) -> Result<()> {
+        self.inner.rewind_skipped(skipped)
+    }
 }
 
 impl LayerDevice for Scripted {
@@ -98,12 +108,6 @@ impl LayerDevice for Scripted {
     }
     fn loss_lag(&self) -> usize {
         self.inner.loss_lag()
-    }
-    fn queue_loss_read(&mut self, n: usize) -> Result<Box<dyn PendingLosses>> {
-        self.inner.queue_loss_read(n)
-    }
-    fn rewind_skipped(&mut self, skipped: usize) -> Result<()> {
-        LayerDevice::rewind_skipped(&mut self.inner, skipped)
     }
     fn discard_prepared(&mut self) {
         self.inner.discard_prepared()
@@ -179,10 +183,11 @@ fn rig_opts(dtype: gpu_ops::FeatureDtype, sample_ahead: bool) -> Rig {
             cache_bytes: 200 * DIM * 4,
             feature_dtype: dtype,
             sample_ahead,
-            ..EngineOptions::for_tests(fanouts.clone(), 64)
+            ..EngineOptions::for_tests(fanouts.clone())
         },
     )
     .unwrap();
+    let inner = LayerEngine::new(inner, LayerState::default());
     let train_ids: Vec<u32> = (0..640).collect();
     let opts = LayerOptions {
         hotness: scheduler::HotnessPolicy::new(scheduler::Hotness::Degree, 1).unwrap(),
@@ -246,6 +251,7 @@ impl Rig {
             tracer: &tracer,
             acc_track: tracer.declare_track("acc", TrackKind::Accelerator),
             cancel: &cancel,
+            clock: &self.clock,
         };
         let before = self.clock.now();
         let end = self
@@ -360,6 +366,7 @@ impl Rig {
             tracer: &tracer,
             acc_track: tracer.declare_track("acc", TrackKind::Accelerator),
             cancel: &cancel,
+            clock: &self.clock,
         };
         self.orch.run_epoch(&mut self.device, &run, &mut |d| {
             Ok(match stop {
@@ -517,7 +524,7 @@ fn bf16_hot_install_refuses_unsealed_rows() {
 /// synchronization of the sampling stream (the read of their sizes and bottom
 /// destinations, which the planner thread waits for) and none of the compute
 /// stream — issue 22: three a batch on the compute stream before (two hops
-/// and a download) — and its bottom hops cost none of either (`engine/hot.rs`
+/// and a download) — and its bottom hops cost none of either (`executor/layer/device/`
 /// step 1b: one read of their sizes, finished at the super-batch's first
 /// batch by one event wait), where they took one synchronization of the
 /// compute stream per batch before. Without it both reads are the compute
@@ -530,10 +537,10 @@ fn each_super_batch_s_top_layers_cost_one_sampling_synchronization() {
         .into_iter()
         .map(|ahead| {
             let mut r = rig_opts(gpu_ops::FeatureDtype::F32, ahead);
-            let before = r.device.inner.syncs_by_stream();
+            let before = r.device.inner.engine.syncs_by_stream();
             let waits = r.device.inner.sampling_event_waits();
             r.train(batches, None);
-            let after = r.device.inner.syncs_by_stream();
+            let after = r.device.inner.engine.syncs_by_stream();
             let waits = r.device.inner.sampling_event_waits() - waits;
             (
                 (after.0 - before.0, after.1 - before.1, waits),
@@ -618,13 +625,13 @@ fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
             .collect();
         let mut losses = Vec::new();
         for (ahead, e) in &mut engines {
-            let (c0, s0) = e.syncs_by_stream();
+            let (c0, s0) = e.engine.syncs_by_stream();
             let reading = e.prepare_tops(&tops).unwrap();
-            let queued = e.syncs_by_stream();
+            let queued = e.engine.syncs_by_stream();
             let read = std::thread::scope(|t| t.spawn(|| reading.wait()).join())
                 .unwrap()
                 .unwrap();
-            let done = e.syncs_by_stream();
+            let done = e.engine.syncs_by_stream();
             if *ahead {
                 assert_eq!(queued, (c0, s0), "queued without a synchronization");
                 assert_eq!(done, (c0, s0 + 1), "one read, on the sampling stream");
@@ -650,15 +657,15 @@ fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
     }
     use crate::engine::ModelState;
     assert_eq!(
-        engines[0].1.params_to_host().unwrap(),
-        engines[1].1.params_to_host().unwrap()
+        engines[0].1.engine.params_to_host().unwrap(),
+        engines[1].1.engine.params_to_host().unwrap()
     );
     // A batch never adopted is not trained.
     let e = &mut engines[1].1;
     assert!(e.train_prepared(999, (&[1], 1), &no_hot, None).is_err());
 }
 
-/// The bottom hops sampled a super-batch ahead (`engine/hot.rs` step 1b)
+/// The bottom hops sampled a super-batch ahead (`executor/layer/device/` step 1b)
 /// train bit for bit as the hops sampled at train time: with
 /// `hot_backward = "constant"` masked by the planned hot positions — a batch
 /// trained with fewer positions (late chunks left cold under `on_late =
@@ -718,10 +725,10 @@ fn bottom_hops_sampled_ahead_train_as_at_train_time_and_resample_when_the_mask_c
                     skip: if masked { p } else { &[] },
                 })
                 .collect();
-            let syncs = e.syncs_by_stream();
+            let syncs = e.engine.syncs_by_stream();
             e.prepare_bottoms(&bottom_batches).unwrap();
             assert_eq!(
-                e.syncs_by_stream(),
+                e.engine.syncs_by_stream(),
                 syncs,
                 "queued without a synchronization"
             );
@@ -736,7 +743,7 @@ fn bottom_hops_sampled_ahead_train_as_at_train_time_and_resample_when_the_mask_c
                 let rows: Vec<u32> = (0..positions.len())
                     .map(|j| ((j * 7 + i) % slab_rows) as u32)
                     .collect();
-                let before = e.syncs_by_stream();
+                let before = e.engine.syncs_by_stream();
                 let waits = e.sampling_event_waits();
                 let (loss, correct) = e
                     .train_prepared(
@@ -752,7 +759,7 @@ fn bottom_hops_sampled_ahead_train_as_at_train_time_and_resample_when_the_mask_c
                     )
                     .unwrap()
                     .unwrap();
-                let after = e.syncs_by_stream();
+                let after = e.engine.syncs_by_stream();
                 let waits = e.sampling_event_waits() - waits;
                 let read_now = u64::from(*ahead && i == 0);
                 assert_eq!(
@@ -785,8 +792,8 @@ fn bottom_hops_sampled_ahead_train_as_at_train_time_and_resample_when_the_mask_c
         }
     }
     assert_eq!(
-        engines[0].1.params_to_host().unwrap(),
-        engines[1].1.params_to_host().unwrap()
+        engines[0].1.engine.params_to_host().unwrap(),
+        engines[1].1.engine.params_to_host().unwrap()
     );
     // A batch never prepared is not trained; forgetting drops the hops too.
     let e = &mut engines[1].1;
@@ -833,7 +840,7 @@ fn top_batches(batches: &[(Vec<u32>, u64)], round: u64) -> Vec<TopBatch<'_>> {
 
 /// Two fp32 rig engines: without (`false`) and with (`true`) the sampling
 /// sibling (`device.sample_ahead`).
-fn engines_with_and_without_sibling() -> Vec<(bool, DeviceEngine<HostBackend>)> {
+fn engines_with_and_without_sibling() -> Vec<(bool, LayerEngine<HostBackend>)> {
     [false, true]
         .into_iter()
         .map(|ahead| {

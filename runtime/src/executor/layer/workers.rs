@@ -37,12 +37,12 @@ use std::time::Duration;
 use crossbeam_channel::{select, unbounded, Receiver, Sender};
 use scheduler::ChunkKey;
 
-use crate::engine::HotStaging;
+use super::device::HotStaging;
 use crate::error::{Error, Result};
 use crate::trace::{FlowId, Tracer, TrackId};
 
-use super::clock::SharedClock;
 use super::hot_compute::{HotComputer, HotScratch, Published};
+use crate::clock::SharedClock;
 
 /// A fault injected into a CPU worker (tests of the shutdown protocol and of the
 /// monitor; only unit tests construct one, through `Trainer`'s test seam).

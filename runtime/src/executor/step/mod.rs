@@ -1,22 +1,22 @@
 //! The step-based executor: sample → gather → train, batch after batch, where a
 //! [`StepBased`] placement puts sampling and gathering (NeutronOrch §3, Figure 4
-//! (a)–(d); `engine/step_based.rs` has the per-batch steps).
+//! (a)–(d); `executor/step/device.rs` has the per-batch steps on the device).
 //!
 //! # The batch stream
 //! 1. Batch `k`'s blocks are the ones sampled ahead for it when there are any
 //!    (same seeds, same seed: always, within one call), else sampled now — a
 //!    `sample` slice on the calling thread's track for a host sampler, a `device
 //!    sample` slice on the accelerator track for the device.
-//! 2. Its gather and step are queued ([`DeviceEngine::train_sampled`]).
+//! 2. Its gather and step are queued ([`device::train_sampled`]).
 //! 3. **Sample ahead** (`device.sample_ahead`): a host sampler samples batch
 //!    `k + 1` of the same call now, while batch `k`'s backward and Adam run. A
 //!    device sampler (on CUDA on the sampling sibling's stream; an `acc sample`
 //!    track) instead *queues* the next group of up to [`SAMPLE_GROUP`] batches
-//!    once the previous group was read — their kernels enqueued, buffers sized
-//!    by bounds, nothing read (`device sample` slices) — and step 1 of the
-//!    group's first batch reads all their layer sizes at once (a `sample read`
-//!    slice: the one synchronization of the group, whose kernels finished long
-//!    before). In steady state the sampling stream synchronizes once per
+//!    once the previous group was read (`engine/sibling.rs`: their kernels
+//!    enqueued, buffers sized by bounds, nothing read; `device sample` slices)
+//!    and step 1 of the group's first batch reads all their layer sizes at once
+//!    (a `sample read` slice: the one synchronization of the group, whose
+//!    kernels finished long before). In steady state the sampling stream synchronizes once per
 //!    [`SAMPLE_GROUP`] batches (the trace's `host.syncs.sampling`), at the price
 //!    of up to 2 × [`SAMPLE_GROUP`] batches' blocks alive at once. A failed
 //!    sample-ahead (queue or read) is dropped: the batch samples again at its
@@ -26,17 +26,19 @@
 //! 5. The session sees the batch (`executor/mod.rs`, step 3).
 //!
 //! # The deferred loss (`device.loss_lag` = L > 1)
-//! Step 2 then reads nothing: batch `k`'s loss goes to device slot `i` (the
-//! `i`-th batch since the last read) and step 5 waits. When L batches are
-//! pending, at the end of the call, and before a cancel returns, one download
-//! reads all their slots (a `loss read` slice on the accelerator track; its
-//! `host_syncs` argument counts the synchronization) and the session sees them
-//! in order. A non-finite loss set the model's device guard, so its batch and
-//! every pending one after it left the weights alone: the engine moves the
-//! version back by that many steps and clears the guard, and the session sees
-//! the bad batch (`train.on_nonfinite = "stop"`: an error naming it) and none
-//! after it. A callback's stop ends the call after the pending batches (all
-//! trained), which the session sees too. With a tracer, every batch adds a
+//! Step 2 then reads nothing: batch `k`'s loss goes to a device slot and step
+//! 5 waits, by the engine's deferred-loss protocol (`engine/losses.rs`, the one
+//! the layer path uses): when L batches are pending, their slots are queued
+//! for one asynchronous read and the read queued before is resolved (a `loss
+//! read` slice on the accelerator track; an event wait, so its `host_syncs`
+//! argument is 0), and the session sees those batches in order; at the end of
+//! the call and before a cancel returns every read is flushed. A non-finite
+//! loss set the model's device guard, so its batch and every step queued
+//! after it left the weights alone: the version moves back by that many steps,
+//! and the session sees the bad batch (`train.on_nonfinite = "stop"`: an error
+//! naming it) and none after it. A callback's stop is seen when its batch is
+//! shown; the call then flushes and ends after the batches already trained,
+//! which the session sees too. With a tracer, every batch adds a
 //! sample of the engine's synchronizations so far to the `host.syncs` counter
 //! (its backend: the compute stream) and to `host.syncs.sampling` (the
 //! sampling sibling's, which wait for sampling kernels only).
@@ -45,22 +47,20 @@
 //! sampled for; anything else (a new epoch order, a checkpoint load that moved
 //! the position) samples afresh.
 
-use std::time::Instant;
-
 use gpu_ops::Backend;
 use scheduler::StepBased;
 
 pub(crate) mod data_parallel;
+pub(crate) mod device;
 
-use super::{BatchDone, DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
-use crate::engine::{record_copies, BatchRef, DeviceEngine, ModelState, Sampled};
-use crate::error::{Result, StopCause};
+use super::{BatchDone, BatchRef, DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
+use crate::engine::{
+    record_copies, DeferredLosses, DeviceEngine, ModelState, Read, Trained, SAMPLE_GROUP,
+};
+use crate::error::{Error, Result, StopCause};
 use crate::trace::{TrackId, TrackKind, CACHE_HIT_RATE, HOST_SYNCS, SAMPLING_SYNCS};
 use data_parallel::DataParallel;
-
-/// Batches a device sampler queues ahead at once (step 3): their layer sizes
-/// come back in one read, so sampling synchronizes once per this many batches.
-pub(crate) const SAMPLE_GROUP: usize = 8;
+use device::{HostSampler, Sampled};
 
 /// A batch sampled ahead: its seeds, its seed and what was sampled.
 type AheadBatch<T> = (Vec<u32>, u64, T);
@@ -80,22 +80,11 @@ struct Ahead<B: Backend> {
     track: Option<TrackId>,
 }
 
-/// A batch whose step was queued and whose loss is not read yet (the deferred
-/// loss, module doc).
-struct Pending {
-    /// The batch index.
-    k: usize,
-    /// Its loss slot.
-    slot: usize,
-    /// Seconds from its start to its step queued.
-    seconds: f64,
-    /// The version after its step.
-    version: u64,
-}
-
 /// A step-based placement over one device engine (module doc).
 pub(crate) struct StepExecutor<B: Backend> {
     engine: DeviceEngine<B>,
+    /// The host sampler of placements that sample on the CPU.
+    host: HostSampler,
     placement: StepBased,
     ahead: Ahead<B>,
 }
@@ -105,6 +94,7 @@ impl<B: Backend> StepExecutor<B> {
     pub fn new(engine: DeviceEngine<B>, placement: StepBased, sample_ahead: bool) -> Self {
         Self {
             engine,
+            host: HostSampler::default(),
             placement,
             ahead: Ahead {
                 on: sample_ahead,
@@ -165,7 +155,8 @@ impl<B: Backend> StepExecutor<B> {
                 tracer.slice_on(acc, "device sample")
             },
         );
-        self.engine.sample_placed(self.placement, seeds, seed)
+        self.host
+            .sample_placed(&mut self.engine, self.placement, seeds, seed)
     }
 
     /// The `acc sample` track, declared on first use.
@@ -188,7 +179,7 @@ impl<B: Backend> StepExecutor<B> {
         let before = ModelState::transfer_stats(&self.engine);
         let mut slice = due.tag(tracer.slice_on(track, "sample read"));
         let (ids, work): (Vec<_>, Vec<_>) = queued.into_iter().map(|(s, k, q)| ((s, k), q)).unzip();
-        if let Ok(batches) = self.engine.resolve_on_device(work) {
+        if let Ok(batches) = self.engine.resolve_ahead(work) {
             for ((s, k), b) in ids.into_iter().zip(batches) {
                 self.ahead.ready.push_back((s, k, Sampled::Device(b)));
             }
@@ -217,7 +208,7 @@ impl<B: Backend> StepExecutor<B> {
             let track = self.ahead_track();
             let before = ModelState::transfer_stats(&self.engine);
             let mut slice = batch.tag(tracer.slice_on(track, "device sample"));
-            let queued = self.engine.queue_on_device(batch.seeds, batch.seed);
+            let queued = self.engine.queue_ahead(batch.seeds, batch.seed, 0);
             let copies = ModelState::transfer_stats(&self.engine).since(&before);
             record_copies(slice.args_mut(), &copies);
             match queued {
@@ -246,7 +237,10 @@ impl<B: Backend> StepExecutor<B> {
                 tracer.slice_on(track, "device sample")
             },
         );
-        if let Ok(b) = self.engine.sample_placed(self.placement, seeds, seed) {
+        if let Ok(b) = self
+            .host
+            .sample_placed(&mut self.engine, self.placement, seeds, seed)
+        {
             self.ahead.ready.push_back((seeds.to_vec(), seed, b));
         }
         let copies = ModelState::transfer_stats(&self.engine).since(&before);
@@ -255,63 +249,73 @@ impl<B: Backend> StepExecutor<B> {
 }
 
 impl<B: Backend> StepExecutor<B> {
-    /// Reads the losses of `pending` (one download) and shows them to the
-    /// session in order (module doc, the deferred loss). Returns how the call
-    /// ends when a callback asked to stop; a non-finite loss is the session's
-    /// error (or, were it to go on, an internal one: the guard skipped the
-    /// pending batches after it).
-    fn read_pending(
+    /// Resolves the read in flight and queues the pending batches' (the
+    /// deferred loss, module doc; with `flush`, resolved at once too), in a
+    /// `loss read` slice on the accelerator track.
+    fn read_losses(
         &mut self,
         run: &EpochRun<'_>,
-        pending: &mut Vec<Pending>,
-        on_batch: &mut OnBatch<'_>,
-    ) -> Result<Option<EpochEnd>> {
-        if pending.is_empty() {
-            return Ok(None);
-        }
+        losses: &mut DeferredLosses,
+        flush: bool,
+    ) -> Result<Read> {
         let (tracer, acc) = self.engine.tracer();
         let tracer = tracer.clone();
         let before = ModelState::transfer_stats(&self.engine);
-        let last = pending.last().map_or(0, |p| p.k);
-        let mut slice = tracer
-            .slice_on(acc, "loss read")
-            .epoch(run.epoch as u64)
-            .batch(last as u64);
-        let read = self.engine.read_loss_slots(pending.len());
+        let mut slice = tracer.slice_on(acc, "loss read").epoch(run.epoch as u64);
+        let read = losses.rotate(&mut self.engine, flush);
+        if let Some(last) = read.as_ref().ok().and_then(|r| r.done.last()) {
+            slice = slice.batch(last.k as u64);
+        }
         let copies = ModelState::transfer_stats(&self.engine).since(&before);
         record_copies(slice.args_mut(), &copies);
-        drop(slice);
-        let losses = read?;
-        let batches = std::mem::take(pending);
+        read
+    }
+
+    /// Shows the batches whose losses came back (module doc, the deferred
+    /// loss). Returns how the call ends when a callback asked to stop: every
+    /// trained batch is flushed and shown first. A non-finite loss is the
+    /// session's error (or, were it to go on, an internal one: the guard
+    /// skipped the steps queued after it).
+    fn show_losses(
+        &mut self,
+        run: &EpochRun<'_>,
+        losses: &mut DeferredLosses,
+        flush: bool,
+        on_batch: &mut OnBatch<'_>,
+    ) -> Result<Option<EpochEnd>> {
+        if losses.is_empty() {
+            return Ok(None);
+        }
         let mut stop = false;
-        for (i, p) in batches.iter().enumerate() {
-            let (loss_sum, correct) = losses[p.slot];
-            let done = BatchDone {
-                k: p.k,
-                loss_sum,
-                correct,
-                seconds: p.seconds,
-                version: p.version,
-            };
-            if !loss_sum.is_finite() {
-                self.engine.rewind_skipped(batches.len() - i)?;
-                on_batch(&done)?;
-                return Err(crate::error::Error::invalid_argument(
+        let mut last = None;
+        let mut flush = flush;
+        loop {
+            let read = self.read_losses(run, losses, flush)?;
+            for d in &read.done {
+                stop |= on_batch(d)?;
+                last = Some(d.k);
+            }
+            if read.nonfinite {
+                return Err(Error::invalid_argument(
                     "device.loss_lag",
                     format!(
-                        "internal: batch {} had a non-finite loss and the {} queued after it \
+                        "internal: batch {} had a non-finite loss and the steps queued after it \
                          were not applied, but training went on (a loss lag needs \
                          train.on_nonfinite = \"stop\")",
-                        p.k,
-                        batches.len() - i - 1
+                        last.unwrap_or(0)
                     ),
                 ));
             }
-            stop |= on_batch(&done)?;
+            if !stop || flush {
+                break;
+            }
+            // A stop: every trained batch is shown before the call ends.
+            flush = true;
         }
         Ok(stop.then(|| {
-            if last + 1 < run.batches.len() {
-                EpochEnd::Stopped(last + 1, StopCause::Callback)
+            let next = last.map_or(0, |k| k + 1);
+            if next < run.batches.len() {
+                EpochEnd::Stopped(next, StopCause::Callback)
             } else {
                 EpochEnd::Finished(true)
             }
@@ -324,23 +328,29 @@ impl<B: Backend> Executor for StepExecutor<B> {
         let epoch_len = run.batches.len();
         let end = run.end.min(epoch_len);
         let lag = self.engine.loss_lag();
-        let mut pending: Vec<Pending> = Vec::with_capacity(lag);
+        let mut losses = DeferredLosses::default();
         for k in run.start..end {
             if run.cancel.is_cancelled() {
-                if let Some(e) = self.read_pending(run, &mut pending, on_batch)? {
+                if let Some(e) = self.show_losses(run, &mut losses, true, on_batch)? {
                     return Ok(e);
                 }
                 return Ok(EpochEnd::Stopped(k, StopCause::Token));
             }
-            let t = Instant::now();
+            let t = run.clock.now();
             let seeds = run.batches[k];
             let batch = run.batch(k);
             let before = ModelState::transfer_stats(&self.engine);
             let sampled = self.sample(batch)?;
-            let slot = (lag > 1).then_some(pending.len());
-            let (stats, blocks) =
-                self.engine
-                    .train_sampled(self.placement, sampled, batch, true, slot, before)?;
+            let slot = (lag > 1).then_some(losses.next_slot());
+            let (stats, blocks) = device::train_sampled(
+                &mut self.engine,
+                self.placement,
+                sampled,
+                batch,
+                true,
+                slot,
+                before,
+            )?;
             if self.ahead.on {
                 self.sample_ahead(run, k, end);
             }
@@ -355,15 +365,15 @@ impl<B: Backend> Executor for StepExecutor<B> {
                 run.tracer.counter(SAMPLING_SYNCS, sampling as f64);
             }
             let version = ModelState::version(&self.engine);
+            let seconds = run.clock.now().saturating_sub(t).as_secs_f64();
             let Some(stats) = stats else {
-                pending.push(Pending {
+                losses.push(Trained {
                     k,
-                    slot: slot.unwrap_or(0),
-                    seconds: t.elapsed().as_secs_f64(),
+                    seconds,
                     version,
                 });
-                if pending.len() >= lag {
-                    if let Some(e) = self.read_pending(run, &mut pending, on_batch)? {
+                if losses.pending() >= lag {
+                    if let Some(e) = self.show_losses(run, &mut losses, false, on_batch)? {
                         return Ok(e);
                     }
                 }
@@ -373,7 +383,7 @@ impl<B: Backend> Executor for StepExecutor<B> {
                 k,
                 loss_sum: stats.loss * seeds.len() as f64,
                 correct: stats.correct,
-                seconds: t.elapsed().as_secs_f64(),
+                seconds,
                 version,
             };
             if on_batch(&done)? {
@@ -384,7 +394,7 @@ impl<B: Backend> Executor for StepExecutor<B> {
                 });
             }
         }
-        if let Some(e) = self.read_pending(run, &mut pending, on_batch)? {
+        if let Some(e) = self.show_losses(run, &mut losses, true, on_batch)? {
             return Ok(e);
         }
         Ok(EpochEnd::Finished(false))

@@ -1,8 +1,8 @@
-//! The device-resident data-parallel step (`dist.reduce = "nccl"`): how a
-//! [`super::DeviceEngine`] gets the [`GradReduce`] that sums its gradients
-//! without leaving the device, and [`CopyReduce`], the same sum through host
-//! copies over any [`Communicator`] (it checks that step on the host backend,
-//! where NCCL cannot run).
+//! The device-resident data-parallel step (`dist.reduce = "nccl"`): which
+//! [`GradReduce`] sums a rank's gradients without leaving the device
+//! ([`ReduceOn`]), and [`CopyReduce`], the same sum through host copies over
+//! any [`Communicator`] (it checks that step on the host backend, where NCCL
+//! cannot run).
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use crate::dist::Communicator;
 
-/// Which transport sums a device engine's gradients ([`DeviceEngine::set_grad_reduce`](super::DeviceEngine::set_grad_reduce)).
+/// Which transport sums a rank's gradients ([`super::device::grad_reduce`]).
 pub enum ReduceOn {
     /// NCCL between the ranks' GPUs: rank `rank` of `ranks`, joining the
     /// communicator of `id` (drawn by rank 0, broadcast to every rank).

@@ -1,4 +1,4 @@
-//! The asynchronous publication of layer 0 (`engine/publish.rs`) on the host
+//! The asynchronous publication of layer 0 (`engine/pinned.rs`) on the host
 //! backend: what a resolved publication holds (the parameters at its version,
 //! whatever happened to them after the call), what it costs the issuing thread
 //! (downloads, no synchronization), and the pool's reuse rule.
@@ -9,10 +9,13 @@ use cpu_ops::{ModelConfig, ModelKind};
 use gpu_ops::HostBackend;
 use scheduler::{Device, StepBased};
 
+use super::{LayerDevice, LayerEngine, LayerState};
 use crate::data::generate::{generate_sbm, SbmOptions};
-use crate::engine::{BatchRef, DeviceEngine, EngineOptions, LayerDevice, ModelState};
+use crate::engine::{DeviceEngine, EngineOptions, ModelState};
+use crate::executor::step::device::{train_sampled, HostSampler};
+use crate::executor::BatchRef;
 
-fn engine() -> DeviceEngine<HostBackend> {
+fn engine() -> LayerEngine<HostBackend> {
     let ds = Arc::new(
         generate_sbm(&SbmOptions {
             num_vertices: 600,
@@ -33,21 +36,25 @@ fn engine() -> DeviceEngine<HostBackend> {
         dropout: 0.0,
     };
     let fanouts = vec![4, 4];
-    DeviceEngine::new(
+    let engine = DeviceEngine::new(
         HostBackend::new(),
         &ds,
         &model,
-        EngineOptions::for_tests(fanouts, 32),
+        EngineOptions::for_tests(fanouts),
     )
-    .unwrap()
+    .unwrap();
+    LayerEngine::new(engine, LayerState::default())
 }
 
 /// One optimizer step on a batch (device sampling and gather): layer 0's
 /// parameters change in place.
-fn step(e: &mut DeviceEngine<HostBackend>, k: u64) {
+fn step(e: &mut LayerEngine<HostBackend>, k: u64) {
+    let e = &mut e.engine;
     let p = StepBased::new(Device::Accelerator, Device::Accelerator);
     let seeds: Vec<u32> = (0..32).map(|i| (i * 7 + k as u32 * 3) % 600).collect();
-    let s = e.sample_placed(p, &seeds, k).unwrap();
+    let s = HostSampler::default()
+        .sample_placed(e, p, &seeds, k)
+        .unwrap();
     let before = ModelState::transfer_stats(e);
     let batch = BatchRef {
         seeds: &seeds,
@@ -55,7 +62,7 @@ fn step(e: &mut DeviceEngine<HostBackend>, k: u64) {
         epoch: 0,
         k: k as usize,
     };
-    e.train_sampled(p, s, batch, true, None, before).unwrap();
+    train_sampled(e, p, s, batch, true, None, before).unwrap();
 }
 
 fn bits(t: &[Vec<f32>]) -> Vec<Vec<u32>> {

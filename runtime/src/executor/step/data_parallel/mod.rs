@@ -20,10 +20,12 @@
 //! 5. A cancel or a callback's stop on any rank reaches every rank through the
 //!    next step's bucket; every rank stops before the same batch.
 
-use std::sync::Arc;
-use std::time::Instant;
+mod device;
+pub(crate) mod reduce;
 
-use gpu_ops::Backend;
+use std::sync::Arc;
+
+use gpu_ops::{Backend, GradReduce};
 
 use super::StepExecutor;
 use cpu_ops::SparseRows;
@@ -31,10 +33,13 @@ use cpu_ops::SparseRows;
 use crate::data::dataset::Dataset;
 use crate::dist::features::PartitionedFeatures;
 use crate::dist::{share, Communicator, DistReduce, DistStats};
-use crate::engine::{BatchGradients, BatchRef, ModelState, ReduceOn, RowSource};
+use crate::engine::{ModelState, RowSource};
 use crate::error::{Error, Result, StopCause};
+use crate::executor::BatchRef;
 use crate::executor::{BatchDone, DistSetup, EpochEnd, EpochRun, Executor, OnBatch};
 use crate::trace::{Tracer, TrackId, CACHE_HIT_RATE};
+use device::{apply_gradients, batch_gradients, grad_reduce, reduce_and_step, BatchGradients};
+use reduce::ReduceOn;
 
 /// Scalars at the end of a step's all-reduce bucket (module doc, step 3).
 const BUCKET_SCALARS: usize = 5;
@@ -80,8 +85,9 @@ pub(crate) struct DataParallel<B: Backend> {
     stats: DistStats,
     /// The step's all-reduce bucket.
     bucket: Vec<f32>,
-    /// The gradients are summed on the device: the transport's line.
-    device_reduce: Option<String>,
+    /// The gradients are summed on the device: the sum and the transport's
+    /// line.
+    device_reduce: Option<(Box<dyn GradReduce<B>>, String)>,
     tracer: Tracer,
 }
 
@@ -103,11 +109,10 @@ impl<B: Backend> DataParallel<B> {
         }
         let device_reduce = if host_copy_reduce {
             let channel = comm.duplicate()?;
-            Some(
-                inner
-                    .engine_mut()
-                    .set_grad_reduce(ReduceOn::HostCopy(channel))?,
-            )
+            Some(grad_reduce(
+                inner.engine_mut(),
+                ReduceOn::HostCopy(channel),
+            )?)
         } else {
             join_nccl(&mut inner, &*comm, reduce)?
         };
@@ -151,8 +156,9 @@ impl<B: Backend> DataParallel<B> {
             let sampled = self.inner.sample(share)?;
             let placement = self.inner.placement();
             let engine = self.inner.engine_mut();
-            let (stats, blocks) =
-                engine.train_sampled(placement, sampled, share, false, None, before)?;
+            let (stats, blocks) = super::device::train_sampled(
+                engine, placement, sampled, share, false, None, before,
+            )?;
             let stats = stats.ok_or_else(|| {
                 crate::error::Error::invalid_argument(
                     "dist",
@@ -172,7 +178,7 @@ impl<B: Backend> DataParallel<B> {
                     flat: None,
                 }
             } else {
-                engine.batch_gradients(stats, mine.len())?
+                batch_gradients(engine, stats, mine.len())?
             }
         };
         let total = ModelState::num_params(self.inner.engine_mut());
@@ -203,16 +209,22 @@ impl<B: Backend> DataParallel<B> {
                 .batch(k as u64);
             let bytes = 4 * total as u64;
             s.set_bytes(bytes);
-            let t = Instant::now();
-            if !self.inner.engine_mut().reduce_and_step(weight)? {
+            let t = run.clock.now();
+            let (reduce, _) = self.device_reduce.as_ref().ok_or_else(|| {
+                Error::invalid_argument(
+                    "dist.reduce",
+                    "internal: no device gradient reduction was set up",
+                )
+            })?;
+            if !reduce_and_step(self.inner.engine_mut(), &**reduce, weight)? {
                 loss_sum = f64::NAN;
             }
             self.stats.allreduce_bytes += bytes;
-            self.stats.allreduce_secs += t.elapsed().as_secs_f64();
+            self.stats.allreduce_secs += run.clock.now().saturating_sub(t).as_secs_f64();
         } else {
             let _step = tracer.slice("step").epoch(run.epoch as u64).batch(k as u64);
             let bucket = std::mem::take(&mut self.bucket);
-            let applied = self.inner.engine_mut().apply_gradients(&bucket[..total]);
+            let applied = apply_gradients(self.inner.engine_mut(), &bucket[..total]);
             self.bucket = bucket;
             applied?;
         }
@@ -261,11 +273,11 @@ impl<B: Backend> DataParallel<B> {
                 .batch(k as u64);
             let bytes = std::mem::size_of_val(bucket.as_slice()) as u64;
             reduce.set_bytes(bytes);
-            let t = Instant::now();
+            let t = run.clock.now();
             self.comm.all_reduce_sum(bucket)?;
             self.stats.allreduces += 1;
             self.stats.allreduce_bytes += bytes;
-            self.stats.allreduce_secs += t.elapsed().as_secs_f64();
+            self.stats.allreduce_secs += run.clock.now().saturating_sub(t).as_secs_f64();
         }
         Ok(Reduced {
             loss_sum: bucket[len] as f64,
@@ -283,11 +295,12 @@ impl<B: Backend> DataParallel<B> {
 /// (`"nccl"`, or `"auto"` with NCCL and a GPU on every rank; collective): the
 /// flag first, so that every rank takes the same way, then rank 0's unique id.
 /// Returns the transport's line, `None` for MPI.
+#[allow(clippy::type_complexity)]
 fn join_nccl<B: Backend>(
     inner: &mut StepExecutor<B>,
     comm: &dyn Communicator,
     reduce: DistReduce,
-) -> Result<Option<String>> {
+) -> Result<Option<(Box<dyn GradReduce<B>>, String)>> {
     let use_nccl = match reduce {
         DistReduce::Mpi => false,
         // Checked on each rank before (`nccl_lacks`): every rank can.
@@ -329,7 +342,7 @@ fn join_nccl<B: Backend>(
         ranks: comm.size(),
         id: gpu_ops::NcclId(id),
     };
-    Ok(Some(inner.engine_mut().set_grad_reduce(on)?))
+    Ok(Some(grad_reduce(inner.engine_mut(), on)?))
 }
 
 /// Why a rank on a `kind` device cannot sum gradients over NCCL (`None`: it
@@ -360,7 +373,7 @@ impl<B: Backend> Executor for DataParallel<B> {
             if agreed.stop {
                 return Ok(EpochEnd::Stopped(k, StopCause::Callback));
             }
-            let t = Instant::now();
+            let t = run.clock.now();
             let (loss_sum, correct, now) = self.step(run, k, pending_stop)?;
             agreed = now;
             if run.tracer.is_enabled() {
@@ -371,7 +384,7 @@ impl<B: Backend> Executor for DataParallel<B> {
                 k,
                 loss_sum,
                 correct,
-                seconds: t.elapsed().as_secs_f64(),
+                seconds: run.clock.now().saturating_sub(t).as_secs_f64(),
                 version: ModelState::version(self.inner.engine_mut()),
             };
             if on_batch(&done)? {
@@ -412,7 +425,7 @@ impl<B: Backend> Executor for DataParallel<B> {
                  through the feature exchange and uploaded",
             );
         }
-        if let Some(t) = &self.device_reduce {
+        if let Some((_, t)) = &self.device_reduce {
             line.push_str(&format!("; gradients summed on the device over {t}"));
         }
         line
