@@ -29,10 +29,10 @@
 use cpu_ops::FeatureMatrix;
 
 use super::alloc::{CudaBuf, Init};
+use super::dense::elems;
 use super::device::CudaBackend;
 use super::driver::drv;
 use super::kernels::{launch, Grid, PtrMut};
-use super::math::elems;
 use super::pinned::{CudaPinned, HostRegion};
 use crate::backend::{to_bf16_bits, CacheStats, Elem, FeatureDtype, FeatureStore};
 use crate::cache::{CachePolicy, NO_SLOT};

@@ -24,11 +24,11 @@ mod stats;
 pub use stats::AllocatorStats;
 
 #[cfg(feature = "cuda")]
-mod aggregate;
-#[cfg(feature = "cuda")]
 mod alloc;
 #[cfg(feature = "cuda")]
-mod core_impl;
+mod core;
+#[cfg(feature = "cuda")]
+mod dense;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
@@ -38,21 +38,21 @@ mod features;
 #[cfg(feature = "cuda")]
 mod gemm_lt;
 #[cfg(feature = "cuda")]
+mod graph;
+#[cfg(feature = "cuda")]
 mod kernels;
 #[cfg(feature = "cuda")]
-mod math;
+mod memory;
 #[cfg(feature = "cuda")]
 mod nccl;
 #[cfg(feature = "cuda")]
 mod pinned;
 #[cfg(feature = "cuda")]
-mod sample;
+mod sampling;
 #[cfg(feature = "cuda")]
 mod scan;
 #[cfg(feature = "cuda")]
 mod sparse;
-#[cfg(feature = "cuda")]
-mod transfer;
 
 #[cfg(feature = "cuda")]
 pub use device::CudaBackend;

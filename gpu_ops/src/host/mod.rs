@@ -15,11 +15,11 @@
 
 mod block;
 mod buffer;
+mod dense;
 mod features;
-mod math;
 mod memory;
 mod pool;
-mod sample;
+mod sampling;
 mod sparse;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,10 +37,10 @@ use crate::error::{GpuOpsError, Result};
 
 pub use block::HostBlock;
 pub use buffer::{HostBuf, HostEvent, HostStream};
+pub use dense::HostMask;
 pub use features::HostFeatures;
-pub use math::HostMask;
-pub use sample::HostGraph;
-use sample::{HostQueued, HostReading};
+pub use sampling::HostGraph;
+use sampling::{HostQueued, HostReading};
 pub use sparse::HostSparse;
 
 /// The host backend (see the module doc). Cheap to create; holds no threads of its
@@ -290,7 +290,7 @@ impl Sampling for HostBackend {
         fanouts: &[u32],
         seed: u64,
     ) -> Result<DeviceBatch<Self>> {
-        let batch = sample::sample(graph, seeds, fanouts, seed)?;
+        let batch = sampling::sample(graph, seeds, fanouts, seed)?;
         // The layer sizes reach the host: the CUDA backend's one read a batch.
         self.transfers.sync();
         Ok(batch)
@@ -305,9 +305,9 @@ impl Sampling for HostBackend {
         seed: u64,
     ) -> Result<HostQueued> {
         let batch = if from == 0 {
-            sample::sample(graph, seeds, fanouts, seed)
+            sampling::sample(graph, seeds, fanouts, seed)
         } else {
-            sample::sample_from(graph, seeds, fanouts, from, seed)
+            sampling::sample_from(graph, seeds, fanouts, from, seed)
         }?;
         Ok(HostQueued {
             batch,
@@ -324,7 +324,7 @@ impl Sampling for HostBackend {
         layer_seed: u64,
         skip: Option<&HostBuf<u8>>,
     ) -> Result<HostQueued> {
-        let (block, src, _) = sample::sample_hop(graph, dst, n_dst, fanout, layer_seed, skip)?;
+        let (block, src, _) = sampling::sample_hop(graph, dst, n_dst, fanout, layer_seed, skip)?;
         Ok(HostQueued {
             batch: DeviceBatch {
                 blocks: vec![block],
@@ -394,7 +394,7 @@ impl Sampling for HostBackend {
         layer_seed: u64,
         skip: Option<&HostBuf<u8>>,
     ) -> Result<(HostBlock, HostBuf<u32>, usize)> {
-        let hop = sample::sample_hop(graph, dst, n_dst, fanout, layer_seed, skip)?;
+        let hop = sampling::sample_hop(graph, dst, n_dst, fanout, layer_seed, skip)?;
         self.transfers.sync();
         Ok(hop)
     }
@@ -406,7 +406,7 @@ impl Sampling for HostBackend {
         candidates: &HostBuf<u32>,
         num_candidates: usize,
     ) -> Result<(HostBuf<u32>, HostBuf<u32>, usize)> {
-        let r = sample::unique_relabel(targets, num_targets, candidates, num_candidates)?;
+        let r = sampling::unique_relabel(targets, num_targets, candidates, num_candidates)?;
         self.transfers.sync();
         Ok(r)
     }
@@ -535,7 +535,7 @@ impl DenseOps for HostBackend {
         accumulate: bool,
     ) -> Result<()> {
         let tf32 = self.tf32.load(std::sync::atomic::Ordering::Relaxed);
-        math::matmul(a, b, c, accumulate, tf32)
+        dense::matmul(a, b, c, accumulate, tf32)
     }
 
     fn add_bias(
@@ -545,7 +545,7 @@ impl DenseOps for HostBackend {
         cols: usize,
         bias: &HostBuf<f32>,
     ) -> Result<()> {
-        math::add_bias(x, rows, cols, bias)
+        dense::add_bias(x, rows, cols, bias)
     }
 
     fn bias_grad(
@@ -556,19 +556,19 @@ impl DenseOps for HostBackend {
         dbias: &mut HostBuf<f32>,
         accumulate: bool,
     ) -> Result<()> {
-        math::bias_grad(dy, rows, cols, dbias, accumulate)
+        dense::bias_grad(dy, rows, cols, dbias, accumulate)
     }
 
     fn relu(&self, x: &mut HostBuf<f32>, n: usize) -> Result<()> {
-        math::relu(x, n)
+        dense::relu(x, n)
     }
 
     fn relu_backward(&self, y: &HostBuf<f32>, dy: &mut HostBuf<f32>, n: usize) -> Result<()> {
-        math::relu_backward(y, dy, n)
+        dense::relu_backward(y, dy, n)
     }
 
     fn elu(&self, x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
-        math::elu(x, n, alpha)
+        dense::elu(x, n, alpha)
     }
 
     fn elu_backward(
@@ -578,15 +578,15 @@ impl DenseOps for HostBackend {
         n: usize,
         alpha: f32,
     ) -> Result<()> {
-        math::elu_backward(y, dy, n, alpha)
+        dense::elu_backward(y, dy, n, alpha)
     }
 
     fn dropout(&self, x: &mut HostBuf<f32>, n: usize, p: f32, seed: u64) -> Result<HostMask> {
-        math::dropout(x, n, p, seed)
+        dense::dropout(x, n, p, seed)
     }
 
     fn dropout_backward(&self, mask: &HostMask, dy: &mut HostBuf<f32>, n: usize) -> Result<()> {
-        math::dropout_backward(mask, dy, n)
+        dense::dropout_backward(mask, dy, n)
     }
 
     fn softmax_cross_entropy(
@@ -597,7 +597,7 @@ impl DenseOps for HostBackend {
         labels: &HostBuf<u32>,
         grad: Option<&mut HostBuf<f32>>,
     ) -> Result<LossStats> {
-        let stats = math::softmax_cross_entropy(
+        let stats = dense::softmax_cross_entropy(
             logits,
             rows,
             classes,
@@ -635,7 +635,7 @@ impl DenseOps for HostBackend {
                 expected: 1,
                 found: 0,
             })?;
-        let s = math::softmax_cross_entropy(
+        let s = dense::softmax_cross_entropy(
             inp.logits,
             inp.rows,
             inp.classes,
@@ -671,7 +671,7 @@ impl DenseOps for HostBackend {
             lens,
         } = t;
         for i in 0..count {
-            math::adam_step(hp, &mut params[i], &grads[i], &mut m[i], &mut v[i], lens[i])?;
+            dense::adam_step(hp, &mut params[i], &grads[i], &mut m[i], &mut v[i], lens[i])?;
         }
         Ok(())
     }
@@ -685,7 +685,7 @@ impl DenseOps for HostBackend {
         v: &mut HostBuf<f32>,
         n: usize,
     ) -> Result<()> {
-        math::adam_step(hp, param, grad, m, v, n)
+        dense::adam_step(hp, param, grad, m, v, n)
     }
 }
 
@@ -698,7 +698,7 @@ impl GraphOps for HostBackend {
         dim: usize,
         out: &mut HostBuf<f32>,
     ) -> Result<()> {
-        math::aggregate_forward(self.simd, block, kind, x, dim, out)
+        dense::aggregate_forward(self.simd, block, kind, x, dim, out)
     }
 
     fn aggregate_backward(
@@ -709,7 +709,7 @@ impl GraphOps for HostBackend {
         dim: usize,
         grad_x: &mut HostBuf<f32>,
     ) -> Result<()> {
-        math::aggregate_backward(self.simd, block, kind, grad_out, dim, grad_x)
+        dense::aggregate_backward(self.simd, block, kind, grad_out, dim, grad_x)
     }
 
     fn gat_forward(
@@ -717,7 +717,7 @@ impl GraphOps for HostBackend {
         block: &HostBlock,
         inp: &GatInputsDev<'_, Self>,
     ) -> Result<GatSaved<Self>> {
-        math::gat_forward(self.simd, block, inp)
+        dense::gat_forward(self.simd, block, inp)
     }
 
     fn gat_backward(
@@ -727,7 +727,7 @@ impl GraphOps for HostBackend {
         saved: &GatSaved<Self>,
         grad_out: &HostBuf<f32>,
     ) -> Result<GatGradsDev<Self>> {
-        math::gat_backward(self.simd, block, inp, saved, grad_out)
+        dense::gat_backward(self.simd, block, inp, saved, grad_out)
     }
 }
 

@@ -10,10 +10,10 @@
 use cpu_ops::AggregateKind;
 
 use super::alloc::{CudaBuf, Init};
+use super::dense::elems;
 use super::device::CudaBackend;
 use super::kernels::{launch, Grid, Ptr};
-use super::math::elems;
-use super::sample::CudaBlock;
+use super::sampling::CudaBlock;
 use crate::backend::{GatGradsDev, GatInputsDev, GatSaved, GraphOps};
 use crate::error::{GpuOpsError, Result};
 

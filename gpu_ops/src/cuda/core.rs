@@ -6,12 +6,12 @@
 use cudarc::driver::{result, sys};
 
 use super::alloc::CudaBuf;
+use super::dense::CudaMask;
 use super::device::{CudaBackend, CudaEventHandle, CudaStreamHandle};
 use super::driver::drv;
 use super::features::CudaFeatures;
-use super::math::CudaMask;
 use super::pinned::CudaPinned;
-use super::sample::{CudaBlock, CudaGraph};
+use super::sampling::{CudaBlock, CudaGraph};
 use crate::backend::{DeviceCore, DeviceKind, Elem, MemoryInfo};
 use crate::error::Result;
 
