@@ -28,7 +28,7 @@ use cudarc::cublaslt::sys;
 use parking_lot::Mutex;
 
 use super::alloc::{CudaBuf, Init};
-use super::dense::ColMajorGemm;
+use super::gemm::ColMajorGemm;
 use crate::error::{GpuOpsError, Result};
 use crate::Precision;
 

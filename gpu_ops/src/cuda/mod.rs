@@ -36,6 +36,8 @@ mod driver;
 #[cfg(feature = "cuda")]
 mod features;
 #[cfg(feature = "cuda")]
+mod gemm;
+#[cfg(feature = "cuda")]
 mod gemm_lt;
 #[cfg(feature = "cuda")]
 mod graph;
