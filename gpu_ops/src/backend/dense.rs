@@ -212,7 +212,7 @@ pub trait DenseOps: DeviceMemory {
     /// `m × k` and `B` as `k × n` ([`DevMat::product_dims`]), `C` is the row-major
     /// `m × n` prefix of `c`. Errors: the columns of `a` differ from the rows of
     /// `b`, or a buffer holds fewer values than its matrix
-    /// ([`GpuOpsError::SizeMismatch`](crate::GpuOpsError::SizeMismatch)).
+    /// ([`GpuOpsError::SizeMismatch`]).
     fn matmul(
         &self,
         a: DevMat<'_, Self>,

@@ -26,7 +26,8 @@
 //!    its output, so a buffer may be longer than the op needs (buffers are reused
 //!    across batches) and "the first `n_dst` rows" of a matrix is the same buffer with
 //!    a smaller row count. A buffer shorter than required is a
-//!    [`GpuOpsError::SizeMismatch`], never an out-of-bounds access.
+//!    [`GpuOpsError::SizeMismatch`](crate::GpuOpsError::SizeMismatch), never an
+//!    out-of-bounds access.
 //! 3. **Results** that the host needs (loss, counts) are returned by value: such an
 //!    op synchronizes the compute stream.
 //! 4. **Determinism.** The host backend is bit-deterministic for a seed. The CUDA

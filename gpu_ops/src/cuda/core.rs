@@ -1,7 +1,8 @@
 //! [`DeviceCore`] for [`CudaBackend`]: its associated types — each defined in
-//! its op family's file — and the core methods (kind, description, streams,
-//! events, synchronization, memory info, precision). Kept apart from
-//! `device.rs` so that the backend struct does not depend on every op file.
+//! its op family's file, the stream and event handles in `device.rs` — and the
+//! core methods (kind, description, streams, events, synchronization, memory
+//! info, precision). Kept apart from `device.rs` so that the backend struct does
+//! not depend on every op file.
 
 use cudarc::driver::{result, sys};
 

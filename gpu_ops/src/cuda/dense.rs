@@ -1,4 +1,4 @@
-//! Dense math on the device: GEMM through cuBLAS, bias, activations, dropout, softmax
+//! [`DenseOps`] for the CUDA backend: GEMM through cuBLAS, bias, activations, dropout, softmax
 //! cross-entropy, Adam, and the deterministic column sums the bias and attention
 //! gradients use (kernels in `kernels/math.cu`).
 //!

@@ -1,6 +1,6 @@
-//! Vertex features on the device: a row cache with a byte budget in front of host
-//! rows read zero-copy, the counting gather, and device-side row selection (kernels
-//! in `kernels/features.cu`).
+//! [`FeatureStore`] for the CUDA backend: a row cache with a byte budget in front of
+//! host rows read zero-copy, the counting gather, and device-side row selection
+//! (kernels in `kernels/features.cu`).
 //!
 //! The bookkeeping is the shared [`CachePolicy`] (which vertex sits in which slot,
 //! occupancy, hit/miss counters); this file mirrors its decisions on the device:

@@ -1,5 +1,6 @@
-//! Neighbor aggregation (sum, mean, GCN-normalized) and GAT attention on device
-//! blocks: the host side of `kernels/aggregate.cu` and `kernels/attention.cu`.
+//! [`GraphOps`] for the CUDA backend: neighbor aggregation (sum, mean,
+//! GCN-normalized) and GAT attention on device blocks, the host side of
+//! `kernels/aggregate.cu` and `kernels/attention.cu`.
 //!
 //! Forward passes write each output row from one warp, summing its edges in CSR
 //! order: deterministic. Backward passes scatter into the sources with float

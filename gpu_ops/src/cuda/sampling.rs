@@ -1,5 +1,6 @@
-//! Topology on the device, neighbor sampling, unique relabeling and blocks (kernels
-//! in `kernels/sample.cu` and `kernels/aggregate.cu`).
+//! [`crate::Sampling`] for the CUDA backend: topology on the device, neighbor
+//! sampling, unique relabeling and blocks (kernels in `kernels/sample.cu` and
+//! `kernels/aggregate.cu`).
 //!
 //! # One batch ([`crate::Sampling::sample`]), from the seeds down
 //! 1. The seeds are checked on the host (in range, distinct) and uploaded.
@@ -103,7 +104,7 @@ enum Topology {
     },
 }
 
-/// A graph's CSR topology ready for [`crate::Backend::sample`].
+/// A graph's CSR topology ready for [`crate::Sampling::sample`].
 pub struct CudaGraph {
     num_vertices: usize,
     num_edges: usize,
