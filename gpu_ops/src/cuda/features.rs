@@ -23,7 +23,7 @@
 //! [`crate::FeatureStore::cache_stats`] reads the mirror, which is current as of the
 //! compute stream's last synchronization (in a training step, the loss read after
 //! the gather), and an id outside the matrix is a device fault reported at that
-//! synchronization. (Before, every gather read its two counts back: one
+//! synchronization. (Reading the two counts back in every gather would cost one
 //! `cuStreamSynchronize` and a fault-word copy per batch.)
 
 use cpu_ops::FeatureMatrix;
