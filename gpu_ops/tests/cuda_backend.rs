@@ -226,7 +226,7 @@ fn floyd_sampling_on_a_hub_picks_distinct_neighbors_in_row_order() {
 /// A one-rank NCCL communicator on this GPU: the sum over one rank is the
 /// identity, zero lengths are skipped, bad lengths are errors before NCCL is
 /// called, and the line names NCCL's version. Skipped without NCCL (unless
-/// `TANDEM_REQUIRE_NCCL` is set, as `bench/gpu/issue12.sh` does).
+/// `TANDEM_REQUIRE_NCCL` is set, as a GPU run that must exercise NCCL sets it).
 #[test]
 fn a_one_rank_nccl_communicator_sums_in_place() {
     let Some(d) = dev() else { return };

@@ -3,7 +3,7 @@
 // (cpu_ops::{aggregate, attention, loss, sampler, dropout}, the relabel contract).
 // Grids are kept at a few blocks so every grid- and warp-stride loop runs more than
 // once. The host-side orchestration (scan levels, relabel steps, sampling counts →
-// scan → pick) mirrors gpu_ops/src/cuda/{scan,sample}.rs.
+// scan → pick) mirrors gpu_ops/src/cuda/{scan,sampling}.rs.
 //
 // Build and run: .ci/kernel-simt (g++ >= 12, -std=c++20 -pthread).
 #include "emu.h"
@@ -470,7 +470,7 @@ static void test_count_scan() {
     std::printf("count scan ok\n");
 }
 
-// The whole chain as CudaBackend::sample runs it (sample.rs): every layer sized by
+// The whole chain as CudaBackend::sample runs it (sampling.rs): every layer sized by
 // bounds (frontier capacity × min(fanout, max degree) edges, capacity + edges
 // sources capped at the vertex count), the frontier of a layer being the sources
 // of the layer above with their count on the device, poison past every live

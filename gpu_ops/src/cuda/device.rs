@@ -1,5 +1,6 @@
-//! [`CudaBackend`]: availability checks, context, streams, events, memory info, the
-//! fault word, and the cuBLAS handle. The ops live beside it, one file per family.
+//! [`CudaBackend`]: availability checks, context, the stream and event handles, the
+//! fault word, and the cuBLAS handle. The ops live beside it, one file per family
+//! ([`DeviceCore`](crate::DeviceCore)'s in `core.rs`).
 //!
 //! # Errors that happen on the device
 //! A kernel cannot return an error. Where a kernel reads an index that lives in device
@@ -160,7 +161,7 @@ pub struct CudaBackend {
     /// Copies and synchronizations of this instance.
     pub(crate) transfers: crate::backend::TransferCounter,
     /// The pinned counts and bottom sources of the last finished
-    /// `Sampling::read_queued`, reused by the next (`sample.rs`).
+    /// `Sampling::read_queued`, reused by the next (`sampling.rs`).
     pub(crate) readback: Mutex<Option<ReadbackPair>>,
     /// The same for reads of queued hops only (their sizes): a slot of their
     /// own, so the two kinds of read, both in flight once a super-batch on
@@ -169,7 +170,7 @@ pub struct CudaBackend {
     pub(crate) readback_hops: Mutex<Option<ReadbackPair>>,
 }
 
-/// Pinned layer counts and bottom sources of a queued read (`sample.rs`).
+/// Pinned layer counts and bottom sources of a queued read (`sampling.rs`).
 pub(crate) type ReadbackPair = (
     super::pinned::CudaPinned<u64>,
     super::pinned::CudaPinned<u32>,
@@ -363,7 +364,7 @@ impl CudaBackend {
     }
 
     /// The cuBLAS handle (locked: one user at a time).
-    /// cuBLAS's math mode for `precision` ([`DeviceCore::set_precision`]).
+    /// cuBLAS's math mode for `precision` ([`DeviceCore::set_precision`](crate::DeviceCore::set_precision)).
     pub(crate) fn set_blas_math(&self, precision: crate::Precision) -> Result<()> {
         use cublas::sys::cublasMath_t as M;
         self.bind()?;

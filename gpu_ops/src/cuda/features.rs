@@ -1,6 +1,6 @@
-//! Vertex features on the device: a row cache with a byte budget in front of host
-//! rows read zero-copy, the counting gather, and device-side row selection (kernels
-//! in `kernels/features.cu`).
+//! [`FeatureStore`] for the CUDA backend: a row cache with a byte budget in front of
+//! host rows read zero-copy, the counting gather, and device-side row selection
+//! (kernels in `kernels/features.cu`).
 //!
 //! The bookkeeping is the shared [`CachePolicy`] (which vertex sits in which slot,
 //! occupancy, hit/miss counters); this file mirrors its decisions on the device:
@@ -23,16 +23,16 @@
 //! [`crate::FeatureStore::cache_stats`] reads the mirror, which is current as of the
 //! compute stream's last synchronization (in a training step, the loss read after
 //! the gather), and an id outside the matrix is a device fault reported at that
-//! synchronization. (Before, every gather read its two counts back: one
+//! synchronization. (Reading the two counts back in every gather would cost one
 //! `cuStreamSynchronize` and a fault-word copy per batch.)
 
 use cpu_ops::FeatureMatrix;
 
 use super::alloc::{CudaBuf, Init};
+use super::dense::elems;
 use super::device::CudaBackend;
 use super::driver::drv;
 use super::kernels::{launch, Grid, PtrMut};
-use super::math::elems;
 use super::pinned::{CudaPinned, HostRegion};
 use crate::backend::{to_bf16_bits, CacheStats, Elem, FeatureDtype, FeatureStore};
 use crate::cache::{CachePolicy, NO_SLOT};

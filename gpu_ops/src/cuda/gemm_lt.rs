@@ -1,5 +1,5 @@
-//! GEMM through cuBLASLt with a restricted split-K reduction (issue 23), behind
-//! the `TANDEM_GEMM` environment variable; the default stays `cublasSgemm`.
+//! GEMM through cuBLASLt with a restricted split-K reduction, behind the
+//! `TANDEM_GEMM` environment variable; the default stays `cublasSgemm`.
 //!
 //! cuBLAS picks split-K for the skinny products of a SAGE step (weight gradients
 //! `Xᵀ·G` with `k` = thousands of rows and `m × n` = 256 × 256: few output tiles)
@@ -13,12 +13,12 @@
 //!   no separate reduction launch, the split-K parallelism kept;
 //! - `TANDEM_GEMM=lt-nosplit`: no split-K at all (`..._NONE`): one launch,
 //!   but a 256 × 256 output over a long `k` runs on few blocks;
-//! - unset or `cublas`: `cublasSgemm` as before.
+//! - unset or `cublas`: `cublasSgemm`.
 //!
-//! Which of the three is fastest is measured, not known: `bench/gpu/issue23.sh
-//! gemm` runs the CUDA parity tests and an `ncu` window under each. The
-//! algorithm cuBLASLt's heuristic returns is kept per shape (a few dozen shapes
-//! a run), so the heuristic runs once per shape.
+//! Which of the three is fastest is measured, not known: run the CUDA parity
+//! tests and an `ncu` window under each (`docs/gpu.md`). The algorithm
+//! cuBLASLt's heuristic returns is kept per shape (a few dozen shapes a run), so
+//! the heuristic runs once per shape.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -28,7 +28,7 @@ use cudarc::cublaslt::sys;
 use parking_lot::Mutex;
 
 use super::alloc::{CudaBuf, Init};
-use super::math::ColMajorGemm;
+use super::gemm::ColMajorGemm;
 use crate::error::{GpuOpsError, Result};
 use crate::Precision;
 

@@ -7,16 +7,25 @@
 //! Without the feature, a stand-in with the same API (an uninhabited type) compiles
 //! instead, so code generic over [`crate::Backend`] needs no `cfg`.
 //!
-//! Files, by concern: `device.rs` (the backend: context, streams, events, faults),
-//! `alloc.rs` (caching allocator, device buffers), `pinned.rs` (pinned and zero-copy
-//! host memory), `kernels.rs` (kernel registry, NVRTC, typed launch arguments), `transfer.rs`
-//! (copies), `scan.rs` (prefix sums), `sample.rs` (topology, sampling, relabel,
-//! blocks), `features.rs` (feature cache, gather, row selection), `math.rs` (dense
-//! math; `gemm_lt.rs`: the opt-in cuBLASLt GEMM path), `aggregate.rs` (aggregation, GAT), `sparse.rs` (sparse rows: not
-//! implemented, reported as such). Each file implements its op family's
-//! trait ([`crate::DeviceCore`] in `device.rs`, [`crate::DeviceMemory`] in
-//! `transfer.rs`, [`crate::Sampling`], [`crate::FeatureStore`], [`crate::DenseOps`],
-//! [`crate::GraphOps`], [`crate::SparseOps`]); `nccl.rs` adds the umbrella [`crate::Backend`].
+//! Files, one per op family with the trait's file name (`backend/`), each holding
+//! the family's impl for [`CudaBackend`]: `core.rs` ([`crate::DeviceCore`]: the
+//! handle types, streams, events, synchronization, memory info, precision),
+//! `memory.rs` ([`crate::DeviceMemory`]: allocation and copies), `sampling.rs`
+//! ([`crate::Sampling`]: topology, sampling, relabel, blocks, queued reads),
+//! `features.rs` ([`crate::FeatureStore`]: feature cache, gather, row selection),
+//! `dense.rs` ([`crate::DenseOps`]: dense math, loss, Adam), `graph.rs`
+//! ([`crate::GraphOps`]: aggregation, GAT) and `sparse.rs` ([`crate::SparseOps`]:
+//! not implemented, reported as such); `nccl.rs` adds the umbrella
+//! [`crate::Backend`] (its collective reduce over NCCL).
+//!
+//! Beside them, the backend's own pieces: `device.rs` (the backend struct:
+//! availability checks, context, stream and event handles, the fault word, the
+//! cuBLAS handle), `alloc.rs` (caching allocator, device buffers), `pinned.rs`
+//! (pinned and zero-copy host memory), `kernels.rs` (kernel registry, NVRTC, typed
+//! launch arguments), `scan.rs` (prefix sums), `gemm.rs` (the row-major product as
+//! a column-major GEMM), `gemm_lt.rs` (the opt-in cuBLASLt GEMM path), `driver.rs`
+//! (driver and cuBLAS errors) and `stats.rs` (the allocator's counters, shared with
+//! `disabled.rs`, the stand-in compiled without the feature).
 //! Design notes: `docs/gpu.md`.
 
 mod stats;
@@ -24,11 +33,11 @@ mod stats;
 pub use stats::AllocatorStats;
 
 #[cfg(feature = "cuda")]
-mod aggregate;
-#[cfg(feature = "cuda")]
 mod alloc;
 #[cfg(feature = "cuda")]
-mod core_impl;
+mod core;
+#[cfg(feature = "cuda")]
+mod dense;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
@@ -36,23 +45,25 @@ mod driver;
 #[cfg(feature = "cuda")]
 mod features;
 #[cfg(feature = "cuda")]
+mod gemm;
+#[cfg(feature = "cuda")]
 mod gemm_lt;
+#[cfg(feature = "cuda")]
+mod graph;
 #[cfg(feature = "cuda")]
 mod kernels;
 #[cfg(feature = "cuda")]
-mod math;
+mod memory;
 #[cfg(feature = "cuda")]
 mod nccl;
 #[cfg(feature = "cuda")]
 mod pinned;
 #[cfg(feature = "cuda")]
-mod sample;
+mod sampling;
 #[cfg(feature = "cuda")]
 mod scan;
 #[cfg(feature = "cuda")]
 mod sparse;
-#[cfg(feature = "cuda")]
-mod transfer;
 
 #[cfg(feature = "cuda")]
 pub use device::CudaBackend;

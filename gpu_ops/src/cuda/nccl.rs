@@ -145,9 +145,9 @@ impl GradReduce<CudaBackend> for NcclReduce {
     }
 }
 
-/// The umbrella trait: every family is implemented in its file (`device.rs`,
-/// `transfer.rs`, `sample.rs`, `features.rs`, `math.rs`, `aggregate.rs`); this adds
-/// the collective reduce.
+/// The umbrella trait: every family is implemented in its file (`core.rs`,
+/// `memory.rs`, `sampling.rs`, `features.rs`, `dense.rs`, `graph.rs`, `sparse.rs`);
+/// this adds the collective reduce.
 impl Backend for CudaBackend {
     fn nccl_reduce(
         &self,

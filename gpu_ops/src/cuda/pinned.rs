@@ -6,10 +6,9 @@
 //! 1. the array is cloned (an `Arc` of the map or of the owned vector, no copy, and
 //!    `HostArray` is immutable) and its pages registered with
 //!    `cuMemHostRegister(DEVICEMAP | PORTABLE | READ_ONLY)`; the clone keeps the
-//!    memory alive for the region's life. Owned arrays are registered too since
-//!    issue 24 (before, when a clone was a copy, they were copied to pinned memory:
-//!    a papers100M-sized graph generated in memory would have held its 57 GB of
-//!    features twice);
+//!    memory alive for the region's life. Owned arrays are registered in place
+//!    too, not copied to pinned memory: a papers100M-sized graph generated in
+//!    memory would otherwise hold its 57 GB of features twice;
 //! 2. an array the driver refuses to register is copied into a
 //!    `cuMemHostAlloc(DEVICEMAP | PORTABLE)` allocation.
 //!

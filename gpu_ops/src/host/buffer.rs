@@ -1,9 +1,9 @@
-//! Host-backend memory objects: buffers, streams and events, and the prefix checks
-//! every op runs before it touches a buffer (contract item 2 of [`crate::Backend`]).
+//! Host-backend buffers ([`HostBuf`], the device and the pinned type), and the
+//! prefix checks every op runs before it touches a buffer (contract item 2 of
+//! [`crate::Backend`]). Streams and events are in `core.rs`.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::pool::HostPool;
 use crate::backend::Elem;
@@ -153,50 +153,6 @@ impl<T: Elem> From<Vec<T>> for HostBuf<T> {
     }
 }
 
-/// A host-backend stream: work on it completes before the call returns, so it only
-/// carries an id (for traces).
-#[derive(Debug, PartialEq, Eq)]
-pub struct HostStream {
-    id: u64,
-}
-
-impl HostStream {
-    pub(crate) fn new(id: u64) -> Self {
-        Self { id }
-    }
-
-    /// The stream's number (0 is the compute stream).
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-}
-
-/// A host-backend event: the moment it was recorded (all earlier work is done by then).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HostEvent {
-    at: Instant,
-}
-
-impl HostEvent {
-    pub(crate) fn now() -> Self {
-        Self { at: Instant::now() }
-    }
-
-    /// When it was recorded.
-    pub fn instant(&self) -> Instant {
-        self.at
-    }
-
-    /// Milliseconds from `start` to `self` (negative when `start` is later, as CUDA's
-    /// `cuEventElapsedTime` reports).
-    pub(crate) fn ms_since(&self, start: &HostEvent) -> f32 {
-        match self.at.checked_duration_since(start.at) {
-            Some(d) => (d.as_secs_f64() * 1e3) as f32,
-            None => -((start.at - self.at).as_secs_f64() * 1e3) as f32,
-        }
-    }
-}
-
 /// `a · b`, or `InvalidArgument` naming the product.
 pub(crate) fn mul(name: &'static str, a: usize, b: usize) -> Result<usize> {
     a.checked_mul(b)
@@ -257,15 +213,5 @@ mod tests {
             mul("m × k", usize::MAX, 2),
             Err(GpuOpsError::InvalidArgument { name: "m × k", .. })
         ));
-    }
-
-    #[test]
-    fn event_time_is_signed() {
-        let a = HostEvent::now();
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        let b = HostEvent::now();
-        assert!(b.ms_since(&a) >= 2.0);
-        assert!(a.ms_since(&b) <= -2.0);
-        assert_eq!(a.ms_since(&a), 0.0);
     }
 }

@@ -1,27 +1,27 @@
-//! Host-backend features and row movement: the feature cache's policy as on a device
+//! The host backend's [`FeatureStore`]: the feature cache's policy as on a device
 //! (a slot map of `slots_used` rows whose bytes never exceed the budget, in front of
 //! the host [`FeatureMatrix`]), the counting gather through it, and the row
-//! selection ops [`crate::FeatureStore::index_select_rows`] /
-//! [`crate::FeatureStore::index_put_rows`].
+//! selection ops [`FeatureStore::index_select_rows`] /
+//! [`FeatureStore::index_put_rows`].
 //!
 //! On this backend device memory *is* host memory, so a cached row is read where
 //! it already lies (the matrix, or the bfloat16 copy): the cache is its policy
 //! (slots, budget, hit/miss counts, inserts and evictions exactly as on a GPU, so
-//! the monitor can be tested here) without a second copy of the rows. Until issue
-//! 24 the host backend copied every cached row into a store of its own: with the
-//! default 4 GiB `device.cache_bytes` that duplicated the whole feature matrix of a
-//! 2M-vertex, 128-column graph (1 GB more peak memory for nothing: the values are
-//! the same bits).
+//! the monitor can be tested here) without a second copy of the rows. A store of
+//! copied rows would hold the same bits twice: with the default 4 GiB
+//! `device.cache_bytes` it would duplicate the whole feature matrix of a 2M-vertex,
+//! 128-column graph (1 GB more peak memory for nothing).
 
 use std::sync::Arc;
 
 use cpu_ops::FeatureMatrix;
 use rayon::prelude::*;
 
-use crate::backend::{bf16_bits_to_f32, to_bf16_bits, FeatureDtype};
+use crate::backend::{bf16_bits_to_f32, to_bf16_bits, CacheStats, FeatureDtype, FeatureStore};
 use crate::cache::{CachePolicy, NO_SLOT};
 use crate::error::{GpuOpsError, Result};
-use crate::host::buffer::{mul, prefix, prefix_mut};
+use crate::host::buffer::{mul, prefix, prefix_mut, HostBuf};
+use crate::host::HostBackend;
 
 /// Output bytes per rayon task of a gather or row selection.
 const TASK_BYTES: usize = 64 * 1024;
@@ -323,6 +323,70 @@ pub(crate) fn index_put_rows(
             }
         });
     Ok(())
+}
+
+impl FeatureStore for HostBackend {
+    fn load_features(
+        &self,
+        features: &FeatureMatrix,
+        cached: &[u32],
+        budget_bytes: usize,
+        dtype: FeatureDtype,
+    ) -> Result<HostFeatures> {
+        HostFeatures::load(features, cached, budget_bytes, dtype)
+    }
+
+    fn update_cache(&self, f: &mut HostFeatures, insert: &[u32], evict: &[u32]) -> Result<usize> {
+        f.update(insert, evict)
+    }
+
+    fn is_cached(&self, f: &HostFeatures, v: u32) -> bool {
+        f.policy().is_cached(v)
+    }
+
+    fn feature_dim(&self, f: &HostFeatures) -> usize {
+        f.policy().dim()
+    }
+
+    fn gather(
+        &self,
+        f: &HostFeatures,
+        ids: &HostBuf<u32>,
+        n: usize,
+        out: &mut HostBuf<f32>,
+    ) -> Result<()> {
+        f.gather(ids, n, out)
+    }
+
+    fn cache_stats(&self, f: &HostFeatures) -> CacheStats {
+        f.policy().stats()
+    }
+
+    fn reset_cache_stats(&self, f: &HostFeatures) {
+        f.policy().reset_stats()
+    }
+
+    fn index_select_rows(
+        &self,
+        src: &HostBuf<f32>,
+        dim: usize,
+        idx: &HostBuf<u32>,
+        n: usize,
+        out: &mut HostBuf<f32>,
+    ) -> Result<()> {
+        index_select_rows(src, dim, idx, n, out)
+    }
+
+    fn index_put_rows(
+        &self,
+        src: &HostBuf<f32>,
+        dim: usize,
+        idx: &HostBuf<u32>,
+        n: usize,
+        dst: &mut HostBuf<f32>,
+    ) -> Result<()> {
+        index_put_rows(src, dim, idx, n, dst)
+    }
 }
 
 #[cfg(test)]

@@ -1,49 +1,14 @@
-//! Host-backend memory: "device" memory is host RAM (its size from `/proc/meminfo`),
-//! and copies between host slices and buffers are `memcpy`s that finish before they
-//! return.
+//! The host backend's [`DeviceMemory`]: "device" memory is host RAM (its size is
+//! read in `core.rs`), allocations come from the backend's pool (`pool.rs`), and
+//! copies between host slices and buffers are `memcpy`s that finish before they
+//! return (each counted in the backend's [`crate::TransferStats`] as the CUDA
+//! backend counts its copies).
 
-use crate::backend::{Elem, MemoryInfo};
-use crate::error::{GpuOpsError, Result};
+use crate::backend::{DeviceMemory, Elem};
+use crate::error::Result;
 use crate::host::buffer::{prefix, prefix_mut, HostBuf};
-
-/// Where the kernel reports memory.
-const MEMINFO: &str = "/proc/meminfo";
-
-/// Free (`MemAvailable`) and total (`MemTotal`) host memory, from `/proc/meminfo`.
-pub(crate) fn memory_info() -> Result<MemoryInfo> {
-    let text = std::fs::read_to_string(MEMINFO).map_err(|e| GpuOpsError::Driver {
-        op: format!("read {MEMINFO}"),
-        message: e.to_string(),
-    })?;
-    parse_meminfo(&text)
-}
-
-/// Parses `/proc/meminfo` text (`Key:   <n> kB` lines): `MemAvailable` and `MemTotal`.
-pub(crate) fn parse_meminfo(text: &str) -> Result<MemoryInfo> {
-    let field = |key: &str| -> Result<usize> {
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-            .ok_or_else(|| GpuOpsError::Driver {
-                op: format!("parse {MEMINFO}"),
-                message: format!("no `{key}:` line"),
-            })?;
-        let bad = || GpuOpsError::Driver {
-            op: format!("parse {MEMINFO}"),
-            message: format!("`{key}:{line}`: expected `<number> kB`"),
-        };
-        let mut words = line.split_whitespace();
-        let kib: usize = words.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
-        if words.next() != Some("kB") || words.next().is_some() {
-            return Err(bad());
-        }
-        kib.checked_mul(1024).ok_or_else(bad)
-    };
-    Ok(MemoryInfo {
-        free: field("MemAvailable")?,
-        total: field("MemTotal")?,
-    })
-}
+use crate::host::core::HostStream;
+use crate::host::HostBackend;
 
 /// `dst[..src.len()] = src`.
 pub(crate) fn upload<T: Elem>(src: &[T], dst: &mut HostBuf<T>) -> Result<()> {
@@ -100,83 +65,105 @@ pub(crate) fn fill_zero<T: Elem>(buf: &mut HostBuf<T>, len: usize) -> Result<()>
     Ok(())
 }
 
-/// [`crate::DenseOps::widen_bf16`].
-pub(crate) fn widen_bf16(src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -> Result<()> {
-    let s = prefix("widen_bf16 source", src, n)?;
-    for (o, &b) in prefix_mut("widen_bf16 output", out, n)?.iter_mut().zip(s) {
-        *o = crate::bf16_bits_to_f32(b);
+impl DeviceMemory for HostBackend {
+    fn alloc<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        self.transfers.zero_fill();
+        HostBuf::zeroed_in(&self.pool, len)
     }
-    Ok(())
-}
 
-/// [`crate::DenseOps::widen_bf16_at`].
-pub(crate) fn widen_bf16_at(
-    src: &HostBuf<u16>,
-    src_at: usize,
-    n: usize,
-    out: &mut HostBuf<f32>,
-    out_at: usize,
-) -> Result<()> {
-    let s = prefix("widen_bf16_at source", src, src_at.saturating_add(n))?;
-    let o = prefix_mut("widen_bf16_at output", out, out_at.saturating_add(n))?;
-    for (o, &b) in o[out_at..].iter_mut().zip(&s[src_at..]) {
-        *o = crate::bf16_bits_to_f32(b);
+    /// Unspecified contents (a reused block's old values). With debug
+    /// assertions, poisoned with `0xFF` bytes (NaN for `f32`): a read before
+    /// the write the contract requires gives NaN (or an out-of-range integer)
+    /// in tests.
+    fn alloc_uninit<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        HostBuf::uninit_in(&self.pool, len)
     }
-    Ok(())
-}
 
-/// [`crate::DenseOps::scale`].
-pub(crate) fn scale(x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
-    for v in prefix_mut("scale x", x, n)? {
-        *v *= alpha;
+    fn len<T: Elem>(&self, buf: &HostBuf<T>) -> usize {
+        buf.as_slice().len()
     }
-    Ok(())
-}
 
-/// [`crate::DenseOps::count_nonfinite`].
-pub(crate) fn count_nonfinite(x: &HostBuf<f32>, n: usize, count: &mut HostBuf<u32>) -> Result<()> {
-    crate::backend::check_count_len(n)?;
-    let bad = prefix("count_nonfinite x", x, n)?
-        .iter()
-        .filter(|v| !v.is_finite())
-        .count();
-    let c = &mut prefix_mut("count_nonfinite count", count, 1)?[0];
-    *c = c.wrapping_add(bad as u32);
-    Ok(())
+    fn alloc_pinned<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        HostBuf::zeroed(len)
+    }
+
+    fn pinned_slice<'a, T: Elem>(&self, p: &'a HostBuf<T>) -> &'a [T] {
+        p.as_slice()
+    }
+
+    fn pinned_slice_mut<'a, T: Elem>(&self, p: &'a mut HostBuf<T>) -> &'a mut [T] {
+        p.as_mut_slice()
+    }
+
+    fn upload<T: Elem>(&self, _stream: &HostStream, src: &[T], dst: &mut HostBuf<T>) -> Result<()> {
+        upload(src, dst)?;
+        self.transfers.upload(std::mem::size_of_val(src));
+        Ok(())
+    }
+
+    fn upload_pinned<T: Elem>(
+        &self,
+        _stream: &HostStream,
+        src: &HostBuf<T>,
+        dst: &mut HostBuf<T>,
+    ) -> Result<()> {
+        upload(src, dst)?;
+        self.transfers.upload(std::mem::size_of_val(src.as_slice()));
+        Ok(())
+    }
+
+    fn upload_pinned_at<T: Elem>(
+        &self,
+        _stream: &HostStream,
+        src: &HostBuf<T>,
+        n: usize,
+        dst: &mut HostBuf<T>,
+        offset: usize,
+    ) -> Result<()> {
+        upload_at(src, n, dst, offset)?;
+        self.transfers.upload(n * std::mem::size_of::<T>());
+        Ok(())
+    }
+
+    fn download<T: Elem>(
+        &self,
+        _stream: &HostStream,
+        src: &HostBuf<T>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        download(src, dst)?;
+        self.transfers.download(std::mem::size_of_val(dst));
+        self.transfers.sync();
+        Ok(())
+    }
+
+    /// Copied at once (so every ordering obligation holds); counted as a
+    /// download without a synchronization, as on CUDA.
+    fn download_pinned<T: Elem>(
+        &self,
+        _stream: &HostStream,
+        src: &HostBuf<T>,
+        n: usize,
+        dst: &mut HostBuf<T>,
+    ) -> Result<()> {
+        download_pinned(src, n, dst)?;
+        self.transfers.download(n * std::mem::size_of::<T>());
+        Ok(())
+    }
+
+    fn copy<T: Elem>(&self, src: &HostBuf<T>, dst: &mut HostBuf<T>, len: usize) -> Result<()> {
+        copy(src, dst, len)
+    }
+
+    fn fill_zero<T: Elem>(&self, buf: &mut HostBuf<T>, len: usize) -> Result<()> {
+        fill_zero(buf, len)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_meminfo() {
-        let text = "MemTotal:       24542964 kB\nMemFree:         1000 kB\n\
-                    MemAvailable:   20000000 kB\nBuffers:  1 kB\n";
-        let m = parse_meminfo(text).unwrap();
-        assert_eq!(m.total, 24_542_964 * 1024);
-        assert_eq!(m.free, 20_000_000 * 1024);
-    }
-
-    #[test]
-    fn malformed_meminfo_is_an_error_naming_the_key() {
-        for (text, key) in [
-            ("MemTotal: 10 kB\n", "MemAvailable"),
-            ("MemAvailable: x kB\nMemTotal: 10 kB\n", "MemAvailable"),
-            ("MemAvailable: 5 kB\nMemTotal: 10 MB\n", "MemTotal"),
-            ("MemAvailable: 5\nMemTotal: 10 kB\n", "MemAvailable"),
-        ] {
-            let err = parse_meminfo(text).unwrap_err().to_string();
-            assert!(err.contains(key) && err.contains(MEMINFO), "{err}");
-        }
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn reads_this_machine() {
-        let m = memory_info().unwrap();
-        assert!(m.total > 0 && m.free <= m.total, "{m:?}");
-    }
+    use crate::error::GpuOpsError;
 
     #[test]
     fn copies_check_lengths() {

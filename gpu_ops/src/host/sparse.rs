@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use cpu_ops::{Accumulate, SparseRows};
 
-use crate::backend::SparseShape;
+use crate::backend::{SparseOps, SparseShape};
 use crate::error::{GpuOpsError, Result};
-use crate::host::buffer::{mul, prefix, prefix_mut};
+use crate::host::buffer::{mul, prefix, prefix_mut, HostBuf};
+use crate::host::HostBackend;
 
 /// Sparse rows on the host backend: CSR rows shared (not copied) with whoever
 /// made them.
@@ -94,6 +95,50 @@ fn accumulate(acc: bool) -> Accumulate {
         Accumulate::Yes
     } else {
         Accumulate::No
+    }
+}
+
+impl SparseOps for HostBackend {
+    type Sparse = HostSparse;
+
+    fn supports_sparse(&self) -> bool {
+        true
+    }
+
+    fn sparse_from_host(&self, rows: Arc<SparseRows<f32>>) -> Result<HostSparse> {
+        Ok(HostSparse::new(rows))
+    }
+
+    fn sparse_gather(&self, src: &HostSparse, ids: &HostBuf<u32>, n: usize) -> Result<HostSparse> {
+        src.gather(ids, n)
+    }
+
+    fn sparse_shape(&self, x: &HostSparse) -> SparseShape {
+        x.shape()
+    }
+
+    fn spmm(
+        &self,
+        x: &HostSparse,
+        rows: usize,
+        w: &HostBuf<f32>,
+        n: usize,
+        out: &mut HostBuf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        x.spmm(rows, w, n, out, accumulate)
+    }
+
+    fn spmm_tn(
+        &self,
+        x: &HostSparse,
+        rows: usize,
+        g: &HostBuf<f32>,
+        n: usize,
+        dw: &mut HostBuf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        x.spmm_tn(rows, g, n, dw, accumulate)
     }
 }
 

@@ -88,9 +88,9 @@
 //!    to layer 0's gradients. With [`HotGrad::Aggregate`] the rows keep their
 //!    gradient, masked by the *historical* rows' activation, and layer 0's backward
 //!    runs through the accelerator's own aggregate of those destinations' sampled
-//!    neighbors: hot destinations also train layer 0 (issue 6's optional mode, in
-//!    which the CPU would send its aggregate; here the accelerator has its own,
-//!    since it computes layer 0 over the whole block).
+//!    neighbors: hot destinations also train layer 0 (the optional mode in which
+//!    the CPU would send its aggregate; here the accelerator has its own, since it
+//!    computes layer 0 over the whole block).
 
 mod emit;
 mod gat;

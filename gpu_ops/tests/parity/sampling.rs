@@ -100,10 +100,11 @@ pub(crate) fn queued_batches_resolve_to_sampled_ones_in_one_read<B: Backend>(d: 
 
 /// Layers `1..` of a batch, queued (`sample_queued_from`) and read with one
 /// synchronization (`read_queued`, then `finish_read` on another thread), are
-/// the blocks hop-by-hop `sample_hop` with `derive_seed(seed, l)` makes — the
-/// layer path's top layers before and after issue 22 — and `sample`'s blocks
-/// `1..`, with block 0's destinations on the host; on random graphs, seeds,
-/// fanouts and batch sizes, on the backend and on its sampling sibling.
+/// the blocks hop-by-hop `sample_hop` with `derive_seed(seed, l)` makes — so
+/// the layer path's top layers are the same sampled ahead or hop by hop — and
+/// `sample`'s blocks `1..`, with block 0's destinations on the host; on random
+/// graphs, seeds, fanouts and batch sizes, on the backend and on its sampling
+/// sibling.
 pub(crate) fn top_layers_read_ahead_equal_hop_by_hop<B: Backend>(d: &B) {
     let mut rng = Rng::new(23);
     let sibling = d.sampling_sibling().unwrap();

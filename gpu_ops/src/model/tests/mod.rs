@@ -496,7 +496,7 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
     }
 }
 
-/// The deferred step with historical rows (the layer path's, issue 22) trains
+/// The deferred step with historical rows (the layer path's) trains
 /// exactly as `train_step_hot` with the same rows, in both backward modes, and
 /// reads nothing.
 #[test]

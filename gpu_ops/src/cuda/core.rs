@@ -1,17 +1,18 @@
 //! [`DeviceCore`] for [`CudaBackend`]: its associated types — each defined in
-//! its op family's file — and the core methods (kind, description, streams,
-//! events, synchronization, memory info, precision). Kept apart from
-//! `device.rs` so that the backend struct does not depend on every op file.
+//! its op family's file, the stream and event handles in `device.rs` — and the
+//! core methods (kind, description, streams, events, synchronization, memory
+//! info, precision). Kept apart from `device.rs` so that the backend struct does
+//! not depend on every op file.
 
 use cudarc::driver::{result, sys};
 
 use super::alloc::CudaBuf;
+use super::dense::CudaMask;
 use super::device::{CudaBackend, CudaEventHandle, CudaStreamHandle};
 use super::driver::drv;
 use super::features::CudaFeatures;
-use super::math::CudaMask;
 use super::pinned::CudaPinned;
-use super::sample::{CudaBlock, CudaGraph};
+use super::sampling::{CudaBlock, CudaGraph};
 use crate::backend::{DeviceCore, DeviceKind, Elem, MemoryInfo};
 use crate::error::Result;
 

@@ -1,16 +1,13 @@
-//! Host-backend dense and graph math: each op checks the prefixes it reads and
+//! The host backend's [`DenseOps`]: each op checks the prefixes it reads and
 //! writes (contract item 2 of [`crate::Backend`]) and runs the `cpu_ops` kernel, the
 //! `f32` SIMD path where one exists. Adam is written out here, operation for
 //! operation as [`cpu_ops::Adam`] with L2 decay does it, so both give the same bits.
 
-use cpu_ops::{
-    AggregateKind, DropoutMask, GatForward, GatInputs, GatParts, MatMut, MatRef, Simd, Transpose,
-};
+use cpu_ops::{DropoutMask, MatMut, MatRef, Transpose};
 use rayon::prelude::*;
 
-use crate::backend::{AdamStep, DevMat, GatGradsDev, GatInputsDev, GatSaved, LossStats};
+use crate::backend::{AdamStep, AdamTensors, DenseOps, DevMat, LossSlot, LossStats, XentInputs};
 use crate::error::{GpuOpsError, Result};
-use crate::host::block::HostBlock;
 use crate::host::buffer::{mul, prefix, prefix_mut, HostBuf};
 use crate::host::HostBackend;
 
@@ -75,144 +72,6 @@ pub(crate) fn matmul(
         accumulate(acc),
     )?;
     Ok(())
-}
-
-/// [`crate::GraphOps::aggregate_forward`].
-pub(crate) fn aggregate_forward(
-    simd: Simd,
-    block: &HostBlock,
-    kind: AggregateKind,
-    x: &[f32],
-    dim: usize,
-    out: &mut [f32],
-) -> Result<()> {
-    let x = prefix(
-        "aggregate input (num_src × dim)",
-        x,
-        mul("num_src × dim", block.num_src(), dim)?,
-    )?;
-    let out = prefix_mut(
-        "aggregate output (num_dst × dim)",
-        out,
-        mul("num_dst × dim", block.num_dst(), dim)?,
-    )?;
-    cpu_ops::aggregate_forward_f32(simd, block.view(), kind, x, dim, out)?;
-    Ok(())
-}
-
-/// [`crate::GraphOps::aggregate_backward`].
-pub(crate) fn aggregate_backward(
-    simd: Simd,
-    block: &HostBlock,
-    kind: AggregateKind,
-    grad_out: &[f32],
-    dim: usize,
-    grad_x: &mut [f32],
-) -> Result<()> {
-    let grad_out = prefix(
-        "aggregate output gradient (num_dst × dim)",
-        grad_out,
-        mul("num_dst × dim", block.num_dst(), dim)?,
-    )?;
-    let grad_x = prefix_mut(
-        "aggregate input gradient (num_src × dim)",
-        grad_x,
-        mul("num_src × dim", block.num_src(), dim)?,
-    )?;
-    cpu_ops::aggregate_backward_f32(simd, block.view(), kind, grad_out, dim, grad_x)?;
-    Ok(())
-}
-
-/// The GAT inputs' prefixes; `width = heads · head_dim`.
-fn gat_inputs<'a>(
-    block: &HostBlock,
-    inp: &GatInputsDev<'a, HostBackend>,
-) -> Result<(GatInputs<'a, f32>, usize)> {
-    let GatInputsDev {
-        heads,
-        head_dim,
-        z_src,
-        a_src,
-        a_dst,
-    } = *inp;
-    let width = mul("heads × head_dim", heads, head_dim)?;
-    let inp = GatInputs {
-        heads,
-        head_dim,
-        z_src: prefix(
-            "GAT z_src (num_src × heads·head_dim)",
-            z_src,
-            mul("num_src × width", block.num_src(), width)?,
-        )?,
-        a_src: prefix("GAT a_src (heads × head_dim)", a_src, width)?,
-        a_dst: prefix("GAT a_dst (heads × head_dim)", a_dst, width)?,
-    };
-    Ok((inp, width))
-}
-
-/// [`crate::GraphOps::gat_forward`].
-pub(crate) fn gat_forward(
-    simd: Simd,
-    block: &HostBlock,
-    inp: &GatInputsDev<'_, HostBackend>,
-) -> Result<GatSaved<HostBackend>> {
-    let (inp, _) = gat_inputs(block, inp)?;
-    let fwd = cpu_ops::gat_forward_f32(simd, block.view(), &inp)?;
-    let GatParts { out, alpha, el, er } = fwd.into_parts();
-    Ok(GatSaved {
-        out: out.into(),
-        alpha: alpha.into(),
-        el: el.into(),
-        er: er.into(),
-    })
-}
-
-/// [`crate::GraphOps::gat_backward`].
-pub(crate) fn gat_backward(
-    simd: Simd,
-    block: &HostBlock,
-    inp: &GatInputsDev<'_, HostBackend>,
-    saved: &GatSaved<HostBackend>,
-    grad_out: &[f32],
-) -> Result<GatGradsDev<HostBackend>> {
-    let (inp, width) = gat_inputs(block, inp)?;
-    let (heads, head_dim) = (inp.heads, inp.head_dim);
-    let (ns, nd, ne) = (block.num_src(), block.num_dst(), block.num_edges());
-    let grad_out = prefix(
-        "GAT output gradient (num_dst × heads·head_dim)",
-        grad_out,
-        mul("num_dst × width", nd, width)?,
-    )?;
-    let part = |what, buf: &HostBuf<f32>, len| prefix(what, buf, len).map(<[f32]>::to_vec);
-    let parts = GatParts {
-        out: part(
-            "GAT saved out (num_dst × heads·head_dim)",
-            &saved.out,
-            mul("num_dst × width", nd, width)?,
-        )?,
-        alpha: part(
-            "GAT saved alpha (edges × heads)",
-            &saved.alpha,
-            mul("edges × heads", ne, heads)?,
-        )?,
-        el: part(
-            "GAT saved el (num_src × heads)",
-            &saved.el,
-            mul("num_src × heads", ns, heads)?,
-        )?,
-        er: part(
-            "GAT saved er (num_dst × heads)",
-            &saved.er,
-            mul("num_dst × heads", nd, heads)?,
-        )?,
-    };
-    let fwd = GatForward::from_parts(heads, head_dim, ns, nd, parts)?;
-    let g = cpu_ops::gat_backward_f32(simd, block.view(), &inp, &fwd, grad_out)?;
-    Ok(GatGradsDev {
-        z_src: g.z_src.into(),
-        a_src: g.a_src.into(),
-        a_dst: g.a_dst.into(),
-    })
 }
 
 /// [`crate::DenseOps::add_bias`].
@@ -399,4 +258,235 @@ pub(crate) fn adam_step(
             .for_each(|(((p, g), m), v)| update(p, g, m, v));
     }
     Ok(())
+}
+
+/// [`crate::DenseOps::widen_bf16`].
+pub(crate) fn widen_bf16(src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -> Result<()> {
+    let s = prefix("widen_bf16 source", src, n)?;
+    for (o, &b) in prefix_mut("widen_bf16 output", out, n)?.iter_mut().zip(s) {
+        *o = crate::bf16_bits_to_f32(b);
+    }
+    Ok(())
+}
+
+/// [`crate::DenseOps::widen_bf16_at`].
+pub(crate) fn widen_bf16_at(
+    src: &HostBuf<u16>,
+    src_at: usize,
+    n: usize,
+    out: &mut HostBuf<f32>,
+    out_at: usize,
+) -> Result<()> {
+    let s = prefix("widen_bf16_at source", src, src_at.saturating_add(n))?;
+    let o = prefix_mut("widen_bf16_at output", out, out_at.saturating_add(n))?;
+    for (o, &b) in o[out_at..].iter_mut().zip(&s[src_at..]) {
+        *o = crate::bf16_bits_to_f32(b);
+    }
+    Ok(())
+}
+
+/// [`crate::DenseOps::scale`].
+pub(crate) fn scale(x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+    for v in prefix_mut("scale x", x, n)? {
+        *v *= alpha;
+    }
+    Ok(())
+}
+
+/// [`crate::DenseOps::count_nonfinite`].
+pub(crate) fn count_nonfinite(x: &HostBuf<f32>, n: usize, count: &mut HostBuf<u32>) -> Result<()> {
+    crate::backend::check_count_len(n)?;
+    let bad = prefix("count_nonfinite x", x, n)?
+        .iter()
+        .filter(|v| !v.is_finite())
+        .count();
+    let c = &mut prefix_mut("count_nonfinite count", count, 1)?[0];
+    *c = c.wrapping_add(bad as u32);
+    Ok(())
+}
+
+impl DenseOps for HostBackend {
+    fn widen_bf16(&self, src: &HostBuf<u16>, n: usize, out: &mut HostBuf<f32>) -> Result<()> {
+        widen_bf16(src, n, out)
+    }
+
+    fn widen_bf16_at(
+        &self,
+        src: &HostBuf<u16>,
+        src_at: usize,
+        n: usize,
+        out: &mut HostBuf<f32>,
+        out_at: usize,
+    ) -> Result<()> {
+        widen_bf16_at(src, src_at, n, out, out_at)
+    }
+
+    fn scale(&self, x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+        scale(x, n, alpha)
+    }
+
+    fn count_nonfinite(&self, x: &HostBuf<f32>, n: usize, count: &mut HostBuf<u32>) -> Result<()> {
+        count_nonfinite(x, n, count)
+    }
+
+    fn matmul(
+        &self,
+        a: DevMat<'_, Self>,
+        b: DevMat<'_, Self>,
+        c: &mut HostBuf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let tf32 = self.tf32.load(std::sync::atomic::Ordering::Relaxed);
+        matmul(a, b, c, accumulate, tf32)
+    }
+
+    fn add_bias(
+        &self,
+        x: &mut HostBuf<f32>,
+        rows: usize,
+        cols: usize,
+        bias: &HostBuf<f32>,
+    ) -> Result<()> {
+        add_bias(x, rows, cols, bias)
+    }
+
+    fn bias_grad(
+        &self,
+        dy: &HostBuf<f32>,
+        rows: usize,
+        cols: usize,
+        dbias: &mut HostBuf<f32>,
+        accumulate: bool,
+    ) -> Result<()> {
+        bias_grad(dy, rows, cols, dbias, accumulate)
+    }
+
+    fn relu(&self, x: &mut HostBuf<f32>, n: usize) -> Result<()> {
+        relu(x, n)
+    }
+
+    fn relu_backward(&self, y: &HostBuf<f32>, dy: &mut HostBuf<f32>, n: usize) -> Result<()> {
+        relu_backward(y, dy, n)
+    }
+
+    fn elu(&self, x: &mut HostBuf<f32>, n: usize, alpha: f32) -> Result<()> {
+        elu(x, n, alpha)
+    }
+
+    fn elu_backward(
+        &self,
+        y: &HostBuf<f32>,
+        dy: &mut HostBuf<f32>,
+        n: usize,
+        alpha: f32,
+    ) -> Result<()> {
+        elu_backward(y, dy, n, alpha)
+    }
+
+    fn dropout(&self, x: &mut HostBuf<f32>, n: usize, p: f32, seed: u64) -> Result<HostMask> {
+        dropout(x, n, p, seed)
+    }
+
+    fn dropout_backward(&self, mask: &HostMask, dy: &mut HostBuf<f32>, n: usize) -> Result<()> {
+        dropout_backward(mask, dy, n)
+    }
+
+    fn softmax_cross_entropy(
+        &self,
+        logits: &HostBuf<f32>,
+        rows: usize,
+        classes: usize,
+        labels: &HostBuf<u32>,
+        grad: Option<&mut HostBuf<f32>>,
+    ) -> Result<LossStats> {
+        let stats = softmax_cross_entropy(
+            logits,
+            rows,
+            classes,
+            labels,
+            grad.map(|g| g.as_mut_slice()),
+        )?;
+        // The result reaches the host: what a device's synchronization is.
+        self.transfers.sync();
+        Ok(stats)
+    }
+
+    /// Computed at once (the host has nothing to overlap), written to the slot
+    /// as the protocol says: no synchronization is counted.
+    fn softmax_cross_entropy_deferred(
+        &self,
+        inp: &XentInputs<'_, Self>,
+        grad: &mut HostBuf<f32>,
+        dest: LossSlot<'_, Self>,
+        guard: &mut HostBuf<u32>,
+    ) -> Result<()> {
+        let LossSlot { out, slot } = dest;
+        let found = out.len();
+        let words = out.as_mut_slice().get_mut(2 * slot..2 * slot + 2).ok_or(
+            GpuOpsError::SizeMismatch {
+                what: "deferred loss slots (2 words per slot)",
+                expected: 2 * slot + 2,
+                found,
+            },
+        )?;
+        let flag = guard
+            .as_mut_slice()
+            .first_mut()
+            .ok_or(GpuOpsError::SizeMismatch {
+                what: "loss guard",
+                expected: 1,
+                found: 0,
+            })?;
+        let s = softmax_cross_entropy(
+            inp.logits,
+            inp.rows,
+            inp.classes,
+            inp.labels,
+            Some(grad.as_mut_slice()),
+        )?;
+        // The sum as the synchronous path's caller forms it (mean × rows).
+        let sum = s.loss * inp.rows as f64;
+        words[0] = sum.to_bits();
+        words[1] = s.correct as u64;
+        if !sum.is_finite() {
+            *flag = 1;
+        }
+        Ok(())
+    }
+
+    /// The guard is host memory: read without a synchronization.
+    fn adam_step_all(
+        &self,
+        hp: &AdamStep,
+        t: AdamTensors<'_, Self>,
+        guard: Option<&HostBuf<u32>>,
+    ) -> Result<()> {
+        let count = t.count()?;
+        if guard.is_some_and(|g| g.as_slice().first().is_some_and(|&w| w != 0)) {
+            return Ok(());
+        }
+        let AdamTensors {
+            params,
+            grads,
+            m,
+            v,
+            lens,
+        } = t;
+        for i in 0..count {
+            adam_step(hp, &mut params[i], &grads[i], &mut m[i], &mut v[i], lens[i])?;
+        }
+        Ok(())
+    }
+
+    fn adam_step(
+        &self,
+        hp: &AdamStep,
+        param: &mut HostBuf<f32>,
+        grad: &HostBuf<f32>,
+        m: &mut HostBuf<f32>,
+        v: &mut HostBuf<f32>,
+        n: usize,
+    ) -> Result<()> {
+        adam_step(hp, param, grad, m, v, n)
+    }
 }

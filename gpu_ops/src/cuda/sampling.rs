@@ -1,5 +1,6 @@
-//! Topology on the device, neighbor sampling, unique relabeling and blocks (kernels
-//! in `kernels/sample.cu` and `kernels/aggregate.cu`).
+//! [`crate::Sampling`] for the CUDA backend: topology on the device, neighbor
+//! sampling, unique relabeling and blocks (kernels in `kernels/sample.cu` and
+//! `kernels/aggregate.cu`).
 //!
 //! # One batch ([`crate::Sampling::sample`]), from the seeds down
 //! 1. The seeds are checked on the host (in range, distinct) and uploaded.
@@ -29,7 +30,7 @@
 //!    its live count.
 //!
 //! After the last layer **one read** takes every layer's four counts (the
-//! batch's one synchronization; three before, one a layer): the blocks get their
+//! batch's one synchronization, not one a layer): the blocks get their
 //! shapes, a repeated frontier id is reported (its distinct count falls short),
 //! device faults (a vertex outside the graph) surface there. A block's buffers
 //! are longer than its shape (the backend contract's prefixes); the GCN source
@@ -38,8 +39,9 @@
 //!
 //! Launches per layer: `scan(n + 1) + 3 + scan(n + edges + 1)` kernels, where
 //! `scan(m)` is 1 up to 16,384 values and 3 beyond, plus one memset of the hash
-//! table (12 to 14 a layer before: a separate count and flag pass, 1,024-value
-//! scan tiles, and a count kernel before the scatter).
+//! table: the counts and the first-occurrence flags are scanned in the pass that
+//! writes them, the scan tiles hold 16,384 values, and the scatter writes the
+//! layer's counts itself, so no separate count, flag or count-reading kernel runs.
 //!
 //! [`crate::Sampling::sample_hop`] runs steps 2–5 once from destinations already on
 //! the device (their count known), with an optional skip mask that gives flagged
@@ -103,7 +105,7 @@ enum Topology {
     },
 }
 
-/// A graph's CSR topology ready for [`crate::Backend::sample`].
+/// A graph's CSR topology ready for [`crate::Sampling::sample`].
 pub struct CudaGraph {
     num_vertices: usize,
     num_edges: usize,

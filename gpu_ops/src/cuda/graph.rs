@@ -1,5 +1,6 @@
-//! Neighbor aggregation (sum, mean, GCN-normalized) and GAT attention on device
-//! blocks: the host side of `kernels/aggregate.cu` and `kernels/attention.cu`.
+//! [`GraphOps`] for the CUDA backend: neighbor aggregation (sum, mean,
+//! GCN-normalized) and GAT attention on device blocks, the host side of
+//! `kernels/aggregate.cu` and `kernels/attention.cu`.
 //!
 //! Forward passes write each output row from one warp, summing its edges in CSR
 //! order: deterministic. Backward passes scatter into the sources with float
@@ -10,10 +11,10 @@
 use cpu_ops::AggregateKind;
 
 use super::alloc::{CudaBuf, Init};
+use super::dense::elems;
 use super::device::CudaBackend;
 use super::kernels::{launch, Grid, Ptr};
-use super::math::elems;
-use super::sample::CudaBlock;
+use super::sampling::CudaBlock;
 use crate::backend::{GatGradsDev, GatInputsDev, GatSaved, GraphOps};
 use crate::error::{GpuOpsError, Result};
 

@@ -1,6 +1,7 @@
-//! Host-backend topology and sampling: [`cpu_ops::NeighborSampler`] and
-//! [`cpu_ops::sample_hop`] on the graph kept in host memory, and the first-occurrence
-//! relabel of [`crate::Sampling::unique_relabel`].
+//! The host backend's [`Sampling`]: [`cpu_ops::NeighborSampler`] and
+//! [`cpu_ops::sample_hop`] on the graph kept in host memory, the first-occurrence
+//! relabel of [`Sampling::unique_relabel`], and queued batches that are sampled at
+//! once (nothing runs asynchronously here) but counted as CUDA counts them.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -8,7 +9,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use cpu_ops::{CsrGraph, NeighborSampler, SamplerScratch};
 
-use crate::backend::DeviceBatch;
+use crate::backend::{DeviceBatch, DeviceCore, Sampling, TopologyPlacement};
 use crate::error::{GpuOpsError, Result};
 use crate::host::block::HostBlock;
 use crate::host::buffer::{prefix, HostBuf};
@@ -261,6 +262,178 @@ pub(crate) fn unique_relabel(
     }
     let n = unique.len();
     Ok((HostBuf::from_vec(unique), HostBuf::from_vec(local), n))
+}
+
+/// Synchronizations are counted as the CUDA backend makes them (`cuda/sampling.rs`),
+/// so that tests of the sampling protocol hold on both: a batch's sizes reaching
+/// the host is one (`sample`, `sample_hop`, `unique_relabel`, each
+/// `resolve_queued` call), `sample_queued` none.
+impl Sampling for HostBackend {
+    /// Sampled at once (nothing runs asynchronously here).
+    type Queued = HostQueued;
+    /// The batches, already on the host.
+    type Reading = HostReading;
+
+    /// The topology stays in host memory whatever `placement` asks: on this backend
+    /// both placements are the same memory.
+    fn load_graph(&self, graph: &CsrGraph, _placement: TopologyPlacement) -> Result<HostGraph> {
+        Ok(HostGraph::new(graph))
+    }
+
+    fn sample(
+        &self,
+        graph: &HostGraph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        seed: u64,
+    ) -> Result<DeviceBatch<Self>> {
+        let batch = sample(graph, seeds, fanouts, seed)?;
+        // The layer sizes reach the host: the CUDA backend's one read a batch.
+        self.transfers.sync();
+        Ok(batch)
+    }
+
+    fn sample_queued_from(
+        &self,
+        graph: &HostGraph,
+        seeds: &[u32],
+        fanouts: &[u32],
+        from: usize,
+        seed: u64,
+    ) -> Result<HostQueued> {
+        let batch = if from == 0 {
+            sample(graph, seeds, fanouts, seed)
+        } else {
+            sample_from(graph, seeds, fanouts, from, seed)
+        }?;
+        Ok(HostQueued {
+            batch,
+            read_ids: true,
+        })
+    }
+
+    fn sample_hop_queued(
+        &self,
+        graph: &HostGraph,
+        dst: &HostBuf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&HostBuf<u8>>,
+    ) -> Result<HostQueued> {
+        let (block, src, _) = sample_hop(graph, dst, n_dst, fanout, layer_seed, skip)?;
+        Ok(HostQueued {
+            batch: DeviceBatch {
+                blocks: vec![block],
+                src_ids: vec![src],
+                num_seeds: n_dst,
+            },
+            read_ids: false,
+        })
+    }
+
+    fn resolve_queued(&self, queued: Vec<HostQueued>) -> Result<Vec<DeviceBatch<Self>>> {
+        if !queued.is_empty() {
+            // One read of every batch's sizes.
+            self.transfers.sync();
+        }
+        Ok(queued.into_iter().map(|q| q.batch).collect())
+    }
+
+    /// Counts the downloads CUDA starts here: every batch's bottom sources
+    /// (none for a queued hop).
+    fn read_queued(&self, queued: Vec<HostQueued>) -> Result<HostReading> {
+        for q in queued.iter().filter(|q| q.read_ids) {
+            let n = q
+                .batch
+                .blocks
+                .first()
+                .map_or(0, |blk| self.block_shape(blk).0);
+            self.transfers.download(n * 4);
+        }
+        Ok(HostReading(queued))
+    }
+
+    fn finish_read(&self, reading: HostReading) -> Result<Vec<(DeviceBatch<Self>, Vec<u32>)>> {
+        let batches = reading.0;
+        if batches.iter().any(|q| q.read_ids) {
+            // The one wait for every batch's sizes and bottom sources.
+            self.transfers.sync();
+        } else if !batches.is_empty() {
+            // Hops only: CUDA waits for the copies' event.
+            self.transfers.event_wait();
+        }
+        batches
+            .into_iter()
+            .map(|HostQueued { batch: b, read_ids }| {
+                let n = b.blocks.first().map_or(0, |blk| self.block_shape(blk).0);
+                let ids = match b.src_ids.first() {
+                    Some(src) if read_ids => prefix("bottom sources", src, n)?.to_vec(),
+                    _ => Vec::new(),
+                };
+                Ok((b, ids))
+            })
+            .collect()
+    }
+
+    fn sampling_sibling(&self) -> Result<Option<Self>> {
+        let sibling = Self::with_simd(self.simd);
+        sibling.set_precision(self.precision())?;
+        Ok(Some(sibling))
+    }
+
+    fn sample_hop(
+        &self,
+        graph: &HostGraph,
+        dst: &HostBuf<u32>,
+        n_dst: usize,
+        fanout: u32,
+        layer_seed: u64,
+        skip: Option<&HostBuf<u8>>,
+    ) -> Result<(HostBlock, HostBuf<u32>, usize)> {
+        let hop = sample_hop(graph, dst, n_dst, fanout, layer_seed, skip)?;
+        self.transfers.sync();
+        Ok(hop)
+    }
+
+    fn unique_relabel(
+        &self,
+        targets: &HostBuf<u32>,
+        num_targets: usize,
+        candidates: &HostBuf<u32>,
+        num_candidates: usize,
+    ) -> Result<(HostBuf<u32>, HostBuf<u32>, usize)> {
+        let r = unique_relabel(targets, num_targets, candidates, num_candidates)?;
+        self.transfers.sync();
+        Ok(r)
+    }
+
+    fn block_from_host(
+        &self,
+        num_src: usize,
+        indptr: &[u64],
+        indices: &[u32],
+    ) -> Result<HostBlock> {
+        let b = HostBlock::new(num_src, indptr.to_vec(), indices.to_vec())?;
+        self.transfers
+            .upload(std::mem::size_of_val(indptr) + std::mem::size_of_val(indices));
+        Ok(b)
+    }
+
+    fn add_self_loops(&self, block: &HostBlock) -> Result<HostBlock> {
+        block.with_self_loops()
+    }
+
+    fn block_to_host(&self, block: &HostBlock) -> Result<(Vec<u64>, Vec<u32>)> {
+        let out = (block.indptr().to_vec(), block.indices().to_vec());
+        self.transfers.download(out.0.len() * 8 + out.1.len() * 4);
+        self.transfers.sync();
+        Ok(out)
+    }
+
+    fn block_shape(&self, block: &HostBlock) -> (usize, usize, usize) {
+        (block.num_src(), block.num_dst(), block.num_edges())
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! Host ↔ device copies, device copies and fills (the memory part of the `Backend`
-//! contract).
+//! [`DeviceMemory`] for the CUDA backend: allocation from the caching allocator
+//! (`alloc.rs`), pinned buffers (`pinned.rs`), host ↔ device copies, device copies
+//! and fills.
 //!
 //! Copies name their stream. On a stream other than the compute stream, an upload or
 //! download first waits for the buffer's `ready` event (so it runs after the zeroing
