@@ -384,7 +384,7 @@ part4() {
     [ "$SCALE" = full ] || hot_small=(--vertices 100000 --edges 1000000 --rows 5000 --reps 2)
     for v in "512 bf16" "100 f32"; do
         set -- $v
-        for th in 1 "$WORKERS"; do
+        for th in $(printf '%s\n' 1 "$WORKERS" | sort -un); do
             step "p4.hot$1.t$th" 120 "$tandem" bench hot --dim "$1" --dtype "$2" --threads "$th" "${hot_small[@]}"
             py hot "$meas" "p4.hot$1.t$th" "$logs/p4.hot$1.t$th.log" >/dev/null
         done
@@ -404,7 +404,11 @@ part8() {
     py delta "$meas" p8.sbm.acc_delta p8.sbm.test_acc p8.sbm_host.test_acc >/dev/null
     # The GEMM paths (gpu_ops/src/cuda/gemm_lt.rs): parity, epochs, split-K launches.
     local p="$WORK/products.tds"
-    if gpu_only p8.gemm "TANDEM_GEMM (cuBLAS paths)"; then
+    if [ "$DEVICE" != cuda ]; then
+        for g in cublas lt_inplace lt_nosplit; do
+            skip "p8.gemm_$g.parity" "TANDEM_GEMM selects cuBLAS paths: needs a GPU (DEVICE=$DEVICE)"
+        done
+    else
         generate "$p" 100
         for g in cublas lt-inplace lt-nosplit; do
             local id="p8.gemm_${g//-/_}"
