@@ -233,7 +233,7 @@ cuda_tests() {
     local t
     for t in parity cuda_backend; do
         if [ ! -x "$BIN/$t" ]; then
-            skip "$t" "no $BIN/$t (bash bench/gpu/build.sh builds it)"
+            skip "$1.$t" "no $BIN/$t (bash bench/gpu/build.sh builds it)"
             continue
         fi
         local filter=()
