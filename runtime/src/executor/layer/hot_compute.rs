@@ -98,7 +98,7 @@ impl Publication {
 ///
 /// A publication may arrive *pending* ([`Published::publish_pending`]: the
 /// accelerator thread queued the copies and did not wait for them,
-/// `engine/publish.rs`); the first reader that needs it resolves it — waiting
+/// `engine/pinned.rs`); the first reader that needs it resolves it — waiting
 /// for the device and copying the tensors out — and every later reader of that
 /// version shares the result. A failed resolution is that reader's error (its
 /// job fails, which ends the epoch), and later readers of the version get an

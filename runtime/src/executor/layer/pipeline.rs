@@ -1092,7 +1092,7 @@ impl<'a> Driver<'a> {
             })
             .map_err(protocol_error)?;
         // Its bottom hops, masked by the planned hot positions, on the
-        // sampling stream behind its top layers (`engine/hot.rs` step 1b).
+        // sampling stream behind its top layers (`executor/layer/device/` step 1b).
         let planned = self
             .protocol
             .planned_positions(super_batch)

@@ -32,7 +32,7 @@ pub struct OrchestrationStats {
     /// Moves against the previous move's direction.
     pub monitor_reversals: u64,
     /// Batches trained from a bottom hop sampled a super-batch ahead
-    /// (`device.sample_ahead`, `engine/hot.rs` step 1b).
+    /// (`device.sample_ahead`, `executor/layer/device/` step 1b).
     pub bottoms_ahead: u64,
     /// Batches whose bottom hop sampled ahead skipped other positions than
     /// they trained with (late chunks left cold), sampled again at train time.
