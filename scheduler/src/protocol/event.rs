@@ -10,9 +10,8 @@ use std::ops::Range;
 
 use crate::pipeline::HotSplit;
 
-use super::plan::LaunchPlan;
-use super::queue::SuperBatchHot;
-use super::stats::ProtocolStats;
+use super::plan::{LaunchPlan, LaunchedBatch};
+use super::stats::{ProtocolStats, SuperBatchHot};
 
 /// Names a chunk of a hot queue: the global super-batch (numbered across epochs,
 /// never reused) and the chunk's index in that super-batch's queue.
@@ -78,17 +77,6 @@ impl Job {
     pub fn droppable(&self, retired_below: u64) -> bool {
         self.urgent.is_none() && self.key.super_batch < retired_below
     }
-}
-
-/// One batch of a launched super-batch, as the driver sampled it (protocol
-/// step 3).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LaunchedBatch {
-    /// The batch's seed count: the first `seeds` bottom destinations are its own
-    /// seeds and never take a hot row.
-    pub seeds: usize,
-    /// Its bottom layer's destinations (relabeled ids), in position order.
-    pub bottom: Vec<u32>,
 }
 
 /// What the gate let through for one batch (protocol steps 5–7): train it with

@@ -155,17 +155,14 @@ mod stats;
 use std::collections::VecDeque;
 use std::ops::Range;
 
-pub use event::{
-    Action, ChunkKey, ClaimId, Event, Job, LaunchedBatch, ReportId, TrainBatch, Urgent,
-};
-pub use plan::LaunchPlan;
-pub use stats::ProtocolStats;
+pub use event::{Action, ChunkKey, ClaimId, Event, Job, ReportId, TrainBatch, Urgent};
+pub use plan::{LaunchPlan, LaunchedBatch};
+pub use stats::{ProtocolStats, SuperBatchHot};
 
 use crate::error::{invalid, Result, SchedulerError};
 use crate::pipeline::{HotSplit, PipelineConfig, Publication};
 use crate::staleness::{OnLate, StalenessRule};
 
-pub use queue::SuperBatchHot;
 use queue::{CarrySpec, ChunkState, HotQueue, LaunchSpec, NO_ROW};
 
 /// The protocol's knobs: the pipeline's shape, the staleness rule and the
