@@ -313,6 +313,15 @@ impl HotQueue {
             .collect()
     }
 
+    /// Whether batch `i` trains with exactly its planned positions
+    /// ([`HotQueue::planned_positions`]).
+    pub(crate) fn trains_as_planned(&self, i: usize, positions: &[u32]) -> bool {
+        self.entries[i]
+            .iter()
+            .map(|&(p, _)| p)
+            .eq(positions.iter().copied())
+    }
+
     /// The queue's length (rows of its slab).
     pub(crate) fn len(&self) -> usize {
         self.chunk_of.len()
@@ -425,6 +434,8 @@ impl HotQueue {
             cold: cold_positions,
             max_gap,
             first_reads,
+            bottom_ahead: false,
+            loss_slot: None,
         })
     }
 }
