@@ -92,21 +92,7 @@ impl Script {
                     super_batch,
                     batches,
                     ..
-                } => {
-                    let batches = batches
-                        .map(|k| LaunchedBatch {
-                            seeds: 1,
-                            bottom: bottom(k),
-                        })
-                        .collect();
-                    self.p
-                        .handle(Event::Launched {
-                            super_batch,
-                            split: HotSplit::all_cpu(4),
-                            batches,
-                        })
-                        .unwrap();
-                }
+                } => self.p.handle(launched(super_batch, batches)).unwrap(),
                 Action::Publish { version, .. } => {
                     self.published = version;
                     self.p
@@ -153,6 +139,21 @@ impl Script {
                 _ => None,
             })
             .collect()
+    }
+}
+
+/// The answer to the launch of `batches` (global super-batch `super_batch`):
+/// each batch's [`bottom`], its seed first; the whole hot set on the CPU.
+fn launched(super_batch: u64, batches: Range<usize>) -> Event {
+    Event::Launched {
+        super_batch,
+        split: HotSplit::all_cpu(4),
+        batches: batches
+            .map(|k| LaunchedBatch {
+                seeds: 1,
+                bottom: bottom(k),
+            })
+            .collect(),
     }
 }
 
@@ -882,20 +883,7 @@ fn run_epoch_computing_at_once(
                 super_batch,
                 batches,
                 ..
-            } => {
-                let batches = batches
-                    .map(|k| LaunchedBatch {
-                        seeds: 1,
-                        bottom: bottom(k),
-                    })
-                    .collect();
-                p.handle(Event::Launched {
-                    super_batch,
-                    split: HotSplit::all_cpu(4),
-                    batches,
-                })
-                .unwrap();
-            }
+            } => p.handle(launched(super_batch, batches)).unwrap(),
             Action::Publish { version: v, .. } => {
                 published = v;
                 p.handle(Event::PublicationResolved { version: v }).unwrap();
@@ -1087,20 +1075,7 @@ fn drive_losses(
                 super_batch,
                 batches,
                 ..
-            } => {
-                let batches = batches
-                    .map(|k| LaunchedBatch {
-                        seeds: 1,
-                        bottom: bottom(k),
-                    })
-                    .collect();
-                p.handle(Event::Launched {
-                    super_batch,
-                    split: HotSplit::all_cpu(4),
-                    batches,
-                })
-                .unwrap();
-            }
+            } => p.handle(launched(super_batch, batches)).unwrap(),
             Action::Train(t) => {
                 out.push(format!("train {} slot {:?}", t.batch, t.loss_slot));
                 p.handle(Event::BatchTrained {
@@ -1277,20 +1252,7 @@ fn rows_of_weights_whose_copies_had_not_resolved_are_refused() {
                 super_batch,
                 batches,
                 ..
-            } => {
-                let batches = batches
-                    .map(|k| LaunchedBatch {
-                        seeds: 1,
-                        bottom: bottom(k),
-                    })
-                    .collect();
-                p.handle(Event::Launched {
-                    super_batch,
-                    split: HotSplit::all_cpu(4),
-                    batches,
-                })
-                .unwrap();
-            }
+            } => p.handle(launched(super_batch, batches)).unwrap(),
             Action::Publish { version, .. } => published.push(version),
             Action::Train(t) => p
                 .handle(Event::BatchTrained {

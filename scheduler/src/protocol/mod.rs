@@ -108,7 +108,8 @@
 //!      then a read of the pending batches' slots is queued
 //!      ([`Action::QueueLossRead`]). So at most one read is in flight, at most
 //!      `⌈N / L⌉` are queued per super-batch (one when `L ≥ N`, so each of
-//!      the monitor's windows holds one), and a batch is shown about a
+//!      the monitor's windows holds one; a mark's flush adds one), and a
+//!      batch is shown about a
 //!      super-batch after it trained. A *flush* (a rotation, then the read
 //!      just queued resolved and shown too) comes before every mark, at the
 //!      epoch's end and after a stop (step 10): every trained batch is shown
@@ -146,7 +147,8 @@
 //! 10. **End**: after the last super-batch; on [`Event::Stop`] (queued
 //!     actions are dropped, except that the answers to reports already handed
 //!     in stay, installs turned into discards, and losses already read are
-//!     still shown); on [`Event::Abort`] (the same: the driver failed); or at
+//!     still shown); on [`Event::Abort`] (the same, but nothing more is read:
+//!     the driver failed); or at
 //!     a non-finite loss (step 7). Every job of the epoch becomes droppable
 //!     ([`Action::Retire`]); unless the epoch was aborted or hit a non-finite
 //!     loss, the deferred losses are flushed (step 7), followed by the mark a
@@ -173,8 +175,8 @@
 //!    [`Event::BatchTrained`] and [`Action::ResolveLossRead`] with
 //!    [`Event::LossesRead`] before polling again; on [`Action::Wait`] block for
 //!    one report and hand it in; on [`Action::Gate`] a driver may answer
-//!    [`Event::Stop`], and on [`Action::ShowLosses`] (or a `Train` without a
-//!    loss lag) a callback may; after a failure it answers [`Event::Abort`].
+//!    [`Event::Stop`], and so may a callback on [`Action::ShowLosses`]; after
+//!    a failure the driver answers [`Event::Abort`].
 //! 3. [`Protocol::poll`] returns `None` only while it awaits such an answer, or
 //!    between epochs.
 //!
