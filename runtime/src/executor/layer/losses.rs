@@ -1,44 +1,40 @@
-//! The layer path's deferred losses (`device.loss_lag` = L > 1; issue 22,
-//! item 2: the accelerator thread only issues device work).
+//! The layer path's losses between a step and the session: what the driver
+//! holds for the batches `scheduler::protocol`'s loss actions name (its step
+//! 7 decides when a read is queued, resolved and shown; this module carries
+//! them out).
 //!
-//! Without them every batch's step reads its loss before its Adam step: one
-//! synchronization of the compute stream per batch, which drains the
-//! device's queue so the host's work for the next batch cannot overlap it.
+//! With `device.loss_lag` = L > 1 a step does not read its loss: every
+//! batch's step reading its loss before its Adam step would synchronize the
+//! compute stream once per batch, draining the device's queue so the host's
+//! work for the next batch could not overlap it. The step
+//! ([`LayerDevice::train_prepared`] with `Some(slot)`) writes its loss sum and
+//! correct count into device slot `slot` and applies its Adam step behind the
+//! model's device guard; the version moves on at once.
 //!
-//! # Protocol
-//! 1. **Train** without reading: batch `k`'s step
-//!    ([`LayerDevice::train_prepared`] with `Some(slot)`) writes its loss sum
-//!    and correct count into device slot `i` (the `i`-th batch since the last
-//!    read was queued) and applies its Adam step behind the model's device
-//!    guard; the version moves on at once, and the protocol hears
-//!    `BatchTrained` with it.
-//! 2. **Queue a read** of the pending slots ([`LayerDevice::queue_loss_read`]:
-//!    one copy into page-locked memory on the compute stream, an event after
-//!    it, nothing waits) when L batches are pending and at every super-batch's
-//!    end, so each of the monitor's windows holds one read. The slots are
-//!    written again at once: the next steps are queued after the copy.
-//! 3. **Resolve** the read queued before (an event wait for that copy only:
-//!    the device keeps the super-batch queued after it) right before queueing
-//!    the next one, and show its batches to the session in order. The host
-//!    thus runs at most about one super-batch ahead of the device.
-//! 4. **Flush** (queue and resolve at once, which waits for every step so far)
-//!    before a measurement mark ([`EpochRun::mark`](crate::executor::EpochRun)),
-//!    at the run's end and before a cancel stops it, so a window's clock
-//!    covers the device's work and every trained batch is shown.
-//! 5. **Non-finite loss**: the device guard skipped that batch's step and
-//!    every one queued after it. The version moves back by that many
-//!    ([`LayerDevice::rewind_skipped`]), the session sees the bad batch and
-//!    none after it (`train.on_nonfinite = "stop"`, the only mode a lag is
-//!    used with, ends the run there).
-//!
-//! A callback's stop ends the run after the batches already trained, which
-//! the session sees too, as on the step path (`executor/step/mod.rs`).
+//! # Carrying out the loss actions
+//! 1. `Train`: the batch is kept ([`Trained`]), with its loss when its step
+//!    read it (no lag).
+//! 2. `QueueLossRead { batches }`: [`LayerDevice::queue_loss_read`] of their
+//!    slots: one copy into page-locked memory on the compute stream, an event
+//!    after it, nothing waits. The slots are written again at once: the next
+//!    steps are queued after the copy.
+//! 3. `ResolveLossRead { batches }`: an event wait for that copy only (the
+//!    device keeps the work queued after it); each batch gets its loss, and
+//!    the first non-finite one answers the protocol's `LossesRead`.
+//! 4. `ShowLosses { batches, rewind }`: after a non-finite loss the device's
+//!    guard skipped that step and every one queued after it; the version moves
+//!    back by the `rewind` steps the protocol counted
+//!    ([`LayerDevice::rewind_skipped`]) first. Then the batches go to the
+//!    session, in order.
+
+use std::collections::VecDeque;
+use std::ops::Range;
 
 use crate::engine::{LayerDevice, PendingLosses};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::executor::BatchDone;
 
-/// A batch trained with a deferred loss (step 1), until its loss is read.
+/// A batch trained, until its loss is shown (step 1).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Trained {
     /// Batch index in the epoch.
@@ -47,97 +43,123 @@ pub(super) struct Trained {
     pub seconds: f64,
     /// The version its step made.
     pub version: u64,
+    /// (loss × rows, correct), once read.
+    pub loss: Option<(f64, usize)>,
 }
 
-/// What a resolution read: the batches to show, in order, and whether the
-/// last of them had a non-finite loss (step 5: nothing after it is shown).
-#[derive(Debug, Default)]
-pub(super) struct Read {
-    pub done: Vec<BatchDone>,
-    pub nonfinite: bool,
-}
-
-/// Steps 1–5's bookkeeping: the batches whose slots are not read yet.
+/// The batches trained and not shown yet, in order, and the read in flight.
 #[derive(Default)]
 pub(super) struct DeferredLosses {
-    /// Trained since the last read was queued: batch `i` wrote slot `i`.
-    pending: Vec<Trained>,
-    /// The read queued last (step 2), with its batches.
-    reading: Option<(Vec<Trained>, Box<dyn PendingLosses>)>,
+    trained: VecDeque<Trained>,
+    reading: Option<(Range<usize>, Box<dyn PendingLosses>)>,
+}
+
+fn internal(what: String) -> Error {
+    Error::invalid_argument("device.loss_lag", format!("internal: {what}"))
 }
 
 impl DeferredLosses {
-    /// The slot the next batch writes.
-    pub fn next_slot(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// Step 1: `batch` wrote slot [`DeferredLosses::next_slot`].
+    /// Step 1.
     pub fn push(&mut self, batch: Trained) {
-        self.pending.push(batch);
+        self.trained.push_back(batch);
     }
 
-    /// Batches trained and not yet queued for a read.
-    pub fn pending(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// Whether every trained batch was shown.
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty() && self.reading.is_none()
-    }
-
-    /// Steps 2 and 3: resolves the read in flight, then queues one of the
-    /// pending batches; with `flush` (step 4) resolves that one too.
-    pub fn rotate(&mut self, engine: &mut dyn LayerDevice, flush: bool) -> Result<Read> {
-        let mut read = Read::default();
-        if self.resolve(engine, &mut read)? {
-            return Ok(read);
+    /// The kept batches `batches`, which must all be kept.
+    fn kept(&mut self, batches: &Range<usize>) -> Result<&mut [Trained]> {
+        let first = self.trained.front().map_or(usize::MAX, |t| t.k);
+        let (start, end) = (
+            batches.start.wrapping_sub(first),
+            batches.end.wrapping_sub(first),
+        );
+        let held = self.trained.make_contiguous();
+        let len = held.len();
+        match held.get_mut(start..end) {
+            Some(b) if b.first().is_some_and(|t| t.k == batches.start) => Ok(b),
+            _ => Err(internal(format!(
+                "batches {batches:?} are not among those trained and not shown \
+                 (from batch {first}, {len} of them)"
+            ))),
         }
-        if !self.pending.is_empty() {
-            let handle = engine.queue_loss_read(self.pending.len())?;
-            self.reading = Some((std::mem::take(&mut self.pending), handle));
-        }
-        if flush {
-            self.resolve(engine, &mut read)?;
-        }
-        Ok(read)
     }
 
-    /// Step 3 (and 5) for the read in flight, appended to `read`; returns
-    /// whether a loss was non-finite.
-    fn resolve(&mut self, engine: &mut dyn LayerDevice, read: &mut Read) -> Result<bool> {
-        let Some((batches, handle)) = self.reading.take() else {
-            return Ok(false);
+    /// Step 2.
+    pub fn queue(&mut self, engine: &mut dyn LayerDevice, batches: Range<usize>) -> Result<()> {
+        if let Some((r, _)) = &self.reading {
+            return Err(internal(format!(
+                "a read of batches {batches:?} queued with the read of {r:?} in flight"
+            )));
+        }
+        self.kept(&batches)?;
+        let handle = engine.queue_loss_read(batches.len())?;
+        self.reading = Some((batches, handle));
+        Ok(())
+    }
+
+    /// Step 3: the first batch read whose loss is not finite.
+    pub fn resolve(&mut self, batches: Range<usize>) -> Result<Option<usize>> {
+        let handle = match self.reading.take() {
+            Some((r, handle)) if r == batches => handle,
+            other => {
+                return Err(internal(format!(
+                    "the resolution of a read of batches {batches:?}, the read in flight is \
+                     {:?}",
+                    other.map(|(r, _)| r)
+                )))
+            }
         };
         let losses = handle.resolve()?;
-        if losses.len() != batches.len() {
-            return Err(crate::error::Error::invalid_argument(
-                "device.loss_lag",
-                format!(
-                    "internal: {} losses read for {} batches",
-                    losses.len(),
-                    batches.len()
-                ),
-            ));
+        let kept = self.kept(&batches)?;
+        if losses.len() != kept.len() {
+            return Err(internal(format!(
+                "{} losses read for {} batches",
+                losses.len(),
+                kept.len()
+            )));
         }
-        for (i, (b, &(loss_sum, correct))) in batches.iter().zip(&losses).enumerate() {
-            read.done.push(BatchDone {
-                k: b.k,
-                loss_sum,
-                correct,
-                seconds: b.seconds,
-                version: b.version,
-            });
-            if !loss_sum.is_finite() {
-                // Step 5: this step and every one queued after it were skipped.
-                let skipped = batches.len() - i + self.pending.len();
-                self.pending.clear();
-                engine.rewind_skipped(skipped)?;
-                read.nonfinite = true;
-                return Ok(true);
+        let mut nonfinite = None;
+        for (t, &loss) in kept.iter_mut().zip(&losses) {
+            t.loss = Some(loss);
+            if nonfinite.is_none() && !loss.0.is_finite() {
+                nonfinite = Some(t.k);
             }
         }
-        Ok(false)
+        Ok(nonfinite)
+    }
+
+    /// Step 4: the batches to show, in order, the version moved back by
+    /// `rewind` steps first.
+    pub fn show(
+        &mut self,
+        engine: &mut dyn LayerDevice,
+        batches: Range<usize>,
+        rewind: u64,
+    ) -> Result<Vec<BatchDone>> {
+        if rewind > 0 {
+            let steps = usize::try_from(rewind).map_err(|_| internal("a rewind".into()))?;
+            engine.rewind_skipped(steps)?;
+        }
+        let mut done = Vec::with_capacity(batches.len());
+        for k in batches {
+            match self.trained.pop_front() {
+                Some(Trained {
+                    k: kept,
+                    seconds,
+                    version,
+                    loss: Some((loss_sum, correct)),
+                }) if kept == k => done.push(BatchDone {
+                    k,
+                    loss_sum,
+                    correct,
+                    seconds,
+                    version,
+                }),
+                other => {
+                    return Err(internal(format!(
+                        "batch {k} shown, the next kept is {other:?}"
+                    )))
+                }
+            }
+        }
+        Ok(done)
     }
 }
