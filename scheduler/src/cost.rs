@@ -21,15 +21,24 @@
 //!   layer's flops; `k` rows of [`ModelShape::hot_row_bytes`] into staging.
 //! - [`WorkKind::Install`] (accelerator, [`crate::Action::Install`]): those rows,
 //!   host → device.
+//! - [`WorkKind::SampleBottom`] (accelerator, one per batch of an
+//!   [`crate::Action::SampleBottoms`]): the bottom hop of the batch's
+//!   destinations other than its planned hot ones, a super-batch ahead; the
+//!   skip mask (1 B per bottom destination when some are hot) goes up.
 //! - [`WorkKind::Train`] (accelerator, [`crate::Action::Train`]): the used hot
-//!   positions and slab rows (8 B each) and a skip mask (1 B per bottom
-//!   destination when some are hot) go up; the bottom hop of the destinations
-//!   left cold is sampled, their inputs gathered (rows the device cache lacks
-//!   cross PCIe) and computed; the upper layers forward, every layer backward,
-//!   the optimizer step. `est.vertices` counts the bottom destinations the
-//!   accelerator computes.
+//!   positions and slab rows (8 B each) go up; the bottom hop of the
+//!   destinations left cold is sampled in the step (with its skip mask) unless
+//!   the batch trains on the one sampled ahead
+//!   ([`crate::TrainBatch::bottom_ahead`], [`Work::train_bottom_ahead`]),
+//!   their inputs gathered (rows the device cache lacks cross PCIe) and
+//!   computed; the upper layers forward, every layer backward, the optimizer
+//!   step. `est.vertices` counts the bottom destinations the accelerator
+//!   computes.
 //! - [`WorkKind::Publish`] (accelerator, [`crate::Action::Publish`]): layer 0's
-//!   weights, device → host.
+//!   weights, device → host: the publication's copy, resolved when it ends.
+//! - [`WorkKind::LossRead`] (accelerator, [`crate::Action::QueueLossRead`]):
+//!   the batches' loss slots (two 8-byte words each), device → host; its
+//!   resolution waits for it.
 
 use cpu_ops::Rng;
 
@@ -45,6 +54,8 @@ const F32: u64 = 4;
 pub enum WorkKind {
     /// One batch's top layers, sampled at its super-batch's launch.
     SampleTop,
+    /// One batch's bottom hop, sampled at its super-batch's launch.
+    SampleBottom,
     /// One CPU job: a chunk's rows.
     HotCompute,
     /// One chunk's rows into the device slab.
@@ -53,6 +64,8 @@ pub enum WorkKind {
     Train,
     /// Layer 0's weights to the host.
     Publish,
+    /// Deferred losses to the host.
+    LossRead,
 }
 
 impl WorkKind {
@@ -60,10 +73,12 @@ impl WorkKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::SampleTop => "sample_top",
+            Self::SampleBottom => "sample_bottom",
             Self::HotCompute => "hot_compute",
             Self::Install => "install",
             Self::Train => "train",
             Self::Publish => "publish",
+            Self::LossRead => "loss_read",
         }
     }
 
@@ -170,16 +185,66 @@ impl Work {
         Self::new(WorkKind::Install, None, super_batch, est)
     }
 
+    /// Batch `batch`'s bottom hop with shape `s` (its planned hot
+    /// destinations skipped), sampled ahead.
+    pub fn sample_bottom(s: &BatchShape, batch: u64, super_batch: u64) -> Self {
+        let est = Estimate {
+            vertices: s.cold_dst,
+            edges: s.cold_edges,
+            sampled_edges: s.cold_edges,
+            mem_bytes: 12 * s.cold_edges + 8 * s.cold_dst,
+            pcie_bytes: Self::skip_mask_bytes(s),
+            ..Estimate::default()
+        };
+        Self::new(WorkKind::SampleBottom, Some(batch), super_batch, est)
+    }
+
+    /// The skip mask of a bottom hop: a byte per bottom destination when
+    /// some are hot.
+    fn skip_mask_bytes(s: &BatchShape) -> u64 {
+        if s.hot > 0 {
+            s.hot + s.cold_dst
+        } else {
+            0
+        }
+    }
+
     /// Batch `batch`'s step with shape `s` (its hot destinations the rows used,
-    /// the late ones moved to the cold side, [`BatchShape::with_cold`]).
+    /// the late ones moved to the cold side, [`BatchShape::with_cold`]), its
+    /// bottom hop sampled in the step.
     pub fn train(m: &ModelShape, s: &BatchShape, batch: u64, super_batch: u64) -> Self {
+        Self::train_with(m, s, batch, super_batch, true)
+    }
+
+    /// [`Work::train`] on the bottom hop sampled ahead
+    /// ([`Work::sample_bottom`]): no sampling, no skip mask.
+    pub fn train_bottom_ahead(
+        m: &ModelShape,
+        s: &BatchShape,
+        batch: u64,
+        super_batch: u64,
+    ) -> Self {
+        Self::train_with(m, s, batch, super_batch, false)
+    }
+
+    fn train_with(
+        m: &ModelShape,
+        s: &BatchShape,
+        batch: u64,
+        super_batch: u64,
+        sample_bottom: bool,
+    ) -> Self {
         let (f, h) = (m.feature_dim as f64, m.hidden as f64);
         let row = m.feature_row_bytes();
         // Hot rows: positions and slab rows up, rows selected on the device.
         let hot_mem = 2 * m.hot_row_bytes() * s.hot;
-        let mask = if s.hot > 0 { s.hot + s.cold_dst } else { 0 };
-        // The bottom hop, gather and compute of the cold destinations.
-        let bottom_mem = 12 * s.cold_edges + 8 * s.cold_dst;
+        let (mask, sampled_edges, bottom_mem) = if sample_bottom {
+            let b = Self::sample_bottom(s, batch, super_batch).est;
+            (b.pcie_bytes, b.sampled_edges, b.mem_bytes)
+        } else {
+            (0, 0, 0)
+        };
+        // The gather and compute of the cold destinations.
         let gather_mem = 2 * row * s.cold_inputs;
         let host_rows = s.cold_inputs - s.cached_inputs.min(s.cold_inputs);
         let cold_flops = s.cold_edges as f64 * f + 2.0 * s.cold_dst as f64 * f * h;
@@ -195,7 +260,7 @@ impl Work {
         let est = Estimate {
             vertices: s.cold_dst,
             edges: s.upper_edges + s.cold_edges,
-            sampled_edges: s.cold_edges,
+            sampled_edges,
             flops: cold_flops + fwd_flops + bwd_flops + 10.0 * p as f64,
             mem_bytes: hot_mem + bottom_mem + gather_mem + cold_mem + act + bwd_mem + 16 * p,
             pcie_bytes: 8 * s.hot + mask + row * host_rows,
@@ -212,6 +277,18 @@ impl Work {
             ..Estimate::default()
         };
         Self::new(WorkKind::Publish, None, super_batch, est)
+    }
+
+    /// The read of `batches` batches' deferred losses.
+    pub fn loss_read(batches: u64, super_batch: u64) -> Self {
+        let bytes = 16 * batches;
+        let est = Estimate {
+            vertices: batches,
+            mem_bytes: bytes,
+            pcie_bytes: bytes,
+            ..Estimate::default()
+        };
+        Self::new(WorkKind::LossRead, None, super_batch, est)
     }
 }
 
@@ -513,6 +590,19 @@ mod tests {
         assert_eq!(late.est.sampled_edges, 15);
         assert!(late.est.flops > t.est.flops);
         assert_eq!(late.est.pcie_bytes, 8 + 4 + 16 * m.feature_row_bytes());
+        // The bottom hop sampled ahead: its sampling and mask move out of the
+        // step, the rest stays.
+        let bottom = Work::sample_bottom(&s, 3, 1);
+        let ahead = Work::train_bottom_ahead(&m, &s, 3, 1);
+        assert_eq!((bottom.est.sampled_edges, bottom.est.pcie_bytes), (10, 4));
+        assert_eq!(ahead.est.sampled_edges, 0);
+        assert_eq!(
+            ahead.est.pcie_bytes + bottom.est.pcie_bytes,
+            t.est.pcie_bytes
+        );
+        assert_eq!(ahead.est.mem_bytes + bottom.est.mem_bytes, t.est.mem_bytes);
+        assert_eq!((ahead.est.flops, ahead.est.vertices), (t.est.flops, 2));
+        assert_eq!(Work::loss_read(4, 1).est.pcie_bytes, 64);
     }
 
     #[test]

@@ -59,11 +59,13 @@ pub use pipeline::{
 };
 pub use placement::{Device, Orchestration, Policy, StepBased, POLICY_NAMES};
 pub use protocol::{
-    Action, ChunkKey, ClaimId, Event, Job, LaunchPlan, LaunchedBatch, Protocol, ProtocolConfig,
-    ProtocolStats, ReportId, SuperBatchHot, TrainBatch, Urgent,
+    Action, BottomHops, ChunkKey, ClaimId, Event, Job, LaunchPlan, LaunchedBatch, Protocol,
+    ProtocolConfig, ProtocolStats, ReportId, SuperBatchHot, TrainBatch, Urgent,
 };
 pub use relabel::{hot_count, Permutation, Relabeling};
-pub use report::{BatchRecord, SimReport, SimTotals, Span, SuperBatchRecord};
+pub use report::{
+    BatchRecord, LossReadRecord, MarkRecord, SimReport, SimTotals, Span, SuperBatchRecord,
+};
 pub use share::{MonitorControl, ShareConfig, ShareController, SharePhase};
 pub use sim::{simulate, SimConfig};
 pub use staleness::{Decision, GapHistogram, OnLate, StalenessRule};

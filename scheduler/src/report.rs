@@ -7,6 +7,8 @@
 //! (busy, waiting and idle time, PCIe bytes), so a simulated run and a real one
 //! can be read side by side.
 
+use std::ops::Range;
+
 use crate::cost::WorkKind;
 use crate::monitor::MoveEvent;
 use crate::pipeline::HotSplit;
@@ -37,6 +39,38 @@ pub struct BatchRecord {
     pub max_gap: Option<u64>,
     /// Bytes its training step moved over PCIe.
     pub pcie_bytes: u64,
+    /// Whether it trained on the bottom hop sampled at its launch.
+    pub bottom_ahead: bool,
+    /// When its loss was shown (`None`: never).
+    pub shown_s: Option<f64>,
+}
+
+/// One read of deferred losses ([`crate::Action::QueueLossRead`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LossReadRecord {
+    /// The batches whose loss slots it read.
+    pub batches: Range<usize>,
+    /// The super-batch in progress when it was queued (its index in the run).
+    pub super_batch: u64,
+    /// When it was queued.
+    pub queued_s: f64,
+    /// When it was resolved (`None`: never).
+    pub resolved_s: Option<f64>,
+}
+
+/// One mark of the measurement window ([`crate::Action::Mark`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MarkRecord {
+    /// The batch it is before.
+    pub batch: usize,
+    /// The window's start (else its end).
+    pub start: bool,
+    /// When it was taken.
+    pub time_s: f64,
+    /// Batches trained before it.
+    pub trained: usize,
+    /// Batches shown before it.
+    pub shown: usize,
 }
 
 /// One super-batch window of a run (from the end of the previous super-batch,
@@ -143,4 +177,12 @@ pub struct SimReport {
     /// Every piece of work, in start order (empty unless
     /// [`crate::SimConfig::record_trace`]).
     pub trace: Vec<Span>,
+    /// Every read of deferred losses, in order.
+    pub loss_reads: Vec<LossReadRecord>,
+    /// The batches in the order their losses were shown.
+    pub shown: Vec<usize>,
+    /// The measurement window's marks, in order.
+    pub marks: Vec<MarkRecord>,
+    /// At a non-finite loss: the batch and the steps the version moved back.
+    pub rewound: Option<(usize, u64)>,
 }

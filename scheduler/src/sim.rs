@@ -6,10 +6,23 @@
 //! Two resources, as in the runtime: `cpu_workers` CPU workers (a job queue with
 //! urgent jobs first, claims, dropping — protocol step 9) and the accelerator
 //! thread, which carries out the protocol's actions one at a time (it is one
-//! in-order stream: launches, installs, training steps and publications take
-//! their cost's time, everything else none). The [`Monitor`] observes the
-//! windows the protocol marks; its split plans every super-batch launched
-//! afterwards. No threads, no clocks: the same inputs give the same report.
+//! in-order stream: launches, bottom hops sampled ahead, installs, training
+//! steps, publications' copies and loss reads take their cost's time,
+//! everything else none, so a loss read's resolution finds its copy done).
+//! The [`Monitor`] observes the windows the protocol marks; its split plans
+//! every super-batch launched afterwards. No threads, no clocks: the same
+//! inputs give the same report.
+//!
+//! Beside the clock, the simulator keeps the device as the actions leave it,
+//! independently of the protocol's bookkeeping, and refuses an action that
+//! contradicts it: the version of every slab and store row (a batch reads only
+//! rows within the bound), the bottom hop sampled ahead for each batch and the
+//! positions it skipped (a batch trains on it iff the engine would: it skipped
+//! exactly the positions the batch trains with), the loss slots written, read
+//! and shown (each read covers the batches trained since the last, each batch
+//! is shown once, in order, and a non-finite loss rewinds exactly the steps
+//! the device skipped), and the publications' copies (a job never reads
+//! weights whose copy has not ended).
 //!
 //! # One run, step by step
 //! 1. **Start**: one epoch of every workload batch, weights at version 0
@@ -19,15 +32,24 @@
 //!    the top sampling of its batches and is answered with their hot
 //!    destinations (in the simulator a batch's bottom destinations are its hot
 //!    vertices, with no seeds among them) and the split in effect;
+//!    [`Action::SampleBottoms`] takes the bottom hops' sampling;
 //!    [`Action::Train`] takes its batch's step (late positions moved to the cold
-//!    side, [`BatchShape::with_cold`]) and is answered with the next version;
-//!    [`Action::Publish`] makes its version the one jobs read once its download
-//!    ends; [`Action::Install`] takes its upload; [`Action::Wait`] blocks until a
-//!    report arrives; [`Action::Retire`] moves the drop watermark at once.
+//!    side, [`BatchShape::with_cold`]; its bottom hop sampled in it unless it
+//!    trains on the one sampled ahead) and is answered with the next version
+//!    (a batch of [`SimConfig::nonfinite`] writes a non-finite loss);
+//!    [`Action::Publish`] takes its copy, which resolves when it ends
+//!    ([`Event::PublicationResolved`]); [`Action::QueueLossRead`] takes its
+//!    copy, [`Action::ResolveLossRead`] is answered at once with the read's
+//!    first non-finite loss; [`Action::ShowLosses`] shows its batches (a
+//!    non-finite one stops the run, as `train.on_nonfinite = "stop"` does);
+//!    [`Action::Mark`] records the clock; [`Action::Install`] takes its
+//!    upload; [`Action::Wait`] blocks until a report arrives;
+//!    [`Action::Retire`] moves the drop watermark at once.
 //! 3. **Start CPU jobs** on free workers: urgent first, then regular, in queue
 //!    order; a droppable job ([`crate::Job::droppable`]) is reported dropped at
-//!    once, a job whose claim was taken is skipped, any other reads the published
-//!    version when it starts and reports its rows when its cost has passed.
+//!    once, a job whose claim was taken is skipped, any other reads the newest
+//!    published version when it starts, computes once that publication's copy
+//!    has ended, and reports its rows when its cost has passed.
 //! 4. **Advance** the clock to the next completions (all of those at that time,
 //!    oldest first) and apply them; back to 2.
 //! 5. **After a super-batch** ([`Action::EndSuperBatch`]): close its window,
@@ -35,17 +57,20 @@
 //! 6. **End** at [`Action::Finished`]; a run where the accelerator waits with no
 //!    CPU work left to report is an error ([`SchedulerError::SimulationStalled`]).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Range;
 
 use crate::cost::{CostSource, Work};
 use crate::error::{invalid, Result, SchedulerError};
 use crate::monitor::{Monitor, MonitorConfig, Observation};
 use crate::pipeline::{HotSplit, PipelineConfig, Publication};
 use crate::protocol::{
-    Action, ChunkKey, ClaimId, Event, Job, LaunchedBatch, Protocol, ProtocolConfig, ProtocolStats,
-    TrainBatch,
+    Action, BottomHops, ChunkKey, ClaimId, Event, Job, LaunchedBatch, Protocol, ProtocolConfig,
+    ProtocolStats, TrainBatch,
 };
-use crate::report::{BatchRecord, SimReport, SimTotals, Span, SuperBatchRecord};
+use crate::report::{
+    BatchRecord, LossReadRecord, MarkRecord, SimReport, SimTotals, Span, SuperBatchRecord,
+};
 use crate::staleness::{OnLate, StalenessRule};
 use crate::workload::{ModelShape, Workload};
 
@@ -76,13 +101,26 @@ pub struct SimConfig {
     /// Keep hot rows across super-batches ([`ProtocolConfig::reuse`]; the
     /// runtime's `orchestration.reuse_across_superbatches`).
     pub reuse: bool,
+    /// When bottom hops are sampled ([`ProtocolConfig::bottoms`]).
+    pub bottoms: BottomHops,
+    /// Batches between a step and the read of its loss (the runtime's
+    /// `device.loss_lag`; at most 1: every step reads its own).
+    pub loss_lag: usize,
+    /// The measurement window ([`Event::EpochStarted`]'s `window`).
+    pub window: Option<Range<usize>>,
+    /// A batch whose loss is not finite: the device skips its step and every
+    /// later one until the version is rewound, and the run stops when it is
+    /// shown.
+    pub nonfinite: Option<usize>,
 }
 
 impl SimConfig {
     /// The runtime's configuration: `N = 4`, `D = 1`, chunks of at most 1024 and
     /// at least 4 per queue, bound `(D + 1) · N − 1 = 7`, `on_late = "wait"`,
-    /// publication as the runtime decides, 4 CPU workers, 80 GB of device memory
-    /// of which 8 GB for training, no monitor.
+    /// publication as the runtime decides, bottom hops sampled ahead skipping
+    /// the planned positions, a loss lag of 8 (a GPU's default), 4 CPU
+    /// workers, 80 GB of device memory of which 8 GB for training, no monitor,
+    /// no measurement window.
     pub fn layer(model: ModelShape) -> Result<Self> {
         let pipeline = PipelineConfig::new(4, 1, 1024)?.with_min_chunks(4)?;
         Ok(Self {
@@ -97,6 +135,10 @@ impl SimConfig {
             training_bytes: 8 << 30,
             record_trace: false,
             reuse: true,
+            bottoms: BottomHops::SkipPlanned,
+            loss_lag: 8,
+            window: None,
+            nonfinite: None,
         })
     }
 
@@ -114,6 +156,7 @@ impl SimConfig {
             staleness: self.staleness,
             publication: self.effective_publication(),
             reuse: self.reuse,
+            bottoms: self.bottoms,
         }
     }
 }
@@ -141,8 +184,8 @@ enum Completion {
     Trained { batch: usize, version: u64 },
     /// The accelerator's download of weights of `version`.
     Published { version: u64 },
-    /// The accelerator's upload of rows.
-    Installed,
+    /// Other accelerator work.
+    Free,
     /// A worker's job.
     Computed {
         key: ChunkKey,
@@ -194,8 +237,9 @@ struct Sim<'a, C> {
     regular: VecDeque<Job>,
     claimed: HashSet<ClaimId>,
     idle_workers: u32,
-    /// The version jobs read (the newest finished publication).
-    published: u64,
+    /// The newest publication: its version and when its copy ends (jobs
+    /// read it, computing once the copy ended).
+    issued: (u64, f64),
     retired_below: u64,
     reports: VecDeque<Report>,
     /// The computation span of each report handed in (by report id).
@@ -225,8 +269,24 @@ struct Sim<'a, C> {
     /// The device as the actions leave it, independently of the protocol's
     /// bookkeeping: per live super-batch the version of each slab row, and
     /// the hot-row store's version per vertex (`None`: never written).
-    slab_versions: std::collections::HashMap<u64, Vec<Option<u64>>>,
+    slab_versions: HashMap<u64, Vec<Option<u64>>>,
     store_versions: Vec<Option<u64>>,
+    /// Per batch, the positions its bottom hop sampled ahead skipped.
+    bottom_hops: HashMap<usize, Vec<u32>>,
+    /// Loss slots: batches trained since the last read was queued, in slot
+    /// order; the read in flight.
+    unqueued: Vec<usize>,
+    in_flight: Option<Range<usize>>,
+    /// The first non-finite batch whose step the device skipped, and the
+    /// steps it skipped since (its guard).
+    skipping: Option<usize>,
+    skipped: u64,
+    /// Batches trained so far.
+    trained: usize,
+    loss_reads: Vec<LossReadRecord>,
+    shown: Vec<usize>,
+    marks: Vec<MarkRecord>,
+    rewound: Option<(usize, u64)>,
 }
 
 impl<'a, C: CostSource> Sim<'a, C> {
@@ -265,7 +325,7 @@ impl<'a, C: CostSource> Sim<'a, C> {
             regular: VecDeque::new(),
             claimed: HashSet::new(),
             idle_workers: cfg.cpu_workers,
-            published: 0,
+            issued: (0, 0.0),
             retired_below: 0,
             reports: VecDeque::new(),
             report_span: Vec::new(),
@@ -290,9 +350,19 @@ impl<'a, C: CostSource> Sim<'a, C> {
             moves: Vec::new(),
             cold_computed: vec![0; hot as usize],
             totals: SimTotals::default(),
-            slab_versions: Default::default(),
+            slab_versions: HashMap::new(),
             store_versions: Vec::new(),
             trace: Vec::new(),
+            bottom_hops: HashMap::new(),
+            unqueued: Vec::new(),
+            in_flight: None,
+            skipping: None,
+            skipped: 0,
+            trained: 0,
+            loss_reads: Vec::new(),
+            shown: Vec::new(),
+            marks: Vec::new(),
+            rewound: None,
         })
     }
 
@@ -301,6 +371,8 @@ impl<'a, C: CostSource> Sim<'a, C> {
         self.protocol.handle(Event::EpochStarted {
             batches: 0..self.work.len(),
             version: 0,
+            loss_lag: self.cfg.loss_lag,
+            window: self.cfg.window.clone(),
         })?;
         loop {
             self.drive_accelerator()?;
@@ -439,8 +511,80 @@ impl<'a, C: CostSource> Sim<'a, C> {
                 if let Some(s) = self.span(&w, self.time, self.time + d) {
                     self.trace[s].version = Some(version);
                 }
+                self.issued = (version, self.time + d);
                 self.busy(d, Completion::Published { version });
             }
+            Action::SampleBottoms {
+                super_batch,
+                batches,
+                skip,
+            } => {
+                if skip.len() != batches.len() {
+                    return Err(device_model(format!(
+                        "{} skip masks for the bottom hops of batches {batches:?}",
+                        skip.len()
+                    )));
+                }
+                let split = self.splits[super_batch as usize];
+                let mut end = self.time;
+                for (k, mut skip) in batches.zip(skip) {
+                    // The hop samples every destination it does not skip.
+                    let shape = self.work.shape(k, &split, &m)?;
+                    let unskipped = shape.hot.saturating_sub(skip.len() as u64);
+                    let shape = shape.with_cold(unskipped, m.bottom_fanout);
+                    let w = Work::sample_bottom(&shape, k as u64, super_batch);
+                    let d = self.cost(&w)?;
+                    self.span(&w, end, end + d);
+                    end += d;
+                    skip.sort_unstable();
+                    self.bottom_hops.insert(k, skip);
+                }
+                self.busy_until(end, Completion::Free);
+            }
+            Action::QueueLossRead { batches } => {
+                if self.in_flight.is_some() || !batches.clone().eq(self.unqueued.iter().copied()) {
+                    return Err(device_model(format!(
+                        "a read of the loss slots of batches {batches:?}: the slots hold \
+                         batches {:?}, the read in flight is {:?}",
+                        self.unqueued, self.in_flight
+                    )));
+                }
+                self.unqueued.clear();
+                self.in_flight = Some(batches.clone());
+                let w = Work::loss_read(batches.len() as u64, self.local());
+                let d = self.cost(&w)?;
+                self.span(&w, self.time, self.time + d);
+                self.loss_reads.push(LossReadRecord {
+                    batches,
+                    super_batch: self.local(),
+                    queued_s: self.time,
+                    resolved_s: None,
+                });
+                self.busy(d, Completion::Free);
+            }
+            Action::ResolveLossRead { batches } => {
+                if self.in_flight.as_ref() != Some(&batches) {
+                    return Err(device_model(format!(
+                        "the resolution of a read of batches {batches:?}: the read in flight \
+                         is {:?}",
+                        self.in_flight
+                    )));
+                }
+                self.in_flight = None;
+                if let Some(r) = self.loss_reads.last_mut() {
+                    r.resolved_s = Some(self.time);
+                }
+                let nonfinite = self.cfg.nonfinite.filter(|b| batches.contains(b));
+                self.protocol.handle(Event::LossesRead { nonfinite })?;
+            }
+            Action::ShowLosses { batches, rewind } => self.show(batches, rewind)?,
+            Action::Mark { batch, start } => self.marks.push(MarkRecord {
+                batch,
+                start,
+                time_s: self.time,
+                trained: self.trained,
+                shown: self.shown.len(),
+            }),
             Action::Launch {
                 super_batch,
                 local,
@@ -540,7 +684,7 @@ impl<'a, C: CostSource> Sim<'a, C> {
                     t.version = Some(version);
                     t.source = self.report_span.get(report.0 as usize).copied().flatten();
                 }
-                self.busy(d, Completion::Installed);
+                self.busy(d, Completion::Free);
             }
             Action::Discard { .. } => {}
             Action::BeginSuperBatch { local, .. } => {
@@ -621,7 +765,46 @@ impl<'a, C: CostSource> Sim<'a, C> {
             });
         }
         let shape = shape.with_cold(t.cold.len() as u64, m.bottom_fanout);
-        let w = Work::train(&m, &shape, k as u64, t.local);
+        // Its bottom hop: the one sampled ahead iff it skipped exactly the
+        // positions the step skips (the engine's rule: the planned hot ones
+        // under `SkipPlanned`, none otherwise), else sampled in the step.
+        let want: Vec<u32> = if self.cfg.bottoms == BottomHops::SkipPlanned {
+            let mut p = t.positions.clone();
+            p.sort_unstable();
+            p
+        } else {
+            Vec::new()
+        };
+        let ahead = self.bottom_hops.remove(&k).is_some_and(|skip| skip == want);
+        if ahead != t.bottom_ahead {
+            return Err(device_model(format!(
+                "batch {k} trains on the bottom hop sampled ahead: the device says {ahead}, \
+                 the protocol {}",
+                t.bottom_ahead
+            )));
+        }
+        // Its loss: read in the step, or written to the next slot.
+        let deferred = self.cfg.loss_lag > 1;
+        let slot = deferred.then_some(self.unqueued.len());
+        if t.loss_slot != slot {
+            return Err(device_model(format!(
+                "batch {k} writes loss slot {:?}, the next free is {slot:?}",
+                t.loss_slot
+            )));
+        }
+        if deferred {
+            self.unqueued.push(k);
+            if self.skipping.is_some() || self.cfg.nonfinite == Some(k) {
+                // The guard skips this step and every later one.
+                self.skipping.get_or_insert(k);
+                self.skipped += 1;
+            }
+        }
+        let w = if ahead {
+            Work::train_bottom_ahead(&m, &shape, k as u64, t.local)
+        } else {
+            Work::train(&m, &shape, k as u64, t.local)
+        };
         let d = self.cost(&w)?;
         if let Some(s) = self.span(&w, self.time, self.time + d) {
             self.trace[s].version = Some(t.version);
@@ -635,6 +818,7 @@ impl<'a, C: CostSource> Sim<'a, C> {
         rec.late_computed = t.cold.len() as u32;
         rec.max_gap = t.max_gap;
         rec.pcie_bytes = w.est.pcie_bytes;
+        rec.bottom_ahead = ahead;
         self.busy(
             d,
             Completion::Trained {
@@ -642,6 +826,41 @@ impl<'a, C: CostSource> Sim<'a, C> {
                 version: t.version + 1,
             },
         );
+        Ok(())
+    }
+
+    /// [`Action::ShowLosses`]: each batch once, in order, after it trained; a
+    /// rewind only at the non-finite batch, by the steps the device skipped.
+    fn show(&mut self, batches: Range<usize>, rewind: u64) -> Result<()> {
+        for k in batches.clone() {
+            if k != self.shown.len() || k >= self.trained {
+                return Err(device_model(format!(
+                    "batch {k} shown after {} batches shown and {} trained",
+                    self.shown.len(),
+                    self.trained
+                )));
+            }
+            self.shown.push(k);
+            self.batches[k].shown_s = Some(self.time);
+        }
+        let last = batches.end.checked_sub(1);
+        if rewind > 0 || (self.skipping.is_some() && self.skipping == last) {
+            if self.skipping != last || rewind != self.skipped {
+                return Err(device_model(format!(
+                    "a rewind of {rewind} steps after batch {last:?}: the device skipped \
+                     {} steps from batch {:?}",
+                    self.skipped, self.skipping
+                )));
+            }
+            self.rewound = last.map(|b| (b, rewind));
+            self.skipping = None;
+            self.skipped = 0;
+            self.unqueued.clear();
+        }
+        if self.cfg.nonfinite.is_some_and(|b| batches.contains(&b)) {
+            // `train.on_nonfinite = "stop"`: the session stops at it.
+            self.protocol.handle(Event::Stop)?;
+        }
         Ok(())
     }
 
@@ -668,15 +887,17 @@ impl<'a, C: CostSource> Sim<'a, C> {
             }
             Completion::Trained { batch, version } => {
                 self.acc = Acc::Free;
+                self.trained += 1;
                 self.batches[batch].end_s = self.time;
                 self.protocol
                     .handle(Event::BatchTrained { batch, version })?;
             }
             Completion::Published { version } => {
                 self.acc = Acc::Free;
-                self.published = version;
+                self.protocol
+                    .handle(Event::PublicationResolved { version })?;
             }
-            Completion::Installed => self.acc = Acc::Free,
+            Completion::Free => self.acc = Acc::Free,
             Completion::Computed {
                 key,
                 version,
@@ -732,22 +953,25 @@ impl<'a, C: CostSource> Sim<'a, C> {
                 job.key.super_batch,
             );
             let d = self.cost(&w)?;
-            let span = self.span(&w, self.time, self.time + d);
+            // It reads the newest publication and computes once its copy ended.
+            let (version, ready) = self.issued;
+            let start = self.time.max(ready);
+            let span = self.span(&w, start, start + d);
             if let Some(s) = span {
                 let t = &mut self.trace[s];
                 t.chunk = Some(job.key.chunk);
-                t.version = Some(self.published);
+                t.version = Some(version);
                 t.batch = job.urgent.map(|u| u.batch as u64);
                 t.urgent = job.urgent.map(|u| u.recompute);
             }
             self.idle_workers -= 1;
             self.totals.cpu_busy_s += d;
-            self.cpu_busy.push((self.time, self.time + d));
+            self.cpu_busy.push((start, start + d));
             self.at(
-                d,
+                start - self.time + d,
                 Completion::Computed {
                     key: job.key,
-                    version: self.published,
+                    version,
                     rows: job.vertices.len() as u32,
                     span,
                 },
@@ -864,6 +1088,10 @@ impl<'a, C: CostSource> Sim<'a, C> {
             cold_computed: self.cold_computed,
             totals: self.totals,
             trace: self.trace,
+            loss_reads: self.loss_reads,
+            shown: self.shown,
+            marks: self.marks,
+            rewound: self.rewound,
         }
     }
 }
@@ -908,7 +1136,11 @@ mod tests {
         let trains = r.trace.iter().filter(|s| s.kind == WorkKind::Train).count();
         assert_eq!(trains, 12);
         assert!(r.batches.iter().all(|b| b.end_s > b.start_s));
-        assert_eq!(r.totals.epoch_s, r.batches[11].end_s + 1e-3);
+        // After the last step: its publication, then the read of the last
+        // super-batch's losses (a lag of 8 > N = 4), resolved at once.
+        assert_eq!(r.totals.epoch_s, r.batches[11].end_s + 2e-3);
+        assert_eq!(r.loss_reads.len(), 3);
+        assert_eq!(r.shown, (0..12).collect::<Vec<_>>());
         assert!(r.stats.hot_uses > 0);
         // Without a trace, the same run.
         cfg.record_trace = false;

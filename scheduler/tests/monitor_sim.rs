@@ -16,9 +16,12 @@ fn costs(cpu_per_vertex: f64) -> impl FnMut(&Work) -> f64 {
     move |w: &Work| match w.kind {
         WorkKind::HotCompute => cpu_per_vertex * w.est.vertices as f64,
         WorkKind::SampleTop => 5e-4,
+        // The bottom hop is in the step's fixed cost, wherever it is sampled.
+        WorkKind::SampleBottom => 0.0,
         WorkKind::Train => 8.1e-3 + 2e-6 * w.est.vertices as f64,
         WorkKind::Install => 1e-5,
         WorkKind::Publish => 2e-4,
+        WorkKind::LossRead => 1e-5,
     }
 }
 

@@ -11,8 +11,9 @@
 use std::ops::Range;
 
 use scheduler::{
-    Action, ChunkKey, Event, HotSplit, Job, LaunchedBatch, OnLate, PipelineConfig, Protocol,
-    ProtocolConfig, Publication, ReportId, SchedulerError, SuperBatchHot, TrainBatch, Urgent,
+    Action, BottomHops, ChunkKey, Event, HotSplit, Job, LaunchedBatch, OnLate, PipelineConfig,
+    Protocol, ProtocolConfig, Publication, ReportId, SchedulerError, SuperBatchHot, TrainBatch,
+    Urgent,
 };
 
 /// `N = 2`, `D = 1`, chunks of at most 2: an on-time gap of 3.
@@ -34,10 +35,13 @@ fn bottom(k: usize) -> Vec<u32> {
         .collect()
 }
 
-/// A protocol and the actions it emitted, answering launches itself.
+/// A protocol and the actions it emitted, answering launches itself; its
+/// publications' copies resolve as soon as they are polled.
 struct Script {
     p: Protocol,
     log: Vec<Action>,
+    /// The newest version published.
+    published: u64,
 }
 
 impl Script {
@@ -45,6 +49,7 @@ impl Script {
         Self {
             p: Protocol::new(cfg),
             log: Vec::new(),
+            published: 0,
         }
     }
 
@@ -54,8 +59,14 @@ impl Script {
 
     fn start(&mut self, batches: Range<usize>, version: u64) {
         self.p
-            .handle(Event::EpochStarted { batches, version })
+            .handle(Event::EpochStarted {
+                batches,
+                version,
+                loss_lag: 1,
+                window: None,
+            })
             .unwrap();
+        self.published = version;
     }
 
     /// Polls, answering every launch (split: the whole hot set on the CPU),
@@ -81,19 +92,11 @@ impl Script {
                     super_batch,
                     batches,
                     ..
-                } => {
-                    let batches = batches
-                        .map(|k| LaunchedBatch {
-                            seeds: 1,
-                            bottom: bottom(k),
-                        })
-                        .collect();
+                } => self.p.handle(launched(super_batch, batches)).unwrap(),
+                Action::Publish { version, .. } => {
+                    self.published = version;
                     self.p
-                        .handle(Event::Launched {
-                            super_batch,
-                            split: HotSplit::all_cpu(4),
-                            batches,
-                        })
+                        .handle(Event::PublicationResolved { version })
                         .unwrap();
                 }
                 a if last(&a) => break,
@@ -139,6 +142,21 @@ impl Script {
     }
 }
 
+/// The answer to the launch of `batches` (global super-batch `super_batch`):
+/// each batch's [`bottom`], its seed first; the whole hot set on the CPU.
+fn launched(super_batch: u64, batches: Range<usize>) -> Event {
+    Event::Launched {
+        super_batch,
+        split: HotSplit::all_cpu(4),
+        batches: batches
+            .map(|k| LaunchedBatch {
+                seeds: 1,
+                bottom: bottom(k),
+            })
+            .collect(),
+    }
+}
+
 fn key(super_batch: u64, chunk: u32) -> ChunkKey {
     ChunkKey { super_batch, chunk }
 }
@@ -157,10 +175,12 @@ fn an_epoch_launches_a_stage_ahead_and_gates_every_batch() {
         [
             "Publish",
             "Launch",
+            "SampleBottoms",
             "ReserveSlab",
             "QueueJob",
             "QueueJob",
             "Launch",
+            "SampleBottoms",
             "ReserveSlab",
             "QueueJob",
             "QueueJob",
@@ -185,10 +205,20 @@ fn an_epoch_launches_a_stage_ahead_and_gates_every_batch() {
             batches: 0..2
         }
     );
+    // Its batches' bottom hops, a super-batch ahead, each skipping its
+    // planned hot positions (its seed first, then two hot ids).
+    assert_eq!(
+        first[2],
+        Action::SampleBottoms {
+            super_batch: 0,
+            batches: 0..2,
+            skip: vec![vec![1, 2], vec![1, 2]]
+        }
+    );
     // Super-batch 0's queue: hot ids {0, 1, 2} of batches 0 and 1 (their seeds
     // 100 and 101 are not hot), cut into [0, 1] and [2]; slab 0.
     assert_eq!(
-        first[2],
+        first[3],
         Action::ReserveSlab {
             slab: 0,
             rows: 3,
@@ -205,7 +235,7 @@ fn an_epoch_launches_a_stage_ahead_and_gates_every_batch() {
     );
     // Super-batch 1 goes into slab 1: queue {0, 2, 3}.
     assert_eq!(
-        first[6],
+        first[8],
         Action::ReserveSlab {
             slab: 1,
             rows: 3,
@@ -218,7 +248,7 @@ fn an_epoch_launches_a_stage_ahead_and_gates_every_batch() {
     claims.dedup();
     assert_eq!(claims.len(), 4);
     assert_eq!(
-        first[10],
+        first[12],
         Action::Gate {
             batch: 0,
             version: 0
@@ -315,7 +345,7 @@ fn a_report_handed_in_before_the_wait_is_polled_withdraws_it() {
     s.trained(0, 1);
     let acts = s.step_to(|a| matches!(a, Action::QueueJob(j) if j.urgent.is_some()));
     assert_eq!(acts.last().map(Action::name), Some("QueueJob"), "{acts:?}");
-    s.report(1, 0, 1, 2);
+    s.report(1, 0, 0, 2);
     assert_eq!(names(&s.step()), ["Install", "Wait"]);
 }
 
@@ -365,17 +395,24 @@ fn a_stale_ready_chunk_is_recomputed_after_a_publication() {
     let acts = s.step();
     assert_eq!(
         names(&acts),
-        ["Gate", "Publish", "QueueJob", "QueueJob", "Wait"]
+        [
+            "ShowLosses",
+            "Gate",
+            "Publish",
+            "QueueJob",
+            "QueueJob",
+            "Wait"
+        ]
     );
     assert_eq!(
-        acts[1],
+        acts[2],
         Action::Publish {
             version: 1,
             reset: false
         }
     );
     let regular = s.regular_jobs()[0].claim;
-    let Action::QueueJob(re) = &acts[2] else {
+    let Action::QueueJob(re) = &acts[3] else {
         panic!()
     };
     assert_eq!(
@@ -445,6 +482,10 @@ fn jobs_of_finished_super_batches_become_droppable() {
     assert_eq!(
         acts,
         vec![
+            Action::ShowLosses {
+                batches: 1..2,
+                rewind: 0
+            },
             Action::Retire { below: 1 },
             Action::Publish {
                 version: 2,
@@ -504,11 +545,17 @@ fn the_epoch_ends_retiring_everything_and_the_next_continues_the_numbering() {
     // The last super-batch's retirement retires the whole epoch.
     assert_eq!(
         names(&rest),
-        ["Retire", "Publish", "EndSuperBatch", "Finished"]
+        [
+            "ShowLosses",
+            "Retire",
+            "Publish",
+            "EndSuperBatch",
+            "Finished"
+        ]
     );
-    assert_eq!(rest[0], Action::Retire { below: 3 });
+    assert_eq!(rest[1], Action::Retire { below: 3 });
     assert_eq!(s.p.retired_below(), 3);
-    let Action::Finished { stats, stopped } = &rest[3] else {
+    let Action::Finished { stats, stopped } = &rest[4] else {
         panic!("{rest:?}")
     };
     assert!(!stopped);
@@ -694,16 +741,20 @@ fn drive_random(
     p.handle(Event::EpochStarted {
         batches: 0..batches,
         version: 0,
+        loss_lag: 1,
+        window: None,
     })
     .unwrap();
     let (mut log, mut version, mut jobs) = (Vec::new(), 0u64, Vec::new());
+    // The newest publication (its copies resolve at once): jobs read it.
+    let mut published = 0u64;
     loop {
         let Some(a) = p.poll().unwrap() else {
             // A wait with no job running: report the oldest queued job.
             let j: Job = jobs.remove(0);
             p.handle(Event::ChunkComputed {
                 key: j.key,
-                version,
+                version: published,
                 rows: j.vertices.len() as u32,
             })
             .unwrap();
@@ -721,11 +772,15 @@ fn drive_random(
                 p.handle(answer(super_batch, split, b)).unwrap();
             }
             Action::QueueJob(j) => jobs.push(j),
+            Action::Publish { version: v, .. } => {
+                published = v;
+                p.handle(Event::PublicationResolved { version: v }).unwrap();
+            }
             Action::Wait { .. } if !jobs.is_empty() => {
                 let j = jobs.remove(0);
                 p.handle(Event::ChunkComputed {
                     key: j.key,
-                    version,
+                    version: published,
                     rows: j.vertices.len() as u32,
                 })
                 .unwrap();
@@ -736,7 +791,7 @@ fn drive_random(
                     for j in jobs.drain(..) {
                         p.handle(Event::ChunkComputed {
                             key: j.key,
-                            version,
+                            version: published,
                             rows: j.vertices.len() as u32,
                         })
                         .unwrap();
@@ -805,14 +860,22 @@ fn a_plan_for_a_smaller_split_is_refused() {
 }
 
 /// Runs epoch `batches` from `version` with every job computed at once with
-/// the current weights; returns the actions and the version at the end.
+/// the newest published weights; returns the actions and the version at the end.
 fn run_epoch_computing_at_once(
     p: &mut Protocol,
     batches: Range<usize>,
     mut version: u64,
 ) -> (Vec<Action>, u64) {
-    p.handle(Event::EpochStarted { batches, version }).unwrap();
+    p.handle(Event::EpochStarted {
+        batches,
+        version,
+        loss_lag: 1,
+        window: None,
+    })
+    .unwrap();
     let mut log = Vec::new();
+    // The newest publication (its copies resolve at once): jobs read it.
+    let mut published = version;
     while let Some(a) = p.poll().unwrap() {
         log.push(a.clone());
         match a {
@@ -820,24 +883,15 @@ fn run_epoch_computing_at_once(
                 super_batch,
                 batches,
                 ..
-            } => {
-                let batches = batches
-                    .map(|k| LaunchedBatch {
-                        seeds: 1,
-                        bottom: bottom(k),
-                    })
-                    .collect();
-                p.handle(Event::Launched {
-                    super_batch,
-                    split: HotSplit::all_cpu(4),
-                    batches,
-                })
-                .unwrap();
+            } => p.handle(launched(super_batch, batches)).unwrap(),
+            Action::Publish { version: v, .. } => {
+                published = v;
+                p.handle(Event::PublicationResolved { version: v }).unwrap();
             }
             Action::QueueJob(j) => p
                 .handle(Event::ChunkComputed {
                     key: j.key,
-                    version,
+                    version: published,
                     rows: j.vertices.len() as u32,
                 })
                 .unwrap(),
@@ -966,7 +1020,7 @@ fn planned_positions_are_the_trained_ones_unless_late_chunks_stay_cold() {
                             .map(|j| (j.key.chunk, j.vertices.len() as u32))
                             .collect::<Vec<_>>();
                         for (c, rows) in chunks {
-                            s.report(sb, c, version, rows);
+                            s.report(sb, c, s.published, rows);
                         }
                     }
                     other => panic!("{other:?}"),
@@ -988,5 +1042,297 @@ fn planned_positions_are_the_trained_ones_unless_late_chunks_stay_cold() {
         s.step_to(|a| matches!(a, Action::Finished { .. }));
         assert_eq!(s.p.planned_positions(0), None);
         assert_eq!(s.p.planned_positions(1), None, "the epoch is over");
+    }
+}
+
+/// Drives epoch `batches` under loss lag `lag` with window `window`, every
+/// launch answered, no CPU job computed (every hot position left cold), every
+/// step answered with the next version and every loss read with `nonfinite`
+/// (if in it); once it logs the line `stop.0` the driver hands in `stop.1`.
+/// Returns the steps' slots, the loss reads, shows and marks and the end, as
+/// lines.
+fn drive_losses(
+    batches: Range<usize>,
+    lag: usize,
+    window: Option<Range<usize>>,
+    nonfinite: Option<usize>,
+    stop: Option<(&str, Event)>,
+) -> Vec<String> {
+    let cfg = ProtocolConfig::new(pipeline(), 3, OnLate::Compute);
+    let mut p = Protocol::new(cfg.with_bottoms(BottomHops::AtTrain));
+    p.handle(Event::EpochStarted {
+        batches,
+        version: 0,
+        loss_lag: lag,
+        window,
+    })
+    .unwrap();
+    let mut out: Vec<String> = Vec::new();
+    while let Some(a) = p.poll().unwrap() {
+        let logged = out.len();
+        match a {
+            Action::Launch {
+                super_batch,
+                batches,
+                ..
+            } => p.handle(launched(super_batch, batches)).unwrap(),
+            Action::Train(t) => {
+                out.push(format!("train {} slot {:?}", t.batch, t.loss_slot));
+                p.handle(Event::BatchTrained {
+                    batch: t.batch,
+                    version: t.version + 1,
+                })
+                .unwrap();
+            }
+            Action::QueueLossRead { batches } => out.push(format!("queue {batches:?}")),
+            Action::ResolveLossRead { batches } => {
+                out.push(format!("resolve {batches:?}"));
+                let nonfinite = nonfinite.filter(|b| batches.contains(b));
+                p.handle(Event::LossesRead { nonfinite }).unwrap();
+            }
+            Action::ShowLosses { batches, rewind } => {
+                out.push(format!("show {batches:?} rewind {rewind}"))
+            }
+            Action::Mark { batch, start } => out.push(format!("mark {batch} {start}")),
+            Action::Finished { stopped, .. } => out.push(format!("finished {stopped}")),
+            _ => {}
+        }
+        if let Some((_, e)) = stop
+            .as_ref()
+            .filter(|s| out.len() > logged && out[logged] == s.0)
+        {
+            p.handle(e.clone()).unwrap();
+        }
+    }
+    out
+}
+
+/// `L = 3` over super-batches of `N = 2`: one read per super-batch, queued
+/// at its end and resolved at the next one's; a mark flushes first (the read
+/// in flight, then the batches pending); the epoch's end flushes the rest.
+#[test]
+fn a_loss_lag_reads_once_per_super_batch_and_flushes_before_a_mark_and_at_the_end() {
+    let got = drive_losses(0..6, 3, Some(3..6), None, None);
+    let want = [
+        "train 0 slot Some(0)",
+        "train 1 slot Some(1)",
+        "queue 0..2",
+        "train 2 slot Some(0)",
+        // The window opens before batch 3: everything trained is shown.
+        "resolve 0..2",
+        "show 0..2 rewind 0",
+        "queue 2..3",
+        "resolve 2..3",
+        "show 2..3 rewind 0",
+        "mark 3 true",
+        "train 3 slot Some(0)",
+        "queue 3..4",
+        "train 4 slot Some(0)",
+        "train 5 slot Some(1)",
+        // It closes after batch 5, the epoch's last.
+        "resolve 3..4",
+        "show 3..4 rewind 0",
+        "queue 4..6",
+        "resolve 4..6",
+        "show 4..6 rewind 0",
+        "mark 6 false",
+        "finished false",
+    ];
+    assert_eq!(got, want);
+    // `L = 1`: every step reads its own loss; each batch is shown right after
+    // its answer and the mark after it.
+    let got = drive_losses(0..4, 1, Some(1..2), None, None);
+    let want = [
+        "train 0 slot None",
+        "mark 1 true",
+        "show 0..1 rewind 0",
+        "train 1 slot None",
+        "mark 2 false",
+        "show 1..2 rewind 0",
+        "train 2 slot None",
+        "show 2..3 rewind 0",
+        "train 3 slot None",
+        "show 3..4 rewind 0",
+        "finished false",
+    ];
+    assert_eq!(got, want);
+    // `L = 2 = N`: the L-th batch's read is the super-batch's; none at its end.
+    let got = drive_losses(0..4, 2, None, None, None);
+    let queued: Vec<&String> = got.iter().filter(|l| l.starts_with("queue")).collect();
+    assert_eq!(queued, ["queue 0..2", "queue 2..4"]);
+}
+
+/// A stop (a cancellation, a callback's) shows every batch trained before
+/// the epoch finishes; an abort (the driver failed) reads nothing more.
+#[test]
+fn a_stop_under_a_loss_lag_flushes_and_an_abort_does_not() {
+    let got = drive_losses(
+        0..8,
+        3,
+        None,
+        None,
+        Some(("train 4 slot Some(0)", Event::Stop)),
+    );
+    assert_eq!(
+        got[got.len() - 7..],
+        [
+            "train 4 slot Some(0)",
+            "resolve 2..4",
+            "show 2..4 rewind 0",
+            "queue 4..5",
+            "resolve 4..5",
+            "show 4..5 rewind 0",
+            "finished true",
+        ]
+    );
+    let got = drive_losses(
+        0..8,
+        3,
+        None,
+        None,
+        Some(("train 4 slot Some(0)", Event::Abort)),
+    );
+    assert_eq!(
+        got[got.len() - 2..],
+        ["train 4 slot Some(0)", "finished true"]
+    );
+    // A callback's stop while the flush before a mark shows batches: the
+    // flush goes on, then the mark, then the end.
+    let stop = Some(("show 2..4 rewind 0", Event::Stop));
+    let got = drive_losses(0..8, 3, Some(5..8), None, stop);
+    assert_eq!(
+        got[got.len() - 7..],
+        [
+            "resolve 2..4",
+            "show 2..4 rewind 0",
+            "queue 4..5",
+            "resolve 4..5",
+            "show 4..5 rewind 0",
+            "mark 5 true",
+            "finished true",
+        ]
+    );
+}
+
+/// A non-finite loss: the device skipped its step and every one after it, so
+/// the version moves back by all of them; its read's batches up to it are
+/// shown, nothing after it, and the epoch ends.
+#[test]
+fn a_non_finite_loss_under_a_lag_rewinds_every_skipped_step_and_ends_the_epoch() {
+    // Batch 1 is read with batch 0 at super-batch 1's end, after batch 3.
+    let got = drive_losses(0..8, 3, None, Some(1), None);
+    assert_eq!(
+        got[got.len() - 4..],
+        [
+            "train 3 slot Some(1)",
+            "resolve 0..2",
+            "show 0..2 rewind 3",
+            "finished true",
+        ]
+    );
+}
+
+/// Step 2: a job reads the newest publication once its copies resolved, so a
+/// report of weights whose copies had not resolved is refused, as one from
+/// the future is; a resolution of a version never published too.
+#[test]
+fn rows_of_weights_whose_copies_had_not_resolved_are_refused() {
+    let mut p = Protocol::new(ProtocolConfig::new(pipeline(), 3, OnLate::Compute));
+    p.handle(Event::EpochStarted {
+        batches: 0..4,
+        version: 0,
+        loss_lag: 1,
+        window: None,
+    })
+    .unwrap();
+    let mut published = Vec::new();
+    while published.len() < 2 {
+        match p.poll().unwrap().expect("an action") {
+            Action::Launch {
+                super_batch,
+                batches,
+                ..
+            } => p.handle(launched(super_batch, batches)).unwrap(),
+            Action::Publish { version, .. } => published.push(version),
+            Action::Train(t) => p
+                .handle(Event::BatchTrained {
+                    batch: t.batch,
+                    version: t.version + 1,
+                })
+                .unwrap(),
+            _ => {}
+        }
+    }
+    // The reset at 0, then version 2 after super-batch 0: not resolved yet.
+    assert_eq!(published, [0, 2]);
+    let report = |version| Event::ChunkComputed {
+        key: key(1, 0),
+        version,
+        rows: 2,
+    };
+    let e = p.handle(report(2)).unwrap_err();
+    assert!(e.to_string().contains("had not resolved"), "{e}");
+    assert!(p.handle(Event::PublicationResolved { version: 3 }).is_err());
+    p.handle(Event::PublicationResolved { version: 2 }).unwrap();
+    p.handle(report(2)).unwrap();
+    assert!(matches!(p.poll().unwrap(), Some(Action::Install { .. })));
+}
+
+/// Step 3: the bottom hops go out right after the launch's answer, each
+/// skipping its batch's planned positions (or nothing); step 7: a batch
+/// trains on its own iff it trains with exactly those positions.
+#[test]
+fn a_batch_trains_on_its_bottom_hop_sampled_ahead_iff_its_positions_are_the_planned_ones() {
+    for bottoms in [
+        BottomHops::SkipPlanned,
+        BottomHops::SkipNothing,
+        BottomHops::AtTrain,
+    ] {
+        let cfg = ProtocolConfig::new(pipeline(), 3, OnLate::Compute).with_bottoms(bottoms);
+        let mut s = Script::new(cfg);
+        s.start(0..4, 0);
+        // Nothing computed: batch 0's planned positions 1 and 2 stay cold.
+        let t = s.train();
+        assert_eq!((t.positions.clone(), t.cold.clone()), (vec![], vec![1, 2]));
+        assert_eq!(
+            t.bottom_ahead,
+            bottoms == BottomHops::SkipNothing,
+            "{bottoms:?}"
+        );
+        s.trained(0, 1);
+        // Both chunks of super-batch 0 in: batch 1 uses its planned positions.
+        s.report(0, 0, 0, 2);
+        s.report(0, 1, 0, 1);
+        let t = s.train();
+        assert_eq!((t.positions.clone(), t.cold.clone()), (vec![1, 2], vec![]));
+        assert_eq!(
+            t.bottom_ahead,
+            bottoms != BottomHops::AtTrain,
+            "{bottoms:?}"
+        );
+        let hops: Vec<&Action> = s
+            .log
+            .iter()
+            .filter(|a| matches!(a, Action::SampleBottoms { .. }))
+            .collect();
+        match bottoms {
+            BottomHops::AtTrain => assert!(hops.is_empty()),
+            _ => {
+                let skip = if bottoms == BottomHops::SkipPlanned {
+                    vec![vec![1, 2], vec![1, 2]]
+                } else {
+                    vec![vec![], vec![]]
+                };
+                assert_eq!(
+                    hops[0],
+                    &Action::SampleBottoms {
+                        super_batch: 0,
+                        batches: 0..2,
+                        skip
+                    }
+                );
+                assert_eq!(hops.len(), 2, "super-batches 0 and 1 launched");
+            }
+        }
     }
 }

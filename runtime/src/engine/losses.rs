@@ -6,41 +6,45 @@
 //! its Adam step: the device's queue drains and the host's work for the next
 //! batch cannot overlap it.
 //!
-//! # Protocol
-//! 1. **Train** without reading: batch `k`'s step writes its loss sum and
-//!    correct count into device slot `i` ([`DeferredLosses::next_slot`]: the
-//!    `i`-th batch since the last read was queued) and applies its Adam step
-//!    behind the model's device guard; the version moves on at once
-//!    ([`DeferredLosses::push`]).
-//! 2. **Queue a read** of the pending slots ([`LossReads::queue_loss_read`]:
-//!    one copy into page-locked memory on the compute stream, an event after
-//!    it, nothing waits; `engine/pinned.rs`) when the executor says so: when L
-//!    batches are pending, and on the layer path also at every super-batch's
-//!    end. The slots are written again at once: the next steps are queued
-//!    after the copy.
-//! 3. **Resolve** the read queued before (an event wait for that copy only:
-//!    the device keeps the work queued after it) right before queueing the
-//!    next one ([`DeferredLosses::rotate`]), and show its batches in order.
-//!    The host thus runs at most one read ahead of the device.
-//! 4. **Flush** (queue and resolve at once, which waits for every step so
-//!    far; `rotate` with `flush`) before a measurement mark, at the end of an
-//!    executor's call and before a cancel returns, so every trained batch is
-//!    shown and a window's clock covers the device's work.
-//! 5. **Non-finite loss**: the device guard skipped that batch's step and
-//!    every one queued after it. The version moves back by that many
-//!    ([`LossReads::rewind_skipped`]), and the batches shown end with the bad
-//!    one ([`Read::nonfinite`]): nothing after it is shown
-//!    (`train.on_nonfinite = "stop"`, the only mode a lag is used with, ends
-//!    the run there).
+//! # Operations ([`DeferredLosses`])
+//! 1. **Keep** a trained batch ([`DeferredLosses::push`], [`Trained`]), with its
+//!    loss when its step read it (no lag). A deferred step wrote its loss sum
+//!    and correct count into a device slot and applied its Adam step behind
+//!    the model's device guard; the version moved on at once.
+//! 2. **Queue a read** of a range of kept batches' slots
+//!    ([`DeferredLosses::queue`]: [`LossReads::queue_loss_read`], one copy into
+//!    page-locked memory on the compute stream and an event after it; nothing
+//!    waits, `engine/pinned.rs`). The slots are written again at once: the
+//!    next steps are queued after the copy.
+//! 3. **Resolve** it ([`DeferredLosses::resolve`]: an event wait for that copy
+//!    only, the device keeps the work queued after it); each batch gets its
+//!    loss, and the first non-finite one is named.
+//! 4. **Show** a range of batches whose losses are known, in order
+//!    ([`DeferredLosses::show`]). After a non-finite loss the device's guard
+//!    skipped that step and every one queued after it: the version first moves
+//!    back by that many ([`LossReads::rewind_skipped`]); nothing after the bad
+//!    batch is shown (`train.on_nonfinite = "stop"`, the only mode a lag is
+//!    used with, ends the run there).
 //!
-//! A callback's stop is seen when its batch is shown; the executor then
-//! flushes, so the run ends after the batches already trained, which the
-//! session sees too.
+//! # Who decides when
+//! - The layer path: `scheduler::protocol` (its step 7) decides when a read is
+//!   queued, resolved and shown — once per super-batch, and before every
+//!   measurement mark, stop and end — and its simulator tests those timings;
+//!   `executor/layer/pipeline.rs` carries the actions out with 2–4.
+//! - The step path: [`DeferredLosses::rotate`] (`executor/step/mod.rs`): when
+//!   L batches are pending, the read in flight is resolved and shown, then
+//!   the pending ones are queued (the host runs at most one read ahead of the
+//!   device); a flush (the end of a call, a cancel, a callback's stop) queues,
+//!   resolves and shows every batch trained.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use gpu_ops::Backend;
 
 use super::pinned::PendingCopy;
 use super::{dev_err, DeviceEngine};
 use crate::error::{Error, Result};
-use gpu_ops::Backend;
 
 /// What one trained batch did, for the session's bookkeeping and callbacks.
 #[derive(Clone, Copy, Debug)]
@@ -58,7 +62,7 @@ pub(crate) struct BatchDone {
     pub version: u64,
 }
 
-/// A batch trained with a deferred loss (step 1), until its loss is read.
+/// A batch trained (step 1), until it is shown.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Trained {
     /// Batch index in the epoch.
@@ -67,10 +71,13 @@ pub(crate) struct Trained {
     pub seconds: f64,
     /// The version its step made.
     pub version: u64,
+    /// (loss × rows, correct), once read (at once when the step read it).
+    pub loss: Option<(f64, usize)>,
 }
 
-/// What a resolution read: the batches to show, in order, and whether the
-/// last of them had a non-finite loss (step 5: nothing after it is shown).
+/// What [`DeferredLosses::rotate`] read: the batches to show, in order, and
+/// whether the last of them had a non-finite loss (nothing after it is
+/// shown).
 #[derive(Debug, Default)]
 pub(crate) struct Read {
     /// The batches, in training order.
@@ -87,7 +94,7 @@ pub(crate) trait PendingLosses: Send {
     fn resolve(self: Box<Self>) -> Result<Vec<(f64, usize)>>;
 }
 
-/// What [`DeferredLosses`] asks of the engine (steps 2 and 5); object-safe,
+/// What [`DeferredLosses`] asks of the engine (steps 2 and 4); object-safe,
 /// so the layer pipeline's device trait extends it.
 pub(crate) trait LossReads {
     /// Loss slots `0..n` on their way to the host, queued after every step so
@@ -95,92 +102,187 @@ pub(crate) trait LossReads {
     fn queue_loss_read(&mut self, n: usize) -> Result<Box<dyn PendingLosses>>;
     /// After a non-finite deferred loss: the version moves back by the
     /// `skipped` steps the device did not apply, and the guard is cleared
-    /// (step 5).
+    /// (step 4).
     fn rewind_skipped(&mut self, skipped: usize) -> Result<()>;
 }
 
-/// Steps 1–5's bookkeeping: the batches whose slots are not read yet.
+/// The batches trained and not shown yet, in order, and the read in flight
+/// (module doc).
 #[derive(Default)]
 pub(crate) struct DeferredLosses {
-    /// Trained since the last read was queued: batch `i` wrote slot `i`.
-    pending: Vec<Trained>,
-    /// The read queued last (step 2), with its batches.
-    reading: Option<(Vec<Trained>, Box<dyn PendingLosses>)>,
+    trained: VecDeque<Trained>,
+    reading: Option<(Range<usize>, Box<dyn PendingLosses>)>,
+}
+
+fn internal(what: String) -> Error {
+    Error::invalid_argument("device.loss_lag", format!("internal: {what}"))
 }
 
 impl DeferredLosses {
-    /// The slot the next batch writes.
-    pub fn next_slot(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// Step 1: `batch` wrote slot [`DeferredLosses::next_slot`].
+    /// Step 1.
     pub fn push(&mut self, batch: Trained) {
-        self.pending.push(batch);
+        self.trained.push_back(batch);
     }
 
-    /// Batches trained and not yet queued for a read.
-    pub fn pending(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// Whether every trained batch was shown.
+    /// Whether every kept batch was shown.
     pub fn is_empty(&self) -> bool {
-        self.pending.is_empty() && self.reading.is_none()
+        self.trained.is_empty() && self.reading.is_none()
     }
 
-    /// Steps 2 and 3: resolves the read in flight, then queues one of the
-    /// pending batches; with `flush` (step 4) resolves that one too.
+    /// The kept batches `batches`, which must all be kept.
+    fn kept(&mut self, batches: &Range<usize>) -> Result<&mut [Trained]> {
+        let first = self.trained.front().map_or(usize::MAX, |t| t.k);
+        let (start, end) = (
+            batches.start.wrapping_sub(first),
+            batches.end.wrapping_sub(first),
+        );
+        let held = self.trained.make_contiguous();
+        let len = held.len();
+        match held.get_mut(start..end) {
+            Some(b) if b.first().is_some_and(|t| t.k == batches.start) => Ok(b),
+            _ => Err(internal(format!(
+                "batches {batches:?} are not among those trained and not shown \
+                 (from batch {first}, {len} of them)"
+            ))),
+        }
+    }
+
+    /// Step 2.
+    pub fn queue(&mut self, engine: &mut dyn LossReads, batches: Range<usize>) -> Result<()> {
+        if let Some((r, _)) = &self.reading {
+            return Err(internal(format!(
+                "a read of batches {batches:?} queued with the read of {r:?} in flight"
+            )));
+        }
+        self.kept(&batches)?;
+        let handle = engine.queue_loss_read(batches.len())?;
+        self.reading = Some((batches, handle));
+        Ok(())
+    }
+
+    /// Step 3: the first batch read whose loss is not finite.
+    pub fn resolve(&mut self, batches: Range<usize>) -> Result<Option<usize>> {
+        let handle = match self.reading.take() {
+            Some((r, handle)) if r == batches => handle,
+            other => {
+                return Err(internal(format!(
+                    "the resolution of a read of batches {batches:?}, the read in flight is \
+                     {:?}",
+                    other.map(|(r, _)| r)
+                )))
+            }
+        };
+        let losses = handle.resolve()?;
+        let kept = self.kept(&batches)?;
+        if losses.len() != kept.len() {
+            return Err(internal(format!(
+                "{} losses read for {} batches",
+                losses.len(),
+                kept.len()
+            )));
+        }
+        let mut nonfinite = None;
+        for (t, &loss) in kept.iter_mut().zip(&losses) {
+            t.loss = Some(loss);
+            if nonfinite.is_none() && !loss.0.is_finite() {
+                nonfinite = Some(t.k);
+            }
+        }
+        Ok(nonfinite)
+    }
+
+    /// Step 4: the batches to show, in order, the version moved back by
+    /// `rewind` steps first.
+    pub fn show(
+        &mut self,
+        engine: &mut dyn LossReads,
+        batches: Range<usize>,
+        rewind: u64,
+    ) -> Result<Vec<BatchDone>> {
+        if rewind > 0 {
+            let steps = usize::try_from(rewind).map_err(|_| internal("a rewind".into()))?;
+            engine.rewind_skipped(steps)?;
+        }
+        let mut done = Vec::with_capacity(batches.len());
+        for k in batches {
+            match self.trained.pop_front() {
+                Some(Trained {
+                    k: kept,
+                    seconds,
+                    version,
+                    loss: Some((loss_sum, correct)),
+                }) if kept == k => done.push(BatchDone {
+                    k,
+                    loss_sum,
+                    correct,
+                    seconds,
+                    version,
+                }),
+                other => {
+                    return Err(internal(format!(
+                        "batch {k} shown, the next kept is {other:?}"
+                    )))
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Kept batches not yet queued for a read (the step path's schedule).
+    pub fn pending(&self) -> usize {
+        let read = self.reading.as_ref().map_or(0, |(r, _)| r.len());
+        self.trained.len() - read
+    }
+
+    /// The slot the next deferred step writes (the step path's schedule:
+    /// slot `i` for the `i`-th batch since the last read was queued).
+    pub fn next_slot(&self) -> usize {
+        self.pending()
+    }
+
+    /// The step path's schedule (module doc): resolves and shows the read in
+    /// flight, then queues the pending batches; with `flush`, resolves and
+    /// shows those too. A non-finite loss ends what is shown there (every
+    /// step trained from it is rewound).
     pub fn rotate(&mut self, engine: &mut dyn LossReads, flush: bool) -> Result<Read> {
         let mut read = Read::default();
-        if self.resolve(engine, &mut read)? {
+        if self.resolve_and_show(engine, &mut read)? {
             return Ok(read);
         }
-        if !self.pending.is_empty() {
-            let handle = engine.queue_loss_read(self.pending.len())?;
-            self.reading = Some((std::mem::take(&mut self.pending), handle));
+        let first = self.trained.front().map(|t| t.k);
+        if let (Some(first), n) = (first, self.trained.len()) {
+            if n > 0 {
+                self.queue(engine, first..first + n)?;
+            }
         }
         if flush {
-            self.resolve(engine, &mut read)?;
+            self.resolve_and_show(engine, &mut read)?;
         }
         Ok(read)
     }
 
-    /// Step 3 (and 5) for the read in flight, appended to `read`; returns
-    /// whether a loss was non-finite.
-    fn resolve(&mut self, engine: &mut dyn LossReads, read: &mut Read) -> Result<bool> {
-        let Some((batches, handle)) = self.reading.take() else {
+    /// Steps 3 and 4 for the read in flight, appended to `read`; returns
+    /// whether a loss was non-finite (the version then moved back by every
+    /// step trained from that batch on, and nothing after it is kept).
+    fn resolve_and_show(&mut self, engine: &mut dyn LossReads, read: &mut Read) -> Result<bool> {
+        let Some(range) = self.reading.as_ref().map(|(r, _)| r.clone()) else {
             return Ok(false);
         };
-        let losses = handle.resolve()?;
-        if losses.len() != batches.len() {
-            return Err(Error::invalid_argument(
-                "device.loss_lag",
-                format!(
-                    "internal: {} losses read for {} batches",
-                    losses.len(),
-                    batches.len()
-                ),
-            ));
-        }
-        for (i, (b, &(loss_sum, correct))) in batches.iter().zip(&losses).enumerate() {
-            read.done.push(BatchDone {
-                k: b.k,
-                loss_sum,
-                correct,
-                seconds: b.seconds,
-                version: b.version,
-            });
-            if !loss_sum.is_finite() {
-                // Step 5: this step and every one queued after it were skipped.
-                let skipped = batches.len() - i + self.pending.len();
-                self.pending.clear();
-                engine.rewind_skipped(skipped)?;
+        match self.resolve(range.clone())? {
+            None => {
+                read.done.extend(self.show(engine, range, 0)?);
+                Ok(false)
+            }
+            Some(bad) => {
+                let last = self.trained.back().map_or(bad, |t| t.k);
+                let rewind = (last + 1 - bad) as u64;
+                read.done
+                    .extend(self.show(engine, range.start..bad + 1, rewind)?);
+                self.trained.clear();
                 read.nonfinite = true;
-                return Ok(true);
+                Ok(true)
             }
         }
-        Ok(false)
     }
 }
 
@@ -318,6 +420,7 @@ mod tests {
             k,
             seconds: 0.0,
             version: k as u64 + 1,
+            loss: None,
         }
     }
 

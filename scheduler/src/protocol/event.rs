@@ -10,9 +10,8 @@ use std::ops::Range;
 
 use crate::pipeline::HotSplit;
 
-use super::plan::LaunchPlan;
-use super::queue::SuperBatchHot;
-use super::stats::ProtocolStats;
+use super::plan::{LaunchPlan, LaunchedBatch};
+use super::stats::{ProtocolStats, SuperBatchHot};
 
 /// Names a chunk of a hot queue: the global super-batch (numbered across epochs,
 /// never reused) and the chunk's index in that super-batch's queue.
@@ -80,17 +79,6 @@ impl Job {
     }
 }
 
-/// One batch of a launched super-batch, as the driver sampled it (protocol
-/// step 3).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LaunchedBatch {
-    /// The batch's seed count: the first `seeds` bottom destinations are its own
-    /// seeds and never take a hot row.
-    pub seeds: usize,
-    /// Its bottom layer's destinations (relabeled ids), in position order.
-    pub bottom: Vec<u32>,
-}
-
 /// What the gate let through for one batch (protocol steps 5–7): train it with
 /// these hot rows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +105,14 @@ pub struct TrainBatch {
     pub max_gap: Option<u64>,
     /// Chunks (of its super-batch) this batch is the first to read.
     pub first_reads: Vec<u32>,
+    /// Whether it trains on the bottom hop [`Action::SampleBottoms`] sampled at
+    /// its launch (step 7: the hop skipped exactly the positions it trains
+    /// with); `false`: the driver samples its bottom hop in the step.
+    pub bottom_ahead: bool,
+    /// The loss slot its step writes instead of reading its loss (a loss lag,
+    /// step 7: the `i`-th batch since the last [`Action::QueueLossRead`]
+    /// writes slot `i`); `None`: the step reads its loss.
+    pub loss_slot: Option<usize>,
 }
 
 /// An input of the protocol.
@@ -124,12 +120,19 @@ pub struct TrainBatch {
 pub enum Event {
     /// An epoch starts: train the epoch's batches `batches` (indices in the
     /// epoch; `start > 0` after an interruption) from weight `version` (step 1).
-    /// An epoch still running is stopped first.
+    /// An epoch still running is aborted first ([`Event::Abort`]).
     EpochStarted {
         /// Epoch batch indices to train.
         batches: Range<usize>,
         /// The weights' version now.
         version: u64,
+        /// `L`, batches between a step and the read of its loss (at least 1;
+        /// the device's `device.loss_lag`): above 1, steps write loss slots
+        /// and the protocol's loss reads bring them back (step 7).
+        loss_lag: usize,
+        /// The measurement window: a mark before batch `window.start` and one
+        /// before batch `window.end` (step 7).
+        window: Option<Range<usize>>,
     },
     /// The answer to [`Action::Launch`]: the super-batch's batches were sampled.
     Launched {
@@ -176,9 +179,27 @@ pub enum Event {
         /// The weights' version after it.
         version: u64,
     },
-    /// Stop the epoch now (a cancellation, a callback's request, an error): its
-    /// queued jobs become droppable and the epoch finishes.
+    /// The answer to [`Action::ResolveLossRead`]: the read's losses are on
+    /// the host; `nonfinite` is the first of its batches whose loss is not
+    /// finite, if any (step 7).
+    LossesRead {
+        /// The first batch of the read with a non-finite loss.
+        nonfinite: Option<usize>,
+    },
+    /// The copies of the publication of `version` ([`Action::Publish`])
+    /// resolved: those weights are on the host (step 2). Hand it in before
+    /// any report computed with them.
+    PublicationResolved {
+        /// The publication's version.
+        version: u64,
+    },
+    /// Stop the epoch (a cancellation, a callback's request): its queued jobs
+    /// become droppable, the deferred losses are read and shown, and the
+    /// epoch finishes (step 10).
     Stop,
+    /// End the epoch now (the driver failed): as [`Event::Stop`], but no loss
+    /// is read (step 10).
+    Abort,
 }
 
 impl Event {
@@ -191,7 +212,10 @@ impl Event {
             Self::ChunkComputed { .. } => "ChunkComputed",
             Self::JobDropped { .. } => "JobDropped",
             Self::BatchTrained { .. } => "BatchTrained",
+            Self::LossesRead { .. } => "LossesRead",
+            Self::PublicationResolved { .. } => "PublicationResolved",
             Self::Stop => "Stop",
+            Self::Abort => "Abort",
         }
     }
 }
@@ -200,8 +224,10 @@ impl Event {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// Publish layer 0's weights (at `version`, the current one) to the CPU
-    /// workers (step 2). `reset`: at an epoch's start, whatever the version
-    /// published before (a checkpoint may have moved the weights back).
+    /// workers (step 2): their copies queued, not waited for, and
+    /// [`Event::PublicationResolved`] handed in once they resolved. `reset`:
+    /// at an epoch's start, whatever the version published before (a
+    /// checkpoint may have moved the weights back), downloaded at once.
     Publish {
         /// The version published.
         version: u64,
@@ -219,6 +245,17 @@ pub enum Action {
         local: u64,
         /// Its batches (epoch indices).
         batches: Range<usize>,
+    },
+    /// Sample the bottom hop of each of `batches` (the super-batch just
+    /// launched) a super-batch ahead, batch `i`'s skipping the positions
+    /// `skip[i]` among its bottom destinations (step 3).
+    SampleBottoms {
+        /// Global super-batch.
+        super_batch: u64,
+        /// Its batches (epoch indices).
+        batches: Range<usize>,
+        /// Per batch, ascending: its planned hot positions, or none.
+        skip: Vec<Vec<u32>>,
     },
     /// Reserve slab `slab` for `rows` rows of `super_batch`'s queue, ordered
     /// after every batch already issued (step 3).
@@ -315,6 +352,35 @@ pub enum Action {
     /// Train the batch with these hot rows and answer with
     /// [`Event::BatchTrained`] before polling again (step 7).
     Train(TrainBatch),
+    /// Queue a read of the loss slots of `batches` (batch `batches.start + i`
+    /// wrote slot `i`) after every step so far, without waiting (step 7).
+    QueueLossRead {
+        /// The batches read.
+        batches: Range<usize>,
+    },
+    /// Wait for the read of `batches` queued before and answer with
+    /// [`Event::LossesRead`] before polling again (step 7).
+    ResolveLossRead {
+        /// The batches read.
+        batches: Range<usize>,
+    },
+    /// Show the losses of `batches` (trained, read), in order, after moving
+    /// the weights' version back by `rewind` steps the device skipped (a
+    /// non-finite loss, the last of `batches`; 0 otherwise) (step 7).
+    ShowLosses {
+        /// The batches shown.
+        batches: Range<usize>,
+        /// Steps to take back.
+        rewind: u64,
+    },
+    /// Take the measurement window's mark before batch `batch`: its start
+    /// (`start`) or its end (step 7).
+    Mark {
+        /// The batch it is before.
+        batch: usize,
+        /// The window's start, else its end.
+        start: bool,
+    },
     /// Regular jobs of global super-batches below `below` are droppable
     /// ([`Job::droppable`]): every batch reading them has trained, or the epoch
     /// ended (steps 7 and 9).
@@ -350,6 +416,7 @@ impl Action {
         match self {
             Self::Publish { .. } => "Publish",
             Self::Launch { .. } => "Launch",
+            Self::SampleBottoms { .. } => "SampleBottoms",
             Self::ReserveSlab { .. } => "ReserveSlab",
             Self::QueueJob(_) => "QueueJob",
             Self::Install { .. } => "Install",
@@ -360,6 +427,10 @@ impl Action {
             Self::Gate { .. } => "Gate",
             Self::Wait { .. } => "Wait",
             Self::Train(_) => "Train",
+            Self::QueueLossRead { .. } => "QueueLossRead",
+            Self::ResolveLossRead { .. } => "ResolveLossRead",
+            Self::ShowLosses { .. } => "ShowLosses",
+            Self::Mark { .. } => "Mark",
             Self::Retire { .. } => "Retire",
             Self::EndSuperBatch { .. } => "EndSuperBatch",
             Self::Finished { .. } => "Finished",

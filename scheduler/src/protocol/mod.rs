@@ -6,8 +6,9 @@
 //! model. These numbered steps are the one description of the protocol.
 //!
 //! # Protocol (one epoch)
-//! 1. **Start** ([`Event::EpochStarted`] with the epoch's batches `start..end`
-//!    and the weights' version): the batches are cut into super-batches of `N`
+//! 1. **Start** ([`Event::EpochStarted`] with the epoch's batches `start..end`,
+//!    the weights' version, the device's loss lag `L` and the measurement
+//!    window, if any): the batches are cut into super-batches of `N`
 //!    consecutive batches from `start` (the last may be shorter), numbered in the
 //!    epoch (`local` `j`) and globally across epochs (`g`, never reused).
 //! 2. **Publish** layer 0's weights with their version ([`Action::Publish`]): at
@@ -20,6 +21,12 @@
 //!    [`crate::PipelineConfig::on_time_gap`] `= (D + 1) · N − 1` steps old; under
 //!    a tighter bound, publishing every step makes the rows of chunks started
 //!    later fresher (fewer are late).
+//!    A publication's copies are queued, not waited for; the driver hands in
+//!    [`Event::PublicationResolved`] once they resolved (the reset's are
+//!    downloaded at once: resolved when published). A job reads the newest
+//!    publication, waiting for its copies (step 9), so no row is computed
+//!    with weights whose copies had not resolved: a report of such rows is
+//!    refused (an error), as one from the future is.
 //! 3. **Launch** super-batch `j` (`0..=D` at the epoch's start, `j + D` when `j >
 //!    0` starts): [`Action::Launch`]; the driver samples its batches' top layers
 //!    and answers [`Event::Launched`] with each batch's bottom destinations and
@@ -30,8 +37,13 @@
 //!    give the same actions. The queue is the CPU-hot bottom
 //!    destinations of its batches other than their own seeds, deduplicated,
 //!    hottest first ([`crate::SuperBatchPlan`]), cut into chunks
-//!    ([`crate::PipelineConfig::chunk_ranges`]); the protocol reserves slab
-//!    `g % (D + 1)` for it ([`Action::ReserveSlab`]) and queues one regular job per
+//!    ([`crate::PipelineConfig::chunk_ranges`]). With the bottom hops sampled
+//!    ahead ([`ProtocolConfig::bottoms`]) the batches' bottom hops are sampled
+//!    first ([`Action::SampleBottoms`]), each skipping its batch's *planned*
+//!    positions — the positions that take a slab row if nothing is late
+//!    ([`BottomHops::SkipPlanned`]) — or nothing ([`BottomHops::SkipNothing`]).
+//!    Then the protocol reserves slab
+//!    `g % (D + 1)` for the queue ([`Action::ReserveSlab`]) and queues one regular job per
 //!    chunk, each with a fresh claim ([`Action::QueueJob`]). **Carry** (reuse
 //!    across super-batches, [`ProtocolConfig::reuses_across_super_batches`]):
 //!    a queued vertex whose row the hot-row store holds at version `e` with
@@ -79,11 +91,47 @@
 //!      in.
 //! 7. **Train** ([`Action::Train`]) with the usable chunks' positions and slab
 //!    rows; every row's gap `b − e` is recorded, and a row past the bound or from
-//!    the future is an error, never a use. The driver answers
-//!    [`Event::BatchTrained`] with the new version (a skipped step leaves it).
+//!    the future is an error, never a use. The batch trains on the bottom hop
+//!    sampled at its launch ([`TrainBatch::bottom_ahead`]) iff that hop
+//!    skipped exactly the positions it trains with: its planned ones (always,
+//!    under `"wait"`; under `"compute"` not when a late chunk left positions
+//!    cold), or none when the hops skip nothing; otherwise its bottom hop is
+//!    sampled in its step. Under a loss lag (`L > 1`) its step writes loss
+//!    slot `i` ([`TrainBatch::loss_slot`]: it is the `i`-th batch trained
+//!    since the last loss read was queued) instead of reading its loss. The
+//!    driver answers [`Event::BatchTrained`] with the new version (a skipped
+//!    step leaves it). Then:
+//!    - **Loss reads** (`L > 1`): once `L` batches are pending, and after a
+//!      super-batch's last batch (step 8), a *rotation*: the read in flight
+//!      is resolved ([`Action::ResolveLossRead`], answered with
+//!      [`Event::LossesRead`]) and its batches shown ([`Action::ShowLosses`]),
+//!      then a read of the pending batches' slots is queued
+//!      ([`Action::QueueLossRead`]). So at most one read is in flight, at most
+//!      `⌈N / L⌉` are queued per super-batch (one when `L ≥ N`, so each of
+//!      the monitor's windows holds one; a mark's flush adds one), and a
+//!      batch is shown about a
+//!      super-batch after it trained. A *flush* (a rotation, then the read
+//!      just queued resolved and shown too) comes before every mark, at the
+//!      epoch's end and after a stop (step 10): every trained batch is shown
+//!      once, in order. A **non-finite loss** (the device skipped that step
+//!      and every one after it): the read's batches up to it are shown with
+//!      `rewind` = those skipped steps (the rest of its read and the pending
+//!      batches), the version moves back by as many, no batch after it is
+//!      shown, and the epoch ends (step 10). With `L = 1` every step reads
+//!      its own loss and the batch is shown right after its answer (and its
+//!      mark).
+//!    - **Marks** (the measurement window `w`): [`Action::Mark`] of the
+//!      window's start before batch `w.start`, then of its end before batch
+//!      `w.end` (once each) — right after the answer of the batch before it,
+//!      or before the epoch's first super-batch begins — each after a flush,
+//!      so every batch trained before a mark has its loss on the host by
+//!      then: shown (under a loss lag), or read by its step (the batch right
+//!      before the mark is shown right after it).
+//!
 //!    After a super-batch's last batch its regular jobs become droppable
 //!    ([`Action::Retire`]); then the per-batch publication of step 2, if any.
-//! 8. **After the super-batch**: publish (step 2), then [`Action::EndSuperBatch`]
+//! 8. **After the super-batch**: publish (step 2), rotate the loss reads if
+//!    a batch is pending (step 7), then [`Action::EndSuperBatch`]
 //!    with its queue's counts ([`SuperBatchHot`]: rows queued, computed,
 //!    carried, used) (the monitor observes its window, except for the epoch's first and last
 //!    super-batch, where the pipeline fills or drains). The next super-batch
@@ -93,12 +141,18 @@
 //!    first; a regular job below the [`Action::Retire`] watermark is dropped
 //!    unstarted ([`Job::droppable`], reported as [`Event::JobDropped`]); of the
 //!    jobs sharing a claim, the first to claim it computes and the others skip
-//!    silently; a job reads the newest published weights once, when it starts,
-//!    and stamps every row with their version.
-//! 10. **End**: after the last super-batch, or on [`Event::Stop`] (queued
+//!    silently; a job reads the newest published weights once, when it starts
+//!    (waiting for their copies, step 2), and stamps every row with their
+//!    version.
+//! 10. **End**: after the last super-batch; on [`Event::Stop`] (queued
 //!     actions are dropped, except that the answers to reports already handed
-//!     in stay, installs turned into discards): every job of the epoch becomes
-//!     droppable ([`Action::Retire`]) and [`Action::Finished`] carries the
+//!     in stay, installs turned into discards, and losses already read are
+//!     still shown); on [`Event::Abort`] (the same, but nothing more is read:
+//!     the driver failed); or at
+//!     a non-finite loss (step 7). Every job of the epoch becomes droppable
+//!     ([`Action::Retire`]); unless the epoch was aborted or hit a non-finite
+//!     loss, the deferred losses are flushed (step 7), followed by the mark a
+//!     stop interrupted, if any; then [`Action::Finished`] carries the
 //!     epoch's [`ProtocolStats`].
 //!
 //! By steps 4, 5 and 7 no recorded gap exceeds the bound and no row is from the
@@ -114,10 +168,15 @@
 //! # Driving it
 //! 1. Hand in every worker report waiting ([`Event::ChunkComputed`],
 //!    [`Event::JobDropped`]) before every [`Protocol::poll`], without blocking.
+//!    Hand in [`Event::PublicationResolved`] once a publication's copies
+//!    resolved, before any report computed with them.
 //! 2. Carry out each action in order. Answer [`Action::Launch`] with
-//!    [`Event::Launched`] (or [`Event::Planned`]) and [`Action::Train`] with [`Event::BatchTrained`]
-//!    before polling again; on [`Action::Wait`] block for one report and hand it
-//!    in; on [`Action::Gate`] a driver may answer [`Event::Stop`].
+//!    [`Event::Launched`] (or [`Event::Planned`]), [`Action::Train`] with
+//!    [`Event::BatchTrained`] and [`Action::ResolveLossRead`] with
+//!    [`Event::LossesRead`] before polling again; on [`Action::Wait`] block for
+//!    one report and hand it in; on [`Action::Gate`] a driver may answer
+//!    [`Event::Stop`], and so may a callback on [`Action::ShowLosses`]; after
+//!    a failure the driver answers [`Event::Abort`].
 //! 3. [`Protocol::poll`] returns `None` only while it awaits such an answer, or
 //!    between epochs.
 //!
@@ -126,7 +185,8 @@
 //! #     Protocol, ProtocolConfig};
 //! let pipeline = PipelineConfig::new(2, 1, 64).unwrap();
 //! let mut p = Protocol::new(ProtocolConfig::new(pipeline, 3, OnLate::Compute));
-//! p.handle(Event::EpochStarted { batches: 0..4, version: 0 }).unwrap();
+//! p.handle(Event::EpochStarted { batches: 0..4, version: 0, loss_lag: 1, window: None })
+//!     .unwrap();
 //! let mut trained = 0;
 //! while let Some(action) = p.poll().unwrap() {
 //!     match action {
@@ -148,6 +208,7 @@
 //! ```
 
 mod event;
+mod losses;
 mod plan;
 mod queue;
 mod stats;
@@ -155,17 +216,15 @@ mod stats;
 use std::collections::VecDeque;
 use std::ops::Range;
 
-pub use event::{
-    Action, ChunkKey, ClaimId, Event, Job, LaunchedBatch, ReportId, TrainBatch, Urgent,
-};
-pub use plan::LaunchPlan;
-pub use stats::ProtocolStats;
+pub use event::{Action, ChunkKey, ClaimId, Event, Job, ReportId, TrainBatch, Urgent};
+pub use plan::{LaunchPlan, LaunchedBatch};
+pub use stats::{ProtocolStats, SuperBatchHot};
 
 use crate::error::{invalid, Result, SchedulerError};
 use crate::pipeline::{HotSplit, PipelineConfig, Publication};
 use crate::staleness::{OnLate, StalenessRule};
 
-pub use queue::SuperBatchHot;
+use losses::{DeferredLosses, Mark};
 use queue::{CarrySpec, ChunkState, HotQueue, LaunchSpec, NO_ROW};
 
 /// The protocol's knobs: the pipeline's shape, the staleness rule and the
@@ -182,18 +241,44 @@ pub struct ProtocolConfig {
     /// effective only when the bound allows any reuse
     /// ([`ProtocolConfig::reuses_across_super_batches`]).
     pub reuse: bool,
+    /// When the batches' bottom hops are sampled (steps 3 and 7).
+    pub bottoms: BottomHops,
+}
+
+/// When a batch's bottom hop (the sampled layer below its top layers) is
+/// sampled: in its step, or a super-batch ahead at its launch
+/// ([`Action::SampleBottoms`], protocol step 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BottomHops {
+    /// In each batch's step (the runtime's `device.sample_ahead = false`).
+    AtTrain,
+    /// At the launch, each skipping its batch's planned hot positions (their
+    /// rows come from the slab; `orchestration.hot_backward = "constant"`): a
+    /// batch trains on it iff it trains with exactly those positions.
+    SkipPlanned,
+    /// At the launch, skipping nothing (`hot_backward = "aggregate"`: the hot
+    /// rows' gradient flows through the bottom hop): every batch trains on it.
+    SkipNothing,
 }
 
 impl ProtocolConfig {
     /// The runtime's configuration: the publication cadence follows the bound
-    /// ([`Publication::for_bound`]).
+    /// ([`Publication::for_bound`]); bottom hops sampled ahead skipping the
+    /// planned positions (the runtime's defaults); no reuse.
     pub fn new(pipeline: PipelineConfig, staleness_bound: u64, on_late: OnLate) -> Self {
         Self {
             pipeline,
             staleness: StalenessRule::new(staleness_bound, on_late),
             publication: Publication::for_bound(&pipeline, staleness_bound),
             reuse: false,
+            bottoms: BottomHops::SkipPlanned,
         }
+    }
+
+    /// This configuration with the bottom hops sampled as `bottoms`.
+    pub fn with_bottoms(mut self, bottoms: BottomHops) -> Self {
+        self.bottoms = bottoms;
+        self
     }
 
     /// This configuration with reuse across super-batches on or off
@@ -237,10 +322,20 @@ enum Pc {
     Gate(usize),
     /// Steps 5–7: batch `k`'s gate decides.
     Decide(usize),
-    /// Step 7 after batch `k` trained.
+    /// Step 7 after batch `k`'s answer: its loss reads.
+    Trained(usize),
+    /// Step 7: the mark before batch `k + 1`.
+    MarkAfter(usize),
+    /// Step 7: batch `k` shown (its loss read by its step).
+    Show(usize),
+    /// Step 7 after batch `k` trained and was shown.
     AfterTrain(usize),
     /// Step 8 after super-batch `j`'s last batch.
     End(u64),
+    /// Step 8: super-batch `j` ends with its queue's counts.
+    EndSuperBatch(u64, SuperBatchHot),
+    /// Step 7: the mark before super-batch `j` begins (or step 10 past the last).
+    MarkBefore(u64),
     /// Step 10.
     Finish,
 }
@@ -253,6 +348,8 @@ enum Awaiting {
     Launched(u64),
     /// [`Event::BatchTrained`] for an epoch batch.
     Trained(usize),
+    /// [`Event::LossesRead`].
+    LossesRead,
 }
 
 /// One epoch in progress.
@@ -279,6 +376,19 @@ struct Epoch {
     /// driver keeps for it ([`NO_ROW`]: none). Empty at every epoch's start
     /// (the weights may have moved: a checkpoint, another strategy's epochs).
     store: Vec<u64>,
+    /// The newest publication whose copies resolved (step 2).
+    resolved: u64,
+    /// Step 7's loss reads.
+    losses: DeferredLosses,
+    /// The measurement window, and whether its start and end were marked.
+    window: Option<Range<usize>>,
+    marked: (bool, bool),
+    /// Ending early (step 10): stopped, or at a non-finite loss.
+    stopped: bool,
+    /// At a non-finite loss: nothing is flushed (step 10).
+    nonfinite: bool,
+    /// The mark a stop interrupted, taken after the flush (step 10).
+    stop_mark: Option<Mark>,
 }
 
 impl Epoch {
@@ -286,6 +396,21 @@ impl Epoch {
     fn batches_of(&self, j: u64, n: usize) -> Range<usize> {
         let first = self.batches.start + j as usize * n;
         first..(first + n).min(self.batches.end)
+    }
+
+    /// Step 7: the mark due before batch `k`, if any, taken now (after a
+    /// flush of the deferred losses).
+    fn mark_before(&mut self, k: usize, out: &mut VecDeque<Action>) {
+        let Some(w) = &self.window else { return };
+        let start = k == w.start && !self.marked.0;
+        if start || (k == w.end && self.marked.0 && !self.marked.1) {
+            if start {
+                self.marked.0 = true;
+            } else {
+                self.marked.1 = true;
+            }
+            self.losses.flush(Some((k, start)), out);
+        }
     }
 }
 
@@ -348,8 +473,8 @@ impl Protocol {
     /// (as a set); with `"compute"` a late chunk's positions move to
     /// [`TrainBatch::cold`]. Known once [`Event::Planned`] or
     /// [`Event::Launched`] for it is handled (step 3), until its
-    /// [`Action::EndSuperBatch`]; `None` otherwise. The driver samples the
-    /// bottom hops a super-batch ahead with these as the skip masks.
+    /// [`Action::EndSuperBatch`]; `None` otherwise. They are the skip masks
+    /// of [`Action::SampleBottoms`] under [`BottomHops::SkipPlanned`].
     pub fn planned_positions(&self, super_batch: u64) -> Option<Vec<Vec<u32>>> {
         self.epoch
             .as_ref()?
@@ -364,7 +489,12 @@ impl Protocol {
     /// that names it.
     pub fn handle(&mut self, event: Event) -> Result<()> {
         match event {
-            Event::EpochStarted { batches, version } => self.start_epoch(batches, version),
+            Event::EpochStarted {
+                batches,
+                version,
+                loss_lag,
+                window,
+            } => self.start_epoch(batches, version, loss_lag, window),
             Event::Launched {
                 super_batch,
                 split,
@@ -387,15 +517,22 @@ impl Protocol {
                 Ok(())
             }
             Event::BatchTrained { batch, version } => self.trained(batch, version),
+            Event::LossesRead { nonfinite } => self.losses_read(nonfinite),
+            Event::PublicationResolved { version } => self.publication_resolved(version),
             Event::Stop => {
                 self.stop();
+                Ok(())
+            }
+            Event::Abort => {
+                self.abort();
                 Ok(())
             }
         }
     }
 
     /// The next action, or `None` while the protocol awaits an answer
-    /// ([`Event::Launched`], [`Event::BatchTrained`]) or no epoch runs.
+    /// ([`Event::Launched`], [`Event::BatchTrained`], [`Event::LossesRead`])
+    /// or no epoch runs.
     pub fn poll(&mut self) -> Result<Option<Action>> {
         loop {
             if let Some(a) = self.actions.pop_front() {
@@ -426,9 +563,15 @@ impl Protocol {
     }
 
     /// Step 1.
-    fn start_epoch(&mut self, batches: Range<usize>, version: u64) -> Result<()> {
+    fn start_epoch(
+        &mut self,
+        batches: Range<usize>,
+        version: u64,
+        loss_lag: usize,
+        window: Option<Range<usize>>,
+    ) -> Result<()> {
         if self.epoch.is_some() {
-            self.stop();
+            self.abort();
         }
         if batches.start > batches.end {
             return Err(invalid(
@@ -441,7 +584,6 @@ impl Protocol {
         let num_sb = batches.len().div_ceil(n) as u64;
         let stats = std::mem::take(&mut self.between);
         self.epoch = Some(Epoch {
-            batches,
             v0: version,
             version,
             published: version,
@@ -454,6 +596,14 @@ impl Protocol {
             urgent_seq: 0,
             waiting: None,
             store: Vec::new(),
+            resolved: version,
+            losses: DeferredLosses::new(loss_lag, batches.start),
+            window,
+            marked: (false, false),
+            stopped: false,
+            nonfinite: false,
+            stop_mark: None,
+            batches,
         });
         Ok(())
     }
@@ -466,6 +616,13 @@ impl Protocol {
         let Some(e) = self.epoch.as_mut() else {
             return Ok(());
         };
+        if e.losses.busy() {
+            // Step 7: a loss read-out in progress goes first.
+            if e.losses.step(&mut self.actions) {
+                e.awaiting = Awaiting::LossesRead;
+            }
+            return Ok(());
+        }
         match e.pc {
             Pc::Start => {
                 e.stats.publications += 1;
@@ -486,19 +643,24 @@ impl Protocol {
                         e.pc = Pc::LaunchInitial(j + 1);
                     }
                 } else {
-                    e.pc = Pc::Begin(0);
+                    e.pc = Pc::MarkBefore(0);
                 }
             }
-            Pc::Begin(j) => {
+            Pc::MarkBefore(j) => {
                 if j >= e.num_sb {
                     e.pc = Pc::Finish;
                 } else {
-                    self.actions.push_back(Action::BeginSuperBatch {
-                        super_batch: e.first + j,
-                        local: j,
-                    });
-                    e.pc = Pc::LaunchAhead(j);
+                    e.pc = Pc::Begin(j);
+                    let first = e.batches_of(j, n).start;
+                    e.mark_before(first, &mut self.actions);
                 }
+            }
+            Pc::Begin(j) => {
+                self.actions.push_back(Action::BeginSuperBatch {
+                    super_batch: e.first + j,
+                    local: j,
+                });
+                e.pc = Pc::LaunchAhead(j);
             }
             Pc::LaunchAhead(j) => {
                 let first = e.batches_of(j, n).start;
@@ -520,6 +682,25 @@ impl Protocol {
                 e.pc = Pc::Decide(k);
             }
             Pc::Decide(k) => self.decide(k)?,
+            Pc::Trained(k) => {
+                if e.losses.full() {
+                    e.losses.rotate();
+                }
+                e.pc = Pc::MarkAfter(k);
+            }
+            Pc::MarkAfter(k) => {
+                e.pc = Pc::Show(k);
+                e.mark_before(k + 1, &mut self.actions);
+            }
+            Pc::Show(k) => {
+                if !e.losses.deferred() {
+                    self.actions.push_back(Action::ShowLosses {
+                        batches: k..k + 1,
+                        rewind: 0,
+                    });
+                }
+                e.pc = Pc::AfterTrain(k);
+            }
             Pc::AfterTrain(k) => {
                 let q = e
                     .live
@@ -544,9 +725,15 @@ impl Protocol {
             }
             Pc::End(j) => {
                 let hot = e.live.pop_front().map(|q| q.counts).unwrap_or_default();
-                let (global, observe) = (e.first + j, j > 0 && j + 1 < e.num_sb);
-                e.pc = Pc::Begin(j + 1);
+                e.pc = Pc::EndSuperBatch(j, hot);
                 self.publish();
+                if let Some(e) = self.epoch.as_mut().filter(|e| e.losses.any_pending()) {
+                    e.losses.rotate();
+                }
+            }
+            Pc::EndSuperBatch(j, hot) => {
+                let (global, observe) = (e.first + j, j > 0 && j + 1 < e.num_sb);
+                e.pc = Pc::MarkBefore(j + 1);
                 self.actions.push_back(Action::EndSuperBatch {
                     super_batch: global,
                     local: j,
@@ -554,7 +741,20 @@ impl Protocol {
                     hot,
                 });
             }
-            Pc::Finish => self.finish(false),
+            Pc::Finish => {
+                let (next, stopped) = (e.first + e.num_sb, e.stopped);
+                self.retire(next);
+                if let Some(e) = self.epoch.as_mut() {
+                    if !e.nonfinite && (e.losses.unread() || e.stop_mark.is_some()) {
+                        let mark = e.stop_mark.take();
+                        e.losses.flush(mark, &mut self.actions);
+                        if e.losses.busy() {
+                            return Ok(());
+                        }
+                    }
+                }
+                self.finish(stopped);
+            }
         }
         Ok(())
     }
@@ -628,6 +828,18 @@ impl Protocol {
             *next_claim += 1;
             ClaimId(*next_claim)
         })?;
+        match self.cfg.bottoms {
+            BottomHops::AtTrain => {}
+            bottoms => self.actions.push_back(Action::SampleBottoms {
+                super_batch: g,
+                batches: q.batches.clone(),
+                skip: if bottoms == BottomHops::SkipPlanned {
+                    q.planned_positions()
+                } else {
+                    vec![Vec::new(); q.batches.len()]
+                },
+            }),
+        }
         self.actions.push_back(Action::ReserveSlab {
             slab: q.slab,
             rows: q.len(),
@@ -673,7 +885,7 @@ impl Protocol {
             });
         let mut kept: Option<Action> = None;
         let target = self.epoch.as_mut().and_then(|e| {
-            let current = e.version;
+            let (current, resolved) = (e.version, e.resolved);
             e.live
                 .iter_mut()
                 .find(|q| q.global == key.super_batch)
@@ -682,7 +894,7 @@ impl Protocol {
                     q.counts.computed_rows += rows as u64;
                     q.chunks
                         .get_mut(key.chunk as usize)
-                        .map(|c| (current, slab, c, &mut e.stats, &mut e.store))
+                        .map(|c| (current, resolved, slab, c, &mut e.stats, &mut e.store))
                 })
         });
         let install = match target {
@@ -692,7 +904,17 @@ impl Protocol {
                     current,
                 })
             }
-            Some((_, slab, c, stats, store)) if c.state.version().is_none_or(|e| e < version) => {
+            Some((_, resolved, ..)) if version > resolved => {
+                return Err(SchedulerError::ProtocolInvariant {
+                    what: format!(
+                        "rows of chunk {key:?} computed with the weights of version {version}, \
+                         whose copies had not resolved (the newest resolved: {resolved})"
+                    ),
+                })
+            }
+            Some((_, _, slab, c, stats, store))
+                if c.state.version().is_none_or(|e| e < version) =>
+            {
                 c.state = ChunkState::Ready(version);
                 c.urgent = false;
                 stats.installs += 1;
@@ -753,7 +975,7 @@ impl Protocol {
 
     /// Steps 5–7 for epoch batch `k`.
     fn decide(&mut self, k: usize) -> Result<()> {
-        let rule = self.cfg.staleness;
+        let (rule, bottoms) = (self.cfg.staleness, self.cfg.bottoms);
         let Some(e) = self.epoch.as_mut() else {
             return Ok(());
         };
@@ -779,10 +1001,15 @@ impl Protocol {
                 e.stats.waited += w;
                 e.stats.wait_batches += 1;
             }
-            let t = q.train(i, b, &rule, &late, &mut e.stats.gaps)?;
+            let mut t = q.train(i, b, &rule, &late, &mut e.stats.gaps)?;
+            t.bottom_ahead = match bottoms {
+                BottomHops::AtTrain => false,
+                BottomHops::SkipPlanned => q.trains_as_planned(i, &t.positions),
+                BottomHops::SkipNothing => true,
+            };
+            t.loss_slot = e.losses.slot();
             e.stats.hot_uses += t.positions.len() as u64;
             e.awaiting = Awaiting::Trained(k);
-            e.pc = Pc::AfterTrain(k);
             self.actions.push_back(Action::Train(t));
             return Ok(());
         }
@@ -847,8 +1074,59 @@ impl Protocol {
                 version,
             ));
         }
+        e.losses.trained(k)?;
         e.version = version;
         e.awaiting = Awaiting::Nothing;
+        e.pc = Pc::Trained(k);
+        Ok(())
+    }
+
+    /// Step 7: the answer to a loss read's resolution.
+    fn losses_read(&mut self, nonfinite: Option<usize>) -> Result<()> {
+        let e = match self.epoch.as_mut() {
+            Some(e) if e.awaiting == Awaiting::LossesRead => e,
+            Some(e) => {
+                return Err(Self::unexpected(
+                    "LossesRead",
+                    format!("awaiting {:?}", e.awaiting),
+                ))
+            }
+            None => return Err(Self::unexpected("LossesRead", "no epoch running")),
+        };
+        let rewind = e.losses.read(nonfinite, &mut self.actions)?;
+        e.awaiting = Awaiting::Nothing;
+        if let Some(r) = rewind {
+            // The device skipped those steps: the version moves back, and the
+            // epoch ends (step 10) without another read.
+            e.version = e
+                .version
+                .checked_sub(r)
+                .filter(|&v| v >= e.v0)
+                .ok_or_else(|| SchedulerError::ProtocolInvariant {
+                    what: format!("{r} steps skipped at version {}, from {}", e.version, e.v0),
+                })?;
+            e.stopped = true;
+            e.nonfinite = true;
+            e.stop_mark = None;
+            e.pc = Pc::Finish;
+        }
+        Ok(())
+    }
+
+    /// Step 2: the copies of publication `version` resolved.
+    fn publication_resolved(&mut self, version: u64) -> Result<()> {
+        let Some(e) = self.epoch.as_mut() else {
+            // Between epochs nobody reads them: the next epoch starts with a reset.
+            return Ok(());
+        };
+        if version > e.published {
+            return Err(invalid(
+                "PublicationResolved version",
+                format!("at most {} (the newest publication)", e.published),
+                version,
+            ));
+        }
+        e.resolved = e.resolved.max(version);
         Ok(())
     }
 
@@ -861,8 +1139,41 @@ impl Protocol {
     }
 
     /// Step 10 on [`Event::Stop`]: drops the queued actions but the answers to
-    /// reports (an install becomes a discard).
+    /// reports and the losses read; then flushes the deferred losses (and
+    /// takes the mark the stop interrupted) before finishing.
     fn stop(&mut self) {
+        let Some(e) = self.epoch.as_mut().filter(|e| !e.stopped) else {
+            return;
+        };
+        let mark = e.losses.abandon();
+        let flush = e.losses.unread() || mark.is_some();
+        self.drop_queued(true);
+        match self.epoch.as_mut() {
+            Some(e) if flush => {
+                e.stopped = true;
+                e.stop_mark = mark;
+                e.awaiting = Awaiting::Nothing;
+                e.pc = Pc::Finish;
+            }
+            _ => self.finish(true),
+        }
+    }
+
+    /// Step 10 on [`Event::Abort`]: drops the queued actions but the answers
+    /// to reports, and finishes at once.
+    fn abort(&mut self) {
+        let Some(e) = self.epoch.as_mut() else {
+            return;
+        };
+        e.losses.abandon();
+        self.drop_queued(false);
+        self.finish(true);
+    }
+
+    /// Steps 10: drops the queued actions but the answers to reports (an
+    /// install becomes a discard) and, with `shows`, the losses to show and
+    /// the marks.
+    fn drop_queued(&mut self, shows: bool) {
         let Some(e) = self.epoch.as_mut() else {
             return;
         };
@@ -878,10 +1189,12 @@ impl Protocol {
                     self.actions.push_back(Action::Discard { report, key });
                 }
                 a @ Action::Discard { .. } => self.actions.push_back(a),
+                a @ (Action::ShowLosses { .. } | Action::Mark { .. }) if shows => {
+                    self.actions.push_back(a)
+                }
                 _ => {}
             }
         }
-        self.finish(true);
     }
 
     /// Step 10.

@@ -12,7 +12,16 @@
 //! the protocol still plans with the split the driver answers (the monitor's,
 //! decided late), and only the linear cut runs when the answer comes.
 
-use super::event::LaunchedBatch;
+/// One batch of a launched super-batch, as the driver sampled it (protocol
+/// step 3).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaunchedBatch {
+    /// The batch's seed count: the first `seeds` bottom destinations are its own
+    /// seeds and never take a hot row.
+    pub seeds: usize,
+    /// Its bottom layer's destinations (relabeled ids), in position order.
+    pub bottom: Vec<u32>,
+}
 
 /// A launched super-batch planned for every split whose CPU part is at most
 /// [`LaunchPlan::limit`]: the protocol cuts it at the split it is answered

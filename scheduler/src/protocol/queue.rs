@@ -9,10 +9,11 @@ use crate::error::{invalid, Result, SchedulerError};
 use crate::pipeline::{HotSplit, PipelineConfig};
 use crate::staleness::{Decision, GapHistogram, StalenessRule};
 
-#[cfg(test)]
-use super::event::LaunchedBatch;
 use super::event::{ChunkKey, ClaimId, Job, TrainBatch};
 use super::plan::LaunchPlan;
+#[cfg(test)]
+use super::plan::LaunchedBatch;
+use super::stats::SuperBatchHot;
 
 /// Where a chunk stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,29 +73,6 @@ pub(crate) struct HotQueue {
     pub(crate) chunks: Vec<Chunk>,
     /// Its counts so far (reported at its end).
     pub(crate) counts: SuperBatchHot,
-}
-
-/// What a super-batch's hot queue did, reported with
-/// [`Action::EndSuperBatch`](super::Action::EndSuperBatch): the trace's
-/// per-super-batch record of reuse across super-batches.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SuperBatchHot {
-    /// Rows of its queue (its slab).
-    pub queue_rows: u64,
-    /// Of which carried from the store: computed for an earlier super-batch
-    /// and fresh enough for every batch of this one that reads them.
-    pub carried_rows: u64,
-    /// Rows CPU jobs computed for it (reports handed in, installed or not).
-    pub computed_rows: u64,
-    /// Hot rows its batches used (positions that took a slab row).
-    pub uses: u64,
-}
-
-impl SuperBatchHot {
-    /// Uses per computed row (`None` when nothing was computed).
-    pub fn uses_per_computed_row(&self) -> Option<f64> {
-        (self.computed_rows > 0).then(|| self.uses as f64 / self.computed_rows as f64)
-    }
 }
 
 /// What a launch may carry from the hot-row store (step 3, reuse across
@@ -335,6 +313,15 @@ impl HotQueue {
             .collect()
     }
 
+    /// Whether batch `i` trains with exactly its planned positions
+    /// ([`HotQueue::planned_positions`]).
+    pub(crate) fn trains_as_planned(&self, i: usize, positions: &[u32]) -> bool {
+        self.entries[i]
+            .iter()
+            .map(|&(p, _)| p)
+            .eq(positions.iter().copied())
+    }
+
     /// The queue's length (rows of its slab).
     pub(crate) fn len(&self) -> usize {
         self.chunk_of.len()
@@ -447,6 +434,8 @@ impl HotQueue {
             cold: cold_positions,
             max_gap,
             first_reads,
+            bottom_ahead: false,
+            loss_slot: None,
         })
     }
 }

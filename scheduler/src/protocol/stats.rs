@@ -1,7 +1,8 @@
-//! What the protocol counts per epoch: every reuse's gap, and the late, waited,
-//! computed-cold, urgent, dropped and installed work (the runtime's
-//! `OrchestrationStats` adds the driver's clock readings and the monitor's
-//! counts to these).
+//! What the protocol counts: per epoch ([`ProtocolStats`]) every reuse's gap,
+//! and the late, waited, computed-cold, urgent, dropped and installed work (the
+//! runtime's `OrchestrationStats` adds the driver's clock readings and the
+//! monitor's counts to these); per super-batch ([`SuperBatchHot`]) what its hot
+//! queue did.
 
 use crate::staleness::GapHistogram;
 
@@ -105,6 +106,29 @@ impl ProtocolStats {
             self.recomputations,
             self.dropped_jobs
         )
+    }
+}
+
+/// What a super-batch's hot queue did, reported with
+/// [`Action::EndSuperBatch`](super::Action::EndSuperBatch): the trace's
+/// per-super-batch record of reuse across super-batches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SuperBatchHot {
+    /// Rows of its queue (its slab).
+    pub queue_rows: u64,
+    /// Of which carried from the store: computed for an earlier super-batch
+    /// and fresh enough for every batch of this one that reads them.
+    pub carried_rows: u64,
+    /// Rows CPU jobs computed for it (reports handed in, installed or not).
+    pub computed_rows: u64,
+    /// Hot rows its batches used (positions that took a slab row).
+    pub uses: u64,
+}
+
+impl SuperBatchHot {
+    /// Uses per computed row (`None` when nothing was computed).
+    pub fn uses_per_computed_row(&self) -> Option<f64> {
+        (self.computed_rows > 0).then(|| self.uses as f64 / self.computed_rows as f64)
     }
 }
 

@@ -3,7 +3,8 @@
 //! workers by carrying out the actions of [`scheduler::Protocol`].
 //!
 //! The protocol is `scheduler::protocol`: what is launched, queued, installed,
-//! gated, waited for, trained with which hot rows, published and retired is
+//! gated, waited for, trained with which hot rows and on which bottom hop,
+//! published, read back (deferred losses), shown, marked and retired is
 //! decided there, and its module doc's numbered steps are the one description
 //! of it (docs/orchestration.md §2; §9 says why it is so and what was measured).
 //! Nothing here decides any of it: this module owns the resources the protocol
@@ -18,33 +19,37 @@
 //!    [`Protocol`], which lives across epochs. The
 //!    workers (`workers.rs`) start on the first epoch and live as long as the
 //!    orchestrator.
-//! 2. **Start**: [`Event::EpochStarted`] with the run's batches and the
-//!    engine's version.
+//! 2. **Start**: [`Event::EpochStarted`] with the run's batches, the
+//!    engine's version and loss lag ([`LayerDevice::loss_lag`]) and the run's
+//!    measurement window ([`EpochRun::mark`]).
 //! 3. **Hand in** every worker report waiting before every poll: computed rows
 //!    as [`Event::ChunkComputed`] (the staging buffer is held, in report order,
-//!    until the protocol's `Install` or `Discard` for it), a dropped job as
+//!    until the protocol's `Install` or `Discard` for it) — after
+//!    [`Event::PublicationResolved`] when a worker resolved a newer
+//!    publication's copies since the last report —, a dropped job as
 //!    [`Event::JobDropped`]; a worker's failure is the epoch's error.
 //! 4. **Carry out** each [`Action`], in order:
 //!    - `Publish`: layer 0's weights at the engine's version to the workers
 //!      ([`Published`]): queued on the compute stream without waiting
 //!      ([`LayerDevice::publish_layer0`]; the first worker reading them waits
-//!      for the copies); a reset at the epoch's start downloads them at once;
+//!      for the copies and records their version for step 3); a reset at the
+//!      epoch's start downloads them at once;
 //!    - `Launch`: take this super-batch's plan from the planner thread
 //!      (`planner.rs`: relabel, candidate-split counts for `policy = "auto"`,
 //!      the split-independent [`scheduler::LaunchPlan`], made while the
 //!      super-batch before trained) and answer `Planned` with the monitor's
 //!      split (or the fixed one), its sampled top layers handed to the engine
-//!      ([`LayerDevice::adopt_tops`]); then its batches' bottom hops, each
-//!      skipping the batch's planned hot positions
-//!      ([`Protocol::planned_positions`]; none with `hot_backward =
-//!      "aggregate"`), queued on the sampling stream with one read of their
-//!      sizes started ([`LayerDevice::prepare_bottoms`]; nothing without
-//!      `device.sample_ahead`). Once its jobs are queued (at the next
+//!      ([`LayerDevice::adopt_tops`]). Once its jobs are queued (at the next
 //!      `Gate` or `Launch`), sample the top layers ([`LayerDevice::prepare_tops`],
 //!      one read for the super-batch, on the sampling stream with
 //!      `device.sample_ahead`) of the super-batch *after* it and submit the read
 //!      to the planner, which waits for their bottom destinations. The run's
 //!      first launch samples and submits its own super-batch and the next first;
+//!    - `SampleBottoms`: its batches' bottom hops, each skipping the positions
+//!      the protocol names (the planned hot ones; none with `hot_backward =
+//!      "aggregate"`), queued on the sampling stream with one read of their
+//!      sizes started ([`LayerDevice::prepare_bottoms`]; nothing without
+//!      `device.sample_ahead`);
 //!    - `ReserveSlab`: [`LayerDevice::hot_slab_reserve`];
 //!    - `QueueJob`: the job with its vertices' user ids, the flag of its claim,
 //!      a trace flow (regular jobs) and its sampling seed: a regular job's
@@ -58,27 +63,35 @@
 //!      slab: rows not computed again);
 //!    - `BeginSuperBatch` / `EndSuperBatch`: the hybrid monitor's evictions /
 //!      its observation of the super-batch's window (`monitor.rs`);
-//!    - `Gate`: a cancelled token answers [`Event::Stop`]; else the batch's
-//!      clock starts (and [`EpochRun::mark`]'s reading is taken);
+//!    - `Gate`: a cancelled token answers [`Event::Stop`] (the epoch ends
+//!      there, unless a callback stops it while the protocol shows the
+//!      batches trained); else the batch's clock starts;
 //!    - `Wait`: block for one report and hand it in (all workers dead: their
 //!      error); a report handed in after the gate decided to wait withdraws
 //!      the `Wait` (protocol step 6), so the one awaited is still to come;
-//!    - `Train`: [`LayerDevice::train_prepared`] with the order's positions and
-//!      slab rows (the engine uses the bottom hop sampled at the launch when
-//!      it skipped exactly these positions, else samples it again: the
-//!      `bottoms_ahead` / `bottoms_resampled` counts), answer
-//!      [`Event::BatchTrained`] with the engine's version;
-//!      `on_batch` sees the batch, and a callback's stop answers `Stop`. With
-//!      `device.loss_lag` > 1 the loss is deferred (`engine/losses.rs`): read once
-//!      per super-batch (at `EndSuperBatch`, or every `loss_lag` batches),
-//!      without a synchronization, and shown a super-batch later; flushed
-//!      before a measurement mark, a cancel and the run's end;
+//!    - `Train`: [`LayerDevice::train_prepared`] with the order's positions,
+//!      slab rows and loss slot (under `device.loss_lag` > 1 the step reads
+//!      no loss: `engine/losses.rs`), answer [`Event::BatchTrained`] with the
+//!      engine's version; the batch is kept until it is shown. The engine uses
+//!      the bottom hop sampled at the launch when it skipped exactly these
+//!      positions, else samples it again (the `bottoms_ahead` /
+//!      `bottoms_resampled` counts): as the order's `bottom_ahead` says, or
+//!      the epoch fails;
+//!    - `QueueLossRead` / `ResolveLossRead`: the deferred losses' read queued
+//!      ([`LayerDevice::queue_loss_read`], no synchronization) / resolved on
+//!      its event, answered with [`Event::LossesRead`] (`engine/losses.rs`);
+//!    - `ShowLosses`: the version moved back by the steps a non-finite loss
+//!      made the device skip, then `on_batch` sees the batches, in order; a
+//!      callback's stop answers `Stop` (the protocol shows every batch trained
+//!      before the epoch ends);
+//!    - `Mark`: [`EpochRun::mark`]'s reading of the clock and the statistics;
 //!    - `Retire`: the workers' drop watermark;
 //!    - `Finished`: the epoch's counts; the epoch is over.
 //! 5. **End** (finished, stopped or failed): a protocol still running is
-//!    stopped, the actions left are carried out (staging buffers go back, the
-//!    watermark covers the epoch), the prepared batches are forgotten; after a
-//!    worker's failure the workers are restarted on the next epoch.
+//!    aborted ([`Event::Abort`]), the actions left are carried out (staging
+//!    buffers go back, the watermark covers the epoch), the prepared batches
+//!    are forgotten; after a worker's failure the workers are restarted on
+//!    the next epoch.
 //!
 //! Trace (`acc stream compute` track): `launch` slices (with `super_batch`;
 //! `plan wait` inside when its plan was not ready, and the engine's `sample
@@ -92,7 +105,8 @@
 //! only where the hop is sampled at train time: without `device.sample_ahead`,
 //! or when the batch's positions changed since its plan, then with
 //! `bottom_resampled`, also an arg of the `train` slice), `loss read`
-//! (deferred losses: its `host_syncs` is 0), `publish` (with its `downloads` and `host_syncs`:
+//! (consecutive loss actions: a read resolved and shown, the next queued;
+//! its `host_syncs` is 0), `publish` (with its `downloads` and `host_syncs`:
 //! one per layer-0 tensor and none); instants `hot install` (rows, bytes host
 //! → device), `compute cold` (vertices), `hot carry` (rows carried into a
 //! super-batch's slab) and `hot rows` at a super-batch's end (rows `queued`,
@@ -109,15 +123,15 @@ use std::time::Duration;
 
 use cpu_ops::{derive_seed, ModelConfig, NeighborSampler};
 use scheduler::{
-    Action, ChunkKey, ClaimId, Event, HotSplit, HotnessPolicy, PipelineConfig, Protocol,
-    ProtocolConfig, Relabeling, ReportId, TrainBatch,
+    Action, BottomHops, ChunkKey, ClaimId, Event, HotSplit, HotnessPolicy, PipelineConfig,
+    Protocol, ProtocolConfig, Relabeling, ReportId, TrainBatch,
 };
 
 use super::device::{BottomBatch, HotStaging, HotUse, LayerDevice, TopBatch};
 use crate::data::dataset::Dataset;
-use crate::engine::record_copies;
+use crate::engine::{record_copies, DeferredLosses, PendingParams, Trained};
 use crate::error::{Error, Result, StopCause};
-use crate::executor::{BatchDone, EpochEnd, EpochRun, OnBatch};
+use crate::executor::{EpochEnd, EpochRun, OnBatch};
 use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind};
 
 use super::hot_compute::{HotComputer, Published, Snapshot};
@@ -126,7 +140,6 @@ use super::planner::{PlanInputs, PlanRequest, Planner};
 use super::stats::OrchestrationStats;
 use super::workers::{Done, HotWorkers, InjectedFault, Job, Outcome, WorkerShared};
 use crate::clock::{wall_clock, Clock, SharedClock};
-use crate::engine::{DeferredLosses, Trained};
 
 /// Pipeline depth `D` (NeutronOrch's: the CPU works one super-batch ahead).
 pub const DEPTH: usize = 1;
@@ -302,8 +315,16 @@ impl Orchestrator {
         let bottom_fanout = *fanouts.first().ok_or_else(|| {
             Error::invalid_argument("train.fanouts", "orchestration needs at least one layer")
         })?;
+        // The bottom hops sampled ahead skip the planned hot positions when
+        // their rows' gradient stops there (`executor/layer/device/` step 1b).
+        let bottoms = match cfg.hot_grad {
+            gpu_ops::HotGrad::Constant => BottomHops::SkipPlanned,
+            gpu_ops::HotGrad::Aggregate => BottomHops::SkipNothing,
+        };
         let protocol = Protocol::new(
-            ProtocolConfig::new(pipeline, cfg.staleness_bound, cfg.on_late).with_reuse(cfg.reuse),
+            ProtocolConfig::new(pipeline, cfg.staleness_bound, cfg.on_late)
+                .with_reuse(cfg.reuse)
+                .with_bottoms(bottoms),
         );
         Ok(Self {
             split: HotSplit::all_cpu(hot),
@@ -605,8 +626,12 @@ impl Orchestrator {
                 launch: None,
                 gate: None,
                 end: None,
+                cancelled: None,
                 losses: DeferredLosses::default(),
+                loss_slice: None,
                 last_trained: None,
+                resolved: Arc::new(AtomicU64::new(engine.version())),
+                resolved_handed: engine.version(),
             };
             let result = driver.drive(engine, batches, on_batch);
             // Step 5, whatever happened.
@@ -742,10 +767,37 @@ struct Driver<'a> {
     gate: Option<OpenGate<'a>>,
     /// How the epoch ends, once the driver stopped it.
     end: Option<EpochEnd>,
-    /// Batches whose deferred losses are not read yet (`engine/losses.rs`).
+    /// The gate of this batch saw the token cancelled: the epoch ends there
+    /// unless a callback stopped it first (while the losses were flushed).
+    cancelled: Option<usize>,
+    /// Batches trained and not shown yet (`engine/losses.rs`).
     losses: DeferredLosses,
+    /// The `loss read` slice of consecutive loss actions, with the copies
+    /// before it.
+    loss_slice: Option<(SliceGuard<'a>, gpu_ops::TransferStats)>,
     /// The last batch trained.
     last_trained: Option<usize>,
+    /// The newest publication whose copies a worker resolved this epoch
+    /// ([`Resolution`]), and the newest handed to the protocol.
+    resolved: Arc<AtomicU64>,
+    resolved_handed: u64,
+}
+
+/// Layer 0's weights of one publication on their way to the host
+/// ([`LayerDevice::publish_layer0`]), which, once a worker resolved them,
+/// tells the driver (protocol step 2's `PublicationResolved`).
+struct Resolution {
+    pending: Box<dyn PendingParams>,
+    version: u64,
+    resolved: Arc<AtomicU64>,
+}
+
+impl PendingParams for Resolution {
+    fn resolve(self: Box<Self>) -> Result<Vec<Vec<f32>>> {
+        let tensors = self.pending.resolve()?;
+        self.resolved.fetch_max(self.version, Ordering::AcqRel);
+        Ok(tensors)
+    }
 }
 
 impl<'a> Driver<'a> {
@@ -756,9 +808,14 @@ impl<'a> Driver<'a> {
         batches: Range<usize>,
         on_batch: &mut OnBatch<'_>,
     ) -> Result<EpochEnd> {
-        let version = engine.version();
+        let run = self.run;
         self.protocol
-            .handle(Event::EpochStarted { batches, version })
+            .handle(Event::EpochStarted {
+                batches,
+                version: engine.version(),
+                loss_lag: engine.loss_lag(),
+                window: run.mark.map(|(first, end)| first..end),
+            })
             .map_err(protocol_error)?;
         loop {
             self.hand_in_waiting()?;
@@ -768,10 +825,12 @@ impl<'a> Driver<'a> {
                 .map_err(protocol_error)?
                 .ok_or_else(|| internal("the protocol awaits an answer"))?;
             if let Action::Finished { stats, .. } = action {
+                self.close_loss_slice(&*engine);
                 self.stats.protocol = stats;
-                // Every batch trained is shown before the run returns.
-                self.read_losses(engine, on_batch, true)?;
-                return Ok(self.end.unwrap_or(EpochEnd::Finished(false)));
+                let cancelled = self
+                    .cancelled
+                    .map(|k| EpochEnd::Stopped(k, StopCause::Token));
+                return Ok(self.end.or(cancelled).unwrap_or(EpochEnd::Finished(false)));
             }
             self.act(engine, action, on_batch)?;
         }
@@ -782,9 +841,10 @@ impl<'a> Driver<'a> {
     fn settle(&mut self) -> Result<()> {
         self.launch = None;
         self.gate = None;
+        self.loss_slice = None;
         let mut result = Ok(());
         if self.protocol.running() {
-            result = self.protocol.handle(Event::Stop).map_err(protocol_error);
+            result = self.protocol.handle(Event::Abort).map_err(protocol_error);
         }
         loop {
             let action = match self.protocol.poll() {
@@ -835,6 +895,15 @@ impl<'a> Driver<'a> {
                 staging,
             } => {
                 let rows = u32::try_from(rows).map_err(|_| internal("a chunk of 2³² rows"))?;
+                // The publication the rows were computed with resolved before
+                // the worker computed them: the protocol hears it first.
+                let resolved = self.resolved.load(Ordering::Acquire);
+                if resolved > self.resolved_handed {
+                    self.resolved_handed = resolved;
+                    self.protocol
+                        .handle(Event::PublicationResolved { version: resolved })
+                        .map_err(protocol_error)?;
+                }
                 self.held.stage(staging);
                 let handed = self.protocol.handle(Event::ChunkComputed {
                     key: d.key,
@@ -863,8 +932,32 @@ impl<'a> Driver<'a> {
         if matches!(action, Action::Gate { .. } | Action::Launch { .. }) {
             self.sample_ahead(engine)?;
         }
+        let loss_action = matches!(
+            action,
+            Action::QueueLossRead { .. }
+                | Action::ResolveLossRead { .. }
+                | Action::ShowLosses { .. }
+        );
+        if !loss_action {
+            self.close_loss_slice(&*engine);
+        }
         match action {
             Action::Publish { version, reset } => self.publish(&*engine, version, reset),
+            Action::SampleBottoms { batches, skip, .. } => {
+                // Each bottom hop queued on the sampling stream behind its top
+                // layers, skipping what the protocol says (`executor/layer/device/`
+                // step 1b; nothing without `device.sample_ahead`).
+                let run = self.run;
+                let bottoms: Vec<BottomBatch<'_>> = batches
+                    .zip(&skip)
+                    .map(|(k, skip)| BottomBatch {
+                        key: k as u64,
+                        seed: run.batch(k).seed,
+                        skip,
+                    })
+                    .collect();
+                engine.prepare_bottoms(&bottoms)
+            }
             Action::Launch {
                 super_batch,
                 local,
@@ -926,20 +1019,10 @@ impl<'a> Driver<'a> {
                 });
                 Ok(())
             }
-            Action::BeginSuperBatch { local, .. } => {
-                // A measurement window (`policy = "auto"`) starting the run
-                // starts here; one starting later, after the batch before it
-                // trains: both before the super-batch's launch-ahead, so the
-                // window holds one launch per timed super-batch (a mark at the
-                // first batch's gate left the first launch out: 2026-11-26,
-                // 1.46 ms/batch measured for 2.84 real).
-                let first = self.run.start + local as usize * self.per_super_batch;
-                self.take_marks(engine, first, on_batch)?;
-                match self.monitor.as_deref_mut() {
-                    Some(m) => m.begin_super_batch(self.base + local, engine, self.relabeling),
-                    None => Ok(()),
-                }
-            }
+            Action::BeginSuperBatch { local, .. } => match self.monitor.as_deref_mut() {
+                Some(m) => m.begin_super_batch(self.base + local, engine, self.relabeling),
+                None => Ok(()),
+            },
             Action::EndSuperBatch {
                 super_batch,
                 local,
@@ -957,13 +1040,9 @@ impl<'a> Driver<'a> {
                         a.extra.push(("uses_per_computed_row".into(), u));
                     }
                 });
-                // One loss read per super-batch: each monitor window holds one.
-                if self.losses.pending() > 0 {
-                    self.read_losses(engine, on_batch, false)?;
-                }
                 self.end_super_batch(engine, local, observe)
             }
-            Action::Gate { batch, version } => self.gate(engine, batch, version, on_batch),
+            Action::Gate { batch, version } => self.gate(batch, version),
             Action::Wait { late_vertices, .. } => {
                 if let Some(g) = self.gate.as_mut() {
                     if g.wait.is_none() {
@@ -979,7 +1058,35 @@ impl<'a> Driver<'a> {
                 let d = self.workers.wait_done()?;
                 self.hand_in(d)
             }
-            Action::Train(t) => self.train(engine, &t, on_batch),
+            Action::Train(t) => self.train(engine, &t),
+            Action::QueueLossRead { batches } => {
+                self.open_loss_slice(&*engine);
+                self.losses.queue(engine, batches)
+            }
+            Action::ResolveLossRead { batches } => {
+                self.open_loss_slice(&*engine);
+                let nonfinite = self.losses.resolve(batches)?;
+                self.protocol
+                    .handle(Event::LossesRead { nonfinite })
+                    .map_err(protocol_error)
+            }
+            Action::ShowLosses { batches, rewind } => self.show(engine, batches, rewind, on_batch),
+            Action::Mark { start, .. } => {
+                // A measurement window (`policy = "auto"`): the protocol takes
+                // its marks before the super-batch's launch-ahead, so the
+                // window holds one launch per timed super-batch (a mark at the
+                // first batch's gate left the first launch out: 2026-11-26,
+                // 1.46 ms/batch measured for 2.84 real), and after the losses
+                // trained before it were read, so its clock covers the
+                // device's work.
+                let mark = (self.clock.now().as_secs_f64(), self.synced_stats().clone());
+                if start {
+                    self.marks.start = Some(mark);
+                } else {
+                    self.marks.end = Some(mark);
+                }
+                Ok(())
+            }
             Action::Retire { below } => {
                 self.retire(below);
                 Ok(())
@@ -1017,13 +1124,22 @@ impl<'a> Driver<'a> {
                 tensors: engine.layer0_params()?,
             });
         } else {
-            // Queued, not waited for: the first worker reading it resolves it.
+            // Queued, not waited for: the first worker reading it resolves it
+            // and tells the protocol (through `hand_in`).
             let run = self.run;
             let mut slice = run.tracer.slice_on(run.acc_track, "publish");
             let before = engine.transfer_stats();
             let pending = engine.publish_layer0()?;
             record_copies(slice.args_mut(), &engine.transfer_stats().since(&before));
-            published.publish_pending(version, pending);
+            let resolved = Arc::clone(&self.resolved);
+            published.publish_pending(
+                version,
+                Box::new(Resolution {
+                    pending,
+                    version,
+                    resolved,
+                }),
+            );
         }
         Ok(())
     }
@@ -1090,23 +1206,7 @@ impl<'a> Driver<'a> {
                 split,
                 plan: ready.plan,
             })
-            .map_err(protocol_error)?;
-        // Its bottom hops, masked by the planned hot positions, on the
-        // sampling stream behind its top layers (`executor/layer/device/` step 1b).
-        let planned = self
-            .protocol
-            .planned_positions(super_batch)
-            .ok_or_else(|| internal(format!("no plan for super-batch {super_batch}")))?;
-        let masked = self.hot_grad == gpu_ops::HotGrad::Constant;
-        let bottoms: Vec<BottomBatch<'_>> = batches
-            .zip(&planned)
-            .map(|(k, positions)| BottomBatch {
-                key: k as u64,
-                seed: run.batch(k).seed,
-                skip: if masked { positions } else { &[] },
-            })
-            .collect();
-        engine.prepare_bottoms(&bottoms)
+            .map_err(protocol_error)
     }
 
     /// Samples the super-batch the last launch left for the planner (a
@@ -1194,69 +1294,41 @@ impl<'a> Driver<'a> {
         })
     }
 
-    /// Takes the window's start mark when batch `k` is its first, or its end
-    /// mark when `k` is one past its last; once each ([`EpochRun::mark`]).
-    /// Called at a super-batch's start with its first batch and after batch
-    /// `k − 1` trains.
-    /// Deferred losses are flushed first (`engine/losses.rs` step 4): the clock
-    /// then covers the device's work up to the mark.
-    fn take_marks(
-        &mut self,
-        engine: &mut dyn LayerDevice,
-        k: usize,
-        on_batch: &mut OnBatch<'_>,
-    ) -> Result<()> {
-        let Some((first, end)) = self.run.mark else {
-            return Ok(());
-        };
-        let start = k == first && self.marks.start.is_none();
-        let stop = k == end && self.marks.start.is_some() && self.marks.end.is_none();
-        if !(start || stop) {
-            return Ok(());
+    /// Opens the `loss read` slice of the loss actions that follow, unless
+    /// one is open.
+    fn open_loss_slice(&mut self, engine: &dyn LayerDevice) {
+        if self.loss_slice.is_none() {
+            let run = self.run;
+            let slice = run.tracer.slice_on(run.acc_track, "loss read");
+            self.loss_slice = Some((slice, engine.transfer_stats()));
         }
-        self.read_losses(engine, on_batch, true)?;
-        let mark = (self.clock.now().as_secs_f64(), self.synced_stats().clone());
-        if start {
-            self.marks.start = Some(mark);
-        } else {
-            self.marks.end = Some(mark);
-        }
-        Ok(())
     }
 
-    /// `engine/losses.rs` steps 2–5: resolves the loss read in flight and queues the
-    /// pending batches' (resolved too with `flush`), and shows the batches
-    /// read to `on_batch`. A callback's stop ends the run after every batch
-    /// trained (all shown); a non-finite loss ends it with the session's
-    /// error for that batch.
-    fn read_losses(
+    /// Closes the open `loss read` slice with its copies and synchronizations.
+    fn close_loss_slice(&mut self, engine: &dyn LayerDevice) {
+        if let Some((mut slice, before)) = self.loss_slice.take() {
+            record_copies(slice.args_mut(), &engine.transfer_stats().since(&before));
+        }
+    }
+
+    /// `ShowLosses` (`engine/losses.rs` step 4): `on_batch` sees the batches; a
+    /// callback's stop ends the run after every batch trained (the protocol
+    /// shows them all first); a non-finite loss under a lag ends it with the
+    /// session's error for that batch.
+    fn show(
         &mut self,
         engine: &mut dyn LayerDevice,
+        batches: Range<usize>,
+        rewind: u64,
         on_batch: &mut OnBatch<'_>,
-        flush: bool,
     ) -> Result<()> {
-        if self.losses.is_empty() {
-            return Ok(());
-        }
-        let run = self.run;
-        let mut slice = run.tracer.slice_on(run.acc_track, "loss read");
-        let before = engine.transfer_stats();
-        let mut read = self.losses.rotate(engine, flush)?;
+        let done = self.losses.show(engine, batches, rewind)?;
         let mut stop = false;
-        for done in &read.done {
-            stop |= on_batch(done)?;
+        for d in &done {
+            stop |= on_batch(d)?;
         }
-        if !read.nonfinite && stop && !flush {
-            // The batches trained since are shown too.
-            read = self.losses.rotate(engine, true)?;
-            for done in &read.done {
-                on_batch(done)?;
-            }
-        }
-        record_copies(slice.args_mut(), &engine.transfer_stats().since(&before));
-        drop(slice);
-        if read.nonfinite {
-            let k = read.done.last().map_or(0, |d| d.k);
+        if rewind > 0 {
+            let k = done.last().map_or(0, |d| d.k);
             return Err(Error::invalid_argument(
                 "device.loss_lag",
                 format!(
@@ -1268,36 +1340,22 @@ impl<'a> Driver<'a> {
         }
         if stop && self.end.is_none() {
             let next = self.last_trained.map_or(self.batches.start, |k| k + 1);
-            let end = if next < run.batches.len() {
+            return self.stop(if next < self.run.batches.len() {
                 EpochEnd::Stopped(next, StopCause::Callback)
             } else {
                 EpochEnd::Finished(true)
-            };
-            if self.protocol.running() {
-                self.stop(end)?;
-            } else {
-                self.end = Some(end);
-            }
+            });
         }
         Ok(())
     }
 
     /// `Gate` of epoch batch `batch` at `version`.
-    fn gate(
-        &mut self,
-        engine: &mut dyn LayerDevice,
-        batch: usize,
-        version: u64,
-        on_batch: &mut OnBatch<'_>,
-    ) -> Result<()> {
+    fn gate(&mut self, batch: usize, version: u64) -> Result<()> {
         let run = self.run;
         if run.cancel.is_cancelled() {
-            // The batches trained so far are shown first.
-            self.read_losses(engine, on_batch, true)?;
-            if self.end.is_some() {
-                return Ok(());
-            }
-            return self.stop(EpochEnd::Stopped(batch, StopCause::Token));
+            // The protocol shows the batches trained so far before it ends.
+            self.cancelled = Some(batch);
+            return self.protocol.handle(Event::Stop).map_err(protocol_error);
         }
         let start = self.clock.now();
         self.gate = Some(OpenGate {
@@ -1309,13 +1367,9 @@ impl<'a> Driver<'a> {
         Ok(())
     }
 
-    /// `Train`: closes the batch's gate, trains, answers, shows `on_batch`.
-    fn train(
-        &mut self,
-        engine: &mut dyn LayerDevice,
-        t: &TrainBatch,
-        on_batch: &mut OnBatch<'_>,
-    ) -> Result<()> {
+    /// `Train`: closes the batch's gate, trains, answers; the batch is kept
+    /// until the protocol shows it (`engine/losses.rs`).
+    fn train(&mut self, engine: &mut dyn LayerDevice, t: &TrainBatch) -> Result<()> {
         let run = self.run;
         let k = t.batch;
         if !t.cold.is_empty() {
@@ -1360,8 +1414,7 @@ impl<'a> Driver<'a> {
         let copies_before = engine.transfer_stats();
         let bottoms_before = engine.bottom_counts();
         let b = run.batch(k);
-        let deferred = (engine.loss_lag() > 1).then(|| self.losses.next_slot());
-        let stats = engine.train_prepared(
+        let loss = engine.train_prepared(
             k as u64,
             (b.seeds, b.seed),
             &HotUse {
@@ -1370,7 +1423,7 @@ impl<'a> Driver<'a> {
                 rows: &t.rows,
                 grad: self.hot_grad,
             },
-            deferred,
+            t.loss_slot,
         )?;
         slice.set_transfer(
             Direction::HostToDevice,
@@ -1381,8 +1434,25 @@ impl<'a> Driver<'a> {
         let copies = engine.transfer_stats().since(&copies_before);
         record_copies(slice.args_mut(), &copies);
         let bottoms = engine.bottom_counts();
-        let resampled = bottoms.resampled - bottoms_before.resampled;
-        self.stats.bottoms_ahead += bottoms.ahead - bottoms_before.ahead;
+        let (ahead, resampled) = (
+            bottoms.ahead - bottoms_before.ahead,
+            bottoms.resampled - bottoms_before.resampled,
+        );
+        // The engine uses the hop the protocol's `SampleBottoms` sampled iff
+        // the protocol said so (neither count moves without
+        // `device.sample_ahead`: no hop was sampled).
+        if (ahead > 0 && !t.bottom_ahead) || (resampled > 0 && t.bottom_ahead) {
+            return Err(internal(format!(
+                "batch {k}: the engine trained on {} bottom hop, the protocol said {}",
+                if ahead > 0 {
+                    "the sampled-ahead"
+                } else {
+                    "a resampled"
+                },
+                if t.bottom_ahead { "ahead" } else { "resample" }
+            )));
+        }
+        self.stats.bottoms_ahead += ahead;
         self.stats.bottoms_resampled += resampled;
         if let Some(a) = slice.args_mut() {
             a.extra.push(("hot_rows".into(), t.positions.len() as f64));
@@ -1396,37 +1466,12 @@ impl<'a> Driver<'a> {
         self.protocol
             .handle(Event::BatchTrained { batch: k, version })
             .map_err(protocol_error)?;
-        let seconds = |clock: &dyn Clock| clock.now().saturating_sub(start).as_secs_f64();
-        let Some((loss_sum, correct)) = stats else {
-            // Deferred (`engine/losses.rs`): shown when its read resolves.
-            self.losses.push(Trained {
-                k,
-                seconds: seconds(self.clock),
-                version,
-            });
-            if self.losses.pending() >= engine.loss_lag() {
-                self.read_losses(engine, on_batch, false)?;
-            }
-            return self.take_marks(engine, k + 1, on_batch);
-        };
-        // A window's end is after its last batch; a window starting at the
-        // next batch starts here, before the next super-batch's launch-ahead.
-        self.take_marks(engine, k + 1, on_batch)?;
-        let done = BatchDone {
+        self.losses.push(Trained {
             k,
-            loss_sum,
-            correct,
-            seconds: seconds(self.clock),
+            seconds: self.clock.now().saturating_sub(start).as_secs_f64(),
             version,
-        };
-        if on_batch(&done)? {
-            let end = if k + 1 < run.batches.len() {
-                EpochEnd::Stopped(k + 1, StopCause::Callback)
-            } else {
-                EpochEnd::Finished(true)
-            };
-            self.stop(end)?;
-        }
+            loss,
+        });
         Ok(())
     }
 

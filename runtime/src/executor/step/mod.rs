@@ -371,6 +371,7 @@ impl<B: Backend> Executor for StepExecutor<B> {
                     k,
                     seconds,
                     version,
+                    loss: None,
                 });
                 if losses.pending() >= lag {
                     if let Some(e) = self.show_losses(run, &mut losses, false, on_batch)? {
