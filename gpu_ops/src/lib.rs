@@ -37,8 +37,8 @@ pub use host::{
     HostStream,
 };
 pub use model::{
-    layer0_rows, AdamMoments, DeferredStep, DeviceForward, DeviceModel, HotGrad, HotRows, Layer0,
-    LayerInput, ModelLayout,
+    layer0_rows, AdamMoments, Decoder, DeferredStep, DeviceForward, DeviceModel, Head, HotGrad,
+    HotRows, Layer0, LayerInput, ModelLayout, PairBatch, Target,
 };
 pub use reduce::{check_reduce_args, GradReduce, NcclId};
 
