@@ -15,6 +15,10 @@
 //! - dense layers' math: [`gemm`] and its named forms [`matmul`], [`matmul_tn`],
 //!   [`matmul_nt`]; bias and activations ([`add_bias`], [`relu`], ...); [`dropout`];
 //!   [`softmax_cross_entropy`]; the [`Adam`] and [`Sgd`] optimizers;
+//! - link prediction's host math (`link`): the pair decoders' products
+//!   ([`pair_dot`], [`pair_hadamard`] and their backwards),
+//!   [`bce_with_logits`], negative sampling ([`sample_negatives`],
+//!   [`negative_cdf`]) and [`exclude_edges`];
 //! - [`SparseRows`]: CSR input rows with the sparse products `X·W` and `Xᵀ·G` of a
 //!   sparse layer-0 input;
 //! - a model's configuration ([`ModelConfig`], [`ModelKind`], [`LayerSpec`],
@@ -39,6 +43,7 @@ pub mod gather;
 mod graph;
 pub mod hot_layer;
 mod init;
+mod link;
 mod loss;
 mod matmul;
 mod model_config;
@@ -68,6 +73,11 @@ pub use gather::{gather_rows, gather_rows_into_vec};
 pub use graph::{BuildOptions, CsrGraph};
 pub use hot_layer::{HotFeatures, HotProfile, HotRequest, SageHotKernel};
 pub use init::{Init, RELU_GAIN};
+pub use link::{
+    bce_with_logits, exclude_edges, negative_cdf, negative_vertex, pair_dot, pair_dot_backward,
+    pair_hadamard, pair_hadamard_backward, pair_key, sample_negatives, sorted_pair_keys,
+    NEGATIVE_STREAM,
+};
 pub use loss::{accuracy_count, softmax_cross_entropy, CrossEntropy};
 pub use matmul::{
     gemm, gemm_reference, matmul, matmul_nt, matmul_tn, Accumulate, MatMut, MatRef, Transpose,
@@ -75,7 +85,7 @@ pub use matmul::{
 pub use model_config::{LayerSpec, ModelConfig, ModelInput, ModelKind};
 pub use optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig, WeightDecay};
 pub use real::Real;
-pub use rng::{derive_seed, splitmix64, Rng};
+pub use rng::{derive_seed, hash_draw, hash_key, mix64, splitmix64, uniform_below, Rng};
 pub use sampler::{
     sample_hop, sample_hop_into, Block, NeighborSampler, SampledBatch, SamplerScratch,
     ALL_NEIGHBORS,

@@ -25,7 +25,7 @@ const BLOCK_ROWS: usize = 256;
 /// Batches with fewer logits than this run on the calling thread.
 const PARALLEL_MIN_LEN: usize = 1 << 15;
 
-/// What [`softmax_cross_entropy`] measured over a batch.
+/// What [`softmax_cross_entropy`] (or [`crate::bce_with_logits`]) measured over a batch.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CrossEntropy {
     /// Mean loss over the rows (0 for an empty batch).

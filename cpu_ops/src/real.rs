@@ -42,6 +42,8 @@ pub trait Real:
     fn exp(self) -> Self;
     /// Natural logarithm.
     fn ln(self) -> Self;
+    /// `ln(1 + self)`, accurate for small `self`.
+    fn ln_1p(self) -> Self;
     /// Square root.
     fn sqrt(self) -> Self;
     /// The larger of two values (NaN-ignoring as `f32::max`).
@@ -72,6 +74,10 @@ macro_rules! impl_real {
             #[inline]
             fn ln(self) -> Self {
                 <$t>::ln(self)
+            }
+            #[inline]
+            fn ln_1p(self) -> Self {
+                <$t>::ln_1p(self)
             }
             #[inline]
             fn sqrt(self) -> Self {

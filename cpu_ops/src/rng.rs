@@ -25,6 +25,40 @@ pub fn derive_seed(seed: u64, stream: u64) -> u64 {
     splitmix64(&mut s)
 }
 
+/// The golden-ratio increment of SplitMix64.
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64's finalizer: a bijective 64-bit mixer. With [`hash_key`],
+/// [`hash_draw`] and [`uniform_below`] it is the counter-based generator of the
+/// CUDA kernels (`mix64`, `hash_key`, `hash_draw`, `uniform_below` in
+/// `gpu_ops/kernels/common.cuh`), bit for bit, so that a host op and its kernel
+/// draw the same values where they must (negative sampling).
+#[inline]
+pub fn mix64(z: u64) -> u64 {
+    let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A key for the stream `(a, b)`: distinct pairs give unrelated keys.
+#[inline]
+pub fn hash_key(a: u64, b: u64) -> u64 {
+    mix64(mix64(a.wrapping_add(GOLDEN)) ^ b.wrapping_mul(0xD1B5_4A32_D192_ED03))
+}
+
+/// Draw `i` of the stream `key`: 64 random bits, a pure function of `(key, i)`.
+#[inline]
+pub fn hash_draw(key: u64, i: u64) -> u64 {
+    mix64(key.wrapping_add(i.wrapping_add(1).wrapping_mul(GOLDEN)))
+}
+
+/// A uniform integer in `[0, bound)` from 64 random bits (the high word of
+/// `bits · bound`; its bias is below `bound / 2⁶⁴`).
+#[inline]
+pub fn uniform_below(bits: u64, bound: u64) -> u64 {
+    ((u128::from(bits) * u128::from(bound)) >> 64) as u64
+}
+
 /// xoshiro256++ generator.
 #[derive(Clone, Debug)]
 pub struct Rng {
@@ -127,6 +161,24 @@ impl Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The counter-based draws: `mix64` is SplitMix64's output, and a few
+    /// values pinned (the SIMT test of `sample.cu`'s generator checks the same
+    /// numbers from `common.cuh`, so the two cannot drift apart).
+    #[test]
+    fn counter_draws_are_splitmix_and_pinned() {
+        for z in [0u64, 1, 0xDEAD_BEEF, u64::MAX] {
+            let mut s = z.wrapping_sub(GOLDEN);
+            assert_eq!(splitmix64(&mut s), mix64(z));
+        }
+        let key = hash_key(42, 7);
+        assert_eq!(key, 0x5864_fa25_fd88_3a8a, "{key:#x}");
+        assert_eq!(hash_draw(key, 0), 0x9c25_c36d_c45d_e5fc);
+        assert_eq!(hash_draw(key, 999), 0x39c9_ac05_5eb1_2e6e);
+        assert_eq!(uniform_below(u64::MAX, 10), 9);
+        assert_eq!(uniform_below(0, 10), 0);
+        assert_eq!(uniform_below(1 << 63, 7), 3);
+    }
 
     #[test]
     fn deterministic_and_distinct_streams() {

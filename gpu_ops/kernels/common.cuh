@@ -35,6 +35,7 @@ typedef unsigned long long u64;
 #define FAULT_PUT_INDEX 3u
 #define FAULT_LABEL 4u
 #define FAULT_SAMPLE_VERTEX 5u
+#define FAULT_PAIR_INDEX 6u
 
 // The fault word: fault[0] = code (0 = none), fault[1..3) = the bad value (lo, hi),
 // fault[3..5) = the limit it had to stay below (lo, hi). The first fault wins.

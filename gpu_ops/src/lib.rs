@@ -1,7 +1,8 @@
 //! The accelerator layer of Tandem: one [`Backend`] interface (device memory,
 //! streams, events, pinned host buffers, and the ops of sample → gather → train),
 //! made of one trait per op family ([`DeviceCore`], [`DeviceMemory`], [`Sampling`],
-//! [`FeatureStore`], [`DenseOps`], [`GraphOps`], [`SparseOps`]; all in [`prelude`]), with two
+//! [`FeatureStore`], [`DenseOps`], [`GraphOps`], [`SparseOps`], [`LinkOps`]; all in
+//! [`prelude`]), with two
 //! implementations:
 //! - `host`: the same ops on host threads through `cpu_ops` — runs everywhere and is
 //!   the reference every CUDA op is tested against;
@@ -23,9 +24,10 @@ mod reduce;
 pub use backend::{
     bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits, ActBackward,
     Activation, AdamStep, AdamTensors, Backend, CacheStats, DenseOps, DevMat, DeviceBatch,
-    DeviceCore, DeviceKind, DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev,
-    GatInputsDev, GatSaved, GraphOps, LossSlot, LossStats, MemoryInfo, Precision, Sampling,
-    SparseOps, SparseShape, TopologyPlacement, TransferStats, XentInputs,
+    DeviceCore, DeviceKind, DeviceMemory, Elem, ExcludedPairs, FeatureDtype, FeatureStore,
+    GatGradsDev, GatInputsDev, GatSaved, GraphOps, LinkOps, LossSlot, LossStats, MemoryInfo,
+    NegativeDist, Precision, Sampling, SparseOps, SparseShape, TopologyPlacement, TransferStats,
+    XentInputs,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
 pub use cuda::{nccl_available, nccl_unique_id, AllocatorStats, CudaBackend};
@@ -35,8 +37,8 @@ pub use host::{
     HostStream,
 };
 pub use model::{
-    layer0_rows, AdamMoments, DeferredStep, DeviceForward, DeviceModel, HotGrad, HotRows, Layer0,
-    LayerInput, ModelLayout,
+    layer0_rows, AdamMoments, Decoder, DeferredStep, DeviceForward, DeviceModel, Head, HotGrad,
+    HotRows, Layer0, LayerInput, ModelLayout, PairBatch, Target,
 };
 pub use reduce::{check_reduce_args, GradReduce, NcclId};
 
@@ -45,7 +47,7 @@ pub use reduce::{check_reduce_args, GradReduce, NcclId};
 /// family into scope. (Code generic over `B: Backend` needs only [`Backend`].)
 pub mod prelude {
     pub use crate::backend::{
-        Backend, DenseOps, DevMat, DeviceCore, DeviceMemory, FeatureStore, GraphOps, Sampling,
-        SparseOps,
+        Backend, DenseOps, DevMat, DeviceCore, DeviceMemory, FeatureStore, GraphOps, LinkOps,
+        Sampling, SparseOps,
     };
 }

@@ -13,13 +13,14 @@ use gpu_ops::{CudaBackend, GpuOpsError};
 const ARCHS: [(u32, u32); 2] = [(9, 0), (8, 0)];
 
 /// The kernel files (`gpu_ops/kernels/*.cu`).
-const FILES: [&str; 6] = [
+const FILES: [&str; 7] = [
     "math.cu",
     "features.cu",
     "scan.cu",
     "sample.cu",
     "aggregate.cu",
     "attention.cu",
+    "link.cu",
 ];
 
 fn required() -> bool {

@@ -26,6 +26,8 @@ mod errors;
 mod graph;
 #[path = "parity/helpers.rs"]
 mod helpers;
+#[path = "parity/link.rs"]
+mod link;
 #[path = "parity/memory.rs"]
 mod memory;
 #[path = "parity/model.rs"]
@@ -40,6 +42,7 @@ mod sparse;
 use dense::*;
 use errors::*;
 use graph::*;
+use link::*;
 use memory::*;
 use model::*;
 use rows::*;
@@ -110,6 +113,10 @@ macro_rules! parity_tests {
             too_short_buffers_are_size_mismatch,
             sparse_rows_gather_and_products,
             device_model_step_matches_the_host_backend,
+            pair_ops_match_cpu_ops,
+            bce_matches_cpu_ops,
+            negatives_are_identical_on_every_backend,
+            exclude_edges_match_cpu_ops,
         );
     };
     (@each $($name:ident),* $(,)?) => {

@@ -1,6 +1,6 @@
 // Runs every kernel family under the SIMT emulator (emu.h) and compares it with a
 // double-precision reference written from the formulas of the host twins
-// (cpu_ops::{aggregate, attention, loss, sampler, dropout}, the relabel contract).
+// (cpu_ops::{aggregate, attention, loss, sampler, dropout, link}, the relabel contract).
 // Grids are kept at a few blocks so every grid- and warp-stride loop runs more than
 // once. The host-side orchestration (scan levels, relabel steps, sampling counts →
 // scan → pick) mirrors gpu_ops/src/cuda/{scan,sampling}.rs.
@@ -14,6 +14,7 @@
 #include "../sample.cu"
 #include "../aggregate.cu"
 #include "../attention.cu"
+#include "../link.cu"
 #include <cstdio>
 #include <cassert>
 #include <map>
@@ -835,6 +836,148 @@ static void test_adam() {
     std::printf("adam ok\n");
 }
 
+// pair_dot, pair_hadamard and their backwards (atomics) against double references;
+// a bad id is skipped and reported.
+static void test_pairs() {
+    for (auto [rows, dim, n] : std::vector<std::tuple<u64, u64, u64>>{{1, 1, 1}, {13, 3, 29}, {37, 17, 101}, {64, 33, 70}}) {
+        std::vector<float> h(rows * dim), g(n), gz(n * dim), start(rows * dim);
+        for (auto& v : h) v = rnd();
+        for (auto& v : g) v = rnd();
+        for (auto& v : gz) v = rnd();
+        for (auto& v : start) v = rnd();
+        std::vector<u32> src(n), dst(n), fault(8, 0);
+        for (u64 p = 0; p < n; ++p) { src[p] = below(rows); dst[p] = below(rows); }
+        dst[0] = src[0];  // a row with itself
+        std::vector<float> dot(n, NAN), had(n * dim, NAN), dh = start, dhz = start;
+        launch(pair_dot, wgrid(n), T, (const float*)h.data(), rows, dim, (const u32*)src.data(), (const u32*)dst.data(), n, dot.data(), fault.data());
+        launch(pair_hadamard, wgrid(n), T, (const float*)h.data(), rows, dim, (const u32*)src.data(), (const u32*)dst.data(), n, had.data(), fault.data());
+        launch(pair_dot_backward, wgrid(n), T, (const float*)h.data(), rows, dim, (const u32*)src.data(), (const u32*)dst.data(), n, (const float*)g.data(), dh.data(), fault.data());
+        launch(pair_hadamard_backward, wgrid(n), T, (const float*)h.data(), rows, dim, (const u32*)src.data(), (const u32*)dst.data(), n, (const float*)gz.data(), dhz.data(), fault.data());
+        std::vector<double> wdh(start.begin(), start.end()), wdz(start.begin(), start.end());
+        bool ok = fault[0] == 0;
+        for (u64 p = 0; p < n; ++p) {
+            const u64 s = src[p] * dim, d = dst[p] * dim;
+            double acc = 0;
+            for (u64 c = 0; c < dim; ++c) {
+                acc += (double)h[s + c] * h[d + c];
+                ok &= close(had[p * dim + c], (double)h[s + c] * h[d + c], 1e-6);
+                wdh[s + c] += (double)g[p] * h[d + c];
+                wdh[d + c] += (double)g[p] * h[s + c];
+                wdz[s + c] += (double)gz[p * dim + c] * h[d + c];
+                wdz[d + c] += (double)gz[p * dim + c] * h[s + c];
+            }
+            ok &= close(dot[p], acc, 1e-5);
+        }
+        for (u64 k = 0; k < rows * dim; ++k) ok &= close(dh[k], wdh[k], 1e-5) && close(dhz[k], wdz[k], 1e-5);
+        CHECK(ok, "pair ops rows %llu dim %llu pairs %llu", rows, dim, n);
+        // An id past the rows: its output is 0, the fault names it and the bound.
+        src[n - 1] = (u32)rows;
+        launch(pair_dot, wgrid(n), T, (const float*)h.data(), rows, dim, (const u32*)src.data(), (const u32*)dst.data(), n, dot.data(), fault.data());
+        CHECK(fault[0] == FAULT_PAIR_INDEX && fault[1] == rows && fault[3] == rows && dot[n - 1] == 0.0f, "pair fault");
+    }
+    std::printf("pairs ok\n");
+}
+
+// bce_rows, summed by xent_reduce: loss, count and gradient against double
+// references; stable at +-1e4; a NaN sets the guard.
+static void test_bce() {
+    for (u64 n : {1ull, 7ull, 333ull, 1025ull}) {
+        std::vector<float> x(n), y(n), g(n, NAN), rl(n);
+        std::vector<u32> rc(n);
+        for (u64 i = 0; i < n; ++i) { x[i] = 12 * rnd(); y[i] = (float)below(2); }
+        if (n > 2) { x[0] = 1e4f; y[0] = 0; x[1] = -1e4f; y[1] = 1; }
+        launch(bce_rows, tgrid(n), T, (const float*)x.data(), (const float*)y.data(), n, g.data(), 1u, (float)(1.0 / n), rl.data(), rc.data());
+        double wl = 0; u64 wc = 0; bool gok = true;
+        for (u64 i = 0; i < n; ++i) {
+            const double a = x[i], b = y[i];
+            wl += std::max(a, 0.0) - a * b + std::log1p(std::exp(-std::fabs(a)));
+            wc += (a > 0) == (b > 0.5);
+            gok &= std::fabs(g[i] - (1.0 / (1.0 + std::exp(-a)) - b) / n) <= 1e-6;
+        }
+        double loss = 0; u64 corr = 0; u32 guard = 0;
+        launch(xent_reduce, 1, 256, (const float*)rl.data(), (const u32*)rc.data(), n, &loss, &corr, &guard);
+        CHECK(close(loss / n, wl / n, 1e-6) && corr == wc && guard == 0 && gok, "bce n=%llu loss %g vs %g correct %llu vs %llu", n, loss / n, wl / n, corr, wc);
+        x[n / 2] = NAN;
+        launch(bce_rows, tgrid(n), T, (const float*)x.data(), (const float*)y.data(), n, (float*)nullptr, 0u, (float)(1.0 / n), rl.data(), rc.data());
+        launch(xent_reduce, 1, 256, (const float*)rl.data(), (const u32*)rc.data(), n, &loss, &corr, &guard);
+        CHECK(guard == 1, "bce guard not set by a NaN logit");
+    }
+    std::printf("bce ok\n");
+}
+
+// The counter-based generator is cpu_ops::rng's bit for bit (the numbers its
+// test pins), and negative_draw is the module doc's draw, uniform and by a
+// cumulative table (a weight-0 vertex never drawn).
+static void test_negatives() {
+    const u64 key = hash_key(42, 7);
+    CHECK(key == 0x5864fa25fd883a8aull && hash_draw(key, 0) == 0x9c25c36dc45de5fcull && hash_draw(key, 999) == 0x39c9ac055eb12e6eull, "generator drifted from cpu_ops::rng");
+    CHECK(uniform_below(~0ull, 10) == 9 && uniform_below(1ull << 63, 7) == 3, "uniform_below");
+    for (u64 nv : {1ull, 1001ull}) {
+        std::vector<u64> cdf(nv + 1, 0);
+        // Small weights: draws land on the table's boundaries (cdf[v] == r) often.
+        for (u64 v = 0; v < nv; ++v) cdf[v + 1] = cdf[v] + (v % 7 == 3 ? 0 : 1 + below(3));
+        for (auto [n_pos, k] : std::vector<std::pair<u64, u64>>{{1, 1}, {37, 3}, {500, 5}}) {
+            std::vector<u32> src(n_pos);
+            for (auto& s : src) s = below(nv);
+            for (u32 has : {0u, 1u}) {
+                const u64 total = n_pos * k, kk = hash_key(77, 0x6e65676174697665ull);
+                std::vector<u32> os(total + 1, 0xabcd), od(total + 1, 0xabcd);
+                launch(negative_draw, tgrid(total), T, (const u32*)src.data(), n_pos, k, kk, nv, (const u64*)cdf.data(), has, os.data(), od.data());
+                bool ok = os[total] == 0xabcd && od[total] == 0xabcd;
+                for (u64 t = 0; t < total; ++t) {
+                    const u64 bits = hash_draw(kk, t);
+                    u64 want = uniform_below(bits, nv);
+                    if (has) {
+                        const u64 r = uniform_below(bits, cdf[nv]);
+                        want = 0;
+                        while (!(cdf[want] <= r && r < cdf[want + 1])) ++want;
+                        ok &= want % 7 != 3;
+                    }
+                    ok &= os[t] == src[t / k] && od[t] == want;
+                }
+                CHECK(ok, "negative_draw %llu vertices %llu x %llu table %u", nv, n_pos, k, has);
+            }
+        }
+    }
+    std::printf("negatives ok\n");
+}
+
+// exclude_flag, a scan of the flags, exclude_compact against a set-based
+// reference; the last shape's flags span several scan tiles.
+static void test_exclude() {
+    for (auto [nd, ns, deg] : std::vector<std::tuple<u64, u64, u64>>{{1, 1, 1}, {37, 91, 7}, {203, 517, 9}, {5000, 9000, 8}}) {
+        Csr c = random_block(nd, ns, deg);
+        const u64 ne = c.idx.size();
+        std::vector<u32> ids(4 * ns);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        ids.resize(ns);
+        std::vector<u64> keys;
+        auto key = [](u32 d, u32 s) { return ((u64)d << 32) | s; };
+        for (u64 i = 0; i < nd; ++i)
+            for (u64 e = c.indptr[i]; e < c.indptr[i + 1]; e += 3) { keys.push_back(key(ids[i], ids[c.idx[e]])); keys.push_back(key(ids[c.idx[e]], ids[i])); }
+        for (int r = 0; r < 9; ++r) keys.push_back(key(below(1 << 20), below(1 << 20)));
+        std::sort(keys.begin(), keys.end());
+        keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+        std::vector<u64> wp{0}; std::vector<u32> wi;
+        for (u64 i = 0; i < nd; ++i) {
+            for (u64 e = c.indptr[i]; e < c.indptr[i + 1]; ++e)
+                if (!std::binary_search(keys.begin(), keys.end(), key(ids[i], ids[c.idx[e]]))) wi.push_back(c.idx[e]);
+            wp.push_back(wi.size());
+        }
+        std::vector<u32> pos(ne + 1, 0xdead);
+        pos[ne] = 0;
+        launch(exclude_flag, wgrid(nd), T, (const u64*)c.indptr.data(), (const u32*)c.idx.data(), nd, (const u32*)ids.data(), (const u64*)keys.data(), (u64)keys.size(), pos.data());
+        scan_in_place<u32>(pos, ne + 1);
+        const u64 kept = pos[ne];
+        std::vector<u64> np(nd + 1, 77);
+        std::vector<u32> ni(kept + 1, 0xabcd);
+        launch(exclude_compact, tgrid(std::max<u64>(ne, nd + 1)), T, (const u64*)c.indptr.data(), (const u32*)c.idx.data(), nd, ne, (const u32*)pos.data(), np.data(), ni.data());
+        CHECK(kept == wi.size() && np == wp && std::equal(wi.begin(), wi.end(), ni.begin()) && ni[kept] == 0xabcd, "exclude %llu x %llu: kept %llu of %llu (want %zu)", nd, ns, kept, ne, wi.size());
+    }
+    std::printf("exclude ok\n");
+}
+
 int main() {
     test_scan();
     test_relabel();
@@ -848,6 +991,10 @@ int main() {
     test_gather_bf16();
     test_math();
     test_adam();
+    test_pairs();
+    test_bce();
+    test_negatives();
+    test_exclude();
     std::printf("%s (%d failures)\n", failures ? "FAILED" : "ALL OK", failures);
     return failures != 0;
 }

@@ -12,7 +12,7 @@ use crate::kind::DeviceKind;
 /// Every other family ([`DeviceMemory`](crate::DeviceMemory),
 /// [`Sampling`](crate::Sampling), [`FeatureStore`](crate::FeatureStore),
 /// [`DenseOps`](crate::DenseOps), [`GraphOps`](crate::GraphOps),
-/// [`SparseOps`](crate::SparseOps)) extends it, and [`Backend`](crate::Backend) is all of
+/// [`SparseOps`](crate::SparseOps), [`LinkOps`](crate::LinkOps)) extends it, and [`Backend`](crate::Backend) is all of
 /// them. Implemented by [`crate::HostBackend`] and [`crate::CudaBackend`].
 pub trait DeviceCore: Send + Sync + Sized + 'static {
     /// A buffer of `T` in device memory.

@@ -7,9 +7,10 @@
 //! streams and events. The others extend it: [`DeviceMemory`] (allocation and
 //! copies), [`Sampling`] (topology, sampling, blocks), [`FeatureStore`] (feature
 //! cache, gather, row selection), [`DenseOps`] (matrix products, activations, loss,
-//! optimizer), [`GraphOps`] (aggregation, GAT) and [`SparseOps`] (sparse input
-//! rows and their products). [`Backend`] is all of them, so generic code bounds on
-//! `B: Backend` alone.
+//! optimizer), [`GraphOps`] (aggregation, GAT), [`SparseOps`] (sparse input
+//! rows and their products) and [`LinkOps`] (link prediction: pair scores, the
+//! binary cross-entropy, negative sampling, edge exclusion). [`Backend`] is all
+//! of them, so generic code bounds on `B: Backend` alone.
 //!
 //! # Contract
 //! 1. **Streams.** Every op runs on the backend's *compute stream*
@@ -49,14 +50,28 @@
 //!    [`Sampling::finish_read`] bring their sizes (and the top layers' bottom ids) to
 //!    the host with one synchronization, or one event wait for hops only, which
 //!    another thread may wait for.
+//! 6. **Link prediction.** [`LinkOps`] scores pairs of embedding rows
+//!    ([`LinkOps::pair_dot`], [`LinkOps::pair_hadamard`]) and adds their
+//!    gradients back into the rows (float atomics on CUDA: last bits vary where
+//!    rows repeat, as in the backward aggregation); [`LinkOps::bce_with_logits`]
+//!    and [`LinkOps::bce_with_logits_deferred`] are the node task's two loss
+//!    paths for binary labels, with the same slot and guard protocol.
+//!    [`LinkOps::sample_negatives`] is the one exception to item 4's "same
+//!    distribution": every backend draws the **same** vertices for a seed (one
+//!    counter-based generator, `cpu_ops::hash_draw`, and an integer inverse-CDF
+//!    search over a table made on the host), so a run's negatives do not depend
+//!    on where they were drawn. [`LinkOps::exclude_edges`] removes the pairs of an
+//!    [`ExcludedPairs`] table from a sampled block (sorted keys, bisection, a
+//!    compaction by scan), which CUDA does with one read of the kept edge count.
 //!
 //! # Files
 //! One file per family trait, with the types its ops take and return: `core.rs`
 //! ([`DeviceCore`]), `memory.rs` ([`DeviceMemory`]), `sampling.rs` ([`Sampling`],
 //! [`DeviceBatch`], [`TopologyPlacement`]), `features.rs` ([`FeatureStore`]),
 //! `dense.rs` ([`DenseOps`], [`DevMat`], the loss and Adam arguments), `graph.rs`
-//! ([`GraphOps`], the GAT inputs and gradients) and `sparse.rs` ([`SparseOps`],
-//! [`SparseShape`]). Shared by several families: `dtype.rs` (buffer elements
+//! ([`GraphOps`], the GAT inputs and gradients), `sparse.rs` ([`SparseOps`],
+//! [`SparseShape`]) and `link.rs` ([`LinkOps`], [`NegativeDist`],
+//! [`ExcludedPairs`]). Shared by several families: `dtype.rs` (buffer elements
 //! [`Elem`], [`FeatureDtype`], [`Precision`], the bfloat16 and TF32 roundings) and
 //! `stats.rs` ([`MemoryInfo`], [`CacheStats`], [`TransferStats`]). Both backends
 //! keep the same file names, one per family: `host/{core,memory,sampling,...}.rs`
@@ -67,6 +82,7 @@ mod dense;
 mod dtype;
 mod features;
 mod graph;
+mod link;
 mod memory;
 mod sampling;
 mod sparse;
@@ -84,6 +100,8 @@ pub use dtype::{
 };
 pub use features::FeatureStore;
 pub use graph::{GatGradsDev, GatInputsDev, GatSaved, GraphOps};
+pub(crate) use link::{check_exclude_dst, check_negatives};
+pub use link::{ExcludedPairs, LinkOps, NegativeDist};
 pub use memory::DeviceMemory;
 pub(crate) use sampling::check_fanouts_from;
 pub use sampling::{DeviceBatch, Sampling, TopologyPlacement};
@@ -101,11 +119,11 @@ pub use crate::kind::DeviceKind;
 /// [`crate::GpuOpsError::Unavailable`]). Shapes and ordering: the module doc.
 ///
 /// The ops live in one trait per family ([`DeviceCore`], [`DeviceMemory`], [`Sampling`],
-/// [`FeatureStore`], [`DenseOps`], [`GraphOps`], [`SparseOps`]); this trait is all of them
+/// [`FeatureStore`], [`DenseOps`], [`GraphOps`], [`SparseOps`], [`LinkOps`]); this trait is all of them
 /// plus the collective reduce, so generic code bounds on `B: Backend` and calls any op.
 /// Code calling ops on a concrete backend imports the families (`use gpu_ops::prelude::*`).
 pub trait Backend:
-    DeviceCore + DeviceMemory + Sampling + FeatureStore + DenseOps + GraphOps + SparseOps
+    DeviceCore + DeviceMemory + Sampling + FeatureStore + DenseOps + GraphOps + SparseOps + LinkOps
 {
     /// Joins rank `rank` of `ranks` to the NCCL communicator of `id` on this
     /// device (collective: every rank calls it with the same `id`, from

@@ -35,7 +35,7 @@ fn act_colsum_chunk_rows(rows: usize) -> usize {
         .max(8)
 }
 /// Threads of `xent_reduce` (`XENT_REDUCE_THREADS` in math.cu).
-const XENT_REDUCE_THREADS: u32 = 256;
+pub(crate) const XENT_REDUCE_THREADS: u32 = 256;
 /// Stream index of dropout's keys (so a dropout seed never reuses another op's
 /// stream of the same seed).
 const DROPOUT_STREAM: u64 = 0x64_726f_706f_7574; // "dropout"

@@ -85,6 +85,10 @@ fn fault_error(code: u32, value: u64, limit: u64) -> GpuOpsError {
             "frontier",
             format!("sample: vertex {value} is not below the graph's vertex count {limit}"),
         ),
+        6 => (
+            "pairs",
+            format!("pair scores: row id {value} is not below the embedding row count {limit}"),
+        ),
         other => (
             "kernel",
             format!("unknown device fault code {other} (value {value}, limit {limit})"),

@@ -13,9 +13,9 @@ use cpu_ops::{AggregateKind, CsrGraph, FeatureMatrix, SparseRows};
 use super::stats::AllocatorStats;
 use crate::backend::{
     AdamStep, Backend, CacheStats, DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind,
-    DeviceMemory, Elem, FeatureDtype, FeatureStore, GatGradsDev, GatInputsDev, GatSaved, GraphOps,
-    LossSlot, LossStats, MemoryInfo, Precision, Sampling, SparseOps, SparseShape,
-    TopologyPlacement, TransferStats, XentInputs,
+    DeviceMemory, Elem, ExcludedPairs, FeatureDtype, FeatureStore, GatGradsDev, GatInputsDev,
+    GatSaved, GraphOps, LinkOps, LossSlot, LossStats, MemoryInfo, NegativeDist, Precision,
+    Sampling, SparseOps, SparseShape, TopologyPlacement, TransferStats, XentInputs,
 };
 use crate::error::{GpuOpsError, Result};
 
@@ -200,6 +200,20 @@ uninhabited! {
         fn sparse_shape(&Never) -> SparseShape;
         fn spmm(&Never, usize, &Never, usize, &mut Never, bool) -> Result<()>;
         fn spmm_tn(&Never, usize, &Never, usize, &mut Never, bool) -> Result<()>;
+    }
+    impl LinkOps {
+        fn pair_dot(&Never, usize, &Never, &Never, usize, &mut Never) -> Result<()>;
+        fn pair_dot_backward(&Never, usize, &Never, &Never, usize, &Never, &mut Never)
+            -> Result<()>;
+        fn pair_hadamard(&Never, usize, &Never, &Never, usize, &mut Never) -> Result<()>;
+        fn pair_hadamard_backward(&Never, usize, &Never, &Never, usize, &Never, &mut Never)
+            -> Result<()>;
+        fn bce_with_logits(&Never, &Never, usize, Option<&mut Never>) -> Result<LossStats>;
+        fn bce_with_logits_deferred(&Never, &Never, usize, &mut Never, LossSlot<'_, Self>,
+            &mut Never) -> Result<()>;
+        fn sample_negatives(usize, usize, &Never, usize, u64, &NegativeDist<Self>, &mut Never,
+            &mut Never) -> Result<()>;
+        fn exclude_edges(&Never, &Never, usize, &ExcludedPairs<Self>) -> Result<Never>;
     }
 }
 

@@ -53,17 +53,20 @@ pub(crate) enum Family {
     Aggregate,
     /// `attention.cu`: GAT forward/backward.
     Attention,
+    /// `link.cu`: pair scores, binary cross-entropy rows, negatives, edge exclusion.
+    Link,
 }
 
 impl Family {
     /// Every family.
-    pub(crate) const ALL: [Family; 6] = [
+    pub(crate) const ALL: [Family; 7] = [
         Family::Math,
         Family::Features,
         Family::Scan,
         Family::Sample,
         Family::Aggregate,
         Family::Attention,
+        Family::Link,
     ];
 
     /// The source file's name.
@@ -75,6 +78,7 @@ impl Family {
             Family::Sample => "sample.cu",
             Family::Aggregate => "aggregate.cu",
             Family::Attention => "attention.cu",
+            Family::Link => "link.cu",
         }
     }
 
@@ -87,6 +91,7 @@ impl Family {
             Family::Sample => include_str!("../../kernels/sample.cu"),
             Family::Aggregate => include_str!("../../kernels/aggregate.cu"),
             Family::Attention => include_str!("../../kernels/attention.cu"),
+            Family::Link => include_str!("../../kernels/link.cu"),
         }
     }
 }
@@ -561,6 +566,24 @@ define_kernels! {
         gat_backward_finish(gz: PtrMut<f32>, del: Ptr<f32>, der: Ptr<f32>, a_src: Ptr<f32>,
                             a_dst: Ptr<f32>, num_src: u64, num_dst: u64, heads: u64,
                             head_dim: u64);
+    }
+    Link {
+        pair_dot(h: Ptr<f32>, rows: u64, dim: u64, src: Ptr<u32>, dst: Ptr<u32>, n: u64,
+                 out: PtrMut<f32>, fault: PtrMut<u32>);
+        pair_dot_backward(h: Ptr<f32>, rows: u64, dim: u64, src: Ptr<u32>, dst: Ptr<u32>,
+                          n: u64, dscore: Ptr<f32>, dh: PtrMut<f32>, fault: PtrMut<u32>);
+        pair_hadamard(h: Ptr<f32>, rows: u64, dim: u64, src: Ptr<u32>, dst: Ptr<u32>, n: u64,
+                      out: PtrMut<f32>, fault: PtrMut<u32>);
+        pair_hadamard_backward(h: Ptr<f32>, rows: u64, dim: u64, src: Ptr<u32>, dst: Ptr<u32>,
+                               n: u64, dz: Ptr<f32>, dh: PtrMut<f32>, fault: PtrMut<u32>);
+        bce_rows(logits: Ptr<f32>, labels: Ptr<f32>, n: u64, grad: PtrMut<f32>, has_grad: u32,
+                 inv_n: f32, row_loss: PtrMut<f32>, row_correct: PtrMut<u32>);
+        negative_draw(src: Ptr<u32>, n_pos: u64, k: u64, key: u64, num_vertices: u64,
+                      cdf: Ptr<u64>, has_cdf: u32, out_src: PtrMut<u32>, out_dst: PtrMut<u32>);
+        exclude_flag(indptr: Ptr<u64>, indices: Ptr<u32>, num_dst: u64, src_ids: Ptr<u32>,
+                     keys: Ptr<u64>, n_keys: u64, flags: PtrMut<u32>);
+        exclude_compact(indptr: Ptr<u64>, indices: Ptr<u32>, num_dst: u64, num_edges: u64,
+                        pos: Ptr<u32>, new_indptr: PtrMut<u64>, new_indices: PtrMut<u32>);
     }
 }
 

@@ -14,8 +14,9 @@
 //! ([`crate::Sampling`]: topology, sampling, relabel, blocks, queued reads),
 //! `features.rs` ([`crate::FeatureStore`]: feature cache, gather, row selection),
 //! `dense.rs` ([`crate::DenseOps`]: dense math, loss, Adam), `graph.rs`
-//! ([`crate::GraphOps`]: aggregation, GAT) and `sparse.rs` ([`crate::SparseOps`]:
-//! not implemented, reported as such); `nccl.rs` adds the umbrella
+//! ([`crate::GraphOps`]: aggregation, GAT), `sparse.rs` ([`crate::SparseOps`]:
+//! not implemented, reported as such) and `link.rs` ([`crate::LinkOps`]: pair
+//! scores, binary cross-entropy, negatives, edge exclusion); `nccl.rs` adds the umbrella
 //! [`crate::Backend`] (its collective reduce over NCCL).
 //!
 //! Beside them, the backend's own pieces: `device.rs` (the backend struct:
@@ -52,6 +53,8 @@ mod gemm_lt;
 mod graph;
 #[cfg(feature = "cuda")]
 mod kernels;
+#[cfg(feature = "cuda")]
+mod link;
 #[cfg(feature = "cuda")]
 mod memory;
 #[cfg(feature = "cuda")]

@@ -176,6 +176,39 @@ pub(crate) fn softmax_cross_entropy(
     })
 }
 
+/// Checks a deferred loss's slot (two words) and guard (one) before the loss
+/// is computed, so a bad slot leaves the gradient unwritten.
+pub(crate) fn check_loss_slot(
+    dest: &LossSlot<'_, HostBackend>,
+    guard: &HostBuf<u32>,
+) -> Result<()> {
+    prefix(
+        "deferred loss slots (2 words per slot)",
+        dest.out,
+        2 * dest.slot + 2,
+    )?;
+    prefix("loss guard", guard, 1)?;
+    Ok(())
+}
+
+/// The deferred-loss protocol's write ([`check_loss_slot`] first): the loss
+/// sum as the synchronous path's caller forms it (mean × rows) as f64 bits, the
+/// correct count, and the guard set on a non-finite sum (never cleared here).
+pub(crate) fn write_loss_slot(
+    dest: LossSlot<'_, HostBackend>,
+    guard: &mut HostBuf<u32>,
+    stats: LossStats,
+    rows: usize,
+) {
+    let sum = stats.loss * rows as f64;
+    let words = &mut dest.out[2 * dest.slot..2 * dest.slot + 2];
+    words[0] = sum.to_bits();
+    words[1] = stats.correct as u64;
+    if !sum.is_finite() {
+        guard[0] = 1;
+    }
+}
+
 /// Tensors with fewer elements than this are updated on the calling thread (as in
 /// `cpu_ops::Adam`; the result is element-wise, so this only affects speed).
 const ADAM_PARALLEL_MIN_LEN: usize = 1 << 16;
@@ -420,23 +453,7 @@ impl DenseOps for HostBackend {
         dest: LossSlot<'_, Self>,
         guard: &mut HostBuf<u32>,
     ) -> Result<()> {
-        let LossSlot { out, slot } = dest;
-        let found = out.len();
-        let words = out.as_mut_slice().get_mut(2 * slot..2 * slot + 2).ok_or(
-            GpuOpsError::SizeMismatch {
-                what: "deferred loss slots (2 words per slot)",
-                expected: 2 * slot + 2,
-                found,
-            },
-        )?;
-        let flag = guard
-            .as_mut_slice()
-            .first_mut()
-            .ok_or(GpuOpsError::SizeMismatch {
-                what: "loss guard",
-                expected: 1,
-                found: 0,
-            })?;
+        check_loss_slot(&dest, guard)?;
         let s = softmax_cross_entropy(
             inp.logits,
             inp.rows,
@@ -444,13 +461,7 @@ impl DenseOps for HostBackend {
             inp.labels,
             Some(grad.as_mut_slice()),
         )?;
-        // The sum as the synchronous path's caller forms it (mean × rows).
-        let sum = s.loss * inp.rows as f64;
-        words[0] = sum.to_bits();
-        words[1] = s.correct as u64;
-        if !sum.is_finite() {
-            *flag = 1;
-        }
+        write_loss_slot(dest, guard, s, inp.rows);
         Ok(())
     }
 

@@ -13,8 +13,10 @@
 //! `/proc/meminfo`), `sampling` ([`Sampling`](crate::Sampling): sampling, relabel, queued
 //! batches), `features` ([`FeatureStore`](crate::FeatureStore): feature cache, gather, row
 //! selection), `dense` ([`DenseOps`](crate::DenseOps): matrix products, activations, loss,
-//! Adam, elementwise helpers), `graph` ([`GraphOps`](crate::GraphOps): aggregation, GAT)
-//! and `sparse` ([`SparseOps`](crate::SparseOps): sparse input rows and their products).
+//! Adam, elementwise helpers), `graph` ([`GraphOps`](crate::GraphOps): aggregation, GAT),
+//! `sparse` ([`SparseOps`](crate::SparseOps): sparse input rows and their products) and
+//! `link` ([`LinkOps`](crate::LinkOps): pair scores, binary cross-entropy, negatives,
+//! edge exclusion).
 //! Beside them, the backend's own pieces: `buffer` (buffers and the prefix checks every op
 //! runs), `pool` (the caching allocator behind the buffers) and `block` (validated blocks
 //! with a cached transpose). This file holds the backend struct and the umbrella
@@ -26,6 +28,7 @@ mod core;
 mod dense;
 mod features;
 mod graph;
+mod link;
 mod memory;
 mod pool;
 mod sampling;

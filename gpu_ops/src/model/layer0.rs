@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use cpu_ops::{BlockView, LayerSpec, ModelConfig, ModelInput};
 
+use super::head::Head;
 use super::layer::{internal, DynLayer, LayerCall, LayerInput, ModelParam};
 use super::registry::{arch, check_lens};
 use crate::backend::Backend;
@@ -58,7 +59,7 @@ impl<B: Backend> Layer0<B> {
     /// [`ModelLayout::params`](super::ModelLayout::params) order: e.g. a
     /// published snapshot; count and lengths checked).
     pub fn new(dev: &B, cfg: &ModelConfig, tensors: &[Vec<f32>]) -> Result<Self> {
-        let a = arch::<B>(cfg)?;
+        let a = arch::<B>(cfg, Head::Classify)?;
         let range = a.layer_params(0)?;
         let params = a.params[range].to_vec();
         let layer = a

@@ -42,7 +42,17 @@
 //! 4. [`DeviceModel::step`]: one Adam update of every tensor (PyTorch's `Adam`, L2
 //!    weight decay), after which [`DeviceModel::version`] is one larger.
 //!
-//! [`DeviceModel::train_step`] does all four. [`DeviceModel::forward_layer`] applies
+//! [`DeviceModel::train_step`] does all four. Steps 2–4 depend on the model's
+//! [`Head`] and the step's [`Target`]: node labels ([`Head::Classify`],
+//! [`Target::Labels`], the softmax loss above) or labelled pairs of seeds
+//! ([`Head::Link`], [`Target::Pairs`]: the top layer's outputs are
+//! embeddings, a [`Decoder`] scores the pairs, and
+//! [`LinkOps::bce_with_logits`](crate::LinkOps::bce_with_logits) is the loss,
+//! whose gradient flows back through the decoder into the embedding rows and
+//! then through the encoder's backward; `head.rs` has the formulas). A link
+//! model scores pairs of embeddings from [`DeviceModel::forward`] or
+//! [`DeviceModel::forward_layer`] with [`DeviceModel::score_pairs`].
+//! [`DeviceModel::forward_layer`] applies
 //! one layer without dropout, for layer-wise full-graph inference; [`Layer0`]
 //! and [`layer0_rows`] apply layer 0 with given weights (a published snapshot)
 //! to rows gathered on the host: the CPU's hot rows, for any kind.
@@ -53,8 +63,9 @@
 //! [`DeviceModel::train_step_deferred`] queues the whole step without reading
 //! anything:
 //! 1. the loss sum and correct count go to slot `slot` of the caller's buffer
-//!    ([`DenseOps::softmax_cross_entropy_deferred`](crate::DenseOps::softmax_cross_entropy_deferred));
-//!    a non-finite sum sets the model's **guard** word on the device;
+//!    ([`DenseOps::softmax_cross_entropy_deferred`](crate::DenseOps::softmax_cross_entropy_deferred),
+//!    or [`LinkOps::bce_with_logits_deferred`](crate::LinkOps::bce_with_logits_deferred)
+//!    for pairs); a non-finite sum sets the model's **guard** word on the device;
 //! 2. the backward always runs;
 //! 3. the update is one [`DenseOps::adam_step_all`](crate::DenseOps::adam_step_all)
 //!    that does nothing while the guard is set. The guard is sticky: every step
@@ -95,6 +106,7 @@
 mod emit;
 mod gat;
 mod gcn;
+mod head;
 mod layer;
 mod layer0;
 mod registry;
@@ -108,11 +120,13 @@ use crate::backend::{
     ActBackward, AdamStep, AdamTensors, Backend, LossSlot, LossStats, XentInputs,
 };
 use crate::error::{GpuOpsError, Result};
+use head::{target_mismatch, Decoded, DecoderCall, Pairs};
 use layer::{internal, DynLayer, State};
 use layer0::layer_alone;
 use registry::{arch, check_lens, init_params, Arch};
 
 pub use emit::{EmitBlock, GraphEmitter, Reduce, Reduction, Unary};
+pub use head::{Decoder, Head, PairBatch, Target};
 pub use layer::{Layer, LayerCall, LayerDef, LayerGrad, LayerInput, ModelParam, ParamSpec, XMat};
 pub use layer0::{layer0_rows, Layer0};
 pub use registry::ModelLayout;
@@ -222,8 +236,23 @@ impl<B: Backend> DeviceModel<B> {
     /// deterministically from `seed` ([`ModelLayout::init_params`]: DGL's
     /// initializers, tensor `i` from stream `i`) — with zero gradients and moments and
     /// `adam`'s hyper-parameters (only L2 weight decay is supported on devices).
+    /// Its head is [`Head::Classify`].
     pub fn new(dev: &B, cfg: &ModelConfig, seed: u64, adam: AdamConfig) -> Result<Self> {
-        let arch = arch::<B>(cfg)?;
+        Self::with_head(dev, cfg, Head::Classify, seed, adam)
+    }
+
+    /// [`DeviceModel::new`] with `head`: for [`Head::Link`] the top layer's
+    /// `cfg.num_classes` outputs are the embedding width, and a
+    /// [`Decoder::Mlp`]'s tensors follow the encoder's (streams after the
+    /// encoder's: the encoder starts as it does under [`Head::Classify`]).
+    pub fn with_head(
+        dev: &B,
+        cfg: &ModelConfig,
+        head: Head,
+        seed: u64,
+        adam: AdamConfig,
+    ) -> Result<Self> {
+        let arch = arch::<B>(cfg, head)?;
         let values = init_params(&arch.params, seed);
         let refs: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
         Self::with_params(dev, arch, &refs, adam)
@@ -237,7 +266,19 @@ impl<B: Backend> DeviceModel<B> {
         params: &[&[f32]],
         adam: AdamConfig,
     ) -> Result<Self> {
-        Self::with_params(dev, arch::<B>(cfg)?, params, adam)
+        Self::from_params_with_head(dev, cfg, Head::Classify, params, adam)
+    }
+
+    /// [`DeviceModel::from_params`] with `head` (the head's tensors last, as
+    /// [`ModelLayout::with_head`] lists them).
+    pub fn from_params_with_head(
+        dev: &B,
+        cfg: &ModelConfig,
+        head: Head,
+        params: &[&[f32]],
+        adam: AdamConfig,
+    ) -> Result<Self> {
+        Self::with_params(dev, arch::<B>(cfg, head)?, params, adam)
     }
 
     fn with_params(
@@ -281,6 +322,11 @@ impl<B: Backend> DeviceModel<B> {
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.arch.cfg
+    }
+
+    /// The model's head.
+    pub fn head(&self) -> Head {
+        self.arch.head
     }
 
     /// Every layer's shape, bottom first.
@@ -587,10 +633,13 @@ impl<B: Backend> DeviceModel<B> {
         self.arch.specs.get(l).map(|s| s.d_out)
     }
 
-    /// Backward pass: fills every parameter's gradient (read them with
+    /// Backward pass: fills every layer's tensors' gradients (read them with
     /// [`DeviceModel::grads_to_host`] or apply them with [`DeviceModel::step`]),
-    /// given `grad_logits` (`rows × num_classes`) and the [`DeviceForward`] of the
-    /// same `blocks` and `x`.
+    /// given `grad_logits` (`rows × num_classes`: the gradient of the top
+    /// layer's output, logits or a link head's embeddings) and the
+    /// [`DeviceForward`] of the same `blocks` and `x`. A link head's decoder
+    /// tensors get theirs from the training entry points
+    /// ([`DeviceModel::forward_backward`] and the steps).
     pub fn backward<'x>(
         &mut self,
         dev: &B,
@@ -728,22 +777,22 @@ impl<B: Backend> DeviceModel<B> {
         dev.adam_step_all(&hp, tensors, guard)
     }
 
-    /// Forward, loss, backward and a guarded Adam step, queued without reading
-    /// anything (module doc, the deferred loss): the loss sum and the correct
-    /// count of the batch go to `dest`'s slot (`out[2·slot]` and
-    /// `out[2·slot + 1]`). The version moves on at once; see
+    /// Forward, loss against `target`, backward and a guarded Adam step, queued
+    /// without reading anything (module doc, the deferred loss): the loss sum
+    /// and the correct count of the batch go to `dest`'s slot (`out[2·slot]`
+    /// and `out[2·slot + 1]`). The version moves on at once; see
     /// [`DeviceModel::rewind_skipped`].
     pub fn train_step_deferred<'x>(
         &mut self,
         dev: &B,
         blocks: &[B::Block],
         x: impl Into<LayerInput<'x, B>>,
-        labels: &B::Buf<u32>,
+        target: Target<'_, B>,
         seed: u64,
         dest: LossSlot<'_, B>,
     ) -> Result<()> {
         let step = DeferredStep { hot: None, dest };
-        self.train_step_hot_deferred(dev, blocks, x, labels, seed, step)
+        self.train_step_hot_deferred(dev, blocks, x, target, seed, step)
     }
 
     /// [`DeviceModel::train_step_deferred`] with historical embeddings for some
@@ -754,29 +803,112 @@ impl<B: Backend> DeviceModel<B> {
         dev: &B,
         blocks: &[B::Block],
         x: impl Into<LayerInput<'x, B>>,
-        labels: &B::Buf<u32>,
+        target: Target<'_, B>,
         seed: u64,
         step: DeferredStep<'_, B>,
     ) -> Result<()> {
         let DeferredStep { hot, dest } = step;
         let x = x.into();
+        self.check_target(target)?;
         if self.guard.is_none() {
             self.guard = Some(dev.alloc(1)?);
         }
         let fwd = self.forward_hot(dev, blocks, x, true, seed, hot)?;
         let rows = fwd.rows();
-        let classes = self.arch.cfg.num_classes;
-        let mut dlogits = dev.alloc_uninit(rows * classes)?;
-        let guard = self.guard.as_mut().ok_or_else(|| internal("loss guard"))?;
-        let inp = XentInputs {
-            logits: &fwd.logits,
-            rows,
-            classes,
-            labels,
+        let grad = match target {
+            Target::Labels(labels) => {
+                let classes = self.arch.cfg.num_classes;
+                let mut dlogits = dev.alloc_uninit(rows * classes)?;
+                let guard = self.guard.as_mut().ok_or_else(|| internal("loss guard"))?;
+                let inp = XentInputs {
+                    logits: &fwd.logits,
+                    rows,
+                    classes,
+                    labels,
+                };
+                dev.softmax_cross_entropy_deferred(&inp, &mut dlogits, dest, guard)?;
+                dlogits
+            }
+            Target::Pairs(p) => {
+                let call = Self::decoder_call(&self.arch, &self.params, &fwd.logits, rows, p)?;
+                let saved = call.forward(dev)?;
+                let mut dscores = dev.alloc_uninit(p.n)?;
+                let guard = self.guard.as_mut().ok_or_else(|| internal("loss guard"))?;
+                dev.bce_with_logits_deferred(
+                    &saved.scores,
+                    p.labels,
+                    p.n,
+                    &mut dscores,
+                    dest,
+                    guard,
+                )?;
+                let head = self.arch.head_params();
+                call.backward(dev, &saved, &dscores, &mut self.grads[head])?
+            }
         };
-        dev.softmax_cross_entropy_deferred(&inp, &mut dlogits, dest, guard)?;
-        self.backward(dev, blocks, x, &fwd, &dlogits)?;
+        self.backward(dev, blocks, x, &fwd, &grad)?;
         self.step_guarded(dev, true)
+    }
+
+    /// An error unless `target` is what the model's head trains on.
+    fn check_target(&self, target: Target<'_, B>) -> Result<()> {
+        match (self.arch.head, target) {
+            (Head::Classify, Target::Labels(_)) | (Head::Link(_), Target::Pairs(_)) => Ok(()),
+            (head, Target::Labels(_)) => Err(target_mismatch(head, "node labels")),
+            (head, Target::Pairs(_)) => Err(target_mismatch(head, "pairs")),
+        }
+    }
+
+    /// The decoder of a link model applied to `pairs` of rows of `h` (`rows` of
+    /// them, `num_classes` wide).
+    fn decoder_call<'a>(
+        arch: &Arch<dyn DynLayer<B>>,
+        params: &'a [B::Buf<f32>],
+        h: &'a B::Buf<f32>,
+        rows: usize,
+        pairs: impl Into<Pairs<'a, B>>,
+    ) -> Result<DecoderCall<'a, B>> {
+        let decoder = arch
+            .head
+            .decoder()
+            .ok_or_else(|| target_mismatch(arch.head, "pairs"))?;
+        Ok(DecoderCall {
+            decoder,
+            params: &params[arch.head_params()],
+            h,
+            rows,
+            d: arch.cfg.num_classes,
+            pairs: pairs.into(),
+        })
+    }
+
+    /// The decoder's scores (logits) of the pairs `(src[i], dst[i])`, `i < n`,
+    /// of rows of the embeddings `h` (`dim` = the model's `num_classes` wide):
+    /// e.g. the outputs of [`DeviceModel::forward`] (`logits()`) or of the top
+    /// layer's [`DeviceModel::forward_layer`], for evaluation and inference.
+    /// Errors: a model without a link head, `dim` not the embedding width, the
+    /// pair ops' errors.
+    pub fn score_pairs(
+        &self,
+        dev: &B,
+        h: &B::Buf<f32>,
+        dim: usize,
+        src: &B::Buf<u32>,
+        dst: &B::Buf<u32>,
+        n: usize,
+    ) -> Result<B::Buf<f32>> {
+        let d = self.arch.cfg.num_classes;
+        if dim != d {
+            return Err(GpuOpsError::SizeMismatch {
+                what: "score_pairs dim (the embedding width, num_classes)",
+                expected: d,
+                found: dim,
+            });
+        }
+        let rows = dev.len(h) / d;
+        let pairs = Pairs { src, dst, n };
+        let call = Self::decoder_call(&self.arch, &self.params, h, rows, pairs)?;
+        Ok(call.forward(dev)?.scores)
     }
 
     /// After a non-finite loss read from a deferred step: `skipped` steps were
@@ -790,8 +922,8 @@ impl<B: Backend> DeviceModel<B> {
         Ok(())
     }
 
-    /// Forward (with dropout), loss against `labels` (one per seed) and backward,
-    /// without the step: the gradients stay in the model for
+    /// Forward (with dropout), loss against `target` (labels: one per seed) and
+    /// backward, without the step: the gradients stay in the model for
     /// [`DeviceModel::grads_to_host`], [`DeviceModel::set_grads`] and
     /// [`DeviceModel::step`] (data-parallel training sums them over the ranks in
     /// between). A non-finite loss skips the backward.
@@ -800,10 +932,10 @@ impl<B: Backend> DeviceModel<B> {
         dev: &B,
         blocks: &[B::Block],
         x: impl Into<LayerInput<'x, B>>,
-        labels: &B::Buf<u32>,
+        target: Target<'_, B>,
         seed: u64,
     ) -> Result<LossStats> {
-        self.forward_backward_hot(dev, blocks, x.into(), labels, seed, None)
+        self.forward_backward_hot(dev, blocks, x.into(), target, seed, None)
     }
 
     /// [`DeviceModel::forward_backward`] with historical embeddings
@@ -813,20 +945,43 @@ impl<B: Backend> DeviceModel<B> {
         dev: &B,
         blocks: &[B::Block],
         x: LayerInput<'_, B>,
-        labels: &B::Buf<u32>,
+        target: Target<'_, B>,
         seed: u64,
         hot: Option<&HotRows<'_, B>>,
     ) -> Result<LossStats> {
+        self.check_target(target)?;
         let fwd = self.forward_hot(dev, blocks, x, true, seed, hot)?;
         let rows = fwd.rows();
-        let classes = self.arch.cfg.num_classes;
-        let mut dlogits = dev.alloc_uninit(rows * classes)?;
-        let stats =
-            dev.softmax_cross_entropy(&fwd.logits, rows, classes, labels, Some(&mut dlogits))?;
-        if stats.loss.is_finite() {
-            self.backward(dev, blocks, x, &fwd, &dlogits)?;
+        match target {
+            Target::Labels(labels) => {
+                let classes = self.arch.cfg.num_classes;
+                let mut dlogits = dev.alloc_uninit(rows * classes)?;
+                let stats = dev.softmax_cross_entropy(
+                    &fwd.logits,
+                    rows,
+                    classes,
+                    labels,
+                    Some(&mut dlogits),
+                )?;
+                if stats.loss.is_finite() {
+                    self.backward(dev, blocks, x, &fwd, &dlogits)?;
+                }
+                Ok(stats)
+            }
+            Target::Pairs(p) => {
+                let call = Self::decoder_call(&self.arch, &self.params, &fwd.logits, rows, p)?;
+                let saved: Decoded<B> = call.forward(dev)?;
+                let mut dscores = dev.alloc_uninit(p.n)?;
+                let stats =
+                    dev.bce_with_logits(&saved.scores, p.labels, p.n, Some(&mut dscores))?;
+                if stats.loss.is_finite() {
+                    let head = self.arch.head_params();
+                    let dh = call.backward(dev, &saved, &dscores, &mut self.grads[head])?;
+                    self.backward(dev, blocks, x, &fwd, &dh)?;
+                }
+                Ok(stats)
+            }
         }
-        Ok(stats)
     }
 
     /// Values in all parameters together (the length of a flat gradient).
@@ -880,18 +1035,20 @@ impl<B: Backend> DeviceModel<B> {
         Ok(dev.to_host(&count, 1)?[0] as u64)
     }
 
-    /// Forward (with dropout), loss against `labels` (one per seed), backward and one
-    /// Adam step; returns the batch's loss and correct count. A non-finite loss
-    /// skips the backward and the step (the version does not move).
+    /// Forward (with dropout), loss against `target` (node labels, one per
+    /// seed, or labelled pairs of seeds: the model's head decides), backward and
+    /// one Adam step; returns the batch's loss and correct count (rows or
+    /// pairs). A non-finite loss skips the backward and the step (the version
+    /// does not move).
     pub fn train_step<'x>(
         &mut self,
         dev: &B,
         blocks: &[B::Block],
         x: impl Into<LayerInput<'x, B>>,
-        labels: &B::Buf<u32>,
+        target: Target<'_, B>,
         seed: u64,
     ) -> Result<LossStats> {
-        self.train_step_hot(dev, blocks, x, labels, seed, None)
+        self.train_step_hot(dev, blocks, x, target, seed, None)
     }
 
     /// [`DeviceModel::train_step`] with historical embeddings for some of layer 0's
@@ -901,11 +1058,11 @@ impl<B: Backend> DeviceModel<B> {
         dev: &B,
         blocks: &[B::Block],
         x: impl Into<LayerInput<'x, B>>,
-        labels: &B::Buf<u32>,
+        target: Target<'_, B>,
         seed: u64,
         hot: Option<&HotRows<'_, B>>,
     ) -> Result<LossStats> {
-        let stats = self.forward_backward_hot(dev, blocks, x.into(), labels, seed, hot)?;
+        let stats = self.forward_backward_hot(dev, blocks, x.into(), target, seed, hot)?;
         if stats.loss.is_finite() {
             self.step(dev)?;
         }

@@ -1,7 +1,8 @@
 //! The registry of model kinds and a model's parameter layout: [`registry`]
 //! maps a [`ModelKind`] to its layer type (one line per kind), [`arch`] builds a
-//! model's layers and parameter list for a backend, and [`ModelLayout`] is the
-//! same without a device (names `layer{l}.{name}` in layer order,
+//! model's layers and parameter list for a backend (the layers' tensors, then
+//! its head's: [`Head::params`]), and [`ModelLayout`] is the same without a
+//! device (names `layer{l}.{name}` in layer order, then `decoder.{i}.{name}`;
 //! initialization), which export and checkpoints need.
 
 use std::ops::Range;
@@ -10,6 +11,7 @@ use cpu_ops::{LayerSpec, ModelConfig, ModelKind};
 
 use super::gat::Gat;
 use super::gcn::Gcn;
+use super::head::Head;
 use super::layer::{DynLayer, LayerDef, ModelParam};
 use super::sage::Sage;
 use crate::backend::Backend;
@@ -32,7 +34,11 @@ pub(crate) struct Arch<L: ?Sized> {
     pub(crate) cfg: ModelConfig,
     pub(crate) layers: Vec<Box<L>>,
     pub(crate) specs: Vec<LayerSpec>,
+    /// The layers' tensors, then the head's.
     pub(crate) params: Vec<ModelParam>,
+    pub(crate) head: Head,
+    /// Where the head's tensors start in `params`.
+    pub(crate) head_at: usize,
 }
 
 impl<L: ?Sized> Arch<L> {
@@ -45,13 +51,20 @@ impl<L: ?Sized> Arch<L> {
         let end = self
             .specs
             .get(l + 1)
-            .map_or(self.params.len(), |s| s.first_param);
+            .map_or(self.head_at, |s| s.first_param);
         Ok(spec.first_param..end)
+    }
+
+    /// Indices of the head's tensors in the parameter list (empty for a head
+    /// without tensors).
+    pub(crate) fn head_params(&self) -> Range<usize> {
+        self.head_at..self.params.len()
     }
 }
 
-/// The layers and parameter list of `cfg` (validated), with layers for `B`.
-pub(crate) fn arch<B: Backend>(cfg: &ModelConfig) -> Result<Arch<dyn DynLayer<B>>> {
+/// The layers and parameter list of `cfg` (validated) with `head`, with layers
+/// for `B`.
+pub(crate) fn arch<B: Backend>(cfg: &ModelConfig, head: Head) -> Result<Arch<dyn DynLayer<B>>> {
     cfg.validate()?;
     let n = cfg.num_layers;
     let mut arch = Arch {
@@ -59,6 +72,8 @@ pub(crate) fn arch<B: Backend>(cfg: &ModelConfig) -> Result<Arch<dyn DynLayer<B>
         layers: Vec::with_capacity(n),
         specs: Vec::with_capacity(n),
         params: Vec::new(),
+        head,
+        head_at: 0,
     };
     for l in 0..n {
         let last = l + 1 == n;
@@ -88,6 +103,9 @@ pub(crate) fn arch<B: Backend>(cfg: &ModelConfig) -> Result<Arch<dyn DynLayer<B>
         arch.specs.push(*layer.spec());
         arch.layers.push(layer);
     }
+    arch.head_at = arch.params.len();
+    // The embeddings are the top layer's outputs: `num_classes` wide.
+    arch.params.extend(head.params(cfg.num_classes));
     Ok(arch)
 }
 
@@ -98,10 +116,17 @@ pub struct ModelLayout {
 }
 
 impl ModelLayout {
-    /// Validates `cfg` and lays out its layers and tensors.
+    /// Validates `cfg` and lays out its layers and tensors ([`Head::Classify`]).
     pub fn new(cfg: &ModelConfig) -> Result<Self> {
+        Self::with_head(cfg, Head::Classify)
+    }
+
+    /// Validates `cfg` and lays out its layers and tensors, then `head`'s
+    /// (a link head's decoder, after the layers'), as
+    /// [`DeviceModel::with_head`](super::DeviceModel::with_head) holds them.
+    pub fn with_head(cfg: &ModelConfig, head: Head) -> Result<Self> {
         // Layers are backend-free but for their math; any backend's will do.
-        let a = arch::<HostBackend>(cfg)?;
+        let a = arch::<HostBackend>(cfg, head)?;
         let layers = a
             .layers
             .into_iter()
@@ -113,8 +138,22 @@ impl ModelLayout {
                 layers,
                 specs: a.specs,
                 params: a.params,
+                head: a.head,
+                head_at: a.head_at,
             },
         })
+    }
+
+    /// The head.
+    pub fn head(&self) -> Head {
+        self.arch.head
+    }
+
+    /// Indices of the head's tensors in [`ModelLayout::params`] (the
+    /// decoder's, for a [`Decoder::Mlp`](super::Decoder::Mlp) link head; empty
+    /// otherwise): what an exporter declares for [`Decoder::emit`](super::Decoder::emit).
+    pub fn head_params(&self) -> Range<usize> {
+        self.arch.head_params()
     }
 
     /// The configuration.
@@ -137,7 +176,8 @@ impl ModelLayout {
         &self.arch.params
     }
 
-    /// The parameter names, in order (`layer0.weight`, ...).
+    /// The parameter names, in order (`layer0.weight`, ..., then the head's,
+    /// `decoder.0.weight`, ...).
     pub fn param_names(&self) -> Vec<String> {
         self.arch.params.iter().map(|p| p.name.clone()).collect()
     }

@@ -54,7 +54,10 @@ pub(crate) fn device_model_step_matches_the_host_backend<B: Backend>(d: &B) {
                 .collect();
             let xd = d.to_device(&x).unwrap();
             let ld = d.to_device(&labels).unwrap();
-            let loss = m.train_step(d, &blocks, &xd, &ld, 1).unwrap().loss;
+            let loss = m
+                .train_step(d, &blocks, &xd, gpu_ops::Target::Labels(&ld), 1)
+                .unwrap()
+                .loss;
             let h0 = m.forward_layer(d, 0, &blocks[0], &xd).unwrap();
             let nd0 = batch.blocks()[0].num_dst();
             (loss, d.to_host(&h0, nd0 * 16).unwrap())
@@ -72,7 +75,10 @@ pub(crate) fn device_model_step_matches_the_host_backend<B: Backend>(d: &B) {
             .collect();
         let xh = host.to_device(&x).unwrap();
         let lh = host.to_device(&labels).unwrap();
-        let want_loss = hm.train_step(&host, &blocks, &xh, &lh, 1).unwrap().loss;
+        let want_loss = hm
+            .train_step(&host, &blocks, &xh, gpu_ops::Target::Labels(&lh), 1)
+            .unwrap()
+            .loss;
         let want_h0 = hm.forward_layer(&host, 0, &blocks[0], &xh).unwrap();
         let want_h0 = host.to_host(&want_h0, h0.len()).unwrap();
         let what = format!("{kind:?} {in_dim}");

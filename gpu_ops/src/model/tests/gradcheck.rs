@@ -28,7 +28,7 @@ const RTOL: f64 = 5e-3;
 
 /// Compares finite differences of `loss` with `analytic` at coordinates `at` of
 /// `values`; returns (checked, skipped at kinks).
-fn compare(
+pub(super) fn compare(
     what: &str,
     values: &mut [f32],
     analytic: &[f32],
@@ -67,7 +67,7 @@ fn compare(
 }
 
 /// Up to `n` distinct random coordinates below `len`.
-fn coordinates(rng: &mut Rng, len: usize, n: usize) -> Vec<usize> {
+pub(super) fn coordinates(rng: &mut Rng, len: usize, n: usize) -> Vec<usize> {
     let mut all: Vec<usize> = (0..len).collect();
     rng.shuffle(&mut all);
     all.truncate(n);
@@ -150,7 +150,7 @@ fn check_model(cfg: &ModelConfig, sizes: &[usize], seed: u64, sparse: bool) {
     );
 }
 
-fn config(
+pub(super) fn config(
     kind: ModelKind,
     dims: (usize, usize, usize),
     layers: usize,
@@ -216,7 +216,7 @@ fn parameter_gradients_match_finite_differences_with_dropout_and_sparse_input() 
 fn check_input(cfg: &ModelConfig, ns: usize, nd: usize, seed: u64) {
     let dev = HostBackend::new();
     let mut rng = Rng::new(seed);
-    let a = arch::<HostBackend>(cfg).expect("layers");
+    let a = arch::<HostBackend>(cfg, crate::model::Head::Classify).expect("layers");
     let layer = &a.layers[0];
     let spec = *layer.spec();
     let layout = ModelLayout::new(cfg).expect("layout");

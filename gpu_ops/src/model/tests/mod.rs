@@ -11,12 +11,15 @@
 //! - `sparse`: sparse input against the dense rows it holds;
 //! - `layer0`: layer 0 from host rows, and the fused CPU SAGE kernel against the
 //!   generic layer;
+//! - `link`: the link head (finite differences through both decoders, the
+//!   decoder's tensors, link steps, node labels unchanged, the decoder's export);
 //! - this file: Adam's update against `cpu_ops::Adam`, determinism over thread
 //!   counts, dropout, training, split steps, errors, and hot rows.
 
 mod gradcheck;
 mod init;
 mod layer0;
+mod link;
 mod reference;
 mod sparse;
 
@@ -25,7 +28,7 @@ use cpu_ops::{
     Rng, SamplerScratch,
 };
 
-use super::{DeviceModel, ModelLayout};
+use super::{DeviceModel, ModelLayout, Target};
 use crate::prelude::*;
 use crate::{HostBackend, HostBlock, LossSlot};
 
@@ -169,7 +172,7 @@ fn step_is_adam_on_the_gradients() {
         let labels: Vec<u32> = seeds.iter().map(|&s| s % 5).collect();
         let labels = dev.to_device(&labels).expect("labels");
         for step in 1..=2u64 {
-            dm.forward_backward(&dev, &blocks, &xd, &labels, step)
+            dm.forward_backward(&dev, &blocks, &xd, Target::Labels(&labels), step)
                 .expect("forward and backward");
             let grads = dm.grads_to_host(&dev).expect("grads");
             assert!(grads.iter().flatten().any(|&v| v != 0.0));
@@ -324,13 +327,13 @@ fn train_step_lowers_the_loss() {
         };
         let mut dm = DeviceModel::new(&dev, &cfg, 1, adam).expect("device model");
         let first = dm
-            .train_step(&dev, &batch.blocks, &xd, &labels, 0)
+            .train_step(&dev, &batch.blocks, &xd, Target::Labels(&labels), 0)
             .expect("step")
             .loss;
         let mut last = first;
         for k in 1..100 {
             last = dm
-                .train_step(&dev, &batch.blocks, &xd, &labels, k)
+                .train_step(&dev, &batch.blocks, &xd, Target::Labels(&labels), k)
                 .expect("step")
                 .loss;
         }
@@ -348,7 +351,7 @@ fn train_step_lowers_the_loss() {
         };
         let mut dm = DeviceModel::new(&dev, &cfg, 1, AdamConfig::default()).expect("model");
         let before = dev.transfer_stats();
-        dm.train_step(&dev, &batch.blocks, &xd, &labels, 0)
+        dm.train_step(&dev, &batch.blocks, &xd, Target::Labels(&labels), 0)
             .expect("step");
         let fills = dev.transfer_stats().since(&before).zero_fills;
         assert_eq!(fills, 0, "{kind:?}: {fills} zeroed buffers in a train step");
@@ -401,7 +404,7 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
                 &dev,
                 &batch.blocks,
                 &xd,
-                &labels,
+                Target::Labels(&labels),
                 k,
                 LossSlot {
                     out: &mut slots,
@@ -418,7 +421,7 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
         let words = dev.to_host(&slots, 8).expect("slots");
         for k in 0..4u64 {
             let s = sync
-                .train_step(&dev, &batch.blocks, &xd, &labels, k)
+                .train_step(&dev, &batch.blocks, &xd, Target::Labels(&labels), k)
                 .expect("step");
             let sum = f64::from_bits(words[2 * k as usize]);
             assert_eq!(sum, s.loss * seeds.len() as f64, "{kind:?} batch {k}");
@@ -436,7 +439,7 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
             &dev,
             &batch.blocks,
             &bad,
-            &labels,
+            Target::Labels(&labels),
             4,
             LossSlot {
                 out: &mut slots,
@@ -449,7 +452,7 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
                 &dev,
                 &batch.blocks,
                 &xd,
-                &labels,
+                Target::Labels(&labels),
                 k,
                 LossSlot {
                     out: &mut slots,
@@ -477,7 +480,7 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
             &dev,
             &batch.blocks,
             &xd,
-            &labels,
+            Target::Labels(&labels),
             9,
             LossSlot {
                 out: &mut slots,
@@ -485,7 +488,7 @@ fn a_deferred_step_equals_train_step_and_a_nan_freezes_the_weights_until_rewound
             },
         )
         .expect("step after the rewind");
-        sync.train_step(&dev, &batch.blocks, &xd, &labels, 9)
+        sync.train_step(&dev, &batch.blocks, &xd, Target::Labels(&labels), 9)
             .expect("step");
         assert_eq!(
             lag.params_to_host(&dev).expect("params"),
@@ -552,7 +555,7 @@ fn a_deferred_hot_step_equals_train_step_hot() {
                     slot: k as usize,
                 },
             };
-            lag.train_step_hot_deferred(&dev, &batch.blocks, &xd, &labels, k, step)
+            lag.train_step_hot_deferred(&dev, &batch.blocks, &xd, Target::Labels(&labels), k, step)
                 .expect("deferred hot step");
         }
         let syncs = dev.transfer_stats().since(&before).syncs;
@@ -560,7 +563,14 @@ fn a_deferred_hot_step_equals_train_step_hot() {
         let words = dev.to_host(&slots, 6).expect("slots");
         for k in 0..3u64 {
             let s = sync
-                .train_step_hot(&dev, &batch.blocks, &xd, &labels, k, Some(&hot))
+                .train_step_hot(
+                    &dev,
+                    &batch.blocks,
+                    &xd,
+                    Target::Labels(&labels),
+                    k,
+                    Some(&hot),
+                )
                 .expect("step");
             let sum = f64::from_bits(words[2 * k as usize]);
             assert_eq!(sum, s.loss * seeds.len() as f64, "{grad:?} batch {k}");
@@ -602,10 +612,10 @@ fn a_split_step_equals_train_step_and_set_grads_replaces_the_gradients() {
         .to_device(&seeds.iter().map(|&s| s % 3).collect::<Vec<u32>>())
         .expect("labels");
     let a = whole
-        .train_step(&dev, &batch.blocks, &xd, &labels, 3)
+        .train_step(&dev, &batch.blocks, &xd, Target::Labels(&labels), 3)
         .expect("step");
     let b = split
-        .forward_backward(&dev, &batch.blocks, &xd, &labels, 3)
+        .forward_backward(&dev, &batch.blocks, &xd, Target::Labels(&labels), 3)
         .expect("forward and backward");
     assert_eq!(a, b);
     assert_eq!(split.version(), 0, "no step yet");

@@ -11,7 +11,7 @@ use cpu_ops::{
 };
 
 use super::{close, random_graph};
-use crate::model::{layer0_rows, DeviceModel, LayerInput};
+use crate::model::{layer0_rows, DeviceModel, LayerInput, Target};
 use crate::prelude::*;
 use crate::{FeatureDtype, HostBackend};
 
@@ -100,10 +100,16 @@ fn check(kind: ModelKind, in_dim: usize, hidden: usize) {
         1e-5,
     );
     let a = dense
-        .train_step(&dev, &batch.blocks, &x, &labels, 9)
+        .train_step(&dev, &batch.blocks, &x, Target::Labels(&labels), 9)
         .expect("dense step");
     let b = sparse
-        .train_step(&dev, &batch.blocks, LayerInput::Sparse(&xs), &labels, 9)
+        .train_step(
+            &dev,
+            &batch.blocks,
+            LayerInput::Sparse(&xs),
+            Target::Labels(&labels),
+            9,
+        )
         .expect("sparse step");
     assert!(
         (a.loss - b.loss).abs() <= 1e-6 * a.loss.abs().max(1.0),

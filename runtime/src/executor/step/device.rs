@@ -35,7 +35,7 @@
 //! trace's busy fractions show where each placement spends its time.
 
 use cpu_ops::{CsrGraph, NeighborSampler, SampledBatch, SamplerScratch};
-use gpu_ops::Backend;
+use gpu_ops::{Backend, Target};
 use scheduler::{Device, StepBased};
 
 use crate::engine::{dev_err, record_copies, DeviceEngine};
@@ -235,16 +235,23 @@ pub(crate) fn train_sampled<B: Backend>(
                 Some(slot) => {
                     let dest = e.losses.slot(dev, slot)?;
                     e.model
-                        .train_step_deferred(dev, &blocks, x.layer(), &labels, seed, dest)
+                        .train_step_deferred(
+                            dev,
+                            &blocks,
+                            x.layer(),
+                            Target::Labels(&labels),
+                            seed,
+                            dest,
+                        )
                         .map(|()| None)
                 }
                 None if step => e
                     .model
-                    .train_step(dev, &blocks, x.layer(), &labels, seed)
+                    .train_step(dev, &blocks, x.layer(), Target::Labels(&labels), seed)
                     .map(Some),
                 None => e
                     .model
-                    .forward_backward(dev, &blocks, x.layer(), &labels, seed)
+                    .forward_backward(dev, &blocks, x.layer(), Target::Labels(&labels), seed)
                     .map(Some),
             }
             .map_err(dev_err("training step"))

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cpu_ops::derive_seed;
-use gpu_ops::{Backend, DeferredStep, HotGrad, HotRows};
+use gpu_ops::{Backend, DeferredStep, HotGrad, HotRows, Target};
 
 use super::{internal, reserve, upload_into, LayerEngine};
 use crate::engine::dev_err;
@@ -167,13 +167,27 @@ impl<B: Backend> LayerEngine<B> {
                     };
                     self.engine
                         .model
-                        .train_step_hot_deferred(&*dev, &blocks, x.layer(), labels, seed, step)
+                        .train_step_hot_deferred(
+                            &*dev,
+                            &blocks,
+                            x.layer(),
+                            Target::Labels(labels),
+                            seed,
+                            step,
+                        )
                         .map(|()| None)
                 }
                 None => self
                     .engine
                     .model
-                    .train_step_hot(&*dev, &blocks, x.layer(), labels, seed, rows.as_ref())
+                    .train_step_hot(
+                        &*dev,
+                        &blocks,
+                        x.layer(),
+                        Target::Labels(labels),
+                        seed,
+                        rows.as_ref(),
+                    )
                     .map(Some),
             }
             .map_err(dev_err("training step"))
