@@ -28,13 +28,17 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The last line of stderr of a failing command: the one-line error.
+/// The line of stderr that holds the error of a failing command (every check
+/// below looks for the whole message on that one line).
 fn err(args: &[&str]) -> String {
     let out = tandem(args);
     assert!(!out.status.success(), "tandem {args:?} should fail");
     let e = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!e.contains("panicked"), "panic instead of an error: {e}");
-    e.trim_end().lines().last().unwrap_or("").to_string()
+    e.lines()
+        .find(|l| l.starts_with("error"))
+        .unwrap_or_else(|| panic!("no error line in: {e}"))
+        .to_string()
 }
 
 fn s(p: &Path) -> &str {
@@ -83,17 +87,16 @@ fn auc(pos: &[f64], neg: &[f64]) -> f64 {
     (rank_sum - p * (p + 1.0) / 2.0) / (p * n)
 }
 
-/// Features averaged over each vertex and its neighbors in the training graph.
-fn one_hop(ds: &Dataset) -> Vec<Vec<f64>> {
-    let d = ds.features.dim();
-    let f = ds.features.as_slice();
+/// `rows` averaged over each vertex and its neighbors in the training graph (one
+/// round of mean aggregation, as a GNN layer without weights).
+fn aggregate(ds: &Dataset, rows: &[Vec<f64>]) -> Vec<Vec<f64>> {
     (0..ds.num_vertices() as u32)
         .map(|v| {
-            let mut acc = vec![0.0; d];
             let nb = ds.graph.neighbors(v);
-            for &u in nb.iter().chain(std::iter::once(&v)) {
-                for (a, x) in acc.iter_mut().zip(&f[u as usize * d..(u as usize + 1) * d]) {
-                    *a += *x as f64;
+            let mut acc = rows[v as usize].clone();
+            for &u in nb {
+                for (a, x) in acc.iter_mut().zip(&rows[u as usize]) {
+                    *a += x;
                 }
             }
             acc.iter().map(|a| a / (nb.len() + 1) as f64).collect()
@@ -106,8 +109,9 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// Held-out SBM links are predictable: far more of them stay inside a block than
-/// random pairs do, and a score from features over the training graph ranks them
-/// above uniform negatives better than the raw features do.
+/// random pairs do, and a dot product of features averaged over the training
+/// graph ranks them above uniform negatives nearly as well as knowing the blocks,
+/// far better than the raw features.
 #[test]
 fn sbm_held_out_links_follow_communities_and_features() {
     let ds = sbm_link(3);
@@ -116,11 +120,11 @@ fn sbm_held_out_links_follow_communities_and_features() {
     let test_inside =
         split.test.iter().filter(|&e| inside(e)).count() as f64 / split.test.len() as f64;
     let mut rng = cpu_ops::Rng::new(5);
-    let n = ds.num_vertices() as u64;
+    let n = ds.num_vertices();
     let negatives: Vec<(u32, u32)> = split
         .test
         .iter()
-        .map(|(s, _)| (s, rng.below(n) as u32))
+        .map(|(s, _)| (s, rng.below(n as u64) as u32))
         .collect();
     let random_inside =
         negatives.iter().filter(|&&e| inside(e)).count() as f64 / negatives.len() as f64;
@@ -129,31 +133,42 @@ fn sbm_held_out_links_follow_communities_and_features() {
         "inside a block: test edges {test_inside:.3}, random pairs {random_inside:.3}"
     );
 
+    let test_auc = |rows: &[Vec<f64>]| {
+        let score = |&(s, t): &(u32, u32)| dot(&rows[s as usize], &rows[t as usize]);
+        let pos: Vec<f64> = split.test.iter().map(|e| score(&e)).collect();
+        let neg: Vec<f64> = negatives.iter().map(score).collect();
+        auc(&pos, &neg)
+    };
     let d = ds.features.dim();
-    let raw = |v: u32| -> Vec<f64> {
-        ds.features.as_slice()[v as usize * d..(v as usize + 1) * d]
-            .iter()
-            .map(|&x| x as f64)
-            .collect()
-    };
-    let hop = one_hop(&ds);
-    let score = |f: &dyn Fn(u32) -> Vec<f64>, edges: &mut dyn Iterator<Item = (u32, u32)>| {
-        edges.map(|(s, t)| dot(&f(s), &f(t))).collect::<Vec<f64>>()
-    };
-    let raw_auc = auc(
-        &score(&raw, &mut split.test.iter()),
-        &score(&raw, &mut negatives.iter().copied()),
+    let raw: Vec<Vec<f64>> = (0..n)
+        .map(|v| {
+            ds.features.as_slice()[v * d..(v + 1) * d]
+                .iter()
+                .map(|&x| x as f64)
+                .collect()
+        })
+        .collect();
+    let two_hops = aggregate(&ds, &aggregate(&ds, &raw));
+    let blocks: Vec<Vec<f64>> = (0..n)
+        .map(|v| {
+            let mut x = vec![0.0; ds.num_classes as usize];
+            x[ds.labels[v] as usize] = 1.0;
+            x
+        })
+        .collect();
+    let (raw_auc, hop_auc, block_auc) = (test_auc(&raw), test_auc(&two_hops), test_auc(&blocks));
+    eprintln!(
+        "test AUC of a dot product: raw features {raw_auc:.3}, two hops of the training graph \
+         {hop_auc:.3}, the blocks themselves {block_auc:.3}"
     );
-    let hop_f = |v: u32| hop[v as usize].clone();
-    let hop_auc = auc(
-        &score(&hop_f, &mut split.test.iter()),
-        &score(&hop_f, &mut negatives.iter().copied()),
-    );
-    eprintln!("test AUC of a feature dot product: raw {raw_auc:.3}, one hop {hop_auc:.3}");
-    assert!(raw_auc > 0.6, "raw features {raw_auc:.3}");
+    assert!(raw_auc > 0.5, "raw features {raw_auc:.3}");
     assert!(
-        hop_auc > raw_auc + 0.05,
-        "one hop {hop_auc:.3}, raw {raw_auc:.3}"
+        hop_auc > raw_auc + 0.1,
+        "two hops {hop_auc:.3}, raw {raw_auc:.3}"
+    );
+    assert!(
+        hop_auc > block_auc - 0.05,
+        "two hops {hop_auc:.3}, blocks {block_auc:.3}"
     );
 }
 
