@@ -406,6 +406,18 @@ mod tests {
             ) && e.contains("never enter the sampled graph"),
             "{e}"
         );
+        // Symmetric: a held-out edge whose reverse only is stored (a one-way extra
+        // edge 2 → 5 beside the training edges) is refused too.
+        let mut both: Vec<(u32, u32)> = good
+            .train
+            .iter()
+            .flat_map(|(s, d)| [(s, d), (d, s)])
+            .collect();
+        both.push((2, 5));
+        let extra = CsrGraph::from_edges(6, &both, BuildOptions::DIRECTED).unwrap();
+        let mut s = good.clone();
+        s.test = EdgeList::from_pairs(&[(5, 2)]);
+        assert!(err(&extra, &s).contains("edges.test[0]: (5, 2) is an edge of the graph"));
         // Directed: the reverse of a training edge is a legitimate held-out edge
         // when the graph does not store it.
         let dg = CsrGraph::from_edges(
