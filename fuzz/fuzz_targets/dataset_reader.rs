@@ -14,5 +14,14 @@ fuzz_target!(|data: &[u8]| {
         for v in 0..ds.num_vertices() as u32 {
             let _ = ds.graph.neighbors(v);
         }
+        // Edge-split ids index the graph without panicking.
+        if let Some(e) = &ds.edges {
+            for (s, d) in e.train.iter().chain(e.val.iter()).chain(e.test.iter()) {
+                let _ = (ds.graph.neighbors(s), ds.graph.neighbors(d));
+            }
+            for &v in e.val_neg.iter().chain(e.test_neg.iter()).flat_map(|a| a.iter()) {
+                let _ = ds.graph.neighbors(v);
+            }
+        }
     }
 });

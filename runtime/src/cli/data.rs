@@ -7,11 +7,14 @@ use clap::{Args, Subcommand};
 
 use super::progress::CliProgress;
 use super::OutputArg;
-use crate::data::dataset::{open_dataset, write_dataset, Dataset, SplitSpec, Verify};
+use crate::data::dataset::{
+    open_dataset, write_dataset, Dataset, EdgeSplitSpec, SplitSpec, Verify,
+};
 use crate::data::generate::{generate_rmat_with, generate_sbm_with, RmatOptions, SbmOptions};
 use crate::data::import::{
     import_edge_list_with, import_metis_with, import_npy_dir_with, import_wordnet_with,
-    FeatureSource, GraphImportOptions, LabelSource, WordNetOptions,
+    EdgeSplitFiles, EdgeSplitSource, FeatureSource, GraphImportOptions, LabelSource,
+    WordNetOptions,
 };
 use crate::error::{Error, Result};
 
@@ -117,10 +120,43 @@ pub(super) struct EdgeListArgs {
     /// Number of vertices (default: largest id + 1).
     #[arg(long)]
     num_vertices: Option<usize>,
+    /// Link prediction: hold out TRAIN,VAL,TEST fractions of the edges (e.g.
+    /// 0.85,0.05,0.1), drawn with --seed; held-out edges leave the graph.
+    #[arg(long, conflicts_with_all = ["val_edges", "test_edges"])]
+    edge_split: Option<EdgeSplitSpec>,
+    /// Link prediction: validation edges (`src dst` per line); the input file then
+    /// holds the training edges.
+    #[arg(long, requires = "test_edges")]
+    val_edges: Option<PathBuf>,
+    /// Link prediction: test edges (`src dst` per line).
+    #[arg(long, requires = "val_edges")]
+    test_edges: Option<PathBuf>,
+    /// Fixed negatives of the validation edges: one line of k ids per edge.
+    #[arg(long, requires = "val_edges")]
+    val_negatives: Option<PathBuf>,
+    /// Fixed negatives of the test edges: one line of k ids per edge.
+    #[arg(long, requires = "test_edges")]
+    test_negatives: Option<PathBuf>,
     #[command(flatten)]
     attach: AttachArgs,
     #[command(flatten)]
     out: OutputArg,
+}
+
+impl EdgeListArgs {
+    /// The edge split the options ask for.
+    fn edge_split(&self) -> EdgeSplitSource {
+        match (&self.edge_split, &self.val_edges, &self.test_edges) {
+            (Some(spec), _, _) => EdgeSplitSource::Holdout(*spec),
+            (None, Some(val), Some(test)) => EdgeSplitSource::Files(EdgeSplitFiles {
+                val: val.clone(),
+                test: test.clone(),
+                val_negatives: self.val_negatives.clone(),
+                test_negatives: self.test_negatives.clone(),
+            }),
+            _ => EdgeSplitSource::None,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -171,6 +207,10 @@ pub(super) struct CommonGenArgs {
     /// Split as TRAIN,VAL,TEST; each `N/class`, a fraction, or `rest`.
     #[arg(long, default_value = "0.6,0.2,rest")]
     split: SplitSpec,
+    /// Link prediction: hold out TRAIN,VAL,TEST fractions of the edges (e.g.
+    /// 0.85,0.05,0.1); held-out edges leave the graph.
+    #[arg(long)]
+    edge_split: Option<EdgeSplitSpec>,
     /// Seed; the same seed gives the same dataset on any thread count.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -247,6 +287,7 @@ pub(super) fn import(cmd: ImportCmd) -> Result<()> {
                 directed: a.directed,
                 relabel: a.relabel,
                 num_vertices: a.num_vertices,
+                edge_split: a.edge_split(),
                 ..a.attach.options()
             };
             let progress = CliProgress::stderr("import edgelist");
@@ -291,6 +332,7 @@ pub(super) fn generate(cmd: GenerateCmd) -> Result<()> {
                 feature_dim: c.dim,
                 signal: c.signal,
                 split: c.split,
+                edge_split: c.edge_split,
                 seed: c.seed,
                 ..RmatOptions::default()
             };
@@ -307,6 +349,7 @@ pub(super) fn generate(cmd: GenerateCmd) -> Result<()> {
                 feature_dim: c.dim,
                 signal: c.signal,
                 split: c.split,
+                edge_split: c.edge_split,
                 seed: c.seed,
                 ..SbmOptions::default()
             };

@@ -7,7 +7,9 @@
 //! | `features.npy` | `float32 (n, d)` | one row per vertex |
 //! | `labels.npy` | `int64 (n,)` | class ids below `num_classes` |
 //! | `train_mask.npy`, `val_mask.npy`, `test_mask.npy` | `bool (n,)` | the split |
-//! | `meta.json` | | `format`, `name`, `num_vertices`, `num_edges`, `num_classes`, `feature_dim` |
+//! | `meta.json` | | `format`, `name`, `num_vertices`, `num_edges`, `num_classes`, `feature_dim`; with an edge split also `edge_split` (`"symmetric"` or `"directed"`) |
+//! | `edge_split/{train,val,test}_{src,dst}.npy` | `int64 (E,)` | with an edge split: the positive edges of each part, `src[i] → dst[i]` |
+//! | `edge_split/{val,test}_neg.npy` | `int64 (E, k)` | where the split has fixed negatives: row `i` holds the `k` negative destinations of positive `i` (its source kept) |
 //!
 //! `E` counts stored entries: an undirected edge appears twice, once per direction,
 //! which is what both DGL and PyG expect for an undirected graph. A column
@@ -39,13 +41,20 @@
 //! from torch_geometric.data import Data
 //! data = Data(x=x, edge_index=ei, y=y, num_nodes=meta["num_vertices"],
 //!             train_mask=masks["train"], val_mask=masks["val"], test_mask=masks["test"])
+//!
+//! # Link prediction: edge_index is the message-passing graph (training edges only);
+//! # each part's positives as a (2, E) edge_label_index, as PyG's RandomLinkSplit.
+//! if "edge_split" in meta:
+//!     part = lambda p: torch.stack([torch.from_numpy(np.load(f"{d}/edge_split/{p}_{s}.npy"))
+//!                                   for s in ("src", "dst")])
+//!     train_pos, val_pos, test_pos = part("train"), part("val"), part("test")
 //! ```
 
 use std::io::Write;
 use std::path::Path;
 
 use crate::atomic::{write_dir_atomically, write_file_atomically};
-use crate::data::dataset::Dataset;
+use crate::data::dataset::{Dataset, EdgeSplit};
 use crate::data::npy;
 use crate::error::{Error, Result};
 
@@ -53,7 +62,8 @@ use crate::error::{Error, Result};
 pub const NPY_DIR_FORMAT: &str = "tandem-npy-1";
 
 /// Writes `ds` to the directory `dir` (created or replaced atomically) as the `.npy`
-/// files and `meta.json` listed in the module doc.
+/// files and `meta.json` listed in the module doc (`edge_split/` only when the
+/// dataset has an edge split).
 pub fn export_npy(ds: &Dataset, dir: &Path) -> Result<()> {
     ds.validate()?;
     let g = &ds.graph;
@@ -81,6 +91,9 @@ pub fn export_npy(ds: &Dataset, dir: &Path) -> Result<()> {
         npy::write_bool(&tmp.join("train_mask.npy"), &ds.train_mask)?;
         npy::write_bool(&tmp.join("val_mask.npy"), &ds.val_mask)?;
         npy::write_bool(&tmp.join("test_mask.npy"), &ds.test_mask)?;
+        if let Some(split) = &ds.edges {
+            write_edge_split(split, &tmp.join(EDGE_SPLIT_DIR))?;
+        }
         let meta = serde_json::to_string_pretty(&Meta {
             format: NPY_DIR_FORMAT,
             name: &ds.name,
@@ -88,6 +101,7 @@ pub fn export_npy(ds: &Dataset, dir: &Path) -> Result<()> {
             num_edges: e,
             num_classes: ds.num_classes,
             feature_dim: ds.features.dim(),
+            edge_split: ds.edges.as_ref().map(|e| edge_split_kind(e.symmetric)),
         })
         .map_err(|err| Error::invalid_argument("meta.json", err.to_string()))?
             + "\n";
@@ -99,6 +113,50 @@ pub fn export_npy(ds: &Dataset, dir: &Path) -> Result<()> {
     })
 }
 
+/// The subdirectory that holds the edge split.
+pub(crate) const EDGE_SPLIT_DIR: &str = "edge_split";
+
+/// `meta.json`'s `edge_split` value for a symmetric or directed split.
+pub(crate) fn edge_split_kind(symmetric: bool) -> &'static str {
+    if symmetric {
+        "symmetric"
+    } else {
+        "directed"
+    }
+}
+
+/// Writes the `edge_split/` files of the module doc into `dir` (created).
+fn write_edge_split(split: &EdgeSplit, dir: &Path) -> Result<()> {
+    std::fs::create_dir(dir).map_err(|e| Error::io(dir, e))?;
+    fn ids(a: &[u32]) -> impl Iterator<Item = i64> + '_ {
+        a.iter().map(|&v| v as i64)
+    }
+    for (part, list) in [
+        ("train", &split.train),
+        ("val", &split.val),
+        ("test", &split.test),
+    ] {
+        for (side, a) in [("src", &list.src), ("dst", &list.dst)] {
+            let path = dir.join(format!("{part}_{side}.npy"));
+            npy::write_i64(&path, &[a.len()], ids(a))?;
+        }
+    }
+    for (part, neg, positives) in [
+        ("val", &split.val_neg, split.val.len()),
+        ("test", &split.test_neg, split.test.len()),
+    ] {
+        if let Some(neg) = neg {
+            let k = neg.len() / positives.max(1);
+            npy::write_i64(
+                &dir.join(format!("{part}_neg.npy")),
+                &[positives, k],
+                ids(neg),
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// `meta.json` (module doc).
 #[derive(serde::Serialize)]
 struct Meta<'a> {
@@ -108,6 +166,8 @@ struct Meta<'a> {
     num_edges: usize,
     num_classes: u32,
     feature_dim: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    edge_split: Option<&'static str>,
 }
 
 #[cfg(test)]
@@ -137,6 +197,7 @@ pub(crate) mod tests {
             train_mask: vec![1, 0, 0, 0].into(),
             val_mask: vec![0, 1, 0, 0].into(),
             test_mask: vec![0, 0, 0, 1].into(),
+            edges: None,
         }
     }
 

@@ -26,8 +26,8 @@ pub(crate) mod import;
 pub mod npy;
 
 pub use dataset::{
-    open_dataset, parse_dataset_bytes, write_dataset, Amount, Dataset, SplitSpec, Verify,
-    FORMAT_VERSION, MAGIC,
+    open_dataset, parse_dataset_bytes, write_dataset, Amount, Dataset, EdgeList, EdgeSplit,
+    EdgeSplitSpec, SplitSpec, Verify, FORMAT_VERSION, MAGIC,
 };
 pub use export::export_npy;
 pub use generate::{
@@ -38,5 +38,6 @@ pub use import::{
     dataset_from_graph, import_edge_list, import_edge_list_with, import_metis, import_metis_with,
     import_npy_dir, import_npy_dir_with, import_wordnet, import_wordnet_with, read_edge_list,
     read_edge_list_with, read_metis, read_metis_with, ArrayInt, DatasetBuilder, EdgeListGraph,
-    FeatureSource, GraphImportOptions, LabelSource, WordNetOptions,
+    EdgeSplitFiles, EdgeSplitSource, FeatureSource, GraphImportOptions, LabelSource,
+    WordNetOptions,
 };

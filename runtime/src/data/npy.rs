@@ -769,6 +769,50 @@ pub fn read_index_matrix(path: &Path) -> Result<(Vec<u64>, usize, usize)> {
     Ok((out, rows, cols))
 }
 
+/// Reads an integer array of vertex ids of rank `rank` (1: `(E,)`, 2: `(E, k)`;
+/// `what` names the shape in errors), each id below `num_vertices` (named by
+/// `bound`, e.g. `the vertex count 50 (features.npy rows)`); returns the ids
+/// row-major and the shape. Any integer dtype; a negative or too large id is an
+/// error naming its index.
+pub fn read_vertex_ids(
+    path: &Path,
+    rank: usize,
+    what: &str,
+    num_vertices: usize,
+    bound: &str,
+) -> Result<(Vec<u32>, Vec<usize>)> {
+    let mut r = NpyReader::open(path)?;
+    r.expect_rank(rank, what)?;
+    let shape = r.header.shape.clone();
+    let cols = if rank == 2 { shape[1].max(1) } else { 1 };
+    let place = |i: usize| {
+        if rank == 2 {
+            format!("row {}, column {}", i / cols, i % cols)
+        } else {
+            format!("index {i}")
+        }
+    };
+    let mut out = Vec::with_capacity(r.count);
+    r.for_each_int(
+        false,
+        "an integer type (|i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8) for vertex ids",
+        |i, v| {
+            if v < 0 || v >= num_vertices as i128 {
+                return Err(Error::format(
+                    path,
+                    format!(
+                        "vertex id {v} at {} is not in 0..{num_vertices}: ids must be below {bound}",
+                        place(i)
+                    ),
+                ));
+            }
+            out.push(v as u32);
+            Ok(())
+        },
+    )?;
+    Ok((out, shape))
+}
+
 /// Builds the header bytes (magic through the padded dict) for a version 1.0 file.
 pub(crate) fn header_bytes(dtype: Dtype, shape: &[usize]) -> Vec<u8> {
     let dict = format!(

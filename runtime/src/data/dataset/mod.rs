@@ -1,5 +1,6 @@
-//! Graph datasets: topology, features, labels and the train/val/test split, and
-//! their on-disk store (`store`).
+//! Graph datasets: topology, features, labels, the train/val/test split of the
+//! vertices and, for link prediction, of the edges (`edges`, `holdout`), and their
+//! on-disk store (`store`).
 //!
 //! ```
 //! use runtime::data::{open_dataset, write_dataset, Verify};
@@ -17,9 +18,15 @@
 //! # }
 //! ```
 
+mod edges;
+mod holdout;
 mod split;
 mod store;
 
+pub(crate) use edges::EdgeLookup;
+pub use edges::{EdgeList, EdgeSplit};
+pub(crate) use holdout::edge_pairs;
+pub use holdout::EdgeSplitSpec;
 pub use split::{Amount, SplitSpec};
 pub use store::{open_dataset, parse_dataset_bytes, write_dataset, Verify, FORMAT_VERSION, MAGIC};
 
@@ -27,7 +34,9 @@ use cpu_ops::{CsrGraph, FeatureMatrix, HostArray};
 
 use crate::error::{DatasetProblem, Error, Result};
 
-/// A node-classification dataset. Every per-vertex array has `num_vertices` entries.
+/// A graph dataset. Every per-vertex array has `num_vertices` entries. The vertex
+/// labels and masks serve node classification; `edges`, when present, serves link
+/// prediction.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dataset {
     /// A short name (the importer's source or the generator's model).
@@ -46,6 +55,10 @@ pub struct Dataset {
     pub val_mask: HostArray<u8>,
     /// 1 where the vertex is a test vertex, else 0.
     pub test_mask: HostArray<u8>,
+    /// The link-prediction split (`None`: no link task possible). When present,
+    /// `graph` is the message-passing graph: it holds the training edges and never
+    /// a validation or test edge ([`EdgeSplit::validate`]).
+    pub edges: Option<EdgeSplit>,
 }
 
 impl Dataset {
@@ -58,8 +71,10 @@ impl Dataset {
         ids
     }
 
-    /// Assembles a dataset from owned parts (`masks` = train, val, test) and checks
-    /// that they agree ([`Dataset::validate`]); every importer and generator ends here.
+    /// Assembles a dataset from owned parts (`masks` = train, val, test), without
+    /// an edge split, and checks that they agree ([`Dataset::validate`]); every
+    /// importer and generator ends here ([`Dataset::split_edges`] and
+    /// [`Dataset::with_edge_split`] add an edge split).
     pub fn from_parts(
         name: String,
         graph: CsrGraph,
@@ -78,6 +93,7 @@ impl Dataset {
             train_mask: train.into(),
             val_mask: val.into(),
             test_mask: test.into(),
+            edges: None,
         };
         ds.validate()?;
         ds.check_features()?;
@@ -116,8 +132,9 @@ impl Dataset {
     }
 
     /// Checks that the parts agree: sizes, label range, masks are 0/1 and
-    /// disjoint. (The graph's own invariants are checked when it is built; the
-    /// features' values by [`Dataset::check_features`].)
+    /// disjoint, and the edge split, if any, against the graph
+    /// ([`EdgeSplit::validate`]). (The graph's own invariants are checked when it
+    /// is built; the features' values by [`Dataset::check_features`].)
     pub fn validate(&self) -> Result<()> {
         let n = self.num_vertices();
         let count = |field: &str, found: usize| {
@@ -192,6 +209,9 @@ impl Dataset {
                 DatasetProblem::Overlap { other: both[1] },
             ));
         }
+        if let Some(split) = &self.edges {
+            split.validate(&self.graph)?;
+        }
         Ok(())
     }
 
@@ -219,12 +239,17 @@ impl Dataset {
         Self::ids_where(&self.test_mask)
     }
 
-    /// A one-paragraph description (sizes, classes, split) for `tandem info`.
+    /// A one-paragraph description (sizes, classes, split, edge split) for
+    /// `tandem info`.
     pub fn summary(&self) -> String {
         let feat_bytes = self.features.as_slice().len() * 4;
+        let edges = self
+            .edges
+            .as_ref()
+            .map_or(String::new(), |e| format!("; {}", e.summary()));
         format!(
             "dataset `{}`: {} vertices, {} stored edges ({} undirected if symmetric), \
-             {} features/vertex ({:.1} MiB), {} classes, split train/val/test = {}/{}/{}",
+             {} features/vertex ({:.1} MiB), {} classes, split train/val/test = {}/{}/{}{edges}",
             self.name,
             self.num_vertices(),
             self.graph.num_edges(),

@@ -5,27 +5,37 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0..8 | magic `TANDEMDS` |
-//! | 8..12 | format version (`u32`, currently 1) |
+//! | 8..12 | format version (`u32`: 1, or 2 for a file with an edge split) |
 //! | 12..16 | header length in bytes, checksum included (`u32`) |
 //! | 16..24 | number of vertices `n` (`u64`) |
 //! | 24..32 | number of stored edges `m` (`u64`) |
 //! | 32..40 | feature dimension `d` (`u64`) |
 //! | 40..48 | number of classes (`u64`) |
-//! | 48..52 | number of sections (`u32`, 7) |
+//! | 48..52 | number of sections `S` (`u32`: 7 in version 1, 15 in version 2) |
 //! | 52..56 | name length in bytes (`u32`, at most 1024) |
-//! | 56.. | 7 section records of 32 bytes: kind `u32`, reserved `u32`, byte offset `u64`, byte length `u64`, xxh3-64 checksum `u64` |
+//! | 56..96 | version 2 only: flags (`u32`, bit 0 = symmetric edge split, other bits 0), reserved `u32` (0), training, validation and test positives `t`, `v`, `w` (`u64` each), fixed negatives per validation and per test positive `kv`, `kw` (`u32` each, 0 = none) |
+//! | .. | `S` section records of 32 bytes: kind `u32`, reserved `u32`, byte offset `u64`, byte length `u64`, xxh3-64 checksum `u64` |
 //! | .. | dataset name, UTF-8 |
 //! | .. | xxh3-64 of every header byte before it (`u64`) |
 //!
 //! Sections, each starting on a 4096-byte boundary, in kind order: CSR offsets
 //! (`u64 × (n+1)`), neighbor ids (`u32 × m`), features (`f32 × n·d`, row-major),
-//! labels (`u32 × n`), train/val/test masks (`u8 × n` each).
+//! labels (`u32 × n`), train/val/test masks (`u8 × n` each); in version 2 then the
+//! edge split, `u32` vertex ids each: training sources and destinations (`t` each),
+//! validation (`v` each), test (`w` each), validation negatives (`v·kv`, row-major)
+//! and test negatives (`w·kw`). An empty section has length 0.
+//!
+//! A dataset without an edge split is written as version 1, byte for byte as
+//! before the edge split existed, so older readers open it; this reader opens
+//! both versions.
 //!
 //! Opening maps the file and checks the header checksum, every size against the
-//! header and the file length, the CSR invariants, label range and masks. Section
-//! checksums are verified for everything but the features by default
-//! ([`Verify::Default`]); [`Verify::Full`] also hashes the features, which reads the
-//! whole file. Writing goes through a temporary file and a rename.
+//! header and the file length, the CSR invariants, label range, masks and the edge
+//! split ([`super::EdgeSplit::validate`]). Section checksums are verified for
+//! everything but the features by default ([`Verify::Default`]); [`Verify::Full`]
+//! also hashes the features, which reads the whole file. The edge split's arrays
+//! are views of the mapping, as the others are. Writing goes through a temporary
+//! file and a rename.
 
 #[cfg(target_endian = "big")]
 compile_error!(
@@ -41,20 +51,28 @@ use cpu_ops::{CsrGraph, FeatureMatrix, HostArray};
 use memmap2::Mmap;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::Dataset;
+use super::{Dataset, EdgeList, EdgeSplit};
 use crate::atomic::write_file_atomically;
 use crate::error::{Error, Result};
 
 /// First eight bytes of every dataset file.
 pub const MAGIC: &[u8; 8] = b"TANDEMDS";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest format version this build writes; it reads every version up to it.
+/// (A dataset without an edge split is written as version 1.)
+pub const FORMAT_VERSION: u32 = 2;
 
 const ALIGN: u64 = 4096;
-const NUM_SECTIONS: usize = 7;
+/// Sections of a version 1 file (no edge split).
+const NODE_SECTIONS: usize = 7;
+/// Sections of a version 2 file (with an edge split).
+const NUM_SECTIONS: usize = 15;
 const SECTION_RECORD: usize = 32;
-const FIXED_HEADER: usize = 56;
+/// Fixed header bytes of version 1 and of version 2.
+const FIXED_HEADER_V1: usize = 56;
+const FIXED_HEADER_V2: usize = 96;
 const MAX_NAME: usize = 1024;
+/// Bit 0 of the version 2 flags: the edge split is symmetric.
+const FLAG_SYMMETRIC: u32 = 1;
 const SECTION_NAMES: [&str; NUM_SECTIONS] = [
     "offsets",
     "indices",
@@ -63,7 +81,17 @@ const SECTION_NAMES: [&str; NUM_SECTIONS] = [
     "train_mask",
     "val_mask",
     "test_mask",
+    "edges.train.src",
+    "edges.train.dst",
+    "edges.val.src",
+    "edges.val.dst",
+    "edges.test.src",
+    "edges.test.dst",
+    "edges.val_neg",
+    "edges.test_neg",
 ];
+/// Bytes per element of each section.
+const ELEM_SIZES: [u64; NUM_SECTIONS] = [8, 4, 4, 4, 1, 1, 1, 4, 4, 4, 4, 4, 4, 4, 4];
 
 /// How much of the file [`open_dataset`] hashes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -86,7 +114,8 @@ fn align_up(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
 }
 
-/// Writes `ds` to `path` atomically (temporary file, then rename).
+/// Writes `ds` to `path` atomically (temporary file, then rename): version 1
+/// without an edge split, version 2 with one (layout in the module doc).
 pub fn write_dataset(path: &Path, ds: &Dataset) -> Result<()> {
     ds.validate()?;
     ds.check_features()?;
@@ -96,7 +125,7 @@ pub fn write_dataset(path: &Path, ds: &Dataset) -> Result<()> {
             format!("{} bytes, at most {MAX_NAME}", ds.name.len()),
         ));
     }
-    let blobs: [&[u8]; NUM_SECTIONS] = [
+    let mut blobs: Vec<&[u8]> = vec![
         bytemuck::cast_slice(ds.graph.offsets().as_slice()),
         bytemuck::cast_slice(ds.graph.indices().as_slice()),
         bytemuck::cast_slice(ds.features.as_slice()),
@@ -105,10 +134,26 @@ pub fn write_dataset(path: &Path, ds: &Dataset) -> Result<()> {
         ds.val_mask.as_slice(),
         ds.test_mask.as_slice(),
     ];
-    let header_len = FIXED_HEADER + NUM_SECTIONS * SECTION_RECORD + ds.name.len() + 8;
+    let (version, fixed) = match &ds.edges {
+        None => (1u32, FIXED_HEADER_V1),
+        Some(e) => {
+            for list in [&e.train, &e.val, &e.test] {
+                blobs.push(bytemuck::cast_slice(list.src.as_slice()));
+                blobs.push(bytemuck::cast_slice(list.dst.as_slice()));
+            }
+            for neg in [&e.val_neg, &e.test_neg] {
+                blobs.push(
+                    neg.as_ref()
+                        .map_or(&[][..], |a| bytemuck::cast_slice(a.as_slice())),
+                );
+            }
+            (2u32, FIXED_HEADER_V2)
+        }
+    };
+    let header_len = fixed + blobs.len() * SECTION_RECORD + ds.name.len() + 8;
     let mut pos = align_up(header_len as u64);
-    let mut sections = Vec::with_capacity(NUM_SECTIONS);
-    for b in blobs {
+    let mut sections = Vec::with_capacity(blobs.len());
+    for b in &blobs {
         sections.push(Section {
             offset: pos,
             len: b.len() as u64,
@@ -118,14 +163,33 @@ pub fn write_dataset(path: &Path, ds: &Dataset) -> Result<()> {
     }
     let mut h = Vec::with_capacity(header_len);
     h.extend_from_slice(MAGIC);
-    h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h.extend_from_slice(&version.to_le_bytes());
     h.extend_from_slice(&(header_len as u32).to_le_bytes());
     h.extend_from_slice(&(ds.num_vertices() as u64).to_le_bytes());
     h.extend_from_slice(&(ds.graph.num_edges() as u64).to_le_bytes());
     h.extend_from_slice(&(ds.features.dim() as u64).to_le_bytes());
     h.extend_from_slice(&(ds.num_classes as u64).to_le_bytes());
-    h.extend_from_slice(&(NUM_SECTIONS as u32).to_le_bytes());
+    h.extend_from_slice(&(blobs.len() as u32).to_le_bytes());
     h.extend_from_slice(&(ds.name.len() as u32).to_le_bytes());
+    if let Some(e) = &ds.edges {
+        let flags = if e.symmetric { FLAG_SYMMETRIC } else { 0 };
+        h.extend_from_slice(&flags.to_le_bytes());
+        h.extend_from_slice(&0u32.to_le_bytes());
+        for list in [&e.train, &e.val, &e.test] {
+            h.extend_from_slice(&(list.len() as u64).to_le_bytes());
+        }
+        for k in [
+            e.val_negatives_per_positive(),
+            e.test_negatives_per_positive(),
+        ] {
+            // The header field is a u32; more negatives per positive is refused.
+            let k = u32::try_from(k.unwrap_or(0)).map_err(|_| {
+                Error::invalid_argument("edges", "more than 2^32 - 1 negatives per positive")
+            })?;
+            h.extend_from_slice(&k.to_le_bytes());
+        }
+    }
+    debug_assert_eq!(h.len(), fixed);
     for (kind, s) in sections.iter().enumerate() {
         h.extend_from_slice(&(kind as u32).to_le_bytes());
         h.extend_from_slice(&0u32.to_le_bytes());
@@ -142,7 +206,7 @@ pub fn write_dataset(path: &Path, ds: &Dataset) -> Result<()> {
         let io = |e| Error::io(path, e);
         w.write_all(&h).map_err(io)?;
         let mut written = h.len() as u64;
-        for (s, b) in sections.iter().zip(blobs) {
+        for (s, b) in sections.iter().zip(&blobs) {
             write_zeros(w, s.offset - written).map_err(io)?;
             w.write_all(b).map_err(io)?;
             written = s.offset + s.len;
@@ -237,13 +301,17 @@ fn parse_mapped_len(
     }
     let mut r = Reader { bytes, pos: 8 };
     let version = r.u32();
-    if version != FORMAT_VERSION {
-        return Err(bad(format!(
-            "format version {version}, this build reads version {FORMAT_VERSION}"
-        )));
-    }
+    let (fixed, num_sections) = match version {
+        1 => (FIXED_HEADER_V1, NODE_SECTIONS),
+        2 => (FIXED_HEADER_V2, NUM_SECTIONS),
+        _ => {
+            return Err(bad(format!(
+                "format version {version}, this build reads versions 1 to {FORMAT_VERSION}"
+            )))
+        }
+    };
     let header_len = r.u32() as usize;
-    let min_header = FIXED_HEADER + NUM_SECTIONS * SECTION_RECORD + 8;
+    let min_header = fixed + num_sections * SECTION_RECORD + 8;
     if header_len < min_header || header_len > min_header + MAX_NAME {
         return Err(bad(format!(
             "header length {header_len} is outside {min_header}..={}",
@@ -268,14 +336,14 @@ fn parse_mapped_len(
     let m = r.u64();
     let d = r.u64();
     let num_classes = r.u64();
-    let num_sections = r.u32() as usize;
+    let stored_sections = r.u32() as usize;
     let name_len = r.u32() as usize;
-    if num_sections != NUM_SECTIONS {
+    if stored_sections != num_sections {
         return Err(bad(format!(
-            "{num_sections} sections, expected {NUM_SECTIONS}"
+            "{stored_sections} sections, expected {num_sections} in format version {version}"
         )));
     }
-    if FIXED_HEADER + NUM_SECTIONS * SECTION_RECORD + name_len + 8 != header_len {
+    if fixed + num_sections * SECTION_RECORD + name_len + 8 != header_len {
         return Err(bad(format!(
             "name length {name_len} disagrees with header length {header_len}"
         )));
@@ -288,7 +356,26 @@ fn parse_mapped_len(
             "num_classes is {num_classes}, expected 1..=2^32-1"
         )));
     }
-    let elem_sizes: [u64; NUM_SECTIONS] = [8, 4, 4, 4, 1, 1, 1];
+    // Version 2: the edge split's sizes.
+    let (mut symmetric, mut parts, mut per_positive) = (false, [0u64; 3], [0u64; 2]);
+    if version == 2 {
+        let flags = r.u32();
+        let reserved = r.u32();
+        if flags & !FLAG_SYMMETRIC != 0 || reserved != 0 {
+            return Err(bad(format!(
+                "edge split flags {flags:#x} / reserved {reserved:#x}: only bit 0 (symmetric) \
+                 may be set"
+            )));
+        }
+        symmetric = flags & FLAG_SYMMETRIC != 0;
+        for p in &mut parts {
+            *p = r.u64();
+        }
+        for k in &mut per_positive {
+            *k = r.u32() as u64;
+        }
+    }
+    let [t, v, w] = parts;
     let counts: [Option<u64>; NUM_SECTIONS] = [
         n.checked_add(1),
         Some(m),
@@ -297,13 +384,21 @@ fn parse_mapped_len(
         Some(n),
         Some(n),
         Some(n),
+        Some(t),
+        Some(t),
+        Some(v),
+        Some(v),
+        Some(w),
+        Some(w),
+        v.checked_mul(per_positive[0]),
+        w.checked_mul(per_positive[1]),
     ];
     let mut sections = [Section {
         offset: 0,
         len: 0,
         checksum: 0,
     }; NUM_SECTIONS];
-    for (k, sec) in sections.iter_mut().enumerate() {
+    for (k, sec) in sections.iter_mut().enumerate().take(num_sections) {
         let kind = r.u32() as usize;
         let _reserved = r.u32();
         let s = Section {
@@ -318,13 +413,21 @@ fn parse_mapped_len(
             )));
         }
         let expected = counts[k]
-            .and_then(|c| c.checked_mul(elem_sizes[k]))
+            .and_then(|c| c.checked_mul(ELEM_SIZES[k]))
             .ok_or_else(|| bad(format!("section {name}: size overflows (n = {n}, d = {d})")))?;
         if s.len != expected {
             return Err(bad(format!(
                 "section {name} is {} bytes, expected {expected} from the header sizes \
-                 (n = {n}, edges = {m}, dim = {d})",
-                s.len
+                 (n = {n}, edges = {m}, dim = {d}{})",
+                s.len,
+                if version == 2 {
+                    format!(
+                        ", split edges = {t}/{v}/{w}, negatives per positive = {}/{}",
+                        per_positive[0], per_positive[1]
+                    )
+                } else {
+                    String::new()
+                }
             )));
         }
         if !s.offset.is_multiple_of(ALIGN) || s.offset < header_len as u64 {
@@ -345,7 +448,7 @@ fn parse_mapped_len(
     let name = std::str::from_utf8(&bytes[r.pos..r.pos + name_len])
         .map_err(|_| bad("dataset name is not UTF-8".into()))?
         .to_string();
-    for (k, s) in sections.iter().enumerate() {
+    for (k, s) in sections.iter().enumerate().take(num_sections) {
         if k == 2 && verify != Verify::Full {
             continue;
         }
@@ -375,6 +478,34 @@ fn parse_mapped_len(
         HostArray::<u8>::from_mapped(Arc::clone(&map), sec(k), n as usize)
             .map_err(|e| Error::cpu_ops(ctx(SECTION_NAMES[k]), e))
     };
+    // Lengths were checked against `counts` above; sizes are in bytes there.
+    let ids = |k: usize| {
+        HostArray::<u32>::from_mapped(
+            Arc::clone(&map),
+            sec(k),
+            (sections[k].len / ELEM_SIZES[k]) as usize,
+        )
+        .map_err(|e| Error::cpu_ops(ctx(SECTION_NAMES[k]), e))
+    };
+    let edges = if version == 2 {
+        let list = |k: usize| -> Result<EdgeList> {
+            Ok(EdgeList {
+                src: ids(k)?,
+                dst: ids(k + 1)?,
+            })
+        };
+        let neg = |k: usize, per: u64| (per > 0).then(|| ids(k)).transpose();
+        Some(EdgeSplit {
+            train: list(7)?,
+            val: list(9)?,
+            test: list(11)?,
+            val_neg: neg(13, per_positive[0])?,
+            test_neg: neg(14, per_positive[1])?,
+            symmetric,
+        })
+    } else {
+        None
+    };
     let ds = Dataset {
         name,
         graph,
@@ -384,6 +515,7 @@ fn parse_mapped_len(
         train_mask: mask(4)?,
         val_mask: mask(5)?,
         test_mask: mask(6)?,
+        edges,
     };
     ds.validate().map_err(|e| bad(e.to_string()))?;
     if verify == Verify::Full {
@@ -418,6 +550,7 @@ mod tests {
             train_mask: vec![1, 1, 0, 0, 0].into(),
             val_mask: vec![0, 0, 1, 0, 0].into(),
             test_mask: vec![0, 0, 0, 1, 1].into(),
+            edges: None,
         }
     }
 
@@ -509,6 +642,116 @@ mod tests {
         b[rec..rec + 8].copy_from_slice(&sum.to_le_bytes());
         patch_header(&mut b, 0, MAGIC);
         expect_err(&b, "vertex id 99");
+    }
+
+    /// `tiny` with an edge split: the 5-cycle is the training graph, three chords
+    /// are held out, with fixed negatives.
+    pub(crate) fn tiny_link() -> Dataset {
+        let mut ds = tiny();
+        ds.name = "tiny link".into();
+        ds.edges = Some(EdgeSplit {
+            train: EdgeList::new(vec![0, 1, 2, 3, 0], vec![1, 2, 3, 4, 4]),
+            val: EdgeList::new(vec![0], vec![2]),
+            test: EdgeList::new(vec![1, 2], vec![3, 4]),
+            val_neg: Some(vec![3, 4].into()),
+            test_neg: Some(vec![0, 0].into()),
+            symmetric: true,
+        });
+        ds.validate().unwrap();
+        ds
+    }
+
+    fn bytes_of(ds: &Dataset) -> Vec<u8> {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("t.tds");
+        write_dataset(&p, ds).unwrap();
+        std::fs::read(&p).unwrap()
+    }
+
+    fn header_u32(b: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+    }
+
+    #[test]
+    fn node_datasets_stay_version_1_and_edge_splits_are_version_2() {
+        let v1 = tiny_bytes();
+        assert_eq!((header_u32(&v1, 8), header_u32(&v1, 48)), (1, 7));
+        assert_eq!(header_u32(&v1, 12) as usize, 56 + 7 * 32 + 4 + 8);
+        // The first section follows the header at the first page boundary.
+        assert_eq!(u64::from_le_bytes(v1[64..72].try_into().unwrap()), 4096);
+        let v2 = bytes_of(&tiny_link());
+        assert_eq!((header_u32(&v2, 8), header_u32(&v2, 48)), (2, 15));
+        assert_eq!(header_u32(&v2, 56), FLAG_SYMMETRIC);
+        let sizes: Vec<u64> = (0..3)
+            .map(|i| u64::from_le_bytes(v2[64 + 8 * i..72 + 8 * i].try_into().unwrap()))
+            .collect();
+        assert_eq!(sizes, [5, 1, 2]);
+        assert_eq!((header_u32(&v2, 88), header_u32(&v2, 92)), (2, 1));
+    }
+
+    #[test]
+    fn edge_split_round_trips_bit_for_bit_and_maps() {
+        let d = tempfile::tempdir().unwrap();
+        for ds in [tiny_link(), {
+            let mut ds = tiny_link();
+            let e = ds.edges.as_mut().unwrap();
+            (e.val_neg, e.test_neg, e.symmetric) = (None, None, false);
+            // Directed: the graph holds the training edges one way only.
+            ds.graph = CsrGraph::from_edges(
+                5,
+                &e.train.iter().collect::<Vec<_>>(),
+                BuildOptions::DIRECTED,
+            )
+            .unwrap();
+            ds
+        }] {
+            let p = d.path().join("a.tds");
+            write_dataset(&p, &ds).unwrap();
+            let back = open_dataset(&p, Verify::Full).unwrap();
+            assert_eq!(back, ds);
+            let e = back.edges.as_ref().unwrap();
+            assert!(e.train.src.is_mapped() && e.test.dst.is_mapped());
+            assert!(e.val_neg.as_ref().is_none_or(|a| a.is_mapped()));
+            // Writing what was read gives the same bytes.
+            let q = d.path().join("b.tds");
+            write_dataset(&q, &back).unwrap();
+            assert_eq!(std::fs::read(&p).unwrap(), std::fs::read(&q).unwrap());
+        }
+    }
+
+    #[test]
+    fn bad_edge_sections_give_named_errors() {
+        let good = bytes_of(&tiny_link());
+        let record = |k: usize| 96 + k * 32;
+        let offset = |b: &[u8], k: usize| {
+            u64::from_le_bytes(b[record(k) + 8..record(k) + 16].try_into().unwrap()) as usize
+        };
+        // A flipped id in the validation sources.
+        let mut b = good.clone();
+        b[offset(&good, 9)] ^= 1;
+        expect_err(&b, "section edges.val.src checksum mismatch");
+        // Header sizes that disagree with the sections.
+        let mut b = good.clone();
+        patch_header(&mut b, 72, &2u64.to_le_bytes());
+        expect_err(&b, "section edges.val.src is 4 bytes, expected 8");
+        let mut b = good.clone();
+        patch_header(&mut b, 56, &2u32.to_le_bytes());
+        expect_err(&b, "edge split flags 0x2");
+        // A test edge that is a training edge, with valid checksums.
+        let mut b = good.clone();
+        let at = offset(&good, 12);
+        b[at..at + 4].copy_from_slice(&2u32.to_le_bytes());
+        let sum = xxh3_64(&b[at..at + 8]);
+        b[record(12) + 24..record(12) + 32].copy_from_slice(&sum.to_le_bytes());
+        patch_header(&mut b, 0, MAGIC);
+        expect_err(
+            &b,
+            "edges.test[0]: (1, 2) is also training edge edges.train[1]",
+        );
+        // Version 3 is refused by name.
+        let mut b = good;
+        patch_header(&mut b, 8, &3u32.to_le_bytes());
+        expect_err(&b, "format version 3, this build reads versions 1 to 2");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 #[cfg(doc)]
 use super::features::class_features;
 use super::features::class_features_metered;
-use crate::data::dataset::{Dataset, SplitSpec};
+use crate::data::dataset::{Dataset, EdgeSplitSpec, SplitSpec};
 use crate::error::{Error, Result};
 use crate::progress::{Meter, Progress};
 
@@ -50,6 +50,8 @@ pub(crate) enum Stream {
     Split = 4,
     /// R-MAT per-level parameter noise.
     LevelNoise = 5,
+    /// The held-out edges of a link-prediction split.
+    EdgeSplit = 6,
 }
 
 impl Stream {
@@ -69,6 +71,7 @@ pub(crate) struct Common {
     pub feature_dim: usize,
     pub signal: f32,
     pub split: SplitSpec,
+    pub edge_split: Option<EdgeSplitSpec>,
     pub seed: u64,
 }
 
@@ -115,6 +118,9 @@ impl Common {
                 "signal",
                 format!("{}, expected a finite value ≥ 0", self.signal),
             ));
+        }
+        if let Some(spec) = &self.edge_split {
+            spec.validate()?;
         }
         Ok(())
     }
@@ -184,8 +190,11 @@ pub(crate) fn draw_split(common: &Common, labels: &[u32]) -> Result<[Vec<u8>; 3]
 }
 
 /// Builds the undirected simple graph from `edges` (consumed and freed before the
-/// features are allocated) and assembles the dataset. Reports phases `"graph"` (one
-/// unit: the CSR build) and `"features"` (vertices) to `progress`.
+/// features are allocated) and assembles the dataset, holding out edges when
+/// `common.edge_split` asks ([`Dataset::split_edges`], symmetric, on the seed's
+/// edge-split stream). Reports phases `"graph"` (one unit: the CSR build),
+/// `"features"` (vertices) and, with an edge split, `"edge split"` (one unit) to
+/// `progress`.
 pub(crate) fn assemble(
     name: &str,
     common: &Common,
@@ -209,14 +218,23 @@ pub(crate) fn assemble(
         Some(&meter),
     );
     meter.finish();
-    Dataset::from_parts(
+    let ds = Dataset::from_parts(
         name.to_string(),
         graph,
         features,
         labels,
         common.num_classes,
         masks,
-    )
+    )?;
+    match &common.edge_split {
+        None => Ok(ds),
+        Some(spec) => {
+            let meter = Meter::new(progress, "edge split", 1);
+            let ds = ds.split_edges(spec, true, Stream::EdgeSplit.seed(common.seed))?;
+            meter.finish();
+            Ok(ds)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ use super::assembly::{
     assemble, check_probability, chunked_edges, draw_split, permuted_labels, random_permutation,
     Common, Stream,
 };
-use crate::data::dataset::{Dataset, SplitSpec};
+use crate::data::dataset::{Dataset, EdgeSplitSpec, SplitSpec};
 use crate::error::{Error, Result};
 use crate::progress::{NoProgress, Progress};
 
@@ -100,8 +100,12 @@ pub struct RmatOptions {
     pub feature_dim: usize,
     /// Feature signal strength (see [`class_features`](super::class_features)), ≥ 0.
     pub signal: f32,
-    /// Train/val/test split.
+    /// Train/val/test split of the vertices.
     pub split: SplitSpec,
+    /// Link prediction: the fractions of the edges held out as training,
+    /// validation and test positives ([`Dataset::split_edges`], symmetric); `None`
+    /// keeps every edge in the graph and no edge split.
+    pub edge_split: Option<EdgeSplitSpec>,
     /// Seed of every random choice.
     pub seed: u64,
 }
@@ -122,6 +126,7 @@ impl Default for RmatOptions {
             feature_dim: 64,
             signal: 0.3,
             split: SplitSpec::default(),
+            edge_split: None,
             seed: 0,
         }
     }
@@ -137,6 +142,7 @@ impl RmatOptions {
             feature_dim: self.feature_dim,
             signal: self.signal,
             split: self.split,
+            edge_split: self.edge_split,
             seed: self.seed,
         }
     }
@@ -296,7 +302,8 @@ pub fn generate_rmat(opts: &RmatOptions) -> Result<Dataset> {
 }
 
 /// [`generate_rmat`], reporting to `progress` the phases `"edges"` (edges drawn),
-/// `"graph"` (one unit: the CSR build) and `"features"` (vertices), in that order.
+/// `"graph"` (one unit: the CSR build) and `"features"` (vertices), in that order,
+/// then `"edge split"` (one unit) with [`RmatOptions::edge_split`].
 pub fn generate_rmat_with(opts: &RmatOptions, progress: &dyn Progress) -> Result<Dataset> {
     opts.validate()?;
     let common = opts.common();

@@ -30,7 +30,7 @@ use cpu_ops::Rng;
 use super::assembly::{
     assemble, chunked_edges, draw_split, permuted_labels, random_permutation, Common,
 };
-use crate::data::dataset::{Dataset, SplitSpec};
+use crate::data::dataset::{Dataset, EdgeSplitSpec, SplitSpec};
 use crate::error::{Error, Result};
 use crate::progress::{NoProgress, Progress};
 
@@ -52,8 +52,12 @@ pub struct SbmOptions {
     pub feature_dim: usize,
     /// Feature signal strength (see [`class_features`](super::class_features)), ≥ 0.
     pub signal: f32,
-    /// Train/val/test split.
+    /// Train/val/test split of the vertices.
     pub split: SplitSpec,
+    /// Link prediction: the fractions of the edges held out as training,
+    /// validation and test positives ([`Dataset::split_edges`], symmetric); `None`
+    /// keeps every edge in the graph and no edge split.
+    pub edge_split: Option<EdgeSplitSpec>,
     /// Seed of every random choice.
     pub seed: u64,
 }
@@ -71,6 +75,7 @@ impl Default for SbmOptions {
             feature_dim: 64,
             signal: 0.3,
             split: SplitSpec::default(),
+            edge_split: None,
             seed: 0,
         }
     }
@@ -86,6 +91,7 @@ impl SbmOptions {
             feature_dim: self.feature_dim,
             signal: self.signal,
             split: self.split,
+            edge_split: self.edge_split,
             seed: self.seed,
         }
     }
@@ -211,7 +217,8 @@ pub fn generate_sbm(opts: &SbmOptions) -> Result<Dataset> {
 }
 
 /// [`generate_sbm`], reporting to `progress` the phases `"edges"` (edges drawn),
-/// `"graph"` (one unit: the CSR build) and `"features"` (vertices), in that order.
+/// `"graph"` (one unit: the CSR build) and `"features"` (vertices), in that order,
+/// then `"edge split"` (one unit) with [`SbmOptions::edge_split`].
 pub fn generate_sbm_with(opts: &SbmOptions, progress: &dyn Progress) -> Result<Dataset> {
     opts.validate()?;
     let common = opts.common();

@@ -176,6 +176,7 @@ mod tests {
             train_mask: vec![0; 6].into(),
             val_mask: vec![0; 6].into(),
             test_mask: vec![0; 6].into(),
+            edges: None,
         };
         let s = GraphStats::of(&ds);
         assert_eq!(s.stored_edges, 8);

@@ -34,7 +34,19 @@
 //!    seed exactly as the importers draw it ([`DatasetBuilder::split`]; default: the
 //!    importers' 60% / 20% / rest, seed 0);
 //! 5. [`Dataset::from_parts`]: [`Dataset::validate`] and
-//!    [`Dataset::check_features`], as every importer ends.
+//!    [`Dataset::check_features`], as every importer ends;
+//! 6. the link-prediction split, if any, either
+//!    - given as arrays ([`DatasetBuilder::edge_split`]: `(src, dst)` pairs of the
+//!      training, validation and test positives, and optionally fixed negatives,
+//!      [`DatasetBuilder::edge_negatives`]); without a topology the training edges
+//!      are the graph; or
+//!    - held out of the graph at random ([`DatasetBuilder::split_edges`]:
+//!      [`Dataset::split_edges`] with the seed an importer given the same seed
+//!      uses);
+//!
+//!    either way symmetric when the builder symmetrizes, and checked by
+//!    [`Dataset::with_edge_split`] (no validation or test edge in the graph,
+//!    every training edge in it).
 //!
 //! Every failure is an [`Error::Dataset`] naming the field, the element's position
 //! where one is to blame, and a [`DatasetProblem`]: `features: length 3, expected 4
@@ -43,14 +55,15 @@
 //! convert (and check what they can) at once; [`DatasetBuilder::build`] reports the
 //! first failure.
 
-use cpu_ops::{CsrGraph, FeatureMatrix};
+use cpu_ops::{CsrGraph, FeatureMatrix, HostArray};
 use ndarray::{ArrayView1, ArrayView2, AsArray, Ix2};
 use rayon::prelude::*;
 
 use super::attach::draw_split;
+use super::edge_split::holdout_seed;
 use super::edgelist::graph_from_edges;
 use super::npydir::graph_from_edge_index;
-use crate::data::dataset::{Dataset, SplitSpec};
+use crate::data::dataset::{Dataset, EdgeList, EdgeSplit, EdgeSplitSpec, SplitSpec};
 use crate::error::{DatasetProblem, Error, Result};
 
 mod sealed {
@@ -94,6 +107,18 @@ enum Masks {
     Given([Vec<u8>; 3]),
     Split(SplitSpec),
 }
+
+/// Where the edge split comes from (step 6 of the module doc).
+#[derive(Debug)]
+enum EdgeSource {
+    /// `(src, dst)` of the training, validation and test positives.
+    Given([(Vec<u32>, Vec<u32>); 3]),
+    /// Held out of the graph with this seed.
+    Holdout(EdgeSplitSpec, u64),
+}
+
+/// Fixed negatives of one part: the ids row-major, and the shape `(rows, k)`.
+type Negatives = (Vec<u32>, [usize; 2]);
 
 /// Builds a [`Dataset`] from in-memory arrays (steps and checks in the module
 /// doc). Arrays are passed as anything that views as an `ndarray` array: an
@@ -150,6 +175,8 @@ pub struct DatasetBuilder {
     num_vertices: Option<usize>,
     masks: Masks,
     seed: u64,
+    edges: Option<EdgeSource>,
+    negatives: Option<[Negatives; 2]>,
     /// The first failure of a setter, reported by `build`.
     error: Option<Error>,
 }
@@ -168,6 +195,8 @@ impl DatasetBuilder {
             num_vertices: None,
             masks: Masks::Split(SplitSpec::default()),
             seed: 0,
+            edges: None,
+            negatives: None,
             error: None,
         }
     }
@@ -301,14 +330,96 @@ impl DatasetBuilder {
         self
     }
 
+    /// The link-prediction split as arrays: the `(src, dst)` ids of the training,
+    /// validation and test positives (edge `i` is `src[i] → dst[i]`). The graph
+    /// must hold every training edge and no validation or test edge (in either
+    /// direction with [`DatasetBuilder::symmetrize`]); without a topology the
+    /// training edges are the graph, as an edge index. Replaces
+    /// [`DatasetBuilder::split_edges`].
+    pub fn edge_split<'a, T, A>(mut self, train: (A, A), val: (A, A), test: (A, A)) -> Self
+    where
+        T: ArrayInt + 'a,
+        A: AsArray<'a, T>,
+    {
+        let mut parts = Vec::with_capacity(3);
+        for (name, (src, dst)) in [("train", train), ("val", val), ("test", test)] {
+            let ids = |a: A, side: &str| {
+                checked(
+                    a.into(),
+                    u32::MAX as i128,
+                    &format!("edges.{name}.{side}"),
+                    |i| vec![i],
+                    "the u32 vertex id limit",
+                )
+            };
+            let pair = ids(src, "src").and_then(|s| ids(dst, "dst").map(|d| (s, d)));
+            match self.keep(pair) {
+                Some(p) => parts.push(p),
+                None => return self,
+            }
+        }
+        if let Ok(parts) = parts.try_into() {
+            self.edges = Some(EdgeSource::Given(parts));
+        }
+        self
+    }
+
+    /// Fixed negatives for the validation and test positives of
+    /// [`DatasetBuilder::edge_split`]: arrays of shape `(positives, k)`, row `i`
+    /// holding the `k ≥ 1` negative destinations of positive `i` (its source is
+    /// kept).
+    pub fn edge_negatives<'a, T, A>(mut self, val_neg: A, test_neg: A) -> Self
+    where
+        T: ArrayInt + 'a,
+        A: AsArray<'a, T, Ix2>,
+    {
+        let one = |a: A, field: &str| -> Result<Negatives> {
+            let a: ArrayView2<T> = a.into();
+            let (rows, k) = a.dim();
+            let flat: Vec<T> = a.iter().copied().collect();
+            let ids = checked(
+                ArrayView1::from(&flat),
+                u32::MAX as i128,
+                field,
+                |i| vec![i / k.max(1), i % k.max(1)],
+                "the u32 vertex id limit",
+            )?;
+            Ok((ids, [rows, k]))
+        };
+        let both = one(val_neg, "edges.val_neg")
+            .and_then(|v| one(test_neg, "edges.test_neg").map(|t| [v, t]));
+        if let Some(both) = self.keep(both) {
+            self.negatives = Some(both);
+        }
+        self
+    }
+
+    /// Holds out `[train, val, test]` fractions of the graph's edges as the
+    /// link-prediction split with `seed` ([`Dataset::split_edges`]; symmetric with
+    /// [`DatasetBuilder::symmetrize`]). The same graph, fractions and seed give
+    /// the split `tandem import edgelist --edge-split F --seed S` draws. Replaces
+    /// [`DatasetBuilder::edge_split`].
+    pub fn split_edges(mut self, fractions: [f64; 3], seed: u64) -> Self {
+        if let Some(spec) = self.keep(EdgeSplitSpec::new(fractions)) {
+            self.edges = Some(EdgeSource::Holdout(spec, seed));
+        }
+        self
+    }
+
     /// Checks everything and assembles the dataset (steps in the module doc).
     pub fn build(self) -> Result<Dataset> {
         if let Some(e) = self.error {
             return Err(e);
         }
         let missing = |field: &str| Err(Error::dataset(field, &[], DatasetProblem::Missing));
-        let Some(topology) = self.graph else {
-            return missing("graph");
+        let topology = match (self.graph, &self.edges) {
+            (Some(t), _) => t,
+            // The training edges are the graph.
+            (None, Some(EdgeSource::Given([(src, dst), _, _]))) => Topology::EdgeIndex {
+                src: src.clone(),
+                dst: dst.clone(),
+            },
+            (None, _) => return missing("graph"),
         };
         let Some(features) = self.features else {
             return missing("features");
@@ -448,7 +559,43 @@ impl DatasetBuilder {
         };
 
         // 5. The importers' last step.
-        Dataset::from_parts(self.name, graph, features, labels, num_classes, masks)
+        let ds = Dataset::from_parts(self.name, graph, features, labels, num_classes, masks)?;
+
+        // 6. The edge split.
+        let symmetric = self.symmetrize;
+        match (self.edges, self.negatives) {
+            (None, None) => Ok(ds),
+            (None, Some(_)) => Err(Error::dataset_invalid(
+                "edges",
+                "negatives were given without the positives (DatasetBuilder::edge_split)",
+            )),
+            (Some(EdgeSource::Holdout(..)), Some(_)) => Err(Error::dataset_invalid(
+                "edges",
+                "fixed negatives need the positives they belong to, given with \
+                 DatasetBuilder::edge_split, not drawn by DatasetBuilder::split_edges",
+            )),
+            (Some(EdgeSource::Holdout(spec, seed)), None) => {
+                ds.split_edges(&spec, symmetric, holdout_seed(seed))
+            }
+            (Some(EdgeSource::Given([train, val, test])), negatives) => {
+                let (val_neg, test_neg) = match negatives {
+                    None => (None, None),
+                    Some([v, t]) => (
+                        Some(negatives_for("edges.val_neg", v, val.0.len())?),
+                        Some(negatives_for("edges.test_neg", t, test.0.len())?),
+                    ),
+                };
+                let list = |(src, dst): (Vec<u32>, Vec<u32>)| EdgeList::new(src, dst);
+                ds.with_edge_split(EdgeSplit {
+                    train: list(train),
+                    val: list(val),
+                    test: list(test),
+                    val_neg,
+                    test_neg,
+                    symmetric,
+                })
+            }
+        }
     }
 
     /// `Some(value)`, or `None` after remembering the first error for `build`.
@@ -461,6 +608,26 @@ impl DatasetBuilder {
             }
         }
     }
+}
+
+/// The negatives of a part with `positives` positives, checked for shape: one row
+/// per positive, at least one column.
+fn negatives_for(
+    field: &str,
+    (ids, [rows, k]): Negatives,
+    positives: usize,
+) -> Result<HostArray<u32>> {
+    if rows != positives || k == 0 {
+        return Err(Error::dataset(
+            field,
+            &[],
+            DatasetProblem::Shape {
+                expected: "(positives, k) with k ≥ 1: one row of negatives per positive",
+                found: vec![rows, k],
+            },
+        ));
+    }
+    Ok(ids.into())
 }
 
 /// The names of the three masks, in order.

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use cpu_ops::{derive_seed, CsrGraph};
 
+use super::edge_split::EdgeSplitSource;
 use crate::data::dataset::{Dataset, SplitSpec};
 use crate::data::generate::{class_features, region_labels};
 use crate::data::npy;
@@ -75,11 +76,14 @@ pub struct GraphImportOptions {
     /// (isolated ones at the end). Without it `n` is the largest id + 1 (or the
     /// number of distinct ids with `relabel`).
     pub num_vertices: Option<usize>,
+    /// The link-prediction split (default none): held out of the graph at random,
+    /// or, for edge lists, read from files ([`EdgeSplitSource`]).
+    pub edge_split: EdgeSplitSource,
 }
 
 impl Default for GraphImportOptions {
     /// 64 generated features with signal 0.3, 8 generated classes, a 60/20/20 split,
-    /// seed 0, undirected, ids used as given.
+    /// seed 0, undirected, ids used as given, no edge split.
     fn default() -> Self {
         Self {
             features: FeatureSource::Generated {
@@ -92,6 +96,7 @@ impl Default for GraphImportOptions {
             directed: false,
             relabel: false,
             num_vertices: None,
+            edge_split: EdgeSplitSource::None,
         }
     }
 }

@@ -35,6 +35,7 @@ use cpu_ops::{BuildOptions, CsrGraph};
 use rayon::prelude::*;
 
 use super::attach::{dataset_from_graph, name_from_path, GraphImportOptions};
+use super::edge_split::{attach_edge_split, EdgeSplitSource, IdMap};
 use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::progress::{Meter, NoProgress, Progress};
@@ -180,7 +181,7 @@ pub(super) fn show(tok: &[u8]) -> String {
 
 /// Parses `tok` as an id or reports it as `what` on line `line_no`.
 #[inline]
-fn id_token(path: &Path, line_no: u64, tok: &[u8], what: &str) -> Result<u64> {
+pub(super) fn id_token(path: &Path, line_no: u64, tok: &[u8], what: &str) -> Result<u64> {
     parse_u64(tok).ok_or_else(|| {
         Error::parse(
             path,
@@ -440,22 +441,35 @@ fn relabel(wide: &[(u64, u64)]) -> std::result::Result<Relabeled, String> {
 }
 
 /// Imports the edge list at `path` as a dataset named after the file stem, with
-/// features, labels and split from `opts` (see [`GraphImportOptions`]).
+/// features, labels, split and edge split from `opts` (see
+/// [`GraphImportOptions`]).
 pub fn import_edge_list(path: &Path, opts: &GraphImportOptions) -> Result<Dataset> {
     import_edge_list_with(path, opts, &NoProgress)
 }
 
 /// [`import_edge_list`], reporting to `progress` the phases of
-/// [`read_edge_list_with`], then `"attach"` (one unit: labels, features, split).
+/// [`read_edge_list_with`], then `"attach"` (one unit: labels, features, split)
+/// and, with [`GraphImportOptions::edge_split`], `"edge split"` (one unit).
 pub fn import_edge_list_with(
     path: &Path,
     opts: &GraphImportOptions,
     progress: &dyn Progress,
 ) -> Result<Dataset> {
     let g = read_edge_list_with(path, opts, progress)?;
+    let n = g.graph.num_vertices();
     let attaching = Meter::new(progress, "attach", 1);
     let ds = dataset_from_graph(name_from_path(path), g.graph, opts)?;
     attaching.finish();
+    if opts.edge_split == EdgeSplitSource::None {
+        return Ok(ds);
+    }
+    let splitting = Meter::new(progress, "edge split", 1);
+    let ids = match &g.original_ids {
+        Some(ids) => IdMap::Relabeled(ids),
+        None => IdMap::Given(n),
+    };
+    let ds = attach_edge_split(ds, opts, !opts.directed, path, ids)?;
+    splitting.finish();
     Ok(ds)
 }
 

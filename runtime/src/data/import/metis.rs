@@ -27,6 +27,7 @@ use std::path::Path;
 use cpu_ops::{BuildOptions, CsrGraph};
 
 use super::attach::{dataset_from_graph, name_from_path, GraphImportOptions};
+use super::edge_split::{attach_edge_split, EdgeSplitSource, IdMap};
 use super::edgelist::{first_non_blank, parse_u64, show, Lines, Tokens};
 use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
@@ -280,10 +281,24 @@ pub fn import_metis_with(
     opts: &GraphImportOptions,
     progress: &dyn Progress,
 ) -> Result<Dataset> {
+    if let EdgeSplitSource::Files(_) = opts.edge_split {
+        return Err(Error::invalid_argument(
+            "edge_split",
+            "split files are read for edge lists only (`import edgelist`); a METIS graph \
+             takes a held-out split (EdgeSplitSource::Holdout, `--edge-split`)",
+        ));
+    }
     let graph = read_metis_with(path, progress)?;
+    let n = graph.num_vertices();
     let attaching = Meter::new(progress, "attach", 1);
     let ds = dataset_from_graph(name_from_path(path), graph, opts)?;
     attaching.finish();
+    if opts.edge_split == EdgeSplitSource::None {
+        return Ok(ds);
+    }
+    let splitting = Meter::new(progress, "edge split", 1);
+    let ds = attach_edge_split(ds, opts, true, path, IdMap::Given(n))?;
+    splitting.finish();
     Ok(ds)
 }
 

@@ -8,7 +8,8 @@
 //! - [`DatasetBuilder`]: in-memory arrays (`ndarray` views, slices), no files.
 //!
 //! Topology-only formats get labels, features and a split from
-//! [`GraphImportOptions`] (from `.npy` files or generated).
+//! [`GraphImportOptions`] (from `.npy` files or generated), and optionally a
+//! link-prediction split ([`EdgeSplitSource`]: held out at random, or from files).
 //!
 //! ```
 //! use runtime::data::{import_edge_list, GraphImportOptions};
@@ -27,6 +28,7 @@
 
 mod arrays;
 mod attach;
+mod edge_split;
 mod edgelist;
 mod metis;
 mod npydir;
@@ -34,6 +36,7 @@ pub mod wordnet;
 
 pub use arrays::{ArrayInt, DatasetBuilder};
 pub use attach::{dataset_from_graph, FeatureSource, GraphImportOptions, LabelSource};
+pub use edge_split::{EdgeSplitFiles, EdgeSplitSource};
 pub use edgelist::{
     import_edge_list, import_edge_list_with, read_edge_list, read_edge_list_with, EdgeListGraph,
 };

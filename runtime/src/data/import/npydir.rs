@@ -16,13 +16,21 @@
 //! 4. `meta.json`, when present, gives the name and `num_classes` and must agree
 //!    with the arrays on `num_vertices`, `num_edges` and `feature_dim`. Without it the
 //!    name is the directory's and `num_classes` is the largest label + 1.
-//! 5. The result passes [`Dataset::validate`].
+//! 5. An edge split, when `meta.json` names one (`"edge_split": "symmetric"` or
+//!    `"directed"`): `edge_split/{train,val,test}_{src,dst}.npy` (integer ids,
+//!    `(E,)`, `src` and `dst` of a part equally long) and, where present,
+//!    `edge_split/{val,test}_neg.npy` (`(E, k)`, one row per positive). A directory
+//!    `edge_split/` without that key in `meta.json` is refused, since whether the
+//!    graph is symmetric cannot be told from the arrays alone.
+//! 6. The result passes [`Dataset::validate`] (for an edge split: no validation or
+//!    test edge in the graph, every training edge in it).
 
 use std::path::Path;
 
-use cpu_ops::{BuildOptions, CsrGraph};
+use cpu_ops::{BuildOptions, CsrGraph, HostArray};
 
-use crate::data::dataset::Dataset;
+use crate::data::dataset::{Dataset, EdgeList, EdgeSplit};
+use crate::data::export::{edge_split_kind, EDGE_SPLIT_DIR};
 use crate::data::npy;
 use crate::error::{Error, Result};
 use crate::progress::{Meter, NoProgress, Progress};
@@ -35,6 +43,7 @@ struct Meta {
     num_edges: Option<u64>,
     num_classes: Option<u64>,
     feature_dim: Option<u64>,
+    edge_split: Option<String>,
 }
 
 /// Reads `dir` (layout in the module doc) back into a dataset.
@@ -140,7 +149,88 @@ pub fn import_npy_dir_with(dir: &Path, progress: &dyn Progress) -> Result<Datase
     let masks: [Vec<u8>; 3] = masks
         .try_into()
         .unwrap_or_else(|_| unreachable!("three masks were pushed"));
-    Dataset::from_parts(name, graph, features, labels, num_classes, masks)
+    let split_dir = dir.join(EDGE_SPLIT_DIR);
+    let symmetric = match meta.edge_split.as_deref() {
+        None if split_dir.exists() => {
+            return Err(Error::format(
+                &meta_path,
+                format!(
+                    "`edge_split` is missing, but {} exists: say `\"edge_split\": \"symmetric\"` \
+                     (the graph stores training edges both ways) or `\"directed\"`",
+                    split_dir.display()
+                ),
+            ))
+        }
+        None => None,
+        Some(kind) if kind == edge_split_kind(true) => Some(true),
+        Some(kind) if kind == edge_split_kind(false) => Some(false),
+        Some(kind) => {
+            return Err(Error::format(
+                &meta_path,
+                format!("`edge_split` is \"{kind}\", expected \"symmetric\" or \"directed\""),
+            ))
+        }
+    };
+    let ds = Dataset::from_parts(name, graph, features, labels, num_classes, masks)?;
+    match symmetric {
+        None => Ok(ds),
+        Some(symmetric) => {
+            let split = read_edge_split(&split_dir, n, symmetric)?;
+            ds.with_edge_split(split)
+        }
+    }
+}
+
+/// Reads the `edge_split/` files of `dir` (step 5 of the module doc) over `n`
+/// vertices.
+fn read_edge_split(dir: &Path, n: usize, symmetric: bool) -> Result<EdgeSplit> {
+    let bound = format!("the vertex count {n} (features.npy rows)");
+    let list = |part: &str| -> Result<EdgeList> {
+        let read = |side: &str| {
+            let path = dir.join(format!("{part}_{side}.npy"));
+            npy::read_vertex_ids(&path, 1, "(E,)", n, &bound).map(|(ids, _)| (path, ids))
+        };
+        let (_, src) = read("src")?;
+        let (dst_path, dst) = read("dst")?;
+        if src.len() != dst.len() {
+            return Err(Error::format(
+                &dst_path,
+                format!(
+                    "{} ids, expected one per source in {part}_src.npy ({})",
+                    dst.len(),
+                    src.len()
+                ),
+            ));
+        }
+        Ok(EdgeList::new(src, dst))
+    };
+    let (train, val, test) = (list("train")?, list("val")?, list("test")?);
+    let negatives = |part: &str, positives: usize| -> Result<Option<HostArray<u32>>> {
+        let path = dir.join(format!("{part}_neg.npy"));
+        if !path.exists() {
+            return Ok(None);
+        }
+        let (ids, shape) = npy::read_vertex_ids(&path, 2, "(E, k)", n, &bound)?;
+        if shape[0] != positives || shape[1] == 0 {
+            return Err(Error::format(
+                &path,
+                format!(
+                    "shape ({}, {}), expected ({positives}, k) with k ≥ 1: one row of negatives \
+                     per positive in {part}_src.npy",
+                    shape[0], shape[1]
+                ),
+            ));
+        }
+        Ok(Some(ids.into()))
+    };
+    Ok(EdgeSplit {
+        val_neg: negatives("val", val.len())?,
+        test_neg: negatives("test", test.len())?,
+        train,
+        val,
+        test,
+        symmetric,
+    })
 }
 
 /// Reads a `(2, E)` edge index over `n` vertices into a CSR (step 3 of the module doc).
@@ -226,6 +316,14 @@ fn parse_meta(text: &[u8]) -> std::result::Result<Meta, String> {
                 "num_edges" => meta.num_edges = Some(int(&value)?),
                 "num_classes" => meta.num_classes = Some(int(&value)?),
                 "feature_dim" => meta.feature_dim = Some(int(&value)?),
+                "edge_split" => match value {
+                    JsonValue::Str(s) => meta.edge_split = Some(s),
+                    v => {
+                        return Err(format!(
+                            "`edge_split` must be \"symmetric\" or \"directed\", found {v:?}"
+                        ))
+                    }
+                },
                 _ => {}
             }
             match p.peek() {
