@@ -158,6 +158,7 @@ pub mod progress;
 #[cfg(feature = "cli")]
 pub(crate) mod run_dir;
 pub(crate) mod session;
+pub(crate) mod task;
 pub mod trace;
 
 pub use checkpoint::{Checkpoint, DatasetShape, Position, TensorState};
@@ -175,3 +176,4 @@ pub use session::control::{
     EpochStats,
 };
 pub use session::{load_dataset, InferOutput, InferReport, Trainer};
+pub use task::{LinkMetric, MetricValue};

@@ -138,6 +138,8 @@ mod tests {
             train_acc: 0.5,
             val_acc: (epoch % 2 == 1).then_some(0.75),
             test_acc: None,
+            val_metrics: Vec::new(),
+            test_metrics: Vec::new(),
             train_secs: 0.25,
             eval_secs: 0.0,
             batches: 4,

@@ -263,6 +263,9 @@ fn train(
     if let Err(e) = ctrlc::set_handler(move || on_signal.cancel()) {
         eprintln!("note: Ctrl-C will not stop training cleanly: {e}");
     }
+    // Link prediction's val/test columns hold the first of `link.metrics`.
+    let first_metric = (cfg.model.task == crate::config::TaskKind::Link)
+        .then(|| cfg.link.metrics.first().cloned().unwrap_or_default());
     let mut builder = TrainerBuilder::new(cfg)
         .callback(Progress {
             enabled: lead && std::io::stderr().is_terminal(),
@@ -346,7 +349,10 @@ fn train(
             failed: Arc::clone(&failed),
         }));
     }
-    say!("epoch   loss     train    val      test     train s  eval s");
+    match &first_metric {
+        Some(m) => say!("epoch   loss     train    val {m:<5}test {m:<4}train s  eval s"),
+        None => say!("epoch   loss     train    val      test     train s  eval s"),
+    }
     let result = match trainer.fit() {
         // Said above ("nothing to train"): the run ends with what it has.
         Err(Error::TrainingComplete { .. }) => Ok(Vec::new()),
@@ -412,8 +418,11 @@ fn train(
         );
     }
     if let Some((e, acc)) = test_at_best_val(&stats) {
+        let what = first_metric
+            .as_deref()
+            .map_or("accuracy".to_string(), |m| m.to_string());
         say!(
-            "test accuracy {acc:.4} at the best validation epoch {e}; {}; total {:.1} s",
+            "test {what} {acc:.4} at the best validation epoch {e}; {}; total {:.1} s",
             epoch_time_line(&stats),
             progress_total(&stats)
         );
@@ -444,11 +453,20 @@ impl Callback for EpochLines {
             s.epoch,
             s.loss,
             s.train_acc,
-            fmt_acc(s.val_acc),
-            fmt_acc(s.test_acc),
+            fmt_acc(s.selection_val()),
+            fmt_acc(s.selection_test()),
             s.train_secs,
             s.eval_secs
         );
+        for (split, m) in [("val", &s.val_metrics), ("test", &s.test_metrics)] {
+            if m.len() > 1 {
+                let all: Vec<String> = m
+                    .iter()
+                    .map(|v| format!("{} {:.4}", v.name, v.value))
+                    .collect();
+                println!("        {split}: {}", all.join(", "));
+            }
+        }
         if let Some(o) = &s.orchestration {
             println!("        {}", o.summary());
         }
@@ -503,6 +521,8 @@ mod tests {
             train_acc: 0.5,
             val_acc: None,
             test_acc: None,
+            val_metrics: Vec::new(),
+            test_metrics: Vec::new(),
             train_secs,
             eval_secs: 0.0,
             batches: 1,

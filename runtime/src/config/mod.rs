@@ -67,6 +67,7 @@ use scheduler::{Hotness, MonitorControl, OnLate, Orchestration, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use crate::task::LinkMetric;
 
 /// The whole training configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -86,6 +87,9 @@ pub struct TrainConfig {
     pub orchestration: OrchestrationSection,
     /// Data-parallel training over several ranks (`mpirun -np N tandem train`).
     pub dist: DistSection,
+    /// Link prediction (`model.task = "link"`): negatives, exclusion, decoder,
+    /// evaluation.
+    pub link: LinkSection,
 }
 
 /// `[data]`: a stored dataset, or the built-in synthetic graph.
@@ -150,6 +154,104 @@ pub struct ModelSection {
     /// `"auto"`, `"fp32"` or `"tf32"`: the arithmetic of a device engine's
     /// matrix products.
     pub precision: ModelPrecision,
+    /// `"node"` (classify vertices) or `"link"` (score edges; `[link]`).
+    pub task: TaskKind,
+}
+
+/// `model.task`: what the model is trained to predict.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskKind {
+    /// Node classification: one label per vertex, cross-entropy.
+    #[default]
+    Node,
+    /// Link prediction: positive edges against sampled negatives, a decoder
+    /// scoring vertex pairs, binary cross-entropy (`[link]`).
+    Link,
+}
+
+/// `link.negative_sampler`: where a negative's destination is drawn from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NegativeSamplerKind {
+    /// Uniformly over the vertices.
+    #[default]
+    Uniform,
+    /// In proportion to degree^0.75 (word2vec's distribution).
+    Degree,
+}
+
+/// `link.exclude`: which edges a training batch keeps out of its sampled
+/// message-passing graph, so that the model cannot read the answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExcludeKind {
+    /// `"reverse"` on a store whose graph holds every edge both ways
+    /// (undirected), `"self"` otherwise.
+    #[default]
+    Auto,
+    /// Nothing: the positive edges stay in the sampled graph.
+    None,
+    /// The batch's positive edges.
+    #[serde(rename = "self")]
+    SelfEdges,
+    /// The batch's positive edges and their reverses.
+    Reverse,
+}
+
+/// `link.decoder`: how a vertex pair's embeddings become a score.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DecoderKind {
+    /// The dot product of the two embeddings.
+    #[default]
+    Dot,
+    /// A two-layer perceptron on their element-wise product.
+    Mlp,
+}
+
+/// `[link]`: link prediction.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LinkSection {
+    /// Negatives drawn per positive edge in training (≥ 1): each keeps the
+    /// positive's source and draws a destination.
+    pub negatives: u32,
+    /// `"uniform"` or `"degree"` (∝ degree^0.75).
+    pub negative_sampler: NegativeSamplerKind,
+    /// `"auto"`, `"none"`, `"self"` or `"reverse"`.
+    pub exclude: ExcludeKind,
+    /// `"dot"` or `"mlp"`.
+    pub decoder: DecoderKind,
+    /// Negatives per validation or test positive (≥ 1), drawn once per split
+    /// from `train.seed` unless the store holds fixed ones.
+    pub eval_negatives: u32,
+    /// What evaluation reports: `"mrr"`, `"hits@K"` (K ≥ 1), `"auc"`; the first
+    /// one selects the best validation epoch.
+    pub metrics: Vec<String>,
+}
+
+impl Default for LinkSection {
+    fn default() -> Self {
+        Self {
+            negatives: 1,
+            negative_sampler: NegativeSamplerKind::Uniform,
+            exclude: ExcludeKind::Auto,
+            decoder: DecoderKind::Dot,
+            eval_negatives: 100,
+            metrics: vec!["mrr".into(), "hits@10".into(), "auc".into()],
+        }
+    }
+}
+
+impl LinkSection {
+    /// `link.metrics`, parsed (checked by [`TrainConfig::validate`]).
+    pub fn metric_list(&self) -> Vec<LinkMetric> {
+        self.metrics
+            .iter()
+            .filter_map(|m| LinkMetric::parse(m))
+            .collect()
+    }
 }
 
 /// `model.precision`: an arithmetic ([`Precision`]) or `"auto"`, resolved
@@ -202,6 +304,7 @@ impl Default for ModelSection {
             heads: 4,
             dropout: 0.5,
             precision: ModelPrecision::Auto,
+            task: TaskKind::Node,
         }
     }
 }
@@ -526,6 +629,10 @@ pub enum EvalMode {
     Sampled,
 }
 config_name!(EvalMode { Full => "full", Sampled => "sampled" });
+config_name!(TaskKind { Node => "node", Link => "link" });
+config_name!(NegativeSamplerKind { Uniform => "uniform", Degree => "degree" });
+config_name!(ExcludeKind { Auto => "auto", None => "none", SelfEdges => "self", Reverse => "reverse" });
+config_name!(DecoderKind { Dot => "dot", Mlp => "mlp" });
 config_name!(DistFeatures { Replicated => "replicated", Partitioned => "partitioned" });
 config_name!(DistFullEval { Auto => "auto", Sharded => "sharded", Replicated => "replicated" });
 

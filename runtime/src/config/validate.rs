@@ -56,6 +56,23 @@ impl TrainConfig {
             ));
         }
         in_range("train.batch_size", t.batch_size, 1, MAX_BATCH)?;
+        let l = &self.link;
+        in_range("link.negatives", l.negatives, 1, MAX_NEGATIVES)?;
+        in_range("link.eval_negatives", l.eval_negatives, 1, MAX_NEGATIVES)?;
+        if l.metrics.is_empty() {
+            return Err(range_err(
+                "link.metrics",
+                "at least one of \"mrr\", \"hits@K\", \"auc\"",
+                "[]",
+            ));
+        }
+        if let Some(bad) = l.metrics.iter().find(|m| LinkMetric::parse(m).is_none()) {
+            return Err(range_err(
+                "link.metrics",
+                "\"mrr\", \"hits@K\" (K ≥ 1) or \"auc\"",
+                format!("\"{bad}\""),
+            ));
+        }
         in_range("train.eval_batch_size", t.eval_batch_size, 1, MAX_BATCH)?;
         in_range("train.epochs", t.epochs, 1, MAX_EPOCHS)?;
         in_range("train.eval_every", t.eval_every, 0, TOML_INT_MAX)?;
@@ -234,6 +251,8 @@ pub const MAX_LAYERS: usize = 16;
 pub const MAX_HIDDEN: usize = 1 << 16;
 /// Largest accepted `train.batch_size` / `train.eval_batch_size` (vertex ids are u32).
 pub const MAX_BATCH: u32 = u32::MAX;
+/// Largest accepted `link.negatives` and `link.eval_negatives`.
+pub const MAX_NEGATIVES: usize = 1 << 16;
 /// Largest accepted `train.epochs`.
 pub const MAX_EPOCHS: usize = 1_000_000;
 /// Largest integer TOML can hold (64-bit signed): the bound of counts and seeds

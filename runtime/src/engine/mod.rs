@@ -43,6 +43,7 @@ use gpu_ops::{Backend, CacheStats, DeviceModel, GpuOpsError, TopologyPlacement};
 
 use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
+use crate::task::HostTarget;
 use crate::trace::{Tracer, TrackId, TrackKind};
 
 /// How to set a [`DeviceEngine`] up: decided values only (the placement
@@ -78,6 +79,9 @@ pub struct EngineOptions {
     /// Batches between a step and the read of its loss (`device.loss_lag`
     /// resolved; 1: every loss read at once; `engine/losses.rs`).
     pub loss_lag: usize,
+    /// What the encoder's top layer feeds: class logits (node
+    /// classification) or a pair decoder (link prediction).
+    pub head: gpu_ops::Head,
 }
 
 #[cfg(test)]
@@ -99,6 +103,7 @@ impl EngineOptions {
             sparse: false,
             sample_ahead: false,
             loss_lag: 1,
+            head: gpu_ops::Head::Classify,
         }
     }
 }
@@ -241,8 +246,8 @@ impl<B: Backend> DeviceEngine<B> {
         } else {
             Some(load_features(&dev, ds, &opts)?)
         };
-        let dm =
-            DeviceModel::new(&dev, model, opts.init_seed, opts.adam).map_err(dev_err("model"))?;
+        let dm = DeviceModel::with_head(&dev, model, opts.head, opts.init_seed, opts.adam)
+            .map_err(dev_err("model"))?;
         let tracer = Tracer::disabled();
         Ok(Self {
             h2d: 0,
@@ -329,6 +334,20 @@ impl<B: Backend> DeviceEngine<B> {
         Ok((batch, x))
     }
 
+    /// The decoder's scores of pairs `(src[i], dst[i])` of rows of `h`.
+    fn decode(&self, h: &B::Buf<f32>, dim: usize, src: &[u32], dst: &[u32]) -> Result<Vec<f32>> {
+        let up = |e: GpuOpsError| Error::device("uploading pairs to score", e);
+        let s = self.dev.to_device(src).map_err(up)?;
+        let d = self.dev.to_device(dst).map_err(up)?;
+        let scores = self
+            .model
+            .score_pairs(&self.dev, h, dim, &s, &d, src.len())
+            .map_err(dev_err("scoring pairs"))?;
+        self.dev
+            .to_host(&scores, src.len())
+            .map_err(dev_err("downloading pair scores"))
+    }
+
     /// The labels of `seeds`.
     pub(crate) fn labels_of(&self, seeds: &[u32]) -> Vec<u32> {
         seeds.iter().map(|&s| self.ds.labels[s as usize]).collect()
@@ -352,6 +371,118 @@ impl<B: Backend> DeviceEngine<B> {
         Ok(&self.model.params()[range])
     }
 }
+
+/// A batch's target on the device ([`DeviceEngine::upload_target`]).
+pub(crate) enum DeviceTarget<B: Backend> {
+    /// The seeds' labels.
+    Labels(B::Buf<u32>),
+    /// Labelled pairs of local seed ids.
+    Pairs {
+        src: B::Buf<u32>,
+        dst: B::Buf<u32>,
+        labels: B::Buf<f32>,
+        n: usize,
+    },
+}
+
+impl<B: Backend> DeviceTarget<B> {
+    /// Runs `f` with the target as the model takes it.
+    pub fn with<R>(&self, f: impl FnOnce(gpu_ops::Target<'_, B>) -> R) -> R {
+        match self {
+            DeviceTarget::Labels(l) => f(gpu_ops::Target::Labels(l)),
+            DeviceTarget::Pairs {
+                src,
+                dst,
+                labels,
+                n,
+            } => {
+                let pairs = gpu_ops::PairBatch {
+                    src,
+                    dst,
+                    labels,
+                    n: *n,
+                };
+                f(gpu_ops::Target::Pairs(&pairs))
+            }
+        }
+    }
+}
+
+impl<B: Backend> DeviceEngine<B> {
+    /// `target` of a batch of `seeds` on the device (its bytes counted host →
+    /// device): the seeds' labels, or the pairs.
+    pub(crate) fn upload_target(
+        &mut self,
+        seeds: &[u32],
+        target: &HostTarget,
+    ) -> Result<DeviceTarget<B>> {
+        match target {
+            HostTarget::Labels => {
+                let labels = self.labels_of(seeds);
+                self.h2d += (labels.len() * 4) as u64;
+                Ok(DeviceTarget::Labels(
+                    self.dev.to_device(&labels).map_err(dev_err("labels"))?,
+                ))
+            }
+            HostTarget::Pairs(p) => {
+                self.h2d += (p.len() * 12) as u64;
+                let up = |e: GpuOpsError| Error::device("uploading the batch's pairs", e);
+                Ok(DeviceTarget::Pairs {
+                    src: self.dev.to_device(&p.src).map_err(up)?,
+                    dst: self.dev.to_device(&p.dst).map_err(up)?,
+                    labels: self.dev.to_device(&p.labels).map_err(up)?,
+                    n: p.len(),
+                })
+            }
+        }
+    }
+
+    /// The device table of the (destination, source) pairs `exclude` (global
+    /// ids) a batch's blocks leave out (link prediction's exclusion; `None`
+    /// when there is none), its bytes counted host → device.
+    pub(crate) fn excluded(
+        &mut self,
+        exclude: &[(u32, u32)],
+    ) -> Result<Option<gpu_ops::ExcludedPairs<B>>> {
+        if exclude.is_empty() {
+            return Ok(None);
+        }
+        let ex = self.dev.excluded_pairs(exclude).map_err(dev_err(EXCLUDE))?;
+        self.h2d += (ex.len() * 8) as u64;
+        Ok(Some(ex))
+    }
+
+    /// `block` (sources `src`, global ids) without the edges of `ex`.
+    pub(crate) fn exclude_block(
+        &self,
+        block: &B::Block,
+        src: &B::Buf<u32>,
+        ex: &gpu_ops::ExcludedPairs<B>,
+    ) -> Result<B::Block> {
+        let nd = self.dev.block_shape(block).1;
+        self.dev
+            .exclude_edges(block, src, nd, ex)
+            .map_err(dev_err(EXCLUDE))
+    }
+
+    /// Every block of `batch` without the pairs `exclude`
+    /// ([`DeviceEngine::excluded`]).
+    pub(crate) fn exclude_edges(
+        &mut self,
+        batch: &mut gpu_ops::DeviceBatch<B>,
+        exclude: &[(u32, u32)],
+    ) -> Result<()> {
+        if let Some(ex) = self.excluded(exclude)? {
+            for (block, src) in batch.blocks.iter_mut().zip(&batch.src_ids) {
+                *block = self.exclude_block(block, src, &ex)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a failed exclusion is called.
+const EXCLUDE: &str = "leaving the batch's edges out of its blocks (link.exclude)";
 
 /// What the session asks of the weights' owner outside training: the model's
 /// shape, its weights and Adam's state (checkpoints), inference (evaluation,
@@ -389,6 +520,25 @@ pub(crate) trait ModelState: Send {
     /// Logits (`seeds × classes`) of `seeds` on blocks sampled with the
     /// evaluation fanouts and `seed`.
     fn sampled_logits(&mut self, seeds: &[u32], seed: u64) -> Result<Vec<f32>>;
+    /// A link model's scores of the pairs `(src[i], dst[i])` (local ids among
+    /// `seeds`) from the seeds' embeddings on blocks sampled with the
+    /// evaluation fanouts and `seed` (no dropout), decoded on the device.
+    fn sampled_pair_scores(
+        &mut self,
+        seeds: &[u32],
+        seed: u64,
+        src: &[u32],
+        dst: &[u32],
+    ) -> Result<Vec<f32>>;
+    /// A link model's scores of the pairs `(src[i], dst[i])` of rows of
+    /// `rows` (`dim` wide embeddings), decoded on the device.
+    fn score_pairs(
+        &mut self,
+        rows: &[f32],
+        dim: usize,
+        src: &[u32],
+        dst: &[u32],
+    ) -> Result<Vec<f32>>;
     /// Layer `l` (no dropout) over a host block (sharded full-graph
     /// evaluation): `num_dst × out_width`. Its input is `x`
     /// (`block.num_src() × in_width`) above layer 0; at layer 0 the features
@@ -522,6 +672,38 @@ impl<B: Backend> ModelState for DeviceEngine<B> {
         self.dev
             .to_host(fwd.logits(), seeds.len() * self.num_classes)
             .map_err(dev_err("logits"))
+    }
+
+    fn sampled_pair_scores(
+        &mut self,
+        seeds: &[u32],
+        seed: u64,
+        src: &[u32],
+        dst: &[u32],
+    ) -> Result<Vec<f32>> {
+        let (batch, x) = self.sample_and_gather(seeds, true, seed)?;
+        let fwd = self
+            .model
+            .forward(&self.dev, &batch.blocks, x.layer(), false, 0)
+            .map_err(dev_err("forward"));
+        self.recycle(x);
+        let fwd = fwd?;
+        let dim = self.model.config().num_classes;
+        self.decode(fwd.logits(), dim, src, dst)
+    }
+
+    fn score_pairs(
+        &mut self,
+        rows: &[f32],
+        dim: usize,
+        src: &[u32],
+        dst: &[u32],
+    ) -> Result<Vec<f32>> {
+        let h = self
+            .dev
+            .to_device(rows)
+            .map_err(dev_err("uploading embeddings"))?;
+        self.decode(&h, dim, src, dst)
     }
 
     fn layer_rows(&mut self, l: usize, block: &cpu_ops::Block, x: &[f32]) -> Result<Vec<f32>> {

@@ -38,6 +38,7 @@ use crate::data::dataset::Dataset;
 pub(crate) use crate::engine::BatchDone;
 use crate::engine::ModelState;
 use crate::error::{Result, StopCause};
+use crate::task::{HostTarget, Task, TaskBatch};
 use crate::trace::{Tracer, TrackId};
 
 pub use layer::OrchestrationStats;
@@ -47,8 +48,12 @@ pub use layer::OrchestrationStats;
 pub(crate) struct EpochRun<'a> {
     /// The dataset (user ids).
     pub ds: &'a Arc<Dataset>,
-    /// The epoch's batches (seeds), in the session's order.
+    /// The epoch's batches, in the session's order: each batch's items
+    /// (training vertices; training-edge indices for link prediction), which
+    /// `task` turns into what the batch trains ([`EpochRun::task_batch`]).
     pub batches: &'a [&'a [u32]],
+    /// The run's task (`crate::task`).
+    pub task: &'a Task,
     /// First batch to train.
     pub start: usize,
     /// One past the last batch to train (`batches.len()` for the rest of the
@@ -76,14 +81,14 @@ pub(crate) struct EpochRun<'a> {
 }
 
 impl<'a> EpochRun<'a> {
-    /// Batch `k` of the epoch: its seeds, its seed, its place.
-    pub fn batch(&self, k: usize) -> BatchRef<'a> {
-        BatchRef {
-            seeds: self.batches[k],
-            seed: cpu_ops::derive_seed(self.base_seed, k as u64),
-            epoch: self.epoch,
-            k,
-        }
+    /// Batch `k`'s seed: it samples, draws negatives and drops out with it.
+    pub fn seed(&self, k: usize) -> u64 {
+        cpu_ops::derive_seed(self.base_seed, k as u64)
+    }
+
+    /// Batch `k` as its task trains it: seeds, target, excluded edges.
+    pub fn task_batch(&self, k: usize) -> TaskBatch<'a> {
+        self.task.batch(self.batches[k], self.seed(k))
     }
 
     /// The same run over batches `start..end` (clamped to the epoch).
@@ -98,8 +103,13 @@ impl<'a> EpochRun<'a> {
     }
 }
 
+/// The target of every node-classification batch (tests).
+#[cfg(test)]
+static LABELS: HostTarget = HostTarget::Labels;
+
 /// One training batch as the executors name it: its seeds, its sampling
-/// seed, and where it stands (its slices carry the epoch and batch index).
+/// seed, where it stands (its slices carry the epoch and batch index), what it
+/// is trained against and the edges its blocks leave out ([`TaskBatch`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BatchRef<'a> {
     /// The batch's seeds.
@@ -110,9 +120,46 @@ pub(crate) struct BatchRef<'a> {
     pub epoch: usize,
     /// The batch index in the epoch.
     pub k: usize,
+    /// What its seeds' outputs are trained against.
+    pub target: &'a HostTarget,
+    /// (destination, source) pairs left out of its sampled blocks, sorted.
+    pub exclude: &'a [(u32, u32)],
 }
 
-impl BatchRef<'_> {
+impl<'a> BatchRef<'a> {
+    /// `tb` as batch `k` of `epoch`, drawn with `seed`.
+    pub fn of(tb: &'a TaskBatch<'_>, seed: u64, epoch: usize, k: usize) -> Self {
+        BatchRef {
+            seeds: &tb.seeds,
+            seed,
+            epoch,
+            k,
+            target: &tb.target,
+            exclude: &tb.exclude,
+        }
+    }
+
+    /// A node-classification batch of `seeds` drawn with `seed` (tests).
+    #[cfg(test)]
+    pub fn for_seeds(seeds: &'a [u32], seed: u64) -> Self {
+        BatchRef {
+            seeds,
+            seed,
+            epoch: 0,
+            k: 0,
+            target: &LABELS,
+            exclude: &[],
+        }
+    }
+
+    /// Rows the batch's loss is taken over.
+    pub fn rows(&self) -> usize {
+        match self.target {
+            HostTarget::Labels => self.seeds.len(),
+            HostTarget::Pairs(p) => p.len(),
+        }
+    }
+
     /// `slice` with this batch's epoch and index.
     pub fn tag<'t>(&self, slice: crate::trace::SliceGuard<'t>) -> crate::trace::SliceGuard<'t> {
         slice.epoch(self.epoch as u64).batch(self.k as u64)

@@ -62,6 +62,7 @@
 
 pub use crate::cancel::CancelToken;
 use crate::executor::layer::stats::OrchestrationStats;
+use crate::task::MetricValue;
 
 /// What one training batch did, as [`Callback::on_batch`] sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,6 +101,14 @@ pub struct EpochStats {
     pub val_acc: Option<f64>,
     /// Test accuracy, when evaluated this epoch.
     pub test_acc: Option<f64>,
+    /// Link prediction: the validation metrics (`link.metrics`, in order),
+    /// when evaluated this epoch (empty otherwise, and for node
+    /// classification, whose accuracies are `val_acc` and `test_acc`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub val_metrics: Vec<MetricValue>,
+    /// Link prediction: the test metrics, as `val_metrics`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub test_metrics: Vec<MetricValue>,
     /// Seconds spent training (sampling, gather, forward, backward, step).
     pub train_secs: f64,
     /// Seconds spent evaluating.
@@ -123,12 +132,59 @@ pub struct EpochStats {
     pub skipped_batches: usize,
 }
 
+impl EpochStats {
+    /// The validation figure best-epoch selection reads: the accuracy, or
+    /// the first link metric.
+    pub fn selection_val(&self) -> Option<f64> {
+        self.val_acc
+            .or_else(|| self.val_metrics.first().map(|m| m.value))
+    }
+
+    /// The test figure beside [`EpochStats::selection_val`].
+    pub fn selection_test(&self) -> Option<f64> {
+        self.test_acc
+            .or_else(|| self.test_metrics.first().map(|m| m.value))
+    }
+
+    /// One line: loss, training accuracy, validation and test accuracy (or
+    /// link metrics), times.
+    pub fn summary(&self) -> String {
+        let acc = |a: Option<f64>| a.map_or_else(|| "-".into(), |x| format!("{x:.4}"));
+        let metrics = |split: &str, m: &[MetricValue]| {
+            m.iter()
+                .map(|v| format!("{split} {} {:.4}", v.name, v.value))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let eval = if self.val_metrics.is_empty() && self.test_metrics.is_empty() {
+            format!(
+                "val acc {}, test acc {}",
+                acc(self.val_acc),
+                acc(self.test_acc)
+            )
+        } else {
+            format!(
+                "{}, {}",
+                metrics("val", &self.val_metrics),
+                metrics("test", &self.test_metrics)
+            )
+        };
+        format!(
+            "loss {:.4}, train acc {:.4}, {eval}, {:.2} s train, {:.2} s eval",
+            self.loss, self.train_acc, self.train_secs, self.eval_secs
+        )
+    }
+}
+
 /// The test accuracy at the epoch with the best validation accuracy (the usual
 /// model-selection rule), with that epoch.
+///
+/// For link prediction the rule reads the first of `link.metrics` (MRR by
+/// default) where node classification reads the accuracy.
 pub fn test_at_best_val(stats: &[EpochStats]) -> Option<(usize, f64)> {
     stats
         .iter()
-        .filter_map(|s| Some((s.epoch, s.val_acc?, s.test_acc?)))
+        .filter_map(|s| Some((s.epoch, s.selection_val()?, s.selection_test()?)))
         .fold(None, |best: Option<(usize, f64, f64)>, cur| match best {
             Some(b) if b.1 >= cur.1 => Some(b),
             _ => Some(cur),
@@ -237,6 +293,8 @@ mod tests {
             train_acc: 0.5,
             val_acc: None,
             test_acc: None,
+            val_metrics: Vec::new(),
+            test_metrics: Vec::new(),
             train_secs: 0.0,
             eval_secs: 0.0,
             batches: 2,

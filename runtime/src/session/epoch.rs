@@ -12,6 +12,7 @@ use super::Trainer;
 use crate::checkpoint::Position;
 use crate::error::{Error, Result, StopCause};
 use crate::executor::{BatchDone, EpochEnd, EpochRun};
+use crate::task::{MetricValue, Task};
 
 /// What a batch with a non-finite loss does (`train.on_nonfinite`); its update
 /// was never applied.
@@ -31,6 +32,8 @@ struct Books<'a> {
     skipped: &'a mut usize,
     epoch: usize,
     batches: &'a [&'a [u32]],
+    /// Rows a batch's loss is taken over ([`Task::rows`]).
+    task: &'a Task,
 }
 
 impl Books<'_> {
@@ -39,7 +42,7 @@ impl Books<'_> {
     /// finite is an [`Error::NonFinite`] (`Stop`), or only moves the position on
     /// and counts as skipped (`Skip`), without callbacks.
     fn batch(&mut self, d: &BatchDone) -> Result<bool> {
-        let size = self.batches[d.k].len();
+        let size = self.task.rows(self.batches[d.k].len());
         if !d.loss_sum.is_finite() {
             return match self.on_nonfinite {
                 OnNonFinite::Stop => Err(Error::NonFinite {
@@ -109,12 +112,16 @@ impl Trainer {
         let every = self.cfg.train.eval_every;
         let eval_now = e + 1 == target || (every > 0 && (e + 1).is_multiple_of(every));
         let t = self.clock.now();
-        let (val_acc, test_acc) = if eval_now {
-            let (v, t) = self.evaluate_val_test_here()?;
-            (Some(v), Some(t))
-        } else {
-            (None, None)
-        };
+        let (mut val_acc, mut test_acc) = (None, None);
+        let [mut val_metrics, mut test_metrics]: [Vec<MetricValue>; 2] = Default::default();
+        if eval_now {
+            if self.link.is_some() {
+                [val_metrics, test_metrics] = self.evaluate_link_here()?;
+            } else {
+                let (v, t) = self.evaluate_val_test_here()?;
+                (val_acc, test_acc) = (Some(v), Some(t));
+            }
+        }
         let seen = pos.seen.max(1) as f64;
         let stats = EpochStats {
             epoch: e,
@@ -122,6 +129,8 @@ impl Trainer {
             train_acc: pos.correct as f64 / seen,
             val_acc,
             test_acc,
+            val_metrics,
+            test_metrics,
             train_secs: pos.train_secs,
             eval_secs: self.clock.now().saturating_sub(t).as_secs_f64(),
             batches: pos.batch,
@@ -138,16 +147,7 @@ impl Trainer {
             if let Some(reason) = &stats.auto_choice {
                 eprintln!("orchestration.policy = \"auto\": {reason}");
             }
-            let acc = |a: Option<f64>| a.map_or_else(|| "-".into(), |x| format!("{x:.4}"));
-            eprintln!(
-                "epoch {e}: loss {:.4}, train acc {:.4}, val acc {}, test acc {}, {:.2} s train, {:.2} s eval",
-                stats.loss,
-                stats.train_acc,
-                acc(stats.val_acc),
-                acc(stats.test_acc),
-                stats.train_secs,
-                stats.eval_secs
-            );
+            eprintln!("epoch {e}: {}", stats.summary());
             if let Some(o) = &stats.orchestration {
                 eprintln!("  {}", o.summary());
             }
@@ -196,6 +196,7 @@ impl Trainer {
             on_nonfinite,
             skipped,
             clock,
+            task,
             ..
         } = self;
         let run = EpochRun {
@@ -210,6 +211,7 @@ impl Trainer {
             acc_track: *acc_track,
             cancel,
             clock: &**clock,
+            task,
         };
         let mut books = Books {
             pos,
@@ -218,6 +220,7 @@ impl Trainer {
             skipped,
             epoch,
             batches: &batches,
+            task,
         };
         let end = exec.train(&run, &mut |d: &BatchDone| books.batch(d));
         books.pos.train_secs += clock.now().saturating_sub(t).as_secs_f64();

@@ -82,7 +82,7 @@ impl Trainer {
     }
 
     /// An error naming the first id in `ids` that is not below the vertex count.
-    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+    pub(super) fn check_ids(&self, ids: &[u32]) -> Result<()> {
         let n = self.ds.num_vertices();
         match ids.iter().enumerate().find(|(_, &v)| v as usize >= n) {
             Some((i, &v)) => Err(Error::invalid_argument(

@@ -389,6 +389,29 @@ impl Trainer {
         ))
     }
 
+    /// The top layer's output rows of `ids` (sorted, distinct), in that
+    /// order, by streamed full-graph inference (module doc; the layers below
+    /// the last through layer files in the system's temporary directory):
+    /// `ids.len() × width` values.
+    pub(super) fn last_layer_rows(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let dir = std::env::temp_dir();
+        let plan = Plan {
+            layers: self.cfg.model.layers,
+            last_ids: Some(ids),
+            dir: &dir,
+            stem: "tandem-rows",
+            max_rows: BLOCK_INPUT_ROWS,
+            progress: &NoProgress,
+        };
+        let mut rows = Vec::new();
+        let mut keep = |_: &[u32], out: &[f32]| -> Result<()> {
+            rows.extend_from_slice(out);
+            Ok(())
+        };
+        self.stream_layers(&plan, &mut keep)?;
+        Ok(rows)
+    }
+
     /// Output width of layer `l`.
     fn layer_width(&self, l: usize) -> Result<usize> {
         self.state_ref()?

@@ -57,6 +57,7 @@ mod epoch;
 mod evaluate;
 mod infer;
 mod join;
+mod link;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -77,6 +78,7 @@ use crate::error::{Error, Result};
 use crate::executor::{DistSetup, EpochEnd, EpochRun, Executor, OrchestrationStats};
 use crate::placement::{place, PlacementInput, SetupSinks};
 use crate::pool::build_pool;
+use crate::task::Task;
 use crate::trace::{Tracer, TrackId, TrackKind};
 
 pub use infer::{InferOutput, InferReport};
@@ -85,7 +87,9 @@ use control::{Callback, CallbackId, CancelToken};
 use epoch::OnNonFinite;
 use join::Dist;
 
-/// Loads the configured dataset, or generates the built-in synthetic one.
+/// Loads the configured dataset, or generates the built-in synthetic one
+/// (for `model.task = "link"` with a 0.85 / 0.05 / 0.1 train / validation /
+/// test split of its edges).
 pub fn load_dataset(cfg: &TrainConfig) -> Result<Dataset> {
     match &cfg.data.path {
         Some(p) => open_dataset(p, Verify::Default),
@@ -100,13 +104,17 @@ pub fn load_dataset(cfg: &TrainConfig) -> Result<Dataset> {
                 signal: s.signal,
                 split: SplitSpec::default(),
                 seed: s.seed,
+                edge_split: (cfg.model.task == crate::config::TaskKind::Link)
+                    .then(|| crate::data::EdgeSplitSpec::new([0.85, 0.05, 0.1]))
+                    .transpose()?,
                 ..SbmOptions::default()
             })
         }
     }
 }
 
-/// The dataset's vertex splits.
+/// The run's training items (vertices, or training-edge indices for link
+/// prediction) and the dataset's validation and test vertices.
 struct Splits {
     train: Vec<u32>,
     val: Vec<u32>,
@@ -136,6 +144,10 @@ pub struct Trainer {
     /// Full-graph logits of the current weights, computed on the first
     /// `predict`.
     logits: Option<Embeddings>,
+    /// What a batch trains against (`crate::task`).
+    task: Task,
+    /// Link prediction's evaluation sets and metrics (`session/link.rs`).
+    link: Option<link::LinkEval>,
     /// Where training and evaluation record their slices (disabled by default).
     tracer: Tracer,
     /// The accelerator's track in `tracer`.
@@ -229,7 +241,11 @@ impl Trainer {
         sinks: &SetupSinks,
     ) -> Result<Self> {
         cfg.validate()?;
-        let train = ds.train_ids();
+        let task = crate::placement::task::task(&cfg, &ds)?;
+        let train: Vec<u32> = match &task {
+            Task::Node => ds.train_ids(),
+            Task::Link(l) => (0..l.src.len() as u32).collect(),
+        };
         if train.is_empty() {
             return Err(Error::dataset(
                 "train_mask",
@@ -239,12 +255,38 @@ impl Trainer {
                 },
             ));
         }
-        let model = cfg.model_config(ds.features.dim(), ds.num_classes as usize)?;
+        // A link model's top layer outputs `model.hidden`-wide embeddings.
+        let out_width = if task.is_link() {
+            cfg.model.hidden
+        } else {
+            ds.num_classes as usize
+        };
+        let model = cfg.model_config(ds.features.dim(), out_width)?;
+        let link = if task.is_link() {
+            Some(link::LinkEval::new(
+                &ds,
+                cfg.link.eval_negatives as usize,
+                cfg.train.seed,
+                cfg.link.metric_list(),
+            )?)
+        } else {
+            None
+        };
         let placed = place(&PlacementInput {
             cfg: &cfg,
             ds: &ds,
             model: &model,
-            train_ids: &train,
+            // The layer path scores hotness from the training seeds: for link
+            // prediction, the training edges' endpoints.
+            train_ids: &match &task {
+                Task::Node => train.clone(),
+                Task::Link(l) => {
+                    let mut e: Vec<u32> = l.src.iter().chain(l.dst.iter()).copied().collect();
+                    e.sort_unstable();
+                    e.dedup();
+                    e
+                }
+            },
             gpu_offset,
             pool_threads: pool.current_num_threads(),
             clock: Arc::clone(&clock),
@@ -282,6 +324,8 @@ impl Trainer {
             stop_requested: false,
             embeddings: None,
             logits: None,
+            task,
+            link,
         })
     }
 

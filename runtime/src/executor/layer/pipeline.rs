@@ -131,7 +131,8 @@ use super::device::{BottomBatch, HotStaging, HotUse, LayerDevice, TopBatch};
 use crate::data::dataset::Dataset;
 use crate::engine::{record_copies, DeferredLosses, PendingParams, Trained};
 use crate::error::{Error, Result, StopCause};
-use crate::executor::{EpochEnd, EpochRun, OnBatch};
+use crate::executor::{BatchRef, EpochEnd, EpochRun, OnBatch};
+use crate::task::TaskBatch;
 use crate::trace::{Direction, FlowId, SliceGuard, Tracer, TrackId, TrackKind};
 
 use super::hot_compute::{HotComputer, Published, Snapshot};
@@ -952,7 +953,7 @@ impl<'a> Driver<'a> {
                     .zip(&skip)
                     .map(|(k, skip)| BottomBatch {
                         key: k as u64,
-                        seed: run.batch(k).seed,
+                        seed: run.seed(k),
                         skip,
                     })
                     .collect();
@@ -1241,14 +1242,14 @@ impl<'a> Driver<'a> {
         batches: Range<usize>,
     ) -> Result<()> {
         let run = self.run;
-        let tops: Vec<TopBatch<'_>> = batches
-            .map(|k| {
-                let b = run.batch(k);
-                TopBatch {
-                    key: k as u64,
-                    seeds: b.seeds,
-                    seed: b.seed,
-                }
+        let task_batches: Vec<(usize, TaskBatch<'_>)> =
+            batches.map(|k| (k, run.task_batch(k))).collect();
+        let tops: Vec<TopBatch<'_>> = task_batches
+            .iter()
+            .map(|(k, tb)| TopBatch {
+                key: *k as u64,
+                seeds: &tb.seeds,
+                seed: run.seed(*k),
             })
             .collect();
         let ahead = engine.prepare_tops(&tops)?;
@@ -1413,10 +1414,10 @@ impl<'a> Driver<'a> {
         let h2d_before = engine.h2d_bytes();
         let copies_before = engine.transfer_stats();
         let bottoms_before = engine.bottom_counts();
-        let b = run.batch(k);
+        let tb = run.task_batch(k);
         let loss = engine.train_prepared(
             k as u64,
-            (b.seeds, b.seed),
+            BatchRef::of(&tb, run.seed(k), run.epoch, k),
             &HotUse {
                 slab: t.slab,
                 positions: &t.positions,

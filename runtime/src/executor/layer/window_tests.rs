@@ -24,7 +24,8 @@ use crate::data::dataset::Dataset;
 use crate::data::generate::{generate_sbm, SbmOptions};
 use crate::engine::{DeviceEngine, EngineOptions, LossReads, PendingLosses, PendingParams};
 use crate::error::{Result, StopCause};
-use crate::executor::{EpochEnd, EpochRun};
+use crate::executor::{BatchRef, EpochEnd, EpochRun};
+use crate::task::Task;
 use crate::trace::{Tracer, TrackKind};
 
 /// What one batch's share of a launch costs on the scripted clock.
@@ -99,7 +100,7 @@ impl LayerDevice for Scripted {
     fn train_prepared(
         &mut self,
         key: u64,
-        batch: (&[u32], u64),
+        batch: BatchRef<'_>,
         hot: &HotUse<'_>,
         deferred: Option<usize>,
     ) -> Result<Option<(f64, usize)>> {
@@ -252,6 +253,7 @@ impl Rig {
             acc_track: tracer.declare_track("acc", TrackKind::Accelerator),
             cancel: &cancel,
             clock: &self.clock,
+            task: &Task::Node,
         };
         let before = self.clock.now();
         let end = self
@@ -367,6 +369,7 @@ impl Rig {
             acc_track: tracer.declare_track("acc", TrackKind::Accelerator),
             cancel: &cancel,
             clock: &self.clock,
+            task: &Task::Node,
         };
         self.orch.run_epoch(&mut self.device, &run, &mut |d| {
             Ok(match stop {
@@ -645,7 +648,7 @@ fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
                 .iter()
                 .map(|b| {
                     let (loss, correct) = e
-                        .train_prepared(b.key, (b.seeds, b.seed), &no_hot, None)
+                        .train_prepared(b.key, BatchRef::for_seeds(b.seeds, b.seed), &no_hot, None)
                         .unwrap()
                         .unwrap();
                     (loss.to_bits(), correct)
@@ -662,7 +665,9 @@ fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
     );
     // A batch never adopted is not trained.
     let e = &mut engines[1].1;
-    assert!(e.train_prepared(999, (&[1], 1), &no_hot, None).is_err());
+    assert!(e
+        .train_prepared(999, BatchRef::for_seeds(&[1], 1), &no_hot, None)
+        .is_err());
 }
 
 /// The bottom hops sampled a super-batch ahead (`executor/layer/device/` step 1b)
@@ -748,7 +753,7 @@ fn bottom_hops_sampled_ahead_train_as_at_train_time_and_resample_when_the_mask_c
                 let (loss, correct) = e
                     .train_prepared(
                         t.key,
-                        (t.seeds, t.seed),
+                        BatchRef::for_seeds(t.seeds, t.seed),
                         &HotUse {
                             slab: 0,
                             positions: &positions,
@@ -804,7 +809,9 @@ fn bottom_hops_sampled_ahead_train_as_at_train_time_and_resample_when_the_mask_c
         rows: &[],
         grad: gpu_ops::HotGrad::Constant,
     };
-    assert!(e.train_prepared(0, (&[1], 1), &no_hot, None).is_err());
+    assert!(e
+        .train_prepared(0, BatchRef::for_seeds(&[1], 1), &no_hot, None)
+        .is_err());
 }
 
 /// `count` batches of distinct random seeds below `n`, `lo + below(span)`

@@ -35,7 +35,7 @@
 //! trace's busy fractions show where each placement spends its time.
 
 use cpu_ops::{CsrGraph, NeighborSampler, SampledBatch, SamplerScratch};
-use gpu_ops::{Backend, Target};
+use gpu_ops::Backend;
 use scheduler::{Device, StepBased};
 
 use crate::engine::{dev_err, record_copies, DeviceEngine};
@@ -208,8 +208,24 @@ pub(crate) fn train_sampled<B: Backend>(
     // 3. Upload what the host made, gather on the device if placed there, train.
     let mut slice = batch.tag(tracer.slice_on(acc, "device step"));
     let (blocks, dev_ids) = match (host_batch, dev_batch) {
-        (Some(hb), _) => upload_blocks(e, &hb, !host_gather)?,
-        (None, Some(db)) => {
+        (Some(hb), _) => {
+            let (mut blocks, ids) = upload_blocks(e, &hb, !host_gather)?;
+            // Link prediction: the batch's own edges leave every hop, on the
+            // device (each block's source ids uploaded for it).
+            if let Some(ex) = e.excluded(batch.exclude)? {
+                for (block, host) in blocks.iter_mut().zip(hb.blocks()) {
+                    let src = e
+                        .dev
+                        .to_device(host.src_ids())
+                        .map_err(dev_err("uploading block sources"))?;
+                    e.h2d += (host.src_ids().len() * 4) as u64;
+                    *block = e.exclude_block(block, &src, &ex)?;
+                }
+            }
+            (blocks, ids)
+        }
+        (None, Some(mut db)) => {
+            e.exclude_edges(&mut db, batch.exclude)?;
             let ids = db.src_ids.into_iter().next();
             (db.blocks, ids)
         }
@@ -223,39 +239,25 @@ pub(crate) fn train_sampled<B: Backend>(
             e.gather_counted(&ids, n_in)?
         }
     };
-    let labels = e.labels_of(seeds);
-    e.h2d += (labels.len() * 4) as u64;
-    let stats = e
-        .dev
-        .to_device(&labels)
-        .map_err(dev_err("labels"))
-        .and_then(|labels| {
-            let dev = &e.dev;
+    let stats = e.upload_target(seeds, batch.target).and_then(|target| {
+        let dev = &e.dev;
+        let (model, losses) = (&mut e.model, &mut e.losses);
+        target.with(|t| {
             match deferred {
                 Some(slot) => {
-                    let dest = e.losses.slot(dev, slot)?;
-                    e.model
-                        .train_step_deferred(
-                            dev,
-                            &blocks,
-                            x.layer(),
-                            Target::Labels(&labels),
-                            seed,
-                            dest,
-                        )
+                    let dest = losses.slot(dev, slot)?;
+                    model
+                        .train_step_deferred(dev, &blocks, x.layer(), t, seed, dest)
                         .map(|()| None)
                 }
-                None if step => e
-                    .model
-                    .train_step(dev, &blocks, x.layer(), Target::Labels(&labels), seed)
-                    .map(Some),
-                None => e
-                    .model
-                    .forward_backward(dev, &blocks, x.layer(), Target::Labels(&labels), seed)
+                None if step => model.train_step(dev, &blocks, x.layer(), t, seed).map(Some),
+                None => model
+                    .forward_backward(dev, &blocks, x.layer(), t, seed)
                     .map(Some),
             }
             .map_err(dev_err("training step"))
-        });
+        })
+    });
     e.recycle(x);
     e.settle_gather_misses();
     slice.set_transfer(Direction::HostToDevice, e.h2d - start);

@@ -194,7 +194,8 @@ impl<B: Backend> StepExecutor<B> {
     fn sample_ahead(&mut self, run: &EpochRun<'_>, k: usize, end: usize) {
         if self.placement.sample_device() == scheduler::Device::Cpu {
             if self.ahead.ready.is_empty() && k + 1 < end {
-                self.sample_one_ahead(run.batch(k + 1));
+                let tb = run.task_batch(k + 1);
+                self.sample_one_ahead(BatchRef::of(&tb, run.seed(k + 1), run.epoch, k + 1));
             }
             return;
         }
@@ -204,7 +205,8 @@ impl<B: Backend> StepExecutor<B> {
         let first = k + 1 + self.ahead.ready.len();
         let tracer = self.engine.tracer().0.clone();
         for j in first..end.min(first + SAMPLE_GROUP) {
-            let batch = run.batch(j);
+            let tb = run.task_batch(j);
+            let batch = BatchRef::of(&tb, run.seed(j), run.epoch, j);
             let track = self.ahead_track();
             let before = ModelState::transfer_stats(&self.engine);
             let mut slice = batch.tag(tracer.slice_on(track, "device sample"));
@@ -337,8 +339,8 @@ impl<B: Backend> Executor for StepExecutor<B> {
                 return Ok(EpochEnd::Stopped(k, StopCause::Token));
             }
             let t = run.clock.now();
-            let seeds = run.batches[k];
-            let batch = run.batch(k);
+            let tb = run.task_batch(k);
+            let batch = BatchRef::of(&tb, run.seed(k), run.epoch, k);
             let before = ModelState::transfer_stats(&self.engine);
             let sampled = self.sample(batch)?;
             let slot = (lag > 1).then_some(losses.next_slot());
@@ -382,7 +384,7 @@ impl<B: Backend> Executor for StepExecutor<B> {
             };
             let done = BatchDone {
                 k,
-                loss_sum: stats.loss * seeds.len() as f64,
+                loss_sum: stats.loss * batch.rows() as f64,
                 correct: stats.correct,
                 seconds,
                 version,

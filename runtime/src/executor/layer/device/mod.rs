@@ -130,6 +130,7 @@ use crate::engine::{
     PendingParams, PinnedPool,
 };
 use crate::error::{Error, Result};
+use crate::executor::BatchRef;
 
 use ahead::{BottomsInFlight, PreparedBottom, PreparedTop};
 
@@ -185,17 +186,18 @@ pub(crate) trait LayerDevice: LossReads + Send {
     fn bottom_counts(&self) -> BottomCounts {
         BottomCounts::default()
     }
-    /// Trains the batch kept under `key` with `hot`'s slab rows replacing layer
-    /// 0's outputs at its positions; then forgets it. Returns (loss × rows,
-    /// correct) — or, with `deferred = Some(slot)`, nothing: the step reads
-    /// nothing, its loss goes to loss slot `slot` (below
-    /// [`LayerDevice::loss_lag`]) for [`LayerDevice::queue_loss_read`], and a
+    /// Trains the batch kept under `key` (`batch`: its seeds and seed, its
+    /// target and the edges its blocks leave out) with `hot`'s slab rows
+    /// replacing layer 0's outputs at its positions; then forgets it. Returns
+    /// (loss × rows, correct) — or, with `deferred = Some(slot)`, nothing: the
+    /// step reads nothing, its loss goes to loss slot `slot` (below
+    /// [`LayerDevice::loss_lag`]) for [`LossReads::queue_loss_read`], and a
     /// non-finite loss makes the device skip this step and every later one
-    /// until [`LayerDevice::rewind_skipped`] (the version moves on at once).
+    /// until [`LossReads::rewind_skipped`] (the version moves on at once).
     fn train_prepared(
         &mut self,
         key: u64,
-        batch: (&[u32], u64),
+        batch: BatchRef<'_>,
         hot: &HotUse<'_>,
         deferred: Option<usize>,
     ) -> Result<Option<(f64, usize)>>;
@@ -412,7 +414,7 @@ impl<B: Backend> LayerDevice for LayerEngine<B> {
     fn train_prepared(
         &mut self,
         key: u64,
-        batch: (&[u32], u64),
+        batch: BatchRef<'_>,
         hot: &HotUse<'_>,
         deferred: Option<usize>,
     ) -> Result<Option<(f64, usize)>> {

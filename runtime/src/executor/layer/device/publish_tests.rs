@@ -56,12 +56,7 @@ fn step(e: &mut LayerEngine<HostBackend>, k: u64) {
         .sample_placed(e, p, &seeds, k)
         .unwrap();
     let before = ModelState::transfer_stats(e);
-    let batch = BatchRef {
-        seeds: &seeds,
-        seed: k,
-        epoch: 0,
-        k: k as usize,
-    };
+    let batch = BatchRef::for_seeds(&seeds, k);
     train_sampled(e, p, s, batch, true, None, before).unwrap();
 }
 

@@ -10,6 +10,8 @@ use gpu_ops::{Backend, DeferredStep, HotGrad, HotRows, Target};
 use super::{internal, reserve, upload_into, LayerEngine};
 use crate::engine::dev_err;
 use crate::error::{Error, Result};
+use crate::executor::BatchRef;
+use crate::task::HostTarget;
 use crate::trace::Direction;
 
 /// Which hot rows a batch uses (step 4): `positions[i]` (a position among block
@@ -31,15 +33,16 @@ impl<B: Backend> LayerEngine<B> {
     pub(super) fn train_prepared_op(
         &mut self,
         key: u64,
-        (seeds, seed): (&[u32], u64),
+        batch: BatchRef<'_>,
         hot: &HotUse<'_>,
         deferred: Option<usize>,
     ) -> Result<Option<(f64, usize)>> {
+        let (seeds, seed) = (batch.seeds, batch.seed);
         if let Some(slot) = deferred {
             // Made now, before any work is queued for the batch.
             self.engine.losses.slot(&self.engine.dev, slot)?;
         }
-        let top = self.hot.prepared.remove(&key).ok_or_else(|| {
+        let mut top = self.hot.prepared.remove(&key).ok_or_else(|| {
             Error::invalid_argument(
                 "prepared batch",
                 format!("internal: no batch was prepared under key {key}"),
@@ -98,7 +101,7 @@ impl<B: Backend> LayerEngine<B> {
         want.sort_unstable();
         let ahead = self.take_bottom(key)?;
         let resampled = ahead.is_some();
-        let (block0, src0, ns0) = match ahead {
+        let (mut block0, src0, ns0) = match ahead {
             Some(b) if b.skip == want => {
                 self.hot.bottom_counts.ahead += 1;
                 (b.block, b.src, b.n_src)
@@ -131,14 +134,30 @@ impl<B: Backend> LayerEngine<B> {
                 .map_err(dev_err("sampling the bottom hop"))?
             }
         };
+        // Link prediction: the batch's own edges leave every hop (its bottom
+        // hop and its top layers, sampled ahead without knowing them).
+        if let Some(ex) = self.engine.excluded(batch.exclude)? {
+            block0 = self.engine.exclude_block(&block0, &src0, &ex)?;
+            for (b, src) in top.blocks.iter_mut().zip(&top.src) {
+                *b = self.engine.exclude_block(b, src, &ex)?;
+            }
+        }
         let x = self.engine.gather_counted(&src0, ns0)?;
         let mut blocks = Vec::with_capacity(top.blocks.len() + 1);
         blocks.push(block0);
         blocks.extend(top.blocks);
-        let labels = self.engine.labels_of(seeds);
-        self.engine.h2d += (labels.len() * 4) as u64;
+        // Node labels go into a reused buffer; a link batch's pairs are
+        // uploaded as they come.
+        let pairs = match batch.target {
+            HostTarget::Labels => {
+                let labels = self.engine.labels_of(seeds);
+                self.engine.h2d += (labels.len() * 4) as u64;
+                upload_into(&*dev, &mut self.hot.labels, &labels, "labels")?;
+                None
+            }
+            t @ HostTarget::Pairs(_) => Some(self.engine.upload_target(seeds, t)?),
+        };
         let result = (|| -> Result<Option<gpu_ops::LossStats>> {
-            upload_into(&*dev, &mut self.hot.labels, &labels, "labels")?;
             if n_hot > 0 {
                 reserve(&*dev, &mut self.hot.rows, n_hot * width, "hot rows")?;
                 let slab = self.hot.slabs[hot.slab]
@@ -149,7 +168,10 @@ impl<B: Backend> LayerEngine<B> {
                 dev.index_select_rows(slab, width, idx, n_hot, out)
                     .map_err(dev_err("selecting hot rows"))?;
             }
-            let labels = self.hot.labels.as_ref().ok_or_else(|| internal("labels"))?;
+            let labels = match &pairs {
+                Some(_) => None,
+                None => Some(self.hot.labels.as_ref().ok_or_else(|| internal("labels"))?),
+            };
             let rows = match (n_hot > 0, &self.hot.positions, &self.hot.rows) {
                 (true, Some(p), Some(r)) => Some(HotRows {
                     positions: p,
@@ -159,42 +181,34 @@ impl<B: Backend> LayerEngine<B> {
                 }),
                 _ => None,
             };
-            match deferred {
-                Some(slot) => {
-                    let step = DeferredStep {
-                        hot: rows.as_ref(),
-                        dest: self.engine.losses.slot(&*dev, slot)?,
-                    };
-                    self.engine
-                        .model
-                        .train_step_hot_deferred(
-                            &*dev,
-                            &blocks,
-                            x.layer(),
-                            Target::Labels(labels),
-                            seed,
-                            step,
-                        )
-                        .map(|()| None)
+            let model = &mut self.engine.model;
+            let losses = &mut self.engine.losses;
+            let mut run = |target: Target<'_, B>| -> Result<Option<gpu_ops::LossStats>> {
+                match deferred {
+                    Some(slot) => {
+                        let step = DeferredStep {
+                            hot: rows.as_ref(),
+                            dest: losses.slot(&*dev, slot)?,
+                        };
+                        model
+                            .train_step_hot_deferred(&*dev, &blocks, x.layer(), target, seed, step)
+                            .map(|()| None)
+                    }
+                    None => model
+                        .train_step_hot(&*dev, &blocks, x.layer(), target, seed, rows.as_ref())
+                        .map(Some),
                 }
-                None => self
-                    .engine
-                    .model
-                    .train_step_hot(
-                        &*dev,
-                        &blocks,
-                        x.layer(),
-                        Target::Labels(labels),
-                        seed,
-                        rows.as_ref(),
-                    )
-                    .map(Some),
+                .map_err(dev_err("training step"))
+            };
+            match (&pairs, labels) {
+                (Some(p), _) => p.with(&mut run),
+                (None, Some(l)) => run(Target::Labels(l)),
+                (None, None) => Err(internal("labels")),
             }
-            .map_err(dev_err("training step"))
         })();
         self.engine.recycle(x);
         self.engine.settle_gather_misses();
         step.set_transfer(Direction::HostToDevice, self.engine.h2d - start);
-        Ok(result?.map(|stats| (stats.loss * seeds.len() as f64, stats.correct)))
+        Ok(result?.map(|stats| (stats.loss * batch.rows() as f64, stats.correct)))
     }
 }

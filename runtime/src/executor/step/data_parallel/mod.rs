@@ -132,7 +132,12 @@ impl<B: Backend> DataParallel<B> {
     fn step(&mut self, run: &EpochRun<'_>, k: usize, stop: bool) -> Result<(f64, usize, Agreed)> {
         let (rank, ranks) = (self.comm.rank(), self.comm.size());
         let whole = run.batches[k];
-        let owned = self.features.as_ref().and_then(|f| f.seeds_of(whole));
+        // A node batch's seeds go to the ranks that own their rows (with a
+        // partition file); a link batch's edges are shared by range.
+        let owned = match run.task.is_link() {
+            false => self.features.as_ref().and_then(|f| f.seeds_of(whole)),
+            true => None,
+        };
         let mine: &[u32] = owned
             .as_deref()
             .unwrap_or(&whole[share(whole.len(), rank, ranks)]);
@@ -149,10 +154,8 @@ impl<B: Backend> DataParallel<B> {
             }
         } else {
             let before = ModelState::transfer_stats(self.inner.engine_mut());
-            let share = BatchRef {
-                seeds: mine,
-                ..run.batch(k)
-            };
+            let tb = run.task.batch(mine, run.seed(k));
+            let share = BatchRef::of(&tb, run.seed(k), run.epoch, k);
             let sampled = self.inner.sample(share)?;
             let placement = self.inner.placement();
             let engine = self.inner.engine_mut();
@@ -167,7 +170,7 @@ impl<B: Backend> DataParallel<B> {
             })?;
             drop(blocks);
             if on_device {
-                let loss_sum = stats.loss * mine.len() as f64;
+                let loss_sum = stats.loss * share.rows() as f64;
                 BatchGradients {
                     loss_sum: if loss_sum.is_finite() {
                         loss_sum
@@ -178,7 +181,7 @@ impl<B: Backend> DataParallel<B> {
                     flat: None,
                 }
             } else {
-                batch_gradients(engine, stats, mine.len())?
+                batch_gradients(engine, stats, share.rows())?
             }
         };
         let total = ModelState::num_params(self.inner.engine_mut());
@@ -191,8 +194,8 @@ impl<B: Backend> DataParallel<B> {
         };
         let shape = BucketShape {
             len,
-            rows: mine.len(),
-            global: whole.len(),
+            rows: run.task.rows(mine.len()),
+            global: run.task.rows(whole.len()),
             stop,
         };
         let r = self.all_reduce(run, k, shape, &g, parts)?;
@@ -202,7 +205,8 @@ impl<B: Backend> DataParallel<B> {
         let mut loss_sum = r.loss_sum;
         let tracer = run.tracer;
         if on_device {
-            let weight = mine.len() as f32 / whole.len().max(1) as f32;
+            let weight =
+                run.task.rows(mine.len()) as f32 / run.task.rows(whole.len()).max(1) as f32;
             let mut s = tracer
                 .slice("device allreduce + step")
                 .epoch(run.epoch as u64)
