@@ -338,7 +338,7 @@ impl Checkpoint {
     /// against the configured model's layout). No dataset is needed, e.g. to
     /// export it (`tandem export-model`), or to build a device model
     /// (`gpu_ops::DeviceModel::from_params`).
-    pub fn model_params(&self, path: &Path) -> Result<(ModelConfig, Vec<&[f32]>)> {
+    pub fn model_params(&self, path: &Path) -> Result<(ModelConfig, gpu_ops::Head, Vec<&[f32]>)> {
         let cfg = self.config(path)?;
         let (dim, classes) = (self.dataset.dim, self.dataset.classes);
         let (Ok(dim), Ok(classes)) = (usize::try_from(dim), usize::try_from(classes)) else {
@@ -348,8 +348,9 @@ impl Checkpoint {
             ));
         };
         let mcfg = cfg.model_config(dim, classes)?;
-        let layout =
-            ModelLayout::new(&mcfg).map_err(|e| Error::device(path.display().to_string(), e))?;
+        let head = cfg.head();
+        let layout = ModelLayout::with_head(&mcfg, head)
+            .map_err(|e| Error::device(path.display().to_string(), e))?;
         let expected = layout.params();
         // The layout comes from the checkpoint's own configuration: tensors that
         // disagree with it mean a damaged (or hand-edited) file.
@@ -378,7 +379,7 @@ impl Checkpoint {
             }
         }
         let params = self.tensors.iter().map(|t| t.values.as_slice()).collect();
-        Ok((mcfg, params))
+        Ok((mcfg, head, params))
     }
 
     /// The run's configuration, parsed (errors name the checkpoint file).
@@ -655,7 +656,7 @@ mod tests {
             ..sample(0)
         };
         let p = Path::new("ck.tck");
-        let (got_cfg, params) = c.model_params(p).unwrap();
+        let (got_cfg, _, params) = c.model_params(p).unwrap();
         assert_eq!(got_cfg, mcfg);
         assert_eq!(params.len(), c.tensors.len());
         for (got, t) in params.iter().zip(&c.tensors) {

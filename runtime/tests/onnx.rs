@@ -210,6 +210,7 @@ fn exported_models_match_tandem_on_sampled_blocks_and_the_full_graph() {
         let mut embeddings = (cfg.num_layers >= 2).then(|| {
             let opts = ExportOptions {
                 output: OnnxOutput::Embeddings,
+                ..ExportOptions::default()
             };
             OrtModel::from_bytes(&lib, &m.export(&opts)).expect("session")
         });
@@ -468,6 +469,7 @@ fn trainer_export_matches_full_graph_logits_and_embeddings() {
         let emb_path = dir.path().join(format!("{kind}-emb.onnx"));
         let opts = ExportOptions {
             output: OnnxOutput::Embeddings,
+            ..ExportOptions::default()
         };
         t.export_onnx(&emb_path, &opts).expect("export");
         let mut ort = OrtModel::from_file(&lib, &emb_path).expect("session");

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::error::Result;
-use crate::onnx::{export_checkpoint, kind_name, ExportOptions, OnnxOutput, OPSET};
+use crate::onnx::{export_checkpoint, kind_name, ExportOptions, OnnxOutput, OnnxSignature, OPSET};
 
 #[derive(Debug, Args)]
 pub(super) struct ExportModelArgs {
@@ -17,19 +17,22 @@ pub(super) struct ExportModelArgs {
     #[arg(short = 'o', long = "out")]
     out: PathBuf,
     /// What the graph returns: `logits`, or `embeddings` (the hidden layer below
-    /// the classifier, after its activation; the graph then reads one block fewer).
+    /// the classifier, after its activation; the graph then reads one block
+    /// fewer); a link-prediction model: `embeddings` (the encoder's output) or
+    /// `scores` (the decoder's, of pairs `pair_src`, `pair_dst`).
     #[arg(long = "output", default_value = "logits")]
     kind: OnnxOutput,
 }
 
 pub(super) fn run(a: ExportModelArgs) -> Result<()> {
-    let opts = ExportOptions { output: a.kind };
-    let cfg = export_checkpoint(&a.checkpoint, &opts, &a.out)?;
-    let blocks = match a.kind {
-        OnnxOutput::Logits => cfg.num_layers,
-        OnnxOutput::Embeddings => cfg.num_layers - 1,
+    let opts = ExportOptions {
+        output: a.kind,
+        ..ExportOptions::default()
     };
-    let bytes = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
+    let cfg = export_checkpoint(&a.checkpoint, &opts, &a.out)?;
+    let written = std::fs::read(&a.out).map_err(|e| crate::error::Error::io(&a.out, e))?;
+    let blocks = OnnxSignature::of(&written)?.num_blocks;
+    let bytes = written.len();
     println!(
         "wrote {} ({bytes} bytes): {} model, {} layers, output `{}`, opset {OPSET}; \
          inputs x (rows × {}), then src_l, dst_l, num_dst_l for blocks l = 0..{blocks}",

@@ -784,17 +784,33 @@ impl TrainConfig {
     }
 
     /// The model's shape for a dataset with `in_dim` feature columns and
-    /// `num_classes` classes.
+    /// `num_classes` classes: a link-prediction model's top layer outputs
+    /// `model.hidden`-wide embeddings instead of class logits.
     pub fn model_config(&self, in_dim: usize, num_classes: usize) -> Result<ModelConfig> {
         Ok(ModelConfig {
             kind: self.model.kind,
             in_dim,
             hidden: self.model.hidden,
-            num_classes,
+            num_classes: match self.model.task {
+                TaskKind::Node => num_classes,
+                TaskKind::Link => self.model.hidden,
+            },
             num_layers: self.model.layers,
             heads: self.model.heads,
             dropout: self.model.dropout,
         })
+    }
+
+    /// What the encoder's top layer feeds: class logits (`model.task =
+    /// "node"`) or `link.decoder` (`"link"`).
+    pub fn head(&self) -> gpu_ops::Head {
+        match self.model.task {
+            TaskKind::Node => gpu_ops::Head::Classify,
+            TaskKind::Link => gpu_ops::Head::Link(match self.link.decoder {
+                DecoderKind::Dot => gpu_ops::Decoder::Dot,
+                DecoderKind::Mlp => gpu_ops::Decoder::Mlp,
+            }),
+        }
     }
 
     /// Training fanouts as the sampler takes them.

@@ -111,12 +111,18 @@ pub const ORT_LIB_ENV: &str = "TANDEM_ORT_LIB";
 /// What an exported graph returns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnnxOutput {
-    /// `logits`: the top layer's output, `num_dst × num_classes` (all layers).
+    /// `logits`: the top layer's output, `num_dst × num_classes` (all layers;
+    /// node classification).
     #[default]
     Logits,
     /// `embeddings`: the output of the layer below the classifier after its
-    /// activation, `num_dst × hidden` (layers − 1 blocks; needs ≥ 2 layers).
+    /// activation, `num_dst × hidden` (layers − 1 blocks; needs ≥ 2 layers);
+    /// for a link-prediction model, the encoder's output (all layers).
     Embeddings,
+    /// `scores`: a link-prediction model's decoder scores (logits) of pairs
+    /// `pair_src[i]`, `pair_dst[i]` (int64 inputs, local ids among the top
+    /// block's destinations), from the encoder's output (all layers).
+    Scores,
 }
 
 impl OnnxOutput {
@@ -125,6 +131,7 @@ impl OnnxOutput {
         match self {
             OnnxOutput::Logits => "logits",
             OnnxOutput::Embeddings => "embeddings",
+            OnnxOutput::Scores => "scores",
         }
     }
 }
@@ -142,7 +149,10 @@ impl FromStr for OnnxOutput {
         match s {
             "logits" => Ok(OnnxOutput::Logits),
             "embeddings" => Ok(OnnxOutput::Embeddings),
-            _ => Err(format!("`{s}`: expected `logits` or `embeddings`")),
+            "scores" => Ok(OnnxOutput::Scores),
+            _ => Err(format!(
+                "`{s}`: expected `logits`, `embeddings` or `scores`"
+            )),
         }
     }
 }
@@ -152,6 +162,10 @@ impl FromStr for OnnxOutput {
 pub struct ExportOptions {
     /// What the graph returns.
     pub output: OnnxOutput,
+    /// The model's head (its parameters follow the encoder's): class logits,
+    /// or a link-prediction decoder. `Trainer::export_onnx` and
+    /// [`export_checkpoint`] set it from the model's configuration.
+    pub head: gpu_ops::Head,
 }
 
 /// The configuration's name of a model kind (`"gcn"`, `"sage"`, `"gat"`).
@@ -178,20 +192,34 @@ fn layout_err(context: &'static str) -> impl Fn(GpuOpsError) -> Error {
 /// parameters are stored as initializers under the model's names
 /// (`layer0.weight`, ...).
 pub fn export(cfg: &ModelConfig, params: &[&[f32]], opts: &ExportOptions) -> Result<Vec<u8>> {
-    let layout = ModelLayout::new(cfg).map_err(layout_err("ONNX export"))?;
+    let layout = ModelLayout::with_head(cfg, opts.head).map_err(layout_err("ONNX export"))?;
     layout
         .check_params(params)
         .map_err(layout_err("ONNX export: parameters"))?;
     let specs = layout.layer_specs();
-    let layers = match opts.output {
-        OnnxOutput::Logits => specs.len(),
-        OnnxOutput::Embeddings if specs.len() < 2 => {
+    let decoder = opts.head.decoder();
+    let layers = match (opts.output, decoder) {
+        (OnnxOutput::Logits, None) => specs.len(),
+        (OnnxOutput::Logits, Some(_)) => {
+            return Err(Error::invalid_argument(
+                "output",
+                "a link-prediction model has no class logits: export `embeddings` or `scores`",
+            ))
+        }
+        (OnnxOutput::Scores, None) => {
+            return Err(Error::invalid_argument(
+                "output",
+                "`scores` are a link-prediction model's (model.task = \"link\")",
+            ))
+        }
+        (OnnxOutput::Embeddings | OnnxOutput::Scores, Some(_)) => specs.len(),
+        (OnnxOutput::Embeddings, None) if specs.len() < 2 => {
             return Err(Error::invalid_argument(
                 "output",
                 "a 1-layer model has no hidden layer: its embeddings are the input features",
             ))
         }
-        OnnxOutput::Embeddings => specs.len() - 1,
+        (OnnxOutput::Embeddings, None) => specs.len() - 1,
     };
     let mut g = GraphBuilder::default();
     let mut h = g.input(
@@ -229,15 +257,32 @@ pub fn export(cfg: &ModelConfig, params: &[&[f32]], opts: &ExportOptions) -> Res
         width = spec.d_out;
     }
     let top = layers - 1;
-    g.output(
-        &h,
-        opts.output.as_str(),
-        DataType::Float,
-        &[
-            Dim::Named(format!("num_dst_{top}")),
-            Dim::Fixed(width as i64),
-        ],
-    );
+    match (opts.output, decoder) {
+        (OnnxOutput::Scores, Some(d)) => {
+            let pairs = || Dim::Named("num_pairs".into());
+            let src = g.input("pair_src", DataType::Int64, &[pairs()]);
+            let dst = g.input("pair_dst", DataType::Int64, &[pairs()]);
+            let names: Vec<String> = layout
+                .head_params()
+                .map(|i| {
+                    let p = &layout.params()[i];
+                    let dims: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
+                    g.param(&p.name, &dims, params[i])
+                })
+                .collect();
+            let scores = d.emit(&mut g, &names, &h, &src, &dst);
+            g.output(&scores, "scores", DataType::Float, &[pairs()]);
+        }
+        _ => g.output(
+            &h,
+            opts.output.as_str(),
+            DataType::Float,
+            &[
+                Dim::Named(format!("num_dst_{top}")),
+                Dim::Fixed(width as i64),
+            ],
+        ),
+    }
     let doc = format!(
         "Tandem {} model, {} layers, output `{}`: inputs x (num_src_0 × {}), then per block l \
          (bottom first) src_l, dst_l (int64 edge lists, local ids) and num_dst_l (int64 [1]).",
@@ -300,8 +345,12 @@ pub fn export_checkpoint(
     path: &Path,
 ) -> Result<cpu_ops::ModelConfig> {
     let ckpt = Checkpoint::read(checkpoint)?;
-    let (cfg, params) = ckpt.model_params(checkpoint)?;
-    write(&cfg, &params, opts, path)?;
+    let (cfg, head, params) = ckpt.model_params(checkpoint)?;
+    let opts = ExportOptions {
+        head,
+        ..opts.clone()
+    };
+    write(&cfg, &params, &opts, path)?;
     Ok(cfg)
 }
 
@@ -409,7 +458,7 @@ pub struct OnnxSignature {
     pub num_blocks: usize,
     /// Columns of `x`.
     pub in_dim: usize,
-    /// Columns of the output.
+    /// Columns of the output (1 for `scores`, one per pair).
     pub out_dim: usize,
 }
 
@@ -453,8 +502,10 @@ impl OnnxSignature {
         let output = name
             .parse()
             .map_err(|e| bad(format!("output {e}: not exported by Tandem")))?;
-        let out_dim =
-            width(out).ok_or_else(|| bad(format!("output `{name}` has no fixed width")))?;
+        let out_dim = match output {
+            OnnxOutput::Scores => 1,
+            _ => width(out).ok_or_else(|| bad(format!("output `{name}` has no fixed width")))?,
+        };
         Ok(Self {
             output,
             num_blocks,

@@ -135,6 +135,7 @@ fn signature_reads_back() {
         let emb = m
             .export(&ExportOptions {
                 output: OnnxOutput::Embeddings,
+                ..ExportOptions::default()
             })
             .expect("export");
         assert_eq!(
@@ -156,6 +157,7 @@ fn one_layer_models_have_no_embeddings_to_export() {
     let e = m
         .export(&ExportOptions {
             output: OnnxOutput::Embeddings,
+            ..ExportOptions::default()
         })
         .expect_err("1 layer");
     assert!(e.to_string().contains("1-layer"), "{e}");

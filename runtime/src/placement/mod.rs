@@ -278,13 +278,7 @@ fn engine<B: Backend>(
             sparse,
             sample_ahead: cfg.device.sample_ahead,
             loss_lag: loss_lag(cfg, on_cuda),
-            head: match cfg.model.task {
-                crate::config::TaskKind::Node => gpu_ops::Head::Classify,
-                crate::config::TaskKind::Link => gpu_ops::Head::Link(match cfg.link.decoder {
-                    crate::config::DecoderKind::Dot => gpu_ops::Decoder::Dot,
-                    crate::config::DecoderKind::Mlp => gpu_ops::Decoder::Mlp,
-                }),
-            },
+            head: cfg.head(),
         },
     )?;
     if let Some(n) = &memory.note {

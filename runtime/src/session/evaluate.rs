@@ -57,6 +57,7 @@ impl Trainer {
 
     /// [`Trainer::full_graph_logits`], row-major in one vector.
     fn full_graph_logits_flat(&mut self) -> Result<Vec<f32>> {
+        self.no_logits_for_links("full-graph logits")?;
         self.check_every_row("full-graph logits")?;
         let layers = self.cfg.model.layers;
         let pool = Arc::clone(&self.pool);
@@ -145,14 +146,14 @@ impl Trainer {
             return Ok(e.clone());
         }
         self.check_every_row("embeddings")?;
-        let layers = self.cfg.model.layers;
+        let layers = self.embedding_layers();
         let n = self.ds.num_vertices();
-        let e = if layers < 2 {
+        let e = if layers == 0 {
             let f = &self.ds.features;
             Embeddings::new(f.as_slice().to_vec(), f.dim(), self.steps())?
         } else {
             let pool = Arc::clone(&self.pool);
-            let h = pool.install(|| self.state()?.full_graph_forward(layers - 1))?;
+            let h = pool.install(|| self.state()?.full_graph_forward(layers))?;
             let dim = h.len() / n.max(1);
             Embeddings::new(h, dim, self.steps())?
         };
@@ -166,6 +167,31 @@ impl Trainer {
     pub fn embeddings(&mut self, ids: &[u32]) -> Result<Array2<f32>> {
         self.check_ids(ids)?;
         self.embedding_table()?.gather(ids)
+    }
+
+    /// The layers whose output is a vertex's embedding: those below the
+    /// classifier, or a link-prediction model's whole encoder.
+    pub(super) fn embedding_layers(&self) -> usize {
+        if self.link.is_some() {
+            self.cfg.model.layers
+        } else {
+            self.cfg.model.layers - 1
+        }
+    }
+
+    /// An error naming what a link-prediction model does not have: class
+    /// logits (`what`).
+    pub(super) fn no_logits_for_links(&self, what: &str) -> Result<()> {
+        if self.link.is_some() {
+            return Err(Error::invalid_argument(
+                "model.task",
+                format!(
+                    "{what}: a link-prediction model (model.task = \"link\") has no class \
+                     logits; use Trainer::score_edges or the embeddings"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Accuracy of `logits` (all vertices) on `ids` (what the in-memory
@@ -200,8 +226,10 @@ impl Trainer {
         ids.iter().map(|&s| self.ds.labels[s as usize]).collect()
     }
 
-    /// Validation and test accuracy, as `train.eval_mode` says.
+    /// Validation and test accuracy, as `train.eval_mode` says (a
+    /// link-prediction model: [`Trainer::evaluate_link`]).
     pub fn evaluate_val_test(&mut self) -> Result<(f64, f64)> {
+        self.no_logits_for_links("Trainer::evaluate_val_test (accuracy)")?;
         let pool = Arc::clone(&self.pool);
         pool.install(|| self.evaluate_val_test_here())
     }
@@ -342,6 +370,7 @@ impl Trainer {
     /// shuffled, so batches are random subsets), no dropout. Ids must be below the
     /// vertex count.
     pub fn evaluate(&mut self, ids: &[u32]) -> Result<f64> {
+        self.no_logits_for_links("Trainer::evaluate (accuracy)")?;
         let n = self.ds.num_vertices();
         if let Some((i, &v)) = ids.iter().enumerate().find(|(_, &v)| v as usize >= n) {
             return Err(Error::invalid_argument(

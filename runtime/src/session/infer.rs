@@ -276,8 +276,11 @@ impl Trainer {
         let n = self.ds.num_vertices();
         let steps = self.steps();
         let layers = match what {
-            InferOutput::Logits => self.cfg.model.layers,
-            InferOutput::Embeddings => self.cfg.model.layers - 1,
+            InferOutput::Logits => {
+                self.no_logits_for_links("logits")?;
+                self.cfg.model.layers
+            }
+            InferOutput::Embeddings => self.embedding_layers(),
         };
         let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),

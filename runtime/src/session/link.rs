@@ -122,7 +122,14 @@ impl Trainer {
         })
     }
 
-    /// Validation and test metrics of a link-prediction model (module doc).
+    /// Validation and test metrics (`link.metrics`, in order) of a
+    /// link-prediction model, as `train.eval_mode` says (module doc).
+    pub fn evaluate_link(&mut self) -> Result<[Vec<MetricValue>; 2]> {
+        let pool = Arc::clone(&self.pool);
+        pool.install(|| self.evaluate_link_here())
+    }
+
+    /// [`Trainer::evaluate_link`] on the calling thread's pool.
     pub(super) fn evaluate_link_here(&mut self) -> Result<[Vec<MetricValue>; 2]> {
         let eval = self.link_eval("link evaluation")?.clone();
         let mut out: [Vec<MetricValue>; 2] = Default::default();

@@ -255,13 +255,7 @@ impl Trainer {
                 },
             ));
         }
-        // A link model's top layer outputs `model.hidden`-wide embeddings.
-        let out_width = if task.is_link() {
-            cfg.model.hidden
-        } else {
-            ds.num_classes as usize
-        };
-        let model = cfg.model_config(ds.features.dim(), out_width)?;
+        let model = cfg.model_config(ds.features.dim(), ds.num_classes as usize)?;
         let link = if task.is_link() {
             Some(link::LinkEval::new(
                 &ds,

@@ -90,6 +90,10 @@ impl Trainer {
         let state = self.state_ref()?;
         let params = state.params_to_host()?;
         let refs: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
-        crate::onnx::write(state.model_config(), &refs, opts, path)
+        let opts = crate::onnx::ExportOptions {
+            head: self.cfg.head(),
+            ..opts.clone()
+        };
+        crate::onnx::write(state.model_config(), &refs, &opts, path)
     }
 }
