@@ -611,14 +611,8 @@ impl DenseOps for CudaBackend {
                 correct: 0,
             });
         }
-        // [f64 bits of the loss sum, correct count]
-        let mut totals = self.buf::<u64>(2, Init::Uninit, "loss totals")?;
-        self.xent_into(&inp, grad, totals.ptr_mut(), PtrMut::null())?;
-        let mut out = [0u64; 2];
-        self.download_slice(&self.compute, &totals, &mut out)?;
-        Ok(LossStats {
-            loss: f64::from_bits(out[0]) / rows as f64,
-            correct: out[1] as usize,
+        self.read_loss(rows, |totals| {
+            self.xent_into(&inp, grad, totals, PtrMut::null())
         })
     }
 
@@ -785,6 +779,24 @@ impl AdamFactors {
 }
 
 impl CudaBackend {
+    /// The mean loss and correct count of `rows > 0` rows that `write` puts
+    /// into two device words (the f64 bits of the loss sum, then the count),
+    /// read with one synchronization.
+    pub(crate) fn read_loss(
+        &self,
+        rows: usize,
+        write: impl FnOnce(PtrMut<u64>) -> Result<()>,
+    ) -> Result<LossStats> {
+        let mut totals = self.buf::<u64>(2, Init::Uninit, "loss totals")?;
+        write(totals.ptr_mut())?;
+        let mut out = [0u64; 2];
+        self.download_slice(&self.compute, &totals, &mut out)?;
+        Ok(LossStats {
+            loss: f64::from_bits(out[0]) / rows as f64,
+            correct: out[1] as usize,
+        })
+    }
+
     /// The argument checks of the softmax cross-entropy.
     fn check_xent(&self, inp: &XentInputs<'_, Self>, grad: Option<&CudaBuf<f32>>) -> Result<usize> {
         let &XentInputs {

@@ -244,14 +244,8 @@ impl LinkOps for CudaBackend {
                 correct: 0,
             });
         }
-        // [f64 bits of the loss sum, correct count]
-        let mut totals = self.buf::<u64>(2, Init::Uninit, "loss totals")?;
-        self.bce_into(logits, labels, n, dlogits, totals.ptr_mut(), PtrMut::null())?;
-        let mut out = [0u64; 2];
-        self.download_slice(&self.compute, &totals, &mut out)?;
-        Ok(LossStats {
-            loss: f64::from_bits(out[0]) / n as f64,
-            correct: out[1] as usize,
+        self.read_loss(n, |totals| {
+            self.bce_into(logits, labels, n, dlogits, totals, PtrMut::null())
         })
     }
 
