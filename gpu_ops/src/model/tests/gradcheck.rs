@@ -142,6 +142,9 @@ fn check_model(cfg: &ModelConfig, sizes: &[usize], seed: u64, sparse: bool) {
     );
 }
 
+/// A loss evaluated at a model's tensors: `(L, Σ |terms|)`, as [`compare`] takes it.
+pub(super) type TensorsLoss<'a> = dyn FnMut(&[Vec<f32>]) -> (f64, f64) + 'a;
+
 /// Every tensor of `params` (named `names`) against finite differences at six
 /// random coordinates, `loss` evaluating the model at the given tensors; at
 /// most a quarter of the coordinates may sit at kinks.
@@ -151,7 +154,7 @@ pub(super) fn check_tensors(
     params: &mut [Vec<f32>],
     grads: &[Vec<f32>],
     names: &[String],
-    loss: &mut dyn FnMut(&[Vec<f32>]) -> (f64, f64),
+    loss: &mut TensorsLoss<'_>,
 ) {
     let (mut checked, mut skipped) = (0, 0);
     for t in 0..params.len() {
