@@ -28,7 +28,7 @@
 
 use rayon::prelude::*;
 
-use crate::aggregate::BlockView;
+use crate::aggregate::{check_matrix, BlockView};
 use crate::error::{CpuOpsError, Result};
 use crate::loss::CrossEntropy;
 use crate::real::Real;
@@ -92,15 +92,9 @@ fn check_pairs<T>(
     Ok(rows)
 }
 
+/// `SizeMismatch` unless `len = expected`.
 fn check_len(what: &'static str, len: usize, expected: usize) -> Result<()> {
-    if len != expected {
-        return Err(CpuOpsError::SizeMismatch {
-            what,
-            expected,
-            found: len,
-        });
-    }
-    Ok(())
+    check_matrix(what, len, expected, 1)
 }
 
 fn row<T>(h: &[T], dim: usize, r: u32) -> &[T] {
@@ -174,10 +168,11 @@ pub fn pair_hadamard<T: Real>(
     out: &mut [T],
 ) -> Result<()> {
     check_pairs("pair_hadamard ids", h, None, dim, src, dst)?;
-    check_len(
+    check_matrix(
         "pair_hadamard output (pairs × dim)",
         out.len(),
-        src.len() * dim,
+        src.len(),
+        dim,
     )?;
     let one = |(i, o): (usize, &mut [T])| {
         let (a, b) = (row(h, dim, src[i]), row(h, dim, dst[i]));
@@ -213,10 +208,11 @@ pub fn pair_hadamard_backward<T: Real>(
         src,
         dst,
     )?;
-    check_len(
+    check_matrix(
         "pair_hadamard_backward gradient (pairs × dim)",
         dz.len(),
-        src.len() * dim,
+        src.len(),
+        dim,
     )?;
     for (i, (&s, &d)) in src.iter().zip(dst).enumerate() {
         let (s, d, g) = (

@@ -35,7 +35,7 @@ fn act_colsum_chunk_rows(rows: usize) -> usize {
         .max(8)
 }
 /// Threads of `xent_reduce` (`XENT_REDUCE_THREADS` in math.cu).
-pub(crate) const XENT_REDUCE_THREADS: u32 = 256;
+const XENT_REDUCE_THREADS: u32 = 256;
 /// Stream index of dropout's keys (so a dropout seed never reuses another op's
 /// stream of the same seed).
 const DROPOUT_STREAM: u64 = 0x64_726f_706f_7574; // "dropout"
@@ -611,14 +611,8 @@ impl DenseOps for CudaBackend {
                 correct: 0,
             });
         }
-        // [f64 bits of the loss sum, correct count]
-        let mut totals = self.buf::<u64>(2, Init::Uninit, "loss totals")?;
-        self.xent_into(&inp, grad, totals.ptr_mut(), PtrMut::null())?;
-        let mut out = [0u64; 2];
-        self.download_slice(&self.compute, &totals, &mut out)?;
-        Ok(LossStats {
-            loss: f64::from_bits(out[0]) / rows as f64,
-            correct: out[1] as usize,
+        self.read_loss(rows, |totals| {
+            self.xent_into(&inp, grad, totals, PtrMut::null())
         })
     }
 
@@ -785,6 +779,24 @@ impl AdamFactors {
 }
 
 impl CudaBackend {
+    /// The mean loss and correct count of `rows > 0` rows that `write` puts
+    /// into two device words (the f64 bits of the loss sum, then the count),
+    /// read with one synchronization.
+    pub(crate) fn read_loss(
+        &self,
+        rows: usize,
+        write: impl FnOnce(PtrMut<u64>) -> Result<()>,
+    ) -> Result<LossStats> {
+        let mut totals = self.buf::<u64>(2, Init::Uninit, "loss totals")?;
+        write(totals.ptr_mut())?;
+        let mut out = [0u64; 2];
+        self.download_slice(&self.compute, &totals, &mut out)?;
+        Ok(LossStats {
+            loss: f64::from_bits(out[0]) / rows as f64,
+            correct: out[1] as usize,
+        })
+    }
+
     /// The argument checks of the softmax cross-entropy.
     fn check_xent(&self, inp: &XentInputs<'_, Self>, grad: Option<&CudaBuf<f32>>) -> Result<usize> {
         let &XentInputs {
@@ -824,25 +836,41 @@ impl CudaBackend {
             classes,
             labels,
         } = inp;
-        let mut row_loss = self.buf::<f32>(rows, Init::Uninit, "loss per row")?;
-        let mut row_correct = self.buf::<u32>(rows, Init::Uninit, "correct per row")?;
         let (grad_ptr, has_grad) = match grad {
             Some(g) => (g.ptr_mut(), 1u32),
             None => (PtrMut::null(), 0u32),
         };
-        launch::xent_rows {
-            logits: logits.ptr(),
-            rows: rows as u64,
-            classes: classes as u64,
-            labels: labels.ptr(),
-            grad: grad_ptr,
-            has_grad,
-            inv_rows: (1.0 / rows as f64) as f32,
-            row_loss: row_loss.ptr_mut(),
-            row_correct: row_correct.ptr_mut(),
-            fault: self.fault_ptr(),
-        }
-        .launch(&self.kernels, self.cu(), self.grid_warps(rows))?;
+        self.reduce_rows(rows, out, guard, |row_loss, row_correct| {
+            launch::xent_rows {
+                logits: logits.ptr(),
+                rows: rows as u64,
+                classes: classes as u64,
+                labels: labels.ptr(),
+                grad: grad_ptr,
+                has_grad,
+                inv_rows: (1.0 / rows as f64) as f32,
+                row_loss,
+                row_correct,
+                fault: self.fault_ptr(),
+            }
+            .launch(&self.kernels, self.cu(), self.grid_warps(rows))
+        })
+    }
+
+    /// A loss over `rows > 0` rows: `per_row` writes each row's loss and
+    /// correct flag into the two buffers it is given, then `xent_reduce` sums
+    /// them (fixed order, f64) into `out` (the sum's bits, then the count),
+    /// setting `guard` (unless null) on a non-finite sum.
+    pub(crate) fn reduce_rows(
+        &self,
+        rows: usize,
+        out: PtrMut<u64>,
+        guard: PtrMut<u32>,
+        per_row: impl FnOnce(PtrMut<f32>, PtrMut<u32>) -> Result<()>,
+    ) -> Result<()> {
+        let mut row_loss = self.buf::<f32>(rows, Init::Uninit, "loss per row")?;
+        let mut row_correct = self.buf::<u32>(rows, Init::Uninit, "correct per row")?;
+        per_row(row_loss.ptr_mut(), row_correct.ptr_mut())?;
         launch::xent_reduce {
             row_loss: row_loss.ptr(),
             row_correct: row_correct.ptr(),

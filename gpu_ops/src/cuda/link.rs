@@ -6,7 +6,6 @@
 //! vertices), and edge exclusion as flags, a scan and a compaction.
 
 use super::alloc::{CudaBuf, Init};
-use super::dense::XENT_REDUCE_THREADS;
 use super::device::CudaBackend;
 use super::kernels::{launch, Grid, PtrMut};
 use super::sampling::CudaBlock;
@@ -51,8 +50,9 @@ impl CudaBackend {
         Grid::warps_for(n as u64, self.kernels.max_blocks())
     }
 
-    /// `bce_rows` then `xent_reduce` into `out` (the f64 sum, then the correct
-    /// count); `guard` may be null. `n > 0`, lengths checked.
+    /// `bce_rows` then `xent_reduce` ([`CudaBackend::reduce_rows`]) into `out`
+    /// (the f64 sum, then the correct count); `guard` may be null. `n > 0`,
+    /// lengths checked.
     fn bce_into(
         &self,
         logits: &CudaBuf<f32>,
@@ -62,36 +62,23 @@ impl CudaBackend {
         out: PtrMut<u64>,
         guard: PtrMut<u32>,
     ) -> Result<()> {
-        let mut row_loss = self.buf::<f32>(n, Init::Uninit, "loss per pair")?;
-        let mut row_correct = self.buf::<u32>(n, Init::Uninit, "correct per pair")?;
         let (grad, has_grad) = match grad {
             Some(g) => (g.ptr_mut(), 1u32),
             None => (PtrMut::null(), 0u32),
         };
-        launch::bce_rows {
-            logits: logits.ptr(),
-            labels: labels.ptr(),
-            n: n as u64,
-            grad,
-            has_grad,
-            inv_n: (1.0 / n as f64) as f32,
-            row_loss: row_loss.ptr_mut(),
-            row_correct: row_correct.ptr_mut(),
-        }
-        .launch(&self.kernels, self.cu(), self.link_threads(n))?;
-        launch::xent_reduce {
-            row_loss: row_loss.ptr(),
-            row_correct: row_correct.ptr(),
-            rows: n as u64,
-            out_loss: out.cast(),
-            out_correct: out.offset(1),
-            guard,
-        }
-        .launch(
-            &self.kernels,
-            self.cu(),
-            Grid::exact(1, XENT_REDUCE_THREADS),
-        )
+        self.reduce_rows(n, out, guard, |row_loss, row_correct| {
+            launch::bce_rows {
+                logits: logits.ptr(),
+                labels: labels.ptr(),
+                n: n as u64,
+                grad,
+                has_grad,
+                inv_n: (1.0 / n as f64) as f32,
+                row_loss,
+                row_correct,
+            }
+            .launch(&self.kernels, self.cu(), self.link_threads(n))
+        })
     }
 
     /// The loss's argument checks.
@@ -244,14 +231,8 @@ impl LinkOps for CudaBackend {
                 correct: 0,
             });
         }
-        // [f64 bits of the loss sum, correct count]
-        let mut totals = self.buf::<u64>(2, Init::Uninit, "loss totals")?;
-        self.bce_into(logits, labels, n, dlogits, totals.ptr_mut(), PtrMut::null())?;
-        let mut out = [0u64; 2];
-        self.download_slice(&self.compute, &totals, &mut out)?;
-        Ok(LossStats {
-            loss: f64::from_bits(out[0]) / n as f64,
-            correct: out[1] as usize,
+        self.read_loss(n, |totals| {
+            self.bce_into(logits, labels, n, dlogits, totals, PtrMut::null())
         })
     }
 

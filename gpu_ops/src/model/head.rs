@@ -97,8 +97,8 @@ impl Head {
 impl Decoder {
     /// Emits the scores of pairs `(src[i], dst[i])` (`int64 [P]` row ids of
     /// `h`, `rows × d`) as `float [P]`; `params` are the names of the head's
-    /// tensors ([`Head::params`] order, none for [`Decoder::Dot`]), declared
-    /// by the caller with their shapes.
+    /// tensors (in the order of [`ModelLayout::head_params`](super::ModelLayout::head_params),
+    /// none for [`Decoder::Dot`]), declared by the caller with their shapes.
     pub fn emit(
         self,
         g: &mut dyn GraphEmitter,

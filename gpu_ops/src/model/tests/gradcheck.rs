@@ -28,7 +28,7 @@ const RTOL: f64 = 5e-3;
 
 /// Compares finite differences of `loss` with `analytic` at coordinates `at` of
 /// `values`; returns (checked, skipped at kinks).
-pub(super) fn compare(
+fn compare(
     what: &str,
     values: &mut [f32],
     analytic: &[f32],
@@ -67,7 +67,7 @@ pub(super) fn compare(
 }
 
 /// Up to `n` distinct random coordinates below `len`.
-pub(super) fn coordinates(rng: &mut Rng, len: usize, n: usize) -> Vec<usize> {
+fn coordinates(rng: &mut Rng, len: usize, n: usize) -> Vec<usize> {
     let mut all: Vec<usize> = (0..len).collect();
     rng.shuffle(&mut all);
     all.truncate(n);
@@ -124,28 +124,55 @@ fn check_model(cfg: &ModelConfig, sizes: &[usize], seed: u64, sparse: bool) {
     let grads = dm.grads_to_host(&dev).expect("grads");
     assert!(grads.iter().flatten().any(|v| v.abs() > 1e-3), "{cfg:?}");
     let names = dm.param_names().to_vec();
-    let (mut checked, mut skipped) = (0, 0);
-    for t in 0..params.len() {
-        let at = coordinates(&mut rng, params[t].len(), 6);
-        let what = format!("{cfg:?} sizes {sizes:?} sparse {sparse}: {}", names[t]);
-        let mut values = params[t].clone();
-        let mut loss = |v: &[f32]| {
-            params[t].copy_from_slice(v);
+    let what = format!("{cfg:?} sizes {sizes:?} sparse {sparse}");
+    check_tensors(
+        &what,
+        &mut rng,
+        &mut params,
+        &grads,
+        &names,
+        &mut |params| {
             let refs: Vec<&[f32]> = params.iter().map(Vec::as_slice).collect();
             dm.load(&dev, &refs, None).expect("load");
             let f = dm
                 .forward(&dev, &blocks, input, train, drop_seed)
                 .expect("forward");
             dot(&g, &dev.to_host(f.logits(), g.len()).expect("logits"))
+        },
+    );
+}
+
+/// A loss evaluated at a model's tensors: `(L, Σ |terms|)`, as [`compare`] takes it.
+pub(super) type TensorsLoss<'a> = dyn FnMut(&[Vec<f32>]) -> (f64, f64) + 'a;
+
+/// Every tensor of `params` (named `names`) against finite differences at six
+/// random coordinates, `loss` evaluating the model at the given tensors; at
+/// most a quarter of the coordinates may sit at kinks.
+pub(super) fn check_tensors(
+    what: &str,
+    rng: &mut Rng,
+    params: &mut [Vec<f32>],
+    grads: &[Vec<f32>],
+    names: &[String],
+    loss: &mut TensorsLoss<'_>,
+) {
+    let (mut checked, mut skipped) = (0, 0);
+    for t in 0..params.len() {
+        let at = coordinates(rng, params[t].len(), 6);
+        let mut values = params[t].clone();
+        let mut at_values = |v: &[f32]| {
+            params[t].copy_from_slice(v);
+            loss(params)
         };
-        let (c, s) = compare(&what, &mut values, &grads[t], &at, &mut loss);
+        let what = format!("{what}: {}", names[t]);
+        let (c, s) = compare(&what, &mut values, &grads[t], &at, &mut at_values);
         params[t] = values;
         checked += c;
         skipped += s;
     }
     assert!(
         skipped * 4 <= checked + skipped && checked > 0,
-        "{cfg:?}: {skipped} of {} coordinates at kinks",
+        "{what}: {skipped} of {} coordinates at kinks",
         checked + skipped
     );
 }
