@@ -1,4 +1,4 @@
-//! Many jobs in one process (issue 25): the four-job service of
+//! Many jobs in one process: the four-job service of
 //! `examples/service_jobs.rs` run small, and checks that jobs share one copy of
 //! the dataset — by pointer (every trainer's arrays are the shared ones) and by
 //! the bytes the heap holds after building trainers (a counting allocator) — and

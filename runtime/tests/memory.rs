@@ -1,11 +1,11 @@
-//! Training memory grows with the store, not faster (issue 24).
+//! Training memory grows with the store, not faster.
 //!
 //! `tandem train` runs as a subprocess on two generated R-MAT stores, one four
 //! times the other, and reports its peak resident memory (`VmHWM`) on its last
 //! line. The peak may hold the store's pages (mapped, counted once) plus a working
 //! set that does not depend on the vertex count: so the growth of the peak from
 //! the small run to the large one must stay within 1.2× the growth of the store
-//! plus a small constant. Before issue 24 it did not: full-graph evaluation held a
+//! plus a small constant. Without streaming it would not: full-graph evaluation held a
 //! copy of the features and topology and several activation matrices of every
 //! vertex (7.4 GB peak for a 1.2 GB store at 2M vertices), and the host backend's
 //! feature cache copied every cached row (the default 4 GiB budget duplicated the

@@ -167,8 +167,7 @@ fn reuse_within_two_super_batches_keeps_accuracy() {
 }
 
 /// bfloat16 feature rows on the layer path: the CPU's hot rows read the
-/// bfloat16 host copy and are uploaded as bfloat16 (issue 22 item 4, widened on
-/// the device); accuracy stays within 1 point of fp32 rows with the same reuse.
+/// bfloat16 host copy and are uploaded as bfloat16 (widened on the device); accuracy stays within 1 point of fp32 rows with the same reuse.
 #[test]
 fn bf16_rows_with_hot_rows_uploaded_as_bf16_keep_accuracy() {
     let _serial = serial();

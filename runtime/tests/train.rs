@@ -351,8 +351,8 @@ fn sampling_ahead_trains_on_the_same_blocks() {
         assert_eq!(a1, (b1 - 2) as u64, "{placement}: batches sampled ahead");
         assert_eq!(b0, b1);
     }
-    // The layer pipeline samples ahead itself: the option (on by default since
-    // issue 23) is ignored there, without a note.
+    // The layer pipeline samples ahead itself: the option (on by default) is
+    // ignored there, without a note.
     let cfg = small(
         "sage",
         &[

@@ -10,7 +10,7 @@
 //!   batch (blocks deduplicate their vertices).
 //! - **Degree** (PaGraph's cheap alternative): the score is the vertex's number of
 //!   stored neighbors; no sampling at all.
-//! - **PCIe value** (issue 22, item 4; [`crate::pcie_value`]): one pre-sampling
+//! - **PCIe value** ([`crate::pcie_value`]): one pre-sampling
 //!   pass counts both sides of the bottom block, and a vertex scores the feature
 //!   bytes it alone makes the accelerator read per µs of CPU time
 //!   ([`crate::pcie_values`], with [`RowCost::REFERENCE`] scaled to the model's

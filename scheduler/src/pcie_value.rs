@@ -1,5 +1,5 @@
 //! Choosing hot vertices by the PCIe bytes they save per CPU microsecond, and
-//! sizing the set by the CPU's measured throughput (issue 22, item 4).
+//! sizing the set by the CPU's measured throughput.
 //!
 //! A hot vertex `v` computed on the CPU saves the accelerator its layer-0 row:
 //! the feature rows of `v` and of its sampled neighbors need not cross PCIe for

@@ -1,5 +1,5 @@
-//! `policy = "auto"` re-decides when what its choice costs drifts (issue 22,
-//! item 1): after the decision, every epoch that trains wholly on the choice
+//! `policy = "auto"` re-decides when what its choice costs drifts:
+//! after the decision, every epoch that trains wholly on the choice
 //! is timed per batch; the first such epoch is the baseline (the calibration
 //! probes time steady-state windows, an epoch also holds the pipeline's fill
 //! and drain, so the probe's figure is not comparable); the baseline follows

@@ -1,6 +1,6 @@
 //! Full-graph inference streamed layer by layer through files, so its memory is
 //! the store plus a bounded working set instead of an activation matrix of every
-//! vertex (issue 24): what [`Trainer::infer_to_file`] (`tandem infer`) and
+//! vertex: what [`Trainer::infer_to_file`] (`tandem infer`) and
 //! `train.eval_mode = "full"` run.
 //!
 //! The protocol, per layer `l` of the `L` computed:

@@ -526,8 +526,8 @@ fn bf16_hot_install_refuses_unsealed_rows() {
 /// With `device.sample_ahead` each super-batch's top layers cost one
 /// synchronization of the sampling stream (the read of their sizes and bottom
 /// destinations, which the planner thread waits for) and none of the compute
-/// stream — issue 22: three a batch on the compute stream before (two hops
-/// and a download) — and its bottom hops cost none of either (`executor/layer/device/`
+/// stream (sampling them at train time took three a batch on the compute
+/// stream: two hops and a download) — and its bottom hops cost none of either (`executor/layer/device/`
 /// step 1b: one read of their sizes, finished at the super-batch's first
 /// batch by one event wait), where they took one synchronization of the
 /// compute stream per batch before. Without it both reads are the compute
