@@ -20,8 +20,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use cpu_ops::HostArray;
 use numpy::{
-    Element, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray,
-    PyUntypedArrayMethods,
+    Element, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 use runtime::DatasetProblem;
@@ -79,7 +78,11 @@ pub(crate) fn array<'py>(
                 field,
                 format!(
                     "dtype {dname}, expected an integer dtype{}",
-                    if want == Want::IntOrBool { " or bool" } else { "" }
+                    if want == Want::IntOrBool {
+                        " or bool"
+                    } else {
+                        ""
+                    }
                 ),
             ))
         }
@@ -117,7 +120,12 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 }
 
 /// Checks `a`'s number of dimensions.
-pub(crate) fn expect_ndim(a: &Bound<'_, PyUntypedArray>, field: &str, ndim: usize, expected: &'static str) -> PyResult<()> {
+pub(crate) fn expect_ndim(
+    a: &Bound<'_, PyUntypedArray>,
+    field: &str,
+    ndim: usize,
+    expected: &'static str,
+) -> PyResult<()> {
     if a.ndim() != ndim {
         return Err(to_py(dataset_error(
             field,
@@ -133,9 +141,7 @@ pub(crate) fn expect_ndim(a: &Bound<'_, PyUntypedArray>, field: &str, ndim: usiz
 
 /// A [`HostArray`] over `a`'s buffer, holding `a` (rule 2 of the module doc:
 /// `a` is C-contiguous, aligned, native and of element type `T`).
-pub(crate) fn shared<T: Element + Pod + Send + Sync>(
-    a: &Bound<'_, PyArrayDyn<T>>,
-) -> HostArray<T> {
+pub(crate) fn shared<T: Element + Pod + Send + Sync>(a: &Bound<'_, PyArrayDyn<T>>) -> HostArray<T> {
     let len = a.len();
     let ptr = a.data() as *const T;
     let owner: Arc<dyn Any + Send + Sync> = Arc::new(PyOwner(a.clone().into_any().unbind()));

@@ -122,9 +122,8 @@ pub(crate) fn train_config(
         }
         Some(c) => {
             if let Ok(d) = c.cast::<PyDict>() {
-                let text = toml::to_string(&toml_table(d, DICT_ORIGIN, "")?).map_err(|e| {
-                    to_py(Error::invalid_argument("config", e.to_string()))
-                })?;
+                let text = toml::to_string(&toml_table(d, DICT_ORIGIN, "")?)
+                    .map_err(|e| to_py(Error::invalid_argument("config", e.to_string())))?;
                 return TrainConfig::from_layers(&text, Path::new(DICT_ORIGIN), layers).py_err();
             }
             let path: PathBuf = c.extract().map_err(|_| {

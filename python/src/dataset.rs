@@ -126,12 +126,17 @@ impl Dataset {
                     "both edge_index and csr given; pass one",
                 ))
             }
-            (None, None) => return Err(dataset_invalid("graph", "not given: pass edge_index or csr")),
+            (None, None) => {
+                return Err(dataset_invalid(
+                    "graph",
+                    "not given: pass edge_index or csr",
+                ))
+            }
             (Some(ei), None) => edge_topology(b, ei, &mut notes)?,
             (None, Some(c)) => {
-                let (indptr, indices): (Bound<'_, PyAny>, Bound<'_, PyAny>) = c.extract().map_err(|_| {
-                    dataset_invalid("csr", "expected a pair (indptr, indices)")
-                })?;
+                let (indptr, indices): (Bound<'_, PyAny>, Bound<'_, PyAny>) = c
+                    .extract()
+                    .map_err(|_| dataset_invalid("csr", "expected a pair (indptr, indices)"))?;
                 let p = array(&indptr, "indptr", Want::Int, &mut notes)?;
                 expect_ndim(&p, "indptr", 1, "(n + 1,): offsets")?;
                 let i = array(&indices, "indices", Want::Int, &mut notes)?;
@@ -167,7 +172,11 @@ impl Dataset {
                 Some(m) => mask(m, field, n),
                 None => Ok(cpu_ops::HostArray::from_vec(vec![0u8; n])),
             };
-            b = b.masks_shared(part(train, "train")?, part(val, "val")?, part(test, "test")?);
+            b = b.masks_shared(
+                part(train, "train")?,
+                part(val, "val")?,
+                part(test, "test")?,
+            );
         }
         notes.extend(b.copies().iter().map(|c| format!("{c} (copied)")));
         let ds = py.detach(move || b.build()).py_err()?;
@@ -213,7 +222,8 @@ impl Dataset {
         test: &str,
     ) -> PyResult<Py<PyAny>> {
         let interop = cls.py().import("tandem._interop")?;
-        let kwargs = interop.call_method1("dgl_arrays", (graph, features, labels, train, val, test))?;
+        let kwargs =
+            interop.call_method1("dgl_arrays", (graph, features, labels, train, val, test))?;
         let kwargs = kwargs.cast_into::<PyDict>()?;
         Ok(cls.call_method("from_arrays", (), Some(&kwargs))?.unbind())
     }
@@ -224,7 +234,12 @@ impl Dataset {
     /// `split` picks the scheme when there are several.
     #[staticmethod]
     #[pyo3(signature = (path, directed=false, split=None))]
-    fn from_ogb_dir(py: Python<'_>, path: PathBuf, directed: bool, split: Option<String>) -> PyResult<Self> {
+    fn from_ogb_dir(
+        py: Python<'_>,
+        path: PathBuf,
+        directed: bool,
+        split: Option<String>,
+    ) -> PyResult<Self> {
         let opts = OgbOptions { directed, split };
         let ds = py
             .detach(|| import_ogb_dir_with(&path, &opts, &NoProgress))
@@ -237,7 +252,11 @@ impl Dataset {
     #[staticmethod]
     #[pyo3(signature = (path, verify=false))]
     fn open(py: Python<'_>, path: PathBuf, verify: bool) -> PyResult<Self> {
-        let v = if verify { Verify::Full } else { Verify::Default };
+        let v = if verify {
+            Verify::Full
+        } else {
+            Verify::Default
+        };
         let ds = py.detach(|| open_dataset(&path, v)).py_err()?;
         Ok(Self::wrap(ds))
     }
@@ -390,7 +409,11 @@ impl Dataset {
         // SAFETY: the view's memory belongs to the dataset, which `slf` (the
         // array's base object) keeps alive; the array is made read-only below.
         let arr = unsafe { PyArray2::borrow_from_array(&view, slf.clone().into_any()) };
-        arr.call_method("setflags", (), Some(&[("write", false)].into_py_dict(slf.py())?))?;
+        arr.call_method(
+            "setflags",
+            (),
+            Some(&[("write", false)].into_py_dict(slf.py())?),
+        )?;
         Ok(arr.into_any())
     }
 
@@ -445,9 +468,9 @@ fn edge_topology(
     notes: &mut Vec<String>,
 ) -> PyResult<DatasetBuilder> {
     if let Ok(pair) = ei.cast::<PyTuple>() {
-        let (src, dst): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair
-            .extract()
-            .map_err(|_| dataset_invalid("edge_index", "expected a (2, E) array or a pair (src, dst)"))?;
+        let (src, dst): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair.extract().map_err(|_| {
+            dataset_invalid("edge_index", "expected a (2, E) array or a pair (src, dst)")
+        })?;
         let s = array(&src, "edge_index", Want::Int, notes)?;
         expect_ndim(&s, "edge_index", 1, "(E,) sources and (E,) targets")?;
         let d = array(&dst, "edge_index", Want::Int, notes)?;
@@ -470,7 +493,12 @@ fn edge_topology(
         }, else Err(dataset_invalid("edge_index", "expected an integer array")));
     }
     let a = array(ei, "edge_index", Want::Int, notes)?;
-    expect_ndim(&a, "edge_index", 2, "(2, E): row 0 = sources, row 1 = targets")?;
+    expect_ndim(
+        &a,
+        "edge_index",
+        2,
+        "(2, E): row 0 = sources, row 1 = targets",
+    )?;
     with_int_array!(&a, t => {
         let v = t.readonly();
         let v = v.as_array().into_dimensionality::<ndarray::Ix2>().map_err(|e| dataset_invalid("edge_index", e.to_string()))?;

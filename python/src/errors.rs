@@ -116,7 +116,10 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                 vec![
                     ("epoch", int_obj(py, *epoch)),
                     ("batch", int_obj(py, *batch)),
-                    ("loss", pyo3::types::PyFloat::new(py, *loss).into_any().unbind()),
+                    (
+                        "loss",
+                        pyo3::types::PyFloat::new(py, *loss).into_any().unbind(),
+                    ),
                 ],
             ),
             Error::Io { path, .. } | Error::Format { path, .. } | Error::Parse { path, .. } => (
@@ -159,7 +162,11 @@ impl<T> IntoPy<T> for runtime::Result<T> {
 /// A [`DatasetError`] built as the runtime builds one: `invalid dataset:
 /// {field}: {what}`.
 pub(crate) fn dataset_invalid(field: &str, what: impl Into<String>) -> PyErr {
-    to_py(dataset_error(field, &[], DatasetProblem::Invalid { what: what.into() }))
+    to_py(dataset_error(
+        field,
+        &[],
+        DatasetProblem::Invalid { what: what.into() },
+    ))
 }
 
 /// A runtime dataset error (formatted by the runtime).

@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use numpy::{IntoPyArray, PyArray1, PyArray2};
-use slot::Slot;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use runtime::onnx::{ExportOptions, OnnxOutput};
@@ -30,6 +29,7 @@ use runtime::{
     BatchMetrics, Callback, CallbackId, CancelToken, Control, EpochStats, Error, InferOutput,
     StopCause, TrainerBuilder,
 };
+use slot::Slot;
 
 use crate::arrays::ids;
 use crate::config::{overrides, train_config};
@@ -167,7 +167,13 @@ impl PyCallback {
             let obj = self.obj.bind(py);
             let target = match obj.getattr(method) {
                 Ok(m) => m,
-                Err(_) if method == "on_epoch" && obj.is_callable() && !obj.hasattr("on_batch").unwrap_or(false) => obj.clone(),
+                Err(_)
+                    if method == "on_epoch"
+                        && obj.is_callable()
+                        && !obj.hasattr("on_batch").unwrap_or(false) =>
+                {
+                    obj.clone()
+                }
                 Err(_) => return Control::Continue,
             };
             match target.call1((arg,)) {
@@ -417,7 +423,11 @@ impl Trainer {
     /// The output of the layer below the classifier (full-neighbor inference)
     /// for `ids`, or for every vertex: an `(len(ids), hidden)` float32 array.
     #[pyo3(signature = (ids=None))]
-    fn embeddings<'py>(&mut self, py: Python<'py>, ids: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    fn embeddings<'py>(
+        &mut self,
+        py: Python<'py>,
+        ids: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let trainer = self.tm();
         let out = match ids {
             None => py.detach(move || trainer.embedding_table().map(|t| t.to_array())),
@@ -431,7 +441,11 @@ impl Trainer {
     }
 
     /// The logits of `ids` (full-neighbor inference): `(len(ids), classes)`.
-    fn predict<'py>(&mut self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    fn predict<'py>(
+        &mut self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let ids = self::ids(ids, "ids")?;
         let trainer = self.tm();
         let out = py.detach(move || trainer.predict(&ids)).py_err()?;
@@ -442,7 +456,12 @@ impl Trainer {
     /// (`"logits"`) to a `.npy` file, streamed layer by layer (memory: the
     /// store and one row block); returns `(rows, columns)`.
     #[pyo3(signature = (path, what="embeddings"))]
-    fn infer_to_file(&mut self, py: Python<'_>, path: PathBuf, what: &str) -> PyResult<(usize, usize)> {
+    fn infer_to_file(
+        &mut self,
+        py: Python<'_>,
+        path: PathBuf,
+        what: &str,
+    ) -> PyResult<(usize, usize)> {
         let what = match what {
             "embeddings" => InferOutput::Embeddings,
             "logits" => InferOutput::Logits,
@@ -454,7 +473,9 @@ impl Trainer {
             }
         };
         let trainer = self.tm();
-        let r = py.detach(move || trainer.infer_to_file(what, &path)).py_err()?;
+        let r = py
+            .detach(move || trainer.infer_to_file(what, &path))
+            .py_err()?;
         Ok((r.rows, r.width))
     }
 
@@ -491,7 +512,8 @@ impl Trainer {
             ..ExportOptions::default()
         };
         let trainer = self.tm();
-        py.detach(move || trainer.export_onnx(&path, &opts)).py_err()
+        py.detach(move || trainer.export_onnx(&path, &opts))
+            .py_err()
     }
 
     /// One line: the device training runs on and why (`device.kind = "auto"`

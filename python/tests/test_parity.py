@@ -83,3 +83,26 @@ def test_dataset_errors_print_as_the_cli_prints_them(tmp_path, tandem_cli):
         tandem.Dataset.from_arrays(features=np.ones((n, 2), dtype=np.float32),
                                    labels=np.arange(n) % 2, edge_index=ei)
     assert "error: " + str(e.value) == line or str(e.value) in line, (line, str(e.value))
+
+
+def test_tandem_import_ogb_gives_the_dataset_from_ogb_dir_gives(tmp_path, tandem_cli):
+    from conftest import write_ogb_dir
+
+    root, *_ = write_ogb_dir(tmp_path / "ogbn_toy")
+    out = tmp_path / "toy.tds"
+    subprocess.run([tandem_cli, "import", "ogb", str(root), "-o", str(out)], check=True,
+                   capture_output=True, text=True)
+    a, b = tandem.Dataset.open(out), tandem.Dataset.from_ogb_dir(root)
+    assert (a.num_vertices, a.num_edges, a.num_classes) == (b.num_vertices, b.num_edges, b.num_classes)
+    np.testing.assert_array_equal(a.features, b.features)
+    np.testing.assert_array_equal(a.train_ids, b.train_ids)
+    bad = tmp_path / "bad"
+    write_ogb_dir(bad)
+    (bad / "raw" / "node-label.csv.gz").write_bytes(b"\x1f\x8b broken")
+    cli = subprocess.run([tandem_cli, "import", "ogb", str(bad), "-o", str(tmp_path / "bad.tds")],
+                         capture_output=True, text=True)
+    line = next(l for l in cli.stderr.splitlines() if l.startswith("error: "))
+    with pytest.raises(tandem.TandemError) as e:
+        tandem.Dataset.from_ogb_dir(bad)
+    assert line == "error: " + str(e.value)
+    assert not (tmp_path / "bad.tds").exists()
