@@ -424,7 +424,7 @@ impl Dataset {
     }
 
     /// The arrays that were converted (copied) instead of used in place, and how
-    /// (`"features: <f8 → float32 (copied)"`); empty when everything was shared.
+    /// (`"features: float64 → float32 (copied)"`); empty when everything was shared.
     #[getter]
     fn conversions(&self) -> Vec<String> {
         self.conversions.clone()
