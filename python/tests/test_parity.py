@@ -66,25 +66,6 @@ def test_config_errors_print_as_the_cli_prints_them(tmp_path, tandem_cli, text):
     assert "error: " + str(e.value) == line
 
 
-def test_dataset_errors_print_as_the_cli_prints_them(tmp_path, tandem_cli):
-    d = tmp_path / "npy"
-    d.mkdir()
-    n = 10
-    np.save(d / "features.npy", np.ones((n, 2), dtype=np.float32))
-    np.save(d / "labels.npy", np.arange(n) % 2)
-    for m in ("train_mask", "val_mask", "test_mask"):
-        np.save(d / f"{m}.npy", np.zeros(n, dtype=bool))
-    ei = np.array([[0, 1, 2], [1, 2, 12]])
-    np.save(d / "edge_index.npy", ei)
-    cli = subprocess.run([tandem_cli, "import", "npy", str(d), "-o", str(tmp_path / "x.tds")],
-                         capture_output=True, text=True)
-    line = next(l for l in cli.stderr.splitlines() if l.startswith("error: "))
-    with pytest.raises(tandem.DatasetError) as e:
-        tandem.Dataset.from_arrays(features=np.ones((n, 2), dtype=np.float32),
-                                   labels=np.arange(n) % 2, edge_index=ei)
-    assert "error: " + str(e.value) == line or str(e.value) in line, (line, str(e.value))
-
-
 def test_tandem_import_ogb_gives_the_dataset_from_ogb_dir_gives(tmp_path, tandem_cli):
     from conftest import write_ogb_dir
 
