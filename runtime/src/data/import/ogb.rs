@@ -319,7 +319,7 @@ fn read_graph(
             }
         };
         edges.push((id(s, "source")?, id(d, "target")?));
-        if hint.is_some() && edges.len() % (1 << 16) == 0 {
+        if hint.is_some() && edges.len().is_multiple_of(1 << 16) {
             meter.set((edges.len() as u64).min(hint.unwrap_or(0)));
         }
     }
@@ -388,7 +388,7 @@ fn read_features(path: &Path, n: usize, progress: &dyn Progress) -> Result<Featu
             ));
         }
         rows += 1;
-        if rows % (1 << 14) == 0 {
+        if rows.is_multiple_of(1 << 14) {
             meter.set(rows as u64);
         }
     }
