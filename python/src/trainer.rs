@@ -507,10 +507,7 @@ impl Trainer {
                 )))
             }
         };
-        let opts = ExportOptions {
-            output,
-            ..ExportOptions::default()
-        };
+        let opts = ExportOptions { output };
         let trainer = self.tm();
         py.detach(move || trainer.export_onnx(&path, &opts))
             .py_err()
