@@ -1,12 +1,17 @@
-//! `HostArray<T>`: a read-only array of plain data that is either owned or a view
-//! into a memory-mapped file.
+//! `HostArray<T>`: a read-only array of plain data that is owned, a view into a
+//! memory-mapped file, or a view of memory another owner keeps alive (a NumPy
+//! array, a PyTorch tensor).
 //!
 //! The dataset store maps its file once and hands out `HostArray`s for the CSR
 //! offsets, neighbor ids, features, labels and masks, so a 10 GB feature section is
-//! paged in by the OS as rows are touched instead of being read up front.
+//! paged in by the OS as rows are touched instead of being read up front. A host
+//! language hands its buffers over the same way ([`HostArray::from_external`]):
+//! the array holds the buffer's owner, so the elements are used in place.
 
+use std::any::Any;
 use std::fmt;
 use std::ops::Deref;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use bytemuck::Pod;
@@ -14,7 +19,8 @@ use memmap2::Mmap;
 
 use crate::error::{CpuOpsError, Result};
 
-/// A read-only slice of `T` backed by a shared `Vec<T>` or by a shared memory map.
+/// A read-only slice of `T` backed by a shared `Vec<T>`, a shared memory map, or
+/// memory an external owner keeps alive ([`HostArray::from_external`]).
 ///
 /// Cloning is cheap either way: it clones an `Arc`, never the elements, so a
 /// dataset cloned for several trainers (or handed to a device engine) holds one
@@ -32,7 +38,23 @@ enum Repr<T> {
         offset: usize,
         len: usize,
     },
+    /// `len` elements at `ptr`, valid while `owner` lives (the contract of
+    /// [`HostArray::from_external`]).
+    External {
+        owner: Arc<dyn Any + Send + Sync>,
+        ptr: NonNull<T>,
+        len: usize,
+    },
 }
+
+// SAFETY: every representation is read-only shared data. `Owned` and `Mapped`
+// are `Send + Sync` as they are; `External` points at elements that
+// `from_external`'s caller promised stay valid, unmodified and readable from any
+// thread while `owner` (itself `Send + Sync`) lives, and `T: Pod` values are
+// plain bytes.
+unsafe impl<T: Pod + Send + Sync> Send for HostArray<T> {}
+// SAFETY: as for `Send`: nothing is ever written through a `HostArray`.
+unsafe impl<T: Pod + Send + Sync> Sync for HostArray<T> {}
 
 impl<T: Pod> HostArray<T> {
     /// Wraps an owned vector. Clones of the array share it (no copy).
@@ -84,10 +106,69 @@ impl<T: Pod> HostArray<T> {
         })
     }
 
+    /// Views `len` elements at `ptr` that `owner` keeps alive, without copying
+    /// them: a NumPy array's buffer with the array as its owner, say. Clones
+    /// share `owner`; it is dropped with the last of them.
+    ///
+    /// # Safety
+    /// `ptr` must point to `len` initialized elements of `T`, aligned for `T`,
+    /// that stay valid and are not modified for as long as `owner` lives, and
+    /// that may be read from any thread. (`ptr` may be dangling when `len` is 0.)
+    pub unsafe fn from_external(
+        owner: Arc<dyn Any + Send + Sync>,
+        ptr: *const T,
+        len: usize,
+    ) -> Self {
+        let ptr = match NonNull::new(ptr.cast_mut()) {
+            Some(p) if len > 0 => p,
+            _ => NonNull::dangling(),
+        };
+        Self {
+            repr: Repr::External { owner, ptr, len },
+        }
+    }
+
+    /// The same elements seen as `U`, a type of the same size and alignment
+    /// (`i32` → `u32`, `i64` → `u64`, `bool` bytes → `u8`), sharing the storage:
+    /// nothing is copied. `None` when the sizes or alignments differ.
+    pub fn reinterpret<U: Pod>(self) -> Option<HostArray<U>>
+    where
+        T: Send + Sync,
+    {
+        if std::mem::size_of::<U>() != std::mem::size_of::<T>()
+            || std::mem::align_of::<U>() != std::mem::align_of::<T>()
+        {
+            return None;
+        }
+        let repr = match self.repr {
+            Repr::Mapped { map, offset, len } => Repr::Mapped { map, offset, len },
+            Repr::External { owner, ptr, len } => Repr::External {
+                owner,
+                ptr: ptr.cast(),
+                len,
+            },
+            Repr::Owned(v) => {
+                let (ptr, len) = (v.as_ptr(), v.len());
+                let owner: Arc<dyn Any + Send + Sync> = v;
+                // SAFETY: `ptr` points at the `len` elements of the vector that
+                // `owner` holds and never changes (it is shared, never mutated);
+                // `U` has `T`'s size and alignment and is `Pod`, so every bit
+                // pattern of a `T` is a valid `U`.
+                return Some(unsafe { HostArray::from_external(owner, ptr.cast::<U>(), len) });
+            }
+        };
+        Some(HostArray { repr })
+    }
+
     /// The elements as a slice.
     pub fn as_slice(&self) -> &[T] {
         match &self.repr {
             Repr::Owned(v) => v.as_slice(),
+            // SAFETY: `from_external`'s contract: `len` valid, aligned elements
+            // kept alive and unmodified by `owner`, which `self` holds.
+            Repr::External { ptr, len, .. } => unsafe {
+                std::slice::from_raw_parts(ptr.as_ptr(), *len)
+            },
             Repr::Mapped { map, offset, len } => {
                 let bytes = &map[*offset..*offset + *len * std::mem::size_of::<T>()];
                 // Alignment and bounds were checked in `from_mapped`; the mapping is
@@ -110,12 +191,18 @@ impl<T: Pod> HostArray<T> {
         a.len() == b.len() && std::ptr::eq(a.as_ptr(), b.as_ptr())
     }
 
+    /// True when the elements belong to an external owner
+    /// ([`HostArray::from_external`]).
+    pub fn is_external(&self) -> bool {
+        matches!(self.repr, Repr::External { .. })
+    }
+
     /// Copies the data into an owned vector (or takes it when this is the only
     /// handle on an owned array).
     pub fn into_vec(self) -> Vec<T> {
         match self.repr {
             Repr::Owned(v) => Arc::try_unwrap(v).unwrap_or_else(|shared| shared.to_vec()),
-            Repr::Mapped { .. } => self.as_slice().to_vec(),
+            Repr::Mapped { .. } | Repr::External { .. } => self.as_slice().to_vec(),
         }
     }
 }
@@ -136,6 +223,11 @@ impl<T: Pod> Clone for HostArray<T> {
                 offset: *offset,
                 len: *len,
             },
+            Repr::External { owner, ptr, len } => Repr::External {
+                owner: Arc::clone(owner),
+                ptr: *ptr,
+                len: *len,
+            },
         };
         Self { repr }
     }
@@ -152,6 +244,7 @@ impl<T: Pod> fmt::Debug for HostArray<T> {
         f.debug_struct("HostArray")
             .field("len", &self.len())
             .field("mapped", &self.is_mapped())
+            .field("external", &self.is_external())
             .finish()
     }
 }
@@ -223,6 +316,48 @@ mod tests {
         let ptr = a.as_slice().as_ptr();
         let owned = a.into_vec();
         assert_eq!(owned.as_ptr(), ptr);
+    }
+
+    /// An external buffer is used in place and lives as long as the last array
+    /// viewing it; reinterpreting shares the storage of every representation.
+    #[test]
+    fn external_buffers_are_viewed_in_place_and_kept_alive() {
+        struct Owner(Vec<i32>, Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Owner {
+            fn drop(&mut self) {
+                self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let owner = Arc::new(Owner((0..10).collect(), Arc::clone(&dropped)));
+        let ptr = owner.0.as_ptr();
+        // SAFETY: the vector inside `owner` is never modified and lives with it.
+        let a = unsafe { HostArray::from_external(owner, ptr, 10) };
+        assert!(a.is_external() && !a.is_mapped());
+        assert_eq!(a.as_slice().as_ptr(), ptr);
+        let b = a.clone();
+        assert!(a.shares_storage(&b));
+        let u: HostArray<u32> = a.reinterpret().unwrap();
+        assert_eq!(u.as_slice().as_ptr() as usize, ptr as usize);
+        assert_eq!(u[9], 9);
+        assert!(u.clone().reinterpret::<u64>().is_none());
+        drop(b);
+        assert!(!dropped.load(std::sync::atomic::Ordering::SeqCst));
+        drop(u);
+        assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
+
+        // Owned and mapped arrays reinterpret without a copy too.
+        let owned = HostArray::from_vec(vec![-1i64, 2]);
+        let p = owned.as_slice().as_ptr() as usize;
+        let r: HostArray<u64> = owned.reinterpret().unwrap();
+        assert_eq!((r.as_slice().as_ptr() as usize, r[0]), (p, u64::MAX));
+        let map = map_bytes(&[1u8; 16]);
+        let m = HostArray::<i32>::from_mapped(map, 0, 4).unwrap();
+        assert!(m.reinterpret::<f32>().unwrap().is_mapped());
+        // An empty external array may come with a dangling pointer.
+        // SAFETY: no element is read.
+        let e = unsafe { HostArray::<f32>::from_external(Arc::new(()), std::ptr::null(), 0) };
+        assert!(e.is_empty());
     }
 
     #[test]

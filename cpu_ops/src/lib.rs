@@ -1,6 +1,6 @@
 //! Host data and kernels for Tandem.
 //!
-//! - [`HostArray`]: owned or memory-mapped plain-data arrays;
+//! - [`HostArray`]: owned, memory-mapped or externally owned plain-data arrays;
 //! - [`CsrGraph`]: CSR topology (`u64` offsets, `u32` ids) and its builder;
 //! - [`FeatureMatrix`]: row-major `f32` vertex features;
 //! - [`Rng`]: the version-stable generator every seeded component uses;

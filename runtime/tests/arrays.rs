@@ -687,3 +687,135 @@ fn one_feature_row_short_is_a_count_mismatch_not_an_id_out_of_range() {
         .unwrap();
     assert_eq!(ds.num_vertices(), n);
 }
+
+/// The `*_shared` setters use the arrays in place — the dataset's features,
+/// CSR and labels are the very buffers given (the same addresses) — and
+/// convert only other widths, saying which; their checks and messages are the
+/// copying setters'.
+#[test]
+fn shared_arrays_are_used_in_place_and_checked_as_the_others() {
+    use cpu_ops::HostArray;
+    let ds = generated();
+    let n = ds.num_vertices();
+    let features: HostArray<f32> = ds.features.data().clone();
+    let indptr: HostArray<i64> =
+        HostArray::from_vec(ds.graph.offsets().iter().map(|&o| o as i64).collect());
+    let indices: HostArray<i32> =
+        HostArray::from_vec(ds.graph.indices().iter().map(|&v| v as i32).collect());
+    let labels: HostArray<i32> = HostArray::from_vec(ds.labels.iter().map(|&l| l as i32).collect());
+    let b = DatasetBuilder::new("shared")
+        .csr_shared(indptr.clone(), indices.clone())
+        .features_shared(features.clone(), n, ds.features.dim())
+        .labels_shared(labels.clone())
+        .masks_shared(
+            ds.train_mask.clone(),
+            ds.val_mask.clone(),
+            ds.test_mask.clone(),
+        );
+    assert!(b.copies().is_empty(), "{:?}", b.copies());
+    let built = b.build().unwrap();
+    let addr = |s: &[u8]| s.as_ptr() as usize;
+    assert!(built.features.data().shares_storage(&features));
+    assert_eq!(
+        addr(bytemuck::cast_slice(built.graph.offsets())),
+        addr(bytemuck::cast_slice(&indptr))
+    );
+    assert_eq!(
+        addr(bytemuck::cast_slice(built.graph.indices())),
+        addr(bytemuck::cast_slice(&indices))
+    );
+    assert_eq!(
+        addr(bytemuck::cast_slice(&built.labels)),
+        addr(bytemuck::cast_slice(&labels))
+    );
+    assert!(built.train_mask.shares_storage(&ds.train_mask));
+    assert_eq!(built.graph, ds.graph);
+    assert_eq!(built.labels, ds.labels);
+
+    // Other widths are converted, and named.
+    let narrow: HostArray<i16> = HostArray::from_vec(ds.labels.iter().map(|&l| l as i16).collect());
+    let b = DatasetBuilder::new("narrow")
+        .csr_shared(
+            HostArray::from_vec(
+                ds.graph
+                    .offsets()
+                    .iter()
+                    .map(|&o| o as u32)
+                    .collect::<Vec<_>>(),
+            ),
+            ds.graph.indices().clone(),
+        )
+        .features_shared(features.clone(), n, ds.features.dim())
+        .labels_shared(narrow);
+    assert_eq!(b.copies(), ["indptr: u32 → u64", "labels: i16 → u32"]);
+    assert_eq!(b.build().unwrap().labels, ds.labels);
+
+    // The checks and messages of the copying setters.
+    let mut bad = indices.to_vec();
+    bad[5] = -3;
+    let e = DatasetBuilder::new("bad")
+        .csr_shared(indptr.clone(), HostArray::from_vec(bad))
+        .features_shared(features.clone(), n, ds.features.dim())
+        .labels_shared(labels.clone())
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid dataset: indices[5] = -3 is negative"
+    );
+    let mut nan = features.to_vec();
+    nan[7] = f32::NAN;
+    let dim = ds.features.dim();
+    let e = DatasetBuilder::new("nan")
+        .csr_shared(indptr, indices)
+        .features_shared(HostArray::from_vec(nan), n, dim)
+        .labels_shared(labels)
+        .masks_shared(
+            HostArray::from_vec(vec![2u8; n]),
+            ds.val_mask.clone(),
+            ds.test_mask.clone(),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "invalid dataset: features[{}, {}] = NaN is not a finite number",
+            7 / dim,
+            7 % dim
+        )
+    );
+}
+
+/// `edge_lists` is `edge_index` with its rows apart: same graph, same messages.
+#[test]
+fn edge_lists_are_an_edge_index_in_two_arrays() {
+    let ds = generated();
+    let edges: Vec<(u32, u32)> = ds.graph.edges().collect();
+    let ei = edge_index(&edges);
+    let (src, dst) = (ei.row(0).to_owned(), ei.row(1).to_owned());
+    let a = DatasetBuilder::new("a")
+        .edge_index(&ei)
+        .features(&features_of(&ds))
+        .labels(&*ds.labels)
+        .build()
+        .unwrap();
+    let b = DatasetBuilder::new("b")
+        .edge_lists(&src, &dst)
+        .features(&features_of(&ds))
+        .labels(&*ds.labels)
+        .build()
+        .unwrap();
+    assert_eq!(a.graph, b.graph);
+    let e = DatasetBuilder::new("c")
+        .edge_lists(&src, &dst.slice(runtime::ndarray::s![..3]).to_owned())
+        .features(&features_of(&ds))
+        .labels(&*ds.labels)
+        .build()
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("invalid dataset: edge_index: length 3, expected"),
+        "{e}"
+    );
+}

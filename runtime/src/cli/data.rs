@@ -12,8 +12,9 @@ use crate::data::dataset::{
 };
 use crate::data::generate::{generate_rmat_with, generate_sbm_with, RmatOptions, SbmOptions};
 use crate::data::import::{
-    import_edge_list_with, import_metis_with, import_npy_dir_with, import_wordnet_with,
-    EdgeSplitFiles, EdgeSplitSource, FeatureSource, GraphImportOptions, LabelSource,
+    import_edge_list_with, import_metis_with, import_npy_dir_with, import_ogb_dir_with,
+    import_wordnet_with, EdgeSplitFiles, EdgeSplitSource, FeatureSource, GraphImportOptions,
+    LabelSource, OgbOptions,
     WordNetOptions,
 };
 use crate::error::{Error, Result};
@@ -28,6 +29,23 @@ pub(super) enum ImportCmd {
     Edgelist(EdgeListArgs),
     /// A directory written by `tandem export --format npy`.
     Npy(NpyDirArgs),
+    /// An OGB node-property dataset as the `ogb` package downloads it
+    /// (`raw/*.csv.gz`, `split/<scheme>/`).
+    Ogb(OgbArgs),
+}
+
+#[derive(Debug, Args)]
+pub(super) struct OgbArgs {
+    /// The dataset's directory (e.g. `dataset/ogbn_arxiv`).
+    input: PathBuf,
+    /// Keep edges as listed (`src → dst`) instead of storing both directions.
+    #[arg(long)]
+    directed: bool,
+    /// The split scheme under `split/` (default: the only one there).
+    #[arg(long)]
+    split: Option<String>,
+    #[command(flatten)]
+    out: OutputArg,
 }
 
 #[derive(Debug, Args)]
@@ -300,6 +318,14 @@ pub(super) fn import(cmd: ImportCmd) -> Result<()> {
         ImportCmd::Npy(a) => {
             let progress = CliProgress::stderr("import npy");
             save(&import_npy_dir_with(&a.input, &progress)?, &a.out, t)
+        }
+        ImportCmd::Ogb(a) => {
+            let opts = OgbOptions {
+                directed: a.directed,
+                split: a.split,
+            };
+            let progress = CliProgress::stderr("import ogb");
+            save(&import_ogb_dir_with(&a.input, &opts, &progress)?, &a.out, t)
         }
     }
 }

@@ -36,8 +36,8 @@ pub use generate::{
 };
 pub use import::{
     dataset_from_graph, import_edge_list, import_edge_list_with, import_metis, import_metis_with,
-    import_npy_dir, import_npy_dir_with, import_wordnet, import_wordnet_with, read_edge_list,
-    read_edge_list_with, read_metis, read_metis_with, ArrayInt, DatasetBuilder, EdgeListGraph,
-    EdgeSplitFiles, EdgeSplitSource, FeatureSource, GraphImportOptions, LabelSource,
-    WordNetOptions,
+    import_npy_dir, import_npy_dir_with, import_ogb_dir, import_ogb_dir_with, import_wordnet,
+    import_wordnet_with, read_edge_list, read_edge_list_with, read_metis, read_metis_with,
+    ArrayInt, DatasetBuilder, EdgeListGraph, EdgeSplitFiles, EdgeSplitSource, FeatureSource,
+    GraphImportOptions, LabelSource, OgbOptions, WordNetOptions,
 };

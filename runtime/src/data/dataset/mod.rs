@@ -83,16 +83,31 @@ impl Dataset {
         num_classes: u32,
         masks: [Vec<u8>; 3],
     ) -> Result<Self> {
-        let [train, val, test] = masks;
+        let masks = masks.map(HostArray::from_vec);
+        Self::from_shared_parts(name, graph, features, labels.into(), num_classes, masks)
+    }
+
+    /// [`Dataset::from_parts`] over arrays that may be shared (memory-mapped,
+    /// or buffers of an external owner: [`HostArray::from_external`]); nothing
+    /// is copied.
+    pub fn from_shared_parts(
+        name: String,
+        graph: CsrGraph,
+        features: FeatureMatrix,
+        labels: HostArray<u32>,
+        num_classes: u32,
+        masks: [HostArray<u8>; 3],
+    ) -> Result<Self> {
+        let [train_mask, val_mask, test_mask] = masks;
         let ds = Self {
             name,
             graph,
             features,
-            labels: labels.into(),
+            labels,
             num_classes,
-            train_mask: train.into(),
-            val_mask: val.into(),
-            test_mask: test.into(),
+            train_mask,
+            val_mask,
+            test_mask,
             edges: None,
         };
         ds.validate()?;

@@ -48,6 +48,15 @@
 //!    [`Dataset::with_edge_split`] (no validation or test edge in the graph,
 //!    every training edge in it).
 //!
+//! # Arrays used in place
+//! The `*_shared` setters take [`HostArray`]s (an owned vector, a memory map,
+//! or a host language's buffer: [`HostArray::from_external`]) and use them
+//! without copying where the element type allows: features as they are
+//! ([`DatasetBuilder::features_shared`]), CSR offsets of 8-byte integers and
+//! neighbor ids, labels of 4-byte integers (their values checked first, then
+//! reinterpreted as `u64` / `u32`), masks of bytes. An array of another width is
+//! converted once, and [`DatasetBuilder::copies`] names it.
+//!
 //! Every failure is an [`Error::Dataset`] naming the field, the element's position
 //! where one is to blame, and a [`DatasetProblem`]: `features: length 3, expected 4
 //! (the number of labels)` is a [`DatasetProblem::Count`], `edge_index[1, 17] = 9
@@ -55,6 +64,7 @@
 //! convert (and check what they can) at once; [`DatasetBuilder::build`] reports the
 //! first failure.
 
+use bytemuck::Pod;
 use cpu_ops::{CsrGraph, FeatureMatrix, HostArray};
 use ndarray::{ArrayView1, ArrayView2, AsArray, Ix2};
 use rayon::prelude::*;
@@ -104,7 +114,7 @@ enum Topology {
 /// Where the masks come from (step 4 of the module doc).
 #[derive(Debug)]
 enum Masks {
-    Given([Vec<u8>; 3]),
+    Given([HostArray<u8>; 3]),
     Split(SplitSpec),
 }
 
@@ -170,7 +180,7 @@ pub struct DatasetBuilder {
     graph: Option<Topology>,
     symmetrize: bool,
     features: Option<FeatureMatrix>,
-    labels: Option<Vec<u32>>,
+    labels: Option<HostArray<u32>>,
     num_classes: Option<u32>,
     num_vertices: Option<usize>,
     masks: Masks,
@@ -179,6 +189,8 @@ pub struct DatasetBuilder {
     negatives: Option<[Negatives; 2]>,
     /// The first failure of a setter, reported by `build`.
     error: Option<Error>,
+    /// What a `*_shared` setter had to convert (copy).
+    copies: Vec<String>,
 }
 
 impl DatasetBuilder {
@@ -198,6 +210,7 @@ impl DatasetBuilder {
             edges: None,
             negatives: None,
             error: None,
+            copies: Vec::new(),
         }
     }
 
@@ -230,12 +243,7 @@ impl DatasetBuilder {
     {
         let ei: ArrayView2<T> = edge_index.into();
         let rows = if ei.nrows() == 2 {
-            let limit = u32::MAX as i128;
-            let beyond = "the u32 vertex id limit";
-            checked(ei.row(0), limit, "edge_index", |j| vec![0, j], beyond).and_then(|src| {
-                checked(ei.row(1), limit, "edge_index", |j| vec![1, j], beyond)
-                    .map(|dst| (src, dst))
-            })
+            edge_rows(ei.row(0), ei.row(1))
         } else {
             Err(Error::dataset(
                 "edge_index",
@@ -244,6 +252,30 @@ impl DatasetBuilder {
                     expected: "(2, E): row 0 = sources, row 1 = targets",
                     found: vec![ei.nrows(), ei.ncols()],
                 },
+            ))
+        };
+        if let Some((src, dst)) = self.keep(rows) {
+            self.graph = Some(Topology::EdgeIndex { src, dst });
+        }
+        self
+    }
+
+    /// [`DatasetBuilder::edge_index`] with its two rows as separate arrays of one
+    /// length (`src[j] → dst[j]`), as DGL's `graph.edges()` returns them; errors
+    /// name them `edge_index[0, j]` and `edge_index[1, j]` as `edge_index` does.
+    pub fn edge_lists<'a, T>(mut self, src: impl AsArray<'a, T>, dst: impl AsArray<'a, T>) -> Self
+    where
+        T: ArrayInt + 'a,
+    {
+        let (src, dst): (ArrayView1<T>, ArrayView1<T>) = (src.into(), dst.into());
+        let rows = if src.len() == dst.len() {
+            edge_rows(src, dst)
+        } else {
+            Err(count(
+                "edge_index",
+                src.len() as u64,
+                dst.len() as u64,
+                "the sources; row 1 needs one target a source",
             ))
         };
         if let Some((src, dst)) = self.keep(rows) {
@@ -283,9 +315,76 @@ impl DatasetBuilder {
             "the u32 label limit",
         );
         if let Some(l) = self.keep(l) {
+            self.labels = Some(HostArray::from_vec(l));
+        }
+        self
+    }
+
+    /// [`DatasetBuilder::features`] without a copy: `data` holds `rows × dim`
+    /// values row-major and becomes the dataset's feature matrix as it is (an
+    /// external buffer stays with its owner). Checked as `features` checks:
+    /// `dim ≥ 1`, every value finite.
+    pub fn features_shared(mut self, data: HostArray<f32>, rows: usize, dim: usize) -> Self {
+        let f = check_features(&data, rows, dim).and_then(|()| {
+            FeatureMatrix::new(data, rows, dim).map_err(|e| Error::cpu_ops("features", e))
+        });
+        if let Some(f) = self.keep(f) {
+            self.features = Some(f);
+        }
+        self
+    }
+
+    /// [`DatasetBuilder::csr`] over arrays used in place where their element
+    /// types allow (module doc, "Arrays used in place"): 8-byte `indptr`
+    /// (`i64`, `u64`) and 4-byte `indices` (`i32`, `u32`) are checked, then
+    /// shared; other widths are converted. Same checks and messages as `csr`.
+    pub fn csr_shared<P, I>(mut self, indptr: HostArray<P>, indices: HostArray<I>) -> Self
+    where
+        P: ArrayInt + Pod,
+        I: ArrayInt + Pod,
+    {
+        let g = csr_graph_shared(indptr, indices, &mut self.copies);
+        if let Some(g) = self.keep(g) {
+            self.graph = Some(Topology::Csr(g));
+        }
+        self
+    }
+
+    /// [`DatasetBuilder::labels`] over an array used in place when its
+    /// elements are 4 bytes wide (`i32`, `u32`; checked, then shared), converted
+    /// otherwise.
+    pub fn labels_shared<L: ArrayInt + Pod>(mut self, labels: HostArray<L>) -> Self {
+        let l = shared_ints(
+            labels,
+            u32::MAX as i128,
+            "labels",
+            |i| vec![i],
+            "the u32 label limit",
+            &mut self.copies,
+        );
+        if let Some(l) = self.keep(l) {
             self.labels = Some(l);
         }
         self
+    }
+
+    /// [`DatasetBuilder::masks`] over byte arrays used in place (a NumPy bool
+    /// array's buffer: 1 for `true`, 0 for `false`). Any other byte value is a
+    /// [`DatasetProblem::Invalid`] at build.
+    pub fn masks_shared(
+        mut self,
+        train: HostArray<u8>,
+        val: HostArray<u8>,
+        test: HostArray<u8>,
+    ) -> Self {
+        self.masks = Masks::Given([train, val, test]);
+        self
+    }
+
+    /// The fields a `*_shared` setter converted instead of using in place, with
+    /// the conversion (`indptr: i32 → u64`); empty when every array is shared.
+    pub fn copies(&self) -> &[String] {
+        &self.copies
     }
 
     /// The number of classes (default: the largest label + 1).
@@ -311,7 +410,9 @@ impl DatasetBuilder {
         val: impl AsArray<'a, bool>,
         test: impl AsArray<'a, bool>,
     ) -> Self {
-        let u8s = |m: ArrayView1<bool>| m.iter().map(|&b| b as u8).collect::<Vec<u8>>();
+        let u8s = |m: ArrayView1<bool>| {
+            HostArray::from_vec(m.iter().map(|&b| b as u8).collect::<Vec<u8>>())
+        };
         self.masks = Masks::Given([u8s(train.into()), u8s(val.into()), u8s(test.into())]);
         self
     }
@@ -555,11 +656,13 @@ impl DatasetBuilder {
                 check_disjoint(&masks, n)?;
                 masks
             }
-            Masks::Split(spec) => draw_split(&spec, &labels, num_classes, self.seed)?,
+            Masks::Split(spec) => {
+                draw_split(&spec, &labels, num_classes, self.seed)?.map(HostArray::from_vec)
+            }
         };
 
         // 5. The importers' last step.
-        let ds = Dataset::from_parts(self.name, graph, features, labels, num_classes, masks)?;
+        let ds = Dataset::from_shared_parts(self.name, graph, features, labels, num_classes, masks)?;
 
         // 6. The edge split.
         let symmetric = self.symmetrize;
@@ -630,6 +733,16 @@ fn negatives_for(
     Ok(ids.into())
 }
 
+/// The two rows of an edge index as `u32` ids (each below `u32::MAX`; the vertex
+/// count is checked at build).
+fn edge_rows<T: ArrayInt>(src: ArrayView1<T>, dst: ArrayView1<T>) -> Result<(Vec<u32>, Vec<u32>)> {
+    let limit = u32::MAX as i128;
+    let beyond = "the u32 vertex id limit";
+    let src = checked(src, limit, "edge_index", |j| vec![0, j], beyond)?;
+    let dst = checked(dst, limit, "edge_index", |j| vec![1, j], beyond)?;
+    Ok((src, dst))
+}
+
 /// The names of the three masks, in order.
 const MASK_NAMES: [&str; 3] = ["train_mask", "val_mask", "test_mask"];
 
@@ -663,17 +776,7 @@ fn checked<A: ArrayInt, T: TryFrom<i128> + Send>(
         None => a.iter().position(|x| !ok(x)),
     };
     if let Some(i) = bad {
-        let value = a[i].widen();
-        let problem = if value < 0 {
-            DatasetProblem::Negative { value }
-        } else {
-            DatasetProblem::OutOfRange {
-                value,
-                bound: u64::try_from(limit).unwrap_or(u64::MAX),
-                bound_name: beyond,
-            }
-        };
-        return Err(Error::dataset(field, &index(i), problem));
+        return Err(not_in_range(a[i].widen(), limit, field, &index(i), beyond));
     }
     // In range, so the conversion cannot fail.
     let narrow = |x: &A| T::try_from(x.widen()).unwrap_or_else(|_| unreachable!("checked"));
@@ -683,24 +786,90 @@ fn checked<A: ArrayInt, T: TryFrom<i128> + Send>(
     })
 }
 
+/// [`DatasetProblem::Negative`] or [`DatasetProblem::OutOfRange`] for `value`
+/// outside `0..limit` (`beyond` names the bound).
+fn not_in_range(
+    value: i128,
+    limit: i128,
+    field: &str,
+    index: &[usize],
+    beyond: &'static str,
+) -> Error {
+    let problem = if value < 0 {
+        DatasetProblem::Negative { value }
+    } else {
+        DatasetProblem::OutOfRange {
+            value,
+            bound: u64::try_from(limit).unwrap_or(u64::MAX),
+            bound_name: beyond,
+        }
+    };
+    Error::dataset(field, index, problem)
+}
+
+/// `a` as `T`, each value in `0..limit` (checked as [`checked`] checks): the
+/// same storage when `A` and `T` have one width (non-negative values below
+/// `limit` have the same bits), else a converted copy noted in `copies`.
+fn shared_ints<A: ArrayInt + Pod, T: Pod + TryFrom<i128> + Send>(
+    a: HostArray<A>,
+    limit: i128,
+    field: &str,
+    index: impl Fn(usize) -> Vec<usize>,
+    beyond: &'static str,
+    copies: &mut Vec<String>,
+) -> Result<HostArray<T>> {
+    if std::mem::size_of::<A>() == std::mem::size_of::<T>() {
+        let ok = |x: &A| (0..limit).contains(&x.widen());
+        if let Some(i) = a.par_iter().position_first(|x| !ok(x)) {
+            return Err(not_in_range(a[i].widen(), limit, field, &index(i), beyond));
+        }
+        if let Some(shared) = a.clone().reinterpret::<T>() {
+            return Ok(shared);
+        }
+    }
+    copies.push(format!(
+        "{field}: {} → {}",
+        std::any::type_name::<A>(),
+        std::any::type_name::<T>()
+    ));
+    checked(ArrayView1::from(a.as_slice()), limit, field, index, beyond).map(HostArray::from_vec)
+}
+
+/// A checked CSR over shared arrays (step 1 of the module doc, without copies
+/// where the widths allow); errors name `indptr` or `indices` as
+/// [`csr_graph`]'s do.
+fn csr_graph_shared<P: ArrayInt + Pod, I: ArrayInt + Pod>(
+    indptr: HostArray<P>,
+    indices: HostArray<I>,
+    copies: &mut Vec<String>,
+) -> Result<CsrGraph> {
+    let n = check_indptr_len(indptr.len())?;
+    let offsets: HostArray<u64> = shared_ints(
+        indptr,
+        u64::MAX as i128 + 1,
+        "indptr",
+        |v| vec![v],
+        "the u64 offset limit",
+        copies,
+    )?;
+    check_offsets(&offsets, indices.len())?;
+    let ids: HostArray<u32> = shared_ints(
+        indices,
+        n as i128,
+        "indices",
+        |k| vec![k],
+        "the vertex count",
+        copies,
+    )?;
+    CsrGraph::new(offsets, ids).map_err(|e| Error::cpu_ops("csr", e))
+}
+
 /// A checked CSR (step 1 of the module doc); errors name `indptr` or `indices`.
 fn csr_graph<P: ArrayInt, I: ArrayInt>(
     indptr: ArrayView1<P>,
     indices: ArrayView1<I>,
 ) -> Result<CsrGraph> {
-    if indptr.is_empty() {
-        return Err(Error::dataset_invalid(
-            "indptr",
-            "empty; it needs num_vertices + 1 entries",
-        ));
-    }
-    let n = indptr.len() - 1;
-    if n > u32::MAX as usize {
-        return Err(Error::dataset_invalid(
-            "indptr",
-            format!("{n} vertices do not fit u32 vertex ids"),
-        ));
-    }
+    let n = check_indptr_len(indptr.len())?;
     let offsets: Vec<u64> = checked(
         indptr,
         u64::MAX as i128 + 1,
@@ -708,6 +877,38 @@ fn csr_graph<P: ArrayInt, I: ArrayInt>(
         |v| vec![v],
         "the u64 offset limit",
     )?;
+    check_offsets(&offsets, indices.len())?;
+    let ids: Vec<u32> = checked(
+        indices,
+        n as i128,
+        "indices",
+        |k| vec![k],
+        "the vertex count",
+    )?;
+    CsrGraph::new(offsets.into(), ids.into()).map_err(|e| Error::cpu_ops("csr", e))
+}
+
+/// The vertex count of an `indptr` of `len` entries (at least one; ids fit `u32`).
+fn check_indptr_len(len: usize) -> Result<usize> {
+    if len == 0 {
+        return Err(Error::dataset_invalid(
+            "indptr",
+            "empty; it needs num_vertices + 1 entries",
+        ));
+    }
+    let n = len - 1;
+    if n > u32::MAX as usize {
+        return Err(Error::dataset_invalid(
+            "indptr",
+            format!("{n} vertices do not fit u32 vertex ids"),
+        ));
+    }
+    Ok(n)
+}
+
+/// CSR offsets start at 0, never decrease and end at the number of indices.
+fn check_offsets(offsets: &[u64], num_indices: usize) -> Result<()> {
+    let n = offsets.len() - 1;
     if offsets[0] != 0 {
         return Err(Error::dataset(
             "indptr",
@@ -733,32 +934,35 @@ fn csr_graph<P: ArrayInt, I: ArrayInt>(
             },
         ));
     }
-    if offsets[n] != indices.len() as u64 {
+    if offsets[n] != num_indices as u64 {
         return Err(Error::dataset(
             "indptr",
             &[n],
             DatasetProblem::Invalid {
                 what: format!(
-                    "{}, expected the number of indices {}",
-                    offsets[n],
-                    indices.len()
+                    "{}, expected the number of indices {num_indices}",
+                    offsets[n]
                 ),
             },
         ));
     }
-    let ids: Vec<u32> = checked(
-        indices,
-        n as i128,
-        "indices",
-        |k| vec![k],
-        "the vertex count",
-    )?;
-    CsrGraph::new(offsets.into(), ids.into()).map_err(|e| Error::cpu_ops("csr", e))
+    Ok(())
 }
 
 /// `x` copied row-major, checked: at least one column, every value finite.
 fn feature_matrix(x: ArrayView2<f32>) -> Result<FeatureMatrix> {
     let (rows, dim) = x.dim();
+    let data: Vec<f32> = match x.as_slice() {
+        Some(s) => s.to_vec(),
+        None => x.iter().copied().collect(),
+    };
+    check_features(&data, rows, dim)?;
+    FeatureMatrix::new(data.into(), rows, dim).map_err(|e| Error::cpu_ops("features", e))
+}
+
+/// Row-major features `data` of `rows × dim`: at least one column, every value
+/// finite (the values are only read).
+fn check_features(data: &[f32], rows: usize, dim: usize) -> Result<()> {
     if dim == 0 {
         return Err(Error::dataset(
             "features",
@@ -769,10 +973,6 @@ fn feature_matrix(x: ArrayView2<f32>) -> Result<FeatureMatrix> {
             },
         ));
     }
-    let data: Vec<f32> = match x.as_slice() {
-        Some(s) => s.to_vec(),
-        None => x.iter().copied().collect(),
-    };
     if let Some(i) = data.par_iter().position_first(|v| !v.is_finite()) {
         return Err(Error::dataset(
             "features",
@@ -780,17 +980,27 @@ fn feature_matrix(x: ArrayView2<f32>) -> Result<FeatureMatrix> {
             DatasetProblem::NonFinite { value: data[i] },
         ));
     }
-    FeatureMatrix::new(data.into(), rows, dim).map_err(|e| Error::cpu_ops("features", e))
+    Ok(())
 }
 
 /// Step 4 for given masks (their lengths were checked with the other counts): no
 /// vertex in two parts.
-fn check_disjoint(masks: &[Vec<u8>; 3], n: usize) -> Result<()> {
+fn check_disjoint(masks: &[HostArray<u8>; 3], n: usize) -> Result<()> {
     let [a, b, c] = masks;
     if let Some(v) = (0..n)
         .into_par_iter()
-        .find_first(|&v| a[v] + b[v] + c[v] > 1)
+        .find_first(|&v| a[v] > 1 || b[v] > 1 || c[v] > 1 || a[v] + b[v] + c[v] > 1)
     {
+        // A shared mask may hold any byte: anything but 0/1 is named first.
+        if let Some((name, m)) = MASK_NAMES.iter().zip(masks).find(|(_, m)| m[v] > 1) {
+            return Err(Error::dataset(
+                *name,
+                &[v],
+                DatasetProblem::Invalid {
+                    what: format!("{}, expected 0 or 1", m[v]),
+                },
+            ));
+        }
         let both: Vec<&str> = MASK_NAMES
             .iter()
             .zip(masks)

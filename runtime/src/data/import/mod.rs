@@ -5,6 +5,7 @@
 //! - [`import_metis`]: METIS `.graph` files (topology only);
 //! - [`import_edge_list`]: SNAP-style edge lists (topology only);
 //! - [`import_npy_dir`]: a directory of `.npy` arrays, as [`crate::data::export`] writes;
+//! - [`import_ogb_dir`]: an OGB node-property dataset as the `ogb` package downloads it;
 //! - [`DatasetBuilder`]: in-memory arrays (`ndarray` views, slices), no files.
 //!
 //! Topology-only formats get labels, features and a split from
@@ -32,6 +33,7 @@ mod edge_split;
 mod edgelist;
 mod metis;
 mod npydir;
+mod ogb;
 pub mod wordnet;
 
 pub use arrays::{ArrayInt, DatasetBuilder};
@@ -42,4 +44,5 @@ pub use edgelist::{
 };
 pub use metis::{import_metis, import_metis_with, read_metis, read_metis_with};
 pub use npydir::{import_npy_dir, import_npy_dir_with};
+pub use ogb::{import_ogb_dir, import_ogb_dir_with, OgbOptions};
 pub use wordnet::{import_wordnet, import_wordnet_with, WordNetOptions};

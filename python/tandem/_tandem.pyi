@@ -1,0 +1,199 @@
+# Type stubs of the native module (python/src/*.rs). python/tests/test_stubs.py
+# checks them against the module: every name, class, method and signature.
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+CUDA_COMPILED: bool
+
+_Path = Union[str, "os.PathLike[str]"]
+_Ids = Union[Sequence[int], npt.NDArray[np.integer]]
+
+class TandemError(Exception): ...
+
+class ConfigError(TandemError):
+    key: str
+    origin: str
+
+class DatasetError(TandemError):
+    field: str
+    index: Tuple[int, ...]
+    problem: str
+
+class CheckpointError(TandemError):
+    path: str
+
+class DeviceError(TandemError): ...
+
+class NonFiniteError(TandemError):
+    epoch: int
+    batch: int
+    loss: float
+
+class Dataset:
+    @classmethod
+    def from_arrays(
+        cls,
+        num_vertices: Optional[int] = None,
+        *,
+        features: npt.ArrayLike,
+        labels: npt.ArrayLike,
+        edge_index: Union[npt.ArrayLike, Tuple[npt.ArrayLike, npt.ArrayLike], None] = None,
+        csr: Optional[Tuple[npt.ArrayLike, npt.ArrayLike]] = None,
+        train: Optional[npt.ArrayLike] = None,
+        val: Optional[npt.ArrayLike] = None,
+        test: Optional[npt.ArrayLike] = None,
+        num_classes: Optional[int] = None,
+        symmetrize: bool = False,
+        split: Optional[str] = None,
+        seed: int = 0,
+        name: str = "arrays",
+    ) -> "Dataset": ...
+    @classmethod
+    def from_pyg(cls, data: Any, split_idx: Optional[Dict[str, Any]] = None) -> "Dataset": ...
+    @classmethod
+    def from_dgl(
+        cls,
+        graph: Any,
+        features: str = "feat",
+        labels: str = "label",
+        train: str = "train_mask",
+        val: str = "val_mask",
+        test: str = "test_mask",
+    ) -> "Dataset": ...
+    @staticmethod
+    def from_ogb_dir(path: _Path, directed: bool = False, split: Optional[str] = None) -> "Dataset": ...
+    @staticmethod
+    def open(path: _Path, verify: bool = False) -> "Dataset": ...
+    def save(self, path: _Path) -> None: ...
+    @staticmethod
+    def generate_sbm(
+        vertices: int = 100000,
+        edges: int = 1000000,
+        classes: int = 16,
+        dim: int = 100,
+        homophily: float = 0.8,
+        signal: float = 0.5,
+        split: Optional[str] = None,
+        seed: int = 0,
+    ) -> "Dataset": ...
+    @staticmethod
+    def generate_rmat(
+        vertices: int = 100000,
+        edges: int = 1000000,
+        classes: int = 16,
+        dim: int = 100,
+        a: float = 0.57,
+        b: float = 0.19,
+        c: float = 0.19,
+        signal: float = 0.5,
+        split: Optional[str] = None,
+        seed: int = 0,
+    ) -> "Dataset": ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_vertices(self) -> int: ...
+    @property
+    def num_edges(self) -> int: ...
+    @property
+    def num_features(self) -> int: ...
+    @property
+    def num_classes(self) -> int: ...
+    @property
+    def train_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def val_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def test_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def split_sizes(self) -> Tuple[int, int, int]: ...
+    @property
+    def features(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def labels(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def conversions(self) -> List[str]: ...
+    def summary(self) -> str: ...
+
+class EpochRecord:
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def loss(self) -> float: ...
+    @property
+    def train_acc(self) -> float: ...
+    @property
+    def val_acc(self) -> Optional[float]: ...
+    @property
+    def test_acc(self) -> Optional[float]: ...
+    @property
+    def train_secs(self) -> float: ...
+    @property
+    def eval_secs(self) -> float: ...
+    @property
+    def batches(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def skipped_batches(self) -> int: ...
+
+class BatchRecord:
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def batches(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def loss(self) -> float: ...
+    @property
+    def accuracy(self) -> float: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def step(self) -> int: ...
+
+class Trainer:
+    def __init__(
+        self,
+        dataset: Optional[Dataset] = None,
+        config: Union[None, Dict[str, Any], _Path] = None,
+        *,
+        overrides: Optional[Dict[str, Any]] = None,
+        verbose: bool = False,
+        trace: Optional[_Path] = None,
+        **more: Any,
+    ) -> None: ...
+    def fit(self, epochs: Optional[int] = None, callback: Any = None) -> List[EpochRecord]: ...
+    def evaluate(self, ids: Optional[_Ids] = None) -> Union[float, Tuple[float, float]]: ...
+    def embeddings(self, ids: Optional[_Ids] = None) -> npt.NDArray[np.float32]: ...
+    def predict(self, ids: _Ids) -> npt.NDArray[np.float32]: ...
+    def infer_to_file(self, path: _Path, what: str = "embeddings") -> Tuple[int, int]: ...
+    def save_checkpoint(self, path: _Path) -> None: ...
+    def load_checkpoint(self, path: _Path) -> None: ...
+    def export_onnx(self, path: _Path, output: str = "logits") -> None: ...
+    @property
+    def device_note(self) -> str: ...
+    @property
+    def placement_note(self) -> str: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def batch_in_epoch(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def num_params(self) -> int: ...
+    @property
+    def config_toml(self) -> str: ...
+    def params(self) -> Dict[str, npt.NDArray[np.float32]]: ...
+    @property
+    def dataset(self) -> Dataset: ...
