@@ -32,6 +32,7 @@ mod edge_split;
 mod edgelist;
 mod metis;
 mod npydir;
+mod text;
 pub mod wordnet;
 
 pub use arrays::{ArrayInt, DatasetBuilder};
