@@ -20,13 +20,12 @@ use std::path::{Path, PathBuf};
 
 use cpu_ops::{derive_seed, CsrGraph, HostArray};
 
-use super::edgelist::{id_token, show, Lines, Tokens};
-use super::GraphImportOptions;
+use super::text::{id_token, show, Lines, Tokens};
 use crate::data::dataset::{Dataset, EdgeList, EdgeLookup, EdgeSplit, EdgeSplitSpec};
 use crate::error::{Error, Result};
 
 /// Where an imported graph's link-prediction split comes from
-/// ([`GraphImportOptions::edge_split`]).
+/// ([`super::GraphImportOptions::edge_split`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum EdgeSplitSource {
     /// No edge split.
@@ -90,18 +89,20 @@ impl IdMap<'_> {
     }
 }
 
-/// Adds the split `opts.edge_split` asks for to `ds`, whose graph was imported from
-/// `graph_file` with ids `ids`; `symmetric`: the graph is undirected.
+/// Adds the split `source` asks for to `ds`, whose graph was imported from
+/// `graph_file` with ids `ids` and the import seed `seed`; `symmetric`: the graph
+/// is undirected.
 pub(super) fn attach_edge_split(
     ds: Dataset,
-    opts: &GraphImportOptions,
+    source: &EdgeSplitSource,
+    seed: u64,
     symmetric: bool,
     graph_file: &Path,
     ids: IdMap,
 ) -> Result<Dataset> {
-    match &opts.edge_split {
+    match source {
         EdgeSplitSource::None => Ok(ds),
-        EdgeSplitSource::Holdout(spec) => ds.split_edges(spec, symmetric, holdout_seed(opts.seed)),
+        EdgeSplitSource::Holdout(spec) => ds.split_edges(spec, symmetric, holdout_seed(seed)),
         EdgeSplitSource::Files(files) => {
             let split = read_split_files(files, &ds.graph, symmetric, graph_file, &ids)?;
             ds.with_edge_split(split)
@@ -255,7 +256,7 @@ fn read_negatives(path: &Path, positives: usize, of: &Path, ids: &IdMap) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::import::{import_edge_list, import_metis};
+    use crate::data::import::{import_edge_list, import_metis, GraphImportOptions};
 
     fn file(dir: &Path, name: &str, text: &str) -> PathBuf {
         let p = dir.join(name);

@@ -28,7 +28,7 @@ use cpu_ops::{BuildOptions, CsrGraph};
 
 use super::attach::{dataset_from_graph, name_from_path, GraphImportOptions};
 use super::edge_split::{attach_edge_split, EdgeSplitSource, IdMap};
-use super::edgelist::{first_non_blank, parse_u64, show, Lines, Tokens};
+use super::text::{first_non_blank, parse_u64, show, Lines, Tokens};
 use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::progress::{Meter, NoProgress, Progress};
@@ -297,7 +297,7 @@ pub fn import_metis_with(
         return Ok(ds);
     }
     let splitting = Meter::new(progress, "edge split", 1);
-    let ds = attach_edge_split(ds, opts, true, path, IdMap::Given(n))?;
+    let ds = attach_edge_split(ds, &opts.edge_split, opts.seed, true, path, IdMap::Given(n))?;
     splitting.finish();
     Ok(ds)
 }

@@ -34,6 +34,7 @@ mod edgelist;
 mod metis;
 mod npydir;
 mod ogb;
+mod text;
 pub mod wordnet;
 
 pub use arrays::{ArrayInt, DatasetBuilder};
