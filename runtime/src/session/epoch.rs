@@ -98,6 +98,9 @@ impl Trainer {
     /// One epoch of a run that ends at epoch `target` (evaluated after epoch
     /// `target - 1`).
     fn train_epoch_here(&mut self, target: usize) -> Result<EpochStats> {
+        let epoch = self.pos.epoch as u64;
+        self.tracer
+            .instant(crate::trace::EPOCH_INSTANT, |a| a.epoch = Some(epoch));
         self.stop_requested = false;
         self.embeddings = None;
         self.logits = None;
@@ -112,7 +115,11 @@ impl Trainer {
         let t = Instant::now();
         let (val_acc, test_acc) = if eval_now {
             let (v, t) = self.evaluate_val_test_here()?;
-            (Some(v), Some(t))
+            // An empty split has no accuracy (not 0).
+            (
+                Some(v).filter(|_| !self.splits.val.is_empty()),
+                Some(t).filter(|_| !self.splits.test.is_empty()),
+            )
         } else {
             (None, None)
         };
