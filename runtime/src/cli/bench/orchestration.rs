@@ -110,6 +110,10 @@ pub struct OrchestrationReport {
     pub on_host: bool,
 }
 
+/// What the host backend's column headers mean, printed above its tables.
+pub(crate) const HOST_COLUMNS: &str = "(hb: the host backend, the CPU doing the accelerator's \
+     part; copy: bytes it copied into its buffers)";
+
 /// The headers of the busy and bytes columns: an accelerator's, or (on the
 /// host backend) the host backend's, whose "uploads" are copies in host memory.
 pub(crate) fn device_columns(on_host: bool) -> (&'static str, &'static str) {
@@ -310,11 +314,7 @@ impl fmt::Display for OrchestrationReport {
         )?;
         let (busy, bytes) = device_columns(self.on_host);
         if self.on_host {
-            writeln!(
-                f,
-                "(hb: the host backend, the CPU doing the accelerator's part; copy: bytes \
-                 it copied into its buffers)"
-            )?;
+            writeln!(f, "{HOST_COLUMNS}")?;
         }
         writeln!(
             f,

@@ -37,7 +37,7 @@ use serde::de::{value::StrDeserializer, Deserialize};
 
 use super::orchestration::{
     bench_base_config, device_columns, is_step_based, layer_hot_ratio, measure_policy,
-    policy_config, resolves_to_host, BenchPolicy, PolicyRow,
+    policy_config, resolves_to_host, BenchPolicy, PolicyRow, HOST_COLUMNS,
 };
 use crate::atomic::write_file_atomically;
 use crate::config::{ModelPrecision, TrainConfig};
@@ -523,6 +523,9 @@ impl fmt::Display for RegimesReport {
             self.precision,
             self.layer_hot_ratio
         )?;
+        if self.on_host {
+            writeln!(f, "{HOST_COLUMNS}")?;
+        }
         writeln!(
             f,
             "{:>5} {:>6} {:>5} {:<22} {:>9} {:>8} {:>8} {:>8} {:>12} {:>9}",
