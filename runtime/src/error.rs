@@ -190,6 +190,16 @@ pub enum Error {
         /// Its error, or the panic message.
         what: String,
     },
+    /// The dataset file `data.path` names could not be opened or read: `source`
+    /// says why (naming the file), `origin` which configuration layer set the
+    /// path (the file, `--set data.path=…` or `TANDEM_DATA__PATH`).
+    #[error("{source} (data.path, set by {origin})")]
+    DataPath {
+        /// The configuration layer that set `data.path`.
+        origin: String,
+        /// The error opening or reading the file.
+        source: Box<Error>,
+    },
     /// `Trainer::fit` found all `train.epochs` epochs trained already (`fit_epochs(n)` trains more).
     #[error("all {epochs} epochs of train.epochs are trained; fit_epochs(n) trains n more")]
     TrainingComplete {

@@ -137,8 +137,6 @@
 #![deny(missing_docs)]
 
 pub(crate) mod atomic;
-#[cfg(feature = "cli")]
-pub(crate) mod bench;
 pub(crate) mod cancel;
 pub(crate) mod checkpoint;
 #[cfg(feature = "cli")]

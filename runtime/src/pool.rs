@@ -44,8 +44,8 @@ fn pinned(_: rayon::ThreadPoolBuilder) -> Result<ThreadPool> {
     Err(Error::invalid_argument(
         "threads.pin",
         "\"cores\" needs thread pinning, and this build lacks the `hwloc` cargo feature \
-         (rebuild with `--features hwloc`, which needs libhwloc-dev, libudev-dev and \
-         pkg-config), or set threads.pin = \"none\"",
+         (rebuild with `cargo build --release -p runtime --features hwloc`, which needs \
+         libhwloc-dev, libudev-dev and pkg-config), or set threads.pin = \"none\"",
     ))
 }
 

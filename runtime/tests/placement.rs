@@ -1,7 +1,7 @@
 //! Step-based placements on the host backend: host and device sampling train on
 //! the same batches, and config errors name their keys. (Every policy's
 //! accuracy and bytes through `tandem bench orchestration`:
-//! `runtime/src/bench/orchestration.rs`'s tests.)
+//! `runtime/src/cli/bench/orchestration.rs`'s tests.)
 
 use std::path::Path;
 

@@ -116,22 +116,40 @@ fn a_training_trace_round_trips_with_valid_structure() {
     assert_eq!(back, trace, "the reader gives back what was written");
     back.validate().unwrap();
 
-    // Tracks: the accelerator (here the host backend), its sampling-ahead
-    // track (`device.sample_ahead`, on by default) and the pool workers that
-    // evaluate.
+    // Tracks: the accelerator's part, here the host backend's and named so,
+    // its sampling-ahead track (`device.sample_ahead`, on by default), the
+    // evaluation's, and the pool workers'.
     let acc: Vec<_> = back
         .tracks
         .iter()
         .filter(|t| t.kind == TrackKind::Accelerator)
         .collect();
     assert_eq!(acc.len(), 2, "{:?}", back.tracks);
-    assert_eq!(acc[0].name, "acc stream compute");
-    assert_eq!(acc[1].name, "acc sample");
+    assert_eq!(acc[0].name, "host backend compute");
+    assert_eq!(acc[1].name, "host backend sample");
+    let eval_track = back
+        .tracks
+        .iter()
+        .find(|t| t.name == "evaluation")
+        .expect("the evaluation's track");
     assert!(back
         .tracks
         .iter()
-        .filter(|t| t.kind == TrackKind::Cpu)
+        .filter(|t| t.kind == TrackKind::Cpu && t.id != eval_track.id)
         .all(|t| t.name.starts_with("cpu worker ")));
+    // Every eval slice is on the evaluation's track; one epoch start each.
+    assert!(back
+        .slices
+        .iter()
+        .filter(|s| s.name == "eval")
+        .all(|s| s.track == eval_track.id));
+    let starts: Vec<u64> = back
+        .instants
+        .iter()
+        .filter(|i| i.name == runtime::trace::EPOCH_INSTANT)
+        .filter_map(|i| i.args.epoch)
+        .collect();
+    assert_eq!(starts, (0..epochs as u64).collect::<Vec<_>>());
 
     // Stages: one slice per batch and epoch on the accelerator tracks, each with
     // its epoch and batch: every batch but an epoch's first sampled ahead.
@@ -194,6 +212,12 @@ fn a_training_trace_round_trips_with_valid_structure() {
     let text = s.to_string();
     assert!(text.contains("no reuse recorded"), "{text}");
     assert!(text.contains("device step"), "{text}");
+    // The host backend's terms: its copies, no transfer rate.
+    assert!(s.host_backend);
+    assert!(
+        text.contains("into the host backend's buffers") && !text.contains("GB/s"),
+        "{text}"
+    );
 }
 
 #[test]

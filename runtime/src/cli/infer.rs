@@ -56,15 +56,15 @@ pub(super) fn run(a: InferArgs) -> Result<()> {
     let progress = CliProgress::stderr("infer");
     let r = trainer.infer_to_file_with(what, &a.output, &progress)?;
     println!(
-        "wrote {}: {} × {} f32 {} at step {} ({} layers in {} row blocks, {} of layer files \
+        "wrote {}: {} × {} f32 {} at step {} ({} in {}, {} of layer files \
          written and removed) in {:.2} s",
         a.output.display(),
         r.rows,
         r.width,
         if a.logits { "logits" } else { "embeddings" },
         r.steps,
-        r.layers,
-        r.blocks,
+        crate::trace::fmt_count(r.layers, "layer"),
+        crate::trace::fmt_count(r.blocks, "row block"),
         crate::trace::fmt_bytes(r.scratch_bytes),
         t.elapsed().as_secs_f64()
     );

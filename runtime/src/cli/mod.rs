@@ -5,7 +5,6 @@
 //! arguments, prints results and turns errors into one-line messages.
 
 mod bench;
-mod bench_dist;
 mod data;
 mod infer;
 mod onnx;
@@ -59,11 +58,21 @@ enum Command {
     Report(report::ReportArgs),
 }
 
+/// The exit status of a command stopped by Ctrl-C (128 + SIGINT, as a shell
+/// reports a process the signal ended).
+pub const INTERRUPTED: u8 = 130;
+
 /// Parses the process arguments, runs the command and reports errors on stderr.
+/// A run stopped by Ctrl-C (its cancel token) has said so already and exits with
+/// [`INTERRUPTED`], without an `error:` line.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(crate::Error::Cancelled {
+            cause: crate::StopCause::Token,
+            ..
+        }) => ExitCode::from(INTERRUPTED),
         Err(e) => {
             eprintln!("error: {e}");
             if let Some(hint) = advice(&e) {
@@ -81,6 +90,10 @@ pub fn advice(e: &crate::Error) -> Option<&'static str> {
         crate::Error::NonFinite { .. } => Some(
             "train.on_nonfinite = \"skip-batch\" trains on without such batches; check the \
              features for NaN with `tandem info --verify`, or lower train.lr",
+        ),
+        crate::Error::DataPath { .. } => Some(
+            "a relative data.path in a config file is taken from that file's folder; one \
+             given with --set or TANDEM_DATA__PATH from the current directory",
         ),
         crate::Error::CudaNotCompiled { .. } => Some(
             "build with runtime's `cuda` feature (on by default), or set device.kind = \"host\"",

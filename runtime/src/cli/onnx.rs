@@ -34,11 +34,11 @@ pub(super) fn run(a: ExportModelArgs) -> Result<()> {
     let blocks = OnnxSignature::of(&written)?.num_blocks;
     let bytes = written.len();
     println!(
-        "wrote {} ({bytes} bytes): {} model, {} layers, output `{}`, opset {OPSET}; \
+        "wrote {} ({bytes} bytes): {} model, {}, output `{}`, opset {OPSET}; \
          inputs x (rows × {}), then src_l, dst_l, num_dst_l for blocks l = 0..{blocks}",
         a.out.display(),
         kind_name(cfg.kind),
-        cfg.num_layers,
+        crate::trace::fmt_count(cfg.num_layers, "layer"),
         a.kind,
         cfg.in_dim,
     );

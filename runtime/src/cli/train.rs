@@ -31,7 +31,10 @@ use crate::error::{Error, Result};
 use crate::run_dir::RunDir;
 use crate::session::control::{test_at_best_val, EpochStats};
 use crate::session::control::{BatchMetrics, Callback, CancelToken, Control};
-use crate::trace::{summarize, write_chrome_trace, CounterSampler, SamplerOptions, Tracer};
+use crate::trace::{
+    fmt_count, summarize, write_chrome_trace, CounterSampler, SamplerOptions, Tracer,
+    NO_ACCELERATOR_COUNTERS,
+};
 use crate::TrainerBuilder;
 
 #[derive(Debug, Args)]
@@ -221,12 +224,9 @@ fn run_rank(a: TrainArgs, comm: Arc<dyn Communicator>) -> Result<()> {
     };
     let path = rank_path(&path, comm.rank(), comm.size());
     let tracer = Tracer::new();
+    // Its notes (a counter it cannot record) are printed once the device is
+    // known (`train`).
     let sampler = CounterSampler::start(&tracer, SamplerOptions::default());
-    if lead {
-        for note in tracer.notes() {
-            eprintln!("note: {note}");
-        }
-    }
     let result = train(a, cfg, tracer.clone(), comm);
     sampler.stop();
     let trace = tracer.collect();
@@ -257,10 +257,16 @@ fn train(
         ($($arg:tt)*) => { if lead { println!($($arg)*); } };
     }
     // Ctrl-C cancels between batches; with --out the position is checkpointed so
-    // `--resume` continues exactly there.
+    // `--resume` continues exactly there, and the process exits with status 130
+    // (`cli::main`). A second Ctrl-C while that happens exits at once.
     let cancel = CancelToken::new();
     let on_signal = cancel.clone();
-    if let Err(e) = ctrlc::set_handler(move || on_signal.cancel()) {
+    if let Err(e) = ctrlc::set_handler(move || {
+        if on_signal.is_cancelled() {
+            std::process::exit(i32::from(super::INTERRUPTED));
+        }
+        on_signal.cancel();
+    }) {
         eprintln!("note: Ctrl-C will not stop training cleanly: {e}");
     }
     // Link prediction's val/test columns hold the first of `link.metrics`.
@@ -273,7 +279,7 @@ fn train(
         })
         .cancel_token(cancel)
         .communicator(comm)
-        .tracer(tracer);
+        .tracer(tracer.clone());
     if lead {
         // The layer path's pre-sampling pass, as the importers report theirs.
         builder = builder.progress(super::progress::CliProgress::stderr("train setup"));
@@ -304,14 +310,30 @@ fn train(
         t.elapsed().as_secs_f64()
     );
     say!(
-        "model: {} × {} layers, hidden {}, {} parameters; {} threads",
+        "model: {} × {}, hidden {}, {} parameters; {}",
         trainer.config().model.kind,
-        trainer.config().model.layers,
+        fmt_count(trainer.config().model.layers, "layer"),
         trainer.config().model.hidden,
         trainer.num_params(),
-        trainer.threads()
+        fmt_count(trainer.threads(), "thread")
     );
     say!("{}", trainer.device_note());
+    if lead {
+        for note in tracer.notes() {
+            // Without an accelerator, why its counters are missing is no news.
+            if !(trainer.on_host() && note.starts_with(NO_ACCELERATOR_COUNTERS)) {
+                eprintln!("note: {note}");
+            }
+        }
+        for (split, ids) in [
+            ("validation", trainer.dataset().val_ids()),
+            ("test", trainer.dataset().test_ids()),
+        ] {
+            if ids.is_empty() {
+                say!("note: the {split} split is empty: no {split} accuracy is reported");
+            }
+        }
+    }
     if let Some(ck) = &a.resume {
         trainer.load_checkpoint(ck)?;
         say!(
@@ -377,22 +399,30 @@ fn train(
             return Err(e);
         }
         Err(e @ Error::Cancelled { .. }) => {
-            if let Some(path) = &checkpoint {
-                eprintln!(
+            match &checkpoint {
+                Some(path) => eprintln!(
                     "interrupted: checkpoint at epoch {}, batch {} written to {}; \
                      continue with --resume {}",
                     trainer.epoch(),
                     trainer.batch_in_epoch(),
                     path.display(),
                     path.display()
-                );
+                ),
+                None => eprintln!(
+                    "interrupted at epoch {}, batch {} (nothing saved: no --out)",
+                    trainer.epoch(),
+                    trainer.batch_in_epoch()
+                ),
             }
             return Err(e);
         }
         Err(e) => return Err(e),
     };
     if let Some(n) = Some(trainer.batches_sampled_ahead()).filter(|&n| n > 0) {
-        say!("{n} batches trained on blocks sampled ahead (device.sample_ahead)");
+        say!(
+            "{} trained on blocks sampled ahead (device.sample_ahead)",
+            fmt_count(usize::try_from(n).unwrap_or(usize::MAX), "batch")
+        );
     }
     if ranks > 1 {
         let d = trainer.dist_stats();
@@ -417,15 +447,21 @@ fn train(
             dir.display()
         );
     }
-    if let Some((e, acc)) = test_at_best_val(&stats) {
-        let what = first_metric
-            .as_deref()
-            .map_or("accuracy".to_string(), |m| m.to_string());
-        say!(
+    let what = first_metric
+        .as_deref()
+        .map_or("accuracy".to_string(), |m| m.to_string());
+    match test_at_best_val(&stats) {
+        Some((e, acc)) => say!(
             "test {what} {acc:.4} at the best validation epoch {e}; {}; total {:.1} s",
             epoch_time_line(&stats),
             progress_total(&stats)
-        );
+        ),
+        None if !stats.is_empty() => say!(
+            "{}; total {:.1} s",
+            epoch_time_line(&stats),
+            progress_total(&stats)
+        ),
+        None => {}
     }
     // The run's peak resident memory (mapped store pages it touched included):
     // `runtime/tests/memory.rs` reads this line.

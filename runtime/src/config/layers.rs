@@ -172,6 +172,21 @@ impl TrainConfig {
     /// are [`Error::Config`] whose `origin` is the file, or the override that
     /// set the key.
     pub fn from_layers(text: &str, origin: &Path, overrides: &[Override]) -> Result<Self> {
+        Self::from_layers_in(text, origin, None, overrides)
+    }
+
+    /// [`TrainConfig::from_layers`], with `file_dir` the folder of the file
+    /// `text` came from: a relative `data.path` the text sets is taken from
+    /// there (as Cargo takes a manifest's paths from its folder); one an
+    /// override sets, from the current directory. Either is made absolute, so
+    /// the effective configuration (printed, saved with a run) names the same
+    /// file from anywhere. Without `file_dir` the text's path is kept as given.
+    fn from_layers_in(
+        text: &str,
+        origin: &Path,
+        file_dir: Option<&Path>,
+        overrides: &[Override],
+    ) -> Result<Self> {
         let file = origin.display().to_string();
         let mut table: toml::Table = text
             .parse()
@@ -206,6 +221,22 @@ impl TrainConfig {
         };
         cfg.fold_deprecated().map_err(named)?;
         cfg.validate().map_err(named)?;
+        let path_set_by = set_by
+            .iter()
+            .rev()
+            .find(|(k, _)| matches!(*k, "data" | "data.path"))
+            .map(|(_, label)| label.clone());
+        if let Some(p) = &cfg.data.path {
+            let (base, origin) = match path_set_by {
+                Some(label) => (Some(Path::new("")), label),
+                None => (file_dir, file),
+            };
+            if let Some(base) = base.filter(|_| p.is_relative()) {
+                cfg.data.path =
+                    Some(std::path::absolute(base.join(p)).unwrap_or_else(|_| p.clone()));
+            }
+            cfg.data.path_origin = Some(origin);
+        }
         Ok(cfg)
     }
 
@@ -237,16 +268,25 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// Reads a TOML file (see [`TrainConfig::from_toml_with_overrides`]).
+    /// Reads a TOML file (see [`TrainConfig::from_toml_with_overrides`]); a
+    /// relative `data.path` in it is taken from the file's folder (see
+    /// [`TrainConfig::load_layered`]).
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_toml_with_overrides(&text, path, overrides)
+        let layers = overrides
+            .iter()
+            .map(|o| Override::from_set(o))
+            .collect::<Result<Vec<_>>>()?;
+        Self::load_layered(path, &layers)
     }
 
     /// Reads a TOML file and applies `overrides` (see [`TrainConfig::from_layers`]).
+    /// A relative `data.path` in the file is taken from the file's folder, one
+    /// from an override from the current directory; the configuration holds it
+    /// made absolute, and [`DataConfig::path_origin`] says which layer set it.
     pub fn load_layered(path: &Path, overrides: &[Override]) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_layers(&text, path, overrides)
+        let dir = path.parent().unwrap_or(Path::new(""));
+        Self::from_layers_in(&text, path, Some(dir), overrides)
     }
 }
 
@@ -299,7 +339,12 @@ fn schema_error(table: &toml::Table, path: &str, msg: &str) -> Error {
             .and_then(|rest| rest.split_once(", expected "));
         let (found, expected) = match split {
             Some((found, expected)) => (found.to_string(), expected.to_string()),
-            None => (value_at(table, path), msg.to_string()),
+            // A custom message of the schema says "expected ..." itself; the
+            // problem's display adds the word.
+            None => (
+                value_at(table, path),
+                msg.strip_prefix("expected ").unwrap_or(msg).to_string(),
+            ),
         };
         (
             path.to_string(),

@@ -96,11 +96,18 @@ pub struct TrainConfig {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// A `.tds` dataset; when absent, `synthetic` is generated in-process.
+    /// A `.tds` dataset; when absent, `synthetic` is generated in-process. A
+    /// relative path in a configuration file is taken from the file's folder
+    /// ([`TrainConfig::load_layered`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// The built-in dataset's parameters.
     pub synthetic: SyntheticConfig,
+    /// Which layer set `path`: the file, or the `--set` argument or variable
+    /// that overrode it (`None`: set in code, or unset). Errors about the
+    /// dataset file name it ([`crate::Error::DataPath`]); not part of the TOML.
+    #[serde(skip)]
+    pub path_origin: Option<String>,
 }
 
 /// `[data.synthetic]`: a stochastic block model with class-correlated features.

@@ -69,11 +69,56 @@ fn overrides_apply_with_toml_values() {
     assert_eq!(c.train.epochs, 7);
     assert_eq!(c.model.kind, ModelKind::Gcn);
     assert_eq!(c.train_fanouts().unwrap(), vec![5, ALL_NEIGHBORS]);
-    assert_eq!(c.data.path.as_deref(), Some(Path::new("x.tds")));
+    // An override's relative path is the current directory's, made absolute.
+    let here = std::env::current_dir().unwrap();
+    assert_eq!(c.data.path, Some(here.join("x.tds")));
+    assert_eq!(
+        c.data.path_origin.as_deref(),
+        Some("--set data.path=\"x.tds\"")
+    );
     let e = TrainConfig::from_toml_with_overrides("", Path::new("t"), &["x".into()])
         .unwrap_err()
         .to_string();
     assert!(e.contains("--set"), "{e}");
+}
+
+/// A config file's relative `data.path` is taken from the file's folder, as
+/// Cargo takes a manifest's paths; an override's from the current directory; a
+/// TOML string's is kept as given. The configuration says which layer set it.
+#[test]
+fn a_relative_data_path_is_taken_from_the_config_files_folder() {
+    let d = tempfile::tempdir().unwrap();
+    let sub = d.path().join("configs");
+    std::fs::create_dir(&sub).unwrap();
+    let file = sub.join("run.toml");
+    std::fs::write(&file, "[data]\npath = \"../data/g.tds\"\n").unwrap();
+    let c = TrainConfig::load(&file, &[]).unwrap();
+    let want = std::path::absolute(sub.join("../data/g.tds")).unwrap();
+    assert_eq!(c.data.path.as_deref(), Some(want.as_path()));
+    assert!(c.data.path.as_ref().unwrap().is_absolute());
+    assert_eq!(c.data.path_origin, Some(file.display().to_string()));
+    // Saved and read back (a run's config.toml), it names the same file.
+    let saved = d.path().join("elsewhere.toml");
+    std::fs::write(&saved, c.to_toml()).unwrap();
+    assert_eq!(
+        TrainConfig::load(&saved, &[]).unwrap().data.path,
+        c.data.path
+    );
+    // An absolute path stays as it is.
+    std::fs::write(&file, "[data]\npath = \"/srv/g.tds\"\n").unwrap();
+    let c = TrainConfig::load(&file, &[]).unwrap();
+    assert_eq!(c.data.path.as_deref(), Some(Path::new("/srv/g.tds")));
+    // --set wins, relative to the current directory.
+    let c = TrainConfig::load(&file, &["data.path=\"h.tds\"".into()]).unwrap();
+    let here = std::env::current_dir().unwrap();
+    assert_eq!(c.data.path, Some(here.join("h.tds")));
+    assert_eq!(
+        c.data.path_origin.as_deref(),
+        Some("--set data.path=\"h.tds\"")
+    );
+    // A TOML string has no folder: its path is kept.
+    let c = TrainConfig::from_toml("[data]\npath = \"g.tds\"\n", Path::new("s")).unwrap();
+    assert_eq!(c.data.path.as_deref(), Some(Path::new("g.tds")));
 }
 
 fn vars(v: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -124,6 +169,14 @@ fn device_and_threads_sections_parse_and_name_bad_values() {
     }
     let e = parse("[threads]\ncompute = 5000").unwrap_err().to_string();
     assert!(e.contains("0..=4096"), "{e}");
+    // A custom message of the schema ("expected a byte count ...") is said once.
+    let e = parse("[device]\ncache_bytes = \"all\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("expected a byte count") && !e.contains("expected expected"),
+        "{e}"
+    );
 }
 
 #[test]

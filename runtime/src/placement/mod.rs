@@ -177,8 +177,8 @@ pub(crate) fn place(input: &PlacementInput<'_>) -> Result<Placed> {
             let mut note = format!("device: {} ({why}){sparse}", e.describe());
             if cfg.orchestration.is_auto() && !input.measure_on_host {
                 note.push_str(
-                    "; orchestration.policy = \"auto\" on the host backend is \
-                     gpu-sample-gpu-gather (one device: nothing to place)",
+                    "; orchestration.policy = \"auto\" on the host backend: sampling, \
+                     gathering and training all on the CPU (one device: nothing to place)",
                 );
                 let p = step_placement(Orchestration::GpuSampleGpuGather);
                 let exec = StepExecutor::new(e, p, cfg.device.sample_ahead);

@@ -110,10 +110,11 @@ impl TrainerBuilder {
         )?))
     }
 
-    /// A builder for a TOML configuration file; errors name the file.
+    /// A builder for a TOML configuration file; errors name the file, and a
+    /// relative `data.path` in it is taken from the file's folder
+    /// ([`TrainConfig::load`]).
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Ok(Self::new(TrainConfig::from_toml(&text, path)?))
+        Ok(Self::new(TrainConfig::load(path, &[])?))
     }
 
     /// Trains on `ds` instead of what `[data]` names (checked with
@@ -299,12 +300,12 @@ impl TrainerBuilder {
         if verbose {
             let c = trainer.config();
             eprintln!(
-                "model: {} × {} layers, hidden {}, {} parameters; {} threads",
+                "model: {} × {}, hidden {}, {} parameters; {}",
                 c.model.kind,
-                c.model.layers,
+                crate::trace::fmt_count(c.model.layers, "layer"),
                 c.model.hidden,
                 trainer.num_params(),
-                trainer.threads()
+                crate::trace::fmt_count(trainer.threads(), "thread")
             );
         }
         Ok(trainer)

@@ -97,9 +97,11 @@ pub struct EpochStats {
     pub loss: f64,
     /// Training accuracy over the epoch's batches (with dropout, as trained).
     pub train_acc: f64,
-    /// Validation accuracy, when evaluated this epoch.
+    /// Validation accuracy, when evaluated this epoch (`None` also when the
+    /// dataset's validation split is empty).
     pub val_acc: Option<f64>,
-    /// Test accuracy, when evaluated this epoch.
+    /// Test accuracy, when evaluated this epoch (`None` also when the test
+    /// split is empty).
     pub test_acc: Option<f64>,
     /// Link prediction: the validation metrics (`link.metrics`, in order),
     /// when evaluated this epoch (empty otherwise, and for node

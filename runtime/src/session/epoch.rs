@@ -100,6 +100,9 @@ impl Trainer {
     /// One epoch of a run that ends at epoch `target` (evaluated after epoch
     /// `target - 1`).
     fn train_epoch_here(&mut self, target: usize) -> Result<EpochStats> {
+        let epoch = self.pos.epoch as u64;
+        self.tracer
+            .instant(crate::trace::EPOCH_INSTANT, |a| a.epoch = Some(epoch));
         self.stop_requested = false;
         self.embeddings = None;
         self.logits = None;
@@ -119,7 +122,9 @@ impl Trainer {
                 [val_metrics, test_metrics] = self.evaluate_link_here()?;
             } else {
                 let (v, t) = self.evaluate_val_test_here()?;
-                (val_acc, test_acc) = (Some(v), Some(t));
+                // An empty split has no accuracy (not 0).
+                val_acc = Some(v).filter(|_| !self.splits.val.is_empty());
+                test_acc = Some(t).filter(|_| !self.splits.test.is_empty());
             }
         }
         let seen = pos.seen.max(1) as f64;

@@ -236,7 +236,9 @@ impl Trainer {
 
     pub(super) fn evaluate_val_test_here(&mut self) -> Result<(f64, f64)> {
         let tracer = self.tracer.clone();
-        let _eval = tracer.slice("eval").epoch(self.pos.epoch as u64);
+        let _eval = tracer
+            .slice_on(self.eval_track, "eval")
+            .epoch(self.pos.epoch as u64);
         if self.cfg.train.eval_mode == EvalMode::Full {
             if self.dist.shard_full_eval {
                 return self.evaluate_full_sharded();

@@ -92,7 +92,13 @@ use join::Dist;
 /// test split of its edges).
 pub fn load_dataset(cfg: &TrainConfig) -> Result<Dataset> {
     match &cfg.data.path {
-        Some(p) => open_dataset(p, Verify::Default),
+        Some(p) => open_dataset(p, Verify::Default).map_err(|e| match &cfg.data.path_origin {
+            Some(origin) => Error::DataPath {
+                origin: origin.clone(),
+                source: Box::new(e),
+            },
+            None => e,
+        }),
         None => {
             let s = &cfg.data.synthetic;
             generate_sbm(&SbmOptions {
@@ -152,6 +158,9 @@ pub struct Trainer {
     tracer: Tracer,
     /// The accelerator's track in `tracer`.
     acc_track: TrackId,
+    /// The track of the `eval` slices in `tracer` (`evaluation`: the thread
+    /// that trains also evaluates, and its own track would call it a worker).
+    eval_track: TrackId,
     /// What `[device]` chose, and why.
     device_note: String,
     /// Where `fit` writes checkpoints.
@@ -290,6 +299,7 @@ impl Trainer {
         let tracer = Tracer::disabled();
         Ok(Self {
             acc_track: tracer.declare_track("acc", TrackKind::Accelerator),
+            eval_track: tracer.declare_track("evaluation", TrackKind::Cpu),
             tracer,
             exec: placed.exec,
             device_note: placed.note,
@@ -519,9 +529,21 @@ impl Trainer {
     /// `bytes`), `device step` per batch and `eval` (with `epoch`). A disabled
     /// tracer (the default) records nothing.
     pub fn set_tracer(&mut self, tracer: Tracer) {
+        // On the host backend the "accelerator" is this CPU: its tracks say so.
+        if self.on_host() {
+            tracer.name_accelerator(crate::trace::HOST_BACKEND);
+        }
         self.acc_track = tracer.declare_track("acc stream compute", TrackKind::Accelerator);
+        self.eval_track = tracer.declare_track("evaluation", TrackKind::Cpu);
         self.exec.set_tracer(&tracer, self.acc_track);
         self.tracer = tracer;
+    }
+
+    /// Whether the device engine is the host backend: the CPU does the
+    /// accelerator's part too (sampling, gathering and training), so timings
+    /// say nothing about a GPU's.
+    pub fn on_host(&self) -> bool {
+        !self.exec.is_spent() && self.exec.state_ref().device_kind() == gpu_ops::DeviceKind::Host
     }
 
     /// The tracer training records into.

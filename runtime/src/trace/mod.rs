@@ -49,15 +49,16 @@ pub use model::{
     Track, TrackId, TrackKind,
 };
 pub use procfs::{current_rss, peak_rss, reset_peak_rss};
-pub use recorder::{FlowId, Gauge, SliceGuard, Tracer};
+pub use recorder::{FlowId, Gauge, SliceGuard, Tracer, HOST_BACKEND};
 #[cfg(feature = "svg")]
 pub use report::{render_utilization_svg, write_utilization_svg};
-pub use report::{utilization_series, Series, UtilizationSeries, DEFAULT_BINS};
+pub use report::{utilization_series, Series, UtilizationSeries, DEFAULT_BINS, EPOCH_INSTANT};
 pub use sampler::{
     acc_mem_counter, acc_util_counter, parse_acc_counter, CounterSampler, SamplerOptions,
-    CACHE_HIT_RATE, CPU_UTIL, HOST_SYNCS, PROCESS_CPU, PROCESS_RSS_MIB, SAMPLING_SYNCS,
-    STALENESS_GAP,
+    CACHE_HIT_RATE, CPU_UTIL, HOST_SYNCS, NO_ACCELERATOR_COUNTERS, PROCESS_CPU, PROCESS_RSS_MIB,
+    SAMPLING_SYNCS, STALENESS_GAP,
 };
 pub use summary::{
-    fmt_bytes, summarize, AccStats, SeriesStats, StageStats, Summary, TrackStats, TransferStats,
+    fmt_bytes, fmt_count, summarize, AccStats, SeriesStats, StageStats, Summary, TrackStats,
+    TransferStats,
 };

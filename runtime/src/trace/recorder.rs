@@ -150,6 +150,9 @@ struct Inner {
     pending_flows: Mutex<Vec<FlowEnd>>,
     gauges: Mutex<Vec<(Name, Gauge)>>,
     notes: Mutex<Vec<String>>,
+    /// What accelerator tracks declared from now on are named after in place of
+    /// `acc stream` / `acc` ([`Tracer::name_accelerator`]).
+    accelerator: Mutex<Option<String>>,
 }
 
 impl Inner {
@@ -184,6 +187,10 @@ impl Inner {
 
     /// Declares a track; a name already taken gets a ` (2)`, ` (3)`, ... suffix.
     fn add_track(&self, base: String, kind: TrackKind) -> TrackId {
+        let base = match (kind, lock(&self.accelerator).as_deref()) {
+            (TrackKind::Accelerator, Some(device)) => accelerator_name(&base, device),
+            _ => base,
+        };
         let mut tracks = lock(&self.tracks);
         let mut name = base.clone();
         let mut n = 2;
@@ -213,6 +220,7 @@ impl Tracer {
                 pending_flows: Mutex::default(),
                 gauges: Mutex::default(),
                 notes: Mutex::default(),
+                accelerator: Mutex::default(),
             })),
         }
     }
@@ -238,6 +246,17 @@ impl Tracer {
         match &self.inner {
             Some(i) => i.add_track(name.into(), kind),
             None => TrackId(u32::MAX),
+        }
+    }
+
+    /// Names the accelerator tracks declared from now on after `device`: a
+    /// track declared as `acc stream compute` or `acc sample`
+    /// ([`TrackKind::Accelerator`]) is named `{device} compute`,
+    /// `{device} sample`. A trainer whose device engine is the host backend sets
+    /// `host backend`, so a CPU-only run's trace names no accelerator stream.
+    pub fn name_accelerator(&self, device: &str) {
+        if let Some(i) = &self.inner {
+            *lock(&i.accelerator) = Some(device.to_string());
         }
     }
 
@@ -439,6 +458,23 @@ impl Tracer {
         t.sort();
         t
     }
+}
+
+/// What [`Tracer::name_accelerator`] is given on the host backend: its
+/// accelerator tracks are named `host backend compute`, `host backend sample`.
+pub const HOST_BACKEND: &str = "host backend";
+
+/// `name` with its leading `acc stream` or `acc` (a whole word) replaced by
+/// `device`: `acc stream compute` → `host backend compute`.
+fn accelerator_name(name: &str, device: &str) -> String {
+    for prefix in ["acc stream", "acc"] {
+        if let Some(rest) = name.strip_prefix(prefix) {
+            if rest.is_empty() || rest.starts_with(' ') {
+                return format!("{device}{rest}");
+            }
+        }
+    }
+    name.to_string()
 }
 
 /// Pairs flow ends by id: complete flows, and the ends still waiting for a partner.
@@ -724,6 +760,27 @@ mod tests {
         let tr = t.collect();
         let names: Vec<&str> = tr.tracks.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["acc stream copy", "acc stream copy (2)"]);
+        // Named after the host backend from then on.
+        t.name_accelerator("host backend");
+        t.declare_track("acc stream compute", TrackKind::Accelerator);
+        t.declare_track("acc sample", TrackKind::Accelerator);
+        t.declare_track("acc", TrackKind::Accelerator);
+        t.declare_track("accumulate", TrackKind::Accelerator);
+        t.declare_track("acc planner", TrackKind::Cpu);
+        let tail: Vec<String> = t.collect().tracks[2..]
+            .iter()
+            .map(|t| t.name.clone())
+            .collect();
+        assert_eq!(
+            tail,
+            [
+                "host backend compute",
+                "host backend sample",
+                "host backend",
+                "accumulate",
+                "acc planner"
+            ]
+        );
     }
 
     #[test]
@@ -757,26 +814,6 @@ mod tests {
         let gather = first.slices.iter().find(|s| s.name == "gather").unwrap();
         assert_eq!(fl.from.track, gather.track);
         assert!(gather.start <= fl.from.ts && fl.from.ts <= gather.end);
-    }
-
-    /// Cost per slice, disabled and enabled (run with `--ignored --nocapture`).
-    #[test]
-    #[ignore = "timing, prints numbers"]
-    fn cost_per_slice() {
-        const N: u64 = 2_000_000;
-        for t in [Tracer::disabled(), Tracer::new()] {
-            let start = Instant::now();
-            for k in 0..N {
-                let mut g = t.slice("s").batch(k);
-                g.set_bytes(k);
-            }
-            let ns = start.elapsed().as_nanos() as f64 / N as f64;
-            let n = t.collect().slices.len();
-            eprintln!(
-                "enabled {}: {ns:.1} ns per slice ({n} recorded)",
-                t.is_enabled()
-            );
-        }
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! 2. each track's busy fraction per time bin, in percent (the union of its
 //!    slices inside the bin divided by the bin's length).
 //!
+//! Both y axes run from 0 to 100%, with the legends beside the panels, and a
+//! dashed line marks the start of each epoch (the trainer's [`EPOCH_INSTANT`]
+//! instants).
+//!
 //! Drawn with `plotters`' SVG backend without system fonts: text is emitted as SVG
 //! `<text>` elements and laid out with plotters' built-in size estimate (its
 //! `ttf` feature, which needs fontconfig and system fonts, is off).
@@ -17,6 +21,10 @@ pub use svg::{render_utilization_svg, write_utilization_svg};
 
 /// Default number of time bins for the busy fractions.
 pub const DEFAULT_BINS: usize = 200;
+
+/// Name of the instant a trainer records as each epoch starts (its `epoch`
+/// argument the 0-based epoch); the picture marks them.
+pub const EPOCH_INSTANT: &str = "epoch start";
 
 /// One line of the picture.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +48,8 @@ pub struct UtilizationSeries {
     pub counters: Vec<Series>,
     /// Busy percent per bin, one series per track (points at bin centers).
     pub tracks: Vec<Series>,
+    /// Epoch starts: (0-based epoch, seconds since `start`), in time order.
+    pub epochs: Vec<(u64, f64)>,
 }
 
 fn is_util_counter(name: &str) -> bool {
@@ -62,11 +72,20 @@ pub fn utilization_series(trace: &Trace, bins: usize) -> UtilizationSeries {
             .iter()
             .filter(|c| names.contains(&c.name.as_ref()))
     };
+    let marks = || {
+        trace
+            .instants
+            .iter()
+            .filter(|i| i.name == EPOCH_INSTANT)
+            .filter_map(|i| Some((i.args.epoch?, i.ts)))
+    };
     let span = trace.span();
+    // An epoch starts before its first slice: its mark counts for time 0.
     let start = span
         .map(|s| s.0)
         .into_iter()
         .chain(util().map(|c| c.ts))
+        .chain(marks().map(|m| m.1))
         .min()
         .unwrap_or(0);
     let end = span
@@ -108,7 +127,9 @@ pub fn utilization_series(trace: &Trace, bins: usize) -> UtilizationSeries {
                 TrackKind::Cpu => "cpu",
                 TrackKind::Accelerator => "acc",
             };
-            let label = if t.name.starts_with(kind) {
+            // A name that says where it runs stays as it is (`cpu worker 0`,
+            // `acc stream compute`, `host backend compute`).
+            let label = if t.name.starts_with(kind) || t.name.starts_with("host backend") {
                 t.name.clone()
             } else {
                 format!("{} ({kind})", t.name)
@@ -126,12 +147,17 @@ pub fn utilization_series(trace: &Trace, bins: usize) -> UtilizationSeries {
             }
         })
         .collect();
+    let epochs = marks()
+        .filter(|m| m.1 <= end)
+        .map(|(e, ts)| (e, x(ts)))
+        .collect();
     UtilizationSeries {
         start,
         end,
         bin,
         counters,
         tracks,
+        epochs,
     }
 }
 
@@ -163,12 +189,18 @@ mod svg {
         (23, 190, 207),
     ];
 
+    /// Width of the legend column beside each panel, in pixels.
+    const LEGEND_WIDTH: u32 = 270;
+
+    /// One panel: the chart (0–100%) with the epoch markers, and its legend
+    /// in a column to the right of it.
     fn draw_panel<DB: DrawingBackend>(
         area: &DrawingArea<DB, plotters::coord::Shift>,
         title: &str,
         x_end: f64,
         series: &[Series],
         color_offset: usize,
+        epochs: &[(u64, f64)],
     ) -> DrawResult<()> {
         let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
         let caption = if series.is_empty() {
@@ -176,28 +208,45 @@ mod svg {
         } else {
             title.to_string()
         };
-        let mut chart = ChartBuilder::on(area)
+        let (width, _) = area.dim_in_pixel();
+        let (plot, legend) = area.split_horizontally(width.saturating_sub(LEGEND_WIDTH));
+        let mut chart = ChartBuilder::on(&plot)
             .caption(caption, ("sans-serif", 18))
             .margin(10)
             .x_label_area_size(36)
             .y_label_area_size(48)
-            // Head room above 100% for the legend.
-            .build_cartesian_2d(0f64..x_end, 0f64..135f64)
+            .build_cartesian_2d(0f64..x_end, 0f64..100f64)
             .map_err(e)?;
         chart
             .configure_mesh()
-            .y_labels(8)
-            .y_label_formatter(&|v| {
-                if *v <= 100.0 {
-                    format!("{v:.0}")
-                } else {
-                    String::new()
-                }
-            })
+            .y_labels(6)
+            .y_label_formatter(&|v| format!("{v:.0}"))
             .x_desc("seconds")
             .y_desc("%")
             .draw()
             .map_err(e)?;
+        // Epoch starts: a dashed line each, labelled (every k-th when crowded).
+        let every = epochs.len().div_ceil(20).max(1);
+        let grey = RGBColor(90, 90, 90);
+        for (n, &(epoch, t)) in epochs.iter().enumerate() {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(t, 0.0), (t, 100.0)],
+                    4,
+                    3,
+                    grey.stroke_width(1),
+                ))
+                .map_err(e)?;
+            if n % every == 0 {
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("epoch {epoch}"),
+                        (t, 99.0),
+                        ("sans-serif", 11).into_font().color(&grey),
+                    )))
+                    .map_err(e)?;
+            }
+        }
         for (i, s) in series.iter().enumerate() {
             let (r, g, b) = PALETTE[(i + color_offset) % PALETTE.len()];
             let color = RGBColor(r, g, b).to_rgba();
@@ -206,19 +255,21 @@ mod svg {
                     s.points.iter().copied(),
                     color.stroke_width(2),
                 ))
-                .map_err(e)?
-                .label(s.name.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-        }
-        if !series.is_empty() {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
+                .map_err(e)?;
+            // The legend column: a line of the series' color and its name.
+            let y = 44 + 18 * i as i32;
+            legend
+                .draw(&PathElement::new(
+                    vec![(8, y), (32, y)],
+                    color.stroke_width(2),
+                ))
+                .map_err(e)?;
+            legend
+                .draw(&Text::new(
+                    s.name.clone(),
+                    (38, y - 6),
+                    ("sans-serif", 13).into_font(),
+                ))
                 .map_err(e)?;
         }
         Ok(())
@@ -233,9 +284,11 @@ mod svg {
             let root = SVGBackend::with_string(&mut svg, (1100, 720)).into_drawing_area();
             root.fill(&WHITE).map_err(|e| e.to_string())?;
             let (top, bottom) = root.split_vertically(330);
-            draw_panel(&top, "utilization (%)", x_end, &data.counters, 0)?;
+            let counters = &data.counters;
+            draw_panel(&top, "utilization (%)", x_end, counters, 0, &data.epochs)?;
             let title = format!("busy per track (%), {:.1} ms bins", data.bin as f64 / 1e6);
-            draw_panel(&bottom, &title, x_end, &data.tracks, data.counters.len())?;
+            let offset = data.counters.len();
+            draw_panel(&bottom, &title, x_end, &data.tracks, offset, &data.epochs)?;
             root.present().map_err(|e| e.to_string())?;
         }
         Ok(svg)
@@ -304,6 +357,34 @@ mod tests {
     }
 
     #[test]
+    fn epoch_starts_are_marked_in_time_order() {
+        let mut t = trace();
+        // Epoch 0 starts before the first slice (at 0 ms): time 0 moves to it.
+        for (epoch, ts) in [(0u64, 0), (1, 30)] {
+            t.instants.push(crate::trace::model::InstantEvent {
+                track: TrackId(0),
+                name: EPOCH_INSTANT.into(),
+                ts: ts * 1_000_000,
+                args: Args {
+                    epoch: Some(epoch),
+                    ..Args::default()
+                },
+            });
+        }
+        t.sort();
+        t.slices.retain(|s| s.start >= 10_000_000);
+        t.counters.clear();
+        let u = utilization_series(&t, 4);
+        assert_eq!(u.start, 0);
+        assert_eq!(u.epochs, [(0, 0.0), (1, 0.03)]);
+        #[cfg(feature = "svg")]
+        {
+            let svg = render_utilization_svg(&t, 4).unwrap();
+            assert!(svg.contains("epoch 0") && svg.contains("epoch 1"));
+        }
+    }
+
+    #[test]
     fn busy_fractions_per_bin_are_exact() {
         let u = utilization_series(&trace(), 4);
         assert_eq!((u.start, u.end, u.bin), (0, 40_000_000, 10_000_000));
@@ -330,6 +411,26 @@ mod tests {
         assert!(svg.contains("cpu worker 0"));
         assert!(svg.contains("cpu.util"));
         assert!(svg.contains("<polyline"));
+        // The y axes end at 100, with no empty band above: in the top panel
+        // (330 px), the y labels (right-aligned texts) run from 0 at the bottom
+        // of the plot to 100 at its top, most of the panel's height apart.
+        let labels: Vec<(f64, f64)> = svg
+            .split("<text")
+            .skip(1)
+            .filter(|t| t.contains("text-anchor=\"end\""))
+            .filter_map(|t| {
+                let y = t.split("y=\"").nth(1)?.split('"').next()?.parse().ok()?;
+                let body = &t[t.find('>')? + 1..t.find("</text>")?];
+                Some((y, body.trim().parse().ok()?))
+            })
+            .filter(|&(y, _)| y < 330.0)
+            .collect();
+        let at = |v: f64| labels.iter().find(|l| l.1 == v).map(|l| l.0);
+        let (Some(y0), Some(y100)) = (at(0.0), at(100.0)) else {
+            panic!("labels 0 and 100: {labels:?}");
+        };
+        assert!(labels.iter().all(|&(_, v)| v <= 100.0), "{labels:?}");
+        assert!((y0 - y100) / 330.0 > 0.7, "{labels:?}");
         assert!(svg.trim_end().ends_with("</svg>"));
     }
 

@@ -21,7 +21,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use super::model::{top_level_slices, Direction, Nanos, Trace, TrackId, TrackKind};
-use super::sampler::{parse_acc_counter, CACHE_HIT_RATE, CPU_UTIL, PROCESS_CPU, PROCESS_RSS_MIB};
+use super::recorder::HOST_BACKEND;
+use super::sampler::{
+    parse_acc_counter, CACHE_HIT_RATE, CPU_UTIL, NO_ACCELERATOR_COUNTERS, PROCESS_CPU,
+    PROCESS_RSS_MIB,
+};
 
 /// Totals of one stage (slice name).
 #[derive(Clone, Debug, PartialEq)]
@@ -126,6 +130,10 @@ pub struct Summary {
     pub accelerators: Vec<AccStats>,
     /// The trace's notes.
     pub notes: Vec<String>,
+    /// Every accelerator track is the host backend's ([`HOST_BACKEND`]): the
+    /// run had no accelerator, and the summary says what the CPU did in those
+    /// terms (no transfer rates, no accelerator counters).
+    pub host_backend: bool,
 }
 
 impl Summary {
@@ -307,7 +315,24 @@ pub fn summarize(trace: &Trace) -> Summary {
         rss_mib: series(trace, PROCESS_RSS_MIB),
         accelerators,
         notes: trace.notes.clone(),
+        host_backend: has_acc
+            && trace
+                .tracks
+                .iter()
+                .filter(|t| t.kind == TrackKind::Accelerator)
+                .all(|t| t.name.starts_with(HOST_BACKEND)),
     }
+}
+
+/// `n` and the noun, plural unless `n` is 1: `1 layer`, `2 layers`, `0 threads`,
+/// `3 batches` (`noun` is the singular; the plural adds `es` after `ch`, `sh`,
+/// `s` and `x`, else `s`).
+pub fn fmt_count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        return format!("1 {noun}");
+    }
+    let es = ["ch", "sh", "s", "x"].iter().any(|end| noun.ends_with(end));
+    format!("{n} {noun}{}", if es { "es" } else { "s" })
 }
 
 /// `1.50 GiB`, `12.0 MiB`, `512 B`.
@@ -367,9 +392,15 @@ impl fmt::Display for Summary {
             TrackKind::Cpu => (c + 1, a),
             TrackKind::Accelerator => (c, a + 1),
         });
+        // What the accelerator tracks are called: the host backend's are the CPU's.
+        let acc = if self.host_backend {
+            HOST_BACKEND
+        } else {
+            "acc"
+        };
         writeln!(
             f,
-            "trace summary: {:.3} s wall, {} tracks ({ncpu} cpu, {nacc} acc), {} slices",
+            "trace summary: {:.3} s wall, {} tracks ({ncpu} cpu, {nacc} {acc}), {} slices",
             secs(self.wall),
             self.tracks.len(),
             self.slices
@@ -441,7 +472,7 @@ impl fmt::Display for Summary {
         match (self.acc_busy, self.overlap) {
             (Some(a), Some(o)) => writeln!(
                 f,
-                "; acc busy {:.3} s ({:.1}%); cpu ∧ acc {:.3} s ({:.1}% of wall)",
+                "; {acc} busy {:.3} s ({:.1}%); cpu ∧ {acc} {:.3} s ({:.1}% of wall)",
                 secs(a),
                 pct(a, self.wall),
                 secs(o),
@@ -449,12 +480,30 @@ impl fmt::Display for Summary {
             )?,
             _ => writeln!(f, "; no accelerator tracks")?,
         }
-        writeln!(
-            f,
-            "  transfers    {}; {}",
-            fmt_transfer("h2d", &self.h2d),
-            fmt_transfer("d2h", &self.d2h)
-        )?;
+        if self.host_backend {
+            // Host memory to host memory: a copy, not a transfer with a rate.
+            let copied = |t: &TransferStats| match t.count {
+                0 => "none".to_string(),
+                n => format!(
+                    "{} in {}",
+                    fmt_bytes(t.bytes),
+                    fmt_count(n as usize, "copy")
+                ),
+            };
+            writeln!(
+                f,
+                "  copies       into the host backend's buffers {}; out of them {}",
+                copied(&self.h2d),
+                copied(&self.d2h)
+            )?;
+        } else {
+            writeln!(
+                f,
+                "  transfers    {}; {}",
+                fmt_transfer("h2d", &self.h2d),
+                fmt_transfer("d2h", &self.d2h)
+            )?;
+        }
         match &self.cache_hit_rate {
             Some(c) => writeln!(
                 f,
@@ -498,7 +547,7 @@ impl fmt::Display for Summary {
             ));
         }
         writeln!(f, "  utilization  {}", util.join(", "))?;
-        if self.accelerators.is_empty() {
+        if self.accelerators.is_empty() && !self.host_backend {
             writeln!(f, "               accelerator not recorded")?;
         }
         for a in &self.accelerators {
@@ -514,6 +563,10 @@ impl fmt::Display for Summary {
             writeln!(f, "               acc{} {u}{m}", a.index)?;
         }
         for n in &self.notes {
+            // Without an accelerator, why its counters are missing is no news.
+            if self.host_backend && n.starts_with(NO_ACCELERATOR_COUNTERS) {
+                continue;
+            }
             writeln!(f, "  note         {n}")?;
         }
         Ok(())
@@ -524,6 +577,15 @@ impl fmt::Display for Summary {
 mod tests {
     use super::*;
     use crate::trace::model::{Args, Counter, InstantEvent, Slice, Track};
+
+    #[test]
+    fn counts_are_plural_unless_one() {
+        assert_eq!(fmt_count(1, "layer"), "1 layer");
+        assert_eq!(fmt_count(2, "layer"), "2 layers");
+        assert_eq!(fmt_count(0, "thread"), "0 threads");
+        assert_eq!(fmt_count(1, "batch"), "1 batch");
+        assert_eq!(fmt_count(3, "batch"), "3 batches");
+    }
 
     fn slice(track: u32, name: &'static str, start: Nanos, end: Nanos, args: Args) -> Slice {
         Slice {

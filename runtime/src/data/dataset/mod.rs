@@ -254,6 +254,29 @@ impl Dataset {
         Self::ids_where(&self.test_mask)
     }
 
+    /// The accuracy of always answering the most frequent label among `ids`: the
+    /// chance level a measured accuracy is read against (on 172 balanced
+    /// classes about 0.006; on a skewed test split the largest class's share).
+    /// 0 for no ids.
+    pub fn chance_accuracy(&self, ids: &[u32]) -> f64 {
+        let mut counts = vec![0usize; self.num_classes as usize];
+        for &v in ids {
+            if let Some(c) = self
+                .labels
+                .get(v as usize)
+                .and_then(|&l| counts.get_mut(l as usize))
+            {
+                *c += 1;
+            }
+        }
+        let most = counts.into_iter().max().unwrap_or(0);
+        if ids.is_empty() {
+            0.0
+        } else {
+            most as f64 / ids.len() as f64
+        }
+    }
+
     /// A one-paragraph description (sizes, classes, split, edge split) for
     /// `tandem info`.
     pub fn summary(&self) -> String {

@@ -1,5 +1,6 @@
 //! Seeded train/validation/test splits.
 
+use std::fmt;
 use std::str::FromStr;
 
 use cpu_ops::Rng;
@@ -90,8 +91,35 @@ impl FromStr for SplitSpec {
     }
 }
 
+impl fmt::Display for Amount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::PerClass(k) => write!(f, "{k}/class"),
+            Self::Fraction(x) => write!(f, "{x}"),
+            Self::Rest => f.write_str("rest"),
+        }
+    }
+}
+
+impl Amount {
+    /// Whether this part asks for vertices (`0` and `0/class` do not).
+    fn asks_for_vertices(self) -> bool {
+        match self {
+            Self::PerClass(k) => k > 0,
+            Self::Fraction(f) => f > 0.0,
+            Self::Rest => true,
+        }
+    }
+}
+
+/// The parts' names, in the order train, val, test.
+const PARTS: [&str; 3] = ["train", "val", "test"];
+
 impl SplitSpec {
     /// Draws the three masks for `labels` (values below `num_classes`) with `seed`.
+    /// A part that asks for vertices (a fraction or count above 0, or `rest`)
+    /// and draws none is an error naming the part: on a graph that small, its
+    /// accuracy would read 0 for want of vertices. A part of `0` stays empty.
     pub fn apply(&self, labels: &[u32], num_classes: u32, seed: u64) -> Result<[Vec<u8>; 3]> {
         let n = labels.len();
         let mut order: Vec<u32> = (0..n as u32).collect();
@@ -160,6 +188,22 @@ impl SplitSpec {
                 }
             }
         }
+        let sizes: Vec<usize> = (1..=3u8)
+            .map(|code| assigned.iter().filter(|&&a| a == code).count())
+            .collect();
+        if let Some(i) = (0..3).find(|&i| n > 0 && sizes[i] == 0 && parts[i].asks_for_vertices()) {
+            return Err(Error::dataset(
+                "split",
+                &[],
+                DatasetProblem::Split {
+                    what: format!(
+                        "the {} part ({}) has no vertices: {n} vertices split {}/{}/{}; \
+                         use a larger graph, or `0` for a part that should stay empty",
+                        PARTS[i], parts[i], sizes[0], sizes[1], sizes[2]
+                    ),
+                },
+            ));
+        }
         let mask = |code: u8| assigned.iter().map(|&a| (a == code) as u8).collect();
         Ok([mask(1), mask(2), mask(3)])
     }
@@ -201,6 +245,34 @@ mod tests {
             spec.apply(&labels, 4, 10).unwrap()[0],
             spec.apply(&labels, 4, 9).unwrap()[0]
         );
+    }
+
+    /// Three vertices split 60% / 20% / rest leave the test part empty: an
+    /// error naming it, not a test accuracy of 0 later. A part of 0 may be empty.
+    #[test]
+    fn a_part_that_draws_no_vertex_is_an_error_naming_it() {
+        let e = SplitSpec::default()
+            .apply(&[0, 1, 0], 2, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the test part (rest) has no vertices"), "{e}");
+        assert!(e.contains("3 vertices split 2/1/0"), "{e}");
+        let e = "0.5,0.1,rest"
+            .parse::<SplitSpec>()
+            .unwrap()
+            .apply(&[0; 4], 1, 0);
+        assert!(e.unwrap_err().to_string().contains("the val part (0.1)"));
+        let e = "5/class,0,rest"
+            .parse::<SplitSpec>()
+            .unwrap()
+            .apply(&[0; 4], 1, 0);
+        assert!(e.unwrap_err().to_string().contains("the test part (rest)"));
+        let [tr, va, te] = "1,0,0/class"
+            .parse::<SplitSpec>()
+            .unwrap()
+            .apply(&[0; 3], 1, 0)
+            .unwrap();
+        assert_eq!((tr, va, te), (vec![1; 3], vec![0; 3], vec![0; 3]));
     }
 
     #[test]

@@ -455,6 +455,13 @@ mod tests {
                 b,
                 c,
                 feature_dim: 2,
+                // A few vertices all train: 60% / 20% / rest would leave a
+                // part without any (an error naming it).
+                split: if n < 10 {
+                    "1,0,0".parse().unwrap()
+                } else {
+                    SplitSpec::default()
+                },
                 ..RmatOptions::default()
             };
             let ds = generate_rmat(&o).unwrap();

@@ -413,6 +413,8 @@ mod tests {
             num_edges: 10,
             num_classes: 1,
             feature_dim: 2,
+            // One vertex trains; the other parts cannot draw any.
+            split: "1,0,0".parse().unwrap(),
             ..SbmOptions::default()
         })
         .unwrap();

@@ -532,35 +532,4 @@ mod tests {
         assert_eq!(ds.graph.num_edges(), 100);
         assert_eq!(ds.features.dim(), 64);
     }
-
-    /// Timing on a real file: `TANDEM_EDGE_LIST=/path/to/edges.txt cargo test -p runtime
-    /// --release --lib -- --ignored time_edge_list --nocapture`.
-    #[test]
-    #[ignore = "needs TANDEM_EDGE_LIST pointing at a large edge list"]
-    fn time_edge_list() {
-        let Ok(p) = std::env::var("TANDEM_EDGE_LIST") else {
-            eprintln!("skipping: TANDEM_EDGE_LIST is not set");
-            return;
-        };
-        for relabel in [false, true] {
-            let opts = GraphImportOptions {
-                relabel,
-                ..Default::default()
-            };
-            let t = std::time::Instant::now();
-            let g = match read_edge_list(Path::new(&p), &opts) {
-                Ok(g) => g.graph,
-                Err(e) => {
-                    eprintln!("{p} (relabel = {relabel}): {e}");
-                    continue;
-                }
-            };
-            eprintln!(
-                "{p} (relabel = {relabel}): {} vertices, {} stored edges in {:.2?}",
-                g.num_vertices(),
-                g.num_edges(),
-                t.elapsed()
-            );
-        }
-    }
 }

@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 
 use cpu_ops::{BuildOptions, CsrGraph, FeatureMatrix};
 
-use super::edgelist::show;
+use super::text::show;
 use crate::data::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::progress::{Meter, NoProgress, Progress};
@@ -244,7 +244,7 @@ fn fields(line: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// read as floats).
 fn parse_id(tok: &[u8]) -> Option<u64> {
     let int = tok.strip_suffix(b".0").unwrap_or(tok);
-    super::edgelist::parse_u64(int)
+    super::text::parse_u64(int)
 }
 
 /// The number on the first line of a one-number file (`num-node-list`).

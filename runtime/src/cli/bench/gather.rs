@@ -97,14 +97,14 @@ impl fmt::Display for GatherReport {
         writeln!(
             f,
             "feature gather: {} rows × {} f32 ({} B/row), {} rows/batch × {} batches, \
-             best of {}, {} threads",
+             best of {}, {}",
             self.num_rows,
             self.dim,
             self.row_bytes(),
             self.rows_per_batch,
             self.batches,
             self.repetitions,
-            self.threads
+            crate::trace::fmt_count(self.threads, "thread")
         )?;
         writeln!(
             f,

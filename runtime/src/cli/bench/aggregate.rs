@@ -118,13 +118,13 @@ impl fmt::Display for AggregateReport {
         writeln!(
             f,
             "mean aggregation, f32: {} dst × fanout {} over {} src ({} read), dim {}; \
-             {} threads, best / median of {}",
+             {}, best / median of {}",
             self.num_dst,
             self.fanout,
             self.num_src,
             self.distinct_src_read,
             self.dim,
-            self.threads,
+            crate::trace::fmt_count(self.threads, "thread"),
             self.reps
         )?;
         writeln!(
@@ -395,32 +395,5 @@ mod tests {
     fn first_seen_numbering_keeps_dsts_and_is_dense() {
         let idx = [5u32, 1, 5, 7, 0, 9];
         assert_eq!(first_seen(2, 10, &idx), [2, 1, 2, 3, 0, 4]);
-    }
-
-    /// The bottom-layer measurement (dims 128 and 256, 10 reps). Run with
-    /// `cargo test -p runtime --lib --release bench::aggregate -- --ignored --nocapture`;
-    /// `TANDEM_BENCH_AGGREGATE=num_dst,fanout,num_src,dim[,reps]` picks another shape.
-    #[test]
-    #[ignore = "benchmark: seconds of machine time and 1.5 GB of memory"]
-    fn bottom_layer_shapes() {
-        let shapes: Vec<Vec<usize>> = match std::env::var("TANDEM_BENCH_AGGREGATE") {
-            Ok(v) => vec![v
-                .split(',')
-                .map(|t| t.trim().parse().expect("TANDEM_BENCH_AGGREGATE: integers"))
-                .collect()],
-            Err(_) => vec![
-                vec![25_000, 25, 400_000, 128],
-                vec![25_000, 25, 400_000, 256],
-            ],
-        };
-        for s in shapes {
-            assert!(
-                s.len() >= 4,
-                "TANDEM_BENCH_AGGREGATE=num_dst,fanout,num_src,dim[,reps]"
-            );
-            let reps = s.get(4).copied().unwrap_or(10);
-            let r = bench_aggregate(s[0], s[1], s[2], s[3], reps, 1).unwrap();
-            println!("{r}\n");
-        }
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::train::Job;
+use crate::cli::train::Job;
 use crate::config::{env_overrides, DistFeatures, Override, TrainConfig};
 use crate::error::{Error, Result};
 use crate::session::control::test_at_best_val;
@@ -72,6 +72,9 @@ struct Report {
     /// Mean seconds of an evaluation (the timed epochs').
     #[serde(default)]
     eval_secs: f64,
+    /// The test split's chance level (`Dataset::chance_accuracy`).
+    #[serde(default)]
+    chance_acc: f64,
 }
 
 const REPORT: &str = "TANDEM-BENCH-DIST ";
@@ -142,8 +145,10 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
         .map_err(|e| Error::io(std::path::Path::new("the tandem executable"), e))?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "{} epochs per run, train.batch_size {} (global), {} cores shared by the ranks of each run",
-        a.epochs, cfg.train.batch_size, cores
+        "{} per run, train.batch_size {} (global), {} shared by the ranks of each run",
+        crate::trace::fmt_count(a.epochs, "epoch"),
+        cfg.train.batch_size,
+        crate::trace::fmt_count(cores, "core")
     );
     // The community partition files, one per rank count, in a directory that
     // goes away with the command.
@@ -161,6 +166,7 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
         "features         ranks  threads/rank  epoch s  speed-up  all-reduce s/ep  all-reduce MB/ep/rank  \
          exchanged MB/ep/rank  remote hit  test acc  eval s  eval speed-up"
     );
+    let mut chance = None;
     for (f, by_file, full_eval) in features {
         let mut reference: Option<(f64, f64)> = None;
         for &n in &a.ranks {
@@ -252,6 +258,7 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
                 what: format!("the {n}-rank run's report `{line}`: {e}"),
             })?;
             let (base, eval_base) = *reference.get_or_insert((r.epoch_secs, r.eval_secs));
+            chance.get_or_insert(r.chance_acc);
             let per_epoch = |x: f64| x / r.epochs.max(1) as f64;
             let name = match (full_eval, by_file) {
                 (Some(how), _) => format!("full-{how}"),
@@ -275,6 +282,9 @@ pub(super) fn run(a: DistArgs) -> Result<()> {
                 eval_base / r.eval_secs
             );
         }
+    }
+    if let Some(c) = chance {
+        println!("test acc against chance {c:.4} (the test split's most frequent class)");
     }
     Ok(())
 }
@@ -343,6 +353,7 @@ fn worker(a: &DistArgs) -> Result<()> {
             test_acc: test_at_best_val(&stats).map_or(f64::NAN, |(_, acc)| acc),
             epochs: stats.len(),
             eval_secs: timed.iter().map(|s| s.eval_secs).sum::<f64>() / timed.len().max(1) as f64,
+            chance_acc: t.dataset().chance_accuracy(&t.dataset().test_ids()),
         };
         if comm.rank() == 0 {
             let json = serde_json::to_string(&report).map_err(|e| Error::Dist {
@@ -353,7 +364,7 @@ fn worker(a: &DistArgs) -> Result<()> {
         Ok(())
     })();
     if let (Err(e), true) = (&result, comm.size() > 1) {
-        super::train::stderr_line(&format!(
+        crate::cli::train::stderr_line(&format!(
             "error: rank {} of {}: {e}",
             comm.rank(),
             comm.size()

@@ -121,8 +121,10 @@ impl fmt::Display for BackendReport {
         }
         writeln!(
             f,
-            "host syncs: {} per sampled batch ({} layers), {} per gather",
-            self.sample_syncs, self.layers, self.gather_syncs
+            "host syncs: {} per sampled batch ({}), {} per gather",
+            self.sample_syncs,
+            crate::trace::fmt_count(self.layers, "layer"),
+            self.gather_syncs
         )?;
         let (m, k, n) = self.gemm;
         let shape = format!("{m}×{k}×{n}");

@@ -135,8 +135,11 @@ impl fmt::Display for GemmReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "fp32 FMA peak ({}, {} threads): {:.1} GFLOP/s (samples down to {:.1})",
-            self.peak.isa, self.threads, self.peak.gflops, self.peak.min_gflops
+            "fp32 FMA peak ({}, {}): {:.1} GFLOP/s (samples down to {:.1})",
+            self.peak.isa,
+            crate::trace::fmt_count(self.threads, "thread"),
+            self.peak.gflops,
+            self.peak.min_gflops
         )?;
         writeln!(f, "GEMM, best and median of {} reps:", self.reps)?;
         writeln!(
@@ -468,14 +471,5 @@ mod tests {
         let scalar = fma_loop(Width::Scalar, 1000) / ACCUMULATORS as f32;
         let wide = fma_loop(widest, 1000) / (ACCUMULATORS as u64 * widest.lanes()) as f32;
         assert!((scalar - wide).abs() < 1e-6, "{scalar} {wide}");
-    }
-
-    /// The full measurement on the layer shapes (slow: run with
-    /// `cargo test -p runtime --release --lib bench::gemm -- --ignored --nocapture`).
-    #[test]
-    #[ignore]
-    fn layer_shapes_report() {
-        let report = bench_gemm(&LAYER_SHAPES, 5).unwrap();
-        println!("{report}");
     }
 }

@@ -1,5 +1,45 @@
-//! `tandem bench sample | gather | aggregate | gemm | backend | hot | orchestration | dist | scale`: throughput against a reference measured in the
-//! same run. Numbers and their interpretation live in `docs/performance.md`.
+//! `tandem bench sample | gather | aggregate | gemm | backend | hot | trace |
+//! orchestration | dist | scale | eval`: throughput against a reference measured in
+//! the same run. Numbers and their interpretation live in `docs/performance.md`.
+//!
+//! The benchmarks live here, compiled only with the `cli` feature, rather than in a
+//! crate of their own: they reach crate-internal helpers (atomic writes, NVML, peak
+//! memory, the trainer's placement note) and ship with the binary that runs them.
+//!
+//! - [`sample::bench_sample`]: layered neighbor sampling, in sampled edges per second;
+//! - [`gather::bench_gather`]: feature-row gather, in GB/s next to the machine's limits
+//!   measured in the same run (a plain parallel row copy and a streaming memcpy);
+//! - [`aggregate::bench_aggregate`] and [`gemm::bench_gemm`]: block aggregation and
+//!   dense matrix products at the layer shapes, against a streaming copy and the FMA
+//!   peak;
+//! - [`backend::bench_backend`]: sampling, cached/uncached gather and GEMM on an
+//!   accelerator backend, next to a device-to-device copy;
+//! - [`hot::bench_hot`]: hot vertices' layer-0 rows, the generic sample + gather +
+//!   layer path against the fused [`cpu_ops::SageHotKernel`], per worker;
+//! - [`trace::bench_trace`]: what recording a trace slice costs, tracer off and on;
+//! - [`orchestration::bench_orchestration`]: one training config under the five
+//!   placements (epoch time, busy fractions, host → device bytes, accuracy);
+//! - [`regimes::bench_regimes`]: the placements across device-cache sizes and
+//!   feature widths on generated R-MAT graphs, with layer-based's speed-up over
+//!   the best step-based placement per regime;
+//! - [`scale::bench_scale`]: one large generated graph end to end (generation,
+//!   store, training, evaluation) with the time and peak memory of each phase;
+//! - [`dist`]: data-parallel training on 1, 2, 4 ranks under `mpirun`.
+//!
+//! Each times real work on the caller's data, on rayon's current pool, and returns a
+//! report whose `Display` is a short table; nothing is printed while it runs.
+
+mod aggregate;
+mod backend;
+mod dist;
+mod gather;
+mod gemm;
+mod hot;
+mod orchestration;
+mod regimes;
+mod sample;
+mod scale;
+mod trace;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -9,20 +49,36 @@ use cpu_ops::{CsrGraph, FeatureMatrix};
 use rayon::prelude::*;
 
 use super::{parse_fanouts, Fanouts};
-use crate::bench::aggregate::bench_aggregate;
-use crate::bench::backend::{bench_backend, BackendBenchOptions};
-use crate::bench::gemm::{bench_gemm, GemmShape, LAYER_SHAPES};
-use crate::bench::hot::{bench_hot, HotBenchOptions};
-use crate::bench::orchestration::bench_orchestration;
-use crate::bench::regimes::{
-    bench_regimes, fmt_percent, parse_row_dtype, row_dtype_names, RegimeOptions,
-};
-use crate::bench::scale::{bench_scale, ScaleOptions};
-use crate::bench::{bench_gather, bench_sample};
 use crate::config::{env_overrides, Override, TrainConfig};
 use crate::data::dataset::{open_dataset, SplitSpec, Verify};
 use crate::data::generate::{generate_rmat, RmatOptions};
 use crate::error::{Error, Result};
+use aggregate::bench_aggregate;
+use backend::{bench_backend, BackendBenchOptions};
+use gather::bench_gather;
+use gemm::{bench_gemm, GemmShape, LAYER_SHAPES};
+use hot::{bench_hot, HotBenchOptions};
+use orchestration::bench_orchestration;
+use regimes::{bench_regimes, fmt_percent, parse_row_dtype, row_dtype_names, RegimeOptions};
+use sample::bench_sample;
+use scale::{bench_scale, ScaleOptions};
+
+/// The median of `times` (the upper one for an even count); zero when empty.
+fn median(times: &[std::time::Duration]) -> std::time::Duration {
+    let mut sorted = times.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
+}
+
+/// `amount / time`, or 0 for a zero time.
+fn per_second(amount: f64, time: std::time::Duration) -> f64 {
+    let secs = time.as_secs_f64();
+    if secs > 0.0 {
+        amount / secs
+    } else {
+        0.0
+    }
+}
 
 #[derive(Debug, Subcommand)]
 pub(super) enum BenchCmd {
@@ -41,6 +97,8 @@ pub(super) enum BenchCmd {
     /// Hot vertices' SAGE layer-0 rows on the CPU: the generic sample + gather +
     /// layer path against the fused kernel (µs/row, GB/s, GFLOP/s, speed-up).
     Hot(HotArgs),
+    /// What recording one trace slice costs, tracer disabled and enabled (ns).
+    Trace(TraceArgs),
     /// One training config under the five placements (`orchestration.policy`):
     /// epoch time, accelerator and CPU busy fractions, host→device bytes per
     /// epoch, test accuracy at the best validation epoch. With `--regimes`: the
@@ -52,7 +110,7 @@ pub(super) enum BenchCmd {
     /// build with the `mpi` feature): epoch time and speed-up over one rank,
     /// all-reduce time and bytes, exchanged feature bytes and the remote-row
     /// cache's hit rate, replicated and partitioned features.
-    Dist(super::bench_dist::DistArgs),
+    Dist(dist::DistArgs),
     /// One large generated R-MAT graph end to end (papers100M-sized by default:
     /// 111M vertices, 1.6B edges, 128 columns, 172 classes, 1.2M training
     /// vertices): generation time and peak host memory, training epochs of SAGE
@@ -566,10 +624,22 @@ pub(super) struct PoolArgs {
 }
 
 #[derive(Debug, Args)]
+pub(super) struct TraceArgs {
+    /// Slices recorded per tracer.
+    #[arg(long, default_value_t = 2_000_000)]
+    slices: u64,
+}
+
+#[derive(Debug, Args)]
 pub(super) struct SampleArgs {
     /// Benchmark on this dataset instead of a generated R-MAT graph.
     #[arg(long)]
     dataset: Option<PathBuf>,
+    /// Generate a uniform random graph (`--edges` pairs of uniformly drawn
+    /// vertices, stored in both directions) instead of an R-MAT graph: the
+    /// reference workload of `docs/performance.md` with `--edges 12500000`.
+    #[arg(long, conflicts_with = "dataset")]
+    uniform: bool,
     /// Vertices of the generated graph.
     #[arg(long, default_value_t = 1_000_000)]
     vertices: usize,
@@ -627,6 +697,7 @@ fn sample_graph(a: &SampleArgs) -> Result<CsrGraph> {
     let t = Instant::now();
     let g = match &a.dataset {
         Some(p) => open_dataset(p, Verify::Default)?.graph,
+        None if a.uniform => uniform_graph(a.vertices, a.edges, a.pool.seed)?,
         None => {
             let opts = RmatOptions {
                 num_vertices: a.vertices,
@@ -647,6 +718,24 @@ fn sample_graph(a: &SampleArgs) -> Result<CsrGraph> {
         t.elapsed().as_secs_f64()
     );
     Ok(g)
+}
+
+/// `edges` pairs of uniformly drawn vertices among `vertices`, stored in both
+/// directions (repeats and self-loops dropped).
+fn uniform_graph(vertices: usize, edges: usize, seed: u64) -> Result<CsrGraph> {
+    let n = u32::try_from(vertices)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| Error::invalid_argument("--vertices", "expected 1 ..= 2^32 − 1"))?;
+    let mut r = cpu_ops::Rng::new(seed);
+    let pairs: Vec<(u32, u32)> = (0..edges)
+        .map(|_| {
+            let (a, b) = (r.below(u64::from(n)), r.below(u64::from(n)));
+            (a as u32, b as u32)
+        })
+        .collect();
+    CsrGraph::from_edges(vertices, &pairs, cpu_ops::BuildOptions::UNDIRECTED)
+        .map_err(|e| Error::cpu_ops("uniform graph", e))
 }
 
 fn gather_features(a: &GatherArgs) -> Result<FeatureMatrix> {
@@ -702,9 +791,12 @@ fn run_eval(a: &EvalArgs) -> Result<()> {
             format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64)
         })
     };
+    let chance = trainer
+        .dataset()
+        .chance_accuracy(&trainer.dataset().test_ids());
     println!(
-        "eval {setting}: val {val:.4} test {test:.4}, {secs:.2} s, rss before {}, peak {} \
-         (+{})",
+        "eval {setting}: val {val:.4} test {test:.4} (chance {chance:.4}), {secs:.2} s, rss \
+         before {}, peak {} (+{})",
         mib(before),
         mib(peak),
         mib(peak.zip(before).map(|(p, b)| p.saturating_sub(b)))
@@ -741,8 +833,9 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
         }
         BenchCmd::Backend(a) => run_backend(&a)?,
         BenchCmd::Hot(a) => run_hot(&a)?,
+        BenchCmd::Trace(a) => print!("{}", trace::bench_trace(a.slices)?),
         BenchCmd::Orchestration(a) => run_orchestration(&a)?,
-        BenchCmd::Dist(a) => super::bench_dist::run(a)?,
+        BenchCmd::Dist(a) => dist::run(a)?,
         BenchCmd::Scale(a) => run_scale(&a)?,
         BenchCmd::Gemm(a) => {
             set_threads(a.pool.threads)?;

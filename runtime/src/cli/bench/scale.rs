@@ -82,6 +82,9 @@ pub struct ScaleReport {
     pub val_acc: Option<f64>,
     /// Test accuracy after the last epoch.
     pub test_acc: Option<f64>,
+    /// The accuracy of always answering the test split's most frequent class
+    /// ([`Dataset::chance_accuracy`]): what the test accuracy is read against.
+    pub chance_acc: f64,
     /// Peak host memory from opening the store to the end of training
     /// (`VmHWM` after the reset of step 1), when readable.
     pub train_peak_rss: Option<u64>,
@@ -172,6 +175,7 @@ pub fn bench_scale(
     report.dim = ds.features.dim();
     report.classes = ds.num_classes;
     report.train_vertices = ds.train_mask.iter().filter(|&&m| m != 0).count();
+    report.chance_acc = ds.chance_accuracy(&ds.test_ids());
     report.store_bytes = dataset_bytes(&ds);
     on_phase(&format!(
         "generated in {:.1} s: {} stored edges, {} of arrays",
@@ -180,7 +184,7 @@ pub fn bench_scale(
         fmt_bytes(report.store_bytes)
     ));
     let mut cfg = cfg.clone();
-    let fit = opts.fit_device && !crate::bench::orchestration::resolves_to_host(&cfg);
+    let fit = opts.fit_device && !super::orchestration::resolves_to_host(&cfg);
     if fit {
         cfg.device.topology = crate::config::TopologyChoice::Auto;
         cfg.device.cache_bytes = crate::config::CACHE_BYTES_AUTO;
@@ -221,10 +225,11 @@ pub fn bench_scale(
         report.placement = Some(line);
     }
     on_phase(&format!(
-        "loaded in {:.1} s; training {} epochs",
-        report.load_secs, cfg.train.epochs
+        "loaded in {:.1} s; training {}",
+        report.load_secs,
+        crate::trace::fmt_count(cfg.train.epochs, "epoch")
     ));
-    let poll = (!crate::bench::orchestration::resolves_to_host(&cfg))
+    let poll = (!super::orchestration::resolves_to_host(&cfg))
         .then(|| DeviceMemoryPoll::start(cfg.device.ordinal));
     let fitted = trainer.fit();
     report.peak_device_bytes = poll.and_then(DeviceMemoryPoll::finish);
@@ -308,10 +313,13 @@ impl std::fmt::Display for ScaleReport {
         }
         writeln!(
             f,
-            "evaluation          {:>9.2} s   val {}  test {}",
+            "evaluation          {:>9.2} s   val {}  test {} (chance {:.4}: the test \
+             split's most frequent of {} classes)",
             self.eval_secs,
             opt_acc(self.val_acc),
-            opt_acc(self.test_acc)
+            opt_acc(self.test_acc),
+            self.chance_acc,
+            self.classes
         )?;
         let over = match (self.train_peak_rss, self.store_bytes) {
             (Some(p), s) if s > 0 => format!(" ({:.2}× the arrays)", p as f64 / s as f64),
@@ -382,6 +390,8 @@ mod tests {
             assert_eq!(r.dim, 16);
             assert_eq!(r.epoch_secs.len(), 2);
             assert!(r.test_acc.is_some_and(|a| (0.0..=1.0).contains(&a)));
+            // 4 classes: the most frequent one holds at least a quarter.
+            assert!((0.25..=1.0).contains(&r.chance_acc), "{}", r.chance_acc);
             assert_eq!(r.write_secs.is_some(), store.is_some());
             // features 3000 × 16 × 4, offsets, indices, labels, masks
             let want = 3000 * 64 + 8 * 3001 + 4 * r.stored_edges as u64 + 7 * 3000;
@@ -400,6 +410,7 @@ mod tests {
             let table = r.to_string();
             assert!(table.contains("peak device memory n/a"), "{table}");
             assert!(table.contains("epoch 1"), "{table}");
+            assert!(table.contains("(chance 0."), "{table}");
         }
         assert!(phases.iter().any(|p| p.starts_with("writing the store")));
         assert!(phases.iter().any(|p| p.starts_with("generated in")));

@@ -103,6 +103,25 @@ pub struct OrchestrationReport {
     pub epochs: usize,
     /// One row per policy, in [`BenchPolicy::ALL`]'s order.
     pub rows: Vec<PolicyRow>,
+    /// The test split's chance level ([`Dataset::chance_accuracy`]).
+    pub chance_acc: f64,
+    /// The runs trained on the host backend (the CPU stood in for the
+    /// accelerator): the columns are named for what it did.
+    pub on_host: bool,
+}
+
+/// What the host backend's column headers mean, printed above its tables.
+pub(crate) const HOST_COLUMNS: &str = "(hb: the host backend, the CPU doing the accelerator's \
+     part; copy: bytes it copied into its buffers)";
+
+/// The headers of the busy and bytes columns: an accelerator's, or (on the
+/// host backend) the host backend's, whose "uploads" are copies in host memory.
+pub(crate) fn device_columns(on_host: bool) -> (&'static str, &'static str) {
+    if on_host {
+        ("hb busy", "copy/epoch")
+    } else {
+        ("acc busy", "h2d/epoch")
+    }
 }
 
 /// Whether `device.kind` resolves to the host (`"host"`, or `"auto"` without a
@@ -191,6 +210,8 @@ pub struct PolicyRun {
     pub row: PolicyRow,
     /// [`crate::Trainer::device_note`] of the run.
     pub device: String,
+    /// The test split's chance level ([`Dataset::chance_accuracy`]).
+    pub chance_acc: f64,
 }
 
 /// Trains `cfg` once, traced, on `dataset` (or what `cfg.data` names when
@@ -246,6 +267,9 @@ pub fn measure_policy(cfg: TrainConfig, dataset: Option<Dataset>) -> Result<Poli
     Ok(PolicyRun {
         row,
         device: trainer.device_note().to_string(),
+        chance_acc: trainer
+            .dataset()
+            .chance_accuracy(&trainer.dataset().test_ids()),
     })
 }
 
@@ -256,11 +280,13 @@ pub fn bench_orchestration(
     epochs: Option<usize>,
 ) -> Result<OrchestrationReport> {
     let (base, notes) = bench_base_config(cfg, epochs)?;
+    let on_host = resolves_to_host(&base);
     let mut rows = Vec::new();
-    let mut device = String::new();
+    let (mut device, mut chance_acc) = (String::new(), 0.0);
     for policy in BenchPolicy::ALL {
         let run = measure_policy(policy_config(&base, policy), None)?;
         device = run.device;
+        chance_acc = run.chance_acc;
         rows.push(run.row);
     }
     Ok(OrchestrationReport {
@@ -268,6 +294,8 @@ pub fn bench_orchestration(
         notes,
         epochs: base.train.epochs,
         rows,
+        chance_acc,
+        on_host,
     })
 }
 
@@ -276,11 +304,22 @@ impl fmt::Display for OrchestrationReport {
         for n in &self.notes {
             writeln!(f, "note: {n}")?;
         }
-        writeln!(f, "{}; {} epochs per policy", self.device, self.epochs)?;
+        writeln!(
+            f,
+            "{}; {} per policy; test acc against chance {:.4} (the test split's most \
+             frequent class)",
+            self.device,
+            crate::trace::fmt_count(self.epochs, "epoch"),
+            self.chance_acc
+        )?;
+        let (busy, bytes) = device_columns(self.on_host);
+        if self.on_host {
+            writeln!(f, "{HOST_COLUMNS}")?;
+        }
         writeln!(
             f,
             "{:<22} {:>9} {:>9} {:>8} {:>8} {:>12} {:>9}",
-            "policy", "hot_ratio", "epoch s", "acc busy", "cpu busy", "h2d/epoch", "test acc"
+            "policy", "hot_ratio", "epoch s", busy, "cpu busy", bytes, "test acc"
         )?;
         for r in &self.rows {
             writeln!(

@@ -36,8 +36,8 @@ use scheduler::Orchestration;
 use serde::de::{value::StrDeserializer, Deserialize};
 
 use super::orchestration::{
-    bench_base_config, is_step_based, layer_hot_ratio, measure_policy, policy_config, BenchPolicy,
-    PolicyRow,
+    bench_base_config, device_columns, is_step_based, layer_hot_ratio, measure_policy,
+    policy_config, resolves_to_host, BenchPolicy, PolicyRow, HOST_COLUMNS,
 };
 use crate::atomic::write_file_atomically;
 use crate::config::{ModelPrecision, TrainConfig};
@@ -283,6 +283,10 @@ pub struct RegimesReport {
     pub precision: ModelPrecision,
     /// The graph: vertices, stored (directed) edges, classes, training vertices.
     pub graph: GraphSize,
+    /// The runs trained on the host backend: their times say nothing about a
+    /// GPU's, so the table gives the measured ratios and no verdict on the
+    /// targets (which are a GPU's).
+    pub on_host: bool,
     /// One entry per (width, fraction, row dtype), widths outermost, dtypes
     /// innermost.
     pub regimes: Vec<Regime>,
@@ -299,6 +303,8 @@ pub struct GraphSize {
     pub classes: u32,
     /// Training vertices.
     pub train: usize,
+    /// The test split's chance level ([`crate::Dataset::chance_accuracy`]).
+    pub chance_acc: f64,
 }
 
 /// Trains every policy of [`REGIME_POLICIES`] in every regime of `opts` (see the
@@ -313,6 +319,7 @@ pub fn bench_regimes(
     let (base, notes) = bench_base_config(cfg, Some(opts.epochs))?;
     let mut report = RegimesReport {
         device: String::new(),
+        on_host: resolves_to_host(&base),
         notes,
         epochs: base.train.epochs,
         layer_hot_ratio: layer_hot_ratio(&base),
@@ -330,6 +337,7 @@ pub fn bench_regimes(
             stored_edges: ds.graph.num_edges(),
             classes: ds.num_classes,
             train: ds.train_mask.iter().filter(|&&m| m != 0).count(),
+            chance_acc: ds.chance_accuracy(&ds.test_ids()),
         };
         for &fraction in &opts.cache_fractions {
             for &dtype in &opts.row_dtypes {
@@ -426,19 +434,48 @@ pub(crate) fn fmt_percent(fraction: f64) -> String {
     }
 }
 
-impl fmt::Display for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.best_step {
-            Some((name, secs)) => write!(f, "best step-based {name} ({secs:.3} s/epoch)")?,
-            None => write!(f, "no step-based run")?,
-        }
+impl Verdict {
+    /// The best step-based policy, `"layer"`'s speed-up over it and accuracy gap.
+    fn comparison(&self) -> String {
+        let mut s = match self.best_step {
+            Some((name, secs)) => format!("best step-based {name} ({secs:.3} s/epoch)"),
+            None => "no step-based run".to_string(),
+        };
         match self.layer_speedup {
-            Some(s) => write!(f, "; layer {s:.2}× of it")?,
-            None => write!(f, "; no layer run")?,
+            Some(x) => s.push_str(&format!("; layer {x:.2}× of it")),
+            None => s.push_str("; no layer run"),
         }
         if let Some(g) = self.layer_acc_gap {
-            write!(f, ", test acc {:+.1} points", g * 100.0)?;
+            s.push_str(&format!(", test acc {:+.1} points", g * 100.0));
         }
+        s
+    }
+
+    /// `"auto"`'s time against the best fixed policy's, and the ratio.
+    fn auto_part(&self) -> Option<(String, f64)> {
+        let ((ratio, chose), (best, _)) = (self.auto.as_ref()?, self.best_fixed?);
+        Some((
+            format!(
+                "auto ({}) {ratio:.2}× the time of the best fixed policy ({best})",
+                chose.as_deref().unwrap_or("no choice")
+            ),
+            *ratio,
+        ))
+    }
+
+    /// The measured comparison without the verdicts on the targets (what a
+    /// host-backend run can say).
+    pub fn measured(&self) -> String {
+        match self.auto_part() {
+            Some((auto, _)) => format!("{}; {auto}", self.comparison()),
+            None => self.comparison(),
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.comparison())?;
         let target = format!(
             "target (layer ≥ {TARGET_SPEEDUP:.1}×, acc within {:.0} point)",
             TARGET_ACC_DROP * 100.0
@@ -453,17 +490,13 @@ impl fmt::Display for Verdict {
             (true, Some(false)) => write!(f, "; {target} does not hold"),
             (true, None) => write!(f, "; {target} unknown (a number is missing)"),
         }?;
-        if let (Some((ratio, chose)), Some((best, _))) = (&self.auto, self.best_fixed) {
-            write!(
-                f,
-                "; auto ({}) {ratio:.2}× the time of the best fixed policy ({best}): {}",
-                chose.as_deref().unwrap_or("no choice"),
-                if *ratio <= 1.0 + AUTO_TARGET {
-                    "within 5%"
-                } else {
-                    "NOT within 5%"
-                }
-            )?;
+        if let Some((auto, ratio)) = self.auto_part() {
+            let within = if ratio <= 1.0 + AUTO_TARGET {
+                "within 5%"
+            } else {
+                "NOT within 5%"
+            };
+            write!(f, "; {auto}: {within}")?;
         }
         Ok(())
     }
@@ -477,18 +510,22 @@ impl fmt::Display for RegimesReport {
         let g = &self.graph;
         writeln!(
             f,
-            "{}; R-MAT {} vertices, {} stored edges, {} classes, {} training vertices; \
-             {} epoch{} per run; model.precision {}; layer hot_ratio {:.2}",
+            "{}; R-MAT {} vertices, {} stored edges, {} classes, {} training vertices \
+             (test acc against chance {:.4}: the test split's most frequent class); {} per \
+             run; model.precision {}; layer hot_ratio {:.2}",
             self.device,
             g.vertices,
             g.stored_edges,
             g.classes,
             g.train,
-            self.epochs,
-            if self.epochs == 1 { "" } else { "s" },
+            g.chance_acc,
+            crate::trace::fmt_count(self.epochs, "epoch"),
             self.precision,
             self.layer_hot_ratio
         )?;
+        if self.on_host {
+            writeln!(f, "{HOST_COLUMNS}")?;
+        }
         writeln!(
             f,
             "{:>5} {:>6} {:>5} {:<22} {:>9} {:>8} {:>8} {:>8} {:>12} {:>9}",
@@ -498,9 +535,9 @@ impl fmt::Display for RegimesReport {
             "policy",
             "epoch s",
             "vs best",
-            "acc busy",
+            device_columns(self.on_host).0,
             "cpu busy",
-            "h2d/epoch",
+            device_columns(self.on_host).1,
             "test acc"
         )?;
         for regime in &self.regimes {
@@ -524,6 +561,7 @@ impl fmt::Display for RegimesReport {
                     r.test_acc.map_or_else(|| "-".into(), |a| format!("{a:.4}")),
                 )?;
             }
+            let verdict = regime.verdict();
             writeln!(
                 f,
                 "  -> dim {}, cache {} ({}), {} rows: {}",
@@ -531,8 +569,21 @@ impl fmt::Display for RegimesReport {
                 fmt_percent(regime.cache_fraction),
                 fmt_bytes(regime.cache_bytes),
                 regime.row_dtype,
-                regime.verdict()
+                if self.on_host {
+                    verdict.measured()
+                } else {
+                    verdict.to_string()
+                }
             )?;
+        }
+        if self.on_host {
+            return writeln!(
+                f,
+                "no verdict on the targets (layer ≥ {TARGET_SPEEDUP:.1}× the best step-based \
+                 policy, auto within {:.0}% of the best): they are a GPU's, and these runs \
+                 timed the host backend",
+                AUTO_TARGET * 100.0
+            );
         }
         let (holds, applies) = self.target_count();
         write!(
@@ -618,6 +669,7 @@ mod tests {
             layer_hot_ratio: 0.2,
             precision: ModelPrecision::Fp32,
             graph: GraphSize::default(),
+            on_host: false,
             regimes,
         }
     }
@@ -760,6 +812,22 @@ mod tests {
         assert_eq!(first["cache_bytes"], 3200);
         assert_eq!(first["row_dtype"], "f32");
         assert_eq!(first["precision"], "fp32");
+
+        // Host-backend timings get the measured ratios and no verdict.
+        let mut host = report;
+        host.on_host = true;
+        let text = host.to_string();
+        assert!(text.contains("layer 0.75× of it"), "{text}");
+        for verdict in [
+            "HOLDS",
+            "does not hold",
+            ": within 5%",
+            "NOT within",
+            "holds in",
+        ] {
+            assert!(!text.contains(verdict), "{verdict}:\n{text}");
+        }
+        assert!(text.contains("no verdict on the targets"), "{text}");
     }
 
     #[test]

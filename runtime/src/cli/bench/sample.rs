@@ -77,8 +77,11 @@ impl fmt::Display for SampleReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "neighbor sampling: fanouts {:?}, batch {}, {} batches, {} threads",
-            self.fanouts, self.batch_size, self.batches, self.threads
+            "neighbor sampling: fanouts {:?}, batch {}, {}, {}",
+            self.fanouts,
+            self.batch_size,
+            crate::trace::fmt_count(self.batches, "batch"),
+            crate::trace::fmt_count(self.threads, "thread")
         )?;
         writeln!(
             f,
