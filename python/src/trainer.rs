@@ -493,21 +493,18 @@ impl Trainer {
         py.detach(move || trainer.load_checkpoint(&path)).py_err()
     }
 
-    /// Writes the model as an ONNX graph returning `"logits"` or
-    /// `"embeddings"` (`docs/onnx.md`).
+    /// Writes the model as an ONNX graph returning `"logits"`, `"embeddings"`
+    /// or (a link model) `"scores"` (`docs/onnx.md`).
     #[pyo3(signature = (path, output="logits"))]
     fn export_onnx(&mut self, py: Python<'_>, path: PathBuf, output: &str) -> PyResult<()> {
-        let output = match output {
-            "logits" => OnnxOutput::Logits,
-            "embeddings" => OnnxOutput::Embeddings,
-            other => {
-                return Err(to_py(Error::invalid_argument(
-                    "output",
-                    format!("`{other}`; expected \"logits\" or \"embeddings\""),
-                )))
-            }
+        let output = output
+            .parse::<OnnxOutput>()
+            .map_err(|e| to_py(Error::invalid_argument("output", e)))?;
+        // The head comes from the trained model's configuration.
+        let opts = ExportOptions {
+            output,
+            ..Default::default()
         };
-        let opts = ExportOptions { output };
         let trainer = self.tm();
         py.detach(move || trainer.export_onnx(&path, &opts))
             .py_err()
