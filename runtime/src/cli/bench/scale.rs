@@ -1,6 +1,6 @@
 //! `tandem bench scale`: one large graph end to end — generate, (optionally)
 //! write and reopen the store, train, evaluate — with the time of each phase and
-//! the peak memory of each (issue 24).
+//! the peak memory of each.
 //!
 //! 1. An R-MAT graph ([`generate_rmat`]) is built in memory from
 //!    [`ScaleOptions::graph`]; the peak host memory of generation is read from
