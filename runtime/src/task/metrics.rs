@@ -5,9 +5,13 @@
 //!   the average of the optimistic rank (negatives scored strictly above it)
 //!   and the pessimistic one (negatives scored at least as high), so ties cost
 //!   half; the metric is the mean of `1 / rank`.
-//! - **Hits@K** (as ogbl-collab): the share of positives scored strictly above
-//!   the K-th highest score among all the split's negatives (every positive
-//!   counts when there are fewer than K negatives).
+//! - **Hits@K** (as ogbl-citation2's `hits@K_list`): the share of positives
+//!   whose rank among their own negatives, the same rank as MRR's, is at most
+//!   K. With 100 negatives a positive a random model scores draws a rank
+//!   uniform in 1..=101, so chance is about K / 101 (0.099 for Hits@10).
+//!   (ogbl-collab's Hits@K, which pools every positive's negatives and needs
+//!   a positive above the K-th best of them all, suits a shared negative set,
+//!   not per-positive negatives.)
 //! - **AUC**: the probability that a positive outscores a negative, ties
 //!   counting half (the Mann–Whitney statistic over all pairs), from one sort.
 
@@ -18,7 +22,7 @@ use serde::{Deserialize, Serialize};
 pub enum LinkMetric {
     /// Mean reciprocal rank of each positive among its own negatives.
     Mrr,
-    /// The share of positives scored above the K-th best negative.
+    /// The share of positives ranked at most K among their own negatives.
     HitsAt(usize),
     /// The area under the ROC curve, positives against negatives.
     Auc,
@@ -57,36 +61,32 @@ pub struct MetricValue {
     pub value: f64,
 }
 
+/// The rank of each `pos[i]` among `neg[i·k..(i+1)·k]`: `1 +` the mean of the
+/// negatives scored strictly above it and those scored at least as high (ties
+/// cost half).
+fn ranks<'a>(pos: &'a [f32], neg: &'a [f32], k: usize) -> impl Iterator<Item = f64> + 'a {
+    pos.iter().zip(neg.chunks_exact(k.max(1))).map(|(&p, negs)| {
+        let above = negs.iter().filter(|&&n| n > p).count() as f64;
+        let at_least = negs.iter().filter(|&&n| n >= p).count() as f64;
+        1.0 + 0.5 * (above + at_least)
+    })
+}
+
 /// Mean reciprocal rank of `pos[i]` among `neg[i·k..(i+1)·k]`.
 pub(crate) fn mrr(pos: &[f32], neg: &[f32], k: usize) -> f64 {
     if pos.is_empty() || k == 0 {
         return 0.0;
     }
-    let total: f64 = pos
-        .iter()
-        .zip(neg.chunks_exact(k))
-        .map(|(&p, negs)| {
-            let above = negs.iter().filter(|&&n| n > p).count() as f64;
-            let at_least = negs.iter().filter(|&&n| n >= p).count() as f64;
-            1.0 / (1.0 + 0.5 * (above + at_least))
-        })
-        .sum();
-    total / pos.len() as f64
+    ranks(pos, neg, k).map(|r| 1.0 / r).sum::<f64>() / pos.len() as f64
 }
 
-/// Share of `pos` scored strictly above the `k`-th highest of `neg`.
-pub(crate) fn hits_at(pos: &[f32], neg: &[f32], k: usize) -> f64 {
-    if pos.is_empty() {
+/// Share of `pos[i]` ranked at most `h` among `neg[i·k..(i+1)·k]`.
+pub(crate) fn hits_at(pos: &[f32], neg: &[f32], k: usize, h: usize) -> f64 {
+    if pos.is_empty() || k == 0 {
         return 0.0;
     }
-    if neg.len() < k {
-        return 1.0;
-    }
-    let mut sorted = neg.to_vec();
-    // The k-th highest: a partial selection, descending.
-    let (_, kth, _) = sorted.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
-    let threshold = *kth;
-    pos.iter().filter(|&&p| p > threshold).count() as f64 / pos.len() as f64
+    let hits = ranks(pos, neg, k).filter(|&r| r <= h as f64).count();
+    hits as f64 / pos.len() as f64
 }
 
 /// Area under the ROC curve of `pos` against `neg` (ties half).
@@ -130,7 +130,7 @@ pub(crate) fn compute(
             name: m.name(),
             value: match m {
                 LinkMetric::Mrr => mrr(pos, neg, k),
-                LinkMetric::HitsAt(h) => hits_at(pos, neg, h),
+                LinkMetric::HitsAt(h) => hits_at(pos, neg, k, h),
                 LinkMetric::Auc => auc(pos, neg),
             },
         })
@@ -153,14 +153,34 @@ mod tests {
     }
 
     #[test]
-    fn hits_counts_positives_strictly_above_the_kth_best_negative() {
-        let neg = [0.1, 0.8, 0.5, 0.3];
-        // 2nd best negative: 0.5.
-        assert_eq!(hits_at(&[0.9, 0.5, 0.6, 0.2], &neg, 2), 0.5);
-        // 1st best: 0.8.
-        assert_eq!(hits_at(&[0.9, 0.5, 0.6, 0.2], &neg, 1), 0.25);
-        // Fewer negatives than K: every positive is a hit.
-        assert_eq!(hits_at(&[0.0], &neg, 10), 1.0);
+    fn hits_counts_positives_ranked_at_most_k_among_their_own_negatives() {
+        // Ranks: 1 (beats both), 2 (one above), 1.5 (one tie), 3 (both above).
+        let pos = [0.9, 0.5, 0.3, 0.0];
+        let neg = [0.1, 0.2, 0.7, 0.1, 0.3, 0.0, 0.4, 0.6];
+        assert_eq!(hits_at(&pos, &neg, 2, 1), 0.25);
+        assert_eq!(hits_at(&pos, &neg, 2, 2), 0.75);
+        assert_eq!(hits_at(&pos, &neg, 2, 3), 1.0);
+        assert_eq!(hits_at(&[], &[], 2, 1), 0.0);
+        // Against the brute-force rank on random scores with ties: a hit is
+        // a positive with fewer than h negatives strictly above it, ties half.
+        let mut r = cpu_ops::Rng::new(3);
+        let k = 9;
+        let pos: Vec<f32> = (0..200).map(|_| (r.next_u64() % 7) as f32).collect();
+        let neg: Vec<f32> = (0..200 * k).map(|_| (r.next_u64() % 7) as f32).collect();
+        for h in [1, 3, 10] {
+            let want = pos
+                .iter()
+                .enumerate()
+                .filter(|&(i, &p)| {
+                    let row = &neg[i * k..(i + 1) * k];
+                    let gt = row.iter().filter(|&&n| n > p).count();
+                    let eq = row.iter().filter(|&&n| n == p).count();
+                    2 * gt + eq + 2 <= 2 * h
+                })
+                .count() as f64
+                / pos.len() as f64;
+            assert_eq!(hits_at(&pos, &neg, k, h), want, "h = {h}");
+        }
     }
 
     #[test]
