@@ -71,7 +71,16 @@ impl Dataset {
     ///   defaults to the largest + 1);
     /// - `train`, `val`, `test`: boolean masks of `n` entries or arrays of
     ///   vertex ids; without any, `split` (`"0.6,0.2,rest"` by default; parts are
-    ///   `N/class`, a fraction or `rest`) is drawn with `seed`.
+    ///   `N/class`, a fraction or `rest`) is drawn with `seed`;
+    /// - link prediction (`model.task = "link"`): `edge_split` is either a dict
+    ///   `{"train": e, "val": e, "test": e}` of positives (each a `(2, P)` array
+    ///   or a `(src, dst)` pair; the graph must hold every training edge and no
+    ///   validation or test edge; without `edge_index`/`csr` the training edges
+    ///   are the graph), or three fractions `(0.85, 0.05, 0.1)` of the graph's
+    ///   edges held out with `seed` (held-out edges leave the graph; the draw
+    ///   `tandem import edgelist --edge-split` makes). `edge_negatives`
+    ///   (`{"val": (P, k), "test": (P, k)}` destination ids, row `i` for
+    ///   positive `i`) fixes the evaluation negatives, as OGB's link datasets do.
     ///
     /// C-contiguous `float32` features, integer ids and labels and `bool` masks
     /// are used in place; other numeric dtypes are converted once (see
@@ -81,7 +90,7 @@ impl Dataset {
     #[classmethod]
     #[pyo3(signature = (num_vertices=None, *, features, labels, edge_index=None, csr=None,
         train=None, val=None, test=None, num_classes=None, symmetrize=false, split=None,
-        seed=0, name="arrays"))]
+        seed=0, name="arrays", edge_split=None, edge_negatives=None))]
     #[allow(clippy::too_many_arguments)]
     fn from_arrays(
         _cls: &Bound<'_, PyType>,
@@ -99,6 +108,8 @@ impl Dataset {
         split: Option<&str>,
         seed: u64,
         name: &str,
+        edge_split: Option<&Bound<'_, PyAny>>,
+        edge_negatives: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut notes = Vec::new();
         let mut b = DatasetBuilder::new(name).symmetrize(symmetrize).seed(seed);
@@ -126,6 +137,8 @@ impl Dataset {
                     "both edge_index and csr given; pass one",
                 ))
             }
+            // The training edges of an edge split given as arrays are the graph.
+            (None, None) if edge_split.is_some_and(|e| e.cast::<PyDict>().is_ok()) => b,
             (None, None) => {
                 return Err(dataset_invalid(
                     "graph",
@@ -178,6 +191,7 @@ impl Dataset {
                 part(test, "test")?,
             );
         }
+        b = link_split(b, edge_split, edge_negatives, seed)?;
         notes.extend(b.copies().iter().map(|c| format!("{c} (copied)")));
         let ds = py.detach(move || b.build()).py_err()?;
         Ok(Self {
@@ -354,6 +368,39 @@ impl Dataset {
         self.inner.graph.num_edges()
     }
 
+    /// The link-prediction split, or `None`: a dict of `(2, P)` int64 arrays
+    /// `"train"`, `"val"`, `"test"` (row 0 sources, row 1 destinations), with
+    /// `"val_neg"` / `"test_neg"` `(P, k)` arrays when the store fixes the
+    /// evaluation negatives. Copies (small beside the features).
+    #[getter]
+    fn edge_split<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(e) = &self.inner.edges else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        for (key, part) in [("train", &e.train), ("val", &e.val), ("test", &e.test)] {
+            let mut a = ndarray::Array2::<i64>::zeros((2, part.len()));
+            for (i, (s, t)) in part.iter().enumerate() {
+                a[[0, i]] = i64::from(s);
+                a[[1, i]] = i64::from(t);
+            }
+            d.set_item(key, a.into_pyarray(py))?;
+        }
+        for (key, neg, pos) in [
+            ("val_neg", &e.val_neg, e.val.len()),
+            ("test_neg", &e.test_neg, e.test.len()),
+        ] {
+            if let Some(neg) = neg {
+                let flat: Vec<i64> = neg.as_slice().iter().map(|&v| i64::from(v)).collect();
+                let k = flat.len() / pos.max(1);
+                let a = ndarray::Array2::from_shape_vec((pos, k), flat)
+                    .map_err(|e| to_py(runtime::Error::invalid_argument(key, e.to_string())))?;
+                d.set_item(key, a.into_pyarray(py))?;
+            }
+        }
+        Ok(Some(d))
+    }
+
     /// Feature columns.
     #[getter]
     fn num_features(&self) -> usize {
@@ -504,4 +551,168 @@ fn edge_topology(
         let v = v.as_array().into_dimensionality::<ndarray::Ix2>().map_err(|e| dataset_invalid("edge_index", e.to_string()))?;
         Ok(b.edge_index(v))
     }, else Err(dataset_invalid("edge_index", "expected an integer array")))
+}
+
+/// A `(2, P)` array or `(src, dst)` pair of vertex ids as two int64 arrays
+/// (copied: edge splits are small beside features; ids are checked by the
+/// builder, negative ones included).
+fn id_pair(
+    obj: &Bound<'_, PyAny>,
+    field: &str,
+) -> PyResult<(ndarray::Array1<i64>, ndarray::Array1<i64>)> {
+    let one = |a: &Bound<'_, PyAny>| -> PyResult<ndarray::Array1<i64>> {
+        let np = a.py().import("numpy")?;
+        let a = np.call_method1("asarray", (a,))?;
+        let kind: String = a.getattr("dtype")?.getattr("kind")?.extract()?;
+        if !matches!(kind.as_str(), "i" | "u") {
+            return Err(dataset_invalid(
+                field,
+                format!("dtype kind `{kind}`, expected integer vertex ids"),
+            ));
+        }
+        let a = a.call_method1("astype", ("int64",))?;
+        let a = a
+            .cast_into::<PyArrayDyn<i64>>()
+            .map_err(|_| dataset_invalid(field, "expected an integer array"))?;
+        let v = a.readonly();
+        v.as_array()
+            .into_dimensionality::<ndarray::Ix1>()
+            .map(|v| v.to_owned())
+            .map_err(|_| {
+                dataset_invalid(
+                    field,
+                    format!(
+                        "shape {:?}, expected (2, P) or a pair (src, dst)",
+                        a.shape()
+                    ),
+                )
+            })
+    };
+    if let Ok(pair) = obj.cast::<PyTuple>() {
+        let (s, d): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair
+            .extract()
+            .map_err(|_| dataset_invalid(field, "expected a (2, P) array or a pair (src, dst)"))?;
+        return Ok((one(&s)?, one(&d)?));
+    }
+    let np = obj.py().import("numpy")?;
+    let a = np.call_method1("asarray", (obj,))?;
+    let shape: Vec<usize> = a.getattr("shape")?.extract()?;
+    if shape.len() != 2 || shape[0] != 2 {
+        return Err(dataset_invalid(
+            field,
+            format!("shape {shape:?}, expected (2, P) or a pair (src, dst)"),
+        ));
+    }
+    Ok((one(&a.get_item(0)?)?, one(&a.get_item(1)?)?))
+}
+
+/// A `(P, k)` array of negative destination ids as int64.
+fn id_matrix(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<ndarray::Array2<i64>> {
+    let np = obj.py().import("numpy")?;
+    let a = np.call_method1("asarray", (obj,))?;
+    let kind: String = a.getattr("dtype")?.getattr("kind")?.extract()?;
+    if !matches!(kind.as_str(), "i" | "u") {
+        return Err(dataset_invalid(
+            field,
+            format!("dtype kind `{kind}`, expected integer vertex ids"),
+        ));
+    }
+    let a = np.call_method1(
+        "ascontiguousarray",
+        (a.call_method1("astype", ("int64",))?,),
+    )?;
+    let a = a
+        .cast_into::<PyArrayDyn<i64>>()
+        .map_err(|_| dataset_invalid(field, "expected an integer array"))?;
+    let v = a.readonly();
+    v.as_array()
+        .into_dimensionality::<ndarray::Ix2>()
+        .map(|v| v.to_owned())
+        .map_err(|_| {
+            dataset_invalid(
+                field,
+                format!(
+                    "shape {:?}, expected (P, k): k negatives a positive",
+                    a.shape()
+                ),
+            )
+        })
+}
+
+/// `from_arrays`' `edge_split` and `edge_negatives` onto the builder.
+fn link_split(
+    b: DatasetBuilder,
+    edge_split: Option<&Bound<'_, PyAny>>,
+    edge_negatives: Option<&Bound<'_, PyAny>>,
+    seed: u64,
+) -> PyResult<DatasetBuilder> {
+    let Some(es) = edge_split else {
+        return match edge_negatives {
+            Some(_) => Err(dataset_invalid(
+                "edge_negatives",
+                "given without edge_split: pass the positives as a dict of arrays",
+            )),
+            None => Ok(b),
+        };
+    };
+    if let Ok(d) = es.cast::<PyDict>() {
+        let part = |key: &str| -> PyResult<(ndarray::Array1<i64>, ndarray::Array1<i64>)> {
+            let field = format!("edge_split[{key:?}]");
+            match d.get_item(key)? {
+                Some(v) => id_pair(&v, &field),
+                None => Err(dataset_invalid(
+                    "edge_split",
+                    format!("no key {key:?}: expected the keys \"train\", \"val\", \"test\""),
+                )),
+            }
+        };
+        for k in d.keys() {
+            let k: String = k.extract().unwrap_or_default();
+            if !matches!(k.as_str(), "train" | "val" | "test") {
+                return Err(dataset_invalid(
+                    "edge_split",
+                    format!("unknown key {k:?}: expected \"train\", \"val\", \"test\""),
+                ));
+            }
+        }
+        let (tr, va, te) = (part("train")?, part("val")?, part("test")?);
+        let mut b = b.edge_split(
+            (tr.0.view(), tr.1.view()),
+            (va.0.view(), va.1.view()),
+            (te.0.view(), te.1.view()),
+        );
+        if let Some(neg) = edge_negatives {
+            let neg = neg.cast::<PyDict>().map_err(|_| {
+                dataset_invalid(
+                    "edge_negatives",
+                    "expected a dict {\"val\": (P, k), \"test\": (P, k)}",
+                )
+            })?;
+            let m = |key: &str| -> PyResult<ndarray::Array2<i64>> {
+                match neg.get_item(key)? {
+                    Some(v) => id_matrix(&v, &format!("edge_negatives[{key:?}]")),
+                    None => Err(dataset_invalid(
+                        "edge_negatives",
+                        format!("no key {key:?}: expected the keys \"val\", \"test\""),
+                    )),
+                }
+            };
+            let (v, t) = (m("val")?, m("test")?);
+            b = b.edge_negatives(v.view(), t.view());
+        }
+        return Ok(b);
+    }
+    if edge_negatives.is_some() {
+        return Err(dataset_invalid(
+            "edge_negatives",
+            "fixed negatives need positives given as arrays (edge_split as a dict)",
+        ));
+    }
+    let f: (f64, f64, f64) = es.extract().map_err(|_| {
+        dataset_invalid(
+            "edge_split",
+            "expected a dict {\"train\": e, \"val\": e, \"test\": e} of edge arrays or three fractions (train, val, test)",
+        )
+    })?;
+    Ok(b.split_edges([f.0, f.1, f.2], seed))
 }

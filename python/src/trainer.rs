@@ -27,7 +27,7 @@ use runtime::onnx::{ExportOptions, OnnxOutput};
 use runtime::trace::{write_chrome_trace, CounterSampler, SamplerOptions, Trace, Tracer};
 use runtime::{
     BatchMetrics, Callback, CallbackId, CancelToken, Control, EpochStats, Error, InferOutput,
-    StopCause, TrainerBuilder,
+    MetricValue, StopCause, TrainerBuilder,
 };
 use slot::Slot;
 
@@ -73,19 +73,47 @@ mod slot {
 /// What one epoch did (`runtime::EpochStats`): the mean training loss,
 /// accuracies (validation and test only when evaluated that epoch, else
 /// `None`), seconds spent training and evaluating, batches and optimizer steps.
-#[pyclass(module = "tandem", name = "EpochRecord", frozen, get_all)]
+#[pyclass(module = "tandem", name = "EpochRecord", frozen)]
 #[derive(Clone)]
 pub(crate) struct EpochRecord {
+    #[pyo3(get)]
     epoch: usize,
+    #[pyo3(get)]
     loss: f64,
+    #[pyo3(get)]
     train_acc: f64,
+    #[pyo3(get)]
     val_acc: Option<f64>,
+    #[pyo3(get)]
     test_acc: Option<f64>,
+    #[pyo3(get)]
     train_secs: f64,
+    #[pyo3(get)]
     eval_secs: f64,
+    #[pyo3(get)]
     batches: usize,
+    #[pyo3(get)]
     steps: u64,
+    #[pyo3(get)]
     skipped_batches: usize,
+    /// A link model's validation metrics, in `link.metrics` order.
+    val_metrics: Vec<(String, f64)>,
+    /// A link model's test metrics.
+    test_metrics: Vec<(String, f64)>,
+}
+
+/// Metric values as `(name, value)` pairs in their configured order.
+fn metric_pairs(m: &[MetricValue]) -> Vec<(String, f64)> {
+    m.iter().map(|m| (m.name.clone(), m.value)).collect()
+}
+
+/// Pairs as a dict (insertion order kept: the first is the selection metric).
+fn metric_dict<'py>(py: Python<'py>, m: &[(String, f64)]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in m {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
 }
 
 impl From<&EpochStats> for EpochRecord {
@@ -101,14 +129,46 @@ impl From<&EpochStats> for EpochRecord {
             batches: s.batches,
             steps: s.steps,
             skipped_batches: s.skipped_batches,
+            val_metrics: metric_pairs(&s.val_metrics),
+            test_metrics: metric_pairs(&s.test_metrics),
         }
     }
 }
 
 #[pymethods]
 impl EpochRecord {
+    /// A link model's validation metrics (`{"mrr": ..., "hits@10": ...,
+    /// "auc": ...}` in `link.metrics` order), empty for a node model or an
+    /// epoch without evaluation.
+    #[getter]
+    fn val_metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        metric_dict(py, &self.val_metrics)
+    }
+
+    /// A link model's test metrics, as `val_metrics`.
+    #[getter]
+    fn test_metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        metric_dict(py, &self.test_metrics)
+    }
+
     fn __repr__(&self) -> String {
         let acc = |a: Option<f64>| a.map_or_else(|| "None".into(), |x| format!("{x:.4}"));
+        if !self.val_metrics.is_empty() || !self.test_metrics.is_empty() {
+            let m = |m: &[(String, f64)]| {
+                let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k:?}: {v:.4}")).collect();
+                format!("{{{}}}", parts.join(", "))
+            };
+            return format!(
+                "EpochRecord(epoch={}, loss={:.4}, val_metrics={}, test_metrics={}, \
+                 train_secs={:.3}, eval_secs={:.3})",
+                self.epoch,
+                self.loss,
+                m(&self.val_metrics),
+                m(&self.test_metrics),
+                self.train_secs,
+                self.eval_secs
+            );
+        }
         format!(
             "EpochRecord(epoch={}, loss={:.4}, train_acc={:.4}, val_acc={}, test_acc={}, \
              train_secs={:.3}, eval_secs={:.3})",
@@ -418,6 +478,38 @@ impl Trainer {
                 Ok(acc.into_pyobject(py)?.into_any().unbind())
             }
         }
+    }
+
+    /// A link model's validation and test metrics (a pair of dicts, in
+    /// `link.metrics` order), as `train.eval_mode` says: each held-out edge
+    /// ranked against its negatives (the store's fixed ones, or a fixed
+    /// uniform draw).
+    fn evaluate_link<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+        let trainer = self.tm();
+        let [v, t] = py.detach(move || trainer.evaluate_link()).py_err()?;
+        Ok((
+            metric_dict(py, &metric_pairs(&v))?,
+            metric_dict(py, &metric_pairs(&t))?,
+        ))
+    }
+
+    /// A link model's score (a logit) of every pair `(src[i], dst[i])`:
+    /// a float32 array of `len(src)`, from full-neighbor inference.
+    fn score_edges<'py>(
+        &mut self,
+        py: Python<'py>,
+        src: &Bound<'py, PyAny>,
+        dst: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let (src, dst) = (ids(src, "src")?, ids(dst, "dst")?);
+        let trainer = self.tm();
+        let out = py
+            .detach(move || trainer.score_edges(&src, &dst))
+            .py_err()?;
+        Ok(out.into_pyarray(py))
     }
 
     /// The output of the layer below the classifier (full-neighbor inference)

@@ -14,8 +14,7 @@ use crate::data::generate::{generate_rmat_with, generate_sbm_with, RmatOptions, 
 use crate::data::import::{
     import_edge_list_with, import_metis_with, import_npy_dir_with, import_ogb_dir_with,
     import_wordnet_with, EdgeSplitFiles, EdgeSplitSource, FeatureSource, GraphImportOptions,
-    LabelSource, OgbOptions,
-    WordNetOptions,
+    LabelSource, OgbOptions, WordNetOptions,
 };
 use crate::error::{Error, Result};
 

@@ -662,7 +662,8 @@ impl DatasetBuilder {
         };
 
         // 5. The importers' last step.
-        let ds = Dataset::from_shared_parts(self.name, graph, features, labels, num_classes, masks)?;
+        let ds =
+            Dataset::from_shared_parts(self.name, graph, features, labels, num_classes, masks)?;
 
         // 6. The edge split.
         let symmetric = self.symmetrize;
