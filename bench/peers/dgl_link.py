@@ -29,7 +29,8 @@ Evaluation (full-neighbour, as Tandem's `train.eval_mode = "full"`): layer-wise
   export has them, else Tandem's own draw (bench/peers/link_common.py), so both
   systems rank against identical negatives. MRR, Hits@K, AUC as Tandem defines them.
 Timing: `train_s` is the training loop only (sampling, exclusion, negative draws,
-  feature gather, forward, backward, Adam); evaluation is timed apart.
+  feature gather, forward, backward, Adam), `cpu_s` the CPU time of all its threads
+  over the same loop; evaluation is timed apart.
 """
 import argparse
 import json
@@ -191,7 +192,7 @@ def main():
     for epoch in range(args.epochs):
         net.train()
         loss_sum, rows, nb, sample_s, batch_s = 0.0, 0, 0, 0.0, []
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         it = iter(loader)
         while True:
             ts = time.perf_counter()
@@ -216,7 +217,8 @@ def main():
             if args.max_batches and nb >= args.max_batches:
                 break
         train_s = time.perf_counter() - t0
-        rec = {"epoch": epoch, "loss": loss_sum / max(1, rows), "train_s": train_s,
+        cpu_s = time.process_time() - c0  # every thread's CPU time: the work, less the waiting
+        rec = {"epoch": epoch, "loss": loss_sum / max(1, rows), "train_s": train_s, "cpu_s": cpu_s,
                "sample_s": sample_s, "compute_s": train_s - sample_s, "batches": nb,
                "median_batch_s": float(np.median(batch_s)), "loadavg_1min": os.getloadavg()[0]}
         if nb < num_batches:

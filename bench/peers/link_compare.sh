@@ -26,15 +26,18 @@ cfg=bench/configs/sbm_link.toml
 if [ -n "${KEEP:-}" ]; then out="$KEEP"; mkdir -p "$out"; else out="$(mktemp -d)"; fi
 every=0
 [ "$EVAL" = 1 ] && every=1
+# CPU seconds (user + system) of each whole run (setup, the epochs, the evaluations):
+# the work each did, which other jobs on the machine change less than wall time.
+TIMEFORMAT="# cpu %U %S wall %R"
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$TANDEM" train --config "$cfg" --quiet-config \
+{ time "$TANDEM" train --config "$cfg" --quiet-config \
   --set "data.path=\"$data/$name.tds\"" --set "train.epochs=$E" --set "train.eval_every=$every" \
-  | tee "$out/tandem.log"
+  2>&1 | tee "$out/tandem.log" ; } 2> "$out/tandem.time"
 echo "# load between: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$PY" bench/peers/dgl_link.py --data "$data/${name}_npy" --layers 2 --hidden 128 \
+{ time "$PY" bench/peers/dgl_link.py --data "$data/${name}_npy" --layers 2 --hidden 128 \
   --fanouts 10,10 --batch-size 1024 --negatives 1 --lr 0.003 --dropout 0.5 \
   --epochs "$E" --eval-every "$every" --eval-negatives 100 --seed 0 --threads 2 \
-  --json "$out/dgl.json" | tee "$out/dgl.log"
+  --json "$out/dgl.json" 2>&1 | tee "$out/dgl.log" ; } 2> "$out/dgl.time"
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 t=$(sed -n 's/.*mean epoch time \([0-9.]*\) s.*/\1/p' "$out/tandem.log")
 d=$(sed -n 's/.*mean epoch (train only, excl. epoch 0): \([0-9.]*\)s.*/\1/p' "$out/dgl.log")
@@ -43,4 +46,8 @@ dm=$(sed -n 's/.*final test \(.*\); best val.*/\1/p' "$out/dgl.log")
 awk -v t="$t" -v d="$d" -v n="$name" 'BEGIN {
   printf "%s: mean epoch time tandem %.3f s, dgl %.3f s, dgl/tandem = %.2fx\n", n, t, d, d / t }'
 echo "$name: final test: tandem $tm; dgl $dm"
+awk -v n="$name" '/^# cpu/ { c[FILENAME] = $3 + $4; w[FILENAME] = $6 }
+  END { for (f in c) if (f ~ /tandem/) { tc = c[f]; tw = w[f] } else { dc = c[f]; dw = w[f] }
+        printf "%s: whole runs: tandem %.1f cpu-s (%.1f s wall), dgl %.1f cpu-s (%.1f s wall), cpu dgl/tandem = %.2fx\n",
+          n, tc, tw, dc, dw, dc / tc }' "$out/tandem.time" "$out/dgl.time"
 [ -n "${KEEP:-}" ] || rm -rf "$out"
