@@ -57,8 +57,9 @@ p.add_argument("--seed", type=int, default=0, help="also Tandem's train.seed for
 p.add_argument("--max-batches", type=int, default=0, help="0 = whole epochs")
 p.add_argument("--eval-negatives", type=int, default=100)
 p.add_argument("--metrics", default="mrr,hits@10,auc")
-p.add_argument("--eval-chunk-edges", type=int, default=1 << 23,
-               help="in-edges per chunk of full-neighbour inference")
+p.add_argument("--eval-chunk-edges", type=int, default=1 << 22,
+               help="in-edges per chunk of full-neighbour inference (PyG gathers one "
+                    "source row per edge: 4M edges x 256 columns = 4 GB of temporaries)")
 p.add_argument("--no-eval", action="store_true")
 p.add_argument("--device", default="cuda", help="cuda, or cpu to check the program where no GPU is")
 a = p.parse_args()
