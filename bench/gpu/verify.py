@@ -73,13 +73,17 @@ def train(out, prefix, log):
         r"epoch time ([0-9.]+) s \(one epoch\)", text
     )
     if m:
-        emit(out, f"{prefix}.epoch_s", float(m.group(1)), "excluding epoch 0")
+        emit(out, f"{prefix}.epoch_s", float(m.group(1)),
+             "one epoch" if "(one epoch)" in m.group(0) else "excluding epoch 0")
     else:
         err = [l for l in text.splitlines() if "error" in l.lower()]
         emit(out, f"{prefix}.epoch_s", "failed", (err[-1] if err else "no epoch time in " + log)[:160])
     m = re.search(r"test accuracy ([0-9.]+)", text)
     if m:
         emit(out, f"{prefix}.test_acc", float(m.group(1)), "at the best validation epoch")
+    m = re.search(r"test mrr ([0-9.]+)", text)  # the link task's first metric
+    if m:
+        emit(out, f"{prefix}.test_mrr", float(m.group(1)), "at the best validation epoch")
     m = re.search(r'"auto" chose (.+)', text) or re.search(r'"auto" on the host backend is ([\w-]+)', text)
     if m:
         choice = re.split(r" \(fastest\)|;", m.group(1))[0].strip()
@@ -95,6 +99,22 @@ def peer(out, prefix, log):
     if m:
         emit(out, f"{prefix}.epoch_s", float(m.group(1)), "torch_gpu_train.py, mean of epochs 1..")
         emit(out, f"{prefix}.test_acc", float(m.group(2)), "sampled evaluation")
+    else:
+        tail = [l for l in text.splitlines() if l.strip()][-1:] or ["no output"]
+        emit(out, f"{prefix}.epoch_s", "failed", tail[0][:160])
+
+
+def peer_link(out, prefix, log):
+    """The PyTorch + PyG link program's last line (bench/peers/torch_gpu_link.py)."""
+    text = read_text(log)
+    m = re.search(r"torchgpu-link epoch_s=([0-9.]+) (.*?)batches=(\d+) extrapolated=(\d)", text)
+    if m:
+        how = "extrapolated from its first batches" if m.group(4) == "1" else "whole epochs"
+        emit(out, f"{prefix}.epoch_s", float(m.group(1)),
+             f"torch_gpu_link.py, mean of epochs 1.., {m.group(3)} batches, {how}")
+        t = re.search(r"test_mrr=([0-9.]+)", m.group(2))
+        if t:
+            emit(out, f"{prefix}.test_mrr", float(t.group(1)), "full-graph evaluation after the batches it trained")
     else:
         tail = [l for l in text.splitlines() if l.strip()][-1:] or ["no output"]
         emit(out, f"{prefix}.epoch_s", "failed", tail[0][:160])
@@ -498,7 +518,7 @@ def table(preds_path, out_md, header_path, *measured_paths):
 
 
 COMMANDS = {
-    "train": train, "peer": peer, "tests": tests, "syncs": syncs, "layer-trace": layer_trace,
+    "train": train, "peer": peer, "peer-link": peer_link, "tests": tests, "syncs": syncs, "layer-trace": layer_trace,
     "ncu": ncu, "regimes": regimes, "scale": scale, "backend": backend, "hot": hot,
     "ratio": ratio, "best": best, "delta": delta, "note": note, "table": table,
 }

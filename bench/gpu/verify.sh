@@ -25,6 +25,8 @@
 #   9  papers100M-sized R-MAT, bf16 rows, in memory, placement fitted to the device
 #   10 half the papers100M size, the default placement
 #   11 half the papers100M size, trained from a store on the local disk
+#   12 link prediction on the products-scale R-MAT with an edge split: one epoch of
+#      Tandem's link task against the PyTorch + PyG link program
 #   table DIR...   the markdown table of the measured files under DIRs (several parts)
 #
 # Environment:
@@ -46,10 +48,10 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 part="${1:-}"
 case "$part" in
-[1-9] | 1[01] | table) ;;
+[1-9] | 1[012] | table) ;;
 *)
     sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//' >&2
-    echo "usage: bash bench/gpu/verify.sh 1..11 | table DIR..." >&2
+    echo "usage: bash bench/gpu/verify.sh 1..12 | table DIR..." >&2
     exit 2
     ;;
 esac
@@ -108,11 +110,11 @@ tandem=$(cd "$(dirname "$tandem")" && pwd)/$(basename "$tandem")
 dry=0
 [ "$DEVICE" = cuda ] && [ "$SCALE" = full ] || dry=1
 if [ "$SCALE" = full ]; then
-    V=2400000 E=62000000 WORKERS=12 SLOW=1
+    V=2400000 E=62000000 WORKERS=12 SLOW=1 LINKB=300
     CACHE250=250000000 # 5% of the 512-column fp32 rows (10% of the bf16 rows)
     PAPERS=() HALF=(--half)
 else
-    V=40000 E=400000 WORKERS=1 SLOW=4
+    V=40000 E=400000 WORKERS=1 SLOW=4 LINKB=20
     CACHE250=$((V * 512 * 4 / 20))
     PAPERS=(--vertices 200000 --edges 2000000 --classes 16 --split 0.1,0.02,0.02)
     HALF=(--vertices 100000 --edges 1000000 --classes 16 --split 0.1,0.02,0.02)
@@ -446,6 +448,34 @@ part8() {
             py tests "$meas" p8.nccl "$logs/p8.nccl.log" >/dev/null
         fi
     fi
+}
+
+part12() {
+    # The products graph with 2% of its edges held out (1% validation, 1% test): an
+    # epoch is every training edge once, ~49k batches of 1024 positives on the full
+    # graph, so Tandem trains one epoch (its time then includes the first batches'
+    # one-time costs, a few ms in ~90 s) and the peer times two epochs of
+    # $LINKB batches each, extrapolated (the second one counts). Both evaluate once,
+    # full-graph, against the same drawn negatives (bench/peers/link_common.py).
+    local l="$WORK/products_link.tds" link=(--set model.task='"link"' --set train.eval_mode='"full"')
+    [ -s "$l" ] || step generate-link 120 "$tandem" generate rmat "${graph[@]}" --dim 100 \
+        --edge-split 0.98,0.01,0.01 -o "$l"
+    if [ "$DEVICE" != cuda ]; then
+        skip p12.peer.epoch_s "the PyTorch + PyG link program runs on CUDA only (DEVICE=$DEVICE)"
+    elif ! python3 -c 'import torch, torch_geometric' 2>/dev/null; then
+        skip p12.peer.epoch_s "python3 cannot import torch and torch_geometric"
+    else
+        step export-link 150 "$tandem" export "$l" --format npy -o "$WORK/npy_link"
+        PYTHONUNBUFFERED=1 step p12.peer 240 python3 bench/peers/torch_gpu_link.py \
+            --data "$WORK/npy_link" --fanouts 25,10,5 --hidden 256 --batch-size 1024 \
+            --epochs 2 --max-batches "$LINKB"
+        py peer-link "$meas" p12.peer "$logs/p12.peer.log" >/dev/null
+        rm -rf "$WORK/npy_link"
+    fi
+    step p12.default 300 "$tandem" train "${model[@]}" --set "data.path=\"$l\"" --set train.epochs=1 \
+        "${link[@]}"
+    py train "$meas" p12.default "$logs/p12.default.log" >/dev/null
+    py ratio "$meas" p12.default.vs_peer p12.peer.epoch_s p12.default.epoch_s >/dev/null
 }
 
 "part$part"
