@@ -16,8 +16,8 @@ peer (`torch_gpu_link.py`) use one copy. Definitions follow Tandem:
   `--check-run` against a Tandem run's own metrics (its embeddings from `tandem
   infer` scored here give the metrics it printed).
 - Metrics (`runtime/src/task/metrics.rs`): MRR with ties counting half (as
-  ogbl-citation2), Hits@K against the K-th best of all the split's negatives (as
-  ogbl-collab; every positive counts when there are fewer than K), AUC with ties half.
+  ogbl-citation2), Hits@K the share of positives whose rank among their own negatives
+  (the same rank) is at most K (as ogbl-citation2's hits@K_list), AUC with ties half.
 """
 import json
 import os
@@ -158,15 +158,15 @@ def mrr(pos, neg):
 
 
 def hits_at(pos, neg, k):
-    """Share of positives strictly above the k-th highest of all negatives."""
-    pos = np.asarray(pos, dtype=np.float32)
-    neg = np.asarray(neg, dtype=np.float32).ravel()
-    if pos.size == 0:
+    """pos (E,), neg (E, m): share of positives whose rank 1 + (above + at_least) / 2
+    among their own negatives is at most k."""
+    pos = np.asarray(pos, dtype=np.float32)[:, None]
+    neg = np.asarray(neg, dtype=np.float32)
+    if pos.size == 0 or neg.shape[1] == 0:
         return 0.0
-    if neg.size < k:
-        return 1.0
-    kth = np.partition(neg, neg.size - k)[neg.size - k]
-    return float((pos > kth).mean())
+    above = (neg > pos).sum(1, dtype=np.float64)
+    at_least = (neg >= pos).sum(1, dtype=np.float64)
+    return float(np.mean(1.0 + 0.5 * (above + at_least) <= k))
 
 
 def auc(pos, neg):
@@ -231,10 +231,10 @@ def _self_test():
     pos = np.array([0.9, 0.5, 0.3])
     neg = np.array([[0.1, 0.2], [0.7, 0.1], [0.3, 0.0]])
     assert abs(mrr(pos, neg) - (1.0 + 0.5 + 1.0 / 1.5) / 3.0) < 1e-12
-    n4 = np.array([0.1, 0.8, 0.5, 0.3])
-    assert hits_at([0.9, 0.5, 0.6, 0.2], n4, 2) == 0.5
-    assert hits_at([0.9, 0.5, 0.6, 0.2], n4, 1) == 0.25
-    assert hits_at([0.0], n4, 10) == 1.0
+    # Ranks 1, 2, 1.5, 3 (the hits test's case).
+    p4 = np.array([0.9, 0.5, 0.3, 0.0])
+    n4 = np.array([[0.1, 0.2], [0.7, 0.1], [0.3, 0.0], [0.4, 0.6]])
+    assert hits_at(p4, n4, 1) == 0.25 and hits_at(p4, n4, 2) == 0.75 and hits_at(p4, n4, 3) == 1.0
     assert auc([1.0, 2.0], [0.0, 0.5]) == 1.0 and auc([0.0], [1.0]) == 0.0 and auc([1.0], [1.0]) == 0.5
     rng = np.random.default_rng(7)
     p = rng.integers(0, 20, 57).astype(np.float32)
