@@ -168,6 +168,7 @@ pub(crate) fn build(
     }
     let dim = ds.features.dim();
     let mut rows = vec![0.0f32; n_id.len() * dim];
+    advise_huge_pages(&mut rows);
     gather_rows(&ds.features, &n_id, &mut rows)
         .map_err(|e| Error::cpu_ops("loader: gathering features", e))?;
     let x = match spec.feature_dtype {
@@ -190,4 +191,38 @@ pub(crate) fn build(
         batch.edge_index = Some(batch.coo_edges());
     }
     Ok(Some(batch))
+}
+
+/// Below this size a buffer is left to ordinary pages.
+const HUGE_PAGE_MIN_BYTES: usize = 8 << 20;
+
+/// Asks the kernel to back `buf` with transparent huge pages (Linux, where
+/// they are enabled for `madvise`d memory), before anything writes to it.
+///
+/// A batch's rows are a fresh buffer the caller takes over (and frees) every
+/// batch: hundreds of MB at 2000 columns. Glibc maps such a buffer anew each
+/// time and every 4 KiB page then faults on its first write, which on a
+/// WordNet batch (33 k rows, 261 MB, 64 k faults) took longer than the gather
+/// itself; 2 MiB pages take 512 times fewer faults. Advice only: a kernel
+/// without huge pages ignores it, and the contents are unchanged either way.
+fn advise_huge_pages(buf: &mut [f32]) {
+    let bytes = std::mem::size_of_val(buf);
+    if bytes < HUGE_PAGE_MIN_BYTES {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = buf.as_mut_ptr() as usize;
+        let first = start.next_multiple_of(HUGE);
+        let end = (start + bytes) / HUGE * HUGE;
+        if end > first {
+            // SAFETY: [first, end) lies inside `buf`, a live allocation this
+            // function borrows mutably; MADV_HUGEPAGE changes how the pages are
+            // backed, never their contents, and its failure is harmless.
+            unsafe {
+                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
 }
