@@ -7,12 +7,13 @@
 //! ├── ConfigError             key, origin
 //! ├── DatasetError            field, index, problem
 //! ├── CheckpointError         path
+//! ├── ArgumentError           name (also a ValueError)
 //! ├── DeviceError
 //! └── NonFiniteError          epoch, batch, loss
 //! ```
 
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use runtime::{DatasetProblem, Error};
@@ -47,6 +48,13 @@ create_exception!(
 );
 create_exception!(
     tandem,
+    ArgumentError,
+    TandemError,
+    "An argument out of range (a fanout of 0, a seed that is not a vertex, an unknown device); \
+     `name` is the argument. Also a `ValueError`."
+);
+create_exception!(
+    tandem,
     DeviceError,
     TandemError,
     "The accelerator failed or is missing (a CUDA library, a kernel launch), or CUDA was asked \
@@ -67,9 +75,22 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("DatasetError", py.get_type::<DatasetError>())?;
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
+    m.add("ArgumentError", argument_error_type(py)?)?;
     m.add("DeviceError", py.get_type::<DeviceError>())?;
     m.add("NonFiniteError", py.get_type::<NonFiniteError>())?;
     Ok(())
+}
+
+/// `ArgumentError`, made a `ValueError` too (`except ValueError` catches it,
+/// as Python code expects of a bad argument).
+fn argument_error_type(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyType>> {
+    let t = py.get_type::<ArgumentError>();
+    let bases = PyTuple::new(
+        py,
+        [py.get_type::<TandemError>(), py.get_type::<PyValueError>()],
+    )?;
+    t.setattr("__bases__", bases)?;
+    Ok(t)
 }
 
 /// `problem`'s text without the separator `Display` puts before it.
@@ -107,6 +128,10 @@ pub(crate) fn to_py(e: Error) -> PyErr {
             Error::CheckpointMismatch { path, .. } | Error::CheckpointCorrupt { path, .. } => (
                 CheckpointError::new_err(msg),
                 vec![("path", str_obj(py, &path.display().to_string()))],
+            ),
+            Error::InvalidArgument { name, .. } => (
+                ArgumentError::new_err(msg),
+                vec![("name", str_obj(py, name))],
             ),
             Error::Device { .. } | Error::CudaNotCompiled { .. } => {
                 (DeviceError::new_err(msg), Vec::new())

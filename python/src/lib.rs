@@ -2,7 +2,8 @@
 //! layer over `runtime`'s public API. It converts and nothing more: arrays in
 //! (used in place where the layout allows: `arrays.rs`), datasets (`dataset.rs`),
 //! configuration from dicts and files (`config.rs`), the trainer with its
-//! callbacks and Ctrl-C (`trainer.rs`), and `runtime::Error` as Python
+//! callbacks and Ctrl-C (`trainer.rs`), the mini-batch loader for a model of
+//! the caller's own (`loader.rs`), and `runtime::Error` as Python
 //! exceptions with the same messages (`errors.rs`). The pure-Python half
 //! (`python/tandem/`) adds the PyG / DGL adapters and the progress bar.
 
@@ -10,6 +11,7 @@ mod arrays;
 mod config;
 mod dataset;
 mod errors;
+mod loader;
 mod trainer;
 
 use pyo3::prelude::*;
@@ -21,6 +23,10 @@ fn _tandem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<trainer::Trainer>()?;
     m.add_class::<trainer::EpochRecord>()?;
     m.add_class::<trainer::BatchRecord>()?;
+    m.add_class::<loader::NeighborLoader>()?;
+    m.add_class::<loader::LoaderIter>()?;
+    m.add_class::<loader::LoaderBatch>()?;
+    m.add_class::<loader::Hop>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CUDA_COMPILED", cfg!(feature = "cuda"))?;

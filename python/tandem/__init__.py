@@ -2,8 +2,9 @@
 
 A thin Python layer over the Rust runtime (``runtime`` crate): datasets from
 NumPy, PyTorch Geometric, DGL or an OGB directory without copying the arrays,
-and a trainer configured as ``tandem train`` is (the same TOML keys, checks and
-messages). Importing ``tandem`` imports neither torch nor dgl.
+a trainer configured as ``tandem train`` is (the same TOML keys, checks and
+messages), and ``NeighborLoader``, which feeds a PyTorch model of your own from
+Tandem's sampler and gather (``batch.to_pyg()``, ``batch.to_dgl_blocks()``). Importing ``tandem`` imports neither torch nor dgl.
 
 >>> import tandem
 >>> ds = tandem.Dataset.generate_sbm(vertices=2000, edges=10000, classes=4, dim=16)
@@ -17,6 +18,7 @@ the GIL, and GPUs.
 
 from ._tandem import (
     CUDA_COMPILED,
+    ArgumentError,
     BatchRecord,
     CheckpointError,
     ConfigError,
@@ -24,6 +26,10 @@ from ._tandem import (
     DatasetError,
     DeviceError,
     EpochRecord,
+    Hop,
+    LoaderBatch,
+    LoaderIter,
+    NeighborLoader,
     NonFiniteError,
     TandemError,
     Trainer,
@@ -32,6 +38,7 @@ from ._tandem import (
 
 __all__ = [
     "CUDA_COMPILED",
+    "ArgumentError",
     "BatchRecord",
     "CheckpointError",
     "ConfigError",
@@ -39,6 +46,10 @@ __all__ = [
     "DatasetError",
     "DeviceError",
     "EpochRecord",
+    "Hop",
+    "LoaderBatch",
+    "LoaderIter",
+    "NeighborLoader",
     "NonFiniteError",
     "TandemError",
     "Trainer",

@@ -1,9 +1,10 @@
 //! Tandem's runtime: the library a training service embeds, and the `tandem`
 //! CLI (feature `cli`).
 //!
-//! The public API is the names re-exported here and six modules: [`config`] (the
+//! The public API is the names re-exported here and seven modules: [`config`] (the
 //! configuration schema), [`data`] (datasets: store, importers, generators,
-//! export), [`dist`] (data-parallel jobs), [`onnx`] (export and serving),
+//! export), [`dist`] (data-parallel jobs), [`loader`] (sampled mini-batches for
+//! a model trained elsewhere), [`onnx`] (export and serving),
 //! [`trace`] (Chrome traces, summaries, utilization), [`progress`] (progress
 //! reports of generation and import to a caller's sink), and `cli`. Everything else
 //! — the session, the placement module, the executors, the device engine — is
@@ -149,6 +150,7 @@ pub(crate) mod embedding;
 pub(crate) mod engine;
 mod error;
 pub(crate) mod executor;
+pub mod loader;
 pub mod onnx;
 pub(crate) mod placement;
 pub(crate) mod pool;

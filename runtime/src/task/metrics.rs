@@ -65,11 +65,13 @@ pub struct MetricValue {
 /// negatives scored strictly above it and those scored at least as high (ties
 /// cost half).
 fn ranks<'a>(pos: &'a [f32], neg: &'a [f32], k: usize) -> impl Iterator<Item = f64> + 'a {
-    pos.iter().zip(neg.chunks_exact(k.max(1))).map(|(&p, negs)| {
-        let above = negs.iter().filter(|&&n| n > p).count() as f64;
-        let at_least = negs.iter().filter(|&&n| n >= p).count() as f64;
-        1.0 + 0.5 * (above + at_least)
-    })
+    pos.iter()
+        .zip(neg.chunks_exact(k.max(1)))
+        .map(|(&p, negs)| {
+            let above = negs.iter().filter(|&&n| n > p).count() as f64;
+            let at_least = negs.iter().filter(|&&n| n >= p).count() as f64;
+            1.0 + 0.5 * (above + at_least)
+        })
 }
 
 /// Mean reciprocal rank of `pos[i]` among `neg[i·k..(i+1)·k]`.

@@ -1,0 +1,83 @@
+"""A ``LoaderBatch`` as PyG's and DGL's loaders lay a mini-batch out.
+
+``to_pyg`` builds the ``torch_geometric.data.Data`` PyG's ``NeighborLoader``
+yields (with ``pyg-lib``: per-hop counts included, so ``trim_to_layer``
+works); ``to_dgl_blocks`` the list of blocks DGL's ``NeighborSampler`` yields.
+The tensors share the batch's numpy buffers (``torch.from_numpy``), except
+where torch needs another dtype. torch, PyG and DGL are imported here only
+when these are called.
+"""
+
+import numpy as np
+
+
+def features_tensor(batch):
+    """``batch.x`` as a torch tensor: float32, or bfloat16 for bf16 rows
+    (the uint16 bit patterns viewed as int16, which torch reads, then as
+    ``torch.bfloat16``: no copy)."""
+    import torch
+
+    if batch.feature_dtype == "bf16":
+        return torch.from_numpy(batch.x.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(batch.x)
+
+
+def to_pyg(batch):
+    """A ``torch_geometric.data.Data`` with ``x``, ``edge_index`` (row 0 the
+    source, row 1 the destination, local ids into ``n_id``; the seeds' hop
+    first), ``y`` (the seeds' labels), ``batch_size``, ``n_id``,
+    ``num_sampled_nodes`` and ``num_sampled_edges``."""
+    import torch
+    from torch_geometric.data import Data
+
+    return Data(
+        x=features_tensor(batch),
+        edge_index=torch.from_numpy(batch.edge_index),
+        y=torch.from_numpy(batch.y),
+        n_id=torch.from_numpy(batch.n_id),
+        batch_size=batch.batch_size,
+        num_sampled_nodes=list(batch.num_sampled_nodes),
+        num_sampled_edges=list(batch.num_sampled_edges),
+    )
+
+
+def dgl_block_parts(batch):
+    """``[(src, dst, num_src, num_dst), ...]``, input layer first: layer ``l``
+    of ``L`` reads the edges of the first ``L - l`` hops, from the vertices
+    reached in ``L - l`` hops to those reached in ``L - l - 1`` (what PyG's
+    ``trim_to_layer`` leaves for that layer)."""
+    nodes = np.cumsum(batch.num_sampled_nodes)
+    edges = np.cumsum([0] + list(batch.num_sampled_edges))
+    hops = len(batch.num_sampled_edges)
+    parts = []
+    for layer in range(hops):
+        reach = hops - layer
+        e = int(edges[reach])
+        parts.append(
+            (batch.edge_index[0, :e], batch.edge_index[1, :e], int(nodes[reach]), int(nodes[reach - 1]))
+        )
+    return parts
+
+
+def to_dgl_blocks(batch):
+    """DGL blocks, input layer first, as ``dgl.dataloading.NeighborSampler``
+    yields them: ``srcdata[dgl.NID]`` / ``dstdata[dgl.NID]`` hold the global
+    ids, the first block's ``srcdata["feat"]`` the features and the last
+    block's ``dstdata["label"]`` the seeds' labels."""
+    import torch
+    import dgl
+
+    n_id = torch.from_numpy(batch.n_id)
+    blocks = []
+    for src, dst, num_src, num_dst in dgl_block_parts(batch):
+        b = dgl.create_block(
+            (torch.from_numpy(np.ascontiguousarray(src)), torch.from_numpy(np.ascontiguousarray(dst))),
+            num_src_nodes=num_src,
+            num_dst_nodes=num_dst,
+        )
+        b.srcdata[dgl.NID] = n_id[:num_src]
+        b.dstdata[dgl.NID] = n_id[:num_dst]
+        blocks.append(b)
+    blocks[0].srcdata["feat"] = features_tensor(batch)
+    blocks[-1].dstdata["label"] = torch.from_numpy(batch.y)
+    return blocks

@@ -1,0 +1,387 @@
+//! A mini-batch loader for a model the caller trains itself: Tandem's sampler
+//! and gather run ahead on their own threads and hand over finished batches
+//! (seed count, per-hop sampled edges in local ids, input vertex ids, gathered
+//! input features, the seeds' labels). The Python package's
+//! `tandem.NeighborLoader` is this type; PyG's and DGL's layouts are built from
+//! its batches (`docs/python.md`).
+//!
+//! # What a batch holds
+//! Sampling goes hop by hop from the seeds, as PyG's `NeighborLoader` does: hop
+//! `h` (1-based) draws `fanout` neighbors for each vertex first reached at hop
+//! `h − 1` (the seeds at hop 1), with the `fanouts` counted bottom first
+//! (Tandem's and DGL's order: `fanouts.last()` is the seeds' hop). Each hop is
+//! one call of [`cpu_ops::sample_hop`] over every vertex reached so far, with a
+//! skip mask on those sampled at an earlier hop, so:
+//! - `n_id` lists the seeds first, then each hop's new vertices in order of
+//!   first appearance; a vertex keeps its local id (its index in `n_id`) in
+//!   every hop;
+//! - hop `h`'s edges point from a source (any of the first `num_src` vertices)
+//!   to a destination among the vertices first reached at hop `h − 1`.
+//!
+//! # Threads, order and shutdown
+//! 1. [`NeighborLoader::new`] checks every argument (fanouts, batch size,
+//!    seeds, device, feature-cache budget, prefetch) before any work starts.
+//! 2. [`NeighborLoader::epoch`] orders the seeds for the next epoch (shuffled
+//!    with `derive_seed(seed, epoch)` when asked) and starts one worker thread
+//!    that builds batch `k` with seed `derive_seed(derive_seed(seed, epoch),
+//!    k)`, in order, inside the loader's own rayon pool (`threads` workers);
+//!    every random choice depends on these seeds only, so the batches are the
+//!    same for any `prefetch` and thread count.
+//! 3. The worker sends each batch into a channel of `prefetch − 1` slots, so at
+//!    most `prefetch` batches exist ahead of the one the consumer holds (one in
+//!    the worker's hands while it waits to send).
+//! 4. Dropping the [`Epoch`] raises its stop flag, drops the receiving end and
+//!    joins the worker: the worker checks the flag before each batch and each
+//!    hop, and a send to a dropped receiver fails, so it ends within the hop it
+//!    is in. [`NeighborLoader::workers_running`] and
+//!    [`NeighborLoader::batches_built`] let a caller (and the tests) count it.
+//!
+//! # Devices
+//! The host path is the one built: sampling with `cpu_ops`' sampler and
+//! gathering from the dataset's feature rows in host memory. A `device` of
+//! `Cuda` is checked (compiled in, present, the feature-cache budget within its
+//! free memory) and then refused: the device loader (device sampler, device
+//! feature cache, batches handed over as device buffers) is not built yet.
+//! `Auto` takes the host path and says so in [`NeighborLoader::note`].
+
+mod batch;
+#[cfg(test)]
+mod tests;
+mod worker;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+pub use gpu_ops::FeatureDtype;
+
+pub use batch::{Batch, Features, Hop};
+pub use worker::Epoch;
+
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+
+/// Where the loader samples and gathers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoaderDevice {
+    /// A usable GPU's device loader when one is built and present, else the
+    /// host (the device loader is not built yet: always the host for now).
+    #[default]
+    Auto,
+    /// The host: `cpu_ops`' sampler and gather, batches in host memory.
+    Host,
+    /// CUDA device `ordinal` (checked, then refused: not built yet).
+    Cuda(usize),
+}
+
+/// How to build a [`NeighborLoader`].
+#[derive(Clone, Debug)]
+pub struct LoaderOptions {
+    /// Neighbors drawn per vertex and hop, bottom (input) layer first; the last
+    /// entry is the seeds' hop. [`cpu_ops::ALL_NEIGHBORS`] takes every neighbor.
+    pub fanouts: Vec<u32>,
+    /// Seeds per batch (the last batch of an epoch may hold fewer).
+    pub batch_size: usize,
+    /// The seed vertices (distinct); `None`: the dataset's training vertices.
+    pub seeds: Option<Vec<u32>>,
+    /// Shuffle the seeds at the start of each epoch.
+    pub shuffle: bool,
+    /// Where to sample and gather.
+    pub device: LoaderDevice,
+    /// Device feature-cache budget in bytes; `None`: decided from free memory.
+    /// Unused on the host (every row is in host memory already).
+    pub feature_cache_bytes: Option<u64>,
+    /// The element type of the gathered feature rows.
+    pub feature_dtype: FeatureDtype,
+    /// Batches built ahead of the one the consumer holds (at least 1).
+    pub prefetch: usize,
+    /// Fixes the order and every sampled neighbor.
+    pub seed: u64,
+    /// Workers of the loader's sampling and gathering pool (0: one per core).
+    pub threads: usize,
+    /// Also build each batch's [`Batch::edge_index`] (PyG's int64 COO) on the
+    /// worker, ahead of the consumer.
+    pub edge_index: bool,
+}
+
+impl LoaderOptions {
+    /// Options with the defaults of `tandem.NeighborLoader`: the training
+    /// vertices, shuffled, host or auto device, f32 rows, `prefetch = 2`, seed 0,
+    /// one worker per core.
+    pub fn new(fanouts: Vec<u32>, batch_size: usize) -> Self {
+        Self {
+            fanouts,
+            batch_size,
+            seeds: None,
+            shuffle: true,
+            device: LoaderDevice::Auto,
+            feature_cache_bytes: None,
+            feature_dtype: FeatureDtype::F32,
+            prefetch: 2,
+            seed: 0,
+            threads: 0,
+            edge_index: false,
+        }
+    }
+}
+
+/// State the loader shares with its workers.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    /// Batches built by every worker so far.
+    pub built: AtomicUsize,
+    /// Workers started and not yet ended.
+    pub running: AtomicUsize,
+}
+
+/// Samples and gathers mini-batches ahead of the caller (module doc).
+pub struct NeighborLoader {
+    ds: Arc<Dataset>,
+    fanouts: Arc<[u32]>,
+    batch_size: usize,
+    seeds: Arc<[u32]>,
+    shuffle: bool,
+    feature_dtype: FeatureDtype,
+    edge_index: bool,
+    prefetch: usize,
+    seed: u64,
+    pool: Arc<rayon::ThreadPool>,
+    next_epoch: usize,
+    counters: Arc<Counters>,
+    note: String,
+}
+
+impl std::fmt::Debug for NeighborLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NeighborLoader")
+            .field("fanouts", &self.fanouts)
+            .field("batch_size", &self.batch_size)
+            .field("seeds", &self.seeds.len())
+            .field("prefetch", &self.prefetch)
+            .field("note", &self.note)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NeighborLoader {
+    /// Checks `opts` against `ds` and builds the loader; no worker starts before
+    /// [`NeighborLoader::epoch`]. Errors ([`Error::InvalidArgument`] naming the
+    /// argument, or [`Error::CudaNotCompiled`] / [`Error::Device`] for the
+    /// device) come before any work.
+    pub fn new(ds: Arc<Dataset>, opts: LoaderOptions) -> Result<Self> {
+        check_fanouts(&opts.fanouts)?;
+        if opts.batch_size == 0 {
+            return Err(Error::invalid_argument("batch_size", "must be at least 1"));
+        }
+        if opts.prefetch == 0 {
+            return Err(Error::invalid_argument(
+                "prefetch",
+                "must be at least 1 (batches built ahead of the one in use)",
+            ));
+        }
+        let name = opts.seeds_given();
+        let seeds: Vec<u32> = match opts.seeds {
+            Some(s) => s,
+            None => ds.train_ids(),
+        };
+        check_seeds(&seeds, ds.num_vertices(), name)?;
+        let note = resolve_device(opts.device, opts.feature_cache_bytes, &ds)?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.threads)
+            .thread_name(|i| format!("tandem-loader-{i}"))
+            .build()
+            .map_err(|e| Error::invalid_argument("threads", e.to_string()))?;
+        Ok(Self {
+            ds,
+            fanouts: opts.fanouts.into(),
+            batch_size: opts.batch_size,
+            seeds: seeds.into(),
+            shuffle: opts.shuffle,
+            feature_dtype: opts.feature_dtype,
+            edge_index: opts.edge_index,
+            prefetch: opts.prefetch,
+            seed: opts.seed,
+            pool: Arc::new(pool),
+            next_epoch: 0,
+            counters: Arc::default(),
+            note,
+        })
+    }
+
+    /// Starts the next epoch's worker and returns its batches (module doc,
+    /// steps 2–4). Epochs are numbered from 0 in the order they are started.
+    pub fn epoch(&mut self) -> Epoch {
+        let e = self.next_epoch;
+        self.next_epoch += 1;
+        self.epoch_at(e)
+    }
+
+    /// Epoch `epoch`'s batches, without moving the epoch counter: the same
+    /// batches [`NeighborLoader::epoch`] gives for that epoch.
+    pub fn epoch_at(&self, epoch: usize) -> Epoch {
+        let base = cpu_ops::derive_seed(self.seed, epoch as u64);
+        let mut order = self.seeds.to_vec();
+        if self.shuffle {
+            cpu_ops::Rng::new(base).shuffle(&mut order);
+        }
+        worker::start(worker::Job {
+            ds: Arc::clone(&self.ds),
+            fanouts: Arc::clone(&self.fanouts),
+            order,
+            batch_size: self.batch_size,
+            base,
+            feature_dtype: self.feature_dtype,
+            edge_index: self.edge_index,
+            prefetch: self.prefetch,
+            pool: Arc::clone(&self.pool),
+            counters: Arc::clone(&self.counters),
+        })
+    }
+
+    /// Batches per epoch.
+    pub fn num_batches(&self) -> usize {
+        self.seeds.len().div_ceil(self.batch_size)
+    }
+
+    /// The seed vertices, in their given order.
+    pub fn seeds(&self) -> &[u32] {
+        &self.seeds
+    }
+
+    /// The fanouts, bottom first.
+    pub fn fanouts(&self) -> &[u32] {
+        &self.fanouts
+    }
+
+    /// The dataset the batches come from.
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.ds
+    }
+
+    /// One line: where the loader runs and why.
+    pub fn note(&self) -> &str {
+        &self.note
+    }
+
+    /// Batches built so far over every epoch (counted when a batch is complete,
+    /// before it is queued).
+    pub fn batches_built(&self) -> usize {
+        self.counters.built.load(Ordering::Acquire)
+    }
+
+    /// Worker threads started and not yet ended (0 once every [`Epoch`] is
+    /// dropped).
+    pub fn workers_running(&self) -> usize {
+        self.counters.running.load(Ordering::Acquire)
+    }
+}
+
+impl LoaderOptions {
+    fn seeds_given(&self) -> &'static str {
+        if self.seeds.is_some() {
+            "seeds"
+        } else {
+            "seeds (the dataset's training vertices)"
+        }
+    }
+}
+
+/// Fanouts: at least one hop, none 0.
+fn check_fanouts(fanouts: &[u32]) -> Result<()> {
+    if fanouts.is_empty() {
+        return Err(Error::invalid_argument(
+            "fanouts",
+            "at least one hop is needed (e.g. [15, 10, 5])",
+        ));
+    }
+    if let Some(i) = fanouts.iter().position(|&f| f == 0) {
+        return Err(Error::invalid_argument(
+            "fanouts",
+            format!(
+                "fanouts[{i}] is 0; each hop draws at least one neighbor (-1 or \
+                 ALL_NEIGHBORS takes every one)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Seeds: not empty, each a vertex, none repeated.
+fn check_seeds(seeds: &[u32], n: usize, name: &str) -> Result<()> {
+    if seeds.is_empty() {
+        return Err(Error::invalid_argument(name, "no seed vertices"));
+    }
+    let mut first = vec![u32::MAX; n];
+    for (i, &s) in seeds.iter().enumerate() {
+        let Some(slot) = first.get_mut(s as usize) else {
+            return Err(Error::invalid_argument(
+                name,
+                format!("seeds[{i}] = {s} is not a vertex (the graph has {n})"),
+            ));
+        };
+        if *slot != u32::MAX {
+            return Err(Error::invalid_argument(
+                name,
+                format!("seeds[{i}] = {s} repeats seeds[{}]", *slot),
+            ));
+        }
+        *slot = i as u32;
+    }
+    Ok(())
+}
+
+/// The device check (module doc, "Devices"): the note for the host path, or
+/// the error that names the argument.
+fn resolve_device(device: LoaderDevice, cache: Option<u64>, ds: &Dataset) -> Result<String> {
+    let host_cache = if cache.is_some() {
+        "; feature_cache_bytes unused (every row is in host memory)"
+    } else {
+        ""
+    };
+    match device {
+        LoaderDevice::Host => Ok(format!("device: host (asked){host_cache}")),
+        LoaderDevice::Auto => Ok(format!(
+            "device: host (device = \"auto\": the device loader is not built yet){host_cache}"
+        )),
+        LoaderDevice::Cuda(ordinal) => {
+            let free = cuda_free_bytes(ordinal)?;
+            let rows = ds.features.num_rows() as u64 * ds.features.dim() as u64 * 4;
+            if let Some(bytes) = cache {
+                if bytes > free {
+                    return Err(Error::invalid_argument(
+                        "feature_cache_bytes",
+                        format!(
+                            "{bytes} bytes asked but cuda:{ordinal} has {free} bytes free \
+                             (the features take {rows} bytes in f32)"
+                        ),
+                    ));
+                }
+            }
+            Err(Error::invalid_argument(
+                "device",
+                format!(
+                    "cuda:{ordinal} is there, but the device loader (device sampler, device \
+                     feature cache, DLPack hand-over) is not built yet; use device=\"host\""
+                ),
+            ))
+        }
+    }
+}
+
+/// Free memory of CUDA device `ordinal`, or the error naming `device`.
+#[cfg(feature = "cuda")]
+fn cuda_free_bytes(ordinal: usize) -> Result<u64> {
+    use gpu_ops::DeviceCore;
+    let dev = gpu_ops::CudaBackend::new(ordinal)
+        .map_err(|source| Error::device(format!("device = \"cuda:{ordinal}\""), source))?;
+    let info = dev
+        .memory_info()
+        .map_err(|source| Error::device(format!("device = \"cuda:{ordinal}\""), source))?;
+    Ok(info.free as u64)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_free_bytes(ordinal: usize) -> Result<u64> {
+    Err(Error::CudaNotCompiled {
+        context: format!("device = \"cuda:{ordinal}\""),
+    })
+}
