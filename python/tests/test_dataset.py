@@ -198,7 +198,20 @@ def test_from_pyg_is_duck_typed_and_needs_no_torch():
                  "test": FakeTensor(np.arange(20, 50))}
     ds = tandem.Dataset.from_pyg(data, split_idx=split_idx)
     assert ds.split_sizes == (10, 10, 30)
-    assert "torch" not in sys.modules
+    # In a fresh interpreter (another test module may have imported torch here):
+    # from_pyg on duck-typed tensors imports no torch.
+    code = (
+        "import sys, types, numpy as np, tandem\n"
+        "class T:\n"
+        "    def __init__(s, a): s.a, s.device = a, types.SimpleNamespace(type='cpu')\n"
+        "    def detach(s): return s\n"
+        "    def numpy(s): return s.a\n"
+        "ei = np.array([[0, 1], [1, 2]]); x = np.zeros((20, 2), np.float32)\n"
+        "d = types.SimpleNamespace(x=T(x), y=T(np.arange(20) % 2), edge_index=T(ei), num_nodes=20)\n"
+        "tandem.Dataset.from_pyg(d)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_from_dgl_is_duck_typed():
