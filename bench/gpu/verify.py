@@ -85,6 +85,9 @@ def train(out, prefix, log):
     if m:
         emit(out, f"{prefix}.test_mrr", float(m.group(1)), "at the best validation epoch")
     m = re.search(r'"auto" chose (.+)', text) or re.search(r'"auto" on the host backend is ([\w-]+)', text)
+    if not m and re.search(r'"auto" on the host backend: ', text):
+        # A host dry run: one device, nothing placed.
+        emit(out, f"{prefix}.auto", "host", "the host backend: sampling, gathering and training on the CPU")
     if m:
         choice = re.split(r" \(fastest\)|;", m.group(1))[0].strip()
         # "layer (cpu split 30000)" -> "layer"; a step-based name stays whole.
