@@ -160,9 +160,15 @@ def model(dim, classes):
 def step(net, opt, batch):
     """One unchanged PyG training step on a NeighborLoader-style batch."""
     opt.zero_grad()
-    out = net(batch.x, batch.edge_index,
-              num_sampled_nodes_per_hop=batch.num_sampled_nodes,
-              num_sampled_edges_per_hop=batch.num_sampled_edges)[: batch.batch_size]
+    if "num_sampled_nodes" in batch:
+        out = net(batch.x, batch.edge_index,
+                  num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                  num_sampled_edges_per_hop=batch.num_sampled_edges)
+    else:
+        # PyG's NeighborLoader over torch-sparse (no pyg-lib) gives no per-hop
+        # counts, so its batches train untrimmed (same output, more work).
+        out = net(batch.x, batch.edge_index)
+    out = out[: batch.batch_size]
     loss = F.cross_entropy(out, batch.y[: batch.batch_size])
     loss.backward()
     opt.step()
