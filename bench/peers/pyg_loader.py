@@ -238,7 +238,12 @@ def main():
             f"ratio tandem/dgl {rec['tandem_batches_per_s'] / rate:.2f}")
 
     if "train" not in SKIP:
-        r = train("tandem", lambda: tandem_batches(ds, train_ids), ds, dim, classes, test_ids)
+        # One loader for the whole run: each pass over it is the next epoch
+        # (a fresh shuffle and fresh samples), as PyG's loader draws anew.
+        loader = tandem.NeighborLoader(ds, FANOUTS, args.batch_size, seeds=train_ids,
+                                       shuffle=True, seed=args.seed, threads=args.threads,
+                                       device="host")
+        r = train("tandem", lambda: (b.to_pyg() for b in loader), ds, dim, classes, test_ids)
         rec.update({f"tandem_{k}": v for k, v in r.items()})
         log(f"train with tandem.NeighborLoader: {r['epoch_s']:.3f} s/epoch, "
             f"test accuracy {r['test_acc']:.4f}")
