@@ -146,27 +146,28 @@ def check_training_graph(data):
 # ---------------------------------------------------------------- metrics
 
 
-def mrr(pos, neg):
-    """pos (E,), neg (E, k): mean of 1 / (1 + (above + at_least) / 2)."""
+def ranks(pos, neg):
+    """pos (E,), neg (E, k): each positive's rank among its own negatives,
+    1 + (above + at_least) / 2 (ties cost half); None when there is nothing to rank."""
     pos = np.asarray(pos, dtype=np.float32)[:, None]
     neg = np.asarray(neg, dtype=np.float32)
     if pos.size == 0 or neg.shape[1] == 0:
-        return 0.0
+        return None
     above = (neg > pos).sum(1, dtype=np.float64)
     at_least = (neg >= pos).sum(1, dtype=np.float64)
-    return float(np.mean(1.0 / (1.0 + 0.5 * (above + at_least))))
+    return 1.0 + 0.5 * (above + at_least)
+
+
+def mrr(pos, neg):
+    """Mean of 1 / rank."""
+    r = ranks(pos, neg)
+    return 0.0 if r is None else float(np.mean(1.0 / r))
 
 
 def hits_at(pos, neg, k):
-    """pos (E,), neg (E, m): share of positives whose rank 1 + (above + at_least) / 2
-    among their own negatives is at most k."""
-    pos = np.asarray(pos, dtype=np.float32)[:, None]
-    neg = np.asarray(neg, dtype=np.float32)
-    if pos.size == 0 or neg.shape[1] == 0:
-        return 0.0
-    above = (neg > pos).sum(1, dtype=np.float64)
-    at_least = (neg >= pos).sum(1, dtype=np.float64)
-    return float(np.mean(1.0 + 0.5 * (above + at_least) <= k))
+    """Share of positives whose rank is at most k."""
+    r = ranks(pos, neg)
+    return 0.0 if r is None else float(np.mean(r <= k))
 
 
 def auc(pos, neg):

@@ -122,10 +122,14 @@ def timed_pass(batches, limit):
     return n / (time.perf_counter() - t0), n
 
 
-def tandem_batches(ds, seeds, shuffle=True, fanouts=None, batch_size=None):
-    loader = tandem.NeighborLoader(ds, fanouts or FANOUTS, batch_size or args.batch_size,
-                                   seeds=seeds, shuffle=shuffle, seed=args.seed,
-                                   threads=args.threads, device="host")
+def tandem_loader(ds, seeds, shuffle=True, fanouts=None, batch_size=None):
+    return tandem.NeighborLoader(ds, fanouts or FANOUTS, batch_size or args.batch_size,
+                                 seeds=seeds, shuffle=shuffle, seed=args.seed,
+                                 threads=args.threads, device="host")
+
+
+def tandem_batches(loader):
+    """The loader's next epoch in PyG's layout."""
     return (b.to_pyg() for b in loader)
 
 
@@ -180,8 +184,8 @@ def test_accuracy(net, ds, test_ids):
     """Exact inference: every neighbor at every hop, for every test vertex."""
     net.eval()
     correct = 0
-    for b in tandem_batches(ds, test_ids, shuffle=False, fanouts=[-1] * len(FANOUTS),
-                            batch_size=args.eval_batch_size):
+    for b in tandem_batches(tandem_loader(ds, test_ids, shuffle=False, fanouts=[-1] * len(FANOUTS),
+                                          batch_size=args.eval_batch_size)):
         out = net(b.x, b.edge_index)[: b.batch_size]
         correct += int((out.argmax(-1) == b.y[: b.batch_size]).sum())
     net.train()
@@ -223,7 +227,7 @@ def main():
            "batch_size": args.batch_size, "threads": args.threads, "epochs": args.epochs,
            "torch": torch.__version__, "tandem": tandem.__version__}
 
-    rate, nb = timed_pass(tandem_batches(ds, seeds), args.loader_batches)
+    rate, nb = timed_pass(tandem_batches(tandem_loader(ds, seeds)), args.loader_batches)
     rec["tandem_batches_per_s"] = rate
     log(f"loader only: tandem.NeighborLoader {rate:.2f} batches/s ({nb} batches)")
     if pyg_ok:
@@ -240,10 +244,8 @@ def main():
     if "train" not in SKIP:
         # One loader for the whole run: each pass over it is the next epoch
         # (a fresh shuffle and fresh samples), as PyG's loader draws anew.
-        loader = tandem.NeighborLoader(ds, FANOUTS, args.batch_size, seeds=train_ids,
-                                       shuffle=True, seed=args.seed, threads=args.threads,
-                                       device="host")
-        r = train("tandem", lambda: (b.to_pyg() for b in loader), ds, dim, classes, test_ids)
+        loader = tandem_loader(ds, train_ids)
+        r = train("tandem", lambda: tandem_batches(loader), ds, dim, classes, test_ids)
         rec.update({f"tandem_{k}": v for k, v in r.items()})
         log(f"train with tandem.NeighborLoader: {r['epoch_s']:.3f} s/epoch, "
             f"test accuracy {r['test_acc']:.4f}")
