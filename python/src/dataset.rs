@@ -553,61 +553,10 @@ fn edge_topology(
     }, else Err(dataset_invalid("edge_index", "expected an integer array")))
 }
 
-/// A `(2, P)` array or `(src, dst)` pair of vertex ids as two int64 arrays
-/// (copied: edge splits are small beside features; ids are checked by the
-/// builder, negative ones included).
-fn id_pair(
-    obj: &Bound<'_, PyAny>,
-    field: &str,
-) -> PyResult<(ndarray::Array1<i64>, ndarray::Array1<i64>)> {
-    let one = |a: &Bound<'_, PyAny>| -> PyResult<ndarray::Array1<i64>> {
-        let np = a.py().import("numpy")?;
-        let a = np.call_method1("asarray", (a,))?;
-        let kind: String = a.getattr("dtype")?.getattr("kind")?.extract()?;
-        if !matches!(kind.as_str(), "i" | "u") {
-            return Err(dataset_invalid(
-                field,
-                format!("dtype kind `{kind}`, expected integer vertex ids"),
-            ));
-        }
-        let a = a.call_method1("astype", ("int64",))?;
-        let a = a
-            .cast_into::<PyArrayDyn<i64>>()
-            .map_err(|_| dataset_invalid(field, "expected an integer array"))?;
-        let v = a.readonly();
-        v.as_array()
-            .into_dimensionality::<ndarray::Ix1>()
-            .map(|v| v.to_owned())
-            .map_err(|_| {
-                dataset_invalid(
-                    field,
-                    format!(
-                        "shape {:?}, expected (2, P) or a pair (src, dst)",
-                        a.shape()
-                    ),
-                )
-            })
-    };
-    if let Ok(pair) = obj.cast::<PyTuple>() {
-        let (s, d): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair
-            .extract()
-            .map_err(|_| dataset_invalid(field, "expected a (2, P) array or a pair (src, dst)"))?;
-        return Ok((one(&s)?, one(&d)?));
-    }
-    let np = obj.py().import("numpy")?;
-    let a = np.call_method1("asarray", (obj,))?;
-    let shape: Vec<usize> = a.getattr("shape")?.extract()?;
-    if shape.len() != 2 || shape[0] != 2 {
-        return Err(dataset_invalid(
-            field,
-            format!("shape {shape:?}, expected (2, P) or a pair (src, dst)"),
-        ));
-    }
-    Ok((one(&a.get_item(0)?)?, one(&a.get_item(1)?)?))
-}
-
-/// A `(P, k)` array of negative destination ids as int64.
-fn id_matrix(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<ndarray::Array2<i64>> {
+/// `numpy.asarray(obj)` of integer vertex ids as an owned int64 array (a copy:
+/// edge splits are small beside features; ids are checked by the builder,
+/// negative ones included).
+fn ids_i64(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<ndarray::ArrayD<i64>> {
     let np = obj.py().import("numpy")?;
     let a = np.call_method1("asarray", (obj,))?;
     let kind: String = a.getattr("dtype")?.getattr("kind")?.extract()?;
@@ -617,26 +566,55 @@ fn id_matrix(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<ndarray::Array2<i6
             format!("dtype kind `{kind}`, expected integer vertex ids"),
         ));
     }
-    let a = np.call_method1(
-        "ascontiguousarray",
-        (a.call_method1("astype", ("int64",))?,),
-    )?;
     let a = a
+        .call_method1("astype", ("int64",))?
         .cast_into::<PyArrayDyn<i64>>()
         .map_err(|_| dataset_invalid(field, "expected an integer array"))?;
-    let v = a.readonly();
-    v.as_array()
-        .into_dimensionality::<ndarray::Ix2>()
-        .map(|v| v.to_owned())
-        .map_err(|_| {
-            dataset_invalid(
-                field,
-                format!(
-                    "shape {:?}, expected (P, k): k negatives a positive",
-                    a.shape()
-                ),
-            )
-        })
+    let owned = a.readonly().as_array().to_owned();
+    Ok(owned)
+}
+
+/// A `(2, P)` array or `(src, dst)` pair of vertex ids as two int64 arrays.
+fn id_pair(
+    obj: &Bound<'_, PyAny>,
+    field: &str,
+) -> PyResult<(ndarray::Array1<i64>, ndarray::Array1<i64>)> {
+    let bad_shape = |shape: &[usize]| {
+        dataset_invalid(
+            field,
+            format!("shape {shape:?}, expected (2, P) or a pair (src, dst)"),
+        )
+    };
+    let row = |a: &Bound<'_, PyAny>| -> PyResult<ndarray::Array1<i64>> {
+        let a = ids_i64(a, field)?;
+        let shape = a.shape().to_vec();
+        a.into_dimensionality::<ndarray::Ix1>()
+            .map_err(|_| bad_shape(&shape))
+    };
+    if let Ok(pair) = obj.cast::<PyTuple>() {
+        let (s, d): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair
+            .extract()
+            .map_err(|_| dataset_invalid(field, "expected a (2, P) array or a pair (src, dst)"))?;
+        return Ok((row(&s)?, row(&d)?));
+    }
+    let a = ids_i64(obj, field)?;
+    let shape = a.shape().to_vec();
+    match a.into_dimensionality::<ndarray::Ix2>() {
+        Ok(a) if a.nrows() == 2 => Ok((a.row(0).to_owned(), a.row(1).to_owned())),
+        _ => Err(bad_shape(&shape)),
+    }
+}
+
+/// A `(P, k)` array of negative destination ids as int64.
+fn id_matrix(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<ndarray::Array2<i64>> {
+    let a = ids_i64(obj, field)?;
+    let shape = a.shape().to_vec();
+    a.into_dimensionality::<ndarray::Ix2>().map_err(|_| {
+        dataset_invalid(
+            field,
+            format!("shape {shape:?}, expected (P, k): k negatives a positive"),
+        )
+    })
 }
 
 /// `from_arrays`' `edge_split` and `edge_negatives` onto the builder.
