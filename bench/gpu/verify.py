@@ -84,7 +84,9 @@ def train(out, prefix, log):
     m = re.search(r"test mrr ([0-9.]+)", text)  # the link task's first metric
     if m:
         emit(out, f"{prefix}.test_mrr", float(m.group(1)), "at the best validation epoch")
-    m = re.search(r'"auto" chose (.+)', text) or re.search(r'"auto" on the host backend is ([\w-]+)', text)
+    # The placement line (`orchestration.policy = "auto" chose ...`), not the
+    # device line's `device.topology = "auto" chose ...`.
+    m = re.search(r'orchestration.policy = "auto" chose (.+)', text) or re.search(r'"auto" on the host backend is ([\w-]+)', text)
     if not m and re.search(r'"auto" on the host backend: ', text):
         # A host dry run: one device, nothing placed.
         emit(out, f"{prefix}.auto", "host", "the host backend: sampling, gathering and training on the CPU")

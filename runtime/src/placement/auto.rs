@@ -500,15 +500,23 @@ impl<B: Backend> AutoExecutor<B> {
                     let t0 = clock.now();
                     let timed = run.range(start + warm, start + warm + measure, None);
                     // Timed batches trained, and whether the measurement ended
-                    // early ([`Calibrator::cut_short`]) rather than the caller stopping.
-                    let (mut done, mut aborted) = (0usize, false);
+                    // early ([`Calibrator::cut_short`]) rather than the caller
+                    // stopping. Once cut short it stays so: with deferred losses
+                    // (`device.loss_lag`) the executor shows every batch it
+                    // trained after the one that asked to stop, and a later
+                    // batch must not turn the measurement's stop into the
+                    // caller's.
+                    let (mut done, mut aborted, mut stopped) = (0usize, false, false);
                     let mut timing = |b: &BatchDone| -> Result<bool> {
                         if on_batch(b)? {
+                            stopped = true;
                             return Ok(true);
                         }
                         done += 1;
-                        let secs = clock.now().saturating_sub(t0).as_secs_f64();
-                        aborted = Calibrator::cut_short(best, done, measure, secs);
+                        if !aborted {
+                            let secs = clock.now().saturating_sub(t0).as_secs_f64();
+                            aborted = Calibrator::cut_short(best, done, measure, secs);
+                        }
                         Ok(aborted)
                     };
                     let end = self.exec()?.train(&timed, &mut timing)?;
@@ -523,7 +531,7 @@ impl<B: Backend> AutoExecutor<B> {
                             c.record_fixed(per_batch)?;
                         }
                     }
-                    if aborted {
+                    if aborted && !stopped {
                         // Calibration goes on from the next batch.
                         start -= measure - done;
                         EpochEnd::Finished(false)

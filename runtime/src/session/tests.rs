@@ -398,7 +398,7 @@ mod auto {
     fn auto_is_the_default_and_measures_every_candidate_then_trains_with_its_choice() {
         let c = cfg(&[]);
         assert_eq!(c.orchestration.policy, scheduler::Policy::Auto);
-        let (mut t, tracer) = scripted_trainer(c, |_| 1e-3);
+        let (mut t, tracer) = scripted_trainer(c, |_, _| 1e-3);
         assert!(t.auto_choice().is_none(), "nothing measured yet");
         let stats = t.fit().expect("fit");
         let choice = t.auto_choice().expect("auto decided").clone();
@@ -445,8 +445,11 @@ mod auto {
     }
 
     /// A trainer of `c` measuring on a scripted clock that a callback moves by
-    /// `cost(epoch)` per batch (whatever the placement), and its tracer.
-    fn scripted_trainer(c: TrainConfig, cost: fn(usize) -> f64) -> (Trainer, Tracer) {
+    /// `cost(epoch, batch)` per batch (whatever the placement), and its tracer.
+    fn scripted_trainer(
+        c: TrainConfig,
+        cost: impl Fn(usize, usize) -> f64 + Send + 'static,
+    ) -> (Trainer, Tracer) {
         use crate::clock::ManualClock;
         let clock = ManualClock::new();
         let ds = load_dataset(&c).expect("dataset");
@@ -455,7 +458,7 @@ mod auto {
         let tracer = Tracer::new();
         t.set_tracer(tracer.clone());
         t.add_callback(Box::new(crate::on_batch(move |m| {
-            clock.advance(Duration::from_secs_f64(cost(m.epoch)));
+            clock.advance(Duration::from_secs_f64(cost(m.epoch, m.batch)));
             crate::Control::Continue
         })));
         (t, tracer)
@@ -468,7 +471,7 @@ mod auto {
         cost: fn(usize) -> f64,
     ) -> (Vec<EpochStats>, crate::trace::Trace, scheduler::Choice) {
         let epochs_set = format!("train.epochs={epochs}");
-        let (mut t, tracer) = scripted_trainer(cfg(&[epochs_set.as_str()]), cost);
+        let (mut t, tracer) = scripted_trainer(cfg(&[epochs_set.as_str()]), move |e, _| cost(e));
         let stats = t.fit().expect("fit");
         let choice = t.auto_choice().expect("auto decided").clone();
         (stats, tracer.collect(), choice)
@@ -522,6 +525,37 @@ mod auto {
             "{}",
             choice.reason
         );
+    }
+
+    /// A candidate far slower than the first is cut short after its first
+    /// timed batch; with deferred losses (as on CUDA, `device.loss_lag = 8`)
+    /// the batches trained after the cut are shown too, and the cut must stay
+    /// the measurement's own: every epoch trains in full.
+    #[test]
+    fn a_cut_short_measurement_with_deferred_losses_ends_no_epoch() {
+        for lag in ["device.loss_lag=1", "device.loss_lag=8"] {
+            // The first candidate (batches 0–4) at 1 ms a batch, the second's
+            // timed batches at 10 ms: more than `ABORT_RATIO` times the first.
+            let c = cfg(&[lag]);
+            let (mut t, _) = scripted_trainer(c, |e, b| {
+                if e == 0 && (6..10).contains(&b) {
+                    1e-2
+                } else {
+                    1e-3
+                }
+            });
+            let stats = t.fit().expect("fit");
+            assert_eq!(stats.len(), 3, "{lag}: {} epochs trained of 3", stats.len());
+            let per_epoch = stats[0].steps;
+            assert!(per_epoch > 10, "{lag}: {per_epoch} steps in epoch 0");
+            assert_eq!(stats[2].steps, 3 * per_epoch, "{lag}: an epoch ended early");
+            let choice = t.auto_choice().expect("auto decided");
+            assert!(
+                choice.reason.contains(STEP_BASED[1]),
+                "{lag}: the cut measurement is not reported: {}",
+                choice.reason
+            );
+        }
     }
 
     #[test]
