@@ -68,20 +68,37 @@ pub(super) struct TrainArgs {
     trace: Option<PathBuf>,
 }
 
-/// A one-line indicatif bar of the epoch's batches on stderr, drawn only when
-/// stderr is a terminal and cleared at the end of the epoch (the epoch's line on
-/// stdout follows). Off a terminal the per-epoch lines are the progress.
+/// Off a terminal, epochs of at least this many batches print a line at each
+/// tenth (a link epoch on a large graph has tens of thousands of batches).
+const LONG_EPOCH_BATCHES: usize = 2000;
+
+/// The epoch's progress on stderr: a one-line indicatif bar of its batches when
+/// stderr is a terminal, cleared at the end of the epoch (the epoch's line on
+/// stdout follows); otherwise, for a long epoch ([`LONG_EPOCH_BATCHES`]), one
+/// plain line per tenth with the time per batch so far. A shorter epoch's own
+/// line is its progress.
 struct Progress {
-    enabled: bool,
+    /// This process prints (rank 0).
+    lead: bool,
+    terminal: bool,
     /// The bar of the epoch in progress.
     bar: Option<(usize, ProgressBar)>,
+    /// Plain lines: the epoch, its first batch seen, the next tenth to print,
+    /// and when its first batch was seen.
+    lines: Option<(usize, usize, usize, Instant)>,
 }
 
-impl Callback for Progress {
-    fn on_batch(&mut self, m: &BatchMetrics) -> Control {
-        if !self.enabled {
-            return Control::Continue;
+impl Progress {
+    fn new(lead: bool, terminal: bool) -> Self {
+        Self {
+            lead,
+            terminal,
+            bar: None,
+            lines: None,
         }
+    }
+
+    fn draw_bar(&mut self, m: &BatchMetrics) {
         let (done, total) = (m.batch + 1, m.batches);
         if self.bar.as_ref().is_none_or(|(e, _)| *e != m.epoch) {
             let bar =
@@ -100,6 +117,55 @@ impl Callback for Progress {
             bar.set_position(done as u64);
             if done >= total {
                 bar.finish_and_clear();
+            }
+        }
+    }
+
+    fn print_line(&mut self, m: &BatchMetrics) {
+        if self.lines.as_ref().is_none_or(|l| l.0 != m.epoch) {
+            self.lines = Some((m.epoch, m.batch, 1, Instant::now()));
+        }
+        if let Some((epoch, first, next, started)) = &mut self.lines {
+            let secs = started.elapsed().as_secs_f64();
+            if let Some(line) = tenth_line(*epoch, m.batch, m.batches, *first, next, secs) {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// The plain progress line of batch `k` (0-based) of an epoch of `total`
+/// batches, when it crosses tenth `*next` (then `*next` moves past it), `secs`
+/// after batch `first` was seen; the last tenth is left to the epoch's row.
+fn tenth_line(
+    epoch: usize,
+    k: usize,
+    total: usize,
+    first: usize,
+    next: &mut usize,
+    secs: f64,
+) -> Option<String> {
+    let done = k + 1;
+    let tenth = (done * 10).checked_div(total)?;
+    if tenth < *next || tenth >= 10 {
+        return None;
+    }
+    *next = tenth + 1;
+    let seen = done.saturating_sub(first).max(1);
+    Some(format!(
+        "epoch {epoch}: {:>3}% ({done}/{total} batches) {secs:.1} s, {:.2} ms a batch",
+        tenth * 10,
+        1e3 * secs / seen as f64
+    ))
+}
+
+impl Callback for Progress {
+    fn on_batch(&mut self, m: &BatchMetrics) -> Control {
+        if self.lead {
+            if self.terminal {
+                self.draw_bar(m);
+            } else if m.batches >= LONG_EPOCH_BATCHES {
+                self.print_line(m);
             }
         }
         Control::Continue
@@ -273,10 +339,7 @@ fn train(
     let first_metric = (cfg.model.task == crate::config::TaskKind::Link)
         .then(|| cfg.link.metrics.first().cloned().unwrap_or_default());
     let mut builder = TrainerBuilder::new(cfg)
-        .callback(Progress {
-            enabled: lead && std::io::stderr().is_terminal(),
-            bar: None,
-        })
+        .callback(Progress::new(lead, std::io::stderr().is_terminal()))
         .cancel_token(cancel)
         .communicator(comm)
         .tracer(tracer.clone());
@@ -568,6 +631,26 @@ mod tests {
             auto_choice: None,
             skipped_batches: 0,
         }
+    }
+
+    #[test]
+    fn a_long_epoch_prints_one_line_per_tenth_with_the_time_per_batch() {
+        let mut next = 1;
+        let lines: Vec<String> = (0..49_061)
+            .filter_map(|k| tenth_line(2, k, 49_061, 0, &mut next, 0.002 * (k + 1) as f64))
+            .collect();
+        // Tenths 1..=9: the epoch's own row says 100%.
+        assert_eq!(lines.len(), 9, "{lines:?}");
+        assert_eq!(
+            lines[0],
+            "epoch 2:  10% (4907/49061 batches) 9.8 s, 2.00 ms a batch"
+        );
+        assert!(lines[8].starts_with("epoch 2:  90% (44155/49061 batches)"));
+        // A resumed epoch times the batches it trained, not those before.
+        let mut next = 1;
+        let line = tenth_line(0, 1899, 2000, 1000, &mut next, 4.5).expect("a line");
+        assert!(line.ends_with("5.00 ms a batch"), "{line}");
+        assert_eq!(tenth_line(0, 5, 0, 0, &mut 1, 1.0), None, "an empty epoch");
     }
 
     #[test]
