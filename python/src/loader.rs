@@ -1,16 +1,18 @@
 //! `tandem.NeighborLoader`: `runtime::loader::NeighborLoader` with Python's
-//! arguments and iteration. Batches come out as numpy arrays that own the
-//! buffers the loader's worker filled (no copy); waiting for the next batch
-//! releases the GIL. `to_pyg` / `to_dgl_blocks` are in `tandem/_loader.py`.
+//! arguments and iteration. Batches come out as numpy arrays over the
+//! buffers the loader's worker filled (no copy; `x`'s buffer goes back to the
+//! loader when numpy frees it); waiting for the next batch releases the GIL. `to_pyg` / `to_dgl_blocks` are in `tandem/_loader.py`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArrayDescrMethods, PyUntypedArrayMethods};
+use std::sync::Arc;
+
+use numpy::ndarray::{Array2, ArrayView2};
+use numpy::{IntoPyArray, PyArray2, PyArrayDescrMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use runtime::loader::{
-    Batch as RtBatch, Epoch, FeatureDtype, Features, LoaderDevice, LoaderOptions,
+    Batch as RtBatch, Epoch, FeatureDtype, Features, LoaderDevice, LoaderOptions, RowBuffers,
 };
 
 use crate::arrays::{array, ids, mask, Want};
@@ -244,6 +246,13 @@ impl NeighborLoader {
         self.inner.batches_built()
     }
 
+    /// Batches whose feature rows went into a buffer an earlier batch's `x`
+    /// gave back when numpy freed it, rather than a new allocation.
+    #[getter]
+    fn rows_reused(&self) -> usize {
+        self.inner.buffers().reused()
+    }
+
     /// Worker threads running now (0 once no epoch is being iterated).
     #[getter]
     fn workers_running(&self) -> usize {
@@ -267,6 +276,7 @@ impl NeighborLoader {
         LoaderIter {
             epoch: Some(self.inner.epoch_at(epoch)),
             dtype: self.dtype,
+            buffers: Arc::clone(self.inner.buffers()),
         }
     }
 }
@@ -279,6 +289,8 @@ impl NeighborLoader {
 pub(crate) struct LoaderIter {
     epoch: Option<Epoch>,
     dtype: &'static str,
+    /// Where a batch's `x` goes back when numpy frees it.
+    buffers: Arc<RowBuffers>,
 }
 
 #[pymethods]
@@ -301,7 +313,7 @@ impl LoaderIter {
             Some(Err(e)) => Err(to_py(e)),
             Some(Ok(b)) => {
                 slf.epoch = Some(epoch);
-                LoaderBatch::new(py, b, dtype).map(Some)
+                LoaderBatch::new(py, b, dtype, &slf.buffers).map(Some)
             }
         }
     }
@@ -316,6 +328,57 @@ impl LoaderIter {
         if let Some(epoch) = self.epoch.take() {
             py.detach(move || drop(epoch));
         }
+    }
+}
+
+/// The owner of a batch's feature rows, numpy's base object of `x`: when
+/// numpy frees the array (and every tensor made from it without a copy), the
+/// rows go back to the loader for a later batch (`runtime/src/loader/pool.rs`).
+#[pyclass(module = "tandem", name = "_LoaderRows", frozen)]
+struct Rows {
+    x: Features,
+    buffers: Arc<RowBuffers>,
+}
+
+impl Drop for Rows {
+    fn drop(&mut self) {
+        let x = std::mem::replace(&mut self.x, Features::F32(Vec::new()));
+        self.buffers.give(x);
+    }
+}
+
+impl Rows {
+    /// `x` as a `(rows, dim)` numpy array whose base object owns it.
+    fn array(
+        py: Python<'_>,
+        x: Features,
+        shape: (usize, usize),
+        buffers: &Arc<RowBuffers>,
+    ) -> PyResult<Py<PyAny>> {
+        let shape_err = |e: numpy::ndarray::ShapeError| bad("loader", e.to_string());
+        let owner = Bound::new(
+            py,
+            Rows {
+                x,
+                buffers: Arc::clone(buffers),
+            },
+        )?;
+        let base = owner.clone().into_any();
+        let array = match &owner.get().x {
+            Features::F32(v) => {
+                let view = ArrayView2::from_shape(shape, v.as_slice()).map_err(shape_err)?;
+                // SAFETY: the view points into `owner`'s buffer, which numpy's
+                // array keeps alive as its base object; the buffer is never
+                // resized or moved while `owner` lives (frozen, dropped whole).
+                unsafe { PyArray2::borrow_from_array(&view, base) }.into_any()
+            }
+            Features::Bf16(v) => {
+                let view = ArrayView2::from_shape(shape, v.as_slice()).map_err(shape_err)?;
+                // SAFETY: as for the f32 rows above.
+                unsafe { PyArray2::borrow_from_array(&view, base) }.into_any()
+            }
+        };
+        Ok(array.unbind())
     }
 }
 
@@ -363,7 +426,12 @@ pub(crate) struct LoaderBatch {
 }
 
 impl LoaderBatch {
-    fn new(py: Python<'_>, b: RtBatch, dtype: &'static str) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        b: RtBatch,
+        dtype: &'static str,
+        buffers: &Arc<RowBuffers>,
+    ) -> PyResult<Self> {
         let num_sampled_nodes = b.num_sampled_nodes();
         let num_sampled_edges = b.num_sampled_edges();
         let rows = b.n_id.len();
@@ -378,18 +446,7 @@ impl LoaderBatch {
             edge_index,
         } = b;
         let shape_err = |e: numpy::ndarray::ShapeError| bad("loader", e.to_string());
-        let x = match x {
-            Features::F32(v) => Array2::from_shape_vec((rows, dim), v)
-                .map_err(shape_err)?
-                .into_pyarray(py)
-                .into_any()
-                .unbind(),
-            Features::Bf16(v) => Array2::from_shape_vec((rows, dim), v)
-                .map_err(shape_err)?
-                .into_pyarray(py)
-                .into_any()
-                .unbind(),
-        };
+        let x = Rows::array(py, x, (rows, dim), buffers)?;
         let [src, dst] = edge_index.unwrap_or_default();
         let e = src.len();
         let mut coo = src;

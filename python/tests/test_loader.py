@@ -139,6 +139,27 @@ def test_same_seed_same_batches_whatever_the_prefetch(data):
     np.testing.assert_array_equal(next(iter(loader.epoch(1))).n_id, a[1][0][0])
 
 
+def test_rows_freed_by_numpy_are_reused_and_kept_rows_are_not(data):
+    ds, x, labels, src, dst = data
+    nb = in_neighbors(src, dst)
+    # A loop that drops each batch: later batches reuse the freed rows, and
+    # are still right (every value overwritten).
+    loader = tandem.NeighborLoader(ds, [3, 2], 16, prefetch=1, seed=2)
+    n = 0
+    for b in loader:
+        check_batch(b, [3, 2], x, labels, nb)
+        b.x[:] = np.nan  # the consumer may write to its rows
+        n += 1
+    assert loader.rows_reused >= n - 3, (loader.rows_reused, n)
+    # Batches kept alive (and a view of x) keep their rows: nothing is reused.
+    loader = tandem.NeighborLoader(ds, [3, 2], 16, prefetch=1, seed=2)
+    kept = [(b, b.x[:4]) for b in loader]
+    assert loader.rows_reused == 0
+    for b, head in kept:
+        check_batch(b, [3, 2], x, labels, nb)
+        np.testing.assert_array_equal(head, x[b.n_id[:4]])
+
+
 def test_breaking_out_stops_the_workers(data):
     ds = data[0]
     loader = tandem.NeighborLoader(ds, [3], 1, prefetch=2)

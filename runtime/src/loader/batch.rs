@@ -7,6 +7,7 @@ use cpu_ops::{derive_seed, gather_rows, sample_hop, SamplerScratch};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 
+use super::pool::RowBuffers;
 use super::FeatureDtype;
 
 /// The gathered input features: one row per input vertex (`n_id`), row-major.
@@ -125,6 +126,8 @@ pub(crate) struct BatchSpec<'a> {
     pub feature_dtype: FeatureDtype,
     /// Build the batch's COO edges too.
     pub edge_index: bool,
+    /// Where the feature rows come from and the bf16 path's scratch goes.
+    pub buffers: &'a RowBuffers,
 }
 
 /// Samples, gathers and labels one batch on rayon's current pool; `stop` is
@@ -167,13 +170,25 @@ pub(crate) fn build(
         n_id = src_ids;
     }
     let dim = ds.features.dim();
-    let mut rows = vec![0.0f32; n_id.len() * dim];
-    advise_huge_pages(&mut rows);
+    let len = n_id.len() * dim;
+    // A kept buffer is overwritten whole by the gather (`pool.rs`).
+    let (mut rows, fresh) = spec.buffers.take_f32(len);
+    if fresh {
+        advise_huge_pages(&mut rows);
+    }
     gather_rows(&ds.features, &n_id, &mut rows)
         .map_err(|e| Error::cpu_ops("loader: gathering features", e))?;
     let x = match spec.feature_dtype {
         FeatureDtype::F32 => Features::F32(rows),
-        FeatureDtype::Bf16 => Features::Bf16(gpu_ops::to_bf16_bits(&rows)),
+        FeatureDtype::Bf16 => {
+            use rayon::prelude::*;
+            let (mut bits, _) = spec.buffers.take_bf16(len);
+            bits.par_iter_mut()
+                .zip(rows.par_iter())
+                .for_each(|(b, &v)| *b = gpu_ops::f32_to_bf16_bits(v));
+            spec.buffers.give_f32(rows);
+            Features::Bf16(bits)
+        }
     };
     let labels = ds.labels.as_slice();
     let y = spec.seeds.iter().map(|&s| labels[s as usize]).collect();
@@ -199,8 +214,8 @@ const HUGE_PAGE_MIN_BYTES: usize = 8 << 20;
 /// Asks the kernel to back `buf` with transparent huge pages (Linux, where
 /// they are enabled for `madvise`d memory), before anything writes to it.
 ///
-/// A batch's rows are a fresh buffer the caller takes over (and frees) every
-/// batch: hundreds of MB at 2000 columns. Glibc maps such a buffer anew each
+/// A batch's rows are a fresh buffer when none was given back (`pool.rs`):
+/// hundreds of MB at 2000 columns. Glibc maps such a buffer anew each
 /// time and every 4 KiB page then faults on its first write, which on a
 /// WordNet batch (33 k rows, 261 MB, 64 k faults) took longer than the gather
 /// itself; 2 MiB pages take 512 times fewer faults. Advice only: a kernel

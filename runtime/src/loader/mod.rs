@@ -35,6 +35,10 @@
 //!    hop, and a send to a dropped receiver fails, so it ends within the hop it
 //!    is in. [`NeighborLoader::workers_running`] and
 //!    [`NeighborLoader::batches_built`] let a caller (and the tests) count it.
+//! 5. A batch's feature rows may be given back when the consumer is done with
+//!    them ([`NeighborLoader::recycle`]; the Python package does it when numpy
+//!    frees `x`): the loader keeps up to `prefetch + 1` buffers and the next
+//!    batches overwrite them instead of allocating ([`RowBuffers`]).
 //!
 //! # Devices
 //! The host path is the one built: sampling with `cpu_ops`' sampler and
@@ -45,6 +49,7 @@
 //! `Auto` takes the host path and says so in [`NeighborLoader::note`].
 
 mod batch;
+mod pool;
 #[cfg(test)]
 mod tests;
 mod worker;
@@ -55,6 +60,7 @@ use std::sync::Arc;
 pub use gpu_ops::FeatureDtype;
 
 pub use batch::{Batch, Features, Hop};
+pub use pool::RowBuffers;
 pub use worker::Epoch;
 
 use crate::data::Dataset;
@@ -147,6 +153,7 @@ pub struct NeighborLoader {
     pool: Arc<rayon::ThreadPool>,
     next_epoch: usize,
     counters: Arc<Counters>,
+    buffers: Arc<RowBuffers>,
     note: String,
 }
 
@@ -203,6 +210,9 @@ impl NeighborLoader {
             pool: Arc::new(pool),
             next_epoch: 0,
             counters: Arc::default(),
+            // Every batch that can exist at once: `prefetch` ahead and the
+            // one the consumer holds.
+            buffers: Arc::new(RowBuffers::new(opts.prefetch + 1)),
             note,
         })
     }
@@ -234,7 +244,20 @@ impl NeighborLoader {
             prefetch: self.prefetch,
             pool: Arc::clone(&self.pool),
             counters: Arc::clone(&self.counters),
+            buffers: Arc::clone(&self.buffers),
         })
+    }
+
+    /// Gives a finished batch's feature rows back, so that a later batch
+    /// overwrites them instead of allocating (`loader/pool.rs`); optional.
+    pub fn recycle(&self, x: Features) {
+        self.buffers.give(x);
+    }
+
+    /// The loader's kept feature buffers, for an owner that gives rows back
+    /// after the loader is gone (the Python package's arrays).
+    pub fn buffers(&self) -> &Arc<RowBuffers> {
+        &self.buffers
     }
 
     /// Batches per epoch.

@@ -11,6 +11,7 @@ use crossbeam_channel::{Receiver, Sender};
 use cpu_ops::{derive_seed, SamplerScratch};
 
 use super::batch::{build, Batch, BatchSpec};
+use super::pool::RowBuffers;
 use super::{Counters, FeatureDtype};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
@@ -29,6 +30,7 @@ pub(crate) struct Job {
     pub prefetch: usize,
     pub pool: Arc<rayon::ThreadPool>,
     pub counters: Arc<Counters>,
+    pub buffers: Arc<RowBuffers>,
 }
 
 /// The batches of one epoch, in order, built ahead by a worker thread. Dropping
@@ -120,6 +122,7 @@ fn run(job: Job, tx: Sender<Result<Batch>>, stop: Arc<AtomicBool>, _running: Run
             seed: derive_seed(job.base, k as u64),
             feature_dtype: job.feature_dtype,
             edge_index: job.edge_index,
+            buffers: &job.buffers,
         };
         let item = match job.pool.install(|| build(&spec, &mut scratch, &stopped)) {
             Ok(Some(batch)) => Ok(batch),
