@@ -311,7 +311,10 @@ part1() {
     step p1.syncs 120 "$tandem" train "${model[@]}" --set "data.path=\"$p\"" --set train.epochs=2 \
         --trace "$logs/p1.syncs.trace.json"
     [ -f "$logs/p1.syncs.trace.json" ] && py syncs "$meas" p1.syncs "$logs/p1.syncs.trace.json" >/dev/null
-    ncu_window p1.ncu "$p" 3000 520
+    # The placement `auto` chooses here, spelled out: under `auto` the window can
+    # fall in its calibration (a CPU-sampling candidate's batches, no sampling
+    # kernels), as it did on 2026-11-28.
+    ncu_window p1.ncu "$p" 3000 520 "${gsgg[@]}"
     # (c, d) 512 columns, bf16 rows, cache 250 MB and 0: the step-based placements
     # that gather on the device (the CPU-gather ones lose by 3x or more in every
     # measured regime; part 2's regime table runs all six), layer at hot 0.02 with
