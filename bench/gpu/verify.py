@@ -76,8 +76,16 @@ def train(out, prefix, log):
         emit(out, f"{prefix}.epoch_s", float(m.group(1)),
              "one epoch" if "(one epoch)" in m.group(0) else "excluding epoch 0")
     else:
+        # A long epoch cut off before its row: the last progress line
+        # (`epoch 0:  30% (14718/49061 batches) 41.2 s, 2.80 ms a batch`).
+        prog = re.findall(r"epoch \d+: +\d+% \((\d+)/(\d+) batches\) [0-9.]+ s, ([0-9.]+) ms a batch", text)
         err = [l for l in text.splitlines() if "error" in l.lower()]
-        emit(out, f"{prefix}.epoch_s", "failed", (err[-1] if err else "no epoch time in " + log)[:160])
+        if prog and not err:
+            done, total, ms = int(prog[-1][0]), int(prog[-1][1]), float(prog[-1][2])
+            emit(out, f"{prefix}.epoch_s", ms * total / 1e3,
+                 f"extrapolated: {ms} ms a batch over {done} of {total} batches (no epoch row)")
+        else:
+            emit(out, f"{prefix}.epoch_s", "failed", (err[-1] if err else "no epoch time in " + log)[:160])
     m = re.search(r"test accuracy ([0-9.]+)", text)
     if m:
         emit(out, f"{prefix}.test_acc", float(m.group(1)), "at the best validation epoch")
