@@ -420,11 +420,21 @@ pub fn exclude_edges(
     indptr.push(0u64);
     for i in 0..block.num_dst() {
         let d = src_ids[i];
-        indices.extend(block.neighbors(i).iter().filter(|&&j| {
-            excluded
-                .binary_search(&pair_key(d, src_ids[j as usize]))
-                .is_err()
-        }));
+        let row = block.neighbors(i);
+        // The keys of destination `d` (one range: keys sort by destination
+        // first). Most destinations have none, and their rows are copied
+        // whole; the others search their few keys per edge.
+        let lo = excluded.partition_point(|&k| k < pair_key(d, 0));
+        let hi = lo + excluded[lo..].partition_point(|&k| k <= pair_key(d, u32::MAX));
+        let mine = &excluded[lo..hi];
+        if mine.is_empty() {
+            indices.extend_from_slice(row);
+        } else {
+            indices.extend(row.iter().filter(|&&j| {
+                mine.binary_search(&pair_key(d, src_ids[j as usize]))
+                    .is_err()
+            }));
+        }
         indptr.push(indices.len() as u64);
     }
     Ok((indptr, indices))
@@ -620,5 +630,64 @@ mod tests {
         assert_eq!((p, i), (indptr.clone(), indices.clone()));
         assert!(exclude_edges(&view, &ids[..3], &keys).is_err());
         assert!(exclude_edges(&view, &ids, &[5, 4]).is_err());
+    }
+
+    /// Random blocks and pair sets (destinations with and without keys, ids
+    /// at the ends of the u32 range) against a plain filter over every edge.
+    #[test]
+    fn exclusion_matches_a_scalar_filter_on_random_blocks() {
+        let mut rng = Rng::new(11);
+        for case in 0..200 {
+            let (num_src, num_dst) = (2 + rng.below(40) as usize, 1 + rng.below(20) as usize);
+            let num_dst = num_dst.min(num_src);
+            let mut indptr = vec![0u64];
+            let mut indices = Vec::new();
+            for _ in 0..num_dst {
+                for _ in 0..rng.below(8) {
+                    indices.push(rng.below(num_src as u64) as u32);
+                }
+                indptr.push(indices.len() as u64);
+            }
+            let view = BlockView::new(num_src, &indptr, &indices).unwrap();
+            let pool = [0u32, 1, 2, 3, 5, 8, u32::MAX - 1, u32::MAX];
+            let ids: Vec<u32> = (0..num_src)
+                .map(|i| {
+                    if case % 3 == 0 {
+                        pool[i % pool.len()]
+                    } else {
+                        rng.below(30) as u32
+                    }
+                })
+                .collect();
+            let pairs: Vec<(u32, u32)> = (0..rng.below(12))
+                .map(|_| {
+                    let e = rng.below(indices.len().max(1) as u64) as usize;
+                    match (e < indices.len(), rng.below(2)) {
+                        // An edge of the block, by its destination's row.
+                        (true, 0) => {
+                            let d = indptr
+                                .iter()
+                                .rposition(|&p| p as usize <= e)
+                                .unwrap()
+                                .min(num_dst - 1);
+                            (ids[d], ids[indices[e] as usize])
+                        }
+                        _ => (rng.below(30) as u32, rng.below(30) as u32),
+                    }
+                })
+                .collect();
+            let keys = sorted_pair_keys(&pairs);
+            let (p, i) = exclude_edges(&view, &ids, &keys).unwrap();
+            let (mut wp, mut wi) = (vec![0u64], Vec::new());
+            for d in 0..num_dst {
+                for &j in &indices[indptr[d] as usize..indptr[d + 1] as usize] {
+                    if !pairs.contains(&(ids[d], ids[j as usize])) {
+                        wi.push(j);
+                    }
+                }
+                wp.push(wi.len() as u64);
+            }
+            assert_eq!((p, i), (wp, wi), "case {case}");
+        }
     }
 }
