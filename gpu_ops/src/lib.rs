@@ -22,12 +22,12 @@ pub mod model;
 mod reduce;
 
 pub use backend::{
-    bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits, ActBackward,
-    Activation, AdamStep, AdamTensors, Backend, CacheStats, DenseOps, DevMat, DeviceBatch,
-    DeviceCore, DeviceKind, DeviceMemory, Elem, ExcludedPairs, FeatureDtype, FeatureStore,
-    GatGradsDev, GatInputsDev, GatSaved, GraphOps, LinkOps, LossSlot, LossStats, MemoryInfo,
-    NegativeDist, Precision, Sampling, SparseOps, SparseShape, TopologyPlacement, TransferStats,
-    XentInputs,
+    bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits,
+    to_bf16_bits_into, ActBackward, Activation, AdamStep, AdamTensors, Backend, CacheStats,
+    DenseOps, DevMat, DeviceBatch, DeviceCore, DeviceKind, DeviceMemory, Elem, ExcludedPairs,
+    FeatureDtype, FeatureStore, GatGradsDev, GatInputsDev, GatSaved, GraphOps, LinkOps, LossSlot,
+    LossStats, MemoryInfo, NegativeDist, Precision, Sampling, SparseOps, SparseShape,
+    TopologyPlacement, TransferStats, XentInputs,
 };
 pub use cache::{CachePolicy, CacheUpdate, NO_SLOT};
 pub use cuda::{nccl_available, nccl_unique_id, AllocatorStats, CudaBackend};

@@ -3,8 +3,6 @@
 //! buffers the loader's worker filled (no copy; `x`'s buffer goes back to the
 //! loader when numpy frees it); waiting for the next batch releases the GIL. `to_pyg` / `to_dgl_blocks` are in `tandem/_loader.py`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use std::sync::Arc;
 
 use numpy::ndarray::{Array2, ArrayView2};
@@ -124,8 +122,6 @@ fn seed_ids(obj: &Bound<'_, PyAny>, n: usize) -> PyResult<Vec<u32>> {
 #[pyclass(module = "tandem", name = "NeighborLoader", frozen)]
 pub(crate) struct NeighborLoader {
     inner: runtime::loader::NeighborLoader,
-    next_epoch: AtomicUsize,
-    dtype: &'static str,
 }
 
 #[pymethods]
@@ -192,25 +188,17 @@ impl NeighborLoader {
         let inner = py
             .detach(move || runtime::loader::NeighborLoader::new(ds, opts))
             .py_err()?;
-        Ok(Self {
-            inner,
-            next_epoch: AtomicUsize::new(0),
-            dtype: match feature_dtype {
-                FeatureDtype::Bf16 => "bf16",
-                _ => "f32",
-            },
-        })
+        Ok(Self { inner })
     }
 
     /// The next epoch's batches (epochs count from 0).
     fn __iter__(&self) -> LoaderIter {
-        let e = self.next_epoch.fetch_add(1, Ordering::AcqRel);
-        self.iter_epoch(e)
+        self.iter(self.inner.epoch())
     }
 
     /// Epoch `epoch`'s batches, without moving the epoch counter.
     fn epoch(&self, epoch: usize) -> LoaderIter {
-        self.iter_epoch(epoch)
+        self.iter(self.inner.epoch_at(epoch))
     }
 
     /// Batches per epoch.
@@ -265,17 +253,16 @@ impl NeighborLoader {
             self.fanouts(),
             self.inner.seeds().len(),
             self.inner.num_batches(),
-            self.dtype,
+            self.inner.feature_dtype().name(),
             self.inner.note()
         )
     }
 }
 
 impl NeighborLoader {
-    fn iter_epoch(&self, epoch: usize) -> LoaderIter {
+    fn iter(&self, epoch: Epoch) -> LoaderIter {
         LoaderIter {
-            epoch: Some(self.inner.epoch_at(epoch)),
-            dtype: self.dtype,
+            epoch: Some(epoch),
             buffers: Arc::clone(self.inner.buffers()),
         }
     }
@@ -288,7 +275,6 @@ impl NeighborLoader {
 #[pyclass(module = "tandem", name = "LoaderIter")]
 pub(crate) struct LoaderIter {
     epoch: Option<Epoch>,
-    dtype: &'static str,
     /// Where a batch's `x` goes back when numpy frees it.
     buffers: Arc<RowBuffers>,
 }
@@ -307,13 +293,12 @@ impl LoaderIter {
             let item = epoch.next_batch();
             (epoch, item)
         });
-        let dtype = slf.dtype;
         match item {
             None => Ok(None),
             Some(Err(e)) => Err(to_py(e)),
             Some(Ok(b)) => {
                 slf.epoch = Some(epoch);
-                LoaderBatch::new(py, b, dtype, &slf.buffers).map(Some)
+                LoaderBatch::new(py, b, &slf.buffers).map(Some)
             }
         }
     }
@@ -426,12 +411,7 @@ pub(crate) struct LoaderBatch {
 }
 
 impl LoaderBatch {
-    fn new(
-        py: Python<'_>,
-        b: RtBatch,
-        dtype: &'static str,
-        buffers: &Arc<RowBuffers>,
-    ) -> PyResult<Self> {
+    fn new(py: Python<'_>, b: RtBatch, buffers: &Arc<RowBuffers>) -> PyResult<Self> {
         let num_sampled_nodes = b.num_sampled_nodes();
         let num_sampled_edges = b.num_sampled_edges();
         let rows = b.n_id.len();
@@ -446,6 +426,7 @@ impl LoaderBatch {
             edge_index,
         } = b;
         let shape_err = |e: numpy::ndarray::ShapeError| bad("loader", e.to_string());
+        let feature_dtype = x.dtype().name();
         let x = Rows::array(py, x, (rows, dim), buffers)?;
         let [src, dst] = edge_index.unwrap_or_default();
         let e = src.len();
@@ -482,7 +463,7 @@ impl LoaderBatch {
             num_sampled_nodes,
             num_sampled_edges,
             hops: PyList::new(py, hops)?.into_any().unbind(),
-            feature_dtype: dtype,
+            feature_dtype,
         })
     }
 }

@@ -97,12 +97,19 @@ impl FeatureDtype {
     }
 }
 
-impl fmt::Display for FeatureDtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl FeatureDtype {
+    /// The name configs and the Python package use: `"f32"` or `"bf16"`.
+    pub fn name(self) -> &'static str {
+        match self {
             Self::F32 => "f32",
             Self::Bf16 => "bf16",
-        })
+        }
+    }
+}
+
+impl fmt::Display for FeatureDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -126,8 +133,22 @@ pub fn bf16_bits_to_f32(b: u16) -> f32 {
 /// Every value of `x` as bfloat16 bits ([`f32_to_bf16_bits`]), converted in
 /// parallel.
 pub fn to_bf16_bits(x: &[f32]) -> Vec<u16> {
+    let mut out = vec![0u16; x.len()];
+    to_bf16_bits_into(x, &mut out);
+    out
+}
+
+/// [`to_bf16_bits`] into `out` (one value per value of `x`), in parallel on
+/// rayon's current pool.
+///
+/// # Panics
+/// When `out` and `x` differ in length (a caller's bug, not input).
+pub fn to_bf16_bits_into(x: &[f32], out: &mut [u16]) {
     use rayon::prelude::*;
-    x.par_iter().map(|&v| f32_to_bf16_bits(v)).collect()
+    assert_eq!(x.len(), out.len(), "to_bf16_bits_into: lengths differ");
+    out.par_iter_mut()
+        .zip(x.par_iter())
+        .for_each(|(o, &v)| *o = f32_to_bf16_bits(v));
 }
 
 /// `x` rounded to bfloat16 and widened back ([`f32_to_bf16_bits`]).

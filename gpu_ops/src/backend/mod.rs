@@ -95,8 +95,8 @@ pub use dense::{
     XentInputs,
 };
 pub use dtype::{
-    bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits, Elem,
-    FeatureDtype, Precision,
+    bf16_bits_to_f32, f32_to_bf16_bits, round_to_bf16, round_to_tf32, to_bf16_bits,
+    to_bf16_bits_into, Elem, FeatureDtype, Precision,
 };
 pub use features::FeatureStore;
 pub use graph::{GatGradsDev, GatInputsDev, GatSaved, GraphOps};

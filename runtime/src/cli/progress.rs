@@ -25,8 +25,8 @@ enum Mode {
     Bars(Option<ProgressBar>),
     Lines {
         out: Box<dyn Write + Send>,
-        /// The next tenth of the phase's total that prints a line.
-        next_tenth: u64,
+        /// The tenths of the phase already printed.
+        tenths: Tenths,
         started: Instant,
     },
 }
@@ -52,7 +52,7 @@ impl CliProgress {
             label,
             Mode::Lines {
                 out,
-                next_tenth: 1,
+                tenths: Tenths::new(),
                 started: Instant::now(),
             },
         )
@@ -75,6 +75,31 @@ fn amount(phase: &str, n: u64) -> String {
         indicatif::BinaryBytes(n).to_string()
     } else {
         n.to_string()
+    }
+}
+
+/// The plain lines' rate limit: one line each time progress crosses another
+/// tenth of its total (by progress, not time, so the output is the same on
+/// every run). `tandem train`'s epoch lines use it too.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Tenths {
+    /// The next tenth that is news.
+    next: u64,
+}
+
+impl Tenths {
+    pub(super) fn new() -> Self {
+        Self { next: 1 }
+    }
+
+    /// The tenth (1..=10) that `done` of `total` has reached, when it is past
+    /// every tenth returned before; an empty total counts as complete.
+    pub(super) fn cross(&mut self, done: u64, total: u64) -> Option<u64> {
+        let tenth = (done * 10).checked_div(total).unwrap_or(10);
+        (tenth >= self.next).then(|| {
+            self.next = tenth + 1;
+            tenth
+        })
     }
 }
 
@@ -117,16 +142,14 @@ impl Progress for CliProgress {
             }
             Mode::Lines {
                 out,
-                next_tenth,
+                tenths,
                 started,
             } => {
                 if new_phase {
-                    *next_tenth = 1;
+                    *tenths = Tenths::new();
                     *started = Instant::now();
                 }
-                let tenth = (done * 10).checked_div(total).unwrap_or(10);
-                if tenth >= *next_tenth {
-                    *next_tenth = tenth + 1;
+                if let Some(tenth) = tenths.cross(done, total) {
                     let _ = writeln!(
                         out,
                         "{}: {phase} {:>3}% ({}/{}) {:.1} s",

@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use clap::Args;
 
+use super::progress::Tenths;
 use crate::checkpoint::Checkpoint;
 use crate::config::{env_overrides, Override, TrainConfig};
 use crate::dist::{Communicator, Solo};
@@ -83,9 +84,9 @@ struct Progress {
     terminal: bool,
     /// The bar of the epoch in progress.
     bar: Option<(usize, ProgressBar)>,
-    /// Plain lines: the epoch, its first batch seen, the next tenth to print,
-    /// and when its first batch was seen.
-    lines: Option<(usize, usize, usize, Instant)>,
+    /// Plain lines: the epoch, its first batch seen, the tenths printed, and
+    /// when its first batch was seen.
+    lines: Option<(usize, usize, Tenths, Instant)>,
 }
 
 impl Progress {
@@ -123,11 +124,11 @@ impl Progress {
 
     fn print_line(&mut self, m: &BatchMetrics) {
         if self.lines.as_ref().is_none_or(|l| l.0 != m.epoch) {
-            self.lines = Some((m.epoch, m.batch, 1, Instant::now()));
+            self.lines = Some((m.epoch, m.batch, Tenths::new(), Instant::now()));
         }
-        if let Some((epoch, first, next, started)) = &mut self.lines {
+        if let Some((epoch, first, tenths, started)) = &mut self.lines {
             let secs = started.elapsed().as_secs_f64();
-            if let Some(line) = tenth_line(*epoch, m.batch, m.batches, *first, next, secs) {
+            if let Some(line) = tenth_line(*epoch, m.batch, m.batches, *first, tenths, secs) {
                 eprintln!("{line}");
             }
         }
@@ -135,22 +136,20 @@ impl Progress {
 }
 
 /// The plain progress line of batch `k` (0-based) of an epoch of `total`
-/// batches, when it crosses tenth `*next` (then `*next` moves past it), `secs`
-/// after batch `first` was seen; the last tenth is left to the epoch's row.
+/// batches, when it crosses another tenth ([`Tenths`]), `secs` after batch
+/// `first` was seen; the last tenth is left to the epoch's row.
 fn tenth_line(
     epoch: usize,
     k: usize,
     total: usize,
     first: usize,
-    next: &mut usize,
+    tenths: &mut Tenths,
     secs: f64,
 ) -> Option<String> {
     let done = k + 1;
-    let tenth = (done * 10).checked_div(total)?;
-    if tenth < *next || tenth >= 10 {
-        return None;
-    }
-    *next = tenth + 1;
+    let tenth = tenths
+        .cross(done as u64, total as u64)
+        .filter(|&t| t < 10)?;
     let seen = done.saturating_sub(first).max(1);
     Some(format!(
         "epoch {epoch}: {:>3}% ({done}/{total} batches) {secs:.1} s, {:.2} ms a batch",
@@ -635,9 +634,9 @@ mod tests {
 
     #[test]
     fn a_long_epoch_prints_one_line_per_tenth_with_the_time_per_batch() {
-        let mut next = 1;
+        let mut tenths = Tenths::new();
         let lines: Vec<String> = (0..49_061)
-            .filter_map(|k| tenth_line(2, k, 49_061, 0, &mut next, 0.002 * (k + 1) as f64))
+            .filter_map(|k| tenth_line(2, k, 49_061, 0, &mut tenths, 0.002 * (k + 1) as f64))
             .collect();
         // Tenths 1..=9: the epoch's own row says 100%.
         assert_eq!(lines.len(), 9, "{lines:?}");
@@ -647,10 +646,13 @@ mod tests {
         );
         assert!(lines[8].starts_with("epoch 2:  90% (44155/49061 batches)"));
         // A resumed epoch times the batches it trained, not those before.
-        let mut next = 1;
-        let line = tenth_line(0, 1899, 2000, 1000, &mut next, 4.5).expect("a line");
+        let line = tenth_line(0, 1899, 2000, 1000, &mut Tenths::new(), 4.5).expect("a line");
         assert!(line.ends_with("5.00 ms a batch"), "{line}");
-        assert_eq!(tenth_line(0, 5, 0, 0, &mut 1, 1.0), None, "an empty epoch");
+        assert_eq!(
+            tenth_line(0, 5, 0, 0, &mut Tenths::new(), 1.0),
+            None,
+            "an empty epoch"
+        );
     }
 
     #[test]

@@ -32,6 +32,14 @@ impl Features {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The element type held.
+    pub fn dtype(&self) -> FeatureDtype {
+        match self {
+            Features::F32(_) => FeatureDtype::F32,
+            Features::Bf16(_) => FeatureDtype::Bf16,
+        }
+    }
 }
 
 /// The edges of one hop: a CSR over the destinations (every vertex reached
@@ -181,12 +189,9 @@ pub(crate) fn build(
     let x = match spec.feature_dtype {
         FeatureDtype::F32 => Features::F32(rows),
         FeatureDtype::Bf16 => {
-            use rayon::prelude::*;
             let (mut bits, _) = spec.buffers.take_bf16(len);
-            bits.par_iter_mut()
-                .zip(rows.par_iter())
-                .for_each(|(b, &v)| *b = gpu_ops::f32_to_bf16_bits(v));
-            spec.buffers.give_f32(rows);
+            gpu_ops::to_bf16_bits_into(&rows, &mut bits);
+            spec.buffers.give(Features::F32(rows));
             Features::Bf16(bits)
         }
     };

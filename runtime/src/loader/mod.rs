@@ -151,7 +151,9 @@ pub struct NeighborLoader {
     prefetch: usize,
     seed: u64,
     pool: Arc<rayon::ThreadPool>,
-    next_epoch: usize,
+    /// The epoch [`NeighborLoader::epoch`] starts next (shared: a Python
+    /// iterator starts epochs through `&self`).
+    next_epoch: AtomicUsize,
     counters: Arc<Counters>,
     buffers: Arc<RowBuffers>,
     note: String,
@@ -208,7 +210,7 @@ impl NeighborLoader {
             prefetch: opts.prefetch,
             seed: opts.seed,
             pool: Arc::new(pool),
-            next_epoch: 0,
+            next_epoch: AtomicUsize::new(0),
             counters: Arc::default(),
             // Every batch that can exist at once: `prefetch` ahead and the
             // one the consumer holds.
@@ -219,9 +221,8 @@ impl NeighborLoader {
 
     /// Starts the next epoch's worker and returns its batches (module doc,
     /// steps 2–4). Epochs are numbered from 0 in the order they are started.
-    pub fn epoch(&mut self) -> Epoch {
-        let e = self.next_epoch;
-        self.next_epoch += 1;
+    pub fn epoch(&self) -> Epoch {
+        let e = self.next_epoch.fetch_add(1, Ordering::AcqRel);
         self.epoch_at(e)
     }
 
@@ -246,6 +247,11 @@ impl NeighborLoader {
             counters: Arc::clone(&self.counters),
             buffers: Arc::clone(&self.buffers),
         })
+    }
+
+    /// The element type of the gathered feature rows.
+    pub fn feature_dtype(&self) -> FeatureDtype {
+        self.feature_dtype
     }
 
     /// Gives a finished batch's feature rows back, so that a later batch

@@ -60,11 +60,6 @@ impl RowBuffers {
         }
     }
 
-    /// Gives an f32 buffer back (the loader's own scratch of a bf16 batch).
-    pub(crate) fn give_f32(&self, v: Vec<f32>) {
-        self.keep_one(&self.f32s, v);
-    }
-
     /// Buffers handed out again rather than allocated, since the loader was made.
     pub fn reused(&self) -> usize {
         self.reused.load(Ordering::Relaxed)

@@ -29,7 +29,7 @@ fn options(fanouts: &[u32], batch_size: usize) -> LoaderOptions {
     }
 }
 
-fn all(loader: &mut NeighborLoader) -> Vec<Batch> {
+fn all(loader: &NeighborLoader) -> Vec<Batch> {
     loader.epoch().collect::<Result<Vec<_>>>().expect("epoch")
 }
 
@@ -115,8 +115,8 @@ fn check_batch(ds: &Dataset, fanouts: &[u32], b: &Batch) {
 fn batches_match_a_scalar_reference() {
     let ds = dataset();
     let fanouts = [4, 3, 2];
-    let mut loader = NeighborLoader::new(Arc::clone(&ds), options(&fanouts, 37)).unwrap();
-    let batches = all(&mut loader);
+    let loader = NeighborLoader::new(Arc::clone(&ds), options(&fanouts, 37)).unwrap();
+    let batches = all(&loader);
     assert_eq!(batches.len(), loader.num_batches());
     // Every training vertex is a seed exactly once per epoch.
     let mut seeds: Vec<u32> = batches
@@ -136,8 +136,8 @@ fn bf16_rows_are_the_rounded_f32_rows() {
     let ds = dataset();
     let mut o = options(&[3, 3], 50);
     o.feature_dtype = FeatureDtype::Bf16;
-    let b16 = all(&mut NeighborLoader::new(Arc::clone(&ds), o).unwrap());
-    let b32 = all(&mut NeighborLoader::new(Arc::clone(&ds), options(&[3, 3], 50)).unwrap());
+    let b16 = all(&NeighborLoader::new(Arc::clone(&ds), o).unwrap());
+    let b32 = all(&NeighborLoader::new(Arc::clone(&ds), options(&[3, 3], 50)).unwrap());
     for (a, b) in b16.iter().zip(&b32) {
         assert_eq!(a.n_id, b.n_id);
         let (Features::Bf16(x16), Features::F32(x32)) = (&a.x, &b.x) else {
@@ -158,8 +158,8 @@ fn batches_are_deterministic_for_a_seed() {
         o.prefetch = prefetch;
         o.threads = threads;
         o.seed = seed;
-        let mut l = NeighborLoader::new(Arc::clone(&ds), o).unwrap();
-        (all(&mut l), all(&mut l))
+        let l = NeighborLoader::new(Arc::clone(&ds), o).unwrap();
+        (all(&l), all(&l))
     };
     let (a0, a1) = run(1, 1, 7);
     let (b0, b1) = run(4, 2, 7);
@@ -172,7 +172,7 @@ fn batches_are_deterministic_for_a_seed() {
     let mut o = options(&[2], 10);
     o.shuffle = false;
     o.seeds = Some((100..130).collect());
-    let b = all(&mut NeighborLoader::new(Arc::clone(&ds), o).unwrap());
+    let b = all(&NeighborLoader::new(Arc::clone(&ds), o).unwrap());
     assert_eq!(b[0].n_id[..10], (100..110).collect::<Vec<u32>>()[..]);
 }
 
@@ -186,8 +186,8 @@ fn recycled_rows_give_the_same_batches() {
         let mut o = options(&[4, 3], 29);
         o.feature_dtype = dtype;
         o.prefetch = 1;
-        let want = all(&mut NeighborLoader::new(Arc::clone(&ds), o.clone()).unwrap());
-        let mut l = NeighborLoader::new(Arc::clone(&ds), o).unwrap();
+        let want = all(&NeighborLoader::new(Arc::clone(&ds), o.clone()).unwrap());
+        let l = NeighborLoader::new(Arc::clone(&ds), o).unwrap();
         let mut got = Vec::new();
         for b in l.epoch() {
             let mut b = b.expect("batch");
@@ -228,7 +228,7 @@ fn dropping_an_epoch_stops_its_worker() {
     let ds = dataset();
     let mut o = options(&[3], 1);
     o.prefetch = 2;
-    let mut loader = NeighborLoader::new(ds, o).unwrap();
+    let loader = NeighborLoader::new(ds, o).unwrap();
     assert!(loader.num_batches() > 100);
     {
         let mut epoch = loader.epoch();
@@ -239,7 +239,7 @@ fn dropping_an_epoch_stops_its_worker() {
     let built = loader.batches_built();
     assert!((1..=3).contains(&built), "built {built}");
     // A full epoch afterwards builds every batch.
-    let n = all(&mut loader).len();
+    let n = all(&loader).len();
     assert_eq!(n, loader.num_batches());
     assert_eq!(loader.batches_built(), built + n);
 }
