@@ -50,6 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
+use crate::aggregate::BlockView;
 use crate::error::{CpuOpsError, Result};
 use crate::gather::prefetch;
 use crate::graph::CsrGraph;
@@ -363,6 +364,26 @@ impl SampledBatch {
     /// Takes the batch apart: `(seeds, blocks)`.
     pub fn into_parts(self) -> (Vec<u32>, Vec<Block>) {
         (self.seeds, self.blocks)
+    }
+
+    /// Leaves out of every block the edges whose `(destination, source)` pair
+    /// of global ids is in `excluded` (sorted pair keys,
+    /// [`sorted_pair_keys`](crate::sorted_pair_keys)); the other edges keep
+    /// their order ([`exclude_edges`](crate::exclude_edges)), and the vertices
+    /// stay (a block's sources and destinations are unchanged). Returns how
+    /// many edges left.
+    ///
+    /// Errors: `excluded` not sorted.
+    pub fn exclude_edges(&mut self, excluded: &[u64]) -> Result<usize> {
+        let mut removed = 0;
+        for b in &mut self.blocks {
+            let view = BlockView::new(b.src_ids.len(), &b.indptr, &b.indices)?;
+            let (indptr, indices) = crate::link::exclude_edges(&view, &b.src_ids, excluded)?;
+            removed += b.indices.len() - indices.len();
+            b.indptr = indptr;
+            b.indices = indices;
+        }
+        Ok(removed)
     }
 }
 
@@ -1372,5 +1393,52 @@ mod tests {
         assert_uniform(64, 63, 5_000);
         assert_uniform(65, 7, 20_000); // second bitmap word
         assert_uniform(5000, 40, 5_000); // sparse path (hash set)
+    }
+
+    /// `SampledBatch::exclude_edges` against a plain filter of each block's
+    /// edges by their pair of global ids: a random half of the batch's edges
+    /// and some pairs that are in no block, both directions of each.
+    #[test]
+    fn a_batch_leaves_out_exactly_the_excluded_pairs() {
+        let g = random_graph(3000, 12, true, BuildOptions::UNDIRECTED, 7);
+        let sampler = NeighborSampler::new(vec![10, 5, 3]).unwrap();
+        let mut scratch = SamplerScratch::new(g.num_vertices());
+        let seeds = random_seeds(3000, 64, 9);
+        let batch = sampler.sample(&g, &seeds, 11, &mut scratch).unwrap();
+        let mut r = Rng::new(5);
+        let mut pairs = Vec::new();
+        for b in batch.blocks() {
+            for i in 0..b.num_dst() {
+                for &j in b.neighbors(i) {
+                    if r.below(2) == 0 {
+                        let (d, s) = (b.src_ids()[i], b.src_ids()[j as usize]);
+                        pairs.extend([(d, s), (s, d)]);
+                    }
+                }
+            }
+        }
+        pairs.extend((0..50).map(|_| (r.below(3000) as u32, r.below(3000) as u32)));
+        let set: HashSet<(u32, u32)> = pairs.iter().copied().collect();
+        let mut out = batch.clone();
+        let removed = out.exclude_edges(&crate::sorted_pair_keys(&pairs)).unwrap();
+        let mut expected_removed = 0;
+        for (b, e) in batch.blocks().iter().zip(out.blocks()) {
+            assert_eq!(e.src_ids(), b.src_ids());
+            assert_eq!(e.num_dst(), b.num_dst());
+            assert_eq!(e.indptr().len(), b.num_dst() + 1);
+            for i in 0..b.num_dst() {
+                let kept: Vec<u32> = b
+                    .neighbors(i)
+                    .iter()
+                    .copied()
+                    .filter(|&j| !set.contains(&(b.src_ids()[i], b.src_ids()[j as usize])))
+                    .collect();
+                expected_removed += b.neighbors(i).len() - kept.len();
+                assert_eq!(e.neighbors(i), &kept[..], "destination {i}");
+            }
+        }
+        assert!(expected_removed > 0);
+        assert_eq!(removed, expected_removed);
+        assert!(out.exclude_edges(&[3, 1]).is_err(), "unsorted keys");
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use runtime::config::TrainConfig;
 use runtime::data::{generate_sbm, Dataset, EdgeSplitSpec, SbmOptions};
+use runtime::trace::{Tracer, HOST_SYNCS, SAMPLING_SYNCS};
 use runtime::{load_dataset, Error, Trainer};
 
 /// A learnable link set: 2,000 vertices in 4 tight communities, features that
@@ -131,6 +132,40 @@ fn every_step_placement_and_a_loss_lag_train_the_same_link_batches() {
     // Deterministic for the seed; another seed trains other batches.
     assert_eq!(run(&ds, &[]), base);
     assert_ne!(run(&ds, &["train.seed=5"]).0, base.0);
+}
+
+#[test]
+fn leaving_a_batchs_edges_out_never_synchronizes_the_compute_stream() {
+    // The exclusion reads each block's kept edge count (a synchronization on
+    // CUDA, counted by the host backend). It runs where the batch was sampled:
+    // on the host sampler, or on the device sampler's stream before the batch
+    // reaches the compute stream. With losses deferred (lag 8) the compute
+    // stream's count stays flat over the epoch.
+    let ds = Arc::new(sbm());
+    for policy in ["gpu-sample-gpu-gather", "cpu-sample-gpu-gather"] {
+        let p = format!("orchestration.policy=\"{policy}\"");
+        let c = cfg(&[&p, "device.loss_lag=8", "train.epochs=1"]);
+        let mut t = Trainer::new(Arc::clone(&ds), c).expect("trainer");
+        let tracer = Tracer::new();
+        t.set_tracer(tracer.clone());
+        t.fit().expect("fit");
+        let trace = tracer.collect();
+        let syncs: Vec<f64> = trace.counter_series(HOST_SYNCS).map(|c| c.value).collect();
+        assert!(syncs.len() > 16, "{policy}: {} batches", syncs.len());
+        assert!(syncs.iter().all(|&s| s == syncs[0]), "{policy}: {syncs:?}");
+        if policy.starts_with("gpu-sample") {
+            // The device sampler synchronizes for it instead: each batch's two
+            // blocks after every group read.
+            let sampling: Vec<f64> = trace
+                .counter_series(SAMPLING_SYNCS)
+                .map(|c| c.value)
+                .collect();
+            assert!(
+                sampling.last() >= Some(&(2.0 * sampling.len() as f64)),
+                "{sampling:?}"
+            );
+        }
+    }
 }
 
 #[test]

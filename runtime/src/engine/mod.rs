@@ -464,25 +464,10 @@ impl<B: Backend> DeviceEngine<B> {
             .exclude_edges(block, src, nd, ex)
             .map_err(dev_err(EXCLUDE))
     }
-
-    /// Every block of `batch` without the pairs `exclude`
-    /// ([`DeviceEngine::excluded`]).
-    pub(crate) fn exclude_edges(
-        &mut self,
-        batch: &mut gpu_ops::DeviceBatch<B>,
-        exclude: &[(u32, u32)],
-    ) -> Result<()> {
-        if let Some(ex) = self.excluded(exclude)? {
-            for (block, src) in batch.blocks.iter_mut().zip(&batch.src_ids) {
-                *block = self.exclude_block(block, src, &ex)?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// What a failed exclusion is called.
-const EXCLUDE: &str = "leaving the batch's edges out of its blocks (link.exclude)";
+pub(crate) const EXCLUDE: &str = "leaving the batch's edges out of its blocks (link.exclude)";
 
 /// What the session asks of the weights' owner outside training: the model's
 /// shape, its weights and Adam's state (checkpoints), inference (evaluation,

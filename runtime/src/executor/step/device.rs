@@ -38,7 +38,7 @@ use cpu_ops::{CsrGraph, NeighborSampler, SampledBatch, SamplerScratch};
 use gpu_ops::Backend;
 use scheduler::{Device, StepBased};
 
-use crate::engine::{dev_err, record_copies, DeviceEngine};
+use crate::engine::{dev_err, record_copies, DeviceEngine, EXCLUDE};
 use crate::error::{Error, Result};
 use crate::executor::BatchRef;
 use crate::trace::Direction;
@@ -95,23 +95,33 @@ type Uploaded<B> = (
 
 impl HostSampler {
     /// Step 1: samples `seeds` with `seed` where `placement` samples (the host
-    /// sampler or the device), with the training fanouts.
+    /// sampler or the device), with the training fanouts, and leaves the pairs
+    /// `exclude` (link prediction's; global ids) out of every block where it
+    /// sampled: so a device synchronizes for it on the stream that sampled,
+    /// never on the compute stream of a host-sampled batch.
     pub(crate) fn sample_placed<B: Backend>(
         &mut self,
         engine: &mut DeviceEngine<B>,
         placement: StepBased,
         seeds: &[u32],
         seed: u64,
+        exclude: &[(u32, u32)],
     ) -> Result<Sampled<B>> {
         if placement.sample_device() == Device::Cpu {
             let graph: &CsrGraph = &engine.dataset().graph;
             let (sampler, scratch) = self.get(&engine.opts.fanouts, graph.num_vertices())?;
-            let b = sampler
+            let mut b = sampler
                 .sample(graph, seeds, seed, scratch)
                 .map_err(|e| Error::cpu_ops("sampling", e))?;
+            if !exclude.is_empty() {
+                b.exclude_edges(&cpu_ops::sorted_pair_keys(exclude))
+                    .map_err(|e| Error::cpu_ops(EXCLUDE, e))?;
+            }
             Ok(Sampled::Host(b))
         } else {
-            Ok(Sampled::Device(engine.sample_on_device(seeds, seed)?))
+            Ok(Sampled::Device(
+                engine.sample_on_device(seeds, seed, exclude)?,
+            ))
         }
     }
 }
@@ -208,24 +218,10 @@ pub(crate) fn train_sampled<B: Backend>(
     // 3. Upload what the host made, gather on the device if placed there, train.
     let mut slice = batch.tag(tracer.slice_on(acc, "device step"));
     let (blocks, dev_ids) = match (host_batch, dev_batch) {
-        (Some(hb), _) => {
-            let (mut blocks, ids) = upload_blocks(e, &hb, !host_gather)?;
-            // Link prediction: the batch's own edges leave every hop, on the
-            // device (each block's source ids uploaded for it).
-            if let Some(ex) = e.excluded(batch.exclude)? {
-                for (block, host) in blocks.iter_mut().zip(hb.blocks()) {
-                    let src = e
-                        .dev
-                        .to_device(host.src_ids())
-                        .map_err(dev_err("uploading block sources"))?;
-                    e.h2d += (host.src_ids().len() * 4) as u64;
-                    *block = e.exclude_block(block, &src, &ex)?;
-                }
-            }
-            (blocks, ids)
-        }
-        (None, Some(mut db)) => {
-            e.exclude_edges(&mut db, batch.exclude)?;
+        // Link prediction's excluded pairs left the blocks where they were
+        // sampled (`HostSampler::sample_placed`).
+        (Some(hb), _) => upload_blocks(e, &hb, !host_gather)?,
+        (None, Some(db)) => {
             let ids = db.src_ids.into_iter().next();
             (db.blocks, ids)
         }

@@ -62,8 +62,9 @@ use crate::trace::{TrackId, TrackKind, CACHE_HIT_RATE, HOST_SYNCS, SAMPLING_SYNC
 use data_parallel::DataParallel;
 use device::{HostSampler, Sampled};
 
-/// A batch sampled ahead: its seeds, its seed and what was sampled.
-type AheadBatch<T> = (Vec<u32>, u64, T);
+/// A batch sampled ahead: its seeds, its seed, the pairs left out of its
+/// blocks and what was sampled.
+type AheadBatch<T> = (Vec<u32>, u64, Vec<(u32, u32)>, T);
 
 /// Batches sampled ahead and their counters (steps 1 and 3).
 struct Ahead<B: Backend> {
@@ -133,12 +134,17 @@ impl<B: Backend> StepExecutor<B> {
     /// Step 1: `batch`'s blocks, sampled ahead or now. A queued group is read
     /// when its first batch is due.
     pub fn sample(&mut self, batch: BatchRef<'_>) -> Result<Sampled<B>> {
-        let BatchRef { seeds, seed, .. } = batch;
+        let BatchRef {
+            seeds,
+            seed,
+            exclude,
+            ..
+        } = batch;
         if self.ahead.ready.is_empty() && !self.ahead.queued.is_empty() {
             self.resolve_group(batch);
         }
-        if let Some((s, k, b)) = self.ahead.ready.pop_front() {
-            if k == seed && s == seeds {
+        if let Some((s, k, x, b)) = self.ahead.ready.pop_front() {
+            if k == seed && s == seeds && x == exclude {
                 self.ahead.used += 1;
                 return Ok(b);
             }
@@ -156,7 +162,7 @@ impl<B: Backend> StepExecutor<B> {
             },
         );
         self.host
-            .sample_placed(&mut self.engine, self.placement, seeds, seed)
+            .sample_placed(&mut self.engine, self.placement, seeds, seed, exclude)
     }
 
     /// The `acc sample` track, declared on first use.
@@ -169,8 +175,9 @@ impl<B: Backend> StepExecutor<B> {
     }
 
     /// Reads the queued group's layer sizes (one synchronization; a `sample
-    /// read` slice on the `acc sample` track) and makes its batches ready. A
-    /// failed read drops the group: its batches sample again at their turn and
+    /// read` slice on the `acc sample` track), leaves each batch's excluded
+    /// pairs out of its blocks there, and makes its batches ready. A failed
+    /// read drops the group: its batches sample again at their turn and
     /// report the error then.
     fn resolve_group(&mut self, due: BatchRef<'_>) {
         let queued = std::mem::take(&mut self.ahead.queued);
@@ -178,10 +185,14 @@ impl<B: Backend> StepExecutor<B> {
         let track = self.ahead_track();
         let before = ModelState::transfer_stats(&self.engine);
         let mut slice = due.tag(tracer.slice_on(track, "sample read"));
-        let (ids, work): (Vec<_>, Vec<_>) = queued.into_iter().map(|(s, k, q)| ((s, k), q)).unzip();
-        if let Ok(batches) = self.engine.resolve_ahead(work) {
-            for ((s, k), b) in ids.into_iter().zip(batches) {
-                self.ahead.ready.push_back((s, k, Sampled::Device(b)));
+        let (ids, work): (Vec<_>, Vec<_>) = queued
+            .into_iter()
+            .map(|(s, k, x, q)| ((s, k, x), q))
+            .unzip();
+        let excludes: Vec<&[(u32, u32)]> = ids.iter().map(|(_, _, x)| x.as_slice()).collect();
+        if let Ok(batches) = self.engine.resolve_ahead(work, &excludes) {
+            for ((s, k, x), b) in ids.into_iter().zip(batches) {
+                self.ahead.ready.push_back((s, k, x, Sampled::Device(b)));
             }
         }
         let copies = ModelState::transfer_stats(&self.engine).since(&before);
@@ -214,10 +225,12 @@ impl<B: Backend> StepExecutor<B> {
             let copies = ModelState::transfer_stats(&self.engine).since(&before);
             record_copies(slice.args_mut(), &copies);
             match queued {
-                Ok(q) => self
-                    .ahead
-                    .queued
-                    .push((batch.seeds.to_vec(), batch.seed, q)),
+                Ok(q) => self.ahead.queued.push((
+                    batch.seeds.to_vec(),
+                    batch.seed,
+                    batch.exclude.to_vec(),
+                    q,
+                )),
                 // Dropped: this batch and the later ones sample at their turn.
                 Err(_) => break,
             }
@@ -226,7 +239,12 @@ impl<B: Backend> StepExecutor<B> {
 
     /// Samples `batch` on the host now, before its turn.
     fn sample_one_ahead(&mut self, batch: BatchRef<'_>) {
-        let BatchRef { seeds, seed, .. } = batch;
+        let BatchRef {
+            seeds,
+            seed,
+            exclude,
+            ..
+        } = batch;
         let tracer = self.engine.tracer().0.clone();
         let before = ModelState::transfer_stats(&self.engine);
         let mut slice = batch.tag(
@@ -239,11 +257,13 @@ impl<B: Backend> StepExecutor<B> {
                 tracer.slice_on(track, "device sample")
             },
         );
-        if let Ok(b) = self
-            .host
-            .sample_placed(&mut self.engine, self.placement, seeds, seed)
+        if let Ok(b) =
+            self.host
+                .sample_placed(&mut self.engine, self.placement, seeds, seed, exclude)
         {
-            self.ahead.ready.push_back((seeds.to_vec(), seed, b));
+            self.ahead
+                .ready
+                .push_back((seeds.to_vec(), seed, exclude.to_vec(), b));
         }
         let copies = ModelState::transfer_stats(&self.engine).since(&before);
         record_copies(slice.args_mut(), &copies);

@@ -53,7 +53,7 @@ fn step(e: &mut LayerEngine<HostBackend>, k: u64) {
     let p = StepBased::new(Device::Accelerator, Device::Accelerator);
     let seeds: Vec<u32> = (0..32).map(|i| (i * 7 + k as u32 * 3) % 600).collect();
     let s = HostSampler::default()
-        .sample_placed(e, p, &seeds, k)
+        .sample_placed(e, p, &seeds, k, &[])
         .unwrap();
     let before = ModelState::transfer_stats(e);
     let batch = BatchRef::for_seeds(&seeds, k);
