@@ -7,7 +7,9 @@ process tree; prints the ratio Python / CLI for each run.
 Runs: the default run (`tandem train` with no config: the built-in 50k-vertex
 SBM, GraphSAGE, 10 epochs) and, with --wordnet, examples/configs/wordnet.toml
 on that store (`tandem import wordnet -o wordnet.tds`). Each pair alternates
-CLI and Python --repeat times; the ratio is of the medians.
+CLI and Python --repeat times; the ratios are of the medians of every epoch
+after the first (pooled over the repeats) and of the fastest epochs (the
+least disturbed by other work on a shared machine).
 """
 
 import argparse
@@ -30,23 +32,25 @@ def cli_epoch_time(binary, args):
         raise SystemExit(f"no epoch time in:\n{out.stdout}")
     # The per-epoch lines give more digits than the summary: recompute the mean.
     secs = [float(l.split()[5]) for l in out.stdout.splitlines() if re.match(r"^\s+\d+\s+\d", l)]
-    return statistics.mean(secs[1:]) if len(secs) > 1 else float(m.group(1))
+    return secs[1:] if len(secs) > 1 else [float(m.group(1))]
 
 
 def py_epoch_time(config, overrides):
     t = tandem.Trainer(config=config, overrides=overrides)
     recs = t.fit()
-    return statistics.mean(r.train_secs for r in recs[1:])
+    return [r.train_secs for r in recs[1:]]
 
 
 def run(name, binary, cli_args, config, overrides, repeat):
     cli, py = [], []
     for _ in range(repeat):
-        cli.append(cli_epoch_time(binary, cli_args))
-        py.append(py_epoch_time(config, overrides))
+        cli += cli_epoch_time(binary, cli_args)
+        py += py_epoch_time(config, overrides)
     c, p = statistics.median(cli), statistics.median(py)
-    print(f"{name}: CLI {c:.3f} s/epoch, Python {p:.3f} s/epoch, ratio {p / c:.3f} "
-          f"(CLI {', '.join(f'{x:.3f}' for x in cli)}; Python {', '.join(f'{x:.3f}' for x in py)})")
+    cm, pm = min(cli), min(py)
+    print(f"{name}: median CLI {c:.3f} s/epoch, Python {p:.3f} s/epoch, ratio {p / c:.3f}; "
+          f"fastest CLI {cm:.3f}, Python {pm:.3f}, ratio {pm / cm:.3f} "
+          f"({len(cli)} and {len(py)} epochs)")
     return p / c
 
 

@@ -178,7 +178,7 @@ impl<B: Backend> DeviceEngine<B> {
     /// that the exclusion's reads of its kept edge counts wait for sampling
     /// work only, not for the compute stream's queued steps. The pairs' bytes
     /// count host → device.
-    fn exclude_sampled(
+    pub(crate) fn exclude_sampled(
         &mut self,
         sampler: &B,
         batch: &mut gpu_ops::DeviceBatch<B>,

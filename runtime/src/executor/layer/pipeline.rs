@@ -1250,6 +1250,7 @@ impl<'a> Driver<'a> {
                 key: *k as u64,
                 seeds: &tb.seeds,
                 seed: run.seed(*k),
+                exclude: &tb.exclude,
             })
             .collect();
         let ahead = engine.prepare_tops(&tops)?;

@@ -670,6 +670,107 @@ fn top_layers_read_ahead_are_the_hop_by_hop_ones_and_train_the_same() {
         .is_err());
 }
 
+/// A batch's excluded pairs (link prediction) leave its top layers when they
+/// are adopted and its bottom hop when it is read, on the stream that sampled
+/// them: with the sampling sibling the compute stream synchronizes exactly as
+/// often as without the pairs, and the sibling once per block; the batches
+/// train bit for bit as without the sibling (all on the compute stream), and
+/// not as without the pairs.
+#[test]
+fn excluded_pairs_leave_the_blocks_on_the_stream_that_sampled_them() {
+    let r = rig();
+    let ds = Arc::clone(&r.ds);
+    let mut rng = cpu_ops::Rng::new(47);
+    let batches = random_batches(&mut rng, ds.num_vertices(), 3, (8, 24));
+    // Every edge at each seed, both directions: the top block loses them all.
+    let pairs: Vec<Vec<(u32, u32)>> = batches
+        .iter()
+        .map(|(seeds, _)| {
+            seeds
+                .iter()
+                .flat_map(|&s| {
+                    ds.graph
+                        .neighbors(s)
+                        .iter()
+                        .flat_map(move |&n| [(s, n), (n, s)])
+                })
+                .collect()
+        })
+        .collect();
+    let no_hot = HotUse {
+        slab: 0,
+        positions: &[],
+        rows: &[],
+        grad: gpu_ops::HotGrad::default(),
+    };
+    // Per engine (without, with the sibling) and without / with the pairs:
+    // the losses, and the compute and sampling streams' synchronizations.
+    let mut runs = Vec::new();
+    for exclude in [false, true] {
+        for (ahead, mut e) in engines_with_and_without_sibling() {
+            let no_pairs: &[(u32, u32)] = &[];
+            let of = |i: usize| if exclude { &pairs[i][..] } else { no_pairs };
+            let tops: Vec<TopBatch<'_>> = top_batches(&batches, 0)
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| TopBatch {
+                    exclude: of(i),
+                    ..t
+                })
+                .collect();
+            let (c0, s0) = e.engine.syncs_by_stream();
+            let read = e.prepare_tops(&tops).unwrap().wait().unwrap();
+            e.adopt_tops(read.tops).unwrap();
+            let bottoms: Vec<BottomBatch<'_>> = tops
+                .iter()
+                .map(|t| BottomBatch {
+                    key: t.key,
+                    seed: t.seed,
+                    skip: &[],
+                })
+                .collect();
+            e.prepare_bottoms(&bottoms).unwrap();
+            let losses: Vec<u64> = tops
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let batch = BatchRef {
+                        exclude: of(i),
+                        ..BatchRef::for_seeds(t.seeds, t.seed)
+                    };
+                    let (loss, _) = e
+                        .train_prepared(t.key, batch, &no_hot, None)
+                        .unwrap()
+                        .unwrap();
+                    loss.to_bits()
+                })
+                .collect();
+            let (c1, s1) = e.engine.syncs_by_stream();
+            runs.push(((exclude, ahead), losses, c1 - c0, s1 - s0));
+        }
+    }
+    let find = |key: (bool, bool)| runs.iter().find(|r| r.0 == key).unwrap();
+    let (plain, excluded) = (find((false, true)), find((true, true)));
+    assert_eq!(
+        excluded.2, plain.2,
+        "compute stream: no synchronization added"
+    );
+    // One read of the kept edge count per block: a top layer and a bottom hop
+    // per batch.
+    assert_eq!(excluded.3, plain.3 + 2 * batches.len() as u64);
+    assert_eq!(
+        excluded.1,
+        find((true, false)).1,
+        "same training either way"
+    );
+    assert_ne!(excluded.1, plain.1, "the pairs left the blocks");
+    // Without the sibling everything is on the compute stream.
+    assert_eq!(
+        find((true, false)).2,
+        find((false, false)).2 + 2 * batches.len() as u64
+    );
+}
+
 /// The bottom hops sampled a super-batch ahead (`executor/layer/device/` step 1b)
 /// train bit for bit as the hops sampled at train time: with
 /// `hot_backward = "constant"` masked by the planned hot positions — a batch
@@ -841,6 +942,7 @@ fn top_batches(batches: &[(Vec<u32>, u64)], round: u64) -> Vec<TopBatch<'_>> {
             key: 100 * round + i as u64,
             seeds,
             seed: *seed,
+            exclude: &[],
         })
         .collect()
 }

@@ -34,6 +34,9 @@ pub(crate) struct PreparedBottom<B: Backend> {
     pub(super) n_src: usize,
     /// The positions its mask skipped, ascending (none: no mask).
     pub(super) skip: Vec<u32>,
+    /// Whether the batch's excluded pairs (link prediction) left the block
+    /// already, on the sampler's stream.
+    pub(super) excluded: bool,
 }
 
 /// A super-batch's bottom hops queued on the sampling sibling (step 1b),
@@ -89,6 +92,8 @@ pub struct TopBatch<'a> {
     pub seeds: &'a [u32],
     /// Its sampling seed.
     pub seed: u64,
+    /// (destination, source) pairs its blocks leave out (link prediction).
+    pub exclude: &'a [(u32, u32)],
 }
 
 /// The top layers of a super-batch's batches, sampled (step 1), with their
@@ -147,8 +152,8 @@ impl std::fmt::Debug for PreparedTops {
 
 /// What a [`PreparedTops`] holds for an engine on backend `B`.
 struct Tops<B: Backend> {
-    /// Each batch's key and its top blocks.
-    batches: Vec<(u64, gpu_ops::DeviceBatch<B>)>,
+    /// Each batch's key, its top blocks and the pairs they leave out.
+    batches: Vec<(u64, gpu_ops::DeviceBatch<B>, Vec<(u32, u32)>)>,
 }
 
 impl<B: Backend> LayerEngine<B> {
@@ -171,7 +176,10 @@ impl<B: Backend> LayerEngine<B> {
         }
         let reading = self.engine.read_ahead(queued, READ_TOPS)?;
         let on_sibling = reading.on_sibling();
-        let keys: Vec<u64> = batches.iter().map(|b| b.key).collect();
+        let keys: Vec<(u64, Vec<(u32, u32)>)> = batches
+            .iter()
+            .map(|b| (b.key, b.exclude.to_vec()))
+            .collect();
         let finish = move || -> Result<TopsRead> {
             let read = reading.wait(READ_TOPS)?;
             if read.len() != keys.len() {
@@ -183,9 +191,9 @@ impl<B: Backend> LayerEngine<B> {
             }
             let mut bottoms = Vec::with_capacity(read.len());
             let mut kept = Vec::with_capacity(read.len());
-            for (key, (batch, ids)) in keys.into_iter().zip(read) {
+            for ((key, exclude), (batch, ids)) in keys.into_iter().zip(read) {
                 bottoms.push(ids);
-                kept.push((key, batch));
+                kept.push((key, batch, exclude));
             }
             Ok(TopsRead {
                 bottoms,
@@ -201,13 +209,21 @@ impl<B: Backend> LayerEngine<B> {
 
     /// Step 1's end: keeps the batches of `tops` for
     /// [`LayerDevice::train_prepared`](super::LayerDevice::train_prepared), handed to
-    /// the compute stream when the sibling sampled them.
+    /// the compute stream when the sibling sampled them. A link batch's
+    /// excluded pairs leave its blocks first, on the stream that sampled them
+    /// (their reads of the kept edge counts wait for sampling work only).
     pub(super) fn adopt_tops_op(&mut self, tops: PreparedTops) -> Result<()> {
         let tops = tops
             .0
             .downcast::<Tops<B>>()
             .map_err(|_| internal("top layers sampled by this engine"))?;
-        for (key, mut batch) in tops.batches {
+        let sampler = self.sampler();
+        for (key, mut batch, exclude) in tops.batches {
+            if !exclude.is_empty() {
+                self.engine
+                    .exclude_sampled(&sampler, &mut batch, &exclude)?;
+                self.hot.excludes.insert(key, exclude);
+            }
             self.engine.adopt(&mut batch)?;
             let num_bottom = batch
                 .blocks
@@ -226,9 +242,19 @@ impl<B: Backend> LayerEngine<B> {
         Ok(())
     }
 
+    /// The backend that sampled ahead: the sampling sibling, else the
+    /// engine's own.
+    fn sampler(&self) -> Arc<B> {
+        self.engine
+            .sibling
+            .sampler()
+            .map_or_else(|| Arc::clone(&self.engine.dev), Arc::clone)
+    }
+
     pub(super) fn discard_prepared_op(&mut self) {
         self.hot.prepared.clear();
         self.hot.bottoms.clear();
+        self.hot.excludes.clear();
         // A reading dropped unfinished waits for its copies first.
         self.hot.bottoms_in_flight.clear();
     }
@@ -353,6 +379,13 @@ impl<B: Backend> LayerEngine<B> {
                 )));
             }
             for ((k, skip), (mut batch, _)) in batches.into_iter().zip(read) {
+                let excluded = match self.hot.excludes.get(&k) {
+                    Some(ex) => {
+                        self.engine.exclude_sampled(&sampler, &mut batch, ex)?;
+                        true
+                    }
+                    None => false,
+                };
                 self.engine
                     .dev
                     .adopt_batch(&sampler, &mut batch)
@@ -368,6 +401,7 @@ impl<B: Backend> LayerEngine<B> {
                         src,
                         n_src,
                         skip,
+                        excluded,
                     },
                 );
             }

@@ -493,6 +493,10 @@ pub(crate) struct HotDevice<B: Backend> {
     bottoms: std::collections::HashMap<u64, PreparedBottom<B>>,
     /// Step 1b's counts.
     bottom_counts: BottomCounts,
+    /// Link prediction: the pairs each adopted batch leaves out of its blocks
+    /// (its top layers' left them at adoption; its bottom hop's leave when it
+    /// is read), under its key until it trains.
+    excludes: std::collections::HashMap<u64, Vec<(u32, u32)>>,
 }
 
 impl<B: Backend> Default for HotDevice<B> {
@@ -516,6 +520,7 @@ impl<B: Backend> Default for HotDevice<B> {
             bottoms_in_flight: Vec::new(),
             bottoms: std::collections::HashMap::new(),
             bottom_counts: BottomCounts::default(),
+            excludes: std::collections::HashMap::new(),
         }
     }
 }

@@ -42,7 +42,7 @@ impl<B: Backend> LayerEngine<B> {
             // Made now, before any work is queued for the batch.
             self.engine.losses.slot(&self.engine.dev, slot)?;
         }
-        let mut top = self.hot.prepared.remove(&key).ok_or_else(|| {
+        let top = self.hot.prepared.remove(&key).ok_or_else(|| {
             Error::invalid_argument(
                 "prepared batch",
                 format!("internal: no batch was prepared under key {key}"),
@@ -101,10 +101,10 @@ impl<B: Backend> LayerEngine<B> {
         want.sort_unstable();
         let ahead = self.take_bottom(key)?;
         let resampled = ahead.is_some();
-        let (mut block0, src0, ns0) = match ahead {
+        let (mut block0, src0, ns0, excluded) = match ahead {
             Some(b) if b.skip == want => {
                 self.hot.bottom_counts.ahead += 1;
-                (b.block, b.src, b.n_src)
+                (b.block, b.src, b.n_src, b.excluded)
             }
             _ => {
                 let mut s = tracer.slice_on(acc, "sample bottom");
@@ -131,15 +131,17 @@ impl<B: Backend> LayerEngine<B> {
                     derive_seed(seed, 0),
                     if skip { self.hot.mask.as_ref() } else { None },
                 )
+                .map(|(block, src, n)| (block, src, n, false))
                 .map_err(dev_err("sampling the bottom hop"))?
             }
         };
-        // Link prediction: the batch's own edges leave every hop (its bottom
-        // hop and its top layers, sampled ahead without knowing them).
-        if let Some(ex) = self.engine.excluded(batch.exclude)? {
-            block0 = self.engine.exclude_block(&block0, &src0, &ex)?;
-            for (b, src) in top.blocks.iter_mut().zip(&top.src) {
-                *b = self.engine.exclude_block(b, src, &ex)?;
+        // Link prediction: the batch's own edges leave every hop. Its top
+        // layers left them when they were adopted, its bottom hop when it was
+        // read ahead; a hop sampled now leaves them here.
+        self.hot.excludes.remove(&key);
+        if !excluded {
+            if let Some(ex) = self.engine.excluded(batch.exclude)? {
+                block0 = self.engine.exclude_block(&block0, &src0, &ex)?;
             }
         }
         let x = self.engine.gather_counted(&src0, ns0)?;
