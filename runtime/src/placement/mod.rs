@@ -65,6 +65,7 @@ fn layer_options(
     o: &crate::config::OrchestrationSection,
     model: &cpu_ops::ModelConfig,
     dtype: gpu_ops::FeatureDtype,
+    task: crate::config::TaskKind,
 ) -> Result<LayerOptions> {
     let row_cost = scheduler::RowCost::for_layer(model.in_dim, model.hidden, dtype.value_bytes());
     Ok(LayerOptions {
@@ -75,7 +76,7 @@ fn layer_options(
         super_batch: o.super_batch,
         staleness_bound: o.staleness_bound,
         on_late: o.on_late,
-        hot_grad: o.hot_backward,
+        hot_grad: o.hot_backward.for_task(task),
         monitor: o.monitor,
         monitor_control: o.monitor_control,
         cpu_workers: o.cpu_workers,
@@ -314,7 +315,8 @@ fn strategy<B: Backend>(
     let ahead = cfg.device.sample_ahead;
     Ok(match o.policy.fixed() {
         None => {
-            let mut layer = layer_options(o, input.model, cfg.device.feature_dtype)?;
+            let mut layer =
+                layer_options(o, input.model, cfg.device.feature_dtype, cfg.model.task)?;
             if layer.hot_ratio <= 0.0 {
                 layer.hot_ratio = AUTO_HOT_RATIO;
             }
@@ -336,7 +338,7 @@ fn strategy<B: Backend>(
         }
         Some(_) if o.reuses_embeddings() => {
             let mut orch = Orchestrator::new(&LayerSetup {
-                opts: &layer_options(o, input.model, cfg.device.feature_dtype)?,
+                opts: &layer_options(o, input.model, cfg.device.feature_dtype, cfg.model.task)?,
                 ds: input.ds,
                 model: input.model,
                 fanouts: &cfg.train_fanouts()?,
@@ -440,6 +442,43 @@ mod tests {
         assert_eq!(layer_reserve(&o(&auto), 1000, 1), LayerReserve::default());
     }
 
+    /// `hot_backward = "auto"` (the default) is `"aggregate"` for link
+    /// prediction and `"constant"` for node classification; a set value is
+    /// kept for either task.
+    #[test]
+    fn hot_backward_auto_follows_the_task() {
+        let grad = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            let cfg = TrainConfig::from_toml_with_overrides("", std::path::Path::new("t"), &sets)
+                .expect("config");
+            let model = cfg.model_config(100, 7).expect("model");
+            layer_options(
+                &cfg.orchestration,
+                &model,
+                gpu_ops::FeatureDtype::F32,
+                cfg.model.task,
+            )
+            .expect("options")
+            .hot_grad
+        };
+        let link = "model.task=\"link\"";
+        assert_eq!(grad(&[]), gpu_ops::HotGrad::Constant);
+        assert_eq!(grad(&[link]), gpu_ops::HotGrad::Aggregate);
+        for (set, want) in [
+            (
+                "orchestration.hot_backward=\"constant\"",
+                gpu_ops::HotGrad::Constant,
+            ),
+            (
+                "orchestration.hot_backward=\"aggregate\"",
+                gpu_ops::HotGrad::Aggregate,
+            ),
+        ] {
+            assert_eq!(grad(&[set]), want);
+            assert_eq!(grad(&[set, link]), want);
+        }
+    }
+
     /// `hotness = "pcie"` ranks with the row cost of the trained model's layer
     /// 0 over rows of the configured dtype; other policies carry no cost.
     #[test]
@@ -449,7 +488,8 @@ mod tests {
             .expect("config");
         let model = cfg.model_config(100, 7).expect("model");
         for dtype in [gpu_ops::FeatureDtype::F32, gpu_ops::FeatureDtype::Bf16] {
-            let opts = layer_options(&cfg.orchestration, &model, dtype).expect("options");
+            let opts =
+                layer_options(&cfg.orchestration, &model, dtype, cfg.model.task).expect("options");
             assert_eq!(
                 opts.hotness,
                 scheduler::HotnessPolicy::PcieValue {
@@ -463,6 +503,7 @@ mod tests {
             &presample.orchestration,
             &model,
             gpu_ops::FeatureDtype::Bf16,
+            presample.model.task,
         )
         .expect("options");
         assert!(!opts.hotness.zero_is_cold());
