@@ -227,9 +227,10 @@ impl HotBackward {
     /// prediction: its seeds are the endpoints of the batch's edges, and on a
     /// link set still learning, `"constant"`'s missing layer-0 gradient left
     /// the layer path 3 points of test MRR behind the exact path where
-    /// `"aggregate"` matched it; node classification keeps the paper's
-    /// `"constant"`, within its accuracy target and cheaper (the hot
-    /// destinations' bottom hops are not sampled).
+    /// `"aggregate"` matched it. Node classification keeps the paper's
+    /// `"constant"`, within its accuracy target and cheaper on a GPU, where
+    /// `"aggregate"` has the device sample and aggregate the hot destinations'
+    /// neighbourhoods too (reuse then saves the device nothing).
     pub fn for_task(self, task: TaskKind) -> HotGrad {
         match (self, task) {
             (HotBackward::Constant, _) | (HotBackward::Auto, TaskKind::Node) => HotGrad::Constant,
