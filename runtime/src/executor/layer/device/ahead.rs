@@ -152,8 +152,16 @@ impl std::fmt::Debug for PreparedTops {
 
 /// What a [`PreparedTops`] holds for an engine on backend `B`.
 struct Tops<B: Backend> {
-    /// Each batch's key, its top blocks and the pairs they leave out.
-    batches: Vec<(u64, gpu_ops::DeviceBatch<B>, Vec<(u32, u32)>)>,
+    batches: Vec<TopOf<B>>,
+}
+
+/// One batch of a [`Tops`].
+struct TopOf<B: Backend> {
+    key: u64,
+    /// Its top blocks.
+    batch: gpu_ops::DeviceBatch<B>,
+    /// The pairs they leave out (link prediction).
+    exclude: Vec<(u32, u32)>,
 }
 
 impl<B: Backend> LayerEngine<B> {
@@ -193,7 +201,11 @@ impl<B: Backend> LayerEngine<B> {
             let mut kept = Vec::with_capacity(read.len());
             for ((key, exclude), (batch, ids)) in keys.into_iter().zip(read) {
                 bottoms.push(ids);
-                kept.push((key, batch, exclude));
+                kept.push(TopOf {
+                    key,
+                    batch,
+                    exclude,
+                });
             }
             Ok(TopsRead {
                 bottoms,
@@ -218,7 +230,12 @@ impl<B: Backend> LayerEngine<B> {
             .downcast::<Tops<B>>()
             .map_err(|_| internal("top layers sampled by this engine"))?;
         let sampler = self.sampler();
-        for (key, mut batch, exclude) in tops.batches {
+        for TopOf {
+            key,
+            mut batch,
+            exclude,
+        } in tops.batches
+        {
             if !exclude.is_empty() {
                 self.engine
                     .exclude_sampled(&sampler, &mut batch, &exclude)?;
