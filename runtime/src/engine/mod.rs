@@ -437,32 +437,49 @@ impl<B: Backend> DeviceEngine<B> {
         }
     }
 
-    /// The device table of the (destination, source) pairs `exclude` (global
-    /// ids) a batch's blocks leave out (link prediction's exclusion; `None`
-    /// when there is none), its bytes counted host → device.
+    /// The table of the (destination, source) pairs `exclude` (global ids) a
+    /// batch's blocks leave out (link prediction's exclusion; `None` when
+    /// there is none), uploaded on `on`'s stream (the engine's backend or its
+    /// sampling sibling: the one that sampled the blocks), its bytes counted
+    /// host → device.
     pub(crate) fn excluded(
         &mut self,
+        on: &B,
         exclude: &[(u32, u32)],
     ) -> Result<Option<gpu_ops::ExcludedPairs<B>>> {
         if exclude.is_empty() {
             return Ok(None);
         }
-        let ex = self.dev.excluded_pairs(exclude).map_err(dev_err(EXCLUDE))?;
+        let ex = on.excluded_pairs(exclude).map_err(dev_err(EXCLUDE))?;
         self.h2d += (ex.len() * 8) as u64;
         Ok(Some(ex))
     }
 
-    /// `block` (sources `src`, global ids) without the edges of `ex`.
+    /// `block` (sources `src`, global ids) without the edges of `ex`, on
+    /// `on`'s stream. Its read of the kept edge count waits for that stream
+    /// only: on the sampler's, for sampling work, not for queued training.
     pub(crate) fn exclude_block(
-        &self,
+        on: &B,
         block: &B::Block,
         src: &B::Buf<u32>,
         ex: &gpu_ops::ExcludedPairs<B>,
     ) -> Result<B::Block> {
-        let nd = self.dev.block_shape(block).1;
-        self.dev
-            .exclude_edges(block, src, nd, ex)
+        let nd = on.block_shape(block).1;
+        on.exclude_edges(block, src, nd, ex)
             .map_err(dev_err(EXCLUDE))
+    }
+
+    /// Every block of `batch`, sampled by `on`, without the edges of `ex`
+    /// ([`DeviceEngine::exclude_block`]), before the batch is adopted.
+    pub(crate) fn exclude_batch(
+        on: &B,
+        batch: &mut gpu_ops::DeviceBatch<B>,
+        ex: &gpu_ops::ExcludedPairs<B>,
+    ) -> Result<()> {
+        for (block, src) in batch.blocks.iter_mut().zip(&batch.src_ids) {
+            *block = Self::exclude_block(on, block, src, ex)?;
+        }
+        Ok(())
     }
 }
 

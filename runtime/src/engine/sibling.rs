@@ -152,8 +152,8 @@ impl<B: Backend> DeviceEngine<B> {
 
     /// Step 2, read at once: the batches of [`DeviceEngine::queue_ahead`], in
     /// order, with one synchronization for all of them, each without the pairs
-    /// of its `excludes` entry ([`DeviceEngine::exclude_sampled`]), adopted
-    /// (step 3).
+    /// of its `excludes` entry ([`DeviceEngine::exclude_batch`], on the
+    /// sampler's stream), adopted (step 3).
     pub(crate) fn resolve_ahead(
         &mut self,
         queued: Vec<B::Queued>,
@@ -164,40 +164,14 @@ impl<B: Backend> DeviceEngine<B> {
             .resolve_queued(queued)
             .map_err(dev_err("sampling"))?;
         for (b, exclude) in batches.iter_mut().zip(excludes) {
-            self.exclude_sampled(&sampler, b, exclude)?;
+            if let Some(ex) = self.excluded(&sampler, exclude)? {
+                Self::exclude_batch(&sampler, b, &ex)?;
+            }
         }
         for b in &mut batches {
             self.adopt(b)?;
         }
         Ok(batches)
-    }
-
-    /// Every block of `batch`, sampled by `sampler` (the sibling or the
-    /// engine's own backend), without the pairs `exclude` (link prediction's;
-    /// global ids): on the sampler's stream, before the batch is adopted, so
-    /// that the exclusion's reads of its kept edge counts wait for sampling
-    /// work only, not for the compute stream's queued steps. The pairs' bytes
-    /// count host → device.
-    pub(crate) fn exclude_sampled(
-        &mut self,
-        sampler: &B,
-        batch: &mut gpu_ops::DeviceBatch<B>,
-        exclude: &[(u32, u32)],
-    ) -> Result<()> {
-        if exclude.is_empty() {
-            return Ok(());
-        }
-        let ex = sampler
-            .excluded_pairs(exclude)
-            .map_err(dev_err(super::EXCLUDE))?;
-        self.h2d += (ex.len() * 8) as u64;
-        for (block, src) in batch.blocks.iter_mut().zip(&batch.src_ids) {
-            let nd = sampler.block_shape(block).1;
-            *block = sampler
-                .exclude_edges(block, src, nd, &ex)
-                .map_err(dev_err(super::EXCLUDE))?;
-        }
-        Ok(())
     }
 
     /// Step 2, read later: starts one read of the queued batches' sizes and
@@ -232,7 +206,8 @@ impl<B: Backend> DeviceEngine<B> {
 
     /// Samples `seeds` on the device now: on the sampling sibling when
     /// sampling ahead (the batch adopted), else on the engine's backend;
-    /// without the pairs `exclude` ([`DeviceEngine::exclude_sampled`]).
+    /// without the pairs `exclude` ([`DeviceEngine::exclude_batch`], on the
+    /// sampler's stream).
     pub(crate) fn sample_on_device(
         &mut self,
         seeds: &[u32],
@@ -243,7 +218,9 @@ impl<B: Backend> DeviceEngine<B> {
         let mut b = sampler
             .sample(&self.graph, seeds, &self.opts.fanouts, seed)
             .map_err(dev_err("sampling"))?;
-        self.exclude_sampled(&sampler, &mut b, exclude)?;
+        if let Some(ex) = self.excluded(&sampler, exclude)? {
+            Self::exclude_batch(&sampler, &mut b, &ex)?;
+        }
         self.adopt(&mut b)?;
         Ok(b)
     }

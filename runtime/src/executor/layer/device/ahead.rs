@@ -10,7 +10,7 @@ use cpu_ops::derive_seed;
 use gpu_ops::Backend;
 
 use super::{internal, LayerEngine};
-use crate::engine::dev_err;
+use crate::engine::{dev_err, DeviceEngine};
 use crate::error::{Error, Result};
 
 /// A batch whose top layers were sampled ahead (step 1).
@@ -236,10 +236,10 @@ impl<B: Backend> LayerEngine<B> {
             exclude,
         } in tops.batches
         {
-            if !exclude.is_empty() {
-                self.engine
-                    .exclude_sampled(&sampler, &mut batch, &exclude)?;
-                self.hot.excludes.insert(key, exclude);
+            // The table stays for the bottom hop (`take_bottom`).
+            if let Some(ex) = self.engine.excluded(&sampler, &exclude)? {
+                DeviceEngine::<B>::exclude_batch(&sampler, &mut batch, &ex)?;
+                self.hot.excludes.insert(key, ex);
             }
             self.engine.adopt(&mut batch)?;
             let num_bottom = batch
@@ -398,7 +398,7 @@ impl<B: Backend> LayerEngine<B> {
             for ((k, skip), (mut batch, _)) in batches.into_iter().zip(read) {
                 let excluded = match self.hot.excludes.get(&k) {
                     Some(ex) => {
-                        self.engine.exclude_sampled(&sampler, &mut batch, ex)?;
+                        DeviceEngine::<B>::exclude_batch(&sampler, &mut batch, ex)?;
                         true
                     }
                     None => false,

@@ -493,10 +493,11 @@ pub(crate) struct HotDevice<B: Backend> {
     bottoms: std::collections::HashMap<u64, PreparedBottom<B>>,
     /// Step 1b's counts.
     bottom_counts: BottomCounts,
-    /// Link prediction: the pairs each adopted batch leaves out of its blocks
-    /// (its top layers' left them at adoption; its bottom hop's leave when it
-    /// is read), under its key until it trains.
-    excludes: std::collections::HashMap<u64, Vec<(u32, u32)>>,
+    /// Link prediction: the table of the pairs each adopted batch leaves out
+    /// of its blocks, uploaded once on the sampler's stream (its top layers
+    /// left them at adoption; its bottom hop leaves them when it is read),
+    /// under its key until it trains.
+    excludes: std::collections::HashMap<u64, gpu_ops::ExcludedPairs<B>>,
 }
 
 impl<B: Backend> Default for HotDevice<B> {

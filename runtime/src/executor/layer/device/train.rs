@@ -8,7 +8,7 @@ use cpu_ops::derive_seed;
 use gpu_ops::{Backend, DeferredStep, HotGrad, HotRows, Target};
 
 use super::{internal, reserve, upload_into, LayerEngine};
-use crate::engine::dev_err;
+use crate::engine::{dev_err, DeviceEngine};
 use crate::error::{Error, Result};
 use crate::executor::BatchRef;
 use crate::task::HostTarget;
@@ -140,8 +140,8 @@ impl<B: Backend> LayerEngine<B> {
         // read ahead; a hop sampled now leaves them here.
         self.hot.excludes.remove(&key);
         if !excluded {
-            if let Some(ex) = self.engine.excluded(batch.exclude)? {
-                block0 = self.engine.exclude_block(&block0, &src0, &ex)?;
+            if let Some(ex) = self.engine.excluded(&dev, batch.exclude)? {
+                block0 = DeviceEngine::<B>::exclude_block(&dev, &block0, &src0, &ex)?;
             }
         }
         let x = self.engine.gather_counted(&src0, ns0)?;
