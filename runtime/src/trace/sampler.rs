@@ -103,9 +103,14 @@ impl std::fmt::Debug for CounterSampler {
     }
 }
 
+/// Reads one `/proc` file (the real file system in a run, scripted contents in
+/// the tests, so that they do not depend on how the machine accounts time).
+type ProcReader = Box<dyn FnMut(&str) -> Result<String, String> + Send>;
+
 /// What the sampler reads, and the previous CPU-time reading.
 struct Sources {
     proc: bool,
+    read: ProcReader,
     nvml: Option<Nvml>,
     prev: Option<(CpuTimes, Option<u64>)>,
 }
@@ -117,6 +122,11 @@ fn read(path: &str) -> Result<String, String> {
 impl Sources {
     /// Probes the sources, noting on `tracer` each that is left out and why.
     fn probe(tracer: &Tracer, opts: &SamplerOptions) -> Self {
+        Self::probe_with(tracer, opts, Box::new(read))
+    }
+
+    /// [`Sources::probe`] reading `/proc` through `read`.
+    fn probe_with(tracer: &Tracer, opts: &SamplerOptions, mut read: ProcReader) -> Self {
         let proc = match read("/proc/stat")
             .and_then(|t| parse_proc_stat(&t).map_err(|e| format!("/proc/stat: {e}")))
         {
@@ -139,6 +149,7 @@ impl Sources {
         };
         Self {
             proc,
+            read,
             nvml,
             prev: None,
         }
@@ -147,6 +158,7 @@ impl Sources {
     /// Takes one sample of everything into `tracer`.
     fn tick(&mut self, tracer: &Tracer) {
         if self.proc {
+            let read = &mut self.read;
             let machine = read("/proc/stat").and_then(|t| parse_proc_stat(&t)).ok();
             let me = read("/proc/self/stat")
                 .and_then(|t| parse_self_stat(&t))
@@ -160,7 +172,7 @@ impl Sources {
                 }
             }
             self.prev = machine.map(|m| (m, me));
-            if let Ok(rss) = read("/proc/self/status").and_then(|t| parse_vm_rss(&t)) {
+            if let Ok(rss) = (self.read)("/proc/self/status").and_then(|t| parse_vm_rss(&t)) {
                 tracer.counter(PROCESS_RSS_MIB, rss as f64 / MIB);
             }
         }
@@ -267,29 +279,37 @@ mod tests {
         assert_eq!(parse_acc_counter(CPU_UTIL), None);
     }
 
-    /// This process's CPU time in ticks, if `/proc` has it.
-    fn cpu_ticks() -> Option<u64> {
-        read("/proc/self/stat")
-            .and_then(|t| parse_self_stat(&t))
-            .ok()
-    }
-
-    /// Keeps this thread busy until the process has used `ticks` more clock
-    /// ticks of CPU time: an amount of work, however long the machine takes.
-    fn burn_ticks(ticks: u64) {
-        let Some(start) = cpu_ticks() else { return };
-        let mut x = 0u64;
-        while cpu_ticks().is_some_and(|now| now < start + ticks) {
-            for _ in 0..100_000 {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+    /// A scripted `/proc`: reading `i` of `/proc/stat` and `/proc/self/stat`
+    /// is `readings[i]` (machine user, system, idle ticks; this process's
+    /// ticks, or `None` where its file cannot be read). `/proc/self/status`
+    /// says 2 MiB resident. The probe takes one `/proc/stat` reading first.
+    fn scripted(readings: Vec<(u64, u64, u64, Option<u64>)>) -> ProcReader {
+        let mut stat = 0usize;
+        let mut me = 0usize;
+        Box::new(move |path: &str| match path {
+            "/proc/stat" => {
+                // The probe's reading repeats the first one.
+                let (u, s, i, _) = readings[stat.saturating_sub(1).min(readings.len() - 1)];
+                stat += 1;
+                Ok(format!("cpu  {u} 0 {s} {i} 0 0 0 0 0 0\ncpu0 1 2 3 4\n"))
             }
-        }
-        std::hint::black_box(x);
+            "/proc/self/stat" => {
+                let ticks = readings[me.min(readings.len() - 1)].3;
+                me += 1;
+                let t = ticks.ok_or("/proc/self/stat: gone")?;
+                Ok(format!("7 (a (b) c) S 1 1 1 0 -1 0 0 0 0 0 {t} 0 0 0"))
+            }
+            "/proc/self/status" => Ok("Name:\tx\nVmRSS:\t    2048 kB\n".into()),
+            other => Err(format!("{other}: not scripted")),
+        })
     }
 
-    /// Three samples around two stretches of this thread's work: CPU
-    /// utilization (from the second sample on), this process's share, memory
-    /// and the gauge, each in range. Driven tick by tick, not by the interval.
+    /// Four samples over a scripted `/proc`: a utilization and a process share
+    /// per pair of readings, computed from the differences; a pair whose
+    /// machine total went backwards (as idle and iowait accounting can on a
+    /// virtual machine) records no utilization rather than a wrong one; a
+    /// process reading that fails leaves only its share out. Memory and the
+    /// gauge are recorded at every sample.
     #[test]
     fn samples_cpu_memory_and_gauges() {
         let t = Tracer::new();
@@ -299,26 +319,89 @@ mod tests {
             interval: Duration::from_secs(3600),
             accelerator: false,
         };
-        let mut sources = Sources::probe(&t, &opts);
-        sources.tick(&t);
-        burn_ticks(2);
-        sources.tick(&t);
-        burn_ticks(2);
-        sources.tick(&t);
+        let mut sources = Sources::probe_with(
+            &t,
+            &opts,
+            scripted(vec![
+                (100, 100, 800, Some(10)),
+                // +200 ticks, 150 busy; this process +50.
+                (200, 150, 850, Some(60)),
+                // +100 ticks, 50 busy; the process's file cannot be read.
+                (230, 170, 900, None),
+                // The total goes back by 10 ticks.
+                (230, 170, 890, Some(80)),
+            ]),
+        );
+        for _ in 0..4 {
+            sources.tick(&t);
+        }
         let tr = t.collect();
         tr.validate().unwrap();
-        assert_eq!(tr.counter_series(CACHE_HIT_RATE).count(), 3);
+        assert!(t.notes().is_empty(), "{:?}", t.notes());
+        assert_eq!(tr.counter_series(CACHE_HIT_RATE).count(), 4);
         assert!(tr.counter_series(CACHE_HIT_RATE).all(|c| c.value == 0.75));
-        if std::path::Path::new("/proc/stat").exists() {
-            let util: Vec<f64> = tr.counter_series(CPU_UTIL).map(|c| c.value).collect();
-            assert_eq!(util.len(), 2, "a utilization per pair of samples");
-            assert!(util.iter().all(|u| (0.0..=100.0).contains(u)), "{util:?}");
-            assert!(util.iter().all(|&u| u > 0.0), "{util:?}");
-            let me: Vec<f64> = tr.counter_series(PROCESS_CPU).map(|c| c.value).collect();
-            assert!(me.iter().all(|&u| u > 0.0), "{me:?}");
-            assert_eq!(tr.counter_series(PROCESS_RSS_MIB).count(), 3);
-            assert!(tr.counter_series(PROCESS_RSS_MIB).all(|c| c.value > 1.0));
+        let util: Vec<f64> = tr.counter_series(CPU_UTIL).map(|c| c.value).collect();
+        assert_eq!(util, vec![75.0, 50.0]);
+        let me: Vec<f64> = tr.counter_series(PROCESS_CPU).map(|c| c.value).collect();
+        assert_eq!(me, vec![25.0]);
+        let rss: Vec<f64> = tr
+            .counter_series(PROCESS_RSS_MIB)
+            .map(|c| c.value)
+            .collect();
+        assert_eq!(rss, vec![2.0; 4]);
+    }
+
+    /// A `/proc/stat` that does not parse leaves the CPU and memory counters
+    /// out with one note naming the file; the gauges are still sampled.
+    #[test]
+    fn an_unreadable_proc_is_noted_once_and_left_out() {
+        let t = Tracer::new();
+        t.gauge(STALENESS_GAP).set(2.0);
+        let opts = SamplerOptions {
+            interval: Duration::from_secs(3600),
+            accelerator: false,
+        };
+        let read: ProcReader = Box::new(|path: &str| Ok(format!("{path} has no cpu line\n")));
+        let mut sources = Sources::probe_with(&t, &opts, read);
+        sources.tick(&t);
+        sources.tick(&t);
+        let notes = t.notes();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("/proc/stat"), "{notes:?}");
+        let tr = t.collect();
+        assert_eq!(tr.counter_series(CPU_UTIL).count(), 0);
+        assert_eq!(tr.counter_series(PROCESS_RSS_MIB).count(), 0);
+        assert_eq!(tr.counter_series(STALENESS_GAP).count(), 2);
+    }
+
+    /// On this machine's real `/proc` (where there is one): the readings parse,
+    /// memory is recorded at each sample and any utilization is in range. How
+    /// many utilizations there are depends on how the kernel accounts time
+    /// between two readings, so it is only bounded.
+    #[test]
+    fn the_real_proc_gives_counters_in_range() {
+        if !std::path::Path::new("/proc/stat").exists() {
+            eprintln!("skipping: no /proc/stat here");
+            return;
         }
+        let t = Tracer::new();
+        let opts = SamplerOptions {
+            interval: Duration::from_secs(3600),
+            accelerator: false,
+        };
+        let mut sources = Sources::probe(&t, &opts);
+        sources.tick(&t);
+        sources.tick(&t);
+        let tr = t.collect();
+        assert!(t.notes().is_empty(), "{:?}", t.notes());
+        let util: Vec<f64> = tr.counter_series(CPU_UTIL).map(|c| c.value).collect();
+        assert!(util.len() <= 1, "{util:?}");
+        assert!(util.iter().all(|u| (0.0..=100.0).contains(u)), "{util:?}");
+        assert!(tr
+            .counter_series(PROCESS_CPU)
+            .all(|c| (0.0..=100.0).contains(&c.value)));
+        assert_eq!(tr.counter_series(PROCESS_RSS_MIB).count(), 2);
+        assert!(tr.counter_series(PROCESS_RSS_MIB).all(|c| c.value > 1.0));
     }
 
     /// The thread samples once at the start and once at the stop; stopping
