@@ -41,14 +41,20 @@
 //!    batches overwrite them instead of allocating ([`RowBuffers`]).
 //!
 //! # Devices
-//! The host path is the one built: sampling with `cpu_ops`' sampler and
-//! gathering from the dataset's feature rows in host memory. A `device` of
-//! `Cuda` is checked (compiled in, present, the feature-cache budget within its
-//! free memory) and then refused: the device loader (device sampler, device
-//! feature cache, batches handed over as device buffers) is not built yet.
-//! `Auto` takes the host path and says so in [`NeighborLoader::note`].
+//! [`NeighborLoader`] samples with `cpu_ops`' sampler and gathers from the
+//! dataset's feature rows in host memory; its batches are host arrays.
+//! [`DeviceLoader`] (`device.rs`) builds the same batches on a backend (the
+//! device sampler, the device feature cache) and leaves them in device
+//! buffers, for a Rust consumer on that device. The Python package has no
+//! hand-over of device buffers yet (DLPack with a stream contract), so
+//! [`NeighborLoader`] checks a `device` of `Cuda` (compiled in, present, the
+//! feature-cache budget within its free memory) and then refuses it; `Auto`
+//! takes the host path and says so in [`NeighborLoader::note`].
 
 mod batch;
+mod device;
+#[cfg(test)]
+mod device_tests;
 mod pool;
 #[cfg(test)]
 mod tests;
@@ -60,6 +66,7 @@ use std::sync::Arc;
 pub use gpu_ops::FeatureDtype;
 
 pub use batch::{Batch, Features, Hop};
+pub use device::{plan_memory, DeviceHop, DeviceLoader, DeviceMemoryPlan, DeviceMiniBatch};
 pub use pool::RowBuffers;
 pub use worker::Epoch;
 
@@ -70,12 +77,13 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LoaderDevice {
     /// A usable GPU's device loader when one is built and present, else the
-    /// host (the device loader is not built yet: always the host for now).
+    /// host ([`NeighborLoader`]'s batches are host arrays: always the host).
     #[default]
     Auto,
     /// The host: `cpu_ops`' sampler and gather, batches in host memory.
     Host,
-    /// CUDA device `ordinal` (checked, then refused: not built yet).
+    /// CUDA device `ordinal` (checked, then refused by [`NeighborLoader`]:
+    /// device batches come from [`DeviceLoader`]).
     Cuda(usize),
 }
 
@@ -177,22 +185,7 @@ impl NeighborLoader {
     /// argument, or [`Error::CudaNotCompiled`] / [`Error::Device`] for the
     /// device) come before any work.
     pub fn new(ds: Arc<Dataset>, opts: LoaderOptions) -> Result<Self> {
-        check_fanouts(&opts.fanouts)?;
-        if opts.batch_size == 0 {
-            return Err(Error::invalid_argument("batch_size", "must be at least 1"));
-        }
-        if opts.prefetch == 0 {
-            return Err(Error::invalid_argument(
-                "prefetch",
-                "must be at least 1 (batches built ahead of the one in use)",
-            ));
-        }
-        let name = opts.seeds_given();
-        let seeds: Vec<u32> = match opts.seeds {
-            Some(s) => s,
-            None => ds.train_ids(),
-        };
-        check_seeds(&seeds, ds.num_vertices(), name)?;
+        let Checked { seeds } = checked(&ds, &opts)?;
         let note = resolve_device(opts.device, opts.feature_cache_bytes, &ds)?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(opts.threads)
@@ -314,6 +307,33 @@ impl LoaderOptions {
     }
 }
 
+/// What [`checked`] resolved.
+pub(crate) struct Checked {
+    /// The seeds (given, or the training vertices).
+    pub seeds: Vec<u32>,
+}
+
+/// The checks both loaders make before any work: fanouts, batch size,
+/// prefetch and seeds.
+pub(crate) fn checked(ds: &Dataset, opts: &LoaderOptions) -> Result<Checked> {
+    check_fanouts(&opts.fanouts)?;
+    if opts.batch_size == 0 {
+        return Err(Error::invalid_argument("batch_size", "must be at least 1"));
+    }
+    if opts.prefetch == 0 {
+        return Err(Error::invalid_argument(
+            "prefetch",
+            "must be at least 1 (batches built ahead of the one in use)",
+        ));
+    }
+    let seeds: Vec<u32> = match &opts.seeds {
+        Some(s) => s.clone(),
+        None => ds.train_ids(),
+    };
+    check_seeds(&seeds, ds.num_vertices(), opts.seeds_given())?;
+    Ok(Checked { seeds })
+}
+
 /// Fanouts: at least one hop, none 0.
 fn check_fanouts(fanouts: &[u32]) -> Result<()> {
     if fanouts.is_empty() {
@@ -369,7 +389,7 @@ fn resolve_device(device: LoaderDevice, cache: Option<u64>, ds: &Dataset) -> Res
     match device {
         LoaderDevice::Host => Ok(format!("device: host (asked){host_cache}")),
         LoaderDevice::Auto => Ok(format!(
-            "device: host (device = \"auto\": the device loader is not built yet){host_cache}"
+            "device: host (device = \"auto\": device batches have no hand-over to Python yet){host_cache}"
         )),
         LoaderDevice::Cuda(ordinal) => {
             let free = cuda_free_bytes(ordinal)?;
@@ -388,8 +408,9 @@ fn resolve_device(device: LoaderDevice, cache: Option<u64>, ds: &Dataset) -> Res
             Err(Error::invalid_argument(
                 "device",
                 format!(
-                    "cuda:{ordinal} is there, but the device loader (device sampler, device \
-                     feature cache, DLPack hand-over) is not built yet; use device=\"host\""
+                    "cuda:{ordinal} is there, but this loader's batches are host arrays: \
+                     device batches come from DeviceLoader, whose hand-over to Python \
+                     (DLPack) is not built yet; use device=\"host\""
                 ),
             ))
         }

@@ -1,6 +1,7 @@
 //! The loader's worker: one thread per epoch that builds the batches in order
 //! and queues them, and the [`Epoch`] that receives them and stops the worker
-//! when dropped (module doc of `loader`, steps 2–4).
+//! when dropped (module doc of `loader`, steps 2–4). The host and the device
+//! loaders both run their batches through [`spawn`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use super::{Counters, FeatureDtype};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 
-/// One epoch's work.
+/// One epoch's work on the host.
 pub(crate) struct Job {
     pub ds: Arc<Dataset>,
     pub fanouts: Arc<[u32]>,
@@ -33,16 +34,17 @@ pub(crate) struct Job {
     pub buffers: Arc<RowBuffers>,
 }
 
-/// The batches of one epoch, in order, built ahead by a worker thread. Dropping
-/// it stops and joins the worker.
-pub struct Epoch {
-    rx: Option<Receiver<Result<Batch>>>,
+/// The batches of one epoch, in order, built ahead by a worker thread (host
+/// [`Batch`]es, or a device loader's batches). Dropping it stops and joins the
+/// worker.
+pub struct Epoch<T = Batch> {
+    rx: Option<Receiver<Result<T>>>,
     stop: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
     remaining: usize,
 }
 
-impl std::fmt::Debug for Epoch {
+impl<T> std::fmt::Debug for Epoch<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Epoch")
             .field("remaining", &self.remaining)
@@ -66,19 +68,53 @@ impl Drop for Running {
     }
 }
 
+/// Builds batch `k` of an epoch; `stop` is asked between steps (`Ok(None)`:
+/// stopped).
+pub(crate) type MakeBatch<T> =
+    Box<dyn FnMut(usize, &(dyn Fn() -> bool + Sync)) -> Result<Option<T>> + Send + 'static>;
+
 /// Starts the worker of `job` (step 2).
 pub(crate) fn start(job: Job) -> Epoch {
     let batches = job.order.len().div_ceil(job.batch_size);
+    let (prefetch, counters) = (job.prefetch, Arc::clone(&job.counters));
+    let mut scratch = SamplerScratch::new(job.ds.num_vertices());
+    let make: MakeBatch<Batch> = Box::new(move |k, stopped| {
+        let from = k * job.batch_size;
+        let seeds = &job.order[from..(from + job.batch_size).min(job.order.len())];
+        let spec = BatchSpec {
+            ds: &job.ds,
+            fanouts: &job.fanouts,
+            seeds,
+            index: k,
+            seed: derive_seed(job.base, k as u64),
+            feature_dtype: job.feature_dtype,
+            edge_index: job.edge_index,
+            buffers: &job.buffers,
+        };
+        job.pool.install(|| build(&spec, &mut scratch, stopped))
+    });
+    spawn(batches, prefetch, &counters, make)
+}
+
+/// Starts a worker that builds `batches` batches with `make`, in order, at
+/// most `prefetch` ahead of the consumer (steps 2–4 of the module doc).
+pub(crate) fn spawn<T: Send + 'static>(
+    batches: usize,
+    prefetch: usize,
+    counters: &Arc<Counters>,
+    make: MakeBatch<T>,
+) -> Epoch<T> {
     // Step 3: `prefetch - 1` queued plus one in the worker's hands.
-    let (tx, rx) = crossbeam_channel::bounded(job.prefetch - 1);
+    let (tx, rx) = crossbeam_channel::bounded(prefetch - 1);
     let stop = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop);
     // Counted now, uncounted when the worker ends (or, if it cannot start,
     // when the closure that owns the guard is dropped).
-    let running = Running::new(&job.counters);
+    let running = Running::new(counters);
+    let counters = Arc::clone(counters);
     let worker = std::thread::Builder::new()
         .name("tandem-loader".into())
-        .spawn(move || run(job, tx, flag, running));
+        .spawn(move || run(batches, make, &counters, tx, flag, running));
     match worker {
         Ok(handle) => Epoch {
             rx: Some(rx),
@@ -107,31 +143,27 @@ pub(crate) fn start(job: Job) -> Epoch {
 /// The worker's loop: build batch `k`, count it, send it; end at the last
 /// batch, on the stop flag, when the receiver is gone, or after an error
 /// (sent as the last item).
-fn run(job: Job, tx: Sender<Result<Batch>>, stop: Arc<AtomicBool>, _running: Running) {
+fn run<T>(
+    batches: usize,
+    mut make: MakeBatch<T>,
+    counters: &Counters,
+    tx: Sender<Result<T>>,
+    stop: Arc<AtomicBool>,
+    _running: Running,
+) {
     let stopped = || stop.load(Ordering::Acquire);
-    let mut scratch = SamplerScratch::new(job.ds.num_vertices());
-    for (k, seeds) in job.order.chunks(job.batch_size).enumerate() {
+    for k in 0..batches {
         if stopped() {
             return;
         }
-        let spec = BatchSpec {
-            ds: &job.ds,
-            fanouts: &job.fanouts,
-            seeds,
-            index: k,
-            seed: derive_seed(job.base, k as u64),
-            feature_dtype: job.feature_dtype,
-            edge_index: job.edge_index,
-            buffers: &job.buffers,
-        };
-        let item = match job.pool.install(|| build(&spec, &mut scratch, &stopped)) {
+        let item = match make(k, &stopped) {
             Ok(Some(batch)) => Ok(batch),
             Ok(None) => return,
             Err(e) => Err(e),
         };
         let failed = item.is_err();
         if !failed {
-            job.counters.built.fetch_add(1, Ordering::AcqRel);
+            counters.built.fetch_add(1, Ordering::AcqRel);
         }
         if tx.send(item).is_err() || failed {
             return;
@@ -139,14 +171,14 @@ fn run(job: Job, tx: Sender<Result<Batch>>, stop: Arc<AtomicBool>, _running: Run
     }
 }
 
-impl Epoch {
+impl<T> Epoch<T> {
     /// Batches not yet taken.
     pub fn remaining(&self) -> usize {
         self.remaining
     }
 
     /// The next batch, waiting for the worker; `None` after the last one.
-    pub fn next_batch(&mut self) -> Option<Result<Batch>> {
+    pub fn next_batch(&mut self) -> Option<Result<T>> {
         if self.remaining == 0 {
             return None;
         }
@@ -163,10 +195,10 @@ impl Epoch {
     }
 }
 
-impl Iterator for Epoch {
-    type Item = Result<Batch>;
+impl<T> Iterator for Epoch<T> {
+    type Item = Result<T>;
 
-    fn next(&mut self) -> Option<Result<Batch>> {
+    fn next(&mut self) -> Option<Result<T>> {
         self.next_batch()
     }
 
@@ -175,7 +207,7 @@ impl Iterator for Epoch {
     }
 }
 
-impl Drop for Epoch {
+impl<T> Drop for Epoch<T> {
     /// Step 4: raise the flag, drop the receiver (a blocked send fails), join.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
