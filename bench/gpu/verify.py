@@ -342,6 +342,20 @@ def backend(out, prefix, log):
         emit(out, f"{prefix}.syncs_per_sampled_batch", int(m.group(1)), f"{m.group(2)} layers; {m.group(3)} per gather")
 
 
+def loader(out, prefix, log):
+    """`tandem bench loader`: both loaders' batches/s, their ratio and the hit rate
+    (from its `json:` line)."""
+    m = re.search(r"^json: (\{.*\})$", read_text(log), re.M)
+    if not m:
+        emit(out, f"{prefix}.ratio", "failed", "no json line in the output")
+        return
+    r = json.loads(m.group(1))
+    emit(out, f"{prefix}.device_batches_per_s", r["device_batches_per_s"], r["note"][:150])
+    emit(out, f"{prefix}.host_batches_per_s", r["host_batches_per_s"], f"{r['threads']} workers")
+    emit(out, f"{prefix}.ratio", r["ratio"], "device loader over host loader, same seeds")
+    emit(out, f"{prefix}.hit_rate", r["hit_rate"], "device feature cache, timed epoch")
+
+
 def hot(out, prefix, log):
     """`tandem bench hot`: the fused kernel's µs per row per worker and rows/s over
     all workers (the bf16-row kernel when it was timed)."""
@@ -532,7 +546,7 @@ def table(preds_path, out_md, header_path, *measured_paths):
 
 COMMANDS = {
     "train": train, "peer": peer, "peer-link": peer_link, "tests": tests, "syncs": syncs, "layer-trace": layer_trace,
-    "ncu": ncu, "regimes": regimes, "scale": scale, "backend": backend, "hot": hot,
+    "ncu": ncu, "regimes": regimes, "scale": scale, "backend": backend, "hot": hot, "loader": loader,
     "ratio": ratio, "best": best, "delta": delta, "note": note, "table": table,
 }
 

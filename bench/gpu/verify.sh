@@ -27,6 +27,8 @@
 #   11 half the papers100M size, trained from a store on the local disk
 #   12 link prediction on the products-scale R-MAT with an edge split: one epoch of
 #      Tandem's link task against the PyTorch + PyG link program
+#   13 the loader for a model of the user's own: the device loader (sampling and
+#      gather on the GPU, through its feature cache) against the host loader, same seeds
 #   table DIR...   the markdown table of the measured files under DIRs (several parts)
 #
 # Environment:
@@ -48,10 +50,10 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 part="${1:-}"
 case "$part" in
-[1-9] | 1[012] | table) ;;
+[1-9] | 1[0-3] | table) ;;
 *)
     sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//' >&2
-    echo "usage: bash bench/gpu/verify.sh 1..12 | table DIR..." >&2
+    echo "usage: bash bench/gpu/verify.sh 1..13 | table DIR..." >&2
     exit 2
     ;;
 esac
@@ -110,11 +112,11 @@ tandem=$(cd "$(dirname "$tandem")" && pwd)/$(basename "$tandem")
 dry=0
 [ "$DEVICE" = cuda ] && [ "$SCALE" = full ] || dry=1
 if [ "$SCALE" = full ]; then
-    V=2400000 E=62000000 WORKERS=12 SLOW=1 LINKB=300
+    V=2400000 E=62000000 WORKERS=12 SLOW=1 LINKB=300 LOADB=200
     CACHE250=250000000 # 5% of the 512-column fp32 rows (10% of the bf16 rows)
     PAPERS=() HALF=(--half)
 else
-    V=40000 E=400000 WORKERS=1 SLOW=4 LINKB=20
+    V=40000 E=400000 WORKERS=1 SLOW=4 LINKB=20 LOADB=20
     CACHE250=$((V * 512 * 4 / 20))
     PAPERS=(--vertices 200000 --edges 2000000 --classes 16 --split 0.1,0.02,0.02)
     HALF=(--vertices 100000 --edges 1000000 --classes 16 --split 0.1,0.02,0.02)
@@ -479,6 +481,23 @@ part12() {
         "${link[@]}"
     py train "$meas" p12.default "$logs/p12.default.log" >/dev/null
     py ratio "$meas" p12.default.vs_peer p12.peer.epoch_s p12.default.epoch_s >/dev/null
+}
+
+part13() {
+    # `tandem bench loader`: batches/s of the device loader (DeviceLoader: each hop
+    # sampled on the GPU, rows gathered through its feature cache, every batch's
+    # event waited for) against the host loader (tandem.NeighborLoader's data path,
+    # all cores) on the same seeds; fanouts [15,10,5], batch 1024. Once with the
+    # loader's default cache (the whole matrix fits an H100/H200), once with none.
+    local p="$WORK/products.tds" c
+    generate "$p" 100
+    for c in default 0; do
+        local id=p13.loader cache=()
+        [ "$c" = default ] || { id=p13.loader_nocache; cache=(--cache-bytes 0); }
+        step "$id" 240 "$tandem" bench loader --device "$DEVICE" --dataset "$p" \
+            --fanouts 15,10,5 --batch-size 1024 --batches "$LOADB" "${cache[@]}"
+        py loader "$meas" "$id" "$logs/$id.log" >/dev/null
+    done
 }
 
 "part$part"

@@ -210,8 +210,8 @@ def test_bad_arguments_name_the_argument(data, kwargs, name, text):
 
 def test_a_cuda_device_that_is_not_there(data):
     # No GPU here (or no CUDA in the build): a DeviceError naming the device.
-    # On a GPU machine the device is there and the device loader is refused
-    # as not built yet (an ArgumentError naming `device`).
+    # On a GPU machine the device is there and refused: device batches have
+    # no hand-over to Python yet (an ArgumentError naming `device`).
     with pytest.raises((tandem.DeviceError, tandem.ArgumentError)) as e:
         tandem.NeighborLoader(data[0], [3], 8, device="cuda:0", feature_cache_bytes=1)
     assert "cuda:0" in str(e.value)

@@ -250,6 +250,47 @@ fn edge_list_import_and_small_benches() {
     assert!(out.contains("GFLOP/s"), "{out}");
     let e = err(&["bench", "gemm", "--shapes", "1,2"]);
     assert!(e.contains("--shapes"), "{e}");
+    // Both loaders on the same seeds: the same batches, so the same sizes.
+    let out = ok(&[
+        "bench",
+        "loader",
+        "--dataset",
+        s(&ds),
+        "--fanouts",
+        "4,3",
+        "--batch-size",
+        "32",
+        "--batches",
+        "4",
+        "--cache-bytes",
+        "1000",
+        "--dtype",
+        "bf16",
+    ]);
+    let json: serde_json::Value = serde_json::from_str(
+        out.lines()
+            .find_map(|l| l.strip_prefix("json: "))
+            .unwrap_or_else(|| panic!("no json line: {out}")),
+    )
+    .expect("json");
+    assert_eq!(json["host"]["batches"], 4, "{json}");
+    assert_eq!(json["device_run"]["batches"], 4, "{json}");
+    assert_eq!(json["host"]["mean_edges"], json["device_run"]["mean_edges"]);
+    assert_eq!(json["host"]["mean_nodes"], json["device_run"]["mean_nodes"]);
+    assert!(json["ratio"].as_f64().is_some_and(|r| r > 0.0), "{json}");
+    for (key, bad) in [("--device", "tpu"), ("--dtype", "f16")] {
+        let e = err(&[
+            "bench",
+            "loader",
+            "--vertices",
+            "100",
+            "--edges",
+            "300",
+            key,
+            bad,
+        ]);
+        assert!(e.contains(key) && e.contains(bad), "{e}");
+    }
     // One rank needs no MPI: the full-graph evaluation rows report its time.
     let small = [
         "--set",

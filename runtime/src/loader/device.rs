@@ -241,7 +241,7 @@ impl<B: Backend> DeviceLoader<B> {
             100.0 * plan.cache_bytes as f64 / plan.feature_bytes as f64
         };
         let note = format!(
-            "device: {} (topology {} MiB {}, feature cache {} MiB = {share:.0}% of the rows in {:?})",
+            "device: {} (topology {} MiB {}, feature cache {} MiB = {share:.0}% of the rows in {})",
             dev.describe(),
             plan.topology_bytes >> 20,
             match plan.topology {
@@ -249,7 +249,10 @@ impl<B: Backend> DeviceLoader<B> {
                 TopologyPlacement::PinnedHost => "in pinned host memory",
             },
             plan.cache_bytes >> 20,
-            opts.feature_dtype,
+            match opts.feature_dtype {
+                FeatureDtype::F32 => "f32",
+                FeatureDtype::Bf16 => "bf16",
+            },
         );
         Ok(Self {
             on: Arc::new(OnDevice {
@@ -320,6 +323,11 @@ impl<B: Backend> DeviceLoader<B> {
     /// synchronization).
     pub fn cache_stats(&self) -> gpu_ops::CacheStats {
         self.on.dev.cache_stats(&self.on.features)
+    }
+
+    /// Zeroes the feature-cache hit and miss counts.
+    pub fn reset_cache_stats(&self) {
+        self.on.dev.reset_cache_stats(&self.on.features);
     }
 
     /// Batches per epoch.

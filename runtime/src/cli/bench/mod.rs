@@ -14,6 +14,8 @@
 //!   peak;
 //! - [`backend::bench_backend`]: sampling, cached/uncached gather and GEMM on an
 //!   accelerator backend, next to a device-to-device copy;
+//! - [`loader::bench_loader`]: the device loader's batches per second against
+//!   the host loader's (`tandem.NeighborLoader`'s) on the same seeds;
 //! - [`hot::bench_hot`]: hot vertices' layer-0 rows, the generic sample + gather +
 //!   layer path against the fused [`cpu_ops::SageHotKernel`], per worker;
 //! - [`trace::bench_trace`]: what recording a trace slice costs, tracer off and on;
@@ -35,6 +37,7 @@ mod dist;
 mod gather;
 mod gemm;
 mod hot;
+mod loader;
 mod orchestration;
 mod regimes;
 mod sample;
@@ -94,6 +97,10 @@ pub(super) enum BenchCmd {
     /// GB/s (device cache hits and host reads) next to a device-to-device copy,
     /// GEMM GFLOP/s.
     Backend(BackendArgs),
+    /// The mini-batch loader for a model of the user's own (`--device host |
+    /// cuda`): the device loader's batches per second (sample + gather on the
+    /// backend) against the host loader's on the same seeds, and the ratio.
+    Loader(LoaderArgs),
     /// Hot vertices' SAGE layer-0 rows on the CPU: the generic sample + gather +
     /// layer path against the fused kernel (µs/row, GB/s, GFLOP/s, speed-up).
     Hot(HotArgs),
@@ -442,8 +449,20 @@ fn run_orchestration(a: &OrchestrationArgs) -> Result<()> {
     Ok(())
 }
 
+/// Prints a benchmark graph's size and how long it took to make (from `t`).
+fn print_graph(ds: &crate::data::Dataset, t: Instant) {
+    println!(
+        "graph: {} vertices, {} stored edges, {} features/vertex (ready in {:.1} s)",
+        ds.num_vertices(),
+        ds.graph.num_edges(),
+        ds.features.dim(),
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// The backend and the graph of `bench backend` and `bench loader`.
 #[derive(Debug, Args)]
-pub(super) struct BackendArgs {
+pub(super) struct DeviceGraphArgs {
     /// `host` or `cuda`.
     #[arg(long, default_value = "host")]
     device: String,
@@ -462,6 +481,57 @@ pub(super) struct BackendArgs {
     /// Feature columns (f32) of the generated graph.
     #[arg(long, default_value_t = 128)]
     dim: usize,
+}
+
+impl DeviceGraphArgs {
+    /// The dataset (opened, or an R-MAT graph generated with `classes` classes
+    /// and `seed`), after printing its size.
+    fn dataset(&self, classes: u32, seed: u64) -> Result<crate::data::Dataset> {
+        let t = Instant::now();
+        let ds = match &self.dataset {
+            Some(p) => open_dataset(p, Verify::Default)?,
+            None => generate_rmat(&RmatOptions {
+                num_vertices: self.vertices,
+                num_edges: self.edges,
+                num_classes: classes,
+                feature_dim: self.dim,
+                split: SplitSpec::default(),
+                seed,
+                ..RmatOptions::default()
+            })?,
+        };
+        print_graph(&ds, t);
+        Ok(ds)
+    }
+
+    /// Runs `host` with the host backend or `cuda` with CUDA device
+    /// `--ordinal`, as `--device` says.
+    fn run<R>(
+        &self,
+        host: impl FnOnce(gpu_ops::HostBackend) -> Result<R>,
+        cuda: impl FnOnce(gpu_ops::CudaBackend) -> Result<R>,
+    ) -> Result<R> {
+        match self.device.as_str() {
+            "host" => host(gpu_ops::HostBackend::new()),
+            "cuda" if cfg!(not(feature = "cuda")) => Err(Error::CudaNotCompiled {
+                context: "--device cuda".into(),
+            }),
+            "cuda" => cuda(
+                gpu_ops::CudaBackend::new(self.ordinal)
+                    .map_err(|source| Error::device("--device cuda", source))?,
+            ),
+            other => Err(Error::invalid_argument(
+                "--device",
+                format!("expected \"host\" or \"cuda\", got \"{other}\""),
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub(super) struct BackendArgs {
+    #[command(flatten)]
+    on: DeviceGraphArgs,
     /// Fanout per layer, input layer first (DGL order).
     #[arg(long, default_value = "25,10,5", value_parser = parse_fanouts)]
     fanouts: Fanouts,
@@ -483,6 +553,32 @@ pub(super) struct BackendArgs {
     /// Seed of the generated data and of the batches.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct LoaderArgs {
+    #[command(flatten)]
+    on: DeviceGraphArgs,
+    /// Fanout per layer, input layer first (DGL order).
+    #[arg(long, default_value = "15,10,5", value_parser = parse_fanouts)]
+    fanouts: Fanouts,
+    /// Seeds per batch.
+    #[arg(long, default_value_t = 1024)]
+    batch_size: usize,
+    /// Timed batches per loader.
+    #[arg(long, default_value_t = 50)]
+    batches: usize,
+    /// Device feature-cache bytes (default: the loader's own choice).
+    #[arg(long)]
+    cache_bytes: Option<u64>,
+    /// Feature row dtype: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Batches built ahead.
+    #[arg(long, default_value_t = 2)]
+    prefetch: usize,
+    #[command(flatten)]
+    pool: PoolArgs,
 }
 
 #[derive(Debug, Args)]
@@ -537,13 +633,7 @@ fn run_hot(a: &HotArgs) -> Result<()> {
         seed: a.seed,
         ..RmatOptions::default()
     })?;
-    println!(
-        "graph: {} vertices, {} stored edges, {} features/vertex (ready in {:.1} s)",
-        ds.num_vertices(),
-        ds.graph.num_edges(),
-        ds.features.dim(),
-        t.elapsed().as_secs_f64()
-    );
+    print_graph(&ds, t);
     let o = HotBenchOptions {
         hidden: a.hidden,
         fanout: a.fanout,
@@ -832,6 +922,7 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
             println!("threads: {}\n{report}", rayon::current_num_threads());
         }
         BenchCmd::Backend(a) => run_backend(&a)?,
+        BenchCmd::Loader(a) => run_loader(&a)?,
         BenchCmd::Hot(a) => run_hot(&a)?,
         BenchCmd::Trace(a) => print!("{}", trace::bench_trace(a.slices)?),
         BenchCmd::Orchestration(a) => run_orchestration(&a)?,
@@ -850,6 +941,32 @@ pub(super) fn run(cmd: BenchCmd) -> Result<()> {
     Ok(())
 }
 
+fn run_loader(a: &LoaderArgs) -> Result<()> {
+    let dtype = parse_row_dtype(&a.dtype).ok_or_else(|| {
+        Error::invalid_argument(
+            "--dtype",
+            format!("\"{}\": expected one of {}", a.dtype, row_dtype_names()),
+        )
+    })?;
+    let ds = std::sync::Arc::new(a.on.dataset(RmatOptions::default().num_classes, a.pool.seed)?);
+    let o = loader::LoaderBenchOptions {
+        fanouts: a.fanouts.0.clone(),
+        batch_size: a.batch_size,
+        batches: a.batches,
+        threads: a.pool.threads.unwrap_or(0),
+        cache_bytes: a.cache_bytes,
+        dtype,
+        prefetch: a.prefetch,
+        seed: a.pool.seed,
+    };
+    let report = a.on.run(
+        |d| loader::bench_loader(d, &ds, &o),
+        |d| loader::bench_loader(d, &ds, &o),
+    )?;
+    println!("{report}");
+    Ok(())
+}
+
 fn run_backend(a: &BackendArgs) -> Result<()> {
     let gemm = parse_shapes(&a.gemm)?;
     let [shape] = gemm.as_slice() else {
@@ -858,26 +975,7 @@ fn run_backend(a: &BackendArgs) -> Result<()> {
             "expected one shape m,k,n",
         ));
     };
-    let t = Instant::now();
-    let ds = match &a.dataset {
-        Some(p) => open_dataset(p, Verify::Default)?,
-        None => generate_rmat(&RmatOptions {
-            num_vertices: a.vertices,
-            num_edges: a.edges,
-            num_classes: 1,
-            feature_dim: a.dim,
-            split: SplitSpec::default(),
-            seed: a.seed,
-            ..RmatOptions::default()
-        })?,
-    };
-    println!(
-        "graph: {} vertices, {} stored edges, {} features/vertex (ready in {:.1} s)",
-        ds.num_vertices(),
-        ds.graph.num_edges(),
-        ds.features.dim(),
-        t.elapsed().as_secs_f64()
-    );
+    let ds = a.on.dataset(1, a.seed)?;
     let o = BackendBenchOptions {
         batch_size: a.batch_size,
         batches: a.batches,
@@ -887,27 +985,10 @@ fn run_backend(a: &BackendArgs) -> Result<()> {
         reps: a.reps,
         seed: a.seed,
     };
-    let report = match a.device.as_str() {
-        "host" => bench_backend(&gpu_ops::HostBackend::new(), &ds.graph, &ds.features, &o)?,
-        #[cfg(not(feature = "cuda"))]
-        "cuda" => {
-            return Err(Error::CudaNotCompiled {
-                context: "--device cuda".into(),
-            })
-        }
-        #[cfg(feature = "cuda")]
-        "cuda" => {
-            let dev = gpu_ops::CudaBackend::new(a.ordinal)
-                .map_err(|source| Error::device("--device cuda", source))?;
-            bench_backend(&dev, &ds.graph, &ds.features, &o)?
-        }
-        other => {
-            return Err(Error::invalid_argument(
-                "--device",
-                format!("expected \"host\" or \"cuda\", got \"{other}\""),
-            ))
-        }
-    };
+    let report = a.on.run(
+        |d| bench_backend(&d, &ds.graph, &ds.features, &o),
+        |d| bench_backend(&d, &ds.graph, &ds.features, &o),
+    )?;
     println!("{report}");
     Ok(())
 }
