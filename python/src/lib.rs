@@ -10,6 +10,7 @@
 mod arrays;
 mod config;
 mod dataset;
+mod device_batch;
 mod errors;
 mod loader;
 mod trainer;
@@ -27,6 +28,9 @@ fn _tandem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::LoaderIter>()?;
     m.add_class::<loader::LoaderBatch>()?;
     m.add_class::<loader::Hop>()?;
+    m.add_class::<device_batch::DeviceBatch>()?;
+    m.add_class::<device_batch::DeviceHop>()?;
+    m.add_class::<device_batch::DeviceArray>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CUDA_COMPILED", cfg!(feature = "cuda"))?;

@@ -10,11 +10,13 @@ use numpy::{IntoPyArray, PyArray2, PyArrayDescrMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use runtime::loader::{
-    Batch as RtBatch, Epoch, FeatureDtype, Features, LoaderDevice, LoaderOptions, RowBuffers,
+    Batch as RtBatch, CudaBackend, DeviceLoader, DeviceMiniBatch, Epoch, FeatureDtype, Features,
+    HostBackend, LoaderDevice, LoaderOptions, RowBuffers,
 };
 
 use crate::arrays::{array, ids, mask, Want};
 use crate::dataset::Dataset;
+use crate::device_batch::DeviceBatch;
 use crate::errors::{to_py, IntoPy};
 
 fn bad(name: &str, reason: impl Into<String>) -> PyErr {
@@ -40,26 +42,93 @@ fn fanout_list(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u32>> {
         .collect()
 }
 
-/// `"auto"`, `"host"` / `"cpu"`, `"cuda"` / `"cuda:N"` (or anything whose
-/// `str()` is one: a `torch.device`).
-fn device(obj: &Bound<'_, PyAny>) -> PyResult<LoaderDevice> {
+/// Where the loader's batches are built and live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Where {
+    /// The host loader: numpy batches (`"auto"`, `"host"`, `"cpu"`).
+    Host(LoaderDevice),
+    /// The device loader on CUDA device `n`: `DeviceBatch`es.
+    Cuda(usize),
+    /// The device loader on the host backend (`"host-backend"`): the device
+    /// path's `DeviceBatch`es in host memory, for a loop written for device
+    /// batches on a machine without a GPU.
+    HostBackend,
+}
+
+/// `"auto"`, `"host"` / `"cpu"`, `"cuda"` / `"cuda:N"`, `"host-backend"` (or
+/// anything whose `str()` is one: a `torch.device`).
+fn device(obj: &Bound<'_, PyAny>) -> PyResult<Where> {
     let s = obj.str()?.to_string();
     match s.as_str() {
-        "auto" => Ok(LoaderDevice::Auto),
-        "host" | "cpu" => Ok(LoaderDevice::Host),
-        "cuda" | "gpu" => Ok(LoaderDevice::Cuda(0)),
+        "auto" => Ok(Where::Host(LoaderDevice::Auto)),
+        "host" | "cpu" => Ok(Where::Host(LoaderDevice::Host)),
+        "cuda" | "gpu" => Ok(Where::Cuda(0)),
+        "host-backend" => Ok(Where::HostBackend),
         other => other
             .strip_prefix("cuda:")
             .and_then(|n| n.parse().ok())
-            .map(LoaderDevice::Cuda)
+            .map(Where::Cuda)
             .ok_or_else(|| {
                 bad(
                     "device",
                     format!(
-                        "{other:?}: expected \"auto\", \"host\", \"cpu\", \"cuda\" or \"cuda:N\""
+                        "{other:?}: expected \"auto\", \"host\", \"cpu\", \"cuda\", \"cuda:N\" \
+                         or \"host-backend\""
                     ),
                 )
             }),
+    }
+}
+
+/// The loader behind a `NeighborLoader`.
+enum Inner {
+    Host(runtime::loader::NeighborLoader),
+    HostBackend(DeviceLoader<HostBackend>),
+    Cuda(DeviceLoader<CudaBackend>),
+}
+
+/// `$e` with `$l` bound to whichever loader `$inner` holds.
+macro_rules! each {
+    ($inner:expr, $l:ident => $e:expr) => {
+        match $inner {
+            Inner::Host($l) => $e,
+            Inner::HostBackend($l) => $e,
+            Inner::Cuda($l) => $e,
+        }
+    };
+}
+
+/// One epoch of whichever loader.
+enum AnyEpoch {
+    Host(Epoch),
+    HostBackend(Epoch<DeviceMiniBatch<HostBackend>>, Arc<HostBackend>),
+    Cuda(Epoch<DeviceMiniBatch<CudaBackend>>, Arc<CudaBackend>),
+}
+
+/// A batch of whichever loader, before it becomes a Python object.
+enum AnyBatch {
+    Host(RtBatch),
+    HostBackend(DeviceMiniBatch<HostBackend>, Arc<HostBackend>),
+    Cuda(DeviceMiniBatch<CudaBackend>, Arc<CudaBackend>),
+}
+
+impl AnyEpoch {
+    fn next_batch(&mut self) -> Option<runtime::Result<AnyBatch>> {
+        Some(match self {
+            AnyEpoch::Host(e) => e.next_batch()?.map(AnyBatch::Host),
+            AnyEpoch::HostBackend(e, d) => e
+                .next_batch()?
+                .map(|b| AnyBatch::HostBackend(b, Arc::clone(d))),
+            AnyEpoch::Cuda(e, d) => e.next_batch()?.map(|b| AnyBatch::Cuda(b, Arc::clone(d))),
+        })
+    }
+
+    fn remaining(&self) -> usize {
+        match self {
+            AnyEpoch::Host(e) => e.remaining(),
+            AnyEpoch::HostBackend(e, _) => e.remaining(),
+            AnyEpoch::Cuda(e, _) => e.remaining(),
+        }
     }
 }
 
@@ -121,7 +190,7 @@ fn seed_ids(obj: &Bound<'_, PyAny>, n: usize) -> PyResult<Vec<u32>> {
 /// before any work starts.
 #[pyclass(module = "tandem", name = "NeighborLoader", frozen)]
 pub(crate) struct NeighborLoader {
-    inner: runtime::loader::NeighborLoader,
+    inner: Inner,
 }
 
 #[pymethods]
@@ -166,7 +235,7 @@ impl NeighborLoader {
         let seeds = seeds.map(|s| seed_ids(s, ds.num_vertices())).transpose()?;
         let device = match device {
             Some(d) => self::device(&d)?,
-            None => LoaderDevice::Auto,
+            None => Where::Host(LoaderDevice::Auto),
         };
         let feature_cache_bytes = match feature_cache_bytes {
             Some(c) => cache_bytes(c)?,
@@ -176,7 +245,11 @@ impl NeighborLoader {
         let opts = LoaderOptions {
             seeds,
             shuffle,
-            device,
+            device: match device {
+                Where::Host(d) => d,
+                Where::Cuda(n) => LoaderDevice::Cuda(n),
+                Where::HostBackend => LoaderDevice::Host,
+            },
             feature_cache_bytes,
             feature_dtype,
             prefetch,
@@ -185,32 +258,59 @@ impl NeighborLoader {
             edge_index: true,
             ..LoaderOptions::new(fanouts, batch_size)
         };
+        if !matches!(device, Where::Host(_)) && ds.num_vertices() > i32::MAX as usize {
+            return Err(bad(
+                "device",
+                format!(
+                    "the device loader hands ids out as int32; the graph has {} vertices",
+                    ds.num_vertices()
+                ),
+            ));
+        }
         let inner = py
-            .detach(move || runtime::loader::NeighborLoader::new(ds, opts))
+            .detach(move || match device {
+                Where::Host(_) => runtime::loader::NeighborLoader::new(ds, opts).map(Inner::Host),
+                Where::HostBackend => {
+                    DeviceLoader::new(HostBackend::new(), ds, opts).map(Inner::HostBackend)
+                }
+                Where::Cuda(n) => CudaBackend::new(n)
+                    .map_err(|source| {
+                        runtime::Error::device(format!("device = \"cuda:{n}\""), source)
+                    })
+                    .and_then(|dev| DeviceLoader::new(dev, ds, opts))
+                    .map(Inner::Cuda),
+            })
             .py_err()?;
         Ok(Self { inner })
     }
 
     /// The next epoch's batches (epochs count from 0).
     fn __iter__(&self) -> LoaderIter {
-        self.iter(self.inner.epoch())
+        self.iter(match &self.inner {
+            Inner::Host(l) => AnyEpoch::Host(l.epoch()),
+            Inner::HostBackend(l) => AnyEpoch::HostBackend(l.epoch(), l.device_handle()),
+            Inner::Cuda(l) => AnyEpoch::Cuda(l.epoch(), l.device_handle()),
+        })
     }
 
     /// Epoch `epoch`'s batches, without moving the epoch counter.
     fn epoch(&self, epoch: usize) -> LoaderIter {
-        self.iter(self.inner.epoch_at(epoch))
+        self.iter(match &self.inner {
+            Inner::Host(l) => AnyEpoch::Host(l.epoch_at(epoch)),
+            Inner::HostBackend(l) => AnyEpoch::HostBackend(l.epoch_at(epoch), l.device_handle()),
+            Inner::Cuda(l) => AnyEpoch::Cuda(l.epoch_at(epoch), l.device_handle()),
+        })
     }
 
     /// Batches per epoch.
     fn __len__(&self) -> usize {
-        self.inner.num_batches()
+        each!(&self.inner, l => l.num_batches())
     }
 
     /// Fanouts, input layer first.
     #[getter]
     fn fanouts(&self) -> Vec<i64> {
-        self.inner
-            .fanouts()
+        each!(&self.inner, l => l.fanouts())
             .iter()
             .map(|&f| {
                 if f == cpu_ops::ALL_NEIGHBORS {
@@ -225,45 +325,52 @@ impl NeighborLoader {
     /// Where the loader runs and why (one line).
     #[getter]
     fn note(&self) -> String {
-        self.inner.note().to_string()
+        each!(&self.inner, l => l.note().to_string())
     }
 
     /// Batches built so far, every epoch together.
     #[getter]
     fn batches_built(&self) -> usize {
-        self.inner.batches_built()
+        each!(&self.inner, l => l.batches_built())
     }
 
     /// Batches whose feature rows went into a buffer an earlier batch's `x`
-    /// gave back when numpy freed it, rather than a new allocation.
+    /// gave back when numpy freed it, rather than a new allocation (host
+    /// batches only).
     #[getter]
     fn rows_reused(&self) -> usize {
-        self.inner.buffers().reused()
+        match &self.inner {
+            Inner::Host(l) => l.buffers().reused(),
+            _ => 0,
+        }
     }
 
     /// Worker threads running now (0 once no epoch is being iterated).
     #[getter]
     fn workers_running(&self) -> usize {
-        self.inner.workers_running()
+        each!(&self.inner, l => l.workers_running())
     }
 
     fn __repr__(&self) -> String {
         format!(
             "NeighborLoader(fanouts={:?}, seeds={}, batches={}, feature_dtype={:?}; {})",
             self.fanouts(),
-            self.inner.seeds().len(),
-            self.inner.num_batches(),
-            self.inner.feature_dtype().name(),
-            self.inner.note()
+            each!(&self.inner, l => l.seeds().len()),
+            self.__len__(),
+            each!(&self.inner, l => l.feature_dtype().name()),
+            self.note()
         )
     }
 }
 
 impl NeighborLoader {
-    fn iter(&self, epoch: Epoch) -> LoaderIter {
+    fn iter(&self, epoch: AnyEpoch) -> LoaderIter {
         LoaderIter {
             epoch: Some(epoch),
-            buffers: Arc::clone(self.inner.buffers()),
+            buffers: match &self.inner {
+                Inner::Host(l) => Some(Arc::clone(l.buffers())),
+                _ => None,
+            },
         }
     }
 }
@@ -274,9 +381,9 @@ impl NeighborLoader {
 /// within the hop it is sampling.)
 #[pyclass(module = "tandem", name = "LoaderIter")]
 pub(crate) struct LoaderIter {
-    epoch: Option<Epoch>,
-    /// Where a batch's `x` goes back when numpy frees it.
-    buffers: Arc<RowBuffers>,
+    epoch: Option<AnyEpoch>,
+    /// Where a host batch's `x` goes back when numpy frees it.
+    buffers: Option<Arc<RowBuffers>>,
 }
 
 #[pymethods]
@@ -285,7 +392,7 @@ impl LoaderIter {
         slf
     }
 
-    fn __next__(mut slf: PyRefMut<'_, Self>, py: Python<'_>) -> PyResult<Option<LoaderBatch>> {
+    fn __next__(mut slf: PyRefMut<'_, Self>, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         let Some(mut epoch) = slf.epoch.take() else {
             return Ok(None);
         };
@@ -298,14 +405,27 @@ impl LoaderIter {
             Some(Err(e)) => Err(to_py(e)),
             Some(Ok(b)) => {
                 slf.epoch = Some(epoch);
-                LoaderBatch::new(py, b, &slf.buffers).map(Some)
+                Ok(Some(match b {
+                    AnyBatch::Host(b) => {
+                        // Host epochs always carry their loader's buffers.
+                        let buffers = slf
+                            .buffers
+                            .clone()
+                            .unwrap_or_else(|| Arc::new(RowBuffers::new(1)));
+                        Py::new(py, LoaderBatch::new(py, b, &buffers)?)?.into_any()
+                    }
+                    AnyBatch::HostBackend(b, d) => {
+                        Py::new(py, DeviceBatch::new(py, d, b)?)?.into_any()
+                    }
+                    AnyBatch::Cuda(b, d) => Py::new(py, DeviceBatch::new(py, d, b)?)?.into_any(),
+                }))
             }
         }
     }
 
     /// Batches not yet taken.
     fn __len__(&self) -> usize {
-        self.epoch.as_ref().map_or(0, Epoch::remaining)
+        self.epoch.as_ref().map_or(0, AnyEpoch::remaining)
     }
 
     /// Stops the worker now and waits for it to end.

@@ -81,3 +81,33 @@ def to_dgl_blocks(batch):
     blocks[0].srcdata["feat"] = features_tensor(batch)
     blocks[-1].dstdata["label"] = torch.from_numpy(batch.y)
     return blocks
+
+
+def device_to_pyg(batch):
+    """``to_pyg`` of a ``DeviceBatch``: the same ``Data``, built with torch
+    on the arrays' device (``torch.from_dlpack``, no copy of ``x``; the ids
+    widened to int64 there). Each hop's CSR becomes its COO edges: the
+    sources as sampled, each destination repeated once per edge."""
+    import torch
+    from torch_geometric.data import Data
+
+    x = torch.from_dlpack(batch.x)
+    srcs, dsts = [], []
+    for hop in batch.hops:
+        indptr = torch.from_dlpack(hop.indptr)
+        first = hop.first_sampled
+        counts = indptr[first + 1 :] - indptr[first:-1]
+        rows = torch.arange(first, hop.num_dst, device=x.device)
+        dsts.append(torch.repeat_interleave(rows, counts, output_size=hop.num_edges))
+        srcs.append(torch.from_dlpack(hop.indices).long())
+    empty = torch.zeros(0, dtype=torch.long, device=x.device)
+    edge_index = torch.stack([torch.cat(srcs) if srcs else empty, torch.cat(dsts) if dsts else empty])
+    return Data(
+        x=x,
+        edge_index=edge_index,
+        y=torch.from_numpy(batch.y).to(x.device),
+        n_id=torch.from_dlpack(batch.n_id).long(),
+        batch_size=batch.batch_size,
+        num_sampled_nodes=list(batch.num_sampled_nodes),
+        num_sampled_edges=list(batch.num_sampled_edges),
+    )

@@ -126,16 +126,27 @@ def test_ctrl_c_stops_within_one_batch_and_leaves_the_trainer_usable(tmp_path):
         pytest.skip("signals are delivered to the main thread only")
     t = tandem.Trainer(config=cfg(train={"epochs": 3}))
 
+    handled = threading.Event()
+
+    def on_sigint(signum, frame):
+        handled.set()
+        raise KeyboardInterrupt
+
     class Interrupt:
         def on_batch(self, b):
             if (b.epoch, b.batch) == (0, 1):
                 os.kill(os.getpid(), signal.SIGINT)
-                # The main thread runs Python's handler while this batch waits:
-                # the cancel lands before the next batch.
-                time.sleep(0.5)
+                # This batch waits until the main thread has run the handler
+                # (so the cancel lands before the next batch), however long
+                # the machine takes to get there.
+                assert handled.wait(60), "the SIGINT handler never ran"
 
-    with pytest.raises(KeyboardInterrupt):
-        t.fit(callback=Interrupt())
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            t.fit(callback=Interrupt())
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert (t.epoch, t.batch_in_epoch) == (0, 2)
     ck = tmp_path / "mid.tck"
     t.save_checkpoint(ck)

@@ -480,7 +480,7 @@ impl Error {
 
     /// Wraps an accelerator-layer error with context. A kernel error from the
     /// host math inside it becomes [`Error::CpuOps`].
-    pub(crate) fn device(context: impl Into<String>, source: gpu_ops::GpuOpsError) -> Self {
+    pub fn device(context: impl Into<String>, source: gpu_ops::GpuOpsError) -> Self {
         match source {
             gpu_ops::GpuOpsError::CpuOps(e) => Self::cpu_ops(context, e),
             source => Self::Device {

@@ -129,4 +129,28 @@ pub trait DeviceMemory: DeviceCore {
     fn copy<T: Elem>(&self, src: &Self::Buf<T>, dst: &mut Self::Buf<T>, len: usize) -> Result<()>;
     /// `buf[..len] = 0`.
     fn fill_zero<T: Elem>(&self, buf: &mut Self::Buf<T>, len: usize) -> Result<()>;
+
+    // ---- hand-over to another library (DLPack) ---------------------------------
+    /// DLPack's device of this backend's buffers, `(device_type, device_id)`:
+    /// `(1, 0)` (kDLCPU) on the host backend, `(2, ordinal)` (kDLCUDA) on CUDA.
+    fn dlpack_device(&self) -> (i32, i32);
+    /// The address of `buf`'s first element, for another library to read the
+    /// buffer in place: a device pointer on CUDA, a host pointer on the host
+    /// backend. Valid while `buf` lives.
+    fn address<T: Elem>(&self, buf: &Self::Buf<T>) -> u64;
+    /// Hands `buf` to work another library enqueues on `stream`, a raw CUDA
+    /// stream handle of this device's primary context (`1` and `2` name CUDA's
+    /// legacy and per-thread default streams):
+    /// 1. `stream` waits for `ready` (an event of this backend recorded after
+    ///    the buffer's last write) before the work it gets next;
+    /// 2. when `buf` is dropped, its memory is reused only after the work
+    ///    `stream` had enqueued by then.
+    ///
+    /// The host backend's work is done when its calls return: nothing to order.
+    fn hand_over<T: Elem>(
+        &self,
+        buf: &mut Self::Buf<T>,
+        ready: &Self::Event,
+        stream: u64,
+    ) -> Result<()>;
 }

@@ -240,6 +240,19 @@ pub trait Sampling: DeviceCore {
     fn block_to_host(&self, block: &Self::Block) -> Result<(Vec<u64>, Vec<u32>)>;
     /// `(num_src, num_dst, num_edges)` of a block.
     fn block_shape(&self, block: &Self::Block) -> (usize, usize, usize);
+    /// The addresses of a block's CSR arrays, `(indptr, indices)`: `num_dst +
+    /// 1` u64 offsets and `num_edges` u32 local source ids, as
+    /// [`DeviceMemory::address`](crate::DeviceMemory::address) gives a
+    /// buffer's.
+    fn block_addresses(&self, block: &Self::Block) -> (u64, u64);
+    /// [`DeviceMemory::hand_over`](crate::DeviceMemory::hand_over) of both of
+    /// a block's CSR arrays.
+    fn hand_over_block(
+        &self,
+        block: &mut Self::Block,
+        ready: &Self::Event,
+        stream: u64,
+    ) -> Result<()>;
     /// A second backend on the same device to sample ahead with: its ops run on
     /// their own stream, with their own allocator and fault word, so a batch it
     /// samples (and the synchronizations that sampling needs) overlaps the work

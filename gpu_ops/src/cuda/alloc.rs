@@ -17,7 +17,8 @@
 //! 3. **Other streams.** Each buffer carries a `ready` event recorded on the compute
 //!    stream when it was handed out; a copy on another stream first waits for it
 //!    (so it runs after the zeroing and after the previous owner). A buffer used on
-//!    another stream remembers that stream; when it is dropped, the compute stream
+//!    another stream remembers that stream (one of the backend's, or another
+//!    library's it was handed to); when it is dropped, the compute stream
 //!    waits for that stream's work before the block can be reused.
 //! 4. **Out of memory.** When `cuMemAlloc` fails, the pool synchronizes the compute
 //!    stream, frees every cached block and tries once more; if that fails too the
@@ -362,7 +363,7 @@ impl Pool {
         class: usize,
         exact: bool,
         ready: sys::CUevent,
-        foreign: &[Arc<CudaStream>],
+        foreign: &[OtherStream],
     ) {
         self.state().stats.live_bytes -= class;
         let ordered = (|| -> Result<()> {
@@ -428,6 +429,25 @@ impl Drop for Pool {
     }
 }
 
+/// A stream other than the compute stream that used a buffer: one of this
+/// backend's, or another library's (a raw handle, e.g. PyTorch's current
+/// stream after a DLPack hand-over; CUDA's legacy and per-thread default
+/// streams are the handles 1 and 2).
+#[derive(Clone)]
+pub(crate) enum OtherStream {
+    Ours(Arc<CudaStream>),
+    Foreign(usize),
+}
+
+impl OtherStream {
+    fn cu_stream(&self) -> sys::CUstream {
+        match self {
+            OtherStream::Ours(s) => s.cu_stream(),
+            OtherStream::Foreign(raw) => *raw as sys::CUstream,
+        }
+    }
+}
+
 /// A buffer of `T` in device memory, from the caching allocator (see the module doc).
 ///
 /// Buffers are created by the backend (`alloc`, `to_device`, and the ops that return
@@ -439,7 +459,7 @@ pub struct CudaBuf<T: Elem> {
     /// An exact block (freed on drop instead of cached).
     exact: bool,
     ready: sys::CUevent,
-    foreign: Vec<Arc<CudaStream>>,
+    foreign: Vec<OtherStream>,
     pool: Arc<Pool>,
     _elem: PhantomData<T>,
 }
@@ -538,7 +558,20 @@ impl<T: Elem> CudaBuf<T> {
             .iter()
             .any(|s| s.cu_stream() == stream.cu_stream())
         {
-            self.foreign.push(stream.clone());
+            self.foreign.push(OtherStream::Ours(stream.clone()));
+        }
+    }
+
+    /// Remembers that work on another library's stream (a raw handle of this
+    /// context) used the buffer (protocol step 3).
+    pub(crate) fn mark_foreign_raw(&mut self, stream: u64) {
+        let raw = OtherStream::Foreign(stream as usize);
+        if !self
+            .foreign
+            .iter()
+            .any(|s| s.cu_stream() == raw.cu_stream())
+        {
+            self.foreign.push(raw);
         }
     }
 }

@@ -135,6 +135,9 @@ uninhabited! {
         fn download_pinned[T: Elem](&Never, &Never, usize, &mut Never) -> Result<()>;
         fn copy[T: Elem](&Never, &mut Never, usize) -> Result<()>;
         fn fill_zero[T: Elem](&mut Never, usize) -> Result<()>;
+        fn dlpack_device() -> (i32, i32);
+        fn address[T: Elem](&Never) -> u64;
+        fn hand_over[T: Elem](&mut Never, &Never, u64) -> Result<()>;
     }
     impl Sampling {
         type Queued;
@@ -153,6 +156,8 @@ uninhabited! {
         fn add_self_loops(&Never) -> Result<Never>;
         fn block_to_host(&Never) -> Result<(Vec<u64>, Vec<u32>)>;
         fn block_shape(&Never) -> (usize, usize, usize);
+        fn block_addresses(&Never) -> (u64, u64);
+        fn hand_over_block(&mut Never, &Never, u64) -> Result<()>;
     }
     impl FeatureStore {
         fn load_features(&FeatureMatrix, &[u32], usize, FeatureDtype) -> Result<Never>;

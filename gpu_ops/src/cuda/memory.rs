@@ -11,7 +11,7 @@
 use cudarc::driver::result;
 
 use super::alloc::{CudaBuf, Init};
-use super::device::{CudaBackend, CudaStreamHandle};
+use super::device::{CudaBackend, CudaEventHandle, CudaStreamHandle};
 use super::driver::drv;
 use super::pinned::CudaPinned;
 use crate::backend::{DeviceCore, DeviceMemory, Elem};
@@ -280,5 +280,34 @@ impl DeviceMemory for CudaBackend {
 
     fn fill_zero<T: Elem>(&self, buf: &mut CudaBuf<T>, len: usize) -> Result<()> {
         self.fill_bytes(buf, len, 0)
+    }
+
+    fn dlpack_device(&self) -> (i32, i32) {
+        (2, self.info.ordinal as i32)
+    }
+
+    fn address<T: Elem>(&self, buf: &CudaBuf<T>) -> u64 {
+        buf.raw()
+    }
+
+    fn hand_over<T: Elem>(
+        &self,
+        buf: &mut CudaBuf<T>,
+        ready: &CudaEventHandle,
+        stream: u64,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `ready` is a live event of this context and `stream` a stream
+        // handle of it the caller vouches for; the wait only adds an ordering edge.
+        unsafe {
+            result::stream::wait_event(
+                stream as usize as cudarc::driver::sys::CUstream,
+                ready.inner.cu_event(),
+                cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(drv("cuStreamWaitEvent (handing a buffer over)"))?;
+        buf.mark_foreign_raw(stream);
+        Ok(())
     }
 }

@@ -1180,4 +1180,19 @@ impl crate::backend::Sampling for CudaBackend {
     fn block_shape(&self, block: &CudaBlock) -> (usize, usize, usize) {
         (block.num_src, block.num_dst, block.num_edges)
     }
+
+    fn block_addresses(&self, block: &CudaBlock) -> (u64, u64) {
+        (block.indptr.raw(), block.indices.raw())
+    }
+
+    fn hand_over_block(
+        &self,
+        block: &mut CudaBlock,
+        ready: &super::device::CudaEventHandle,
+        stream: u64,
+    ) -> Result<()> {
+        use crate::backend::DeviceMemory;
+        self.hand_over(&mut block.indptr, ready, stream)?;
+        self.hand_over(&mut block.indices, ready, stream)
+    }
 }

@@ -7,7 +7,7 @@
 use crate::backend::{DeviceMemory, Elem};
 use crate::error::Result;
 use crate::host::buffer::{prefix, prefix_mut, HostBuf};
-use crate::host::core::HostStream;
+use crate::host::core::{HostEvent, HostStream};
 use crate::host::HostBackend;
 
 /// `dst[..src.len()] = src`.
@@ -157,6 +157,23 @@ impl DeviceMemory for HostBackend {
 
     fn fill_zero<T: Elem>(&self, buf: &mut HostBuf<T>, len: usize) -> Result<()> {
         fill_zero(buf, len)
+    }
+
+    fn dlpack_device(&self) -> (i32, i32) {
+        (1, 0)
+    }
+
+    fn address<T: Elem>(&self, buf: &HostBuf<T>) -> u64 {
+        buf.as_slice().as_ptr() as u64
+    }
+
+    fn hand_over<T: Elem>(
+        &self,
+        _buf: &mut HostBuf<T>,
+        _ready: &HostEvent,
+        _stream: u64,
+    ) -> Result<()> {
+        Ok(())
     }
 }
 

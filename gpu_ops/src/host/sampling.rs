@@ -13,6 +13,7 @@ use crate::backend::{DeviceBatch, DeviceCore, Sampling, TopologyPlacement};
 use crate::error::{GpuOpsError, Result};
 use crate::host::block::HostBlock;
 use crate::host::buffer::{prefix, HostBuf};
+use crate::host::core::HostEvent;
 use crate::host::HostBackend;
 
 /// A graph ready for [`crate::Sampling::sample`] on the host backend.
@@ -433,6 +434,22 @@ impl Sampling for HostBackend {
 
     fn block_shape(&self, block: &HostBlock) -> (usize, usize, usize) {
         (block.num_src(), block.num_dst(), block.num_edges())
+    }
+
+    fn block_addresses(&self, block: &HostBlock) -> (u64, u64) {
+        (
+            block.indptr().as_ptr() as u64,
+            block.indices().as_ptr() as u64,
+        )
+    }
+
+    fn hand_over_block(
+        &self,
+        _block: &mut HostBlock,
+        _ready: &HostEvent,
+        _stream: u64,
+    ) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -168,7 +168,7 @@ pub fn plan_memory(
 
 /// The dataset as the backend holds it, shared with the epochs' workers.
 struct OnDevice<B: Backend> {
-    dev: B,
+    dev: Arc<B>,
     graph: B::Graph,
     features: B::Features,
     ds: Arc<Dataset>,
@@ -184,6 +184,7 @@ pub struct DeviceLoader<B: Backend> {
     shuffle: bool,
     prefetch: usize,
     seed: u64,
+    feature_dtype: FeatureDtype,
     next_epoch: AtomicUsize,
     counters: Arc<Counters>,
     plan: DeviceMemoryPlan,
@@ -256,7 +257,7 @@ impl<B: Backend> DeviceLoader<B> {
         );
         Ok(Self {
             on: Arc::new(OnDevice {
-                dev,
+                dev: Arc::new(dev),
                 graph,
                 features,
                 ds,
@@ -267,6 +268,7 @@ impl<B: Backend> DeviceLoader<B> {
             shuffle: opts.shuffle,
             prefetch: opts.prefetch,
             seed: opts.seed,
+            feature_dtype: opts.feature_dtype,
             next_epoch: AtomicUsize::new(0),
             counters: Arc::default(),
             plan,
@@ -312,6 +314,28 @@ impl<B: Backend> DeviceLoader<B> {
     /// [`DeviceMiniBatch::ready`]).
     pub fn device(&self) -> &B {
         &self.on.dev
+    }
+
+    /// The backend, shared: for an owner of batches that may outlive the
+    /// loader (the Python package's device arrays).
+    pub fn device_handle(&self) -> Arc<B> {
+        Arc::clone(&self.on.dev)
+    }
+
+    /// The seed vertices, in their given order.
+    pub fn seeds(&self) -> &[u32] {
+        &self.seeds
+    }
+
+    /// The fanouts, bottom first.
+    pub fn fanouts(&self) -> &[u32] {
+        &self.fanouts
+    }
+
+    /// The element type of the device feature store (the rows handed out are
+    /// `f32` either way).
+    pub fn feature_dtype(&self) -> FeatureDtype {
+        self.feature_dtype
     }
 
     /// How the device memory was divided.

@@ -45,11 +45,11 @@
 //! dataset's feature rows in host memory; its batches are host arrays.
 //! [`DeviceLoader`] (`device.rs`) builds the same batches on a backend (the
 //! device sampler, the device feature cache) and leaves them in device
-//! buffers, for a Rust consumer on that device. The Python package has no
-//! hand-over of device buffers yet (DLPack with a stream contract), so
+//! buffers (the Python package's `device="cuda"` hands them over by DLPack).
 //! [`NeighborLoader`] checks a `device` of `Cuda` (compiled in, present, the
-//! feature-cache budget within its free memory) and then refuses it; `Auto`
-//! takes the host path and says so in [`NeighborLoader::note`].
+//! feature-cache budget within its free memory) and then refuses it, naming
+//! [`DeviceLoader`]; `Auto` takes the host path and says so in
+//! [`NeighborLoader::note`].
 
 mod batch;
 mod device;
@@ -64,6 +64,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub use gpu_ops::FeatureDtype;
+/// The backends a [`DeviceLoader`] runs on, for callers that name them (the
+/// Python package).
+pub use gpu_ops::{Backend, CudaBackend, HostBackend};
 
 pub use batch::{Batch, Features, Hop};
 pub use device::{plan_memory, DeviceHop, DeviceLoader, DeviceMemoryPlan, DeviceMiniBatch};
@@ -389,7 +392,7 @@ fn resolve_device(device: LoaderDevice, cache: Option<u64>, ds: &Dataset) -> Res
     match device {
         LoaderDevice::Host => Ok(format!("device: host (asked){host_cache}")),
         LoaderDevice::Auto => Ok(format!(
-            "device: host (device = \"auto\": device batches have no hand-over to Python yet){host_cache}"
+            "device: host (device = \"auto\" gives host batches; device = \"cuda\" gives them on the GPU){host_cache}"
         )),
         LoaderDevice::Cuda(ordinal) => {
             let free = cuda_free_bytes(ordinal)?;
@@ -408,9 +411,8 @@ fn resolve_device(device: LoaderDevice, cache: Option<u64>, ds: &Dataset) -> Res
             Err(Error::invalid_argument(
                 "device",
                 format!(
-                    "cuda:{ordinal} is there, but this loader's batches are host arrays: \
-                     device batches come from DeviceLoader, whose hand-over to Python \
-                     (DLPack) is not built yet; use device=\"host\""
+                    "cuda:{ordinal} is there, but NeighborLoader's batches are host arrays: \
+                     build a DeviceLoader for batches on the device"
                 ),
             ))
         }

@@ -289,6 +289,6 @@ fn the_host_note_says_why() {
     o.device = LoaderDevice::Auto;
     o.feature_cache_bytes = Some(1 << 20);
     let l = NeighborLoader::new(ds, o).unwrap();
-    assert!(l.note().contains("no hand-over to Python yet"));
+    assert!(l.note().contains("gives host batches"));
     assert!(l.note().contains("feature_cache_bytes unused"));
 }
