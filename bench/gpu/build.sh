@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds what bench/gpu/verify.sh runs on a GPU machine, which has no Rust toolchain:
-# the release `tandem` and the gpu_ops test binaries `parity` and `cuda_backend`,
-# stripped, into bench/gpu/bin/ (git-ignored, ~10 MB: carry it to the device), with
+# the release `tandem`, the gpu_ops test binaries `parity` and `cuda_backend` and the
+# Python package's wheel, stripped, into bench/gpu/bin/ (git-ignored, ~20 MB: carry it
+# to the device), with
 # bench/gpu/bin/BUILD naming the commit they were built from.
 #
 #   bash bench/gpu/build.sh
@@ -29,6 +30,16 @@ for t in parity cuda_backend; do
     mv "$bin/$t.tmp" "$bin/$t"
 done
 strip "$bin/tandem" "$bin/parity" "$bin/cuda_backend"
+
+# The Python package as a wheel (abi3: any CPython from 3.9), for part 13. The GPU
+# machine has no network: verify.sh unpacks it (a wheel is a zip) onto PYTHONPATH.
+wheel_venv=$(mktemp -d)
+python3 -m venv "$wheel_venv/venv"
+"$wheel_venv/venv/bin/pip" install --quiet maturin
+rm -f "$bin"/tandem-*.whl
+"$wheel_venv/venv/bin/maturin" build --release --strip --compatibility linux \
+    -m python/Cargo.toml -o "$bin"
+rm -rf "$wheel_venv"
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | grep -c . || true)

@@ -356,6 +356,24 @@ def loader(out, prefix, log):
     emit(out, f"{prefix}.hit_rate", r["hit_rate"], "device feature cache, timed epoch")
 
 
+def pyg_loader(out, prefix, path):
+    """`bench/peers/pyg_loader.py --device cuda`: the PyG model's epoch fed by the
+    device loader, by the host loader, by PyG's loader where it runs; their ratios."""
+    with open(path, encoding="utf-8") as f:
+        r = json.loads(f.read())
+    emit(out, f"{prefix}.device_epoch_s", r["tandem_epoch_s"], f"acc {r.get('tandem_test_acc', 0):.4f}")
+    if "tandem_host_epoch_s" in r:
+        emit(out, f"{prefix}.host_epoch_s", r["tandem_host_epoch_s"], f"acc {r.get('tandem_host_test_acc', 0):.4f}")
+        emit(out, f"{prefix}.host_over_device", r["tandem_host_epoch_s"] / r["tandem_epoch_s"],
+             "host loader's epoch over the device loader's, same model")
+        emit(out, f"{prefix}.acc_delta", r["tandem_test_acc"] - r["tandem_host_test_acc"], "device minus host")
+    if "pyg_epoch_s" in r:
+        emit(out, f"{prefix}.pyg_over_device", r["pyg_epoch_s"] / r["tandem_epoch_s"],
+             "PyG's NeighborLoader's epoch over the device loader's")
+    else:
+        emit(out, f"{prefix}.pyg_over_device", "skipped", "PyG's NeighborLoader needs pyg-lib or torch-sparse")
+
+
 def hot(out, prefix, log):
     """`tandem bench hot`: the fused kernel's µs per row per worker and rows/s over
     all workers (the bf16-row kernel when it was timed)."""
@@ -547,6 +565,7 @@ def table(preds_path, out_md, header_path, *measured_paths):
 COMMANDS = {
     "train": train, "peer": peer, "peer-link": peer_link, "tests": tests, "syncs": syncs, "layer-trace": layer_trace,
     "ncu": ncu, "regimes": regimes, "scale": scale, "backend": backend, "hot": hot, "loader": loader,
+    "pyg-loader": pyg_loader,
     "ratio": ratio, "best": best, "delta": delta, "note": note, "table": table,
 }
 

@@ -28,7 +28,9 @@
 #   12 link prediction on the products-scale R-MAT with an edge split: one epoch of
 #      Tandem's link task against the PyTorch + PyG link program
 #   13 the loader for a model of the user's own: the device loader (sampling and
-#      gather on the GPU, through its feature cache) against the host loader, same seeds
+#      gather on the GPU, through its feature cache) against the host loader, same seeds;
+#      from Python (the wheel): DLPack batches checked on a torch side stream, and a PyG
+#      GraphSAGE fed by device="cuda" against the same model fed by the host loader
 #   table DIR...   the markdown table of the measured files under DIRs (several parts)
 #
 # Environment:
@@ -498,6 +500,27 @@ part13() {
             --fanouts 15,10,5 --batch-size 1024 --batches "$LOADB" "${cache[@]}"
         py loader "$meas" "$id" "$logs/$id.log" >/dev/null
     done
+    # From Python: the wheel build.sh made, unpacked onto PYTHONPATH (no pip, no network).
+    gpu_only p13.check "the Python device loader" || return 0
+    local whl
+    whl=$(ls "$BIN"/tandem-*.whl 2>/dev/null | head -1)
+    if [ -z "$whl" ]; then
+        skip p13.check "no wheel in $BIN (bash bench/gpu/build.sh builds it)"
+        return 0
+    fi
+    rm -rf "$WORK/py"
+    python3 -m zipfile -e "$whl" "$WORK/py"
+    PYTHONPATH="$WORK/py" step p13.check 150 python3 bench/gpu/device_loader_check.py 40
+    if grep -q '^device loader check: ok' "$logs/p13.check.log"; then
+        py note "$meas" p13.check ok "$(grep -m1 '^device loader check' "$logs/p13.check.log" | cut -c1-150)" >/dev/null
+    else
+        py note "$meas" p13.check failed "$(grep -m1 -E 'Error|assert' "$logs/p13.check.log" | cut -c1-150)" >/dev/null
+    fi
+    [ -d "$WORK/npy" ] || step export 120 "$tandem" export "$p" --format npy -o "$WORK/npy"
+    PYTHONPATH="$WORK/py" PYTHONUNBUFFERED=1 step p13.pyg 300 python3 bench/peers/pyg_loader.py \
+        --data "$WORK/npy" --device cuda --skip dgl --loader-seeds train --threads 16 \
+        --epochs 3 --eval-fanouts 15,10,5 --eval-limit 20000 --json "$logs/p13.pyg.json"
+    py pyg-loader "$meas" p13.pyg "$logs/p13.pyg.json" >/dev/null
 }
 
 "part$part"

@@ -42,7 +42,17 @@ def parse_args(argv=None):
                    help="seeds of the loader-only pass (all: every vertex, more batches)")
     p.add_argument("--loader-batches", type=int, default=0, help="stop the pass after N (0: all)")
     p.add_argument("--eval-batch-size", type=int, default=4096)
+    p.add_argument("--eval-fanouts", default="",
+                   help="fanouts of the test inference, bottom first (default: every neighbor)")
+    p.add_argument("--eval-limit", type=int, default=0,
+                   help="evaluate the first N test vertices (0: all)")
     p.add_argument("--skip", default="", help="comma list of pyg,dgl,train to leave out")
+    p.add_argument("--device", choices=["cpu", "cuda", "host-backend"], default="cpu",
+                   help="where the model trains; cuda: Tandem's device loader (device=\"cuda\"), "
+                        "PyG's batches moved with .to(\"cuda\"); host-backend: the device "
+                        "loader's path on the CPU (a dry run of cuda)")
+    p.add_argument("--max-batches", type=int, default=0,
+                   help="training batches per epoch (0: every one)")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
@@ -111,21 +121,34 @@ def pyg_loader_runs():
     return bool(getattr(t, "WITH_PYG_LIB", False) or getattr(t, "WITH_TORCH_SPARSE", False))
 
 
+DEVICE = torch.device("cuda" if args.device == "cuda" else "cpu")
+
+
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def timed_pass(batches, limit):
-    """Batches/s of one pass over an iterable (the first batch included)."""
+    """Batches/s of one pass over an iterable (the first batch included; on a
+    GPU every batch's work finished)."""
+    sync()
     t0 = time.perf_counter()
     n = 0
     for _ in batches:
         n += 1
         if limit and n >= limit:
             break
+    sync()
     return n / (time.perf_counter() - t0), n
 
 
-def tandem_loader(ds, seeds, shuffle=True, fanouts=None, batch_size=None):
+def tandem_loader(ds, seeds, shuffle=True, fanouts=None, batch_size=None, device=None):
+    """Tandem's loader: on a GPU run its device loader (batches on the GPU)."""
+    device = device or {"cuda": "cuda", "host-backend": "host-backend"}.get(args.device, "host")
     return tandem.NeighborLoader(ds, fanouts or FANOUTS, batch_size or args.batch_size,
                                  seeds=seeds, shuffle=shuffle, seed=args.seed,
-                                 threads=args.threads, device="host")
+                                 threads=args.threads, device=device)
 
 
 def tandem_batches(loader):
@@ -134,10 +157,13 @@ def tandem_batches(loader):
 
 
 def pyg_batches(data, seeds):
+    """PyG's NeighborLoader (its CPU sampler), each batch moved to the device
+    the model trains on."""
     from torch_geometric.loader import NeighborLoader
 
-    return NeighborLoader(data, num_neighbors=FANOUTS[::-1], batch_size=args.batch_size,
-                          input_nodes=torch.from_numpy(seeds), shuffle=True, num_workers=0)
+    loader = NeighborLoader(data, num_neighbors=FANOUTS[::-1], batch_size=args.batch_size,
+                            input_nodes=torch.from_numpy(seeds), shuffle=True, num_workers=0)
+    return (b.to(DEVICE) for b in loader) if DEVICE.type == "cuda" else loader
 
 
 def dgl_batches(ei, x, y, seeds, n):
@@ -158,7 +184,7 @@ def dgl_batches(ei, x, y, seeds, n):
 def model(dim, classes):
     torch.manual_seed(args.seed)
     return GraphSAGE(dim, args.hidden, num_layers=len(FANOUTS), out_channels=classes,
-                     dropout=args.dropout)
+                     dropout=args.dropout).to(DEVICE)
 
 
 def step(net, opt, batch):
@@ -176,16 +202,21 @@ def step(net, opt, batch):
     loss = F.cross_entropy(out, batch.y[: batch.batch_size])
     loss.backward()
     opt.step()
-    return float(loss)
+    return loss.detach()  # read once an epoch: no synchronization per step
 
 
 @torch.no_grad()
 def test_accuracy(net, ds, test_ids):
-    """Exact inference: every neighbor at every hop, for every test vertex."""
+    """Inference on the test vertices: every neighbor at every hop unless
+    --eval-fanouts says otherwise (seed 0: the same for every model)."""
     net.eval()
     correct = 0
-    for b in tandem_batches(tandem_loader(ds, test_ids, shuffle=False, fanouts=[-1] * len(FANOUTS),
-                                          batch_size=args.eval_batch_size)):
+    if args.eval_limit:
+        test_ids = test_ids[: args.eval_limit]
+    fanouts = [int(f) for f in args.eval_fanouts.split(",")] if args.eval_fanouts else [-1] * len(FANOUTS)
+    for b in tandem_batches(tandem_loader(ds, test_ids, shuffle=False, fanouts=fanouts,
+                                          batch_size=args.eval_batch_size, device="host")):
+        b = b.to(DEVICE)
         out = net(b.x, b.edge_index)[: b.batch_size]
         correct += int((out.argmax(-1) == b.y[: b.batch_size]).sum())
     net.train()
@@ -197,9 +228,13 @@ def train(name, make_batches, ds, dim, classes, test_ids):
     opt = torch.optim.Adam(net.parameters(), lr=args.lr)
     times, loss = [], float("nan")
     for epoch in range(args.epochs):
+        sync()
         t0 = time.perf_counter()
-        for batch in make_batches():
+        for i, batch in enumerate(make_batches()):
+            if args.max_batches and i >= args.max_batches:
+                break
             loss = step(net, opt, batch)
+        loss = float(loss)
         times.append(time.perf_counter() - t0)
         log(f"  {name} epoch {epoch}: {times[-1]:.3f} s, loss {loss:.4f}")
     acc = test_accuracy(net, ds, test_ids)
@@ -224,6 +259,7 @@ def main():
     if "pyg" not in SKIP and not pyg_ok:
         log("PyG's NeighborLoader: skipped (needs pyg-lib or torch-sparse; neither imports)")
     rec = {"data": ds.name, "vertices": n, "edges": int(ei.shape[1]), "fanouts": FANOUTS,
+           "device": args.device, "max_batches": args.max_batches,
            "batch_size": args.batch_size, "threads": args.threads, "epochs": args.epochs,
            "torch": torch.__version__, "tandem": tandem.__version__}
 
@@ -249,6 +285,18 @@ def main():
         rec.update({f"tandem_{k}": v for k, v in r.items()})
         log(f"train with tandem.NeighborLoader: {r['epoch_s']:.3f} s/epoch, "
             f"test accuracy {r['test_acc']:.4f}")
+        if args.device != "cpu":
+            # The same model fed by Tandem's host loader, batches moved to the
+            # device: the reference where PyG's loader cannot run (no pyg-lib or
+            # torch-sparse), and itself faster than PyG's on the CPU
+            # (docs/performance.md).
+            host = tandem_loader(ds, train_ids, device="host")
+            r = train("tandem-host", lambda: (b.to_pyg().to(DEVICE) for b in host), ds, dim,
+                      classes, test_ids)
+            rec.update({f"tandem_host_{k}": v for k, v in r.items()})
+            log(f"train with tandem.NeighborLoader(device=\"host\"), batches moved: "
+                f"{r['epoch_s']:.3f} s/epoch, test accuracy {r['test_acc']:.4f}; epoch ratio "
+                f"host/device {r['epoch_s'] / rec['tandem_epoch_s']:.2f}")
         if pyg_ok:
             r = train("pyg", lambda: pyg_batches(data, train_ids), ds, dim, classes, test_ids)
             rec.update({f"pyg_{k}": v for k, v in r.items()})
