@@ -284,8 +284,8 @@ impl DeviceHop {
 /// A mini-batch left on the device: the host `LoaderBatch`'s layout with
 /// `n_id` (int32), `x` (float32 rows) and each hop's CSR as `DeviceArray`s
 /// (read them with `torch.from_dlpack`), `y` (int64 seed labels, numpy: the
-/// seeds are known on the host) and the counts. `to_pyg()` builds PyG's
-/// `Data` on the arrays' device.
+/// seeds are known on the host) and the counts. `to_pyg()` and
+/// `to_dgl_blocks()` build PyG's `Data` and DGL's blocks on the arrays' device.
 #[pyclass(module = "tandem", name = "DeviceBatch", frozen, get_all)]
 pub(crate) struct DeviceBatch {
     index: usize,
@@ -369,6 +369,13 @@ impl DeviceBatch {
     fn to_pyg<'py>(slf: PyRef<'py, Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         py.import("tandem._loader")?
             .call_method1("device_to_pyg", (slf,))
+    }
+
+    /// DGL blocks (one per layer, input layer first) on the arrays' device,
+    /// as DGL's `NeighborSampler` yields them.
+    fn to_dgl_blocks<'py>(slf: PyRef<'py, Self>, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        py.import("tandem._loader")?
+            .call_method1("device_to_dgl_blocks", (slf,))
     }
 
     fn __repr__(&self) -> String {

@@ -82,6 +82,22 @@ def test_to_pyg_equals_the_host_batchs(data):
         )
 
 
+def test_to_dgl_blocks_equal_the_host_batchs(data):
+    torch = pytest.importorskip("torch", reason="torch is not installed (python3-torch)")
+    torch.__version__ = "1.13.1"  # Debian's version string carries +dfsg, which DGL rejects
+    try:
+        import dgl
+    except Exception as e:  # noqa: BLE001 (DGL fails in many ways when its backend is off)
+        pytest.skip(f"dgl does not import: {e}")
+    host, dev = loaders(data[0], fanouts=[4, 3, 2])
+    h, d = next(iter(host)), next(iter(dev))
+    for a, b in zip(h.to_dgl_blocks(), d.to_dgl_blocks()):
+        assert (a.num_src_nodes(), a.num_dst_nodes()) == (b.num_src_nodes(), b.num_dst_nodes())
+        assert [torch.equal(u, v) for u, v in zip(a.edges(), b.edges())] == [True, True]
+        assert torch.equal(a.srcdata[dgl.NID], b.srcdata[dgl.NID])
+    assert torch.equal(h.to_dgl_blocks()[0].srcdata["feat"], d.to_dgl_blocks()[0].srcdata["feat"])
+
+
 def test_breaking_out_stops_the_device_workers(data):
     _, dev = loaders(data[0], batch_size=8, prefetch=2)
     it = iter(dev)

@@ -7,7 +7,7 @@
 use crate::backend::{DeviceMemory, Elem};
 use crate::error::Result;
 use crate::host::buffer::{prefix, prefix_mut, HostBuf};
-use crate::host::core::{HostEvent, HostStream};
+use crate::host::core::HostStream;
 use crate::host::HostBackend;
 
 /// `dst[..src.len()] = src`.
@@ -170,7 +170,7 @@ impl DeviceMemory for HostBackend {
     fn hand_over<T: Elem>(
         &self,
         _buf: &mut HostBuf<T>,
-        _ready: &HostEvent,
+        _ready: &Self::Event,
         _stream: u64,
     ) -> Result<()> {
         Ok(())

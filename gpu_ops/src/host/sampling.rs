@@ -13,7 +13,6 @@ use crate::backend::{DeviceBatch, DeviceCore, Sampling, TopologyPlacement};
 use crate::error::{GpuOpsError, Result};
 use crate::host::block::HostBlock;
 use crate::host::buffer::{prefix, HostBuf};
-use crate::host::core::HostEvent;
 use crate::host::HostBackend;
 
 /// A graph ready for [`crate::Sampling::sample`] on the host backend.
@@ -446,7 +445,7 @@ impl Sampling for HostBackend {
     fn hand_over_block(
         &self,
         _block: &mut HostBlock,
-        _ready: &HostEvent,
+        _ready: &Self::Event,
         _stream: u64,
     ) -> Result<()> {
         Ok(())
