@@ -40,7 +40,7 @@ use gpu_ops::{Backend, DeviceCore, TopologyPlacement};
 
 use super::batch::{Batch, Features, Hop};
 use super::worker::{spawn, Epoch, MakeBatch};
-use super::{checked, Counters, FeatureDtype, LoaderOptions};
+use super::{batch_seeds, checked, epoch_order, Counters, FeatureDtype, LoaderOptions};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 
@@ -284,11 +284,7 @@ impl<B: Backend> DeviceLoader<B> {
 
     /// Epoch `epoch`'s batches, without moving the epoch counter.
     pub fn epoch_at(&self, epoch: usize) -> Epoch<DeviceMiniBatch<B>> {
-        let base = derive_seed(self.seed, epoch as u64);
-        let mut order = self.seeds.to_vec();
-        if self.shuffle {
-            cpu_ops::Rng::new(base).shuffle(&mut order);
-        }
+        let (base, order) = epoch_order(&self.seeds, self.shuffle, self.seed, epoch);
         let batches = order.len().div_ceil(self.batch_size);
         let (on, fanouts, batch_size) = (
             Arc::clone(&self.on),
@@ -296,8 +292,7 @@ impl<B: Backend> DeviceLoader<B> {
             self.batch_size,
         );
         let make: MakeBatch<DeviceMiniBatch<B>> = Box::new(move |k, stopped| {
-            let from = k * batch_size;
-            let seeds = &order[from..(from + batch_size).min(order.len())];
+            let seeds = batch_seeds(&order, batch_size, k);
             build(
                 &on,
                 &fanouts,

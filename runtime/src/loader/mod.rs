@@ -225,11 +225,7 @@ impl NeighborLoader {
     /// Epoch `epoch`'s batches, without moving the epoch counter: the same
     /// batches [`NeighborLoader::epoch`] gives for that epoch.
     pub fn epoch_at(&self, epoch: usize) -> Epoch {
-        let base = cpu_ops::derive_seed(self.seed, epoch as u64);
-        let mut order = self.seeds.to_vec();
-        if self.shuffle {
-            cpu_ops::Rng::new(base).shuffle(&mut order);
-        }
+        let (base, order) = epoch_order(&self.seeds, self.shuffle, self.seed, epoch);
         worker::start(worker::Job {
             ds: Arc::clone(&self.ds),
             fanouts: Arc::clone(&self.fanouts),
@@ -308,6 +304,28 @@ impl LoaderOptions {
             "seeds (the dataset's training vertices)"
         }
     }
+}
+
+/// Epoch `epoch`'s seed and its seeds in order (shuffled with that seed when
+/// asked): both loaders' epochs start here, so they draw the same batches.
+pub(crate) fn epoch_order(
+    seeds: &[u32],
+    shuffle: bool,
+    seed: u64,
+    epoch: usize,
+) -> (u64, Vec<u32>) {
+    let base = cpu_ops::derive_seed(seed, epoch as u64);
+    let mut order = seeds.to_vec();
+    if shuffle {
+        cpu_ops::Rng::new(base).shuffle(&mut order);
+    }
+    (base, order)
+}
+
+/// Batch `k`'s seeds in an epoch's `order` (the last batch may be short).
+pub(crate) fn batch_seeds(order: &[u32], batch_size: usize, k: usize) -> &[u32] {
+    let from = k * batch_size;
+    &order[from..(from + batch_size).min(order.len())]
 }
 
 /// What [`checked`] resolved.

@@ -13,7 +13,7 @@ use cpu_ops::{derive_seed, SamplerScratch};
 
 use super::batch::{build, Batch, BatchSpec};
 use super::pool::RowBuffers;
-use super::{Counters, FeatureDtype};
+use super::{batch_seeds, Counters, FeatureDtype};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 
@@ -79,8 +79,7 @@ pub(crate) fn start(job: Job) -> Epoch {
     let (prefetch, counters) = (job.prefetch, Arc::clone(&job.counters));
     let mut scratch = SamplerScratch::new(job.ds.num_vertices());
     let make: MakeBatch<Batch> = Box::new(move |k, stopped| {
-        let from = k * job.batch_size;
-        let seeds = &job.order[from..(from + job.batch_size).min(job.order.len())];
+        let seeds = batch_seeds(&job.order, job.batch_size, k);
         let spec = BatchSpec {
             ds: &job.ds,
             fanouts: &job.fanouts,
